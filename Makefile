@@ -1,0 +1,48 @@
+# warp developer entry points. `make test` and `make demo` work on a fresh
+# machine with nothing but Python: they create .venv and install into it.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+WARP := $(VENV)/bin/warp
+PIP := $(PY) -m pip
+DEMO ?= demo-out
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench lint docs docs-check clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# the CPU build of torch first, pinned, so nothing pulls a CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[test,s3,zarr,torch]'
+	touch $@
+
+test: install
+	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m warpdata.sampledata detection $(DEMO)/coco --count 64
+	$(WARP) etl --config $(DEMO)/coco/transform.toml
+	WARP_STORE=$(DEMO)/store $(WARP) publish demo/coco --from "$$(ls -d $(DEMO)/warehouse/v*/ | head -n 1)"
+	WARP_STORE=$(DEMO)/store $(WARP) inspect demo/coco
+	$(WARP) inspect "$$(ls -d $(DEMO)/warehouse/v*/ | head -n 1)"
+
+bench: install
+	$(PIP) install -q -c constraints.txt -e '.[bench]'
+	$(PY) bench/startup.py
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+docs: install
+	$(PY) -m warpdata.docgen write
+
+docs-check: install
+	$(PY) -m warpdata.docgen check
+
+clean:
+	rm -rf $(VENV) $(DEMO) build dist *.egg-info .pytest_cache .ruff_cache bench/out
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,58 @@
+"""Describe a warp artifact: what it is, its shape, sizes and checksums.
+
+The kind is detected from magic bytes or the manifest's "kind": any warp
+manifest or directory holding one, .tbl files, TWH1 shards and tensor
+warehouses, Zarr arrays, feature caches and published datasets (ws/name).
+With --verify every checksum is checked and corruption exits with status 1.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from warpdata import output as out
+from warpdata.errors import MissingInputError, NegativeResult
+
+EXAMPLES = """
+  warp inspect data/train.tbl
+  warp inspect --verify data/train.tbl        # exit 1 if any sample is corrupt
+  warp inspect warehouse/v20261122-3f2a9c1e0b7d --json
+  warp inspect ws/coco-mini --head 5
+"""
+
+
+def main(
+    target: Annotated[str, typer.Argument(help="A file, directory or published dataset name (ws/name).")],
+    verify: Annotated[bool, typer.Option("--verify", help="Check every checksum; exit 1 on corruption.")] = False,
+    head: Annotated[int, typer.Option("--head", min=0, help="Also show the first N rows/samples where that applies.")] = 0,
+) -> int:
+    import os
+
+    from warpdata.inspectors import find_inspector
+
+    mod = find_inspector(target)
+    if mod is None:
+        if not os.path.exists(target) and "/" not in target.strip("/"):
+            raise MissingInputError(f"{target} does not exist", hint="give a path to a warp artifact or ws/name")
+        if not os.path.exists(target):
+            raise MissingInputError(f"{target} is neither a path nor a published dataset",
+                                    hint="check the path, or run 'warp doctor' to check the store")
+        from warpdata.errors import DataError
+
+        raise DataError(f"{target}: not a warp artifact (unknown magic bytes and no manifest)",
+                        hint="warp inspect understands .tbl, TWH1 shards, Zarr arrays, and directories with a manifest.json")
+    report = mod.inspect(target, verify=verify, head=head)
+    if out.options().json:
+        out.emit_json(report.to_dict())
+    else:
+        out.data(f"{report.kind}: {report.target}")
+        for title, cols, rows in report.tables:
+            out.table(title, cols, rows)
+        for p in report.problems:
+            out.warn(p)
+    if verify and not report.ok:
+        raise NegativeResult(f"{target}: verification found {len(report.problems)} problem(s)",
+                             hint="rebuild or re-download the artifact")
+    return 0

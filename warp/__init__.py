@@ -1,0 +1,29 @@
+"""warpdata: the library behind the ``warp`` toolchain.
+
+Importing ``warpdata`` is cheap: the public API below is resolved lazily so
+``warp --help`` and TAB completion do not pay for numpy, pyarrow or DuckDB.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> "module:attribute"; filled in as the systems land.
+_LAZY: dict[str, str] = {}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'warpdata' has no attribute {name!r}")
+    mod, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(mod), attr) if attr else importlib.import_module(mod)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,7 @@
+"""``python -m warpdata``: same as the ``warp`` command."""
+
+import sys
+
+from warpdata.cli import main
+
+sys.exit(main())

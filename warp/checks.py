@@ -1,0 +1,60 @@
+"""The registry of ``warp doctor`` checks.
+
+A check is a function returning :class:`CheckResult` (PASS / WARN / FAIL /
+SKIP, a detail line and the remedy: the command or setting that fixes it).
+Checks are registered with :func:`check`; ``CHECK_MODULES`` lists the modules
+that hold them, imported only when ``warp doctor`` runs, so each system adds
+its checks in its own module plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+
+
+@dataclass
+class CheckResult:
+    status: str
+    detail: str
+    remedy: str | None = None
+    facts: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    group: str
+    fn: Callable[[], CheckResult]
+
+
+_REGISTRY: dict[str, Check] = {}
+
+CHECK_MODULES: tuple[str, ...] = (
+    "warpdata.doctor_checks",
+)
+
+
+def check(name: str, group: str) -> Callable[[Callable[[], CheckResult]], Callable[[], CheckResult]]:
+    def deco(fn: Callable[[], CheckResult]) -> Callable[[], CheckResult]:
+        _REGISTRY[name] = Check(name, group, fn)
+        return fn
+
+    return deco
+
+
+def all_checks() -> list[Check]:
+    for mod in CHECK_MODULES:
+        importlib.import_module(mod)
+    return list(_REGISTRY.values())
+
+
+def run_check(c: Check) -> CheckResult:
+    try:
+        return c.fn()
+    except Exception as e:  # a check that crashes is itself a failure to report
+        return CheckResult(FAIL, f"check crashed: {type(e).__name__}: {e}",
+                           "rerun with --debug and report this as a bug")

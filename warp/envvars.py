@@ -1,0 +1,69 @@
+"""The one registry of environment variables warp reads.
+
+Every ``WARP_*`` (and the few standard) variables warp honours are listed
+here with their meaning; ``warp(1)`` ENVIRONMENT and ``warp doctor`` are
+generated from this table. Code reads variables through :func:`get` so an
+unregistered name is a bug caught by the tests.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    help: str
+    default: str | None = None
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar("WARP_STORE", "URL or path of the dataset store `publish` writes to and reads resolve from (local dir, s3://bucket/prefix, memory://name)", "$XDG_DATA_HOME/warp/store"),
+    EnvVar("WARP_CACHE_DIR", "directory of the content-addressed blob cache", "$XDG_CACHE_HOME/warp"),
+    EnvVar("WARP_CACHE_SIZE_GB", "size cap of the blob cache in GB; least recently used blobs are evicted past it", "50"),
+    EnvVar("WARP_S3_ENDPOINT", "S3 endpoint URL (MinIO, moto, Ceph...); also AWS_ENDPOINT_URL", None),
+    EnvVar("WARP_S3_REGION", "S3 region; also AWS_REGION / AWS_DEFAULT_REGION", "us-east-1"),
+    EnvVar("WARP_S3_PROFILE", "AWS profile for credentials; also AWS_PROFILE", None),
+    EnvVar("WARP_S3_PATH_STYLE", "1 for path-style S3 addressing (most non-AWS endpoints need it)", "0"),
+    EnvVar("WARP_DEBUG", "1 prints tracebacks for errors (same as --debug)", "0"),
+    EnvVar("WARP_CONFIG_DIR", "where warp looks for its user config file `config.toml`", "$XDG_CONFIG_HOME/warp"),
+    EnvVar("WARP_WORKERS", "default worker count for ETL and conversion commands", "number of CPUs"),
+    EnvVar("WARP_BACKEND", "default tile-compression backend: auto, cpu or gpu", "auto"),
+    EnvVar("WAREHOUSE_CLEAR", "1 makes `warp etl` rebuild a tensor warehouse even if an identical version exists (same as --clear)", "0"),
+    EnvVar("NO_COLOR", "any value disables colour (https://no-color.org)", None),
+    EnvVar("FORCE_COLOR", "any value forces colour even when stderr is not a terminal", None),
+    EnvVar("XDG_DATA_HOME", "base of the default store directory", "~/.local/share"),
+    EnvVar("XDG_CACHE_HOME", "base of the default cache directory", "~/.cache"),
+    EnvVar("XDG_CONFIG_HOME", "base of the user config directory", "~/.config"),
+)
+
+_BY_NAME = {v.name: v for v in ENV_VARS}
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    """Read a registered environment variable (KeyError for unregistered names)."""
+    if name not in _BY_NAME:
+        raise KeyError(f"environment variable {name} is not in warp's registry (warp/envvars.py)")
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def flag(name: str) -> bool:
+    return (get(name) or "0").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def xdg_dir(kind: str) -> str:
+    """Base XDG directory: kind is 'data', 'cache' or 'config'."""
+    env = {"data": "XDG_DATA_HOME", "cache": "XDG_CACHE_HOME", "config": "XDG_CONFIG_HOME"}[kind]
+    fallback = {"data": "~/.local/share", "cache": "~/.cache", "config": "~/.config"}[kind]
+    return os.path.expanduser(get(env) or fallback)
+
+
+def default_store() -> str:
+    return get("WARP_STORE") or os.path.join(xdg_dir("data"), "warp", "store")
+
+
+def default_cache_dir() -> str:
+    return get("WARP_CACHE_DIR") or os.path.join(xdg_dir("cache"), "warp")

@@ -1,0 +1,126 @@
+"""Typed errors and the exit codes they map to.
+
+Every expected failure in warp raises a :class:`WarpError` subclass. Each
+carries a one-line ``message`` (the cause, naming the file/sample/key it is
+about) and a ``hint`` (the command or setting to try next), and maps to an
+:class:`ExitCode`. Classes also inherit the matching builtin so library users
+can catch them naturally (``except FileNotFoundError`` catches
+:class:`MissingInputError`).
+
+The table of exit codes is documented in ``warp(1)`` (EXIT STATUS).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    NEGATIVE = 1  # a check ran and found a problem: verify/doctor failure
+    USAGE = 2  # bad command line
+    DATA = 65  # input data is malformed (EX_DATAERR)
+    NO_INPUT = 66  # input missing or unreadable (EX_NOINPUT)
+    INTERNAL = 70  # a bug in warp (EX_SOFTWARE)
+    CONFIG = 78  # bad configuration (EX_CONFIG)
+    INTERRUPTED = 130  # SIGINT
+    BROKEN_PIPE = 141  # stdout closed early (SIGPIPE)
+
+
+EXIT_CODE_DOCS: dict[ExitCode, str] = {
+    ExitCode.OK: "success",
+    ExitCode.NEGATIVE: "a check ran and found a problem (verify found corruption, doctor found a failure)",
+    ExitCode.USAGE: "bad command-line usage",
+    ExitCode.DATA: "input data is malformed or failed validation",
+    ExitCode.NO_INPUT: "an input file, dataset or version does not exist or cannot be read",
+    ExitCode.INTERNAL: "internal error (a bug in warp: please report it with --debug output)",
+    ExitCode.CONFIG: "bad configuration (config file, environment variable or storage settings)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C); nothing half-written is left behind",
+    ExitCode.BROKEN_PIPE: "the reader of stdout went away (e.g. `| head`)",
+}
+
+
+class WarpError(Exception):
+    """Base of every expected warp failure.
+
+    ``message`` says what is wrong (naming the file, sample or key);
+    ``hint`` says what to do next. ``details`` holds machine-readable facts
+    that ``--json`` error output includes.
+    """
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+    code: str = "warp-error"  # stable reference, shown in --json errors
+
+    def __init__(self, message: str, *, hint: str | None = None, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict:
+        out = {"error": self.code, "message": self.message, "exit_code": int(self.exit_code)}
+        if self.hint:
+            out["hint"] = self.hint
+        if self.details:
+            out["details"] = {k: _jsonable(v) for k, v in self.details.items()}
+        return out
+
+
+def _jsonable(v: object) -> object:
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return str(v)
+
+
+class NegativeResult(WarpError):
+    """A check completed and its answer is "no" (corruption found, doctor FAIL)."""
+
+    exit_code = ExitCode.NEGATIVE
+    code = "check-failed"
+
+
+class UsageError(WarpError, ValueError):
+    exit_code = ExitCode.USAGE
+    code = "usage"
+
+
+class DataError(WarpError, ValueError):
+    """Input data is malformed: bad bytes, bad labels, failed validation."""
+
+    exit_code = ExitCode.DATA
+    code = "bad-data"
+
+
+class MissingInputError(WarpError, FileNotFoundError):
+    exit_code = ExitCode.NO_INPUT
+    code = "missing-input"
+
+
+class ConfigError(WarpError, ValueError):
+    """Bad configuration: names the file, line and dotted key when known."""
+
+    exit_code = ExitCode.CONFIG
+    code = "bad-config"
+
+
+class InternalError(WarpError, RuntimeError):
+    exit_code = ExitCode.INTERNAL
+    code = "internal"
+
+
+class DependencyError(ConfigError, ImportError):
+    """An optional package a feature needs is not installed."""
+
+    code = "missing-dependency"
+
+
+def missing_dependency(feature: str, package: str, extra: str | None = None) -> DependencyError:
+    pip = f"pip install 'warpdata[{extra}]'" if extra else f"pip install {package}"
+    return DependencyError(f"{feature} needs the '{package}' package, which is not installed", hint=pip)
