@@ -1,0 +1,53 @@
+"""Build a training-ready artifact from raw data, as a TOML config describes.
+
+The config's [source] format picks the pipeline: coco, yolo or jsonl labels
+build a validated tensor warehouse (TWH1 shards + manifest); raw or npy
+arrays are tiled, compressed and written as a Zarr v3 array; captions build
+a feature cache for pretraining. The artifact is written under a temporary
+name and renamed when complete; an identical existing version is reused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from warpdata import output as out
+
+EXAMPLES = """
+  warp etl --config examples/transform.toml            # tensor warehouse
+  warp etl -q --config transform.toml | xargs warp publish ws/coco --from
+  cat vol.raw | warp etl --config volume.toml --input -  # array from stdin to Zarr
+  warp etl --config captions.toml --workers 2 --json   # feature cache
+"""
+
+
+def main(
+    config: Annotated[Path, typer.Option("--config", "-c", help="The TOML config (see examples/).", metavar="TOML")],
+    clear: Annotated[bool, typer.Option("--clear", help="Rebuild even if an identical version exists (also WAREHOUSE_CLEAR=1).")] = False,
+    allow_invalid: Annotated[bool, typer.Option("--allow-invalid", help="Build even when validation thresholds are exceeded.")] = False,
+    workers: Annotated[int | None, typer.Option("--workers", "-j", min=1, help="Worker count (default: WARP_WORKERS or CPUs).")] = None,
+    input_: Annotated[str | None, typer.Option("--input", "-i", help="Override [source] path; '-' reads stdin.")] = None,
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Override [output] root.")] = None,
+) -> int:
+    from warpdata import envvars
+    from warpdata.config import parse_toml
+    from warpdata.pipelines import EtlRequest, resolve
+
+    data, source = parse_toml(config)
+    run = resolve(data, source)
+    req = EtlRequest(config_path=config, config=data, source=source,
+                     clear=clear or envvars.flag("WAREHOUSE_CLEAR"), allow_invalid=allow_invalid,
+                     workers=workers, input=input_, output=output)
+    result = run(req)
+    opts = out.options()
+    if opts.json:
+        out.emit_json({"status": result.status, "kind": result.kind, "path": result.path, **result.summary})
+    elif opts.quiet:
+        out.data(result.path)
+    else:
+        out.table(f"{result.kind} {result.status}: {result.path}", ["", ""], result.rows)
+        out.data(result.path)
+    return result.exit_code

@@ -1,0 +1,1 @@
+"""tbl (see the module docstrings)."""

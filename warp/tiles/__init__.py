@@ -1,0 +1,1 @@
+"""tiles (see the module docstrings)."""

@@ -1,0 +1,1 @@
+"""warehouse (see the module docstrings)."""
