@@ -62,10 +62,12 @@ def test_thresholds_ok_warn_fail_and_worst_offenders():
                                max_missing_fraction=Threshold(0.5, 0.9)))
     assert ok.status == "ok"
     ok.raise_for_status()
-    warn = q.evaluate(Thresholds(max_invalid_fraction=Threshold(0.1, 0.9)))
+    warn = q.evaluate(Thresholds(max_invalid_fraction=Threshold(0.1, 0.9),
+                              max_missing_fraction=Threshold(None, 0.9)))
     assert warn.status == "warn"
     warn.raise_for_status()
-    fail = q.evaluate(Thresholds(max_invalid_fraction=Threshold(None, 0.3)))
+    fail = q.evaluate(Thresholds(max_invalid_fraction=Threshold(None, 0.3),
+                              max_missing_fraction=Threshold(None, 0.9)))
     assert fail.status == "fail"
     # per-run checks: val has 3/4 invalid, train 0/4
     scopes = {(c.scope, c.metric): c for c in fail.checks}
