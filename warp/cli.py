@@ -9,6 +9,12 @@ top level, so building this app is cheap.
 
 Global options (``--json``, ``-q``, ``-v``, ``--color``, ``--debug``) may be
 given before or after the subcommand: :func:`main` moves them in front.
+
+Start-up is paid by every call and every TAB completion, so :func:`main`
+imports only the module of the subcommand being run; the others are listed
+in ``warp --help`` from their ``COMMANDS`` summary without being imported.
+Help is Click's plain formatter (``rich_markup_mode=None``): Typer's Rich
+help imports rich.markdown and markdown-it, ~90 ms per call here.
 Expected failures are :class:`~warpdata.errors.WarpError` and print one line
 of cause plus a hint, with the documented exit code; anything else is a bug
 (exit 70), with a traceback only under ``--debug`` / ``WARP_DEBUG=1``.
@@ -23,7 +29,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -64,16 +70,16 @@ def _version_callback(value: bool) -> None:
 
 def _root(
     json_: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")] = False,
-    quiet: Annotated[int, typer.Option("--quiet", "-q", count=True, help="Less output on stderr (-q: only results).")] = 0,
-    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail on stderr (-v, -vv).")] = 0,
-    color: Annotated[str, typer.Option("--color", help="auto, always or never (NO_COLOR and FORCE_COLOR are honoured).",
-                                       click_type=None, metavar="WHEN")] = "auto",
+    quiet: Annotated[int, typer.Option("--quiet", "-q", count=True, show_default=False,
+                                       help="Less output on stderr (-q: only results).")] = 0,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True, show_default=False,
+                                         help="More detail on stderr (-v, -vv).")] = 0,
+    color: Annotated[Literal["auto", "always", "never"], typer.Option(
+        "--color", metavar="WHEN", help="auto, always or never (NO_COLOR and FORCE_COLOR are honoured).")] = "auto",
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors (also WARP_DEBUG=1).")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
                                           help="Print warp's version and exit.")] = False,
 ) -> None:
-    if color not in ("auto", "always", "never"):
-        raise typer.BadParameter(f"must be auto, always or never, not {color!r}", param_hint="--color")
     out.configure(json=json_, quiet=quiet, verbose=verbose, color=color,
                   debug=debug or envvars.flag("WARP_DEBUG"))
 
@@ -130,7 +136,36 @@ def load_command(spec: CommandSpec):
     return importlib.import_module(spec.module)
 
 
-def build_app() -> typer.Typer:
+def keep_layout(text: str) -> str:
+    """Mark indented or bulleted paragraphs so Click's help does not rewrap them."""
+    paras = []
+    for para in text.strip("\n").split("\n\n"):
+        lines = para.split("\n")
+        if any(ln[:1].isspace() or ln.lstrip()[:2] in ("- ", "* ") for ln in lines):
+            para = "\b\n" + para
+        paras.append(para)
+    return "\n\n".join(paras)
+
+
+def examples_epilog(examples: str) -> str | None:
+    body = examples.strip("\n")
+    return "Examples:\n\n\b\n" + body.replace("\n\n", "\n\n\b\n") if body.strip() else None
+
+
+def _listed_only(name: str) -> Callable[[], None]:
+    def listed_only() -> None:  # main() loads the real module whenever `name` runs
+        raise InternalError(f"command {name!r} was run without loading its module",
+                            hint="report this as a bug")
+
+    return listed_only
+
+
+_CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def build_app(load: Sequence[str] | None = None) -> typer.Typer:
+    """The Typer app. ``load`` names the commands whose modules are imported
+    (default: all); the rest appear in ``warp --help`` by summary only."""
     app = typer.Typer(
         name="warp",
         help=APP_HELP,
@@ -138,20 +173,38 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
-        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+        rich_markup_mode=None,
+        context_settings=_CONTEXT,
     )
     app.callback()(_root)
     for spec in COMMANDS:
+        if load is not None and spec.name not in load:
+            app.command(name=spec.name, help=spec.summary, short_help=spec.summary,
+                        context_settings=_CONTEXT)(_listed_only(spec.name))
+            continue
         mod = load_command(spec)
-        epilog = getattr(mod, "EXAMPLES", "").strip()
         app.command(
             name=spec.name,
-            help=(mod.__doc__ or spec.summary).strip(),
+            help=keep_layout(mod.__doc__ or spec.summary),
             short_help=spec.summary,
-            epilog=("Examples:\n\n" + epilog) if epilog else None,
-            context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+            epilog=examples_epilog(getattr(mod, "EXAMPLES", "")),
+            context_settings=_CONTEXT,
         )(guarded(mod.main))
     return app
+
+
+def chosen_command(args: Sequence[str]) -> str | None:
+    """The subcommand ``args`` (global options already hoisted) will run, if any."""
+    names = {s.name for s in COMMANDS}
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in GLOBAL_VALUED:
+            skip = True
+        elif a == "--" or not a.startswith("-"):
+            return a if a in names else None
+    return None
 
 
 def hoist_global_options(argv: Sequence[str]) -> list[str]:
@@ -188,20 +241,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run warp with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     args = hoist_global_options(sys.argv[1:] if argv is None else argv)
     out.reset()
-    app = build_app()
+    stdout, stderr = sys.stdout, sys.stderr
+    code: int
     try:
+        chosen = chosen_command(args)
+        app = build_app(load=[chosen] if chosen else [])
         app(args=args, prog_name="warp", standalone_mode=True)
+        code = 0
     except SystemExit as e:
-        code = e.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        sys.stderr.write(f"{code}\n")
-        return 1
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            sys.stderr.write(f"{e.code}\n")
+            code = 1
     except KeyboardInterrupt:
         return int(ExitCode.INTERRUPTED)
-    return 0
+    if sys.stdout is not stdout:
+        # Click/Typer met EPIPE while printing (help, usage) and swapped in a
+        # wrapper that hides it, exiting 1: put the streams back, report 141.
+        sys.stdout, sys.stderr = stdout, stderr
+        _silence_stdout()
+        return int(ExitCode.BROKEN_PIPE)
+    try:
+        sys.stdout.flush()  # buffered data lines: EPIPE must surface here, not at exit
+    except BrokenPipeError:
+        _silence_stdout()
+        return int(ExitCode.BROKEN_PIPE)
+    except ValueError:  # stdout closed by the caller
+        pass
+    return code
 
 
 def tar_to_tbl_main(argv: Sequence[str] | None = None) -> int:
