@@ -1,0 +1,153 @@
+"""Sharding over rank × worker: exact-once, equal batch counts, resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from warpdata.sharding import ResumeState, ShardingError, ShardPlan, auto_shard, merge_intervals
+
+
+def rows_of(plan: ShardPlan, batches) -> list[tuple[int, int]]:
+    """(unit, row) pairs a list of batch indices reads."""
+    out = []
+    for j in batches:
+        for s in plan.batch_slices(j):
+            out.extend((s.unit, r) for r in range(s.start, s.stop))
+    return out
+
+
+def all_rows(unit_rows):
+    return [(u, r) for u, n in enumerate(unit_rows) for r in range(n)]
+
+
+unit_rows_st = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=12).filter(lambda x: sum(x) > 0)
+
+
+@given(unit_rows=unit_rows_st, world=st.integers(1, 6), workers=st.integers(1, 4),
+       bs=st.integers(1, 17), policy=st.sampled_from(["pad", "drop"]), shuffle=st.booleans(),
+       seed=st.integers(0, 5))
+def test_exact_once_and_equal_batches(unit_rows, world, workers, bs, policy, shuffle, seed):
+    n = sum(unit_rows)
+    if policy == "drop" and n < world:
+        with pytest.raises(ShardingError):
+            ShardPlan(unit_rows, rank=0, world=world, batch_size=bs, policy=policy)
+        return
+    plans = [ShardPlan(unit_rows, rank=r, world=world, batch_size=bs, policy=policy, shuffle=shuffle, seed=seed)
+             for r in range(world)]
+    assert len({p.num_batches for p in plans}) == 1  # DDP never hangs
+    assert len({p.rows_per_rank for p in plans}) == 1
+    seen: Counter = Counter()
+    for p in plans:
+        if p.num_batches < workers:
+            with pytest.raises(ShardingError, match="would get no batches"):
+                p.worker_batches(workers - 1, workers)
+            per_worker = [p.worker_batches(0, 1)]
+        else:
+            per_worker = [p.worker_batches(w, workers) for w in range(workers)]
+        flat = [j for ws in per_worker for j in ws]
+        assert sorted(flat) == list(range(p.num_batches))  # workers partition the rank's batches
+        assert sum(p.batch_len(j) for j in flat) == p.rows_per_rank
+        seen.update(rows_of(p, flat))
+    everything = all_rows(unit_rows)
+    p0 = plans[0]
+    if policy == "pad":
+        assert set(seen) == set(everything)
+        assert sum(seen.values()) == n + p0.pad_rows
+        assert sum(c - 1 for c in seen.values()) == p0.pad_rows
+        assert p0.pad_rows < world
+    else:
+        assert all(c == 1 for c in seen.values())
+        assert len(seen) == n - p0.dropped_rows and p0.dropped_rows < world
+
+
+@given(unit_rows=unit_rows_st, world=st.integers(1, 3), bs=st.integers(1, 9),
+       w1=st.integers(1, 3), w2=st.integers(1, 3), w3=st.integers(1, 3), data=st.data())
+def test_resume_twice_with_other_worker_counts(unit_rows, world, bs, w1, w2, w3, data):
+    rank = data.draw(st.integers(0, world - 1))
+    full = ShardPlan(unit_rows, rank=rank, world=world, batch_size=bs, shuffle=True, seed=7, epoch=2)
+    expected = Counter(rows_of(full, range(full.num_batches)))
+    got: Counter = Counter()
+    plan = full
+    for w in (w1, w2, w3):
+        left = len(plan.remaining())
+        if left == 0:
+            break
+        w = min(w, left)
+        order = plan.yield_order(w)
+        k = data.draw(st.integers(0, len(order)))
+        got.update(rows_of(plan, order[:k]))
+        state = plan.state_after(k, w, manifest="m" * 64, table="main")
+        state = ResumeState.from_json(state.to_json())  # travels as tiny JSON
+        assert len(state.to_json()) < 400
+        plan = ShardPlan.resume(unit_rows, state, manifest="m" * 64, table="main")
+    got.update(rows_of(plan, plan.remaining()))
+    assert got == expected
+
+
+def test_yield_order_matches_real_dataloader():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    plan = ShardPlan([7, 5, 9, 3, 11], rank=1, world=2, batch_size=2, shuffle=True, seed=3)
+
+    class DS(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            wid, nw = (info.id, info.num_workers) if info else (0, 1)
+            for j in plan.worker_batches(wid, nw):
+                yield torch.tensor([j])
+
+    for nw in (0, 2):
+        got = [int(b) for b in DataLoader(DS(), batch_size=None, num_workers=nw)]
+        assert got == plan.yield_order(max(nw, 1))
+
+
+def test_resume_refuses_other_run():
+    p = ShardPlan([10, 10], rank=0, world=2, batch_size=3)
+    s = p.state_after(2, 1, manifest="a" * 64, table="main")
+    with pytest.raises(ShardingError, match="manifest"):
+        ShardPlan.resume([10, 10], s, manifest="b" * 64)
+    with pytest.raises(ShardingError, match="rank"):
+        ShardPlan.resume([10, 10], s, rank=1)
+    with pytest.raises(ShardingError, match="batches"):
+        ShardPlan.resume([10, 30], s)
+    with pytest.raises(Exception, match="resume state"):
+        ResumeState.from_json("{}")
+
+
+def test_epoch_state_and_done():
+    p = ShardPlan([4], batch_size=2)
+    s = p.state_after(2)
+    assert s.done and s.next_epoch().epoch == 1 and s.next_epoch().consumed == ()
+    assert ShardPlan.resume([4], s).remaining() == []
+
+
+def test_shuffle_is_deterministic_per_epoch():
+    a = ShardPlan(list(range(1, 30)), shuffle=True, seed=1, epoch=0).order
+    assert a == ShardPlan(list(range(1, 30)), shuffle=True, seed=1, epoch=0).order
+    assert a != ShardPlan(list(range(1, 30)), shuffle=True, seed=1, epoch=1).order
+    assert sorted(a) == list(range(29))
+
+
+def test_bad_arguments():
+    for kw in ({"rank": 2, "world": 2}, {"batch_size": 0}, {"policy": "wrap"}):
+        with pytest.raises(ShardingError):
+            ShardPlan([3], **kw)
+    with pytest.raises(ShardingError, match="no rows"):
+        ShardPlan([0, 0])
+
+
+def test_auto_shard():
+    assert auto_shard({}) == (0, 1)
+    assert auto_shard({"RANK": "3", "WORLD_SIZE": "4"}) == (3, 4)
+    with pytest.raises(ShardingError):
+        auto_shard({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(ShardingError):
+        auto_shard({"RANK": "x", "WORLD_SIZE": "4"})
+
+
+def test_merge_intervals():
+    assert merge_intervals([(5, 7), (0, 2), (2, 3), (6, 9), (4, 4)]) == ((0, 3), (5, 9))
