@@ -49,6 +49,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("etl", "warpdata.commands.etl", "Build a training-ready artifact (tensor warehouse, Zarr array, feature cache) from a TOML config."),
     CommandSpec("doctor", "warpdata.commands.doctor", "Check the installation, backends, cache and store, and say how to fix what fails."),
     CommandSpec("inspect", "warpdata.commands.inspect", "Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays, datasets."),
+    CommandSpec("cache", "warpdata.commands.cache", "Show, garbage-collect, verify or clear the content-addressed blob cache."),
 )
 
 GLOBAL_FLAGS = {"--json", "--debug", "--quiet", "--verbose", "-q", "-v"}
