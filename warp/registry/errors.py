@@ -1,0 +1,155 @@
+"""Typed errors of the dataset registry (seed 002 §10, table X0).
+
+Each class carries the cause in one line and the remedy in ``hint``, maps to
+an exit code of :class:`warpdata.errors.ExitCode` through its warp base
+class, and also inherits the builtin a library caller would naturally catch:
+
+========================== ===================== ======== =========================
+class                      warp base             exit     builtin
+========================== ===================== ======== =========================
+``AuthenticationError``    ``ConfigError``       78       ``ValueError``
+``PermissionError``        ``ConfigError``       78       ``builtins.PermissionError``
+``StoreUnavailableError``  ``ConfigError``       78       ``ConnectionError``
+``DatasetNotFoundError``   ``MissingInputError`` 66       ``FileNotFoundError``
+``BlobNotFoundError``      ``MissingInputError`` 66       ``FileNotFoundError``
+``ManifestCorruptedError`` ``DataError``         65       ``ValueError``
+``BlobCorruptedError``     ``DataError``         65       ``ValueError``
+``LockTimeoutError``       ``ConfigError``       78       ``ConnectionError``
+``LocalPathError``         ``DataError``         65       ``ValueError``
+``InvalidDatasetIdError``  ``UsageError``        2        ``ValueError``
+========================== ===================== ======== =========================
+
+``PermissionError`` deliberately has the seed's name; inside this module the
+builtin is reached as ``builtins.PermissionError``.
+:func:`translate_storage_error` turns exceptions raised by fsspec/s3fs/botocore
+into these classes so no raw ``ClientError`` reaches the user.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+from warpdata.errors import ConfigError, DataError, MissingInputError, UsageError
+
+__all__ = [
+    "AuthenticationError",
+    "BlobCorruptedError",
+    "BlobNotFoundError",
+    "DatasetNotFoundError",
+    "InvalidDatasetIdError",
+    "LocalPathError",
+    "LockTimeoutError",
+    "ManifestCorruptedError",
+    "PermissionError",
+    "StoreUnavailableError",
+    "translate_storage_error",
+]
+
+
+class AuthenticationError(ConfigError):
+    """No usable credentials for the store."""
+
+    code = "auth"
+
+
+class PermissionError(ConfigError, builtins.PermissionError):  # the seed's name (seed 002 §10)
+    """Credentials were accepted but the store refused the operation."""
+
+    code = "permission-denied"
+
+
+class StoreUnavailableError(ConfigError, ConnectionError):
+    """The store could not be reached (endpoint down, DNS, timeout, no bucket)."""
+
+    code = "store-unavailable"
+
+
+class DatasetNotFoundError(MissingInputError):
+    """No such dataset (or version) in the store."""
+
+    code = "dataset-not-found"
+
+
+class BlobNotFoundError(MissingInputError):
+    """A manifest references a blob the store does not hold."""
+
+    code = "blob-not-found"
+
+
+class ManifestCorruptedError(DataError):
+    """A manifest or blob failed its schema or hash check."""
+
+    code = "manifest-corrupted"
+
+
+class LocalPathError(DataError):
+    """A manifest would hold a machine-local path (invariant I1)."""
+
+    code = "local-path-in-manifest"
+
+
+class InvalidDatasetIdError(UsageError):
+    code = "bad-dataset-id"
+
+
+def _error_code(exc: BaseException) -> str | None:
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        code = resp.get("Error", {}).get("Code")
+        if code:
+            return str(code)
+    return None
+
+
+_AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+               "TokenRefreshRequired", "UnrecognizedClientException", "InvalidClientTokenId"}
+
+
+def translate_storage_error(exc: BaseException, url: str, action: str) -> Exception:
+    """Map an exception from fsspec/s3fs/botocore to a typed registry error.
+
+    ``url`` names the object or store, ``action`` what was being done
+    ("read", "write", "list"). Exceptions that are already warp errors, and
+    ones this function does not recognise, are returned unchanged.
+    """
+    from warpdata.errors import WarpError
+
+    if isinstance(exc, WarpError):
+        return exc  # type: ignore[return-value]
+    name = type(exc).__name__
+    code = _error_code(exc) or ""
+    text = str(exc)
+    if name in ("NoCredentialsError", "PartialCredentialsError") or code in _AUTH_CODES \
+            or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+        return AuthenticationError(
+            f"S3 credentials not found or rejected while trying to {action} {url}: {text}",
+            hint="set AWS_PROFILE (or WARP_S3_PROFILE), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+                 "then run 'warp doctor --only store'")
+    if isinstance(exc, builtins.PermissionError) or code in ("AccessDenied", "AllAccessDisabled", "403"):
+        verb = {"read": "GetObject", "write": "PutObject", "list": "ListBucket"}.get(action, action)
+        return PermissionError(
+            f"the store refused to {action} {url} (bucket policy forbids {verb})",
+            hint="ask the workspace admin for access, or check the profile with 'warp doctor --only store'")
+    if code in ("NoSuchBucket",) or "NoSuchBucket" in text:
+        return StoreUnavailableError(
+            f"bucket for {url} does not exist",
+            hint="create the bucket, or set WARP_STORE to an existing s3://BUCKET/PREFIX")
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                "ConnectionClosedError", "ClientConnectorError", "ServerDisconnectedError") \
+            or isinstance(exc, (ConnectionError, TimeoutError)):
+        return StoreUnavailableError(
+            f"cannot reach the store to {action} {url}: {text}",
+            hint="check the network and WARP_S3_ENDPOINT / AWS_ENDPOINT_URL; 'warp doctor --only store' tests it")
+    return exc  # type: ignore[return-value]
+
+
+class BlobCorruptedError(ManifestCorruptedError):
+    """A blob's bytes do not hash to the name it is stored under."""
+
+    code = "blob-corrupted"
+
+
+class LockTimeoutError(StoreUnavailableError):
+    """A lock on a dataset's ``latest`` pointer stayed held by a live process."""
+
+    code = "lock-timeout"

@@ -1,0 +1,469 @@
+"""Dataset manifests: the immutable, content-addressed description of a version.
+
+A manifest (seed 002 §4, JSON Schema in ``manifest.schema.json`` beside this
+module) is a JSON object::
+
+    {"kind": "dataset", "format_version": 1,
+     "dataset_id": "ws/name",
+     "version_hash": "<64 hex>",
+     "tables":    {"main": {"format": "parquet",
+                            "shards": [{"uri", "hash", "byte_size", "row_count"}],
+                            "schema": {"fields": [{"name", "type", "nullable"}]}}},
+     "artifacts": {"raw": {"kind": "tar_shards",
+                           "shards": [{"uri", "hash", "byte_size", "member_count"}],
+                           "index": {"uri", "hash", "byte_size", "format": "warp-tar-index-1"},
+                           "member_count": N}},
+     "bindings":  [{"table", "column", "artifact", "ref_type": "file|image|audio|video",
+                   "ref_form": "member_path"}],
+     "stats":     {"total_rows", "total_bytes", ...},
+     "metadata":  {...}}
+
+Contract:
+
+* **Identity (I0/M1).** ``version_hash`` = SHA-256 of the canonical JSON
+  (:mod:`warpdata.canonical`: sorted keys, no whitespace, UTF-8) of the
+  *hashed part*: every field except ``version_hash`` and ``metadata``.
+  Before hashing, strings are NFC-normalised and integral floats become
+  integers, so equal content hashes equally on any machine. ``metadata`` is
+  the non-hashed envelope (``created_at``, ``warp_version``, source facts);
+  timestamps live only there (the schema forbids ``stats.created_at``).
+* **Blobs.** Every shard and index is a blob named by the SHA-256 of its bytes;
+  ``uri`` is the store-relative key :func:`blob_key` (``blobs/sha256/ab/<hash>``)
+  or a remote URL (``s3://``, ``gs://``, ``http(s)://``). Readers resolve
+  relative URIs against the store root; the hash is authoritative.
+* **Portability (I1).** No string anywhere in a manifest may be a local path:
+  ``file:`` URLs, absolute POSIX paths, ``~`` paths, Windows drive paths,
+  ``..`` segments and backslashes in URIs are rejected with
+  :class:`~warpdata.registry.errors.LocalPathError` naming the JSON path.
+* **Validation.** :meth:`Manifest.to_bytes` and :meth:`Manifest.from_bytes`
+  both validate against the schema, the I1 rule and referential integrity
+  (bindings name existing tables and artifacts); ``from_bytes`` also
+  recomputes the hash and raises
+  :class:`~warpdata.registry.errors.ManifestCorruptedError` on mismatch.
+
+Tar-shard artifacts and their member index are specified in
+``docs/formats/registry.md`` and built by :mod:`warpdata.registry.tarpack`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from warpdata.canonical import CanonicalJSONError, canonical_json, sha256_hex
+from warpdata.registry.errors import InvalidDatasetIdError, LocalPathError, ManifestCorruptedError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "INDEX_FORMAT",
+    "REF_TYPES",
+    "Artifact",
+    "Binding",
+    "Manifest",
+    "ShardRef",
+    "Table",
+    "blob_key",
+    "check_portable",
+    "hashed_part",
+    "normalize",
+    "validate_dataset_id",
+    "version_hash_of",
+]
+
+FORMAT_VERSION = 1
+INDEX_FORMAT = "warp-tar-index-1"
+REF_TYPES = ("file", "image", "audio", "video")
+ARTIFACT_KINDS = ("tar_shards", "webdataset_shards")
+
+DATASET_ID_RE = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+HASH_RE = re.compile(r"^[a-f0-9]{64}$")
+_REMOTE_SCHEMES = ("s3://", "s3a://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "hf://")
+_WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+_NON_HASHED = ("version_hash", "metadata")
+
+
+def validate_dataset_id(dataset_id: str) -> str:
+    """Return ``dataset_id`` if it is ``workspace/name`` (lowercase, digits, ``_``, ``-``)."""
+    if not isinstance(dataset_id, str) or not DATASET_ID_RE.match(dataset_id) or len(dataset_id) > 200:
+        raise InvalidDatasetIdError(
+            f"{dataset_id!r} is not a dataset id of the form workspace/name",
+            hint="use lowercase letters, digits, '_' and '-', e.g. vision/coco-mini")
+    return dataset_id
+
+
+def blob_key(hash_hex: str) -> str:
+    """The store-relative key of a blob: ``blobs/sha256/<first 2 hex>/<hash>``."""
+    if not HASH_RE.match(hash_hex):
+        raise ValueError(f"not a lowercase SHA-256 hex digest: {hash_hex!r}")
+    return f"blobs/sha256/{hash_hex[:2]}/{hash_hex}"
+
+
+# -- normalisation, hashing, portability ---------------------------------
+
+def normalize(value: Any) -> Any:
+    """The normal form used for hashing: NFC strings, integral floats as ints, lists."""
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, bool) or value is None or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 2**53:
+            return int(value)
+        return value
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            nk = normalize(k) if isinstance(k, str) else k
+            if nk in out:
+                raise ManifestCorruptedError(f"key {k!r} appears twice after Unicode normalisation",
+                                             hint="rename one of the two keys")
+            out[nk] = normalize(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [normalize(v) for v in value]
+    raise ManifestCorruptedError(f"{type(value).__name__} value {value!r} cannot be stored in a manifest",
+                                 hint="use str, int, float, bool, list or dict")
+
+
+def hashed_part(doc: dict[str, Any]) -> dict[str, Any]:
+    """The fields that define the version: everything but ``version_hash`` and ``metadata``."""
+    return {k: v for k, v in doc.items() if k not in _NON_HASHED}
+
+
+def version_hash_of(doc: dict[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON of the normalised hashed part of ``doc``."""
+    try:
+        return sha256_hex(canonical_json(normalize(hashed_part(doc))))
+    except CanonicalJSONError as e:
+        raise ManifestCorruptedError(f"manifest is not canonical JSON: {e}",
+                                     hint="remove NaN/inf and non-JSON values") from None
+
+
+def _is_local_path(s: str) -> bool:
+    low = s.lower()
+    return (low.startswith("file:") or s.startswith("/") or s.startswith("~")
+            or bool(_WINDOWS_DRIVE.match(s)) or s.startswith("\\\\"))
+
+
+def _check_uri(uri: str, where: str) -> None:
+    if uri.lower().startswith(_REMOTE_SCHEMES):
+        return
+    if "://" in uri or _is_local_path(uri) or "\\" in uri or ".." in uri.split("/"):
+        raise LocalPathError(
+            f"{where}: {uri!r} is a machine-local path; manifests may only hold blob hashes, "
+            "store-relative keys or remote URLs (invariant I1)",
+            hint="publish the file so it is referenced by hash, or use an s3:// / https:// URL")
+
+
+def check_portable(doc: Any, where: str = "$") -> None:
+    """Reject local paths anywhere in a manifest document (invariant I1).
+
+    ``uri`` values must be store-relative keys or remote URLs; any other
+    string value must not look like a local path (``file:``, ``/abs``,
+    ``~/x``, ``C:\\x``).
+    """
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            sub = f"{where}.{k}"
+            if k == "uri" and isinstance(v, str):
+                _check_uri(v, sub)
+            else:
+                check_portable(v, sub)
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            check_portable(v, f"{where}[{i}]")
+    elif isinstance(doc, str) and _is_local_path(doc):
+        raise LocalPathError(
+            f"{where}: {doc!r} is a machine-local path; manifests must not hold local paths (invariant I1)",
+            hint="store a relative path inside an artifact, a blob hash or a remote URL instead")
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    """The JSON Schema every manifest is validated against (shipped with warp)."""
+    text = resources.files("warpdata.registry").joinpath("manifest.schema.json").read_text("utf-8")
+    return json.loads(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema())
+    cls.check_schema(schema())
+    return cls(schema())
+
+
+def validate_document(doc: Any, source: str = "manifest") -> None:
+    """Schema + I1 + referential checks; raises ManifestCorruptedError / LocalPathError."""
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path)
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        raise ManifestCorruptedError(
+            f"{source}: {where}: {e.message}{more}",
+            hint="the manifest does not match warp's dataset schema; republish it with 'warp publish'",
+            path=where)
+    check_portable(doc)
+    tables = doc.get("tables", {})
+    artifacts = doc.get("artifacts", {})
+    for i, b in enumerate(doc.get("bindings", [])):
+        if b["table"] not in tables:
+            raise ManifestCorruptedError(f"{source}: $.bindings[{i}] names table {b['table']!r}, which the manifest lacks",
+                                         hint=f"tables are: {', '.join(sorted(tables)) or 'none'}")
+        if b["artifact"] not in artifacts:
+            raise ManifestCorruptedError(f"{source}: $.bindings[{i}] names artifact {b['artifact']!r}, which the manifest lacks",
+                                         hint=f"artifacts are: {', '.join(sorted(artifacts)) or 'none'}")
+        schema_doc = tables[b["table"]].get("schema")
+        if schema_doc is not None and b["column"] not in {f["name"] for f in schema_doc["fields"]}:
+            raise ManifestCorruptedError(
+                f"{source}: $.bindings[{i}] binds column {b['column']!r}, which table {b['table']!r} lacks",
+                hint="bind an existing column (TABLE.COLUMN=ARTIFACT:TYPE)")
+
+
+# -- the model -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShardRef:
+    """One blob: a Parquet shard, a tar shard or an index.
+
+    ``row_count`` is set for table shards, ``member_count`` for tar shards,
+    ``format`` for indexes. ``uri`` defaults to :func:`blob_key`.
+    """
+
+    hash: str
+    byte_size: int
+    uri: str = ""
+    row_count: int | None = None
+    member_count: int | None = None
+    format: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.uri:
+            object.__setattr__(self, "uri", blob_key(self.hash))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"uri": self.uri, "hash": self.hash, "byte_size": self.byte_size}
+        for k in ("row_count", "member_count", "format"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = v
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardRef:
+        return cls(hash=d["hash"], byte_size=d["byte_size"], uri=d["uri"], row_count=d.get("row_count"),
+                   member_count=d.get("member_count"), format=d.get("format"))
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table: Parquet shards in order, and optionally its Arrow schema as fields."""
+
+    shards: tuple[ShardRef, ...]
+    format: str = "parquet"
+    schema: dict[str, Any] | None = None  # {"fields": [{"name", "type", "nullable"}]}
+
+    @property
+    def row_count(self) -> int:
+        return sum(s.row_count or 0 for s in self.shards)
+
+    @property
+    def byte_size(self) -> int:
+        return sum(s.byte_size for s in self.shards)
+
+    @property
+    def columns(self) -> list[str]:
+        return [f["name"] for f in (self.schema or {}).get("fields", [])]
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": self.format, "shards": [s.to_dict() for s in self.shards]}
+        if self.schema is not None:
+            d["schema"] = self.schema
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Table:
+        return cls(shards=tuple(ShardRef.from_dict(s) for s in d["shards"]), format=d["format"],
+                   schema=d.get("schema"))
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """Raw files packed into tar shards, with a member index blob (member -> shard, offset, length)."""
+
+    shards: tuple[ShardRef, ...]
+    kind: str = "tar_shards"
+    index: ShardRef | None = None
+    member_count: int | None = None
+
+    @property
+    def byte_size(self) -> int:
+        return sum(s.byte_size for s in self.shards) + (self.index.byte_size if self.index else 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "shards": [s.to_dict() for s in self.shards]}
+        if self.index is not None:
+            d["index"] = self.index.to_dict()
+        if self.member_count is not None:
+            d["member_count"] = self.member_count
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Artifact:
+        idx = d.get("index")
+        return cls(shards=tuple(ShardRef.from_dict(s) for s in d["shards"]), kind=d["kind"],
+                   index=ShardRef.from_dict(idx) if idx else None, member_count=d.get("member_count"))
+
+
+@dataclass(frozen=True)
+class Binding:
+    """Column ``table.column`` holds member paths into ``artifact``, read as ``ref_type``."""
+
+    table: str
+    column: str
+    artifact: str
+    ref_type: str = "file"
+    ref_form: str = "member_path"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "column": self.column, "artifact": self.artifact,
+                "ref_type": self.ref_type, "ref_form": self.ref_form}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Binding:
+        return cls(table=d["table"], column=d["column"], artifact=d["artifact"], ref_type=d["ref_type"],
+                   ref_form=d.get("ref_form", "member_path"))
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest:
+    """One dataset version. Build it, then :meth:`to_bytes` to store it.
+
+    ``version_hash`` is computed from the content (never passed in);
+    ``stats`` defaults to ``total_rows`` / ``total_bytes`` computed from the
+    shards. Two manifests are equal when their version hashes are.
+    """
+
+    dataset_id: str
+    tables: dict[str, Table] = field(default_factory=dict)
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    bindings: tuple[Binding, ...] = ()
+    stats: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_dataset_id(self.dataset_id)
+        object.__setattr__(self, "bindings", tuple(sorted(
+            self.bindings, key=lambda b: (b.table, b.column, b.artifact))))
+        if self.stats is None:
+            object.__setattr__(self, "stats", {
+                "total_rows": sum(t.row_count for t in self.tables.values()),
+                "total_bytes": sum(t.byte_size for t in self.tables.values())
+                + sum(a.byte_size for a in self.artifacts.values()),
+            })
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Manifest) and other.version_hash == self.version_hash
+
+    def __hash__(self) -> int:
+        return hash(self.version_hash)
+
+    # -- documents ---------------------------------------------------------
+    def content(self) -> dict[str, Any]:
+        """The hashed part as a normalised JSON-able dict."""
+        return normalize({
+            "kind": "dataset",
+            "format_version": FORMAT_VERSION,
+            "dataset_id": self.dataset_id,
+            "tables": {k: t.to_dict() for k, t in self.tables.items()},
+            "artifacts": {k: a.to_dict() for k, a in self.artifacts.items()},
+            "bindings": [b.to_dict() for b in self.bindings],
+            "stats": self.stats,
+        })
+
+    @functools.cached_property
+    def version_hash(self) -> str:
+        return version_hash_of(self.content())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full document: hashed part + ``version_hash`` + ``metadata``."""
+        return {**self.content(), "version_hash": self.version_hash, "metadata": normalize(self.metadata)}
+
+    def to_bytes(self) -> bytes:
+        """Canonical JSON bytes, validated (schema, I1, references) before they are returned."""
+        doc = self.to_dict()
+        validate_document(doc, f"manifest of {self.dataset_id}")
+        return canonical_json(doc)
+
+    @classmethod
+    def from_dict(cls, doc: Any, *, source: str = "manifest", expected_hash: str | None = None) -> Manifest:
+        """Validate and load a manifest document; verify its hash.
+
+        Raises ManifestCorruptedError when the schema, the stored
+        ``version_hash`` or ``expected_hash`` (the key it was stored under)
+        disagree with the content.
+        """
+        if not isinstance(doc, dict):
+            raise ManifestCorruptedError(f"{source}: not a JSON object",
+                                         hint="the manifest is corrupt; run 'warp cache gc' and retry")
+        validate_document(doc, source)
+        computed = version_hash_of(doc)
+        if computed != doc["version_hash"] or (expected_hash is not None and computed != expected_hash):
+            raise ManifestCorruptedError(
+                f"{source}: manifest hash mismatch (stored {doc['version_hash']}, "
+                f"expected {expected_hash or doc['version_hash']}, computed {computed})",
+                hint="the manifest was altered or truncated; try 'warp cache gc', then republish if the store copy is bad",
+                stored=doc["version_hash"], computed=computed)
+        m = cls(
+            dataset_id=doc["dataset_id"],
+            tables={k: Table.from_dict(v) for k, v in doc["tables"].items()},
+            artifacts={k: Artifact.from_dict(v) for k, v in doc.get("artifacts", {}).items()},
+            bindings=tuple(Binding.from_dict(b) for b in doc.get("bindings", [])),
+            stats=dict(doc.get("stats", {})),
+            metadata=dict(doc.get("metadata", {})),
+        )
+        if m.version_hash != computed:  # the model dropped or added something: a bug, not bad data
+            raise ManifestCorruptedError(f"{source}: manifest does not round-trip through the model",
+                                         hint="report this with the manifest attached")
+        return m
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str = "manifest", expected_hash: str | None = None) -> Manifest:
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ManifestCorruptedError(f"{source}: not valid JSON: {e}",
+                                         hint="the manifest is corrupt or truncated; try 'warp cache gc' and retry") from None
+        return cls.from_dict(doc, source=source, expected_hash=expected_hash)
+
+    # -- queries -------------------------------------------------------------
+    def blobs(self) -> list[ShardRef]:
+        """Every blob the version references, deduplicated by hash, in manifest order."""
+        seen: dict[str, ShardRef] = {}
+        for t in self.tables.values():
+            for s in t.shards:
+                seen.setdefault(s.hash, s)
+        for a in self.artifacts.values():
+            for s in a.shards:
+                seen.setdefault(s.hash, s)
+            if a.index is not None:
+                seen.setdefault(a.index.hash, a.index)
+        return list(seen.values())
+
+    def table(self, name: str) -> Table:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise KeyError(f"{self.dataset_id} has no table {name!r} (tables: {', '.join(sorted(self.tables))})") from None
+
+    def bindings_for(self, table: str) -> dict[str, Binding]:
+        """column -> binding for one table."""
+        return {b.column: b for b in self.bindings if b.table == table}
