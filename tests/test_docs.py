@@ -1,0 +1,180 @@
+"""Generated man pages and shell completions: fresh, deterministic, and working.
+
+The staleness test compares the committed ``man/`` and ``completions/`` with
+what ``make docs`` would write. The shell tests load the *rendered* scripts
+into real bash / zsh / fish (zsh and fish tests skip where the shell is not
+installed) and check what a TAB press offers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from warpdata import docgen
+from warpdata.cli import COMMANDS
+from warpdata.envvars import ENV_VARS
+from warpdata.errors import ExitCode
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, str]:
+    return docgen.render()
+
+
+def test_committed_docs_are_fresh():
+    r = subprocess.run([sys.executable, "-m", "warpdata.docgen", "check", "--root", str(ROOT)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_check_names_stale_and_leftover_files(tmp_path, rendered):
+    assert docgen.write(tmp_path) == sorted(rendered, key=list(rendered).index)
+    assert docgen.stale(tmp_path) == []
+    (tmp_path / "man" / "warp-doctor.1").write_text("old\n")
+    (tmp_path / "man" / "warp-removed.1").write_text("gone command\n")
+    (tmp_path / "completions" / "warp.fish").unlink()
+    assert sorted(docgen.stale(tmp_path)) == ["completions/warp.fish", "man/warp-doctor.1", "man/warp-removed.1"]
+    r = subprocess.run([sys.executable, "-m", "warpdata.docgen", "check", "--root", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "man/warp-doctor.1" in r.stderr
+    assert sorted(docgen.write(tmp_path)) == ["completions/warp.fish", "man/warp-doctor.1", "man/warp-removed.1"]
+    assert docgen.stale(tmp_path) == [] and not (tmp_path / "man" / "warp-removed.1").exists()
+
+
+def test_render_is_deterministic(rendered):
+    assert docgen.render() == rendered
+    for text in rendered.values():
+        assert str(ROOT) not in text and "\r" not in text
+
+
+def test_one_page_per_command_with_required_sections(rendered):
+    assert set(rendered) == {"man/warp.1", *(f"man/warp-{c.name}.1" for c in COMMANDS),
+                             "completions/warp.bash", "completions/_warp", "completions/warp.fish"}
+    for name, text in rendered.items():
+        if not name.startswith("man/"):
+            continue
+        for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "EXAMPLES", "EXIT STATUS", "ENVIRONMENT", "SEE ALSO"):
+            assert f"\n.SH {section}\n" in text, (name, section)
+        for code in ExitCode:
+            assert f"\n.B {int(code)}\n" in text, (name, code)
+        for var in ENV_VARS:
+            assert f"\n.B {var.name.replace('-', chr(92) + '-')}\n" in text, (name, var.name)
+    root = rendered["man/warp.1"]
+    for c in COMMANDS:
+        assert f"warp\\-{c.name.replace('-', chr(92) + '-')}" in root
+
+
+@pytest.mark.skipif(shutil.which("groff") is None, reason="groff not installed")
+def test_man_pages_render_without_roff_warnings(tmp_path, rendered):
+    for name, text in rendered.items():
+        if name.startswith("man/"):
+            p = tmp_path / Path(name).name
+            p.write_text(text)
+            r = subprocess.run(["groff", "-man", "-ww", "-z", str(p)], capture_output=True, text=True)
+            assert r.returncode == 0 and r.stderr == "", (name, r.stderr)
+
+
+def test_command_page_lists_options_and_examples(rendered):
+    page = rendered["man/warp-inspect.1"]
+    assert "\\fB\\-\\-verify\\fR" in page and "\\fITARGET\\fR" in page
+    assert "warp inspect \\-\\-verify" in page  # from commands/inspect.py EXAMPLES
+
+
+# -- shells ------------------------------------------------------------------
+
+
+@pytest.fixture
+def scripts(tmp_path, rendered) -> Path:
+    d = tmp_path / "completions"
+    d.mkdir()
+    for name, text in rendered.items():
+        if name.startswith("completions/"):
+            (d / Path(name).name).write_text(text)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "abc.toml").write_text("")
+    (work / "abd.txt").write_text("")
+    return d
+
+
+def _bash_complete(scripts: Path, line: str) -> list[str]:
+    words = line.split(" ")
+    script = (f"source {scripts / 'warp.bash'}\n"
+              f"COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
+              f"COMP_LINE={line!r}; COMP_POINT={len(line)}\n"
+              f"_warp; printf '%s\\n' \"${{COMPREPLY[@]}}\"\n")
+    r = subprocess.run(["bash", "--norc", "--noprofile", "-c", script], capture_output=True, text=True,
+                       cwd=scripts.parent / "work")
+    assert r.returncode == 0, r.stderr
+    return [w for w in r.stdout.split("\n") if w]
+
+
+def test_bash_completion(scripts):
+    names = [c.name for c in COMMANDS]
+    assert sorted(_bash_complete(scripts, "warp ")) == sorted(names)
+    assert _bash_complete(scripts, "warp ins") == ["inspect"]
+    assert sorted(_bash_complete(scripts, "warp --color ")) == ["always", "auto", "never"]
+    assert _bash_complete(scripts, "warp --color never ins") == ["inspect"]
+    assert "--verify" in _bash_complete(scripts, "warp inspect --")
+    assert "--json" in _bash_complete(scripts, "warp inspect --")  # global options after the command
+    assert sorted(_bash_complete(scripts, "warp inspect ab")) == ["abc.toml", "abd.txt"]
+    assert sorted(_bash_complete(scripts, "warp etl --config ab")) == ["abc.toml", "abd.txt"]
+    assert _bash_complete(scripts, "warp etl --workers ") == []
+
+
+@pytest.mark.skipif(shutil.which("fish") is None, reason="fish not installed")
+def test_fish_completion(scripts):
+    def complete(line: str) -> list[str]:
+        r = subprocess.run(["fish", "--no-config", "-c", f"source {scripts / 'warp.fish'}; complete -C {line!r}"],
+                           capture_output=True, text=True, cwd=scripts.parent / "work")
+        assert r.returncode == 0, r.stderr
+        return sorted(ln.split("\t")[0] for ln in r.stdout.splitlines())
+
+    assert complete("warp ins") == ["inspect"]
+    assert complete("warp --color ") == ["always", "auto", "never"]
+    assert "--verify" in complete("warp inspect --")
+    assert complete("warp inspect ab") == ["abc.toml", "abd.txt"]
+
+
+ZSH_CAPTURE = r"""
+zmodload zsh/zpty
+zpty z zsh -f -i
+zpty -w z "PS1=''; fpath=($1 \$fpath); autoload -U compinit; compinit -u -D"
+zpty -w z 'compadd () { builtin compadd -O __hits "$@"; (( $#__hits )) && print -r -- "<HIT>${(j:|:)__hits}</HIT>"; builtin compadd "$@" }'
+zpty -w z "$2"$'\t'
+local out line
+for i in {1..100}; do
+  zpty -r -t z line && out+="$line"
+  [[ $out == *'</HIT>'* ]] && break
+  sleep 0.05
+done
+sleep 0.2
+while zpty -r -t z line; do out+="$line"; done
+print -r -- "$out" | grep -o '<HIT>[^<$]*</HIT>'
+zpty -d z
+"""
+
+
+@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh not installed")
+def test_zsh_completion(scripts, tmp_path):
+    cap = tmp_path / "capture.zsh"
+    cap.write_text(ZSH_CAPTURE)
+
+    def complete(line: str) -> set[str]:
+        r = subprocess.run(["zsh", "-f", str(cap), str(scripts), line], capture_output=True, text=True,
+                           cwd=scripts.parent / "work", timeout=60, env={**os.environ, "TERM": "dumb"})
+        hits = set()
+        for chunk in r.stdout.split():
+            hits.update(chunk.removeprefix("<HIT>").removesuffix("</HIT>").split("|"))
+        return hits - {""}
+
+    assert complete("warp ins") == {"inspect"}
+    assert complete("warp --color ") == {"always", "auto", "never"}
+    assert {"--verify", "--verbose"} <= complete("warp inspect --ve")
