@@ -11,6 +11,7 @@ can recognise leftovers of killed runs.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -101,7 +102,8 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
 
     If ``path`` exists: with ``replace`` it is swapped out after the new one
     is complete (old moved aside, new renamed in, old removed), otherwise
-    FileExistsError is raised before any work starts.
+    FileExistsError is raised before any work starts, and also at the end if
+    a concurrent writer created ``path`` meanwhile (its result is kept).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -115,13 +117,18 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
                 with open(os.path.join(root, name), "rb") as f:
                     os.fsync(f.fileno())
             fsync_dir(root)
-        if target.exists():
-            old = target.with_name(f"{TMP_PREFIX}old-{os.getpid()}-{target.name}")
-            os.replace(target, old)
+        if replace and target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", suffix="-" + target.name, dir=target.parent))
+            os.replace(target, old)  # rename(2) onto the empty placeholder dir
             os.replace(tmp, target)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(tmp, target)
+            try:
+                os.rename(tmp, target)  # fails if a racing writer put a non-empty dir there
+            except OSError as e:
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise FileExistsError(errno.EEXIST, "created concurrently", str(target)) from None
+                raise
         fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

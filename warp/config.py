@@ -146,14 +146,23 @@ def parse_toml(path: str | os.PathLike) -> tuple[dict, ConfigSource]:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: TOML syntax error: {e}", hint="fix the TOML syntax at the line shown") from None
+        # tomllib (3.11) puts the position only in its message: "... (at line 3, column 8)"
+        msg = str(e)
+        m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", msg) or re.search(r"\s*\(at end of document\)$", msg)
+        if m and m.groups():
+            line, col = int(m.group(1)), int(m.group(2))
+        else:
+            line, col = text.count("\n") + 1, 1
+        cause = msg[: m.start()] if m else msg
+        raise ConfigError(f"{p}:{line}:{col}: TOML syntax error: {cause}",
+                          hint="fix the TOML syntax at the line shown", file=str(p), line=line, column=col) from None
     return data, ConfigSource(str(p), text)
 
 
 def validate(data: Mapping[str, Any], schema: Schema, source: ConfigSource, prefix: str = "") -> dict:
     """Check ``data`` against ``schema``; return a new dict with defaults applied."""
     out: dict[str, Any] = {}
-    for key, value in data.items():
+    for key in data:
         dotted = f"{prefix}{key}"
         if key not in schema:
             close = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
@@ -172,11 +181,13 @@ def validate(data: Mapping[str, Any], schema: Schema, source: ConfigSource, pref
             out[key] = validate(sub, spec, source, prefix=f"{dotted}.")
             continue
         value = data[key] if present else _MISSING
+        where = source.where(dotted)
         if spec.env:
             raw = envvars.get(spec.env)
             if raw is not None:
                 value = _coerce_env(raw, spec, spec.env)
                 present = True
+                where = f"environment variable {spec.env} (overrides {where})"
         if value is _MISSING:
             if spec.required:
                 raise ConfigError(f"{source.where(prefix.rstrip('.'))}: missing required key '{dotted}'"
@@ -186,25 +197,25 @@ def validate(data: Mapping[str, Any], schema: Schema, source: ConfigSource, pref
             out[key] = spec.default
             continue
         if not _matches(value, spec.type):
-            raise ConfigError(f"{source.where(dotted)}: '{dotted}' must be {_type_name(spec.type)}, got {value!r}",
+            raise ConfigError(f"{where}: '{dotted}' must be {_type_name(spec.type)}, got {value!r}",
                               hint=spec.help or None, file=source.path, key=dotted)
-        if isinstance(value, float) and spec.type is float:
-            value = float(value)
+        if spec.type is float and isinstance(value, int):
+            value = float(value)  # TOML `batch = 2` where a number is expected
         if spec.item_type is not None and isinstance(value, list):
             for i, item in enumerate(value):
                 if not _matches(item, spec.item_type):
-                    raise ConfigError(f"{source.where(dotted)}: '{dotted}[{i}]' must be {_type_name(spec.item_type)}, got {item!r}",
+                    raise ConfigError(f"{where}: '{dotted}[{i}]' must be {_type_name(spec.item_type)}, got {item!r}",
                                       file=source.path, key=dotted)
         if spec.choices is not None and value not in spec.choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in spec.choices], n=1)
             hint = f"did you mean {close[0]!r}?" if close else None
-            raise ConfigError(f"{source.where(dotted)}: '{dotted}' must be one of "
+            raise ConfigError(f"{where}: '{dotted}' must be one of "
                               + ", ".join(repr(c) for c in spec.choices) + f", got {value!r}",
                               hint=hint, file=source.path, key=dotted)
         if spec.check is not None:
             problem = spec.check(value)
             if problem:
-                raise ConfigError(f"{source.where(dotted)}: '{dotted}' {problem}, got {value!r}",
+                raise ConfigError(f"{where}: '{dotted}' {problem}, got {value!r}",
                                   hint=spec.help or None, file=source.path, key=dotted)
         out[key] = value
     return out

@@ -37,9 +37,9 @@ class StorageConfig:
 
     @classmethod
     def from_env(cls) -> StorageConfig:
-        endpoint = envvars.get("WARP_S3_ENDPOINT") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = envvars.get("WARP_S3_REGION") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        profile = envvars.get("WARP_S3_PROFILE") or os.environ.get("AWS_PROFILE")
+        endpoint = envvars.get("WARP_S3_ENDPOINT") or envvars.get("AWS_ENDPOINT_URL_S3") or envvars.get("AWS_ENDPOINT_URL")
+        region = envvars.get("WARP_S3_REGION") or envvars.get("AWS_REGION") or envvars.get("AWS_DEFAULT_REGION") or "us-east-1"
+        profile = envvars.get("WARP_S3_PROFILE") or envvars.get("AWS_PROFILE")
         path_style = envvars.flag("WARP_S3_PATH_STYLE") or bool(endpoint and "amazonaws.com" not in endpoint)
         return cls(endpoint_url=endpoint, region=region, profile=profile, path_style=path_style)
 
@@ -138,7 +138,7 @@ class Location:
     def url(self) -> str:
         if self.protocol == "file":
             return self.path
-        return f"{self.protocol}://{self.path.lstrip('/') if self.protocol == 's3' else self.path.lstrip('/')}"
+        return f"{self.protocol}://{self.path.lstrip('/')}"
 
     def join(self, *parts: str) -> Location:
         p = self.path.rstrip("/")
@@ -154,7 +154,12 @@ def parse_location(url: str | os.PathLike) -> Location:
     scheme, _, rest = s.partition("://")
     scheme = scheme.lower()
     if scheme == "file":
-        return Location("file", os.path.abspath("/" + rest.lstrip("/")))
+        if rest.startswith("localhost/"):  # file://localhost/abs is the same as file:///abs
+            rest = rest[len("localhost"):]
+        elif not rest.startswith("/"):
+            raise ConfigError(f"file URL {s!r} names a host or a relative path",
+                              hint="use file:///absolute/path or a plain path")
+        return Location("file", os.path.abspath(rest))
     if scheme in ("s3", "s3a"):
         if not rest.strip("/"):
             raise ConfigError(f"storage URL {s!r} has no bucket", hint="use s3://BUCKET/PREFIX")
