@@ -12,7 +12,9 @@ from typing import Any
 __version__ = "0.1.0"
 
 # name -> "module:attribute"; filled in as the systems land.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "TblReader": "warpdata.formats.tbl:TblReader",
+}
 
 
 def __getattr__(name: str) -> Any:

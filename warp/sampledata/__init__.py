@@ -8,4 +8,6 @@ description of what it wrote). Same seed and count → byte-identical files.
 
 from __future__ import annotations
 
-GENERATORS: dict[str, str] = {}
+GENERATORS: dict[str, str] = {
+    "wds": "warpdata.sampledata.wds:generate",
+}

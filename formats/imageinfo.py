@@ -1,0 +1,198 @@
+"""Image format, width and height from the first bytes of a file, without decoding.
+
+Contract: :func:`image_info` reads only container headers (JPEG SOF markers,
+PNG IHDR, GIF logical screen, BMP DIB header, WEBP VP8/VP8L/VP8X chunks,
+TIFF/BigTIFF first IFD) and returns :class:`ImageInfo` ``(format, width,
+height)``. It never decodes pixels, so it costs microseconds per image.
+
+* Data in none of these formats raises :class:`UnknownImageFormat`.
+* A recognised signature with a header that is cut short or inconsistent
+  raises :class:`ImageHeaderError`.
+* Sizes are the stored (encoded) size: an EXIF orientation tag is not
+  applied, as every decoder that ignores EXIF would not apply it either.
+
+:func:`sniff_format` only looks at the signature. Both accept ``bytes``,
+``bytearray``, ``memoryview`` or anything exposing the buffer protocol and
+never copy more than a header's worth of bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from warpdata.errors import DataError
+
+__all__ = ["ImageHeaderError", "ImageInfo", "UnknownImageFormat", "image_info", "sniff_format",
+           "EXTENSION_FORMATS"]
+
+# file extensions (lower case, without dot) WebDataset tars use for images
+EXTENSION_FORMATS: dict[str, str] = {
+    "jpg": "jpeg", "jpeg": "jpeg", "jpe": "jpeg", "png": "png", "webp": "webp", "bmp": "bmp",
+    "dib": "bmp", "tif": "tiff", "tiff": "tiff", "gif": "gif",
+}
+
+
+class UnknownImageFormat(DataError):
+    """The bytes start with no image signature this module knows."""
+
+    code = "unknown-image-format"
+
+
+class ImageHeaderError(DataError):
+    """A known image signature whose header is truncated or inconsistent."""
+
+    code = "bad-image-header"
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    format: str  # jpeg | png | webp | bmp | tiff | gif
+    width: int
+    height: int
+
+
+def sniff_format(data) -> str | None:
+    """The image format named by the signature of ``data``, or None."""
+    head = bytes(memoryview(data)[:16])
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return "gif"
+    if head[:2] == b"BM":
+        return "bmp"
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):
+        return "tiff"
+    return None
+
+
+def image_info(data, name: str = "<bytes>") -> ImageInfo:
+    """Format, width and height of the image in ``data`` (``name`` is used in errors)."""
+    mv = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    fmt = sniff_format(mv)
+    if fmt is None:
+        raise UnknownImageFormat(f"{name}: not a JPEG, PNG, WEBP, BMP, TIFF or GIF image "
+                                 f"(first bytes {bytes(mv[:8]).hex(' ')})",
+                                 hint="check the file's extension and contents")
+    try:
+        w, h = _PARSERS[fmt](mv)
+    except (struct.error, IndexError, ValueError) as e:
+        raise ImageHeaderError(f"{name}: truncated or malformed {fmt.upper()} header ({e})",
+                               hint="re-encode the image or drop it from the dataset") from None
+    if w < 0 or h < 0:
+        raise ImageHeaderError(f"{name}: {fmt.upper()} header gives a negative size {w}x{h}",
+                               hint="re-encode the image or drop it from the dataset")
+    return ImageInfo(fmt, w, h)
+
+
+# JPEG start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) do not
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01, 0xD8}
+
+
+def _jpeg(mv) -> tuple[int, int]:
+    n = len(mv)
+    i = 2
+    while True:
+        # a marker is one or more 0xFF fill bytes, then the marker code
+        if mv[i] != 0xFF:
+            raise ValueError(f"expected a marker at byte {i}")
+        while mv[i] == 0xFF:
+            i += 1
+        marker = mv[i]
+        i += 1
+        if marker in _STANDALONE:
+            continue
+        if marker == 0xD9 or marker == 0xDA:
+            raise ValueError("no start-of-frame marker before the image data")
+        seglen = (mv[i] << 8) | mv[i + 1]
+        if seglen < 2:
+            raise ValueError(f"segment length {seglen} at byte {i}")
+        if marker in _SOF:
+            if i + 7 > n:
+                raise ValueError("start-of-frame segment cut short")
+            h = (mv[i + 3] << 8) | mv[i + 4]
+            w = (mv[i + 5] << 8) | mv[i + 6]
+            return w, h
+        i += seglen
+
+
+def _png(mv) -> tuple[int, int]:
+    if bytes(mv[12:16]) != b"IHDR":
+        raise ValueError("first chunk is not IHDR")
+    w, h = struct.unpack_from(">II", mv, 16)
+    return w, h
+
+
+def _gif(mv) -> tuple[int, int]:
+    return struct.unpack_from("<HH", mv, 6)
+
+
+def _bmp(mv) -> tuple[int, int]:
+    (dib,) = struct.unpack_from("<I", mv, 14)
+    if dib == 12:  # BITMAPCOREHEADER: unsigned 16-bit sizes
+        return struct.unpack_from("<HH", mv, 18)
+    if dib < 40:
+        raise ValueError(f"DIB header size {dib}")
+    w, h = struct.unpack_from("<ii", mv, 18)
+    return w, abs(h)  # negative height = top-down rows
+
+
+def _webp(mv) -> tuple[int, int]:
+    chunk = bytes(mv[12:16])
+    if chunk == b"VP8 ":
+        if bytes(mv[23:26]) != b"\x9d\x01\x2a":
+            raise ValueError("VP8 frame start code missing")
+        w, h = struct.unpack_from("<HH", mv, 26)
+        return w & 0x3FFF, h & 0x3FFF
+    if chunk == b"VP8L":
+        if mv[20] != 0x2F:
+            raise ValueError("VP8L signature missing")
+        (bits,) = struct.unpack_from("<I", mv, 21)
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if chunk == b"VP8X":
+        b = bytes(mv[24:30])
+        if len(b) < 6:
+            raise ValueError("VP8X chunk cut short")
+        return 1 + int.from_bytes(b[0:3], "little"), 1 + int.from_bytes(b[3:6], "little")
+    raise ValueError(f"unknown WEBP chunk {chunk!r}")
+
+
+def _tiff(mv) -> tuple[int, int]:
+    e = "<" if bytes(mv[:2]) == b"II" else ">"
+    (magic,) = struct.unpack_from(e + "H", mv, 2)
+    if magic == 43:  # BigTIFF: 8-byte offsets and counts, 20-byte entries
+        (ifd,) = struct.unpack_from(e + "Q", mv, 8)
+        (count,) = struct.unpack_from(e + "Q", mv, ifd)
+        entry0, esize = ifd + 8, 20
+    else:
+        (ifd,) = struct.unpack_from(e + "I", mv, 4)
+        (count,) = struct.unpack_from(e + "H", mv, ifd)
+        entry0, esize = ifd + 2, 12
+    w = h = None
+    for k in range(count):
+        at = entry0 + k * esize
+        tag, typ = struct.unpack_from(e + "HH", mv, at)
+        if tag not in (256, 257):
+            continue
+        voff = at + (8 if esize == 12 else 12)
+        if typ == 3:
+            (v,) = struct.unpack_from(e + "H", mv, voff)
+        elif typ in (4, 16):
+            (v,) = struct.unpack_from(e + ("I" if typ == 4 else "Q"), mv, voff)
+        else:
+            raise ValueError(f"size tag {tag} has type {typ}")
+        if tag == 256:
+            w = v
+        else:
+            h = v
+        if w is not None and h is not None:
+            return w, h
+    raise ValueError("first IFD has no ImageWidth/ImageLength")
+
+
+_PARSERS = {"jpeg": _jpeg, "png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp, "tiff": _tiff}

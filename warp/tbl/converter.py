@@ -1,0 +1,244 @@
+"""WebDataset tar -> TBL v2, streaming, in constant memory.
+
+Contract: :func:`convert` reads the tar once, front to back (a path, ``-``
+for stdin, gzip detected by magic), groups members into samples by
+WebDataset key, and writes one TBL entry per sample: the image member is the
+payload (format and size read from its header, never decoded), every other
+member of the sample is a sidecar kept in the sample's JSON metadata
+(``{"key", "name", "sidecars": {ext: text}, "binary": {ext: base64}}``).
+Every member is stored, attached as a sidecar, or counted as skipped with
+its reason (:attr:`ConvertResult.skipped`): nothing is dropped silently.
+
+Checksums and compression run in ``workers`` threads (the C code releases
+the GIL); results are written in input order, so the output bytes do not
+depend on the worker count. At most ``4 * workers`` samples are in flight,
+and the writer spools index and metadata to disk, so peak memory does not
+grow with the number of samples. The output is written under a temporary
+name and renamed at the end: an interrupted run leaves no ``OUT``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warpdata.errors import DataError, UsageError
+from warpdata.formats.imageinfo import EXTENSION_FORMATS, image_info
+from warpdata.formats.tbl import COMPRESSIONS, TblReader, TblWriter, canonical_json, encode_sample
+from warpdata.tbl.tarstream import Sample, group_samples, iter_members, open_input
+
+ON_ERROR = ("raise", "skip", "warn")
+MAX_SKIP_EXAMPLES = 50  # skipped members listed by name; the rest are only counted
+
+
+@dataclass
+class ConvertRequest:
+    input: str  # path or "-"
+    output: str
+    compression: str = "auto"
+    level: int | None = None
+    workers: int = 0  # 0 = number of CPUs
+    verify: bool = False
+    on_error: str = "raise"
+    fsync: bool = True
+
+
+@dataclass
+class ConvertResult:
+    output: str
+    samples: int = 0
+    members: int = 0
+    sidecars: int = 0
+    skipped: int = 0
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    skipped_examples: list[dict[str, str]] = field(default_factory=list)
+    input_bytes: int = 0  # payload bytes before compression
+    stored_bytes: int = 0
+    tar_bytes: int | None = None
+    output_bytes: int = 0
+    compressed_samples: int = 0
+    seconds: float = 0.0
+    verified: bool | None = None
+    formats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["samples_per_s"] = round(self.samples_per_s, 1)
+        d["seconds"] = round(self.seconds, 3)
+        d["ratio"] = round(self.output_bytes / self.tar_bytes, 4) if self.tar_bytes else None
+        return d
+
+
+def _ext_format(ext: str) -> str | None:
+    return EXTENSION_FORMATS.get(ext.lower().rsplit(".", 1)[-1])
+
+
+def choose_payload(sample: Sample) -> int | None:
+    """Index in ``sample.members`` of the image that becomes the payload, or None."""
+    for i, (ext, _m) in enumerate(sample.members):
+        if ext.lower() in EXTENSION_FORMATS:
+            return i
+    for i, (ext, _m) in enumerate(sample.members):
+        if _ext_format(ext):
+            return i
+    return None
+
+
+def count_samples(path: str) -> int | None:
+    """How many samples a seekable, uncompressed tar holds (headers only), else None."""
+    if path == "-":
+        return None
+    f, size = open_input(path)
+    try:
+        if size is None or not f.seekable():
+            return None
+        n = 0
+        for s in group_samples(iter_members(f, with_data=False), lambda _n, _r: None):
+            n += choose_payload(s) is not None
+        return n
+    finally:
+        f.close()
+
+
+def _sidecar_metadata(sample: Sample, payload_at: int, on_skip) -> tuple[bytes, int]:
+    """The sample's JSON metadata and how many sidecars it carries."""
+    key, ext0, m0 = sample.key, *sample.members[payload_at]
+    text: dict[str, str] = {}
+    binary: dict[str, str] = {}
+    for i, (ext, m) in enumerate(sample.members):
+        if i == payload_at:
+            continue
+        if ext in text or ext in binary or ext == ext0:
+            on_skip(m.name, f"a second '.{ext}' member in sample {key!r}")
+            continue
+        try:
+            text[ext] = m.data.decode("utf-8")  # type: ignore[union-attr]
+        except UnicodeDecodeError:
+            binary[ext] = base64.b64encode(m.data).decode("ascii")  # type: ignore[arg-type]
+    meta: dict[str, Any] = {"key": key, "name": m0.name}
+    if text:
+        meta["sidecars"] = text
+    if binary:
+        meta["binary"] = binary
+    return canonical_json(meta), len(text) + len(binary)
+
+
+def convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = None,
+            warn: Callable[[str], None] | None = None) -> ConvertResult:
+    """Convert ``req.input`` to ``req.output``; ``progress(samples, tar_bytes_read)``."""
+    if req.compression not in COMPRESSIONS:
+        raise UsageError(f"--compression {req.compression!r} is not one of {', '.join(COMPRESSIONS)}",
+                         hint="auto stores JPEG/PNG/WEBP as is and LZ4-compresses the rest")
+    if req.on_error not in ON_ERROR:
+        raise UsageError(f"--on-error {req.on_error!r} is not one of {', '.join(ON_ERROR)}",
+                         hint="raise stops at the first bad sample; skip and warn leave it out")
+    if req.input != "-" and os.path.abspath(req.input) == os.path.abspath(req.output):
+        raise UsageError(f"{req.output}: output would overwrite the input", hint="choose another OUT path")
+    workers = req.workers or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    res = ConvertResult(output=req.output)
+    reasons: Counter[str] = Counter()
+    formats: Counter[str] = Counter()
+
+    def on_skip(name: str, reason: str) -> None:
+        res.skipped += 1
+        reasons[reason.split(" in sample ")[0]] += 1
+        if len(res.skipped_examples) < MAX_SKIP_EXAMPLES:
+            res.skipped_examples.append({"member": name, "reason": reason})
+
+    expected = count_samples(req.input)
+    f, res.tar_bytes = open_input(req.input)
+    writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
+                       expected_samples=expected, fsync=req.fsync)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="tbl-encode") if workers > 1 else None
+    pending: deque = deque()
+    window = 4 * workers
+
+    def drain(limit: int) -> None:
+        while len(pending) > limit:
+            fut = pending.popleft()
+            writer.add_encoded(fut.result() if pool else fut)
+            res.samples += 1
+            if progress and not res.samples & 63:
+                progress(res.samples, getattr(f, "tell", lambda: 0)())
+
+    try:
+        members = iter_members(f)
+
+        def counted():
+            for m in members:
+                res.members += 1
+                yield m
+
+        for sample in group_samples(counted(), on_skip):
+            at = choose_payload(sample)
+            if at is None:
+                names = ", ".join(m.name for _e, m in sample.members)
+                for _e, m in sample.members:
+                    on_skip(m.name, f"sample {sample.key!r} has no image member ({names})")
+                continue
+            ext, m = sample.members[at]
+            try:
+                info = image_info(m.data, name=m.name)
+            except DataError as e:
+                if req.on_error == "raise":
+                    raise DataError(f"{req.input}: {e.message}",
+                                    hint="fix or remove the member, or rerun with --on-error skip (or warn)",
+                                    member=m.name, key=sample.key) from None
+                if req.on_error == "warn" and warn:
+                    warn(f"skipping sample {sample.key!r}: {e.message}")
+                for _e, mm in sample.members:
+                    on_skip(mm.name, f"bad image header ({e.__class__.__name__})")
+                continue
+            meta, n_side = _sidecar_metadata(sample, at, on_skip)
+            res.sidecars += n_side
+            formats[info.format] += 1
+            kwargs = dict(format=info.format, width=info.width, height=info.height,
+                          compression=req.compression, level=req.level, trailer=True, metadata=meta)
+            if pool:
+                pending.append(pool.submit(encode_sample, m.data, **kwargs))
+            else:
+                pending.append(encode_sample(m.data, **kwargs))
+            drain(window)
+        drain(0)
+        writer.close(warp_metadata=True)
+    except BaseException:
+        for fut in pending:
+            if pool:
+                fut.cancel()
+        writer.abort()
+        raise
+    finally:
+        if pool:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if req.input != "-":
+            f.close()
+    res.input_bytes, res.stored_bytes = writer.bytes_in, writer.bytes_stored
+    res.compressed_samples = writer.compressed_samples
+    res.output_bytes = Path(req.output).stat().st_size
+    res.skipped_by_reason = dict(sorted(reasons.items()))
+    res.formats = dict(sorted(formats.items()))
+    if req.verify:
+        with TblReader(req.output, verify=True) as r:
+            problems = r.verify_all()
+            if len(r) != res.samples:
+                raise DataError(f"{req.output}: holds {len(r)} samples after writing {res.samples}",
+                                hint="the disk may be full or failing; convert again")
+        if problems:
+            raise DataError(f"{req.output}: verification after writing found {len(problems)} corrupt "
+                            f"sample(s), first: {problems[0].message}",
+                            hint="the disk or memory may be failing; convert again")
+        res.verified = True
+    res.seconds = time.perf_counter() - t0
+    return res

@@ -1,0 +1,259 @@
+"""Streaming tar reader and WebDataset sample grouping, in constant memory.
+
+Contract: :func:`iter_members` reads a tar archive front to back from any
+binary stream (a file, stdin, a gzip stream) and yields one
+:class:`TarMember` per archive entry, with the member's bytes for regular
+files. It understands ustar (with its 155-byte name prefix), GNU long names
+and long link names (``L``/``K`` entries) and PAX extended headers (``x``
+per file, ``g`` global: ``path`` and ``size``). Header checksums are
+verified. A damaged archive raises :class:`TarFormatError` naming the byte
+offset; nothing is skipped silently.
+
+:func:`split_key` and :func:`group_samples` implement the WebDataset
+convention: a sample's key is the member path up to the first dot of its
+base name, the rest is the extension, and consecutive members with the same
+key form one sample.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from warpdata.errors import DataError, MissingInputError
+
+BLOCK = 512
+REGULAR_TYPES = (b"0", b"\0", b"7")
+
+
+class TarFormatError(DataError):
+    """The input is not a tar archive, or is damaged or cut short."""
+
+    code = "bad-tar"
+
+
+@dataclass
+class TarMember:
+    name: str
+    size: int
+    type: str  # "file", "dir", "symlink", "hardlink", "other"
+    offset: int  # byte offset of the member's data in the (uncompressed) archive
+    data: bytes | None = None  # regular files only
+
+
+@dataclass
+class Sample:
+    key: str
+    members: list[tuple[str, TarMember]] = field(default_factory=list)  # (extension, member)
+
+
+def _octal(field_: bytes, what: str, at: int) -> int:
+    if field_ and field_[0] & 0x80:  # GNU base-256 for sizes >= 8 GiB
+        v = int.from_bytes(field_[1:], "big")
+        return -v if field_[0] & 0x40 else v
+    s = field_.split(b"\0", 1)[0].strip()
+    if not s:
+        return 0
+    try:
+        return int(s, 8)
+    except ValueError:
+        raise TarFormatError(f"tar header at byte {at}: {what} field {field_!r} is not octal",
+                             hint="the input is not a tar archive or is damaged") from None
+
+
+def _parse_pax(data: bytes, at: int) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        sp = data.find(b" ", pos)
+        if sp < 0:
+            break
+        try:
+            length = int(data[pos:sp])
+        except ValueError:
+            raise TarFormatError(f"PAX header at byte {at}: bad record length {data[pos:sp]!r}",
+                                 hint="the archive is damaged") from None
+        if length <= 0:
+            raise TarFormatError(f"PAX header at byte {at}: record length {length}", hint="the archive is damaged")
+        rec = data[sp + 1: pos + length - 1]  # strip trailing newline
+        k, _, v = rec.partition(b"=")
+        out[k.decode("utf-8", "replace")] = v.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _decode_name(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+class _Reader:
+    """Exact reads from a stream, counting the position."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        b = self.f.read(n)
+        if b is None:
+            b = b""
+        if len(b) < n:
+            parts = [b]
+            got = len(b)
+            while got < n:
+                more = self.f.read(n - got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            b = b"".join(parts)
+        self.pos += len(b)
+        return b
+
+    def skip(self, n: int) -> None:
+        if n <= 0:
+            return
+        seek = getattr(self.f, "seekable", None)
+        if seek is not None and seek():
+            self.f.seek(n, io.SEEK_CUR)
+            self.pos += n
+            return
+        while n > 0:
+            got = len(self.read(min(n, 1 << 20)))
+            if got == 0:
+                raise TarFormatError(f"tar archive ends inside a member at byte {self.pos}",
+                                     hint="the archive is truncated: copy or download it again")
+            n -= got
+
+
+def iter_members(f: BinaryIO, *, with_data: bool = True) -> Iterator[TarMember]:
+    """Yield the archive's members in order; regular files carry their bytes if ``with_data``."""
+    r = _Reader(f)
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    gpax: dict[str, str] = {}
+    while True:
+        at = r.pos
+        hdr = r.read(BLOCK)
+        if not hdr:
+            return  # EOF without end blocks: tolerated, as tar(1) does
+        if len(hdr) < BLOCK:
+            raise TarFormatError(f"tar archive ends inside a header at byte {at}",
+                                 hint="the archive is truncated: copy or download it again")
+        if hdr == b"\0" * BLOCK:
+            return
+        stored = _octal(hdr[148:156], "checksum", at)
+        computed = sum(hdr[:148]) + 8 * 32 + sum(hdr[156:])
+        if stored != computed:
+            if at == 0:
+                raise TarFormatError(f"input is not a tar archive (header checksum {stored} != {computed} at byte 0)",
+                                     hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
+            raise TarFormatError(f"tar header at byte {at}: checksum mismatch (stored {stored}, computed {computed})",
+                                 hint="the archive is damaged: copy or download it again")
+        typ = hdr[156:157]
+        size = _octal(hdr[124:136], "size", at)
+        if size < 0:
+            raise TarFormatError(f"tar header at byte {at}: negative size", hint="the archive is damaged")
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        if typ in (b"L", b"K", b"x", b"g"):
+            body = r.read(size)
+            if len(body) < size:
+                raise TarFormatError(f"tar archive ends inside an extended header at byte {at}",
+                                     hint="the archive is truncated: copy or download it again")
+            r.skip(padded - size)
+            if typ == b"L":
+                long_name = _decode_name(body)
+            elif typ == b"x":
+                pax.update(_parse_pax(body, at))
+            elif typ == b"g":
+                gpax.update(_parse_pax(body, at))
+            continue  # K (long link name) only matters for links, which carry no data
+        name = _decode_name(hdr[0:100])
+        if hdr[257:263] == b"ustar\0":  # POSIX ustar: 155-byte prefix
+            prefix = _decode_name(hdr[345:500])
+            if prefix:
+                name = prefix + "/" + name
+        if long_name is not None:
+            name = long_name
+        merged = {**gpax, **pax}
+        if "path" in merged:
+            name = merged["path"]
+        if "size" in merged:
+            try:
+                size = int(merged["size"])
+            except ValueError:
+                raise TarFormatError(f"PAX header at byte {at}: size {merged['size']!r}",
+                                     hint="the archive is damaged") from None
+            padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        long_name, pax = None, {}
+        kind = ("file" if typ in REGULAR_TYPES else "dir" if typ == b"5" else
+                "symlink" if typ == b"2" else "hardlink" if typ == b"1" else "other")
+        data_at = r.pos
+        data = None
+        if kind == "file" and with_data:
+            data = r.read(size)
+            if len(data) < size:
+                raise TarFormatError(f"tar archive ends inside member {name!r} (byte {data_at}, "
+                                     f"{len(data)} of {size} bytes)",
+                                     hint="the archive is truncated: copy or download it again")
+            r.skip(padded - size)
+        else:
+            r.skip(padded)
+        yield TarMember(name, size, kind, data_at, data)
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """WebDataset (key, extension): the key ends at the first dot of the base name."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:  # no dot, or a hidden file with no stem
+        return None
+    return name[:dot], name[dot + 1:]
+
+
+def group_samples(members: Iterator[TarMember], on_skip) -> Iterator[Sample]:
+    """Group consecutive members by key; ``on_skip(member_name, reason)`` for the rest."""
+    cur: Sample | None = None
+    for m in members:
+        if m.type != "file":
+            on_skip(m.name, f"not a regular file ({m.type})")
+            continue
+        ke = split_key(m.name)
+        if ke is None:
+            on_skip(m.name, "no extension in the file name, so no WebDataset key")
+            continue
+        key, ext = ke
+        if cur is not None and key != cur.key:
+            yield cur
+            cur = None
+        if cur is None:
+            cur = Sample(key)
+        cur.members.append((ext, m))
+    if cur is not None:
+        yield cur
+
+
+def open_input(path: str) -> tuple[BinaryIO, int | None]:
+    """A binary stream for ``path`` (``-`` = stdin), gunzipped if it is gzip; and its size if known."""
+    if path == "-":
+        raw: BinaryIO = sys.stdin.buffer
+        size = None
+    else:
+        try:
+            raw = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - returned to the caller
+        except FileNotFoundError:
+            raise MissingInputError(f"{path}: no such file",
+                                    hint="give a WebDataset .tar/.tar.gz path, or '-' to read stdin") from None
+        except IsADirectoryError:
+            raise MissingInputError(f"{path} is a directory, not a tar archive",
+                                    hint="give a WebDataset .tar/.tar.gz path") from None
+        size = os.fstat(raw.fileno()).st_size
+    peek = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+    if peek == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb"), None  # type: ignore[return-value]
+    return raw, size
