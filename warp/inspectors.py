@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 INSPECTORS: tuple[tuple[str, str], ...] = (
+    ("feature-cache", "warpdata.features.inspect"),
     ("tbl", "warpdata.tbl.inspect"),
     ("manifest", "warpdata.inspect_manifest"),
 )

@@ -26,7 +26,9 @@ from typing import Any
 from .config import ConfigSource
 from .errors import ConfigError
 
-PIPELINES: dict[str, str] = {}
+PIPELINES: dict[str, str] = {
+    "captions": "warpdata.features.etl:run",
+}
 
 
 @dataclass

@@ -9,5 +9,6 @@ description of what it wrote). Same seed and count → byte-identical files.
 from __future__ import annotations
 
 GENERATORS: dict[str, str] = {
+    "captions": "warpdata.sampledata.captions:generate",
     "wds": "warpdata.sampledata.wds:generate",
 }

@@ -1,0 +1,131 @@
+"""``warp inspect`` for feature caches (directories) and single WFS1 shards.
+
+Recognises a directory whose ``manifest.json`` has ``"kind": "feature-cache"``
+(or that manifest file itself) and any file starting with the ``WFS1`` magic.
+A cache report gives the fingerprint and what it covers, record and shard
+counts, fields with dtypes and shapes, quarantine counts per reason and the
+verdict; ``--head N`` lists the first N records (key, caption, sizes).
+``--verify`` checks every shard's SHA-256 against the manifest and every
+record's CRC-32C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from warpdata.inspectors import Report
+from warpdata.manifests import MANIFEST_NAME, read_manifest
+
+KIND = "feature-cache"
+
+
+def _manifest_kind(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(64 << 20))
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
+def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
+    if is_dir:
+        m = os.path.join(target, MANIFEST_NAME)
+        return os.path.isfile(m) and _manifest_kind(m) == KIND
+    if head is None:
+        return False
+    if head.startswith(b"WFS1"):
+        return True
+    return head.lstrip().startswith(b"{") and b'"feature-cache"' in head and _manifest_kind(target) == KIND
+
+
+def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
+    if os.path.isfile(target) and not target.endswith(".json"):
+        return _inspect_shard(target, verify=verify, head=head)
+    root = target if os.path.isdir(target) else os.path.dirname(target) or "."
+    return _inspect_cache(root, verify=verify, head=head)
+
+
+def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
+    from .reader import ShardCache, caption_text
+
+    m = read_manifest(root)
+    enc = (m.get("fingerprint_inputs") or {}).get("encoder")
+    agg = (m.get("quarantine") or {}).get("aggregate", {})
+    shards = m.get("shards", [])
+    summary: dict[str, Any] = {
+        "fingerprint": m.get("fingerprint"),
+        "format": m.get("format"),
+        "records": m.get("records"),
+        "shards": len(shards),
+        "shard_size": m.get("shard_size"),
+        "record_size": m.get("record_size"),
+        "bytes": sum(int(s.get("bytes", 0)) for s in shards),
+        "target_size": m.get("target_size"),
+        "encoder": enc,
+        "fields": {f["name"]: {"dtype": f["dtype"], "shape": f["shape"]} for f in m.get("fields", [])},
+        "quarantine": agg,
+        "verdict": (m.get("verdict") or {}).get("status"),
+        "captions_truncated": m.get("captions_truncated", 0),
+    }
+    tables = [
+        ("fields", ["name", "dtype", "shape"],
+         [[f["name"], f["dtype"], "x".join(map(str, f["shape"])) or "scalar"] for f in m.get("fields", [])]),
+        ("cache", ["field", "value"],
+         [["fingerprint", m.get("fingerprint")], ["records", m.get("records")],
+          ["shards", f"{len(shards)} x {m.get('shard_size')} records, {summary['bytes']} bytes"],
+          ["target size", "x".join(map(str, m.get("target_size", [])))],
+          ["encoder", (enc or {}).get("config_name") or "none (pixels)"],
+          ["verdict", summary["verdict"]]]),
+        ("quarantine", ["reason", "count"],
+         [[k, v] for k, v in sorted(agg.get("by_reason", {}).items())]
+         + [["(total / kept)", f"{agg.get('total', 0)} / {agg.get('kept', 0)}"]]),
+    ]
+    problems: list[str] = []
+    ok = True
+    with ShardCache(root, verify="record") as cache:
+        if head:
+            keys: list[str] = []
+            kp = os.path.join(root, "keys.txt")
+            if os.path.isfile(kp):
+                with open(kp, encoding="utf-8") as f:
+                    for line in f:
+                        if len(keys) >= head:
+                            break
+                        keys.append(line.rstrip("\n"))
+            rows = []
+            for i in range(min(head, len(cache))):
+                r = cache.get(i, ["caption", "caption_len", "size", "orig_size"])
+                rows.append([i, keys[i] if i < len(keys) else "", caption_text(r["caption"], r["caption_len"])[:60],
+                             "x".join(map(str, r["size"])), "x".join(map(str, r["orig_size"]))])
+            tables.append(("records", ["index", "key", "caption", "size", "orig_size"], rows))
+        if verify:
+            problems = cache.verify_all()
+            ok = not problems
+            summary["verified"] = ok
+    return Report(kind=KIND, target=root, summary=summary, tables=tables, ok=ok, problems=problems)
+
+
+def _inspect_shard(path: str, *, verify: bool, head: int) -> Report:
+    from warpdata.errors import DataError
+    from warpdata.formats.featshard import FeatureShardReader
+
+    problems: list[str] = []
+    with FeatureShardReader(path) as r:
+        summary = {"format": "WFS1", "records": len(r), "record_size": r.layout.record_size,
+                   "data_offset": r.header.data_offset, "record_crc": r.has_record_crc, "meta": r.meta,
+                   "fields": {f.name: {"dtype": f.to_dict()["dtype"], "shape": list(f.shape), "offset": off}
+                              for f, off in zip(r.layout.fields, r.layout.offsets, strict=True)}}
+        tables = [("fields", ["name", "dtype", "shape", "offset"],
+                   [[f.name, f.to_dict()["dtype"], "x".join(map(str, f.shape)) or "scalar", off]
+                    for f, off in zip(r.layout.fields, r.layout.offsets, strict=True)])]
+        if verify:
+            try:
+                r.verify()
+            except DataError as e:
+                problems.append(str(e))
+            summary["verified"] = not problems
+    return Report(kind="feature-shard", target=path, summary=summary, tables=tables, ok=not problems,
+                  problems=problems)

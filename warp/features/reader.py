@@ -1,0 +1,208 @@
+"""Read a feature cache with bounded memory: an LRU of memory-mapped shards.
+
+Contract: :class:`ShardCache` opens a cache directory (its ``manifest.json``
+must say ``"kind": "feature-cache"``) and serves records by global index
+(shard order, as written). At most ``max_resident`` shards (default 2) are
+mapped at once; touching another evicts the least recently used. Resident
+memory is therefore bounded by ``max_resident × shard bytes`` per process,
+whatever the epoch length, and an evicted shard's pages belong to the page
+cache, not to the process. Records are returned as *copies* (``get``,
+``get_batch``), so evicting a shard never invalidates what a caller holds.
+
+``verify`` decides what is checked:
+
+* ``"record"`` (default): each record's CRC-32C as it is read (≈1 µs per
+  16 KiB record);
+* ``"shard"``: the whole shard's SHA-256 against the manifest when the shard
+  enters the LRU (a full read: the cost of an LRU miss becomes the cost of
+  reading the shard, which is what makes shard-aware sampling essential);
+* ``"none"``.
+
+Every shard's header is checked against the manifest's field table and
+record count when it is mapped. A handle pickles to its path and settings
+only (DataLoader workers reopen lazily; nothing mapped crosses processes).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from warpdata.canonical import sha256_file
+from warpdata.errors import DataError
+from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
+from warpdata.manifests import read_manifest
+
+from .writer import KIND
+
+VERIFY_MODES = ("record", "shard", "none")
+
+
+def caption_text(caption: np.ndarray, length: int | np.integer) -> str:
+    """The stored caption of one record (``caption`` and ``caption_len`` fields)."""
+    return bytes(np.asarray(caption)[: int(length)]).decode("utf-8")
+
+
+class ShardCache:
+    """Random access to a feature cache through an LRU of at most ``max_resident`` mapped shards."""
+
+    def __init__(self, path: str | os.PathLike, *, max_resident: int = 2, verify: str = "record") -> None:
+        if max_resident < 1:
+            raise ValueError(f"max_resident must be >= 1, got {max_resident}")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        self.path = Path(path)
+        self.max_resident = max_resident
+        self.verify = verify
+        m = read_manifest(self.path)
+        if m.get("kind") != KIND:
+            raise DataError(f"{self.path}: manifest kind is {m.get('kind')!r}, not {KIND!r}",
+                            hint="point at a directory written by `warp etl` with [source] format = \"captions\"")
+        self.manifest = m
+        try:
+            self.fields = tuple(FieldSpec(f["name"], f["dtype"], tuple(f["shape"])) for f in m["fields"])
+            self.shards: list[dict[str, Any]] = list(m["shards"])
+            sizes = [int(s["records"]) for s in self.shards]
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{self.path}: manifest is malformed ({e})",
+                            hint="rebuild the cache with warp etl --clear") from None
+        self.shard_sizes = np.asarray(sizes, np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+        self._lru: OrderedDict[int, FeatureShardReader] = OrderedDict()
+        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "max_resident": 0}
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_lru"] = OrderedDict()
+        d["stats"] = {k: 0 for k in self.stats}
+        return d
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.manifest.get("fingerprint"))
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def field_names(self) -> list[str]:
+        return [f.name for f in self.fields]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"{self.path}: record {index} out of range (cache has {n})")
+        if index < 0:
+            index += n
+        s = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return s, index - int(self.offsets[s])
+
+    def resident(self) -> list[int]:
+        """Shard ids currently mapped, least recently used first."""
+        return list(self._lru)
+
+    def shard(self, s: int) -> FeatureShardReader:
+        r = self._lru.get(s)
+        if r is not None:
+            self._lru.move_to_end(s)
+            self.stats["hits"] += 1
+            return r
+        self.stats["misses"] += 1
+        while len(self._lru) >= self.max_resident:
+            _, old = self._lru.popitem(last=False)
+            old.close()
+            self.stats["evictions"] += 1
+        r = self._open(s)
+        self._lru[s] = r
+        self.stats["max_resident"] = max(self.stats["max_resident"], len(self._lru))
+        return r
+
+    def _open(self, s: int) -> FeatureShardReader:
+        entry = self.shards[s]
+        p = self.path / entry["path"]
+        if self.verify == "shard":
+            got = sha256_file(p)
+            if got != entry.get("sha256"):
+                raise FeatureShardChecksumError(
+                    f"{p}: SHA-256 {got} does not match the manifest's {entry.get('sha256')}",
+                    hint="the shard is corrupt or was replaced; rebuild the cache (warp etl --clear)",
+                    path=str(p), shard=s)
+        r = FeatureShardReader(p)
+        if r.fields != self.fields or len(r) != entry["records"]:
+            r.close()
+            raise DataError(f"{p}: fields or record count differ from the manifest "
+                            f"({len(r)} records vs {entry['records']})",
+                            hint="the cache is inconsistent; rebuild it (warp etl --clear)", path=str(p), shard=s)
+        return r
+
+    def _record(self, index: int):
+        s, pos = self.locate(index)
+        r = self.shard(s)
+        if self.verify == "record":
+            r.verify_record(pos)
+        return r.records[pos]
+
+    def get(self, index: int, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """One record as a dict of field copies."""
+        rec = self._record(index)
+        return {n: np.array(rec[n]) for n in (fields or self.field_names())}
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self.get(index)
+
+    def allocate(self, n: int, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Output buffers for ``get_batch`` of up to ``n`` records (reuse them across calls)."""
+        spec = {f.name: f for f in self.fields}
+        return {name: np.empty((n, *spec[name].shape), np.dtype(spec[name].dtype))
+                for name in (fields or self.field_names())}
+
+    def get_batch(self, indices: Iterable[int], out: dict[str, np.ndarray] | None = None,
+                  fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Records ``indices`` (in that order) copied into ``out`` (allocated if None)."""
+        idx = [int(i) for i in indices]
+        names = list(fields or (out.keys() if out else self.field_names()))
+        if out is None:
+            out = self.allocate(len(idx), names)
+        elif any(len(out[n]) < len(idx) for n in names):
+            raise ValueError(f"output buffers hold fewer than {len(idx)} records")
+        for j, i in enumerate(idx):
+            rec = self._record(i)
+            for n in names:
+                out[n][j] = rec[n]
+        return {n: out[n][:len(idx)] for n in names}
+
+    def verify_all(self) -> list[str]:
+        """Check every shard's SHA-256 and every record's CRC; return problems found."""
+        problems = []
+        for s, entry in enumerate(self.shards):
+            p = self.path / entry["path"]
+            try:
+                got = sha256_file(p)
+                if got != entry.get("sha256"):
+                    problems.append(f"{entry['path']}: SHA-256 {got[:16]}... differs from the manifest")
+                with FeatureShardReader(p) as r:
+                    if r.fields != self.fields or len(r) != entry["records"]:
+                        problems.append(f"{entry['path']}: fields or record count differ from the manifest")
+                        continue
+                    r.verify()
+            except (DataError, OSError) as e:
+                problems.append(f"{entry['path']} (shard {s}): {e}")
+        return problems
+
+    def close(self) -> None:
+        while self._lru:
+            _, r = self._lru.popitem()
+            r.close()
+
+    def __enter__(self) -> ShardCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,166 @@
+"""Scan a directory tree of captioned media for the feature cache.
+
+Contract: :func:`scan` walks ``root`` (sorted, deterministic; hidden files
+and directories skipped) and returns the usable :class:`MediaItem` list in
+relative-path order. A media file's caption is the same-name ``.txt`` file
+beside it (``cat.jpg`` → ``cat.txt``), stripped, with an optional prefix.
+Every media file is either returned or quarantined in the given
+:class:`~warpdata.quarantine.Quarantine` under the run named by its first
+directory level (``"."`` for files directly under ``root``):
+
+================== ========= ============================================
+reason             category  when
+================== ========= ============================================
+``missing-caption`` missing  no same-name caption file
+``empty-caption``   invalid  the caption is empty or only whitespace
+``bad-caption``     invalid  the caption is not UTF-8 text
+``unsupported-format`` invalid not an image or video extension, or a video
+                             when OpenCV (the frame decoder) is not installed
+``unreadable``      missing  the file cannot be read (permissions, I/O)
+================== ========= ============================================
+
+Videos become one sample each: their middle frame, decoded with OpenCV's
+FFmpeg backend (``opencv-python-headless``, a core dependency).
+Undecodable images and videos are found later, when the build decodes them
+(``decode-error``/``truncated``). Each item carries an xxh3-128 digest of its
+media and caption bytes: the cache fingerprint covers the content, not paths
+and sizes, so a same-size edit still invalidates the cache.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+from warpdata.errors import MissingInputError
+from warpdata.quarantine import Quarantine, register_reason
+
+IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
+VIDEO_EXTS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv"})
+
+register_reason("missing-caption", "missing", "the media file has no same-name caption (.txt) file")
+register_reason("empty-caption", "invalid", "the caption file is empty or only whitespace")
+register_reason("bad-caption", "invalid", "the caption file is not UTF-8 text")
+register_reason("unsupported-format", "invalid",
+                "the file is not a supported image (videos need a frame decoder that is not installed)")
+
+
+def video_decoder() -> bool:
+    """Whether OpenCV (warp's video frame decoder) is importable."""
+    import importlib.util
+
+    return importlib.util.find_spec("cv2") is not None
+
+
+@dataclass(frozen=True)
+class MediaItem:
+    key: str  # path relative to the root, POSIX separators
+    path: str
+    caption: str  # prefix + stripped caption text
+    run: str  # first directory level, "." at the root
+    digest: str  # xxh3-128 over media bytes, caption bytes
+    is_video: bool = False
+
+
+@dataclass
+class ScanResult:
+    items: list[MediaItem]
+    orphan_captions: int  # .txt files with no media beside them
+    files_seen: int
+
+
+def _hash_file(path: str, h: xxhash.xxh3_128, buf: bytearray) -> None:
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+
+
+def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str = "",
+         caption_ext: str = ".txt", exclude: tuple[str | os.PathLike, ...] = ()) -> ScanResult:
+    """``exclude``: directories not to descend into (the cache itself when it lies under ``root``)."""
+    rootp = Path(root)
+    skip = {os.path.realpath(p) for p in exclude}
+    if not rootp.is_dir():
+        raise MissingInputError(f"{rootp}: source directory does not exist",
+                                hint="check [source] path in the config (or --input)")
+    caption_ext = caption_ext.lower()
+    media: list[tuple[str, str]] = []
+    captions: set[str] = set()
+    files_seen = 0
+    for dirpath, dirnames, filenames in os.walk(rootp):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
+                             and os.path.realpath(os.path.join(dirpath, d)) not in skip)
+        rel_dir = os.path.relpath(dirpath, rootp)
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            files_seen += 1
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+            if os.path.splitext(name)[1].lower() == caption_ext:
+                captions.add(rel)
+            else:
+                media.append((rel, os.path.join(dirpath, name)))
+    media.sort()
+    items: list[MediaItem] = []
+    used_captions: set[str] = set()
+    buf = bytearray(1 << 20)
+    can_video = video_decoder()
+    for rel, path in media:
+        run = rel.split("/", 1)[0] if "/" in rel else "."
+        stem, ext = os.path.splitext(rel)
+        ext = ext.lower()
+        cap_rel = next((c for c in (stem + caption_ext, stem + caption_ext.upper()) if c in captions), None)
+        if cap_rel is not None:
+            used_captions.add(cap_rel)
+        if ext in VIDEO_EXTS and not can_video:
+            quarantine.reject(run, rel, path, "unsupported-format",
+                              f"{rel}: video frames cannot be decoded: OpenCV is not installed "
+                              "(pip install opencv-python-headless)")
+            continue
+        if ext not in IMAGE_EXTS and ext not in VIDEO_EXTS:
+            quarantine.reject(run, rel, path, "unsupported-format",
+                              f"{rel}: '{ext or '(no extension)'}' is not a supported image format "
+                              f"(images: {', '.join(sorted(IMAGE_EXTS))}; videos: {', '.join(sorted(VIDEO_EXTS))})")
+            continue
+        if cap_rel is None:
+            quarantine.reject(run, rel, path, "missing-caption",
+                              f"{rel}: no caption file {os.path.basename(stem) + caption_ext} beside it")
+            continue
+        cap_path = os.path.join(rootp, cap_rel)
+        try:
+            raw = Path(cap_path).read_bytes()
+            text = raw.decode("utf-8-sig").strip()
+        except UnicodeDecodeError as e:
+            quarantine.reject(run, rel, cap_path, "bad-caption", f"{cap_rel}: not UTF-8 ({e.reason} at byte {e.start})")
+            continue
+        except OSError as e:
+            quarantine.reject(run, rel, cap_path, "unreadable", f"{cap_rel}: {e.strerror or e}")
+            continue
+        if not text:
+            quarantine.reject(run, rel, cap_path, "empty-caption", f"{cap_rel}: caption is empty")
+            continue
+        h = xxhash.xxh3_128()
+        try:
+            _hash_file(path, h, buf)
+        except OSError as e:
+            quarantine.reject(run, rel, path, "unreadable", f"{rel}: {e.strerror or e}")
+            continue
+        h.update(b"\0caption\0")
+        h.update(raw)
+        items.append(MediaItem(rel, path, caption_prefix + text, run, h.hexdigest(), ext in VIDEO_EXTS))
+    return ScanResult(items, len(captions - used_captions), files_seen)
+
+
+def source_digest(items: list[MediaItem]) -> str:
+    """One digest over every usable item's key and content (order-independent input, sorted)."""
+    h = xxhash.xxh3_128()
+    for it in items:
+        h.update(it.key.encode("utf-8"))
+        h.update(b"\0")
+        h.update(it.digest.encode("ascii"))
+        h.update(b"v" if it.is_video else b"i")
+        h.update(b"\n")
+    return h.hexdigest()

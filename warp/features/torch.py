@@ -1,0 +1,166 @@
+"""PyTorch side of the feature cache: a Dataset and a gradient-accumulation loader.
+
+Contract:
+
+* :class:`FeatureCacheDataset` holds only a :class:`~.reader.ShardCache`
+  handle (which pickles to its path and settings). Indexed by an int it
+  returns one record; indexed by a sequence of ints it returns the whole
+  batch as tensors, copied once into fresh buffers (faster than per-item
+  ``__getitem__`` + default collate; DESIGN.md §4).
+* :class:`BigBatchLoader` is a ``DataLoader`` over that dataset whose
+  sampler is :class:`warpdata.sampling.ShardAwareSampler` with
+  ``batch_size = micro_batch_size × accumulation_steps``: every step fetches
+  one "big batch" and yields it as a :class:`Step` with its micro-batches
+  (tensor views, no copies). The sampler hands each DataLoader worker its own
+  contiguous run of shards and interleaves batches in the order DataLoader
+  assigns them to workers, so each worker's LRU only ever holds the shards it
+  is reading. All ranks see the same number of steps (DistributedSampler's
+  contract); ``drop_last`` (default) drops a final short big batch.
+  ``set_epoch`` reshuffles; ``state_dict``/``load_state_dict`` resume
+  mid-epoch from the last step the training loop actually consumed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+from warpdata.sampling import ShardAwareSampler
+
+from .reader import ShardCache, caption_text
+
+
+def decode_caption(caption: np.ndarray | torch.Tensor, length: int | torch.Tensor) -> str:
+    """The stored caption text of one record."""
+    arr = caption.numpy() if isinstance(caption, torch.Tensor) else caption
+    return caption_text(arr, int(length))
+
+
+class FeatureCacheDataset(Dataset):
+    """Map-style dataset over a feature cache; ``ds[[i, j, ...]]`` is a batched read."""
+
+    def __init__(self, cache: ShardCache | str | os.PathLike, *, fields: Sequence[str] | None = None,
+                 max_resident: int = 2, verify: str = "record") -> None:
+        self.cache = cache if isinstance(cache, ShardCache) else ShardCache(cache, max_resident=max_resident,
+                                                                            verify=verify)
+        self.fields = list(fields) if fields else self.cache.field_names()
+        unknown = set(self.fields) - set(self.cache.field_names())
+        if unknown:
+            raise KeyError(f"fields {sorted(unknown)} are not in the cache (it has {self.cache.field_names()})")
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return {k: torch.from_numpy(v) for k, v in self.cache.get(int(index), self.fields).items()}
+        batch = self.cache.get_batch(index, fields=self.fields)
+        return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
+class _BatchIndexSampler(Sampler):
+    """Yields the shard-aware sampler's big batches as index lists (one dataset call per batch)."""
+
+    def __init__(self, inner: ShardAwareSampler, drop_last: bool) -> None:
+        self.inner = inner
+        self.drop_last = drop_last
+
+    def __iter__(self):
+        for b in self.inner.batches():
+            if self.drop_last and len(b) < self.inner.batch_size:
+                return
+            yield b.tolist()
+
+    def __len__(self) -> int:
+        n, bs = len(self.inner), self.inner.batch_size
+        return n // bs if self.drop_last else -(-n // bs)
+
+
+@dataclass
+class Step:
+    """One optimizer step's data: the big batch and its micro-batch views."""
+
+    epoch: int
+    index: int  # step number within the epoch
+    batch: dict[str, torch.Tensor]
+    micro_batches: list[dict[str, torch.Tensor]]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.batch.values()))) if self.batch else 0
+
+
+def split_batch(batch: dict[str, torch.Tensor], micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Split a batch along dim 0 into views of ``micro_batch_size`` (last may be shorter)."""
+    if not batch:
+        return []
+    parts = {k: torch.split(v, micro_batch_size) for k, v in batch.items()}
+    n = len(next(iter(parts.values())))
+    return [{k: parts[k][i] for k in batch} for i in range(n)]
+
+
+class BigBatchLoader:
+    """Steps of ``micro_batch_size × accumulation_steps`` samples from a feature cache."""
+
+    def __init__(self, cache: ShardCache | str | os.PathLike, *, micro_batch_size: int,
+                 accumulation_steps: int = 1, num_workers: int = 2, num_replicas: int | None = None,
+                 rank: int | None = None, seed: int = 0, shuffle: bool = True, window: int | None = None,
+                 drop_last: bool = True, fields: Sequence[str] | None = None, max_resident: int = 2,
+                 verify: str = "record", prefetch_factor: int = 2, persistent_workers: bool = True,
+                 pin_memory: bool = False, multiprocessing_context: str | None = None) -> None:
+        if micro_batch_size < 1 or accumulation_steps < 1:
+            raise ValueError("micro_batch_size and accumulation_steps must be >= 1")
+        self.dataset = FeatureCacheDataset(cache, fields=fields, max_resident=max_resident, verify=verify)
+        self.micro_batch_size = micro_batch_size
+        self.accumulation_steps = accumulation_steps
+        self.big_batch_size = micro_batch_size * accumulation_steps
+        shard_size = int(self.dataset.cache.shard_sizes.max()) if self.dataset.cache.num_shards else 1
+        self.sampler = ShardAwareSampler(
+            self.dataset.cache.shard_sizes, num_replicas=num_replicas, rank=rank,
+            num_workers=max(1, num_workers), batch_size=self.big_batch_size, shuffle=shuffle, seed=seed,
+            # default window: one shard, so a worker's reads stay inside <= 2 resident shards
+            window=window or shard_size, uneven="pad")
+        self.drop_last = drop_last
+        self._batches = _BatchIndexSampler(self.sampler, drop_last)
+        kw: dict[str, Any] = {}
+        if num_workers > 0:
+            kw.update(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                      multiprocessing_context=multiprocessing_context)
+        self.loader = DataLoader(self.dataset, batch_size=None, sampler=self._batches, num_workers=num_workers,
+                                 pin_memory=pin_memory, **kw)
+        self._step = 0  # steps handed to the training loop this epoch
+        self._resume_step = 0
+
+    def __len__(self) -> int:
+        """Steps per epoch (equal on every rank)."""
+        return len(self._batches)
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+        self._step = self._resume_step = 0
+
+    def __iter__(self) -> Iterator[Step]:
+        self._step = self._resume_step
+        self._resume_step = 0
+        for batch in self.loader:
+            step = Step(self.sampler.epoch, self._step, batch, split_batch(batch, self.micro_batch_size))
+            self._step += 1
+            yield step
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resume state after the steps yielded so far (prefetched batches are not counted)."""
+        return {"epoch": self.sampler.epoch, "step": self._step,
+                "sampler": self.sampler.state_dict(consumed=self._step * self.big_batch_size)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])
+        self._resume_step = int(state["step"])
+        self._step = self._resume_step
