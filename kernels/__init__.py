@@ -1,0 +1,127 @@
+"""Tile-compression backends, by name.
+
+A backend turns one slab (a tile-height of dimension 0, see
+:class:`warpdata.formats.tiling.SlabPlan`) into one zstd frame per tile, in
+C order over the slab's tile grid. ``BACKENDS`` maps names to dotted import
+paths plus the install hint shown when a backend cannot be used (fsspec's
+``known_implementations`` style); importing this package imports no backend.
+
+* ``cpu`` – numpy gather into reused per-thread tile buffers, one
+  ``zstandard`` compressor per thread (both release the GIL).
+* ``gpu`` – a CuPy kernel for lift/transpose, nvCOMP batched zstd with the
+  RAW bitstream (plain zstd frames), pinned host buffers, async streams.
+* ``auto`` – ``gpu`` when a CUDA device and its packages are present, else
+  ``cpu``. ``WARP_BACKEND`` sets the default.
+
+Contract every backend meets (the conformance suite in
+``tests/test_kernels.py`` checks it):
+
+``prepare(plan)`` once, then ``alloc_slab()`` for each host slab buffer the
+caller fills; ``submit(slab, rows)`` starts compressing a filled buffer and
+returns at once; ``collect(ticket)`` waits and returns the frames. A buffer
+passed to ``submit`` is not touched by the caller until its ticket is
+collected. ``close()`` frees everything.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from warpdata import envvars
+from warpdata.errors import ConfigError, DependencyError
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    target: str  # "module:Class"
+    summary: str
+    install: str | None  # what to install when it is missing
+
+
+BACKENDS: dict[str, BackendInfo] = {
+    "cpu": BackendInfo("cpu", "warpdata.kernels.cpu:CpuBackend",
+                       "numpy gather + per-thread zstandard (always available)", None),
+    "gpu": BackendInfo("gpu", "warpdata.kernels.gpu:GpuBackend",
+                       "CuPy lift/transpose kernel + nvCOMP batched zstd",
+                       "needs a CUDA GPU, cupy and nvidia-nvcomp: pip install 'warpdata[gpu]' (CUDA 12) "
+                       "or 'warpdata[gpu-cu13]' (CUDA 13)"),
+}
+CHOICES = ("auto", *BACKENDS)
+
+
+class TileBackend:
+    """Base class: the methods every backend implements (see the module docstring)."""
+
+    name = "base"
+
+    def __init__(self, *, level: int = 1, threads: int | None = None) -> None:
+        self.level = int(level)
+        self.threads = threads
+
+    @classmethod
+    def probe(cls) -> str | None:
+        """None when usable here, else why not (one line)."""
+        return None
+
+    def prepare(self, plan) -> None:
+        raise NotImplementedError
+
+    def alloc_slab(self):
+        raise NotImplementedError
+
+    def submit(self, slab, rows: int) -> Any:
+        raise NotImplementedError
+
+    def collect(self, ticket) -> list:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "level": self.level}
+
+
+def backend_class(name: str) -> type[TileBackend]:
+    info = BACKENDS[name]
+    mod, _, cls = info.target.partition(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+def availability() -> dict[str, str | None]:
+    """name → None when usable, else the reason it is not (install hint included)."""
+    out: dict[str, str | None] = {}
+    for name, info in BACKENDS.items():
+        try:
+            reason = backend_class(name).probe()
+        except ImportError as e:
+            reason = f"import failed: {e}"
+        if reason and info.install:
+            reason = f"{reason}; {info.install}"
+        out[name] = reason
+    return out
+
+
+def resolve(name: str | None = None) -> str:
+    """A concrete backend name for ``name`` (default: WARP_BACKEND, then auto)."""
+    name = (name or envvars.get("WARP_BACKEND") or "auto").strip().lower()
+    if name not in CHOICES:
+        raise ConfigError(f"unknown tile backend {name!r}", hint="use one of: " + ", ".join(CHOICES)
+                          + " (WARP_BACKEND or [tiles] backend)")
+    if name != "auto":
+        return name
+    return "gpu" if backend_class("gpu").probe() is None else "cpu"
+
+
+def get_backend(name: str | None = None, *, level: int = 1, threads: int | None = None) -> TileBackend:
+    """An instance of the named backend; DependencyError (with the install hint) when unusable."""
+    concrete = resolve(name)
+    cls = backend_class(concrete)
+    reason = cls.probe()
+    if reason is not None:
+        raise DependencyError(f"tile backend {concrete!r} is unavailable: {reason}",
+                              hint=BACKENDS[concrete].install or "run 'warp doctor'")
+    return cls(level=level, threads=threads)

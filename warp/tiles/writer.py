@@ -1,0 +1,525 @@
+"""TileWriter: a row-major byte stream in, a Zarr v3 array (or pyramid) out.
+
+The seed's writer contract (seed 003, "Writer Interface"):
+
+* ``write(buf) -> int`` consumes as much of ``buf`` as fits and returns the
+  count; when both slab buffers are busy it returns **0 without blocking** —
+  the caller retries later (``wait()`` blocks until there is room, for
+  callers that prefer that). Errors raise; 0 never means an error.
+* ``reserve()`` / ``commit(n)``: the zero-copy form — a writable window into
+  the current slab (e.g. for ``readinto``), ``None`` when nothing is free.
+* ``close()`` flushes the last slab, waits for every object, then writes
+  ``zarr.json`` (and the group's, for pyramids) and ``manifest.json``, in
+  that order: a reader never sees metadata for data that is not there.
+
+Pipeline: two preallocated, pre-faulted slab buffers (a slab is one
+tile-height of dimension 0, ``formats.tiling.SlabPlan``). The caller fills
+one while a collector thread has the backend compress the other; frames are
+assembled into shards (or unsharded chunk objects) as soon as a slab is done
+— a slab completes a whole row of shards because the shard extent of
+dimension 0 equals the tile's — and written by a small I/O pool, atomically
+per object. With ``levels > 1`` each finished slab is also downsampled
+(``pyramid.py``) into the next level's writer, and the output is an
+OME-Zarr-style multiscale group with levels ``0``, ``1``, ….
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import google_crc32c
+import numpy as np
+from warpdata.errors import ConfigError, DataError, InternalError
+from warpdata.formats import zarr_v3
+from warpdata.formats.tiling import SlabPlan, TileGeometry
+from warpdata.kernels import TileBackend, get_backend
+
+from .pyramid import METHODS, Downsampler, downsampled_shape
+
+SHARD_CAP_BYTES = 64 << 20
+MANIFEST_NAME = "manifest.json"
+
+
+def auto_shards(shape: Sequence[int], tile: Sequence[int], itemsize: int, cap: int = SHARD_CAP_BYTES) -> tuple[int, ...]:
+    """Default shard shape: the tile's extent on the slowest kept dimension, as
+    many tiles as fit under ``cap`` bytes on the others (halving the largest)."""
+    geo = TileGeometry.create(shape, tile, np.uint8)
+    first = geo.kept[0]
+    factors = [1 if (d <= first or s <= 1) else c for d, (s, c) in enumerate(zip(geo.shape, geo.counts, strict=True))]
+    while math.prod(factors) * geo.tile_elements * itemsize > cap and max(factors) > 1:
+        i = max(range(len(factors)), key=lambda d: (factors[d], -d))
+        factors[i] = -(-factors[i] // 2)
+    return tuple(f * n for f, n in zip(factors, geo.tile, strict=True))
+
+
+def check_shards(shape: Sequence[int], tile: Sequence[int], shards: Sequence[int]) -> tuple[int, ...]:
+    geo = TileGeometry.create(shape, tile, np.uint8)
+    if len(shards) != len(shape):
+        raise ConfigError(f"shard shape {list(shards)} has {len(shards)} dimensions but the array has {len(shape)}",
+                          hint="give one shard size per dimension")
+    out = []
+    for d, (s, n, sh) in enumerate(zip(geo.shape, geo.tile, shards, strict=True)):
+        sh = 1 if s <= 1 else int(sh)
+        if sh < 1 or sh % n:
+            raise ConfigError(f"shard size {sh} in dimension {d} is not a positive multiple of the tile size {n}",
+                              hint="make every shard size a multiple of the tile size")
+        if d == geo.kept[0] and sh != n:
+            raise ConfigError(f"shard size {sh} in dimension {d} (the slowest) must equal the tile size {n}",
+                              hint="streamed writes complete one tile-height of shards at a time (DESIGN.md §5)")
+        out.append(sh)
+    return tuple(out)
+
+
+def default_axes(ndim: int, names: Sequence[str] | None = None) -> list[dict]:
+    """OME-style axes: …, t, c, then up to three spatial axes z, y, x (last)."""
+    if names is None:
+        spatial = ["z", "y", "x"][-min(ndim, 3):]
+        lead = ["t", "c"][-(ndim - len(spatial)):] if ndim - len(spatial) in (1, 2) else []
+        extra = [f"dim_{i}" for i in range(ndim - len(spatial) - len(lead))]
+        names = extra + lead + spatial
+    if len(names) != ndim:
+        raise ConfigError(f"{len(names)} axis names for {ndim} dimensions", hint="give one name per dimension")
+    kinds = {"t": "time", "c": "channel"}
+    return [{"name": n, "type": kinds.get(n, "space")} for n in names]
+
+
+@dataclass
+class WriteResult:
+    url: str
+    shape: tuple[int, ...]
+    dtype: str
+    raw_bytes: int
+    stored_bytes: int
+    objects: int
+    chunks: int
+    levels: list[dict] = field(default_factory=list)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 0.0
+
+
+_STOP = object()
+
+
+class TileWriter:
+    """Stream a row-major array into a Zarr v3 array at ``url`` (see module docstring).
+
+    ``shards``: ``"auto"`` (default), a shard shape, or ``None`` for one
+    object per chunk. ``backend``: a name (``auto``/``cpu``/``gpu``, default
+    ``WARP_BACKEND``) or a :class:`TileBackend` instance. ``levels`` > 1
+    writes a multiscale pyramid downsampled with ``method``.
+    """
+
+    def __init__(self, url, shape: Sequence[int], dtype, tile: Sequence[int], *,
+                 shards: Sequence[int] | str | None = "auto", fill_value: Any = 0, level: int = 1,
+                 backend: str | TileBackend | None = None, threads: int | None = None,
+                 levels: int = 1, method: str = "median", axes: Sequence[str] | None = None,
+                 attributes: dict | None = None, fsync: bool = True, storage_config=None,
+                 manifest_extra: dict | None = None, _store: zarr_v3.Store | None = None,
+                 _level_index: int = 0) -> None:
+        self.geometry = TileGeometry.create(shape, tile, dtype)
+        if levels < 1:
+            raise ConfigError(f"levels must be >= 1, got {levels}", hint="1 = full resolution only")
+        if method not in METHODS:
+            raise ConfigError(f"unknown downsampling method {method!r}", hint="use one of: " + ", ".join(METHODS))
+        if not 1 <= int(level) <= 22:
+            raise ConfigError(f"zstd level {level} is outside 1..22", hint="level 1 is the fast default")
+        g = self.geometry
+        zarr_v3.fill_value_json(fill_value, g.dtype)  # validates the fill value early
+        self.fill_value = g.dtype.type(fill_value) if g.dtype.kind == "f" else int(fill_value)
+        if isinstance(shards, str):
+            if shards != "auto":
+                raise ConfigError(f"shards must be 'auto', a shape or None, got {shards!r}")
+            shards = auto_shards(g.shape, g.tile, g.dtype.itemsize)
+        elif shards is not None:
+            shards = check_shards(g.shape, g.tile, shards)
+        self.shards = shards
+        self.level = int(level)
+        self.levels = int(levels)
+        self.method = method
+        self.axes = default_axes(g.ndim, axes) if (levels > 1 or axes is not None) else None
+        self.attributes = attributes or {}
+        self.manifest_extra = manifest_extra or {}
+        self._level_index = _level_index
+        self._top = _store is None
+        root = zarr_v3.Store(url, fsync=fsync, config=storage_config) if _store is None else _store
+        self.root = root
+        self.url = root.url
+        # a pyramid's levels live in sub-arrays "0", "1", …; a single level is the root itself
+        self.store = root.sub(str(_level_index)) if levels > 1 else root
+        self._empty = math.prod(g.shape) == 0
+        self.plan = SlabPlan(g.elided(), self.fill_value)
+        if isinstance(backend, TileBackend):
+            self.backend = backend
+        else:
+            self.backend = get_backend(backend, level=self.level, threads=threads)
+        self._expected = g.nbytes
+        self._received = 0
+        self._crc = 0
+        self.stored_bytes = 0
+        self.objects = 0
+        self.chunks = 0
+        self._closed = False
+        self._error: BaseException | None = None
+        self._next: TileWriter | None = None
+        self._down: Downsampler | None = None
+        if self._empty:
+            return
+        self.backend.prepare(self.plan)
+        self._bufs = [self.backend.alloc_slab() for _ in range(2)]
+        self._flat = [b.reshape(-1).view(np.uint8) for b in self._bufs]
+        self._cond = threading.Condition()
+        self._free: deque[int] = deque([0, 1])
+        self._cur: int | None = None
+        self._fill = 0
+        self._slab_no = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._io = ThreadPoolExecutor(2, thread_name_prefix="warp-tiles-io")
+        self._io_pending: deque[list[Future]] = deque()
+        self._shard_setup()
+        if self.levels - _level_index > 1 and levels > 1:
+            self._setup_next_level(root, threads, fsync, storage_config)
+        self._collector = threading.Thread(target=self._collect_loop, name="warp-tiles-collect", daemon=True)
+        self._collector.start()
+
+    # -- geometry of objects ------------------------------------------------
+    def _shard_setup(self) -> None:
+        g, e = self.geometry, self.plan.geometry
+        kept = g.kept
+        if self.shards is None:
+            self._factors = tuple(1 for _ in kept)
+        else:
+            self._factors = tuple(self.shards[d] // g.tile[d] for d in kept)
+        self._inner = math.prod(self._factors)
+        grid = e.counts[1:]
+        fac = self._factors[1:]
+        self._obj_grid = tuple(-(-c // f) for c, f in zip(grid, fac, strict=True))
+        # for each object in a slab: its tile numbers within the slab (C order), None beyond the array
+        tiles_per_obj: list[list[int | None]] = []
+        for obj in np.ndindex(*self._obj_grid) if self._obj_grid else [()]:
+            members: list[int | None] = []
+            for inner in np.ndindex(*fac) if fac else [()]:
+                idx = tuple(o * f + i for o, f, i in zip(obj, fac, inner, strict=True))
+                if all(i < c for i, c in zip(idx, grid, strict=True)):
+                    members.append(int(np.ravel_multi_index(idx, grid)) if grid else 0)
+                else:
+                    members.append(None)
+            tiles_per_obj.append(members)
+        self._tiles_per_obj = tiles_per_obj
+
+    def _object_key(self, slab_no: int, obj_no: int) -> str:
+        obj = np.unravel_index(obj_no, self._obj_grid) if self._obj_grid else ()
+        elided = (slab_no, *(int(x) for x in obj))
+        return zarr_v3.chunk_key(self.geometry.expand_index(elided))
+
+    def _setup_next_level(self, root, threads, fsync, storage_config) -> None:
+        g = self.geometry
+        factors_full = [1 if a["type"] != "space" else 2 for a in self.axes]
+        next_shape = downsampled_shape(g.shape, factors_full)
+        next_tile = [min(n, s) if s > 0 else n for n, s in zip(g.tile, next_shape, strict=True)]
+        kept = g.kept
+        self._down = Downsampler(self.plan.slab_shape[1:], g.dtype, [factors_full[d] if g.shape[d] > 1 else 1 for d in kept],
+                                 self.method)
+        self._next = TileWriter(root.url, next_shape, g.dtype, next_tile,
+                                shards="auto" if self.shards is not None else None, fill_value=self.fill_value,
+                                level=self.level, backend=self.backend.name, threads=threads, levels=self.levels,
+                                method=self.method, axes=[a["name"] for a in self.axes], fsync=fsync,
+                                storage_config=storage_config, _store=root, _level_index=self._level_index + 1)
+
+    # -- intake (producer thread) -----------------------------------------------
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            err = self._error
+            if isinstance(err, Exception):
+                raise err
+            raise InternalError(f"tile writer failed: {err!r}")
+
+    def _slab_capacity(self) -> int:
+        return self.plan.rows(self._slab_no) * self.plan.row_nbytes
+
+    def _acquire(self) -> bool:
+        if self._cur is not None:
+            return True
+        with self._cond:
+            if not self._free:
+                return False
+            self._cur = self._free.popleft()
+        self._fill = 0
+        return True
+
+    def _advance(self, n: int) -> None:
+        self._fill += n
+        self._received += n
+        if self._fill == self._slab_capacity():
+            rows = self.plan.rows(self._slab_no)
+            self._queue.put((self._slab_no, self._cur, rows))
+            self._cur = None
+            self._slab_no += 1
+
+    def _check_room(self, n: int) -> None:
+        if self._closed:
+            raise DataError(f"{self.url}: write after close", hint="open a new TileWriter")
+        if self._received + n > self._expected:
+            raise DataError(f"{self.url}: input has more than the {self._expected} bytes of shape "
+                            f"{list(self.geometry.shape)} {self.geometry.dtype.name}",
+                            hint="check the shape and dtype in the config", received=self._received + n)
+
+    def write(self, buf) -> int:
+        """Consume as much of ``buf`` as fits now; 0 when both slabs are busy (never blocks)."""
+        self._raise_if_failed()
+        mv = memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else memoryview(np.ascontiguousarray(buf)).cast("B")
+        n = len(mv)
+        if n == 0:
+            return 0
+        self._check_room(n)
+        if self._empty:
+            raise DataError(f"{self.url}: the array has no elements but data was written")
+        done = 0
+        src = np.frombuffer(mv, dtype=np.uint8)
+        while done < n and self._acquire():
+            k = min(self._slab_capacity() - self._fill, n - done)
+            self._flat[self._cur][self._fill:self._fill + k] = src[done:done + k]
+            done += k
+            self._advance(k)
+        return done
+
+    def reserve(self) -> memoryview | None:
+        """A writable window into the current slab, or None when both slabs are busy."""
+        self._raise_if_failed()
+        if self._closed:
+            raise DataError(f"{self.url}: write after close", hint="open a new TileWriter")
+        if self._empty or self._received >= self._expected or not self._acquire():
+            return None
+        return memoryview(self._flat[self._cur])[self._fill:self._slab_capacity()]
+
+    def commit(self, n: int) -> None:
+        """Mark ``n`` bytes of the last :meth:`reserve` window as written."""
+        if n <= 0:
+            return
+        if self._cur is None or self._fill + n > self._slab_capacity():
+            raise InternalError("commit() past the reserved window")
+        self._advance(n)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`write` can accept bytes (or an error happened)."""
+        if self._empty or self._cur is not None:
+            return True
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._free or self._error is not None, timeout)
+        self._raise_if_failed()
+        return bool(ok)
+
+    def write_all(self, buf) -> None:
+        """Blocking convenience: write every byte of ``buf``."""
+        mv = memoryview(np.ascontiguousarray(buf) if isinstance(buf, np.ndarray) else buf).cast("B")
+        done = 0
+        while done < len(mv):
+            k = self.write(mv[done:])
+            if k == 0:
+                self.wait()
+            done += k
+
+    def write_array(self, a: np.ndarray) -> None:
+        """Blocking: write a whole array, or the next block of rows of it."""
+        g = self.geometry
+        if a.dtype.newbyteorder("<") != g.dtype or a.shape[1:] != g.shape[1:] and a.shape != g.shape:
+            raise DataError(f"array of shape {a.shape} {a.dtype} does not match the writer's rows of "
+                            f"{list(g.shape)} {g.dtype.name}", hint="pass rows of the declared shape and dtype")
+        self.write_all(np.ascontiguousarray(a, dtype=g.dtype))
+
+    @property
+    def bytes_received(self) -> int:
+        return self._received
+
+    @property
+    def bytes_expected(self) -> int:
+        return self._expected
+
+    # -- collector thread ---------------------------------------------------------
+    def _collect_loop(self) -> None:
+        inflight: deque = deque()
+        stop = False
+        try:
+            while True:
+                if not inflight:
+                    item = self._queue.get()
+                    if item is _STOP:
+                        break
+                    inflight.append((item, self.backend.submit(self._bufs[item[1]], item[2])))
+                while not stop:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stop = True
+                        break
+                    inflight.append((item, self.backend.submit(self._bufs[item[1]], item[2])))
+                (slab_no, buf_id, rows), ticket = inflight.popleft()
+                frames = self.backend.collect(ticket)
+                self._finish_slab(slab_no, buf_id, rows, frames)
+                if stop and not inflight:
+                    break
+        except BaseException as e:
+            self._error = e
+            with self._cond:
+                self._cond.notify_all()
+
+    def _finish_slab(self, slab_no: int, buf_id: int, rows: int, frames: list) -> None:
+        slab = self._bufs[buf_id]
+        nbytes = rows * self.plan.row_nbytes
+        self._crc = google_crc32c.extend(self._crc, self._flat[buf_id][:nbytes])
+        if self._down is not None:
+            down = self._down.push(slab[:rows])
+            if down is not None:
+                self._next.write_all(down)
+        with self._cond:
+            self._free.append(buf_id)
+            self._cond.notify_all()
+        if len(frames) != self.plan.tiles_per_slab:
+            raise InternalError(f"backend {self.backend.name} returned {len(frames)} frames for "
+                                f"{self.plan.tiles_per_slab} tiles")
+        futures = []
+        for obj_no, members in enumerate(self._tiles_per_obj):
+            key = self._object_key(slab_no, obj_no)
+            if self.shards is None:
+                parts = [frames[members[0]]]
+            else:
+                parts = zarr_v3.shard_parts([None if m is None else frames[m] for m in members])
+            self.chunks += sum(m is not None for m in members)
+            self.objects += 1
+            self.stored_bytes += sum(len(p) for p in parts)
+            futures.append(self._io.submit(self.store.put, key, parts))
+        self._io_pending.append(futures)
+        while len(self._io_pending) > 2:
+            for f in self._io_pending.popleft():
+                f.result()
+
+    # -- finishing ------------------------------------------------------------------------
+    def _drain(self) -> None:
+        self._queue.put(_STOP)
+        self._collector.join()
+        self._raise_if_failed()
+        while self._io_pending:
+            for f in self._io_pending.popleft():
+                f.result()
+
+    def _array_metadata(self) -> dict:
+        g = self.geometry
+        names = [a["name"] for a in self.axes] if self.axes else None
+        return zarr_v3.array_metadata(g.shape, g.dtype, g.tile, shards=self.shards, fill_value=self.fill_value,
+                                      level=self.level, dimension_names=names, attributes=self.attributes
+                                      if self._top and self.levels == 1 else {})
+
+    def _level_info(self) -> list[dict]:
+        g = self.geometry
+        info = [{"path": str(self._level_index) if (self.levels > 1) else "", "shape": list(g.shape),
+                 "chunks": list(g.tile), "shards": list(self.shards) if self.shards else None,
+                 "stored_bytes": self.stored_bytes, "objects": self.objects}]
+        if self._next is not None:
+            info += self._next._level_info()
+        return info
+
+    def close(self) -> WriteResult:
+        """Flush, wait for every object, then write zarr.json(s) and the manifest."""
+        if self._closed:
+            raise DataError(f"{self.url}: already closed")
+        self._raise_if_failed()
+        if self._received != self._expected:
+            self.abort()
+            raise DataError(f"{self.url}: input ended after {self._received} of {self._expected} bytes "
+                            f"(shape {list(self.geometry.shape)} {self.geometry.dtype.name})",
+                            hint="check the shape and dtype in the config against the input size",
+                            received=self._received, expected=self._expected)
+        self._closed = True
+        try:
+            if not self._empty:
+                self._drain()
+                if self._down is not None:
+                    last = self._down.finish()
+                    if last is not None:
+                        self._next.write_all(last)
+            if self._next is not None:
+                self._next.close()
+            self.store.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(self._array_metadata()))
+        except BaseException:
+            self._shutdown()
+            raise
+        self._shutdown()
+        levels = self._level_info()
+        result = WriteResult(self.url, self.geometry.shape, self.geometry.dtype.name, self._expected,
+                             sum(lv["stored_bytes"] for lv in levels), sum(lv["objects"] for lv in levels),
+                             self.chunks, levels)
+        if self._top:
+            if self.levels > 1:
+                scales = []
+                fac = [2.0 if a["type"] == "space" else 1.0 for a in self.axes]
+                for i, lv in enumerate(levels):
+                    scales.append((lv["path"], [f ** i for f in fac]))
+                attrs = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)
+                attrs.update(self.attributes)
+                self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
+            result.manifest = self._manifest(result)
+            from warpdata.canonical import canonical_json
+
+            self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
+        return result
+
+    def _manifest(self, r: WriteResult) -> dict:
+        g = self.geometry
+        m = {
+            "kind": "zarr-array",
+            "format": "zarr-v3",
+            "shape": list(g.shape),
+            "dtype": g.dtype.name,
+            "chunks": list(g.tile),
+            "shards": list(self.shards) if self.shards else None,
+            "fill_value": zarr_v3.fill_value_json(self.fill_value, g.dtype),
+            "codec": {"name": "zstd", "level": self.level},
+            "array": r.levels[0]["path"],
+            "levels": r.levels,
+            "downsample": self.method if self.levels > 1 else None,
+            "raw_bytes": r.raw_bytes,
+            "stored_bytes": r.stored_bytes,
+            "objects": r.objects,
+            "input_crc32c": f"{self._crc:08x}",
+            "backend": self.backend.name,
+        }
+        m.update(self.manifest_extra)
+        return m
+
+    def _shutdown(self) -> None:
+        if not self._empty:
+            self._io.shutdown(wait=True)
+        self.backend.close()
+
+    def abort(self) -> None:
+        """Stop without writing metadata (objects already written stay, unreferenced)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._empty:
+            self._queue.put(_STOP)
+            self._collector.join(timeout=60)
+            self._io.shutdown(wait=True, cancel_futures=True)
+        if self._next is not None:
+            self._next.abort()
+        self.backend.close()
+
+    def __enter__(self) -> TileWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
