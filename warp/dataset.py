@@ -1,0 +1,944 @@
+"""Remote-first read API: ``warpdata.dataset("ws/name")`` and its tables.
+
+Contract
+--------
+* :func:`dataset` resolves ``latest`` (one small GET of ``latest.json``) or a
+  pinned version hash, and loads the manifest, which is cached by
+  ``(dataset, version hash)`` and verified against its hash: the manifest lists
+  every shard, so nothing is ever listed on the read path. When the store
+  cannot be reached, the last ``latest`` seen is used with a warning.
+* Modes (``mode=`` or ``WARP_MODE``):
+
+  ======== ==========================================================
+  auto     read remotely by ranges; shards already in the blob cache
+           are read locally; the next shards are prefetched into the
+           cache in the background (never before the first batch)
+  remote   read remotely only; nothing is written locally
+  hybrid   like auto with a deeper prefetch window
+  local    offline: manifest and blobs from the cache only; anything
+           missing fails fast with the command that would fetch it
+  ======== ==========================================================
+
+* :class:`Table` reads Parquet shards by ranged reads only: ``schema()`` and
+  ``head(n)`` fetch footers and the row groups they need, never whole shards;
+  ``filter(sql)`` runs in DuckDB with projection and predicate pushdown;
+  ``batches()`` yields Arrow RecordBatches planned by
+  :mod:`warpdata.sharding` (rank × DataLoader worker, equal batch counts,
+  resumable). Columns bound to an artifact come back as typed refs
+  (:mod:`warpdata.refs`) from ``batch_dicts()``.
+* S3 reads go through pyarrow's native S3 filesystem built from the one
+  :class:`~warpdata.storage.StorageConfig` (timeouts, AWS SDK retries with
+  jittered backoff); DuckDB gets the same settings through s3fs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import envvars
+from . import output as out
+from .blobcache import BlobCache, CacheTooSmallError, normalize_hash
+from .errors import MissingInputError, UsageError
+from .sharding import ResumeState, ShardingError, ShardPlan, auto_shard
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .registry.manifest import Manifest, ShardRef
+
+MODES = ("auto", "remote", "hybrid", "local")
+PREFETCH_DEPTH = {"auto": 2, "hybrid": 8, "remote": 0, "local": 0}
+DEFAULT_BATCH = 65536
+
+
+def dataset(name: str, mode: str | None = None, version: str | None = None, *,
+            store: str | None = None, cache: BlobCache | None = None) -> Dataset:
+    """Open published dataset ``name`` (``workspace/name``) for reading."""
+    return Dataset(name, mode=mode, version=version, store=store, cache=cache)
+
+
+class Remote:
+    """Key reads against a store root, through pyarrow filesystems (ranged, no listing)."""
+
+    def __init__(self, store_url: str | None = None) -> None:
+        from pyarrow import fs as pafs
+
+        from .storage import StorageConfig, filesystem, parse_location
+
+        self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
+        self.config = StorageConfig.from_env()
+        if self.loc.protocol == "s3":
+            self.fs = self.config.pyarrow_s3()
+        elif self.loc.protocol == "file":
+            self.fs = pafs.LocalFileSystem()
+        else:
+            self.fs = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem(self.loc, self.config)))
+        self.root = self.loc.path.rstrip("/")
+
+    @property
+    def url(self) -> str:
+        return self.loc.url
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def url_of(self, key: str) -> str:
+        return self.path(key) if self.loc.protocol == "file" else f"{self.loc.protocol}://{self.path(key).lstrip('/')}"
+
+    def _wrap(self, e: Exception, key: str, action: str = "read") -> Exception:
+        from .registry.errors import StoreUnavailableError, translate_storage_error
+
+        t = translate_storage_error(e, self.url_of(key), action)
+        if t is e and isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            return StoreUnavailableError(f"cannot {action} {self.url_of(key)}: {e}",
+                                         hint="check the network and WARP_S3_ENDPOINT; 'warp doctor --only store'")
+        return t
+
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        try:
+            with self.fs.open_input_stream(self.path(key)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            if _is_not_found(e):
+                return None
+            raise self._wrap(e, key) from e
+
+    def open(self, key: str, size: int | None = None):
+        """A random-access file over the object; with ``size`` no HEAD request is made."""
+        from pyarrow import fs as pafs
+
+        try:
+            if size is not None and self.loc.protocol == "s3":
+                return self.fs.open_input_file(pafs.FileInfo(self.path(key), type=pafs.FileType.File, size=size))
+            return self.fs.open_input_file(self.path(key))
+        except Exception as e:
+            if isinstance(e, FileNotFoundError) or _is_not_found(e):
+                from .registry.errors import BlobNotFoundError
+
+                raise BlobNotFoundError(f"{self.url_of(key)} is missing from the store",
+                                        hint="the version was published incompletely; republish it") from None
+            raise self._wrap(e, key) from e
+
+    def read_range(self, key: str, start: int, length: int, size: int | None = None) -> bytes:
+        f = self.open(key, size)
+        try:
+            return f.read_at(length, start)
+        except Exception as e:
+            raise self._wrap(e, key) from e
+        finally:
+            f.close()
+
+    def copy_to(self, key: str, dst, size: int | None = None, chunk: int = 8 << 20) -> None:
+        """Stream the whole object into ``dst`` (a writable file object)."""
+        f = self.open(key, size)
+        try:
+            buf = bytearray(chunk)
+            view = memoryview(buf)
+            while True:
+                n = f.readinto(buf)
+                if not n:
+                    break
+                dst.write(view[:n])
+        except Exception as e:
+            from .errors import WarpError
+
+            if isinstance(e, WarpError):
+                raise
+            raise self._wrap(e, key) from e
+        finally:
+            f.close()
+
+
+def _is_not_found(e: Exception) -> bool:
+    text = str(e)
+    return "NoSuchKey" in text or "404" in text and "Not Found" in text or "Path does not exist" in text
+
+
+@dataclass
+class WarmResult:
+    dataset: str
+    version: str
+    blobs: int = 0
+    fetched: int = 0
+    fetched_bytes: int = 0
+    cached: int = 0
+    cached_bytes: int = 0
+    skipped_over_budget: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Dataset:
+    """One resolved version of a published dataset."""
+
+    def __init__(self, name: str, *, mode: str | None = None, version: str | None = None,
+                 store: str | None = None, cache: BlobCache | None = None) -> None:
+        from .registry.manifest import validate_dataset_id
+
+        self.id = validate_dataset_id(name)
+        self.mode = (mode or envvars.get("WARP_MODE") or "auto").lower()
+        if self.mode not in MODES:
+            raise UsageError(f"unknown mode {self.mode!r}", hint="use auto, remote, hybrid or local")
+        self.remote = Remote(store)
+        self.cache = cache if cache is not None else (None if self.mode == "remote" else BlobCache())
+        self.offline_fallback = False
+        self.version, self.manifest = self._resolve(version)
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.id!r}, version={self.version[:12]!r}, mode={self.mode!r})"
+
+    # -- resolution -----------------------------------------------------------
+    def _resolve(self, version: str | None) -> tuple[str, Manifest]:
+        from .registry.errors import DatasetNotFoundError, StoreUnavailableError
+        from .registry.store import Store
+
+        if version not in (None, "latest"):
+            vh = version.lower()
+            if len(vh) != 64:
+                if self.mode == "local":
+                    raise UsageError(f"local mode needs a full version hash, not {version!r}",
+                                     hint="omit version to use the last seen latest")
+                vh = Store(self.remote.url).resolve_version(self.id, version)
+            return vh, self._manifest(vh)
+        if self.mode == "local":
+            ptr = self.cache.get_pointer(self.id) if self.cache else None
+            if ptr is None:
+                raise MissingInputError(f"{self.id} has never been read on this machine: no cached version in "
+                                        f"{self.cache.root if self.cache else 'the cache'}",
+                                        hint=f"run 'warp warm {self.id}' while online, or use mode='auto'")
+            return ptr["version"], self._manifest(ptr["version"])
+        try:
+            raw = self.remote.get(Store.latest_key(self.id))
+        except StoreUnavailableError as e:
+            ptr = self.cache.get_pointer(self.id) if self.cache else None
+            if ptr is None:
+                raise
+            self.offline_fallback = True
+            out.warn(f"store unreachable ({e.message}); using the last known version "
+                     f"{ptr['version'][:12]} of {self.id}")
+            return ptr["version"], self._manifest(ptr["version"])
+        if raw is None:
+            raise Store(self.remote.url)._not_found(self.id) if self.remote.loc.protocol != "s3" else \
+                DatasetNotFoundError(f"dataset {self.id} is not published in store {self.remote.url} "
+                                     "(no latest pointer)",
+                                     hint="check the spelling of workspace/name; 'warp ls ws/' lists datasets")
+        vh = _parse_latest(raw, self.id, self.remote.url_of(Store.latest_key(self.id)))
+        if self.cache is not None:
+            import hashlib
+
+            etag = hashlib.sha256(raw).hexdigest()
+            old = self.cache.get_pointer(self.id)
+            if old is None or old.get("etag") != etag:
+                self.cache.put_pointer(self.id, vh, etag)
+        return vh, self._manifest(vh)
+
+    def _manifest(self, vh: str) -> Manifest:
+        from .registry.manifest import Manifest
+        from .registry.store import Store
+
+        key = Store.manifest_key(self.id, vh)
+        src = self.remote.url_of(key)
+        if self.cache is not None:
+            data = self.cache.get_manifest(self.id, vh)
+            if data is not None:
+                try:
+                    return Manifest.from_bytes(data, source=f"cached {src}", expected_hash=vh)
+                except Exception:
+                    if self.mode == "local":
+                        raise
+                    out.warn(f"cached manifest of {self.id}@{vh[:12]} is corrupt; fetching it again")
+        if self.mode == "local":
+            raise MissingInputError(f"manifest {vh[:12]} of {self.id} is not in the cache (local mode)",
+                                    hint=f"run 'warp warm {self.id}' while online")
+        data = self.remote.get(key)
+        if data is None:
+            from .registry.errors import DatasetNotFoundError
+
+            raise DatasetNotFoundError(f"version {vh} of {self.id} is not in store {self.remote.url}",
+                                       hint="check the version hash; omit it to read latest")
+        m = Manifest.from_bytes(data, source=src, expected_hash=vh)
+        if self.cache is not None:
+            self.cache.put_manifest(self.id, vh, data)
+        return m
+
+    # -- parts -----------------------------------------------------------------
+    @property
+    def tables(self) -> list[str]:
+        return sorted(self.manifest.tables)
+
+    @property
+    def artifacts(self) -> list[str]:
+        return sorted(self.manifest.artifacts)
+
+    def table(self, name: str = "main") -> Table:
+        if name not in self.manifest.tables:
+            import difflib
+
+            close = difflib.get_close_matches(name, self.tables, n=1)
+            raise MissingInputError(f"{self.id} has no table {name!r} (tables: {', '.join(self.tables) or 'none'})",
+                                    hint=f"did you mean {close[0]!r}?" if close else "see 'warp inspect " + self.id + "'")
+        return Table(self, name)
+
+    def artifact(self, name: str):
+        from .refs import ArtifactReader
+
+        if name not in self.manifest.artifacts:
+            raise MissingInputError(f"{self.id} has no artifact {name!r} (artifacts: {', '.join(self.artifacts) or 'none'})",
+                                    hint=f"see 'warp inspect {self.id}'")
+        return ArtifactReader(self, name)
+
+    # -- blobs -------------------------------------------------------------------
+    def blob_key(self, s: ShardRef) -> str:
+        from .registry.manifest import blob_key
+
+        if "://" in s.uri:
+            raise UsageError(f"{s.uri}: shards outside the store are not supported by this reader",
+                             hint="republish the dataset so its blobs live in the store")
+        return s.uri or blob_key(s.hash)
+
+    def cached_path(self, s: ShardRef) -> str | None:
+        """The verified local copy of a blob, if this mode may use the cache and has it."""
+        if self.cache is None:
+            return None
+        p = self.cache.get(s.hash)
+        return None if p is None else str(p)
+
+    def fetch_blob(self, s: ShardRef) -> str:
+        """Download a blob into the cache (once, verified) and return its local path."""
+        if self.cache is None:
+            raise UsageError("remote mode keeps nothing locally", hint="use mode='auto' to cache blobs")
+        if self.mode == "local":
+            p = self.cached_path(s)
+            if p is None:
+                raise MissingInputError(f"blob {s.hash[:12]} of {self.id} is not in the cache (local mode)",
+                                        hint=f"run 'warp warm {self.id}' while online")
+            return p
+        key = self.blob_key(s)
+        return str(self.cache.fetch(s.hash, lambda f: self.remote.copy_to(key, f, s.byte_size),
+                                    size=s.byte_size, source=self.remote.url_of(key)))
+
+    def open_blob(self, s: ShardRef):
+        """A random-access file over a blob: the cached copy if any, else ranged remote reads."""
+        import pyarrow as pa
+
+        p = self.cached_path(s)
+        if p is not None:
+            return pa.memory_map(p, "r")
+        if self.mode == "local":
+            raise MissingInputError(f"blob {s.hash[:12]} of {self.id} is not in the cache (local mode)",
+                                    hint=f"run 'warp warm {self.id}' while online")
+        return self.remote.open(self.blob_key(s), s.byte_size)
+
+    def warm(self, tables: Sequence[str] | None = None, shards: slice | None = None,
+             max_bytes: int | str | None = None, artifacts: Sequence[str] | bool = True,
+             on_blob: Callable[[int], None] | None = None) -> WarmResult:
+        """Download table shards (and artifact shards + indexes) into the blob cache.
+
+        ``shards`` selects shard positions within each table (and artifact);
+        ``max_bytes`` caps what is newly downloaded. Already-cached blobs cost
+        one local hash check and no network.
+        """
+        from .blobcache import parse_size
+
+        if self.cache is None or self.mode == "local":
+            raise UsageError(f"warm needs a cache and a store; mode {self.mode!r} has {'no cache' if self.cache is None else 'no store'}",
+                             hint="use mode='auto'")
+        budget = parse_size(max_bytes) if max_bytes is not None else None
+        names = list(tables) if tables is not None else self.tables
+        for t in names:
+            self.table(t)
+        blobs: list[ShardRef] = []
+        for t in names:
+            blobs += list(self.manifest.tables[t].shards)[shards or slice(None)]
+        arts = self.artifacts if artifacts is True else ([] if artifacts is False else list(artifacts))
+        for a in arts:
+            art = self.manifest.artifacts[a]
+            if art.index is not None:
+                blobs.append(art.index)
+            blobs += list(art.shards)[shards or slice(None)]
+        res = WarmResult(self.id, self.version)
+        seen = set()
+        for s in blobs:
+            if s.hash in seen:
+                continue
+            seen.add(s.hash)
+            res.blobs += 1
+            if self.cache.get(s.hash) is not None:
+                res.cached += 1
+                res.cached_bytes += s.byte_size
+            elif budget is not None and res.fetched_bytes + s.byte_size > budget:
+                res.skipped_over_budget += 1
+            else:
+                self.fetch_blob(s)
+                res.fetched += 1
+                res.fetched_bytes += s.byte_size
+            if on_blob:
+                on_blob(s.byte_size)
+        return res
+
+
+def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:
+    from .registry.errors import ManifestCorruptedError
+
+    try:
+        doc = json.loads(raw)
+        vh = doc["version_hash"]
+        if doc.get("dataset_id") != dataset_id:
+            raise ValueError("dataset_id")
+        return normalize_hash(vh)
+    except (ValueError, KeyError, TypeError) as e:
+        raise ManifestCorruptedError(f"{src} is not a valid latest pointer ({e})",
+                                     hint=f"republish {dataset_id} with --set-latest to rewrite it") from None
+
+
+# -- tables ----------------------------------------------------------------------
+
+class _ShardFiles:
+    """Open ParquetFile per shard (footer read once), preferring cached copies."""
+
+    def __init__(self, ds: Dataset, shards: Sequence[ShardRef]) -> None:
+        self.ds = ds
+        self.shards = shards
+        self._open: dict[int, Any] = {}
+        self._local: dict[int, bool] = {}
+        self._mu = threading.Lock()
+
+    def get(self, i: int):
+        import pyarrow.parquet as pq
+
+        with self._mu:
+            pf = self._open.get(i)
+            # a shard first opened remotely switches to its cached copy once prefetch finished it
+            if pf is not None and (self._local[i] or self.ds.cache is None or not self.ds.cache.has(self.shards[i].hash)):
+                return pf
+        s = self.shards[i]
+        local = self.ds.cached_path(s)
+        src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
+        try:
+            pf = pq.ParquetFile(src, pre_buffer=not local)
+        except Exception as e:
+            from .errors import DataError
+
+            raise DataError(f"{self.ds.remote.url_of(self.ds.blob_key(s))}: not a readable Parquet shard: {e}",
+                            hint="the store copy is damaged; republish the dataset") from None
+        with self._mu:
+            self._open[i] = pf
+            self._local[i] = bool(local)
+        return pf
+
+    def row_groups(self, i: int) -> list[int]:
+        md = self.get(i).metadata
+        return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+
+
+class _Prefetcher:
+    """Downloads upcoming shards into the blob cache on one background thread.
+
+    At most ``depth`` shards ahead of the reader's position; nothing starts
+    before the reader asks for its first shard, so the first batch never waits.
+    Blobs of the window are pinned so a gc or another reader cannot evict them.
+    """
+
+    def __init__(self, ds: Dataset, shards: Sequence[ShardRef], order: list[int], depth: int) -> None:
+        self.ds, self.shards, self.order, self.depth = ds, shards, order, depth
+        self.pos = 0
+        self.cv = threading.Condition()
+        self.stop = False
+        self.error: BaseException | None = None
+        self.done: set[int] = set()
+        self.pinned: list[str] = []
+        self.thread = threading.Thread(target=self._run, name="warp-prefetch", daemon=True)
+        self.thread.start()
+
+    def advance(self, pos: int) -> None:
+        with self.cv:
+            self.pos = pos
+            self.cv.notify_all()
+
+    def _run(self) -> None:
+        cache = self.ds.cache
+        for k, i in enumerate(self.order):
+            with self.cv:
+                while not self.stop and k > self.pos + self.depth:
+                    self.cv.wait(0.5)
+                if self.stop:
+                    return
+                if k <= self.pos:
+                    continue  # the reader is already on it, by ranged reads
+            s = self.shards[i]
+            try:
+                cache.pin([s.hash])
+                self.pinned.append(s.hash)
+                if not cache.has(s.hash):
+                    self.ds.fetch_blob(s)
+                self.done.add(i)
+            except CacheTooSmallError as e:
+                self.error = e
+                out.warn(f"prefetch stopped: {e.message}; reading remotely")
+                return
+            except Exception as e:  # prefetch is an optimisation: the reader falls back to ranged reads
+                self.error = e
+                return
+
+    def close(self) -> None:
+        with self.cv:
+            self.stop = True
+            self.cv.notify_all()
+        self.thread.join(timeout=60)
+        if self.pinned:
+            self.ds.cache.unpin(self.pinned)
+            self.pinned = []
+
+
+def _worker_info() -> tuple[int, int]:
+    """(id, count) of the PyTorch DataLoader worker running us; (0, 1) in the main process."""
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None:
+        info = torch_data.get_worker_info()
+        if info is not None:
+            return info.id, info.num_workers
+    return 0, 1
+
+
+def _parse_shard(shard: Any) -> tuple[int, int]:
+    if shard is None:
+        return 0, 1
+    if shard == "auto":
+        return auto_shard()
+    if isinstance(shard, str) and "/" in shard:
+        a, _, b = shard.partition("/")
+        try:
+            return int(a), int(b)
+        except ValueError:
+            pass
+    if isinstance(shard, (tuple, list)) and len(shard) == 2:
+        return int(shard[0]), int(shard[1])
+    raise ShardingError(f"shard={shard!r} is not (rank, world_size), 'RANK/WORLD' or 'auto'",
+                        hint="e.g. shard=(0, 8), shard='0/8' or shard='auto' (reads RANK and WORLD_SIZE)")
+
+
+def _prefetch_depth(prefetch: Any, mode: str) -> int:
+    if prefetch in (None, "auto"):
+        prefetch = envvars.get("WARP_PREFETCH") or "auto"
+    if prefetch == "auto":
+        return PREFETCH_DEPTH[mode]
+    if prefetch in (False, "off", "0", 0):
+        return 0
+    try:
+        return max(0, int(prefetch))
+    except (TypeError, ValueError):
+        raise UsageError(f"prefetch={prefetch!r} is not auto, off or a number of shards",
+                         hint="e.g. prefetch='auto', prefetch=4 or prefetch='off'") from None
+
+
+@dataclass
+class BatchStream:
+    """An iterable of RecordBatches for one (rank, worker), with resume state."""
+
+    table: Table
+    plan: ShardPlan
+    batch_ids: list[int]
+    columns: list[str] | None
+    limit: int | None
+    depth: int
+    num_workers: int = 1
+    yielded: int = 0
+    rows: int = 0
+    _files: _ShardFiles | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.batch_ids)
+
+    def state_dict(self, batches_consumed: int | None = None, num_workers: int | None = None) -> ResumeState:
+        """Resume state after ``batches_consumed`` (default: what this stream yielded)."""
+        n = self.yielded if batches_consumed is None else batches_consumed
+        return self.plan.state_after(n, num_workers or self.num_workers, manifest=self.table.ds.version,
+                                     table=self.table.name)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        ds, shards = self.table.ds, self.table.shards
+        files = self._files = _ShardFiles(ds, shards)
+        order: list[int] = []
+        for j in self.batch_ids:
+            for s in self.plan.batch_slices(j):
+                if not order or order[-1] != s.unit:
+                    order.append(s.unit)
+        pre = _Prefetcher(ds, shards, order, self.depth) if self.depth and ds.cache is not None and ds.mode != "local" else None
+        cols = self.columns
+        cur: tuple[int, int] | None = None  # (shard, row group) of the table held in `cur_tab`
+        cur_tab = None
+        bounds: dict[int, list[int]] = {}
+        pos = 0
+        try:
+            for j in self.batch_ids:
+                parts = []
+                for s in self.plan.batch_slices(j):
+                    if order[pos] != s.unit:
+                        pos = order.index(s.unit, pos)
+                        if pre:
+                            pre.advance(pos)
+                    b = bounds.get(s.unit)
+                    if b is None:
+                        b = bounds[s.unit] = [0]
+                        for n in files.row_groups(s.unit):
+                            b.append(b[-1] + n)
+                    start = s.start
+                    while start < s.stop:
+                        g = _bisect_right(b, start) - 1
+                        if cur != (s.unit, g):
+                            cur_tab = files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                            cur = (s.unit, g)
+                        take = min(s.stop, b[g + 1]) - start
+                        parts.append(cur_tab.slice(start - b[g], take))
+                        start += take
+                tab = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+                for batch in _one_batch(tab):
+                    if self.limit is not None and self.rows + batch.num_rows > self.limit:
+                        batch = batch.slice(0, self.limit - self.rows)
+                    self.rows += batch.num_rows
+                    self.yielded += 1
+                    if batch.num_rows:
+                        yield batch
+                    if self.limit is not None and self.rows >= self.limit:
+                        return
+        finally:
+            if pre:
+                pre.close()
+
+
+def _bisect_right(a: list[int], x: int) -> int:
+    import bisect
+
+    return bisect.bisect_right(a, x)
+
+
+def _one_batch(tab):
+    """A table slice as exactly one RecordBatch (zero-copy when it is one chunk)."""
+    batches = tab.to_batches()
+    if len(batches) == 1:
+        return batches
+    if not batches:
+        import pyarrow as pa
+
+        return [pa.RecordBatch.from_pylist([], schema=tab.schema)]
+    return tab.combine_chunks().to_batches()[:1] or batches
+
+
+class Table:
+    """A table of a dataset version: Parquet shards read by ranges."""
+
+    def __init__(self, ds: Dataset, name: str, columns: list[str] | None = None) -> None:
+        self.ds = ds
+        self.name = name
+        self.meta = ds.manifest.tables[name]
+        self.shards = list(self.meta.shards)
+        self.columns = columns
+
+    def __repr__(self) -> str:
+        return f"Table({self.ds.id!r}, {self.name!r}, rows={self.num_rows})"
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self._row_counts())
+
+    @property
+    def bindings(self) -> dict:
+        return self.ds.manifest.bindings_for(self.name)
+
+    def _row_counts(self) -> list[int]:
+        counts = [s.row_count for s in self.shards]
+        if any(c is None for c in counts):
+            files = _ShardFiles(self.ds, self.shards)
+            counts = [c if c is not None else files.get(i).metadata.num_rows for i, c in enumerate(counts)]
+        return counts  # type: ignore[return-value]
+
+    # -- metadata --------------------------------------------------------------
+    def schema(self) -> pa.Schema:
+        """The Arrow schema, from the first shard's footer (a ranged read, no data)."""
+        if not self.shards:
+            raise MissingInputError(f"table {self.name} of {self.ds.id} has no shards")
+        sch = _ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow
+        if self.columns:
+            sch = __import__("pyarrow").schema([sch.field(c) for c in self.columns])
+        return sch
+
+    def _check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        if columns is None:
+            return self.columns
+        cols = [c.strip() for c in (columns.split(",") if isinstance(columns, str) else columns) if c.strip()]
+        names = self.schema_names()
+        bad = [c for c in cols if c not in names]
+        if bad:
+            import difflib
+
+            close = difflib.get_close_matches(bad[0], names, n=1)
+            raise UsageError(f"table {self.name} of {self.ds.id} has no column {bad[0]!r} "
+                             f"(columns: {', '.join(names)})", hint=f"did you mean {close[0]!r}?" if close else None)
+        return cols
+
+    def schema_names(self) -> list[str]:
+        if self.meta.schema:
+            return [f["name"] for f in self.meta.schema["fields"]]
+        return list(_ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow.names)
+
+    def select(self, columns: Sequence[str] | str) -> Table:
+        return Table(self.ds, self.name, self._check_columns(columns))
+
+    # -- reading ---------------------------------------------------------------
+    def head(self, n: int = 5) -> pa.Table:
+        """The first ``n`` rows, reading only the row groups that hold them."""
+        import pyarrow as pa
+
+        got = list(self.batches(batch_size=max(1, min(n, DEFAULT_BATCH)), limit=n, prefetch="off")) if n else []
+        if not got:
+            return self.schema().empty_table()
+        return pa.Table.from_batches(got)
+
+    def batches(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
+                shard: Any = None, limit: int | None = None, prefetch: Any = "auto", *,
+                policy: str = "pad", shuffle: bool = False, seed: int = 0, epoch: int = 0,
+                resume: ResumeState | str | None = None, worker: tuple[int, int] | None = None) -> BatchStream:
+        """Arrow RecordBatches of ``batch_size`` rows for this rank and DataLoader worker.
+
+        ``shard``: None (everything), ``(rank, world)``, ``"rank/world"`` or
+        ``"auto"`` (RANK / WORLD_SIZE). Every rank gets the same number of
+        batches (``policy`` "pad" repeats rows, "drop" skips the remainder).
+        ``resume``: a :class:`ResumeState` (or its JSON) from ``state_dict()``.
+        """
+        cols = self._check_columns(columns)
+        if limit is not None and limit < 0:
+            raise UsageError(f"limit must be >= 0, not {limit}")
+        wid, nw = worker if worker is not None else _worker_info()
+        counts = self._row_counts()
+        if resume is not None:
+            state = ResumeState.from_json(resume) if isinstance(resume, (str, bytes)) else resume
+            rank, world = _parse_shard(shard) if shard is not None else (state.rank, state.world)
+            plan = ShardPlan.resume(counts, state, manifest=self.ds.version, table=self.name, rank=rank, world=world)
+        else:
+            rank, world = _parse_shard(shard)
+            plan = ShardPlan(counts, rank=rank, world=world, batch_size=batch_size, policy=policy,
+                             seed=seed, epoch=epoch, shuffle=shuffle)
+        ids = plan.worker_batches(wid, nw) if plan.remaining() else []
+        return BatchStream(self, plan, ids, cols, limit, _prefetch_depth(prefetch, self.ds.mode), num_workers=nw)
+
+    def batch_dicts(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
+                    **kw: Any) -> Iterator[dict[str, list]]:
+        """dict-of-lists batches; columns bound to an artifact hold typed refs."""
+        from .refs import ref_factory
+
+        bound = {c: ref_factory(self.ds, b) for c, b in self.bindings.items()}
+        for batch in self.batches(batch_size, columns, **kw):
+            d = batch.to_pydict()
+            for c, make in bound.items():
+                if c in d:
+                    d[c] = [None if v is None else make(v) for v in d[c]]
+            yield d
+
+    def to_arrow(self, limit: int | None = None) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.Table.from_batches(list(self.batches(limit=limit)), schema=self.schema())
+
+    def filter(self, expr: str) -> Query:
+        """Rows matching SQL boolean ``expr`` (DuckDB dialect), with pushdown."""
+        return Query(self, expr, self.columns)
+
+    def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
+                 num_workers: int = 0, shard: Any = "auto", **kw: Any) -> TorchLoader:
+        """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches)."""
+        return TorchLoader(self, batch_size, self._check_columns(columns), num_workers, shard, kw)
+
+    def warm(self, shards: slice | None = None, max_bytes: int | str | None = None) -> WarmResult:
+        return self.ds.warm(tables=[self.name], shards=shards, max_bytes=max_bytes, artifacts=False)
+
+
+class Query:
+    """A filtered view of a table, executed by DuckDB over the shard URLs."""
+
+    def __init__(self, table: Table, expr: str, columns: list[str] | None) -> None:
+        self.table, self.expr, self.columns = table, expr, columns
+
+    def select(self, columns: Sequence[str] | str) -> Query:
+        return Query(self.table, self.expr, self.table._check_columns(columns))
+
+    def _sources(self, shard: Any) -> list[str]:
+        ds = self.table.ds
+        rank, world = _parse_shard(shard)
+        wid, nw = _worker_info()
+        picked = [s for i, s in enumerate(self.table.shards) if i % world == rank]
+        picked = [s for i, s in enumerate(picked) if i % nw == wid]
+        urls = []
+        for s in picked:
+            local = ds.cached_path(s)
+            if local is None and ds.mode == "local":
+                raise MissingInputError(f"shard {s.hash[:12]} of {ds.id} is not in the cache (local mode)",
+                                        hint=f"run 'warp warm {ds.id}' while online")
+            urls.append(local or ds.remote.url_of(ds.blob_key(s)))
+        return urls
+
+    def _connect(self):
+        import duckdb
+
+        ds = self.table.ds
+        con = duckdb.connect()
+        if ds.remote.loc.protocol != "file":
+            from .storage import filesystem
+
+            con.register_filesystem(filesystem(ds.remote.loc, ds.remote.config))
+        return con
+
+    def sql(self, shard: Any = None, limit: int | None = None) -> tuple[str, list[str]]:
+        cols = ", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*"
+        sql = f"SELECT {cols} FROM read_parquet($files) WHERE {self.expr}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return sql, self._sources(shard)
+
+    def batches(self, batch_size: int = DEFAULT_BATCH, shard: Any = None, limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Matching rows as RecordBatches; with ``shard`` each rank scans whole shard files round-robin
+        (a filter's per-rank row counts are data dependent, so batch counts may differ)."""
+        import duckdb
+
+        sql, files = self.sql(shard, limit)
+        if not files:
+            return
+        con = self._connect()
+        try:
+            try:
+                rel = con.sql(sql, params={"files": files})
+                # a relation streams (DuckDB 2.x: to_arrow_reader; 1.x: fetch_arrow_reader)
+                reader = (rel.to_arrow_reader(batch_size) if hasattr(rel, "to_arrow_reader")
+                          else rel.fetch_arrow_reader(batch_size))
+            except duckdb.Error as e:
+                raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
+                                 hint=f"write a DuckDB SQL boolean expression over the columns "
+                                      f"{', '.join(self.table.schema_names())}") from None
+            for b in reader:
+                if b.num_rows:
+                    yield b
+        finally:
+            con.close()
+
+    def to_arrow(self, limit: int | None = None) -> pa.Table:
+        import pyarrow as pa
+
+        got = list(self.batches(limit=limit))
+        if not got:
+            sch = self.table.schema()
+            if self.columns:
+                sch = pa.schema([sch.field(c) for c in self.columns])
+            return sch.empty_table()
+        return pa.Table.from_batches(got)
+
+    def count(self) -> int:
+        import duckdb
+
+        files = self._sources(None)
+        con = self._connect()
+        try:
+            return int(con.execute(f"SELECT count(*) FROM read_parquet($files) WHERE {self.expr}",
+                                   {"files": files}).fetchone()[0])
+        except duckdb.Error as e:
+            raise UsageError(f"filter {self.expr!r}: {e}", hint="write a DuckDB SQL boolean expression") from None
+        finally:
+            con.close()
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class TorchLoader:
+    """A DataLoader over a table with resume state; iterate it like any DataLoader.
+
+    Numeric columns become tensors (zero-copy from Arrow where possible);
+    other columns stay lists. ``len()`` is the number of batches this rank
+    yields, equal on every rank.
+    """
+
+    def __init__(self, table: Table, batch_size: int, columns: list[str] | None, num_workers: int,
+                 shard: Any, kw: dict[str, Any]) -> None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            from .errors import missing_dependency
+
+            raise missing_dependency("to_torch()", "torch", "torch") from None
+        self.table, self.batch_size, self.columns = table, batch_size, columns
+        self.num_workers, self.shard, self.kw = num_workers, shard, kw
+        self.consumed = 0
+        self._probe = table.batches(batch_size, columns, shard=shard, worker=(0, 1), **kw)
+        # fail now, in the main process, if some worker would get nothing
+        if self._probe.plan.remaining():
+            for w in range(max(1, num_workers)):
+                self._probe.plan.worker_batches(w, max(1, num_workers))
+
+    def __len__(self) -> int:
+        return len(self._probe.plan.remaining())
+
+    def state_dict(self) -> ResumeState:
+        return self._probe.plan.state_after(self.consumed, max(1, self.num_workers),
+                                            manifest=self.table.ds.version, table=self.table.name)
+
+    def __iter__(self):
+        from torch.utils.data import DataLoader
+
+        ds = _make_torch_iterable((self.table.ds.id, self.table.ds.version, self.table.ds.mode,
+                                   self.table.ds.remote.url, self.table.name, self.batch_size, self.columns,
+                                   self.shard, self.kw))
+        self.consumed = 0
+        for b in DataLoader(ds, batch_size=None, num_workers=self.num_workers,
+                            persistent_workers=False):
+            self.consumed += 1
+            yield b
+
+
+def _to_torch_batch(batch) -> dict[str, Any]:
+    import pyarrow as pa
+    import torch
+
+    outd: dict[str, Any] = {}
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        t = col.type
+        if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and col.null_count == 0:
+            outd[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False))
+        else:
+            outd[name] = col.to_pylist()
+    return outd
+
+
+_TORCH_ITERABLE: Any = None
+
+
+def _make_torch_iterable(args: tuple) -> Any:
+    """The IterableDataset behind :class:`TorchLoader`; picklable, reopens the dataset per worker."""
+    global _TORCH_ITERABLE
+    if _TORCH_ITERABLE is None:
+        from torch.utils.data import IterableDataset
+
+        class WarpTableIterable(IterableDataset):
+            def __init__(self, args: tuple) -> None:
+                self.args = args
+
+            def __reduce__(self):
+                return (_make_torch_iterable, (self.args,))
+
+            def __iter__(self):
+                dataset_id, version, mode, store, table, batch_size, columns, shard, kw = self.args
+                ds = Dataset(dataset_id, mode=mode, version=version, store=store)
+                for b in ds.table(table).batches(batch_size, columns, shard=shard, **kw):
+                    yield _to_torch_batch(b)
+
+        _TORCH_ITERABLE = WarpTableIterable
+    return _TORCH_ITERABLE(args)
