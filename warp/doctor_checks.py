@@ -1,7 +1,15 @@
-"""Core ``warp doctor`` checks: Python, packages, optional backends, cache, store."""
+"""Core ``warp doctor`` checks: Python, packages, optional backends, GPU, cache, store.
+
+Each check returns PASS / WARN / FAIL / SKIP with the command or setting that
+fixes it. The store checks exercise the configured ``WARP_STORE`` through
+:mod:`warpdata.storage` exactly as ``publish`` and the readers do: read,
+write, create-only write (S3), and DuckDB reading a Parquet file *from the
+store* (through s3fs registered in DuckDB for S3).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata as md
 import os
 import shutil
@@ -14,11 +22,15 @@ from .checks import FAIL, PASS, SKIP, WARN, CheckResult, check
 
 REQUIRED = ("typer", "rich", "numpy", "lz4", "zstandard", "duckdb", "pyarrow", "fsspec", "pillow",
             "anycrc", "google-crc32c", "simplejpeg", "jsonschema")
+GPU_REMEDY = "pip install 'warpdata[gpu]' (CUDA 12) or 'warpdata[gpu-cu13]' (CUDA 13)"
+# check name -> (distributions, any one of which provides it; what it enables; remedy)
 OPTIONAL = {
-    "s3fs": ("S3 stores", "pip install 'warpdata[s3]'"),
-    "torch": ("PyTorch datasets and loaders", "pip install 'warpdata[torch]'"),
-    "zarr": ("reading Zarr output with zarr-python", "pip install 'warpdata[zarr]'"),
-    "tensorstore": ("reading Zarr output with tensorstore", "pip install 'warpdata[zarr]'"),
+    "s3fs": (("s3fs",), "S3 stores", "pip install 'warpdata[s3]'"),
+    "torch": (("torch",), "PyTorch datasets and loaders", "pip install 'warpdata[torch]'"),
+    "zarr": (("zarr",), "reading Zarr output with zarr-python", "pip install 'warpdata[zarr]'"),
+    "tensorstore": (("tensorstore",), "reading Zarr output with tensorstore", "pip install 'warpdata[zarr]'"),
+    "cupy": (("cupy-cuda12x", "cupy-cuda13x", "cupy"), "the gpu tile-compression backend", GPU_REMEDY),
+    "nvcomp": (("nvidia-nvcomp-cu12", "nvidia-nvcomp-cu13"), "GPU zstd in the gpu backend", GPU_REMEDY),
 }
 
 
@@ -49,37 +61,51 @@ def packages() -> CheckResult:
     return CheckResult(PASS, ", ".join(f"{k} {v}" for k, v in versions.items()), facts=versions)
 
 
+def _installed(dists: tuple[str, ...]) -> tuple[str, str] | None:
+    for d in dists:
+        try:
+            return d, md.version(d)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
 def _optional(name: str) -> CheckResult:
-    feature, remedy = OPTIONAL[name]
-    try:
-        v = md.version(name)
-    except md.PackageNotFoundError:
+    dists, feature, remedy = OPTIONAL[name]
+    found = _installed(dists)
+    if found is None and remedy == GPU_REMEDY and not _gpu_visible():
+        return CheckResult(SKIP, f"not installed, and not needed without a GPU ({feature})", remedy)
+    if found is None:
         return CheckResult(WARN, f"not installed: {feature} unavailable", remedy)
-    return CheckResult(PASS, f"{name} {v}")
+    return CheckResult(PASS, f"{found[0]} {found[1]}", facts={"distribution": found[0], "version": found[1]})
 
 
 for _name in OPTIONAL:
     check(f"optional:{_name}", "backends")(lambda _n=_name: _optional(_n))
 
 
+def _gpu_visible() -> bool:
+    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+
+
 @check("cuda-gpu", "backends")
 def cuda_gpu() -> CheckResult:
-    try:
-        md.version("cupy-cuda12x")
-        pkg = "cupy-cuda12x"
-    except md.PackageNotFoundError:
-        try:
-            md.version("cupy-cuda13x")
-            pkg = "cupy-cuda13x"
-        except md.PackageNotFoundError:
-            pkg = None
-    if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
+    cupy = _installed(OPTIONAL["cupy"][0])
+    if not _gpu_visible():
         return CheckResult(SKIP, "no NVIDIA GPU visible (no /dev/nvidia0, no nvidia-smi): the gpu backend is unavailable, cpu is used",
                            "run on a machine with a CUDA GPU for the gpu backend")
-    if pkg is None:
-        return CheckResult(WARN, "a GPU is visible but CuPy is not installed",
-                           "pip install 'warpdata[gpu]' (CUDA 12) or 'warpdata[gpu-cu13]' (CUDA 13)")
-    return CheckResult(PASS, f"GPU visible, {pkg} installed")
+    if cupy is None:
+        return CheckResult(WARN, "a GPU is visible but CuPy is not installed", GPU_REMEDY)
+    try:  # the device node can exist while the driver/runtime pair is unusable
+        import cupy as cp
+
+        n = cp.cuda.runtime.getDeviceCount()
+        name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+    except Exception as e:
+        return CheckResult(FAIL, f"a GPU is visible but CUDA through {cupy[0]} fails: {type(e).__name__}: {e}",
+                           "match the CuPy/nvCOMP wheels to the driver's CUDA major version (nvidia-smi shows it)")
+    return CheckResult(PASS, f"{n} CUDA GPU(s), first: {name}; {cupy[0]} {cupy[1]}", facts={"devices": n})
 
 
 def _dir_check(path: str, what: str, var: str) -> CheckResult:
@@ -115,33 +141,80 @@ def store() -> CheckResult:
     if loc.protocol == "file":
         return _dir_check(loc.path, "store", "WARP_STORE")
     cfg = StorageConfig.from_env()
+    s3_remedy = "check WARP_S3_ENDPOINT, credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID) and the bucket name"
+    facts: dict = {"url": url}
+    probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}").path
     try:
         fs = filesystem(loc, cfg)
-        probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}").path
         fs.pipe_file(probe, b"ok")
         got = fs.cat_file(probe)
-        fs.rm_file(probe)
     except Exception as e:
-        return CheckResult(FAIL, f"store {url} not reachable for read/write: {type(e).__name__}: {e}",
-                           "check WARP_S3_ENDPOINT, credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID) and the bucket name")
-    if got != b"ok":
-        return CheckResult(FAIL, f"store {url} returned different bytes than written", "check the S3 endpoint")
-    facts = {"url": url}
-    if loc.protocol == "s3":
-        facts["credentials"] = cfg.credentials_source()
-    return CheckResult(PASS, f"{url} readable and writable", facts=facts)
+        return CheckResult(FAIL, f"store {url} not reachable for read/write: {type(e).__name__}: {e}", s3_remedy)
+    try:
+        if got != b"ok":
+            return CheckResult(FAIL, f"store {url} returned different bytes than written", "check the S3 endpoint")
+        if loc.protocol == "s3":
+            facts["credentials"] = cfg.credentials_source()
+            # publish relies on create-only writes (If-None-Match: *) so racing publishers cannot clobber
+            try:
+                fs.pipe_file(probe, b"again", mode="create")
+            except FileExistsError:
+                facts["create_only"] = True
+            else:
+                return CheckResult(FAIL, f"store {url} accepted a create-only write over an existing object "
+                                   "(the endpoint ignores If-None-Match), so concurrent publishes could overwrite each other",
+                                   "use an S3 endpoint with conditional writes (AWS S3, MinIO >= 2024, recent Ceph)",
+                                   facts=facts)
+    except Exception as e:
+        return CheckResult(FAIL, f"store {url}: create-only write failed: {type(e).__name__}: {e}", s3_remedy, facts=facts)
+    finally:
+        with contextlib.suppress(Exception):
+            fs.rm_file(probe)
+    what = "readable, writable, create-only writes honoured" if loc.protocol == "s3" else "readable and writable"
+    return CheckResult(PASS, f"{url} {what}", facts=facts)
 
 
 @check("duckdb-parquet", "store")
 def duckdb_parquet() -> CheckResult:
+    """DuckDB reads a Parquet file from the configured store (s3fs registered in DuckDB for S3)."""
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with tempfile.TemporaryDirectory(prefix="warp-doctor-") as d:
-        p = os.path.join(d, "t.parquet")
-        pq.write_table(pa.table({"x": [1, 2, 3]}), p)
-        n = duckdb.connect().execute(f"select sum(x) from read_parquet('{p}')").fetchone()[0]
+    from .storage import StorageConfig, filesystem, parse_location
+
+    url = envvars.default_store()
+    try:
+        loc = parse_location(url)
+    except Exception as e:
+        return CheckResult(FAIL, str(e), "set WARP_STORE to a path, s3://bucket/prefix or memory://name")
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({"x": [1, 2, 3]}), buf)
+    probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}.parquet")
+    cfg = StorageConfig.from_env()
+    try:
+        fs = filesystem(loc, cfg)
+        fs.pipe_file(probe.path, buf.getvalue().to_pybytes())
+    except Exception as e:
+        return CheckResult(FAIL, f"cannot write a Parquet probe to {url}: {type(e).__name__}: {e}",
+                           "fix the 'store' check first")
+    try:
+        if loc.protocol == "file":
+            con = duckdb.connect()
+        elif loc.protocol == "s3":
+            con = cfg.duckdb_connect(fs)
+        else:
+            con = duckdb.connect()
+            con.register_filesystem(fs)
+        n = con.execute("select sum(x) from read_parquet(?)", [probe.url]).fetchone()[0]
+    except Exception as e:
+        return CheckResult(FAIL, f"DuckDB {duckdb.__version__} cannot read Parquet from {url}: {type(e).__name__}: {e}",
+                           "pip install -U duckdb s3fs; check WARP_S3_ENDPOINT and credentials")
+    finally:
+        with contextlib.suppress(Exception):
+            fs.rm_file(probe.path)
     if n != 6:
-        return CheckResult(FAIL, f"DuckDB read a wrong sum ({n}) from Parquet", "reinstall duckdb and pyarrow")
-    return CheckResult(PASS, f"DuckDB {duckdb.__version__} reads Parquet written by pyarrow {pa.__version__}")
+        return CheckResult(FAIL, f"DuckDB read a wrong sum ({n}) from Parquet in {url}", "reinstall duckdb and pyarrow")
+    via = " via s3fs" if loc.protocol == "s3" else ""
+    return CheckResult(PASS, f"DuckDB {duckdb.__version__} reads Parquet from {url}{via} (written by pyarrow {pa.__version__})",
+                       facts={"duckdb": duckdb.__version__})

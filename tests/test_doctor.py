@@ -1,0 +1,113 @@
+"""``warp doctor``: every check reported with status and remedy; FAIL exits 1.
+
+Store checks run against real stores: a local directory, ``memory://`` and
+moto's S3 server on 127.0.0.1 (the ``s3`` fixture), including DuckDB reading
+Parquet from the store through s3fs.
+"""
+
+from __future__ import annotations
+
+import pytest
+from warpdata.checks import FAIL, PASS, SKIP, WARN, Check, all_checks, run_check
+
+STATUSES = {PASS, WARN, FAIL, SKIP}
+
+
+def _by_name(doc: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in doc["checks"]}
+
+
+def test_json_lists_every_check_with_status_and_remedy(cli):
+    r = cli("doctor", "--json")
+    doc = r.json()
+    names = [c["name"] for c in doc["checks"]]
+    assert names == [c.name for c in all_checks()]
+    required = {"python", "packages", "optional:s3fs", "optional:torch", "optional:zarr", "optional:cupy",
+                "optional:nvcomp", "cuda-gpu", "cache-dir", "store", "duckdb-parquet"}
+    assert required <= set(names)
+    for c in doc["checks"]:
+        assert set(c) >= {"name", "group", "status", "detail", "remedy"}
+        assert c["status"] in STATUSES and c["detail"]
+        if c["status"] != PASS:
+            assert c["remedy"], c
+    assert doc["failed"] == sum(c["status"] == FAIL for c in doc["checks"])
+    assert r.code == (1 if doc["failed"] else 0)
+    assert doc["ok"] is (doc["failed"] == 0)
+
+
+def test_default_local_store_passes(cli):
+    doc = cli("doctor", "--json", "--only", "store", "--only", "cache").json()
+    checks = _by_name(doc)
+    assert set(checks) >= {"store", "duckdb-parquet", "cache-dir"}
+    for name in ("store", "duckdb-parquet", "cache-dir"):
+        assert checks[name]["status"] == PASS, checks[name]
+    assert "free" in checks["cache-dir"]["detail"]
+
+
+def test_unwritable_cache_dir_fails_with_exit_1(cli, monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should go")
+    monkeypatch.setenv("WARP_CACHE_DIR", str(blocker / "cache"))
+    r = cli("doctor", "--json", "--only", "cache")
+    doc = r.json()
+    assert r.code == 1 and doc["ok"] is False and doc["failed"] == 1
+    c = _by_name(doc)["cache-dir"]
+    assert c["status"] == FAIL and "not writable" in c["detail"] and "WARP_CACHE_DIR" in c["remedy"]
+    human = cli("doctor", "--only", "cache")
+    assert human.code == 1 and "FAIL" in human.out and "1 failed" in human.err
+
+
+def test_memory_store(cli, monkeypatch):
+    monkeypatch.setenv("WARP_STORE", "memory://doctor-test")
+    checks = _by_name(cli("doctor", "--json", "--only", "store").json())
+    assert checks["store"]["status"] == PASS, checks["store"]
+    assert checks["duckdb-parquet"]["status"] == PASS, checks["duckdb-parquet"]
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    assert MemoryFileSystem().find("/doctor-test") == []  # probes removed
+
+
+@pytest.mark.s3
+def test_s3_store_read_write_create_only_and_duckdb(cli, monkeypatch, s3):
+    monkeypatch.setenv("WARP_STORE", s3.url("warp"))
+    r = cli("doctor", "--json", "--only", "store")
+    checks = _by_name(r.json())
+    assert r.code == 0, checks
+    assert checks["store"]["status"] == PASS and checks["store"]["facts"]["create_only"] is True
+    assert "create-only" in checks["store"]["detail"]
+    assert checks["duckdb-parquet"]["status"] == PASS and "via s3fs" in checks["duckdb-parquet"]["detail"]
+    # DuckDB really read from the store: the Parquet probe was fetched from S3
+    assert s3.count("GET", "warp/.warp-doctor-") >= 1
+    # and the probes are cleaned up
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket).get("Contents", [])
+    assert listed == []
+
+
+@pytest.mark.s3
+def test_s3_store_missing_bucket_fails(cli, monkeypatch, s3):
+    monkeypatch.setenv("WARP_STORE", f"s3://{s3.bucket}-does-not-exist/warp")
+    r = cli("doctor", "--json", "--only", "store")
+    checks = _by_name(r.json())
+    assert r.code == 1
+    assert checks["store"]["status"] == FAIL and "WARP_S3_ENDPOINT" in checks["store"]["remedy"]
+    assert checks["duckdb-parquet"]["status"] == FAIL
+
+
+def test_bad_store_url_fails(cli, monkeypatch):
+    monkeypatch.setenv("WARP_STORE", "ftp://example.invalid/x")
+    r = cli("doctor", "--json", "--only", "store")
+    c = _by_name(r.json())["store"]
+    assert r.code == 1 and c["status"] == FAIL and "WARP_STORE" in c["remedy"]
+
+
+def test_only_filters_groups(cli):
+    doc = cli("doctor", "--json", "--only", "install").json()
+    assert {c["group"] for c in doc["checks"]} == {"install"}
+
+
+def test_a_crashing_check_is_a_failure_not_a_crash():
+    def broken():
+        raise RuntimeError("boom")
+
+    r = run_check(Check("broken", "test", broken))
+    assert r.status == FAIL and "RuntimeError: boom" in r.detail and r.remedy
