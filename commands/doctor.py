@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-
 from warpdata import output as out
 
 EXAMPLES = """

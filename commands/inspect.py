@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-
 from warpdata import output as out
 from warpdata.errors import MissingInputError, NegativeResult
 
@@ -29,16 +28,22 @@ def main(
     head: Annotated[int, typer.Option("--head", min=0, help="Also show the first N rows/samples where that applies.")] = 0,
 ) -> int:
     import os
+    import re
 
     from warpdata.inspectors import find_inspector
 
-    mod = find_inspector(target)
+    try:
+        mod = find_inspector(target)
+    except (PermissionError, IsADirectoryError) as e:
+        raise MissingInputError(f"{target}: cannot be read: {e.strerror}",
+                                hint="check the file's permissions") from None
     if mod is None:
-        if not os.path.exists(target) and "/" not in target.strip("/"):
-            raise MissingInputError(f"{target} does not exist", hint="give a path to a warp artifact or ws/name")
-        if not os.path.exists(target):
+        if not os.path.exists(target) and re.fullmatch(r"[\w.-]+/[\w.-]+(@[\w.-]+)?", target) \
+                and not target.startswith("."):
             raise MissingInputError(f"{target} is neither a path nor a published dataset",
                                     hint="check the path, or run 'warp doctor' to check the store")
+        if not os.path.exists(target):
+            raise MissingInputError(f"{target} does not exist", hint="give a path to a warp artifact or ws/name")
         from warpdata.errors import DataError
 
         raise DataError(f"{target}: not a warp artifact (unknown magic bytes and no manifest)",

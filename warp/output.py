@@ -174,8 +174,14 @@ def progress(description: str, total: float | None = None, unit: str = "it") -> 
     if _opts.json or _opts.quiet or not (stderr_is_tty() or os.environ.get("FORCE_COLOR")):
         yield _NoProgress()
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn,
-                               TextColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     cols = [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
             MofNCompleteColumn(), TimeRemainingColumn()]
