@@ -49,6 +49,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("etl", "warpdata.commands.etl", "Build a training-ready artifact (tensor warehouse, Zarr array, feature cache) from a TOML config."),
     CommandSpec("doctor", "warpdata.commands.doctor", "Check the installation, backends, cache and store, and say how to fix what fails."),
     CommandSpec("tar-to-tbl", "warpdata.commands.tar_to_tbl", "Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes, checksums."),
+    CommandSpec("publish", "warpdata.commands.publish", "Publish a dataset version (tables, raw artifacts, bindings) to the store: content-addressed, idempotent."),
     CommandSpec("inspect", "warpdata.commands.inspect", "Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays, datasets."),
     CommandSpec("cache", "warpdata.commands.cache", "Show, garbage-collect, verify or clear the content-addressed blob cache."),
 )

@@ -1,0 +1,99 @@
+"""Publish a dataset version to the store: tables, raw artifacts, bindings.
+
+Tables are Parquet files (CSV and JSONL are converted); artifact directories
+are packed into deterministic tar shards with a member index; --from
+publishes anything another warp command wrote (tensor warehouse, Zarr array,
+feature cache, .tbl). Every blob is named by its SHA-256 and uploaded
+create-only, then the version manifest, then `latest` moves by
+compare-and-swap. Publishing unchanged content again uploads nothing and
+prints the same version; a killed publish can simply be rerun.
+
+The store is WARP_STORE (default: a local directory under $XDG_DATA_HOME),
+or --store. S3 credentials come from the usual AWS chain (AWS_PROFILE,
+AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, instance roles); endpoint and
+addressing from WARP_S3_ENDPOINT / WARP_S3_PATH_STYLE.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from warpdata import output as out
+
+EXAMPLES = """
+  warp publish vision/coco-mini --table main='data/*.parquet' --artifact images=photos/ \\
+      --bind main.image=images:image
+  warp publish vision/coco-mini --from warehouse/v20261122-3f2a9c1e0b7d --json
+  warp publish text/captions --table main=captions.jsonl --dry-run
+  WARP_STORE=s3://team-bucket/warp warp publish ws/name --table main=out/*.parquet --no-set-latest
+"""
+
+
+def main(
+    dataset: Annotated[str, typer.Argument(help="Dataset id, workspace/name.", metavar="WS/NAME")],
+    table: Annotated[list[str] | None, typer.Option(
+        "--table", metavar="NAME=GLOB", help="Table NAME from Parquet (or CSV/JSONL) files; repeatable.")] = None,
+    artifact: Annotated[list[str] | None, typer.Option(
+        "--artifact", metavar="NAME=DIR", help="Pack DIR's files into tar shards as artifact NAME; repeatable.")] = None,
+    bind: Annotated[list[str] | None, typer.Option(
+        "--bind", metavar="TABLE.COLUMN=ARTIFACT:TYPE",
+        help="Column values are member paths in ARTIFACT, read as TYPE (image, audio, video, file); repeatable.")] = None,
+    from_: Annotated[list[str] | None, typer.Option(
+        "--from", metavar="PATH", help="Publish a warp artifact (directory with manifest.json, or .tbl); repeatable.")] = None,
+    set_latest: Annotated[bool, typer.Option(
+        "--set-latest/--no-set-latest", help="Move the dataset's latest pointer to this version.")] = True,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (blobs to upload, bytes, version); change nothing.")] = False,
+    store: Annotated[str | None, typer.Option("--store", metavar="URL", help="Store URL or path (default: WARP_STORE).")] = None,
+    shard_size: Annotated[str, typer.Option(
+        "--shard-size", metavar="SIZE", help="Target size of artifact tar shards (e.g. 256MiB).")] = "256MiB",
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel hashing and uploads.")] = 8,
+    rehash: Annotated[bool, typer.Option("--rehash", help="Ignore the stat cache: hash and pack every input again.")] = False,
+    description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
+) -> int:
+    from warpdata.blobcache import format_size, parse_size
+    from warpdata.errors import UsageError
+    from warpdata.registry.publish import PublishRequest, parse_binding, parse_named, publish
+
+    req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
+                         workers=workers, rehash=rehash, description=description)
+    try:
+        req.shard_size = parse_size(shard_size)
+    except Exception:
+        raise UsageError(f"--shard-size {shard_size!r} is not a size", hint="e.g. --shard-size 256MiB") from None
+    for spec in table or []:
+        name, pattern = parse_named(spec, "--table")
+        req.tables.setdefault(name, []).append(pattern)
+    for spec in artifact or []:
+        name, directory = parse_named(spec, "--artifact")
+        if name in req.artifacts:
+            raise UsageError(f"--artifact {name} given twice", hint="give each artifact a distinct name")
+        req.artifacts[name] = directory
+    req.bindings = [parse_binding(b) for b in bind or []]
+    req.from_paths = list(from_ or [])
+
+    with out.progress("uploading", unit="B") as bar:
+        result = publish(req, on_upload=bar.advance)
+
+    if out.options().json:
+        out.emit_json({k: v for k, v in result.to_dict().items() if v is not None or k == "latest"})
+        return 0
+    to_send = [b for b in result.blobs if b.upload]
+    if result.dry_run:
+        out.info(f"plan for {result.dataset_id} in {result.store} (dry run, nothing written):")
+        out.table(None, ["blob", "role", "size", "action"],
+                  [[b.hash[:12], b.role, format_size(b.byte_size), "upload" if b.upload else "present"]
+                   for b in result.blobs])
+        out.info(f"{len(to_send)} of {len(result.blobs)} blobs to upload, "
+                 f"{format_size(sum(b.byte_size for b in to_send))} of {format_size(result.bytes_total)}"
+                 + ("; version already published" if result.already_published else ""))
+        out.data(result.version_hash)
+        return 0
+    state = "already published, nothing uploaded" if result.already_published else \
+        f"uploaded {result.blobs_uploaded} of {len(result.blobs)} blobs ({format_size(result.bytes_uploaded)})"
+    latest = "latest -> this version" if result.latest == result.version_hash else \
+        f"latest unchanged ({(result.latest or 'none')[:12]})"
+    out.info(f"published {result.dataset_id}@{result.version_hash[:12]} to {result.store}: {state}; "
+             f"{latest} [{result.seconds:.2f}s]")
+    out.data(result.version_hash)
+    return 0

@@ -1,0 +1,109 @@
+"""``warp publish --from PATH``: turn anything a warp command wrote into dataset parts.
+
+Commands hand work to each other only through manifests on disk
+(:mod:`warpdata.manifests`). This module reads them *generically*, so a new
+producer publishes without changes here:
+
+* a directory holding ``manifest.json`` with a ``"kind"`` (tensor warehouse,
+  Zarr array, feature cache, ...): every regular file under it, the manifest
+  included, becomes a member of one tar-shard artifact named after the kind;
+* a ``.tbl`` file (magic ``TBL\\x02``) or any single file with a JSON
+  ``"kind"``: that file alone becomes the artifact's one member.
+
+Beside the artifact comes a small table ``<artifact>_files`` with one row per
+member (``path``, ``byte_size``) whose ``path`` column is bound to the
+artifact as ``file`` refs, so readers can list and open members through the
+normal table API. ``metadata.sources`` records each source's kind and the
+scalar identity fields of its manifest (``version``, ``version_key``...),
+never its local path (invariant I1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warpdata.errors import DataError, MissingInputError
+from warpdata.manifests import MANIFEST_NAME, read_manifest
+from warpdata.registry.manifest import NAME_RE
+
+__all__ = ["FromSource", "describe_source"]
+
+TBL_MAGIC = b"TBL\x02"
+_IDENTITY_KEYS = ("version", "version_key", "version_hash", "format", "format_version", "recipe_hash",
+                  "samples", "num_samples", "count", "shape", "dtype")
+
+
+@dataclass
+class FromSource:
+    """What one ``--from PATH`` contributes: an artifact root and its member list."""
+
+    kind: str
+    artifact_root: str
+    members: list[str]  # relative to artifact_root
+    source_facts: dict[str, Any] = field(default_factory=dict)
+
+
+def _identity(doc: dict[str, Any]) -> dict[str, Any]:
+    facts = {"kind": doc.get("kind")}
+    for k in _IDENTITY_KEYS:
+        v = doc.get(k)
+        if isinstance(v, (str, int, float, bool)) or (isinstance(v, list) and all(isinstance(x, int) for x in v)):
+            facts[k] = v
+    return facts
+
+
+def describe_source(path: str | os.PathLike) -> FromSource:
+    """Recognise ``path`` and say which files to publish."""
+    p = Path(path)
+    if not p.exists():
+        raise MissingInputError(f"{p} does not exist", hint="--from takes a directory or file written by a warp command")
+    if p.is_dir():
+        if not (p / MANIFEST_NAME).is_file():
+            raise MissingInputError(f"{p} has no {MANIFEST_NAME}: not an artifact written by warp",
+                                    hint="point --from at a tensor warehouse, Zarr array or feature cache directory, "
+                                         "or use --artifact NAME=DIR for a plain directory")
+        doc = read_manifest(p)
+        kind = str(doc["kind"])
+        from warpdata.registry.tarpack import list_members
+
+        members = [m[0] for m in list_members(p)]
+        return FromSource(kind, str(p), members, _identity(doc))
+    with open(p, "rb") as f:
+        head = f.read(4096)
+    if head[:4] == TBL_MAGIC:
+        return FromSource("tbl", str(p.parent), [p.name], {"kind": "tbl", "file_size": p.stat().st_size})
+    if head.lstrip().startswith(b"{"):
+        try:
+            doc = json.loads(p.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            doc = None
+        if isinstance(doc, dict) and "kind" in doc:
+            return FromSource(str(doc["kind"]), str(p.parent), [p.name], _identity(doc))
+    raise DataError(f"{p}: not a warp artifact (no TBL magic, no manifest 'kind')",
+                    hint="--from understands .tbl files and directories with a manifest.json; "
+                         "use --table/--artifact for other data")
+
+
+def artifact_name(kind: str, taken: set[str]) -> str:
+    """A manifest-safe artifact name for ``kind`` not in ``taken``."""
+    base = "".join(c if c.isalnum() or c in "_.-" else "_" for c in kind) or "artifact"
+    if not NAME_RE.match(base):
+        base = "a_" + base
+    name, n = base, 2
+    while name in taken or f"{name}_files" in taken:
+        name, n = f"{base}-{n}", n + 1
+    return name
+
+
+def write_listing(members: list[tuple[str, int]], out_path: str | os.PathLike) -> None:
+    """The ``<artifact>_files`` table as one deterministic Parquet file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"path": pa.array([m[0] for m in members], pa.string()),
+                      "byte_size": pa.array([m[1] for m in members], pa.int64())})
+    pq.write_table(table, out_path, compression="zstd", write_statistics=True)

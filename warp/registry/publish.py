@@ -1,0 +1,543 @@
+"""Publishing a dataset version: the transaction behind ``warp publish``.
+
+:func:`publish` takes a :class:`PublishRequest` (tables of Parquet/CSV/JSONL
+files, artifact directories, ``--from`` warp artifacts, bindings) and runs,
+in this order (seed 002 §8):
+
+1. **Stage.** Parquet files are hashed in place; CSV/JSONL are converted to
+   Parquet; directories are packed into deterministic tar shards plus a
+   member index (:mod:`warpdata.registry.tarpack`). A *stat cache* under
+   ``$WARP_CACHE_DIR/publish/`` remembers, per input file or directory
+   listing (path, size, mtime_ns, ctime_ns, inode of every file), the hashes
+   it produced, so re-publishing unchanged inputs neither re-hashes nor
+   re-packs (``rehash=True`` ignores it).
+2. **Upload missing blobs**, create-only and in parallel. An existing blob is
+   skipped (412 / FileExistsError means another run already did the work).
+   If the version's manifest already exists, every blob it names was
+   uploaded before it (step order below), so nothing is checked or sent.
+3. **Upload the manifest**, create-only, at its version hash.
+4. **Move ``latest``** with compare-and-swap (optional: ``set_latest``).
+
+Consequences: publishing the same content twice uploads nothing and reports
+the same version (idempotent); a killed run leaves only whole blobs behind and
+no manifest pointing at missing blobs, and a rerun uploads only what is
+missing (resumable); concurrent publishers each land a whole version and
+``latest`` ends at one of them. ``dry_run`` stops after computing the plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from warpdata import envvars
+from warpdata.atomic import atomic_write_bytes
+from warpdata.canonical import sha256_file
+from warpdata.errors import DataError, MissingInputError, UsageError
+from warpdata.registry.manifest import (
+    INDEX_FORMAT,
+    NAME_RE,
+    REF_TYPES,
+    Artifact,
+    Binding,
+    Manifest,
+    ShardRef,
+    Table,
+    validate_dataset_id,
+)
+from warpdata.registry.store import Store
+from warpdata.registry.tarpack import DEFAULT_TARGET_SIZE, list_members, pack_files
+
+__all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
+           "parse_named", "publish"]
+
+STAT_CACHE_VERSION = 1
+TABLE_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
+                  ".ndjson": "jsonl", ".json": "jsonl"}
+
+
+@dataclass
+class PublishRequest:
+    dataset_id: str
+    tables: dict[str, list[str]] = field(default_factory=dict)  # name -> files or globs
+    artifacts: dict[str, str] = field(default_factory=dict)  # name -> directory
+    bindings: list[Binding] = field(default_factory=list)
+    from_paths: list[str] = field(default_factory=list)
+    set_latest: bool = True
+    dry_run: bool = False
+    store_url: str | None = None
+    shard_size: int = DEFAULT_TARGET_SIZE
+    workers: int = 8
+    rehash: bool = False
+    description: str | None = None
+
+
+@dataclass
+class PlannedBlob:
+    hash: str
+    byte_size: int
+    role: str  # "table main shard 0", "artifact raw index", ...
+    upload: bool = False
+
+
+@dataclass
+class PublishResult:
+    dataset_id: str
+    version_hash: str
+    store: str
+    dry_run: bool
+    blobs: list[PlannedBlob]
+    blobs_uploaded: int = 0
+    bytes_uploaded: int = 0
+    manifest_written: bool = False
+    already_published: bool = False
+    latest: str | None = None
+    latest_moved: bool = False
+    seconds: float = 0.0
+    stat_cache_hits: int = 0
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(b.byte_size for b in self.blobs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset_id": self.dataset_id, "version_hash": self.version_hash, "store": self.store,
+            "dry_run": self.dry_run, "blobs_total": len(self.blobs),
+            "blobs_to_upload" if self.dry_run else "blobs_uploaded":
+                sum(b.upload for b in self.blobs) if self.dry_run else self.blobs_uploaded,
+            "bytes_total": self.bytes_total,
+            "bytes_to_upload" if self.dry_run else "bytes_uploaded":
+                sum(b.byte_size for b in self.blobs if b.upload) if self.dry_run else self.bytes_uploaded,
+            "manifest_written": self.manifest_written, "already_published": self.already_published,
+            "latest": self.latest, "latest_moved": self.latest_moved,
+            "seconds": round(self.seconds, 3),
+            "plan": [{"hash": b.hash, "byte_size": b.byte_size, "role": b.role, "upload": b.upload}
+                     for b in self.blobs] if self.dry_run else None,
+        }
+
+
+# -- command-line value parsing ------------------------------------------------
+
+def parse_named(spec: str, option: str) -> tuple[str, str]:
+    """``NAME=VALUE`` from ``--table``/``--artifact``."""
+    name, sep, value = spec.partition("=")
+    if not sep or not name or not value:
+        raise UsageError(f"{option} {spec!r} is not NAME=VALUE", hint=f"e.g. {option} main=data/*.parquet")
+    if not NAME_RE.match(name):
+        raise UsageError(f"{option} name {name!r} must be letters, digits, '_', '.', '-'",
+                         hint=f"e.g. {option} main=...")
+    return name, value
+
+
+def parse_binding(spec: str) -> Binding:
+    """``TABLE.COLUMN=ARTIFACT:TYPE`` from ``--bind`` (TYPE defaults to file)."""
+    left, sep, right = spec.partition("=")
+    table, dot, column = left.partition(".")
+    artifact, _, ref_type = right.partition(":")
+    ref_type = ref_type or "file"
+    if not sep or not dot or not table or not column or not artifact:
+        raise UsageError(f"--bind {spec!r} is not TABLE.COLUMN=ARTIFACT:TYPE",
+                         hint="e.g. --bind main.image=raw_images:image")
+    if ref_type not in REF_TYPES:
+        raise UsageError(f"--bind {spec!r}: ref type {ref_type!r} is not one of {', '.join(REF_TYPES)}",
+                         hint="e.g. --bind main.image=raw_images:image")
+    return Binding(table, column, artifact, ref_type)
+
+
+def expand_globs(name: str, patterns: Iterable[str]) -> list[str]:
+    files: list[str] = []
+    for pat in patterns:
+        hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
+        if not hits and os.path.isfile(pat):
+            hits = [pat]
+        if not hits:
+            raise MissingInputError(f"--table {name}={pat}: no file matches", hint="check the path or quote the glob")
+        files.extend(h for h in hits if os.path.isfile(h))
+    return files
+
+
+# -- the stat cache ------------------------------------------------------------
+
+class _StatCache:
+    """Fingerprint (path + size + mtime_ns + ctime_ns + inode) -> what hashing produced."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.root = Path(envvars.default_cache_dir()) / "publish" / "stat-cache"
+        self.enabled = enabled
+        self.hits = 0
+
+    @staticmethod
+    def key(*parts: Any) -> str:
+        return hashlib.sha256(json.dumps([STAT_CACHE_VERSION, *parts], default=str).encode()).hexdigest()
+
+    def get(self, key: str) -> dict | None:
+        if not self.enabled:
+            return None
+        try:
+            doc = json.loads((self.root / key[:2] / key).read_bytes())
+        except (OSError, ValueError):
+            return None
+        self.hits += 1
+        return doc
+
+    def put(self, key: str, doc: dict) -> None:
+        with contextlib.suppress(OSError):
+            atomic_write_bytes(self.root / key[:2] / key, json.dumps(doc).encode(), fsync=False)
+
+
+def _file_fingerprint(path: str) -> list[Any]:
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _members_fingerprint(root: str, members: list[tuple[str, str, int]]) -> list[Any]:
+    out: list[Any] = [os.path.abspath(root)]
+    for name, path, _size in members:
+        st = os.stat(path)
+        out.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+    return out
+
+
+# -- staging -------------------------------------------------------------------
+
+@dataclass
+class _Blob:
+    hash: str
+    byte_size: int
+    role: str
+    path: str | None  # local file holding the bytes; None until (re)materialised
+    materialize: Callable[[], None] | None = None
+
+
+class _Stager:
+    def __init__(self, req: PublishRequest, stage_dir: Path) -> None:
+        self.req = req
+        self.stage = stage_dir
+        self.cache = _StatCache(not req.rehash)
+        self.blobs: dict[str, _Blob] = {}
+
+    def _add(self, b: _Blob) -> None:
+        prev = self.blobs.get(b.hash)
+        if prev is None or (prev.path is None and b.path is not None):
+            self.blobs[b.hash] = b
+
+    # tables ---------------------------------------------------------------
+    def table(self, name: str, files: list[str]) -> Table:
+        if not files:
+            raise MissingInputError(f"table {name} has no files", hint="--table NAME=GLOB must match Parquet/CSV/JSONL files")
+        with ThreadPoolExecutor(max_workers=max(1, min(self.req.workers, len(files)))) as ex:
+            infos = list(ex.map(self._table_file, files))
+        schema = infos[0]["schema"]
+        for f, info in zip(files, infos, strict=True):
+            if info["schema"] != schema:
+                raise DataError(
+                    f"table {name}: {f} has columns {_cols(info['schema'])}, but {files[0]} has {_cols(schema)}",
+                    hint="all files of one table must share one schema")
+        shards = []
+        for i, info in enumerate(infos):
+            shards.append(ShardRef(info["hash"], info["byte_size"], row_count=info["row_count"]))
+            self._add(_Blob(info["hash"], info["byte_size"], f"table {name} shard {i}", info.get("path"),
+                            info.get("materialize")))
+        return Table(shards=tuple(shards), schema={"fields": schema})
+
+    def _table_file(self, path: str) -> dict[str, Any]:
+        suffix = Path(path).suffix.lower()
+        fmt = TABLE_SUFFIXES.get(suffix)
+        if fmt is None:
+            raise DataError(f"{path}: unsupported table file type {suffix or '(none)'}",
+                            hint="tables take .parquet, .csv or .jsonl files")
+        key = self.cache.key("table", fmt, _file_fingerprint(path))
+        staged = os.path.abspath(path).startswith(str(self.stage.resolve()))
+        hit = None if staged else self.cache.get(key)
+        if fmt == "parquet":
+            if hit is None:
+                hit = {"hash": sha256_file(path), "byte_size": os.path.getsize(path), **_parquet_facts(path)}
+                if not staged:
+                    self.cache.put(key, hit)
+            return {**hit, "path": path}
+        out = self.stage / f"{uuid.uuid4().hex}.parquet"
+
+        def convert() -> dict[str, Any]:
+            _convert_to_parquet(path, fmt, out)
+            return {"hash": sha256_file(out), "byte_size": out.stat().st_size, **_parquet_facts(str(out))}
+
+        if hit is None:
+            hit = convert()
+            self.cache.put(key, hit)
+            return {**hit, "path": str(out)}
+        expected = hit["hash"]
+
+        def rematerialize() -> None:
+            again = convert()
+            if again["hash"] != expected:
+                raise DataError(f"{path} changed while publishing (its Parquet conversion no longer hashes the same)",
+                                hint="rerun the publish")
+            self.blobs[expected].path = str(out)
+
+        return {**hit, "path": None, "materialize": rematerialize}
+
+    # artifacts --------------------------------------------------------------
+    def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
+        members = list_members(root, files)
+        if not members:
+            raise MissingInputError(f"artifact {name}: {root} holds no files", hint="--artifact NAME=DIR needs files to publish")
+        key = self.cache.key("artifact", self.req.shard_size, _members_fingerprint(root, members))
+        out = self.stage / f"artifact-{name}"
+
+        def pack() -> dict[str, Any]:
+            res = pack_files(members, out, self.req.shard_size)
+            idx_path = out / f"{res.index_hash}.index.json"
+            idx_path.write_bytes(res.index)
+            return {"shards": [{"hash": s.hash, "byte_size": s.byte_size, "member_count": s.member_count,
+                                "path": s.path} for s in res.shards],
+                    "index": {"hash": res.index_hash, "byte_size": len(res.index), "path": str(idx_path)},
+                    "member_count": res.member_count}
+
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = pack()
+            self.cache.put(key, {**hit, "shards": [{k: v for k, v in s.items() if k != "path"} for s in hit["shards"]],
+                                 "index": {k: v for k, v in hit["index"].items() if k != "path"}})
+        expected = [s["hash"] for s in hit["shards"]] + [hit["index"]["hash"]]
+
+        def rematerialize() -> None:
+            again = pack()
+            got = [s["hash"] for s in again["shards"]] + [again["index"]["hash"]]
+            if got != expected:
+                raise DataError(f"artifact {name}: {root} changed while publishing", hint="rerun the publish")
+            for s in [*again["shards"], again["index"]]:
+                self.blobs[s["hash"]].path = s["path"]
+
+        shards = []
+        for i, s in enumerate(hit["shards"]):
+            shards.append(ShardRef(s["hash"], s["byte_size"], member_count=s["member_count"]))
+            self._add(_Blob(s["hash"], s["byte_size"], f"artifact {name} shard {i}", s.get("path"), rematerialize))
+        idx = hit["index"]
+        self._add(_Blob(idx["hash"], idx["byte_size"], f"artifact {name} index", idx.get("path"), rematerialize))
+        return Artifact(shards=tuple(shards), index=ShardRef(idx["hash"], idx["byte_size"], format=INDEX_FORMAT),
+                        member_count=hit["member_count"])
+
+
+def _cols(schema: list[dict]) -> str:
+    return "(" + ", ".join(f"{f['name']}: {f['type']}" for f in schema) + ")"
+
+
+def _parquet_facts(path: str) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    try:
+        md = pq.read_metadata(path)
+        sch = md.schema.to_arrow_schema()
+    except Exception as e:
+        raise DataError(f"{path}: not a readable Parquet file: {e}",
+                        hint="check the file; CSV/JSONL inputs need a .csv/.jsonl suffix") from None
+    fields = [{"name": f.name, "type": str(f.type), "nullable": bool(f.nullable)} for f in sch]
+    return {"row_count": int(md.num_rows), "schema": fields}
+
+
+def _convert_to_parquet(src: str, fmt: str, out: Path) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        if fmt == "csv":
+            import pyarrow.csv as pacsv
+
+            table = pacsv.read_csv(src)
+        else:
+            import pyarrow.json as pajson
+
+            table = pajson.read_json(src)
+    except Exception as e:
+        raise DataError(f"{src}: cannot be read as {fmt.upper()}: {e}",
+                        hint="fix the file, or convert it to Parquet yourself") from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, out)
+
+
+# -- the transaction -----------------------------------------------------------
+
+def _staging_dir() -> Path:
+    base = Path(envvars.default_cache_dir()) / "publish" / "staging"
+    base.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    for d in base.iterdir():  # sweep staging dirs of publishes that were killed
+        parts = d.name.split("@")
+        if len(parts) == 3 and parts[1] == host:
+            try:
+                os.kill(int(parts[0]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(d, ignore_errors=True)
+            except (PermissionError, ValueError):
+                pass
+    d = base / f"{os.getpid()}@{host}@{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    return d
+
+
+def build(req: PublishRequest, stager: _Stager) -> Manifest:
+    """Stage every input and return the version's manifest."""
+    from warpdata.registry import from_artifacts
+
+    tables: dict[str, Table] = {}
+    artifacts: dict[str, Artifact] = {}
+    bindings = list(req.bindings)
+    sources: list[dict[str, Any]] = []
+    for name, patterns in req.tables.items():
+        tables[name] = stager.table(name, expand_globs(name, patterns))
+    for name, directory in req.artifacts.items():
+        if name in artifacts:
+            raise UsageError(f"artifact {name} given twice", hint="give each --artifact a distinct name")
+        artifacts[name] = stager.artifact(name, directory)
+    for path in req.from_paths:
+        src = from_artifacts.describe_source(path)
+        aname = from_artifacts.artifact_name(src.kind, set(tables) | set(artifacts))
+        artifacts[aname] = stager.artifact(aname, src.artifact_root, src.members)
+        listing = stager.stage / f"{aname}_files.parquet"
+        from_artifacts.write_listing(
+            [(m, os.path.getsize(os.path.join(src.artifact_root, m))) for m in src.members], listing)
+        tables[f"{aname}_files"] = stager.table(f"{aname}_files", [str(listing)])
+        bindings.append(Binding(f"{aname}_files", "path", aname, "file"))
+        sources.append({"artifact": aname, **src.source_facts})
+    if not tables and not artifacts:
+        raise UsageError("nothing to publish", hint="give --table NAME=GLOB, --artifact NAME=DIR or --from PATH")
+    for b in bindings:
+        if b.table not in tables:
+            raise UsageError(f"--bind names table {b.table!r}, which is not being published",
+                             hint=f"tables: {', '.join(sorted(tables)) or 'none'}")
+        if b.artifact not in artifacts:
+            raise UsageError(f"--bind names artifact {b.artifact!r}, which is not being published",
+                             hint=f"artifacts: {', '.join(sorted(artifacts)) or 'none'}")
+        if b.column not in tables[b.table].columns:
+            raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
+                             hint=f"columns: {', '.join(tables[b.table].columns)}")
+    from warpdata import __version__
+
+    metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                "warp_version": __version__}
+    if sources:
+        metadata["sources"] = sources
+    if req.description:
+        metadata["description"] = req.description
+    return Manifest(validate_dataset_id(req.dataset_id), tables=tables, artifacts=artifacts,
+                    bindings=tuple(bindings), metadata=metadata)
+
+
+def publish(req: PublishRequest, *, store: Store | None = None,
+            on_upload: Callable[[int], None] | None = None) -> PublishResult:
+    """Run the publish transaction (see the module docstring); returns what happened."""
+    t0 = time.perf_counter()
+    validate_dataset_id(req.dataset_id)
+    store = store or Store(req.store_url)
+    stage = _staging_dir()
+    try:
+        stager = _Stager(req, stage)
+        manifest = build(req, stager)
+        version = manifest.version_hash
+        manifest.to_bytes()  # validate before touching the store
+        planned = [PlannedBlob(b.hash, b.byte_size, b.role) for b in stager.blobs.values()]
+        result = PublishResult(req.dataset_id, version, store.url, req.dry_run, planned,
+                               stat_cache_hits=stager.cache.hits)
+        result.already_published = store.has_manifest(req.dataset_id, version)
+        missing = set() if result.already_published else set(store.missing_blobs([b.hash for b in planned]))
+        for b in planned:
+            b.upload = b.hash in missing
+        if req.dry_run:
+            ptr = store.read_latest(req.dataset_id)
+            result.latest = ptr.version_hash if ptr else None
+            result.seconds = time.perf_counter() - t0
+            return result
+        _upload(store, [stager.blobs[b.hash] for b in planned if b.upload], req.workers, result, on_upload)
+        if not result.already_published:
+            result.manifest_written = store.put_manifest(manifest)
+        if req.set_latest:
+            before = store.read_latest(req.dataset_id)
+            ptr = store.set_latest(req.dataset_id, version)
+            result.latest = ptr.version_hash
+            result.latest_moved = before is None or before.version_hash != version
+        else:
+            ptr = store.read_latest(req.dataset_id)
+            result.latest = ptr.version_hash if ptr else None
+        result.seconds = time.perf_counter() - t0
+        return result
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _upload(store: Store, blobs: list[_Blob], workers: int, result: PublishResult,
+            on_upload: Callable[[int], None] | None) -> None:
+    for b in blobs:  # re-create staged files the stat cache let us skip
+        if b.path is None and b.materialize is not None:
+            b.materialize()
+    for b in blobs:
+        if b.path is None:
+            raise DataError(f"{b.role}: staged bytes for blob {b.hash} are gone", hint="rerun the publish with --rehash")
+
+    def one(b: _Blob) -> tuple[bool, int]:
+        wrote = store.put_blob_file(b.hash, b.path)  # type: ignore[arg-type]
+        if on_upload:
+            on_upload(b.byte_size)
+        return wrote, b.byte_size
+
+    # large blobs first so the tail of the upload is not one big file alone
+    ordered = sorted(blobs, key=lambda b: -b.byte_size)
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(ordered) or 1))) as ex:
+        for wrote, size in ex.map(one, ordered):
+            if wrote:
+                result.blobs_uploaded += 1
+                result.bytes_uploaded += size
+
+
+# -- library API ---------------------------------------------------------------
+
+class DatasetBuilder:
+    """The seed's builder API over :func:`publish`::
+
+        b = DatasetBuilder("ws/name")
+        b.add_table("main", ["data/part-0.parquet"])
+        b.add_artifact("raw_images", "images/")
+        b.bind("main", "image", "raw_images", "image")
+        result = b.publish(set_latest=True)
+    """
+
+    def __init__(self, dataset_id: str, *, store: Store | str | None = None) -> None:
+        self.request = PublishRequest(validate_dataset_id(dataset_id))
+        self.store = store if isinstance(store, Store) else Store(store) if store is not None else None
+
+    def add_table(self, name: str, files: str | Iterable[str]) -> DatasetBuilder:
+        self.request.tables.setdefault(name, []).extend([files] if isinstance(files, str) else list(map(str, files)))
+        return self
+
+    def add_artifact(self, name: str, directory: str | os.PathLike, kind: str = "tar_shards") -> DatasetBuilder:
+        if kind != "tar_shards":
+            raise UsageError(f"artifact kind {kind!r} is not supported", hint="use kind='tar_shards'")
+        self.request.artifacts[name] = os.fspath(directory)
+        return self
+
+    def add_from(self, path: str | os.PathLike) -> DatasetBuilder:
+        self.request.from_paths.append(os.fspath(path))
+        return self
+
+    def bind(self, table: str, column: str, artifact: str, ref_type: str = "file") -> DatasetBuilder:
+        self.request.bindings.append(Binding(table, column, artifact, ref_type))
+        return self
+
+    def publish(self, *, set_latest: bool = True, dry_run: bool = False) -> PublishResult:
+        self.request.set_latest = set_latest
+        self.request.dry_run = dry_run
+        return publish(self.request, store=self.store)

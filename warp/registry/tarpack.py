@@ -1,0 +1,223 @@
+"""Deterministic tar shards of a directory, and their member index.
+
+Spec: ``docs/formats/registry.md``. Contract:
+
+* Members are the regular files under the source directory (symlinks to
+  files are read through; empty directories are dropped), named by their
+  POSIX path relative to it, in bytewise UTF-8 order of that name.
+* Each member is one POSIX.1-2001 (pax) tar entry with fixed metadata:
+  mtime 0, uid/gid 0, empty uname/gname, mode 0644, so the same files give
+  byte-identical shards on any machine. A shard ends with two zero blocks.
+* A new shard starts when adding the next member would pass
+  ``target_size`` (a member larger than the target gets a shard of its own).
+* Shards are named by the SHA-256 of their bytes (computed while writing).
+* The index blob (format ``warp-tar-index-1``) is canonical JSON::
+
+      {"format": "warp-tar-index-1",
+       "shards": ["<sha256 of shard 0>", ...],
+       "members": {"<member path>": [shard_number, data_offset, length], ...}}
+
+  ``data_offset`` is where the member's bytes start inside its shard, so a
+  reader fetches exactly ``[offset, offset + length)`` with one ranged GET.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from warpdata.atomic import TMP_PREFIX
+from warpdata.canonical import canonical_json
+from warpdata.errors import DataError, MissingInputError
+from warpdata.registry.errors import ManifestCorruptedError
+from warpdata.registry.manifest import HASH_RE, INDEX_FORMAT
+
+__all__ = ["ArtifactIndex", "PackResult", "PackedShard", "list_members", "pack_files"]
+
+BLOCK = 512
+DEFAULT_TARGET_SIZE = 256 << 20
+
+
+@dataclass(frozen=True)
+class PackedShard:
+    path: str  # local staging file
+    hash: str
+    byte_size: int
+    member_count: int
+
+
+@dataclass(frozen=True)
+class PackResult:
+    shards: list[PackedShard]
+    index: bytes
+    index_hash: str
+    member_count: int
+    payload_bytes: int
+
+
+def list_members(root: str | os.PathLike, files: Iterable[str] | None = None) -> list[tuple[str, str, int]]:
+    """``(member name, local path, size)`` for every file to pack, in member order.
+
+    ``files`` restricts packing to these paths relative to ``root`` (used when
+    a warp manifest lists its files); otherwise every regular file is packed.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        raise MissingInputError(f"{base} is not a directory", hint="--artifact NAME=DIR needs a directory of files")
+    out: list[tuple[str, str, int]] = []
+    if files is not None:
+        for rel in files:
+            name = Path(rel).as_posix()
+            if name.startswith("/") or ".." in name.split("/"):
+                raise DataError(f"{base}: member {rel!r} is not a path inside the directory",
+                                hint="list files relative to the artifact directory")
+            p = base / name
+            if not p.is_file():
+                raise MissingInputError(f"{p} is listed but missing", hint="rebuild the artifact that lists it")
+            out.append((name, str(p), p.stat().st_size))
+    else:
+        stack = [base]
+        while stack:
+            d = stack.pop()
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.name.startswith(TMP_PREFIX):
+                        continue  # leftovers of a killed writer are not content
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+                    elif e.is_file():
+                        out.append((Path(e.path).relative_to(base).as_posix(), e.path, e.stat().st_size))
+    out.sort(key=lambda m: m[0].encode("utf-8", "surrogateescape"))
+    for a, b in zip(out, out[1:], strict=False):
+        if a[0] == b[0]:
+            raise DataError(f"{base}: member {a[0]!r} listed twice", hint="list each file once")
+    return out
+
+
+def _header(name: str, size: int) -> bytes:
+    ti = tarfile.TarInfo(name)
+    ti.size = size
+    ti.mtime = 0
+    ti.mode = 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.type = tarfile.REGTYPE
+    return ti.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+class _ShardWriter:
+    def __init__(self, out_dir: Path, number: int) -> None:
+        self.tmp = out_dir / f"{TMP_PREFIX}shard-{number:05d}.tar"
+        self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed in finish()
+        self.h = hashlib.sha256()
+        self.offset = 0
+        self.count = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.f.write(data)
+        self.h.update(data)
+        self.offset += len(data)
+
+    def finish(self, out_dir: Path) -> PackedShard:
+        self.write(b"\0" * (2 * BLOCK))
+        self.f.close()
+        digest = self.h.hexdigest()
+        final = out_dir / f"{digest}.tar"
+        os.replace(self.tmp, final)
+        return PackedShard(str(final), digest, self.offset, self.count)
+
+
+def pack_files(members: Sequence[tuple[str, str, int]], out_dir: str | os.PathLike,
+               target_size: int = DEFAULT_TARGET_SIZE) -> PackResult:
+    """Write ``members`` (from :func:`list_members`) as tar shards into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shards: list[PackedShard] = []
+    index: dict[str, list[int]] = {}
+    w: _ShardWriter | None = None
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    payload = 0
+    for name, path, _size in members:
+        with open(path, "rb", buffering=0) as src:
+            size = os.fstat(src.fileno()).st_size
+            header = _header(name, size)
+            entry = len(header) + size + (-size % BLOCK)
+            if w is not None and w.count and w.offset + entry + 2 * BLOCK > target_size:
+                shards.append(w.finish(out))
+                w = None
+            if w is None:
+                w = _ShardWriter(out, len(shards))
+            w.write(header)
+            start = w.offset
+            while n := src.readinto(buf):
+                w.write(view[:n])
+            if w.offset - start != size:
+                raise DataError(f"{path} changed size while being packed ({size} -> {w.offset - start} bytes)",
+                                hint="do not modify the directory while publishing it")
+            w.write(b"\0" * (-size % BLOCK))
+            w.count += 1
+            index[name] = [len(shards), start, size]
+            payload += size
+    if w is not None:
+        shards.append(w.finish(out))
+    doc = {"format": INDEX_FORMAT, "shards": [s.hash for s in shards], "members": index}
+    data = canonical_json(doc)
+    return PackResult(shards, data, hashlib.sha256(data).hexdigest(), len(index), payload)
+
+
+@dataclass(frozen=True)
+class ArtifactIndex:
+    """A parsed member index: ``lookup(member) -> (shard_hash, offset, length)``."""
+
+    shards: tuple[str, ...]
+    members: dict[str, tuple[int, int, int]]
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "index") -> ArtifactIndex:
+        import json
+
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != INDEX_FORMAT:
+                raise ValueError(f"format is {doc.get('format')!r}, expected {INDEX_FORMAT!r}")
+            shards = tuple(doc["shards"])
+            if not all(isinstance(s, str) and HASH_RE.match(s) for s in shards):
+                raise ValueError("shard hashes are not SHA-256 hex")
+            members = {}
+            for k, v in doc["members"].items():
+                si, off, ln = (int(x) for x in v)
+                if not (0 <= si < len(shards)) or off < 0 or ln < 0:
+                    raise ValueError(f"member {k!r} has an out-of-range entry {v}")
+                members[k] = (si, off, ln)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ManifestCorruptedError(f"{source}: not a valid {INDEX_FORMAT} member index: {e}",
+                                         hint="run 'warp cache gc' and retry; republish if the stored index is bad") from None
+        return cls(shards, members)
+
+    def lookup(self, member: str) -> tuple[str, int, int]:
+        try:
+            si, off, ln = self.members[member]
+        except KeyError:
+            raise KeyError(member) from None
+        return self.shards[si], off, ln
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __contains__(self, member: object) -> bool:
+        return member in self.members
+
+
+def read_member_from_tar(tar_bytes: bytes, member: str) -> bytes:
+    """Read a member with the standard library (cross-check for tests and tools)."""
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as t:
+        f = t.extractfile(member)
+        if f is None:
+            raise KeyError(member)
+        return f.read()
