@@ -21,6 +21,8 @@ from typing import Any
 INSPECTORS: tuple[tuple[str, str], ...] = (
     ("feature-cache", "warpdata.features.inspect"),
     ("tbl", "warpdata.tbl.inspect"),
+    ("tensor-warehouse", "warpdata.warehouse.inspect"),
+    ("zarr-array", "warpdata.tiles.inspect"),
     ("manifest", "warpdata.inspect_manifest"),
 )
 

@@ -28,6 +28,11 @@ from .errors import ConfigError
 
 PIPELINES: dict[str, str] = {
     "captions": "warpdata.features.etl:run",
+    "coco": "warpdata.warehouse.etl:run",
+    "yolo": "warpdata.warehouse.etl:run",
+    "jsonl": "warpdata.warehouse.etl:run",
+    "raw": "warpdata.tiles.etl:run",
+    "npy": "warpdata.tiles.etl:run",
 }
 
 

@@ -10,5 +10,7 @@ from __future__ import annotations
 
 GENERATORS: dict[str, str] = {
     "captions": "warpdata.sampledata.captions:generate",
+    "detection": "warpdata.sampledata.detection:generate",
     "wds": "warpdata.sampledata.wds:generate",
+    "volume": "warpdata.sampledata.volume:generate",
 }

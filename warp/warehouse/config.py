@@ -1,0 +1,174 @@
+"""The ``warp etl`` config for tensor warehouses: schema and typed view.
+
+The TOML file (commented example: ``examples/transform.toml``) is checked
+against :data:`SCHEMA` with :mod:`warpdata.config`, so a bad key or value is
+reported as ``file:line: 'dotted.key' must be ...`` with a did-you-mean.
+Relative paths are resolved against the config file's directory, so a
+dataset and its config can move together (and keep their version).
+
+Only the *cacheable* settings live here: everything in ``[source]``,
+``[transform]`` and the validation tolerances enters the version key;
+``[output]`` and ``[build]`` (where and how fast) do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warpdata.config import ConfigSource, Field, non_negative, positive, validate
+from warpdata.errors import ConfigError
+from warpdata.quarantine import Thresholds
+
+FORMATS = ("coco", "yolo", "jsonl")
+RESIZE_MODES = ("letterbox", "resize")
+DTYPES = ("u8", "f16", "f32")
+OVERFLOW = ("truncate", "reject")
+INTERPOLATIONS = ("linear", "nearest", "area", "cubic")
+EXECUTORS = ("thread", "process")
+
+
+def _size_check(v: Any) -> str | None:
+    if isinstance(v, int):
+        return None if 8 <= v <= 8192 else "must be between 8 and 8192"
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return None if all(8 <= x <= 8192 for x in v) else "must be between 8 and 8192"
+    return "must be an integer or [width, height]"
+
+
+def _fraction(v: Any) -> str | None:
+    return None if 0 <= v <= 1 else "must be a fraction between 0 and 1"
+
+
+def _threshold(warn: float | None, fail: float | None, what: str) -> dict:
+    return {
+        "warn": Field(float, warn, f"warn when the {what} fraction of samples exceeds this", check=_fraction),
+        "fail": Field(float, fail, f"fail (exit 65) when the {what} fraction exceeds this", check=_fraction),
+    }
+
+
+SCHEMA: dict = {
+    "source": {
+        "format": Field(str, help="label format", choices=FORMATS),
+        "path": Field(str, ".", "dataset root, relative to this config file"),
+        "labels": Field((str, list), "", "coco: annotation JSON file(s); jsonl: .jsonl file(s); "
+                        "yolo: label directory (default 'labels'); relative to path", item_type=str),
+        "images": Field(str, "", "image directory relative to path (coco: 'images', yolo: 'images', jsonl: '')"),
+        "classes": Field(list, [], "class names in id order (yolo/jsonl; coco reads its categories)",
+                         item_type=str),
+    },
+    "transform": {
+        "target_size": Field((int, list), 640, "output size: N or [width, height]", check=_size_check),
+        "resize_mode": Field(str, "letterbox", "letterbox keeps the aspect ratio and pads; resize stretches",
+                             choices=RESIZE_MODES),
+        "dtype": Field(str, "u8", "stored image dtype: u8 (raw), f16/f32 (x/255)", choices=DTYPES),
+        "max_boxes": Field(int, 100, "boxes per sample are padded to this", check=positive),
+        "overflow": Field(str, "truncate", "more boxes than max_boxes: keep the first (truncate) or reject",
+                          choices=OVERFLOW),
+        "skip_empty": Field(bool, False, "leave samples without boxes out of the shards"),
+        "pad_value": Field(int, 114, "letterbox padding value (0-255)",
+                           check=lambda v: None if 0 <= v <= 255 else "must be 0-255"),
+        "interpolation": Field(str, "linear", "resize interpolation", choices=INTERPOLATIONS),
+    },
+    "validation": {
+        "box_tolerance": Field(float, 1.0, "pixels a box may stick out of the image (it is then clipped)",
+                               check=non_negative),
+        "min_box_size": Field(float, 0.0, "boxes narrower or lower than this (pixels) are degenerate",
+                              check=non_negative),
+        "max_invalid_fraction": _threshold(0.0, 0.05, "invalid"),
+        "max_missing_fraction": _threshold(0.0, 0.05, "missing"),
+        "max_empty_fraction": _threshold(None, None, "empty"),
+    },
+    "output": {
+        "root": Field(str, "warehouse", "warehouse root; versions go to <root>/vYYYYMMDD-<hash12>/"),
+        "shard_size_mb": Field(float, 192.0, "target shard size in MB (128-256 suits NVMe)", check=positive),
+        "shard_samples": Field(int, 0, "samples per shard; 0 derives it from shard_size_mb",
+                               check=non_negative),
+    },
+    "build": {
+        "workers": Field(int, 0, "parallel shard builders; 0 = WARP_WORKERS or the CPU count",
+                         check=non_negative),
+        "executor": Field(str, "thread", "thread (decoders release the GIL) or process", choices=EXECUTORS),
+    },
+}
+
+
+@dataclass(frozen=True)
+class WarehouseConfig:
+    config_path: Path
+    base_dir: Path
+    format: str
+    dataset_root_text: str  # as written in the config (the manifest's dataset_root)
+    root: Path
+    labels: tuple[str, ...]
+    images: str
+    classes: tuple[str, ...]
+    width: int
+    height: int
+    resize_mode: str
+    dtype: str
+    max_boxes: int
+    overflow: str
+    skip_empty: bool
+    pad_value: int
+    interpolation: str
+    box_tolerance: float
+    min_box_size: float
+    thresholds: Thresholds
+    output_root: Path
+    shard_size_mb: float
+    shard_samples: int
+    workers: int
+    executor: str
+
+    def transform_dict(self) -> dict[str, Any]:
+        """The cacheable transform config (enters the version key and the manifest)."""
+        return {"target_size": [self.width, self.height], "resize_mode": self.resize_mode,
+                "dtype": self.dtype, "max_boxes": self.max_boxes, "overflow": self.overflow,
+                "skip_empty": self.skip_empty, "pad_value": self.pad_value,
+                "interpolation": self.interpolation, "channels": 3, "color": "RGB",
+                "normalize": "none (raw 0-255)" if self.dtype == "u8" else "x/255",
+                "box_format": "xyxy-pixels", "exif_orientation": "applied"}
+
+    def validation_dict(self) -> dict[str, Any]:
+        return {"box_tolerance": self.box_tolerance, "min_box_size": self.min_box_size}
+
+
+def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
+         input_override: str | None = None, output_override: str | None = None,
+         workers_override: int | None = None) -> WarehouseConfig:
+    """Validate a parsed TOML document and resolve paths."""
+    v = validate(config, SCHEMA, source)
+    s, t, val, o, b = v["source"], v["transform"], v["validation"], v["output"], v["build"]
+    base = Path(config_path).resolve().parent
+    if input_override == "-":
+        raise ConfigError("a tensor warehouse cannot be built from stdin (--input -)",
+                          hint="pass the dataset directory with --input DIR")
+    root_text = input_override if input_override is not None else s["path"]
+    root = (base / root_text).resolve() if input_override is None else Path(input_override).resolve()
+    labels = s["labels"]
+    if isinstance(labels, str):
+        labels = [labels] if labels else []
+    fmt = s["format"]
+    if not labels:
+        labels = {"coco": ["annotations.json"], "yolo": ["labels"], "jsonl": ["labels.jsonl"]}[fmt]
+    images = s["images"] or {"coco": "images", "yolo": "images", "jsonl": ""}[fmt]
+    size = t["target_size"]
+    w, h = (size, size) if isinstance(size, int) else (size[0], size[1])
+    try:
+        thresholds = Thresholds.from_dict({k: val[k] for k in
+                                           ("max_invalid_fraction", "max_missing_fraction", "max_empty_fraction")})
+    except ConfigError as e:
+        raise ConfigError(f"{source.where('validation')}: {e.message}", hint=e.hint, file=source.path) from None
+    out_root = Path(output_override).resolve() if output_override else (base / o["root"]).resolve()
+    return WarehouseConfig(
+        config_path=Path(config_path), base_dir=base, format=fmt, dataset_root_text=root_text, root=root,
+        labels=tuple(labels), images=images, classes=tuple(s["classes"]), width=w, height=h,
+        resize_mode=t["resize_mode"], dtype=t["dtype"], max_boxes=t["max_boxes"], overflow=t["overflow"],
+        skip_empty=t["skip_empty"], pad_value=t["pad_value"], interpolation=t["interpolation"],
+        box_tolerance=float(val["box_tolerance"]), min_box_size=float(val["min_box_size"]),
+        thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
+        shard_samples=o["shard_samples"], workers=workers_override or b["workers"], executor=b["executor"])
+
+

@@ -1,0 +1,537 @@
+"""``warp etl`` for detection labels (coco, yolo, jsonl) → a tensor warehouse version.
+
+Phases (each timed into ``metrics.json``):
+
+1. **config** — :mod:`warpdata.warehouse.config` validates the TOML.
+2. **labels** — :mod:`~warpdata.warehouse.labels` loads and checks records.
+3. **probe** — :mod:`~warpdata.warehouse.validate` reads and SHA-256s every
+   image, probes headers and checks boxes in the EXIF-oriented frame. The
+   :class:`~warpdata.quarantine.Quarantine` verdict is checked *before any
+   transform*: over a ``fail`` threshold the ETL stops with exit 65 and the
+   worst offenders, unless ``--allow-invalid``.
+4. **version** — SHA-256 of the canonical recipe: transform, validation and
+   thresholds, class table, samples per shard, code and library versions,
+   the content hash of every label file and every image (never paths and
+   sizes). If ``<root>/v*-<hash12>/`` exists and verifies, it is reused
+   ("up-to-date", nothing is rewritten) unless ``--clear``/``WAREHOUSE_CLEAR``.
+5. **build** — the valid samples are cut, in label order, into fixed lists
+   of ``samples_per_shard``; each list is one :class:`ShardTask`, a pure,
+   picklable unit (:func:`build_shard`: same task → same bytes) that a
+   thread or process pool — or Dask/Ray, by mapping :func:`build_shard` over
+   :func:`plan` — runs independently. A worker owns its whole shard: it
+   decodes into the shard's preallocated arrays and streams the file with
+   its SHA-256 (no megabyte arrays shipped between processes). Shards are
+   written atomically into ``<root>/.warp-tmp-build-<hash12>/`` with a
+   ``.json`` receipt; a rerun after a crash reuses every receipted shard
+   whose checksum verifies. An exclusive ``flock`` serialises concurrent
+   ETLs of the same version.
+6. **finalize** — full-decode failures (truncated data the header pass
+   missed) join the quarantine and the verdict is re-checked; then the
+   manifest (canonical JSON, validated against ``manifest.schema.json``),
+   ``metrics.json`` and Parquet summaries are written and the build
+   directory is renamed to ``<root>/vYYYYMMDD-<hash12>/`` in one step: a
+   killed ETL never leaves a visible version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warpdata import __version__
+from warpdata import output as out
+from warpdata.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes, fsync_dir
+from warpdata.canonical import canonical_json, identity
+from warpdata.errors import DataError
+from warpdata.formats import twh1
+from warpdata.pipelines import EtlRequest, EtlResult
+from warpdata.quarantine import Quarantine
+
+from . import config as wconfig
+from . import labels as wlabels
+from . import manifest as wmanifest
+from .transform import DecodeError, Transformer, TransformSpec, library_versions, transform_boxes
+from .validate import ValidSample, probe_all
+
+CODE_VERSION = f"warpdata {__version__}; twh1/{twh1.SHARD_VERSION}; warehouse-etl/1"
+BUILD_PREFIX = f"{TMP_PREFIX}build-"
+
+
+@dataclass
+class ShardTask:
+    """One output shard from a fixed list of inputs: a pure, independently schedulable unit."""
+
+    index: int
+    shard_id: str
+    path: str
+    spec: TransformSpec
+    max_boxes: int
+    capacity: int
+    samples: list[ValidSample]
+
+
+@dataclass
+class ShardResult:
+    index: int
+    shard_id: str
+    file_name: str
+    samples: int
+    sha256: str | None
+    size_bytes: int
+    failures: list[list[str]] = field(default_factory=list)  # [run, key, source, reason, message]
+    timings: dict[str, float] = field(default_factory=dict)
+    reused: bool = False
+
+
+_local = threading.local()
+
+
+def _worker_state(task: ShardTask) -> tuple[twh1.ShardBuilder, Transformer]:
+    """Per-thread (or per-process) builder and transformer, reused across shards."""
+    key = (task.spec, task.capacity, task.max_boxes)
+    st = getattr(_local, "state", None)
+    if st is None or st[0] != key:
+        spec = task.spec
+        b = twh1.ShardBuilder(capacity=task.capacity, width=spec.width, height=spec.height,
+                              max_boxes=task.max_boxes, dtype=spec.dtype)
+        st = (key, b, Transformer(spec))
+        _local.state = st
+    return st[1], st[2]
+
+
+def _init_process_worker() -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def build_shard(task: ShardTask) -> ShardResult:
+    """Decode, transform and write one shard; same task → same bytes, on any machine or worker."""
+    import hashlib
+
+    builder, tr = _worker_state(task)
+    builder.reset()
+    tr.decode_s = tr.resize_s = 0.0
+    read_s = 0.0
+    failures: list[list[str]] = []
+    spec = task.spec
+    for s in task.samples:
+        t0 = time.perf_counter()
+        try:
+            with open(s.image, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise DataError(f"{s.key}: could not be read during the build: {e}",
+                            hint="the source changed while the ETL ran; rerun 'warp etl'", path=s.image) from None
+        if hashlib.sha256(data).hexdigest() != s.sha256:
+            raise DataError(f"{s.key}: changed while the ETL ran (content hash differs from the header pass)",
+                            hint="rerun 'warp etl' once the dataset is no longer being written", path=s.image)
+        read_s += time.perf_counter() - t0
+        slot = builder.image_slot()
+        try:
+            g = tr(data, s.probe, slot)
+        except DecodeError as e:
+            failures.append([s.run, s.key, s.source, e.reason, f"{s.key}: {e.message}"])
+            continue
+        builder.commit(key=s.key, boxes=transform_boxes(s.boxes, g, spec), classes=s.classes,
+                       frame_id=s.frame_id, run_id=s.run_id, orig_size=s.probe.oriented_size,
+                       affine=(g.sx, g.sy, float(g.px), float(g.py)))
+    t0 = time.perf_counter()
+    name = os.path.basename(task.path)
+    sha, size = None, 0
+    if builder.count:
+        with atomic_file(task.path) as f:
+            sha = builder.write(f)
+        size = os.path.getsize(task.path)
+    write_s = time.perf_counter() - t0
+    res = ShardResult(task.index, task.shard_id, name, builder.count, sha, size, failures,
+                      {"read_hash": read_s, "decode": tr.decode_s, "resize": tr.resize_s, "write_hash": write_s})
+    atomic_write_bytes(task.path + ".json", canonical_json(asdict(res)), fsync=False)
+    return res
+
+
+def _reuse_receipt(task: ShardTask) -> ShardResult | None:
+    receipt = Path(task.path + ".json")
+    if not receipt.is_file():
+        return None
+    try:
+        d = json.loads(receipt.read_bytes())
+        res = ShardResult(**d)
+        if res.samples:
+            twh1.TWH1Shard(task.path).verify(res.sha256)
+    except (OSError, ValueError, TypeError, DataError):
+        for p in (receipt, Path(task.path)):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        return None
+    res.reused = True
+    res.timings = {}
+    return res
+
+
+def samples_per_shard(cfg: wconfig.WarehouseConfig) -> int:
+    if cfg.shard_samples:
+        return cfg.shard_samples
+    one = twh1.Layout.compute(dtype=cfg.dtype, width=cfg.width, height=cfg.height, channels=3,
+                              max_boxes=cfg.max_boxes, samples=1, key_bytes=64, run_bytes=8).size
+    return max(1, int(cfg.shard_size_mb * 1e6 // max(one - twh1.IMAGE_ALIGN, 1)))
+
+
+def plan(samples: list[ValidSample], per_shard: int, spec: TransformSpec, max_boxes: int,
+         build_dir: Path) -> list[ShardTask]:
+    tasks = []
+    for i, start in enumerate(range(0, len(samples), per_shard)):
+        sid = f"shard-{i:05d}"
+        tasks.append(ShardTask(i, sid, str(build_dir / f"{sid}.twh1"), spec, max_boxes, per_shard,
+                               samples[start:start + per_shard]))
+    return tasks
+
+
+def _workers(req: EtlRequest, cfg: wconfig.WarehouseConfig) -> int:
+    from warpdata import envvars
+
+    if req.workers:
+        return req.workers
+    if cfg.workers:
+        return cfg.workers
+    env = envvars.get("WARP_WORKERS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            from warpdata.errors import ConfigError
+
+            raise ConfigError(f"WARP_WORKERS={env!r} is not an integer", hint="set it to a number like 2") from None
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _executor(kind: str, workers: int) -> Executor:
+    if kind == "process":
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
+                                   initializer=_init_process_worker)
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(workers, thread_name_prefix="warp-etl")
+
+
+def _verify_version(path: Path, version: str, workers: int) -> dict[str, Any] | None:
+    """The manifest if ``path`` is a complete, checksum-verified build of ``version``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        doc = wmanifest.read(path)
+    except DataError:
+        return None
+    if doc.get("version") != version:
+        return None
+
+    def ok(sh: dict) -> bool:
+        p = path / sh["relative_path"]
+        try:
+            if p.stat().st_size != sh["size_bytes"]:
+                return False
+            with twh1.TWH1Shard(p) as s:
+                s.verify(sh["checksum_sha256"])
+            return True
+        except (OSError, DataError):
+            return False
+
+    with ThreadPoolExecutor(max(1, workers)) as ex:
+        return doc if all(ex.map(ok, doc["shards"])) else None
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, version: str):
+    root.mkdir(parents=True, exist_ok=True)
+    lock_path = root / f"{BUILD_PREFIX}{version[:12]}.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            out.info(f"waiting for another 'warp etl' building version {version[:12]} in {root}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+        # everyone re-checks for the finished version after locking, so unlinking is safe
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path)
+    finally:
+        os.close(fd)
+
+
+def _write_parquet(path: Path, columns: dict[str, list]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(columns)
+    with atomic_file(path, fsync=False) as f:
+        pq.write_table(table, f, compression="zstd")
+
+
+def _export_summaries(d: Path, q: Quarantine, sources: list[tuple[str, str, int]]) -> dict[str, str]:
+    runs = q.runs()
+    scopes = [("aggregate", "", q.aggregate())] + [("run", k, v) for k, v in runs.items()]
+    cols = ["total", "non_empty", "empty", "missing", "invalid", "kept", "skipped"]
+    _write_parquet(d / "summary.parquet", {"scope": [s[0] for s in scopes], "run": [s[1] for s in scopes],
+                                           **{c: [getattr(s[2], c) for s in scopes] for c in cols}})
+    reasons = [(scope, run, code, n) for scope, run, s in scopes for code, n in sorted(s.by_reason.items())]
+    _write_parquet(d / "reasons.parquet", {"scope": [r[0] for r in reasons], "run": [r[1] for r in reasons],
+                                           "reason": [r[2] for r in reasons], "count": [r[3] for r in reasons]})
+    recs = q.record_dicts()
+    _write_parquet(d / "quarantine.parquet", {k: [r[k] for r in recs] for k in
+                                              ("run", "sample_id", "source", "reason", "message")})
+    _write_parquet(d / "sources.parquet", {"key": [s[0] for s in sources], "sha256": [s[1] for s in sources],
+                                           "size": [s[2] for s in sources]})
+    return {"summary": "summary.parquet", "reasons": "reasons.parquet", "quarantine": "quarantine.parquet",
+            "sources": "sources.parquet", "metrics": "metrics.json"}
+
+
+def run(req: EtlRequest) -> EtlResult:
+    t_start = time.perf_counter()
+    phases: dict[str, float] = {}
+    cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
+                       output_override=req.output, workers_override=req.workers)
+    workers = _workers(req, cfg)
+    import cv2
+
+    cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
+
+    t = time.perf_counter()
+    ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size)
+    q = Quarantine()
+    for rej in ls.rejects:
+        q.reject(*rej)
+    phases["labels"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    outcomes = probe_all(ls.records, tolerance=cfg.box_tolerance, min_box=cfg.min_box_size,
+                         max_boxes=cfg.max_boxes, overflow=cfg.overflow, workers=workers)
+    valid: list[ValidSample] = []
+    sources: list[tuple[str, str, int]] = []
+    truncated_boxes = 0
+    for o in outcomes:
+        if o.source_hash:
+            sources.append(o.source_hash)
+        if o.reject:
+            q.reject(*o.reject)
+        elif o.sample is not None:
+            valid.append(o.sample)
+            truncated_boxes += o.truncated_boxes
+    phases["probe"] = time.perf_counter() - t
+
+    # The verdict before any transform, as if every probed sample decodes.
+    pre = Quarantine()
+    pre.merge(q)
+    for s in valid:
+        pre.accept(s.run, s.key, empty=s.empty, keep=not (cfg.skip_empty and s.empty))
+    pre.evaluate(cfg.thresholds).raise_for_status(allow_invalid=req.allow_invalid, what=str(cfg.root))
+
+    kept = [s for s in valid if not (cfg.skip_empty and s.empty)]
+    if not kept:
+        raise DataError(f"{cfg.root}: no valid samples to write ({len(valid)} valid, "
+                        f"{q.aggregate().missing + q.aggregate().invalid} quarantined)",
+                        hint="check [source] paths and labels; 'skip_empty' drops samples without boxes")
+    per_shard = samples_per_shard(cfg)
+    spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation)
+    label_hashes = []
+    from warpdata.canonical import sha256_file
+
+    for lf in sorted(ls.label_files):
+        label_hashes.append([wlabels._rel(cfg.root, lf), sha256_file(lf) if lf.is_file() else "missing"])
+    sources_sorted = sorted(sources)
+    recipe = {
+        "format": f"TWH1/{twh1.SHARD_VERSION}", "code_version": CODE_VERSION, "source_format": cfg.format,
+        "dataset_root": cfg.dataset_root_text, "images": cfg.images, "transform": cfg.transform_dict(),
+        "validation": cfg.validation_dict(), "thresholds": cfg.thresholds.to_dict(), "classes": ls.classes,
+        "samples_per_shard": per_shard, "libraries": library_versions(),
+        "decoder": {"jpeg": "simplejpeg accurate-dct accurate-upsample strict", "other": "pillow"},
+        "resizer": "opencv cv2.resize + cv2.split", "labels": label_hashes,
+        "sources_sha256": identity([list(s) for s in sources_sorted]), "num_sources": len(sources_sorted),
+    }
+    version = identity(recipe)
+    root = cfg.output_root
+
+    with _build_lock(root, version):
+        if not req.clear:
+            for cand in wmanifest.find_versions(root, version):
+                doc = _verify_version(cand, version, workers)
+                if doc is not None:
+                    return _result(doc, cand, "up-to-date", {}, time.perf_counter() - t_start)
+                out.warn(f"{cand} is incomplete or corrupt: rebuilding it")
+        build_dir = root / f"{BUILD_PREFIX}{version[:12]}"
+        if req.clear and build_dir.exists():
+            shutil.rmtree(build_dir)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
+        t = time.perf_counter()
+        results = _run_tasks(tasks, cfg.executor, workers, len(kept))
+        phases["build"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        failed: dict[str, list[str]] = {}
+        for r in results:
+            for f in r.failures:
+                failed[f[1]] = f
+        for s in valid:
+            if s.key in failed:
+                q.reject(*failed[s.key])
+            else:
+                q.accept(s.run, s.key, empty=s.empty, keep=not (cfg.skip_empty and s.empty))
+        verdict = q.evaluate(cfg.thresholds)
+        verdict.raise_for_status(allow_invalid=req.allow_invalid, what=str(cfg.root))
+
+        shards = []
+        first = 0
+        for r in results:
+            if not r.samples:
+                continue
+            shards.append({"id": r.shard_id, "relative_path": r.file_name, "shard_version": twh1.SHARD_VERSION,
+                           "samples": r.samples, "width": cfg.width, "height": cfg.height, "channels": 3,
+                           "max_boxes": cfg.max_boxes, "dtype": twh1.MANIFEST_DTYPE[cfg.dtype],
+                           "endianness": "Little", "checksum_sha256": r.sha256, "size_bytes": r.size_bytes,
+                           "first_sample": first})
+            first += r.samples
+        files = _export_summaries(build_dir, q, sources_sorted)
+        doc = {
+            "kind": wmanifest.KIND, "format": "TWH1", "manifest_version": 1,
+            "dataset_root": cfg.dataset_root_text, "source_format": cfg.format,
+            "transform": cfg.transform_dict(), "version": version,
+            "version_recipe": canonical_json(recipe).decode("utf-8"), "code_version": CODE_VERSION,
+            "default_dtype": twh1.MANIFEST_DTYPE[cfg.dtype], "default_shard_version": twh1.SHARD_VERSION,
+            "created_at_ms": int(time.time() * 1000), "thresholds": cfg.thresholds.to_dict(),
+            "summary": {**q.summary(), "verdict": verdict.to_dict()}, "shards": shards,
+            "classes": ls.classes, "num_samples": first, "box_format": "xyxy-pixels", "files": files,
+        }
+        wmanifest.validate_manifest(doc, str(build_dir / wmanifest.MANIFEST_NAME))
+        metrics = _metrics(results, phases, workers, cfg, first, truncated_boxes, q, time.perf_counter() - t_start)
+        atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
+        for r in results:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(build_dir / (r.file_name + ".json"))
+        atomic_write_bytes(build_dir / wmanifest.MANIFEST_NAME, canonical_json(doc))
+        fsync_dir(build_dir)
+        date = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d")
+        final = root / wmanifest.version_dir_name(version, date)
+        old = None
+        for existing in wmanifest.find_versions(root, version):
+            if existing != final:
+                continue
+            old = root / f"{TMP_PREFIX}old-{os.getpid()}-{existing.name}"
+            os.replace(existing, old)
+        os.replace(build_dir, final)
+        fsync_dir(root)
+        for stale in wmanifest.find_versions(root, version):
+            if stale != final:  # --clear or a corrupt copy from another day
+                shutil.rmtree(stale, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        phases["finalize"] = time.perf_counter() - t
+        metrics["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
+        metrics["wall_s"] = round(time.perf_counter() - t_start, 4)
+        atomic_write_bytes(final / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
+    _print_metrics(metrics)
+    return _result(doc, final, "built", metrics, metrics["wall_s"])
+
+
+def _run_tasks(tasks: list[ShardTask], executor: str, workers: int, total: int) -> list[ShardResult]:
+    results: dict[int, ShardResult] = {}
+    todo = []
+    for task in tasks:
+        r = _reuse_receipt(task)
+        if r is not None:
+            results[task.index] = r
+        else:
+            todo.append(task)
+    with out.progress("building shards", total=total, unit="img") as bar:
+        bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
+        if todo:
+            ex = _executor(executor, min(workers, len(todo)))
+            try:
+                pending: set[Future] = set()
+                it = iter(todo)
+                # a bounded queue keeps at most 2 tasks per worker in flight (memory)
+                for task in it:
+                    pending.add(ex.submit(build_shard, task))
+                    if len(pending) >= 2 * workers:
+                        break
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        r = fut.result()
+                        results[r.index] = r
+                        bar.advance(r.samples + len(r.failures))
+                        nxt = next(it, None)
+                        if nxt is not None:
+                            pending.add(ex.submit(build_shard, nxt))
+            except BaseException:
+                ex.shutdown(wait=True, cancel_futures=True)
+                raise
+            ex.shutdown(wait=True)
+    return [results[i] for i in sorted(results)]
+
+
+def _metrics(results: list[ShardResult], phases: dict[str, float], workers: int, cfg: wconfig.WarehouseConfig,
+             written: int, truncated_boxes: int, q: Quarantine, wall: float) -> dict[str, Any]:
+    cpu: dict[str, float] = {}
+    for r in results:
+        for k, v in r.timings.items():
+            cpu[k] = cpu.get(k, 0.0) + v
+    build_s = phases.get("build", 0.0)
+    nbytes = sum(r.size_bytes for r in results)
+    built = [r for r in results if not r.reused]
+    n_built = sum(r.samples for r in built)
+    return {
+        "workers": workers, "executor": cfg.executor, "phases_s": {k: round(v, 4) for k, v in phases.items()},
+        "cpu_s": {k: round(v, 4) for k, v in sorted(cpu.items())},
+        "cpu_ms_per_sample": {k: round(1000 * v / n_built, 4) for k, v in sorted(cpu.items())} if n_built else {},
+        "samples_written": written, "samples_built": n_built, "shards": len([r for r in results if r.samples]),
+        "shards_reused": len(results) - len(built), "bytes_written": nbytes,
+        "build_samples_per_s": round(n_built / build_s, 2) if build_s and n_built else None,
+        "build_mb_per_s": round(sum(r.size_bytes for r in built) / 1e6 / build_s, 2) if build_s and built else None,
+        "skip_reasons": q.aggregate().by_reason, "skipped_empty": q.aggregate().skipped,
+        "truncated_boxes": truncated_boxes, "wall_s": round(wall, 4),
+    }
+
+
+def _print_metrics(m: dict[str, Any]) -> None:
+    opts = out.options()
+    if opts.json or opts.quiet:
+        return
+    rows = [[k, f"{v:.3f}", ""] for k, v in m["phases_s"].items()]
+    rows += [[f"cpu:{k}", f"{v:.3f}", f"{m['cpu_ms_per_sample'].get(k, 0):.2f} ms/img"] for k, v in m["cpu_s"].items()]
+    if m.get("build_samples_per_s"):
+        rows.append(["rate", f"{m['build_samples_per_s']:.1f} img/s", f"{m['build_mb_per_s']:.1f} MB/s"])
+    for code, n in sorted(m["skip_reasons"].items()):
+        rows.append([f"skip:{code}", str(n), ""])
+    out.table("etl phases (seconds)", ["phase", "time", "per sample"], rows, to_stderr=True)
+
+
+def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any], wall: float) -> EtlResult:
+    agg = doc["summary"]["aggregate"]
+    verdict = doc["summary"]["verdict"]
+    summary = {"version": doc["version"], "path": str(path), "samples": doc["num_samples"],
+               "shards": len(doc["shards"]), "counts": agg, "verdict": verdict["status"],
+               "allowed_invalid": verdict["allowed"], "wall_s": round(wall, 4)}
+    if metrics:
+        summary["rate_samples_per_s"] = metrics.get("build_samples_per_s")
+    rows = [("version", doc["version"][:12] + "…"), ("samples", str(doc["num_samples"])),
+            ("shards", str(len(doc["shards"]))),
+            ("quarantined", f"{agg['missing']} missing, {agg['invalid']} invalid"),
+            ("empty", f"{agg['empty']} ({agg['skipped']} skipped)"), ("validation", verdict["status"])]
+    if verdict["status"] != "ok":
+        for p in [c for c in verdict["checks"] if c["status"] != "ok"][:3]:
+            out.warn(f"{p['scope']}: {p['metric']} = {p['value']:.4f} over the {p['status']} limit")
+    return EtlResult(kind=wmanifest.KIND, path=str(path), summary=summary, rows=rows, status=status)

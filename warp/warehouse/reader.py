@@ -1,0 +1,235 @@
+"""The training-side reader: zero-copy samples and batched copies from TWH1 shards.
+
+``warpdata.warehouse.open(path)`` reads and schema-checks the manifest,
+refuses a warehouse whose validation verdict is ``fail`` (built with
+``--allow-invalid``) unless ``allow_invalid=True``, and returns a
+:class:`Warehouse`. Shards are memory-mapped lazily, on first touch, and
+their SHA-256 is checked then (``verify="lazy"``, the default), all at once
+(``verify="all"`` or :meth:`Warehouse.verify`) or never (``"none"``); each
+shard's open + verify time is logged (logger ``warpdata.warehouse``) and kept
+in :attr:`Warehouse.shard_load_s`.
+
+* ``wh[i]`` → :class:`Sample` of read-only numpy views into the map (image
+  CHW, boxes/mask/classes padded to ``max_boxes``, frame id) plus the key
+  and run id strings — no copy.
+* ``wh.batch(indices, out=)`` copies a batch into preallocated arrays
+  (:meth:`Warehouse.alloc_batch`), one ``np.copyto`` per sample: batched
+  copies beat per-item ``__getitem__`` + collate by 2–4× (DESIGN.md §4).
+* ``wh.sampler(...)`` is a :class:`~warpdata.sampling.ShardAwareSampler`
+  over the shard sizes.
+
+A pickled :class:`Warehouse` carries only the path and manifest; maps are
+reopened lazily in the receiving process (DataLoader workers never copy
+shard data). Per-sample metadata stays in numpy arrays inside the maps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from warpdata.errors import ConfigError, DataError
+from warpdata.formats import twh1
+
+from . import manifest as wmanifest
+
+log = logging.getLogger("warpdata.warehouse")
+VERIFY_MODES = ("lazy", "all", "none")
+
+
+@dataclass(frozen=True)
+class Sample:
+    image: np.ndarray  # (C, H, W)
+    boxes: np.ndarray  # (max_boxes, 4) xyxy pixels
+    mask: np.ndarray  # (max_boxes,)
+    classes: np.ndarray  # (max_boxes,) int32, -1 = padding
+    frame_id: int
+    key: str
+    run_id: str
+    index: int
+
+    @property
+    def num_boxes(self) -> int:
+        return int(np.count_nonzero(self.mask))
+
+
+class Warehouse:
+    def __init__(self, path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy") -> None:
+        if verify not in VERIFY_MODES:
+            raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        p = Path(path)
+        self.path = p if p.is_dir() else p.parent
+        self.manifest: dict[str, Any] = wmanifest.read(self.path)
+        verdict = self.manifest["summary"]["verdict"]
+        if verdict["status"] == "fail" and not allow_invalid:
+            problems = "; ".join(f"{c['scope']} {c['metric']}={c['value']:.4f} > {c['fail']}"
+                                 for c in verdict["checks"] if c["status"] == "fail")
+            raise DataError(f"{self.path}: this warehouse failed its validation thresholds ({problems}) "
+                            "and was built with --allow-invalid",
+                            hint="pass allow_invalid=True (or --allow-invalid) to train on it anyway",
+                            path=str(self.path))
+        self.verify_mode = verify
+        shards = self.manifest["shards"]
+        self.shard_sizes = np.array([s["samples"] for s in shards], np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+        self.transform = self.manifest["transform"]
+        self.width, self.height = self.transform["target_size"]
+        self.max_boxes = int(self.transform["max_boxes"])
+        self.dtype = self.transform["dtype"]
+        self.classes = self.manifest["classes"]
+        self.shard_load_s: dict[int, float] = {}
+        self._shards: dict[int, twh1.TWH1Shard] = {}
+        self._lock = threading.Lock()
+        if verify == "all":
+            self.verify()
+
+    # pickling: path + settings only; maps reopen in the receiving process
+    def __getstate__(self) -> dict[str, Any]:
+        st = dict(self.__dict__)
+        st["_shards"] = {}
+        st["shard_load_s"] = {}
+        st.pop("_lock")
+        return st
+
+    def __setstate__(self, st: dict[str, Any]) -> None:
+        self.__dict__.update(st)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_sizes)
+
+    def shard(self, i: int) -> twh1.TWH1Shard:
+        s = self._shards.get(i)
+        if s is not None:
+            return s
+        with self._lock:
+            s = self._shards.get(i)
+            if s is None:
+                s = self._open_shard(i)
+                self._shards[i] = s
+        return s
+
+    def _open_shard(self, i: int) -> twh1.TWH1Shard:
+        meta = self.manifest["shards"][i]
+        t0 = time.perf_counter()
+        s = twh1.TWH1Shard(self.path / meta["relative_path"])
+        h = s.header
+        want = (meta["samples"], meta["width"], meta["height"], meta["channels"], meta["max_boxes"])
+        got = (h.samples, h.width, h.height, h.channels, h.max_boxes)
+        if want != got or twh1.MANIFEST_DTYPE[h.dtype] != meta["dtype"]:
+            raise DataError(f"{s.path}: header (samples, width, height, channels, max_boxes) = {got}, "
+                            f"dtype {h.dtype} disagrees with the manifest's {want}, {meta['dtype']}",
+                            hint="the shard does not belong to this manifest; rebuild with 'warp etl --clear'")
+        if self.verify_mode != "none":
+            s.verify(meta["checksum_sha256"])
+        dt = time.perf_counter() - t0
+        self.shard_load_s[i] = dt
+        log.info("opened shard %s (%d samples, %.1f MB) in %.1f ms%s", meta["relative_path"], h.samples,
+                 meta["size_bytes"] / 1e6, dt * 1000, " incl. sha256" if self.verify_mode != "none" else "")
+        return s
+
+    def verify(self) -> list[str]:
+        """Check every shard's SHA-256 against the manifest; returns the checksums."""
+        out = []
+        for i, meta in enumerate(self.manifest["shards"]):
+            s = self._shards.get(i) or twh1.TWH1Shard(self.path / meta["relative_path"])
+            out.append(s.verify(meta["checksum_sha256"]))
+            self._shards.setdefault(i, s)
+        return out
+
+    def locate(self, index: int) -> tuple[int, int]:
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"sample {index} out of range ({n} samples in {self.path})")
+        sh = int(np.searchsorted(self.offsets, index, side="right") - 1)
+        return sh, index - int(self.offsets[sh])
+
+    def __getitem__(self, index: int) -> Sample:
+        sh, j = self.locate(int(index))
+        s = self.shard(sh)
+        return Sample(s.images[j], s.boxes[j], s.mask[j], s.classes[j], int(s.frame_ids[j]), s.key(j),
+                      s.run_id(j), int(index))
+
+    def key(self, index: int) -> str:
+        sh, j = self.locate(int(index))
+        return self.shard(sh).key(j)
+
+    def keys(self) -> list[str]:
+        out: list[str] = []
+        for i in range(self.num_shards):
+            out.extend(self.shard(i).keys())
+        return out
+
+    def alloc_batch(self, size: int) -> dict[str, np.ndarray]:
+        """Preallocated arrays for :meth:`batch` (reuse them across steps)."""
+        s0 = self.shard(0)
+        c, h, w = s0.images.shape[1:]
+        return {"image": np.empty((size, c, h, w), s0.images.dtype),
+                "boxes": np.empty((size, self.max_boxes, 4), s0.boxes.dtype),
+                "mask": np.empty((size, self.max_boxes), s0.mask.dtype),
+                "classes": np.empty((size, self.max_boxes), np.int32),
+                "frame_id": np.empty(size, np.int64), "index": np.empty(size, np.int64)}
+
+    def batch(self, indices, out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Copy samples ``indices`` into ``out`` (allocated if None); returns views of length len(indices)."""
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        n = len(idx)
+        if out is None:
+            out = self.alloc_batch(n)
+        elif len(out["image"]) < n:
+            raise ValueError(f"batch buffer holds {len(out['image'])} samples, {n} requested")
+        total = len(self)
+        if n and (idx.min() < -total or idx.max() >= total):
+            raise IndexError(f"batch index out of range ({total} samples in {self.path})")
+        idx = np.where(idx < 0, idx + total, idx)
+        shard_of = np.searchsorted(self.offsets, idx, side="right") - 1
+        local = idx - self.offsets[shard_of]
+        img, box, msk, cls, fid = out["image"], out["boxes"], out["mask"], out["classes"], out["frame_id"]
+        for k in range(n):
+            s = self.shard(int(shard_of[k]))
+            j = int(local[k])
+            np.copyto(img[k], s.images[j])
+            box[k] = s.boxes[j]
+            msk[k] = s.mask[j]
+            cls[k] = s.classes[j]
+            fid[k] = s.frame_ids[j]
+        out["index"][:n] = idx
+        return {k: v[:n] for k, v in out.items()}
+
+    def sampler(self, **kwargs: Any):
+        """A :class:`~warpdata.sampling.ShardAwareSampler` over this warehouse's shards."""
+        from warpdata.sampling import ShardAwareSampler
+
+        return ShardAwareSampler(self.shard_sizes.tolist(), **kwargs)
+
+    def close(self) -> None:
+        for s in self._shards.values():
+            s.close()
+        self._shards.clear()
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Warehouse({str(self.path)!r}, samples={len(self)}, shards={self.num_shards}, "
+                f"size={self.width}x{self.height}, dtype={self.dtype})")
+
+
+def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy") -> Warehouse:
+    """Open a warehouse version directory (or its manifest.json)."""
+    return Warehouse(path, allow_invalid=allow_invalid, verify=verify)

@@ -1,0 +1,125 @@
+"""PyTorch integration: a map-style Dataset with batched fetches, and a loader factory.
+
+:class:`WarehouseDataset` wraps a warehouse *path*: the :class:`Warehouse`
+(and its memory maps) is opened lazily inside each process that uses it, so
+DataLoader workers (fork or spawn) never pickle or copy shard data.
+``dataset[i]`` returns one sample as a dict of tensors; ``dataset[[i, j,
+...]]`` (and ``__getitems__``) returns a whole batch, copied with one
+``np.copyto`` per sample into freshly allocated tensors (in a worker they are
+allocated in shared memory, as ``default_collate`` does, so the hand-over to
+the main process costs no extra copy).
+
+:func:`make_loader` builds a DataLoader driven by the shard-aware sampler
+(:mod:`warpdata.sampling`): each worker reads its own shards, every rank gets
+the same number of batches, ``set_epoch`` reshuffles, and
+``loader.batch_sampler_state()``-style resume goes through the sampler's
+``state_dict``/``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from warpdata.sampling import ShardAwareSampler
+
+from .reader import Warehouse
+
+_TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float16): torch.float16,
+                np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32,
+                np.dtype(np.int64): torch.int64}
+
+
+class WarehouseDataset(Dataset):
+    def __init__(self, path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy") -> None:
+        self.path = str(path)
+        self.allow_invalid = allow_invalid
+        self.verify = verify
+        probe = Warehouse(path, allow_invalid=allow_invalid, verify="none")
+        self._len = len(probe)
+        self.shard_sizes = probe.shard_sizes.tolist()
+        self._wh: Warehouse | None = None
+        self._pid = -1
+
+    @property
+    def warehouse(self) -> Warehouse:
+        # opened per process: a fork inherits no maps, a spawn gets only the path
+        if self._wh is None or self._pid != os.getpid():
+            self._wh = Warehouse(self.path, allow_invalid=self.allow_invalid, verify=self.verify)
+            self._pid = os.getpid()
+        return self._wh
+
+    def __getstate__(self) -> dict[str, Any]:
+        st = dict(self.__dict__)
+        st["_wh"] = None
+        return st
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _alloc(self, n: int) -> dict[str, torch.Tensor]:
+        wh = self.warehouse
+        s0 = wh.shard(0)
+        c, h, w = s0.images.shape[1:]
+        shapes = {"image": ((n, c, h, w), s0.images.dtype), "boxes": ((n, wh.max_boxes, 4), s0.boxes.dtype),
+                  "mask": ((n, wh.max_boxes), s0.mask.dtype), "classes": ((n, wh.max_boxes), np.dtype(np.int32)),
+                  "frame_id": ((n,), np.dtype(np.int64)), "index": ((n,), np.dtype(np.int64))}
+        shared = get_worker_info() is not None
+        out = {}
+        for k, (shape, dt) in shapes.items():
+            t = torch.empty(shape, dtype=_TORCH_DTYPE[np.dtype(dt).newbyteorder("=")])
+            out[k] = t.share_memory_() if shared else t
+        return out
+
+    def __getitems__(self, indices) -> dict[str, torch.Tensor]:
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        tensors = self._alloc(len(idx))
+        self.warehouse.batch(idx, out={k: v.numpy() for k, v in tensors.items()})
+        return tensors
+
+    def __getitem__(self, index) -> dict[str, torch.Tensor]:
+        if isinstance(index, (list, tuple, np.ndarray, torch.Tensor)):
+            return self.__getitems__(np.asarray(index))
+        b = self.__getitems__([int(index)])
+        return {k: v[0] for k, v in b.items()}
+
+
+class ShardBatchSampler(Sampler[list[int]]):
+    """Yields the shard-aware sampler's batches as index lists (DataLoader ``sampler=`` with batch_size=None)."""
+
+    def __init__(self, inner: ShardAwareSampler) -> None:
+        self.inner = inner
+
+    def __iter__(self):
+        for b in self.inner.batches():
+            yield b.tolist()
+
+    def __len__(self) -> int:
+        return -(-len(self.inner) // self.inner.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        return self.inner.state_dict(consumed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+
+def make_loader(path: str | os.PathLike, *, batch_size: int, num_workers: int = 0, shuffle: bool = True,
+                seed: int = 0, window: int = 1024, num_replicas: int | None = None, rank: int | None = None,
+                uneven: str = "pad", allow_invalid: bool = False, verify: str = "lazy",
+                **loader_kwargs: Any) -> DataLoader:
+    """A DataLoader of batch dicts over a warehouse, sharded per rank and worker."""
+    ds = WarehouseDataset(path, allow_invalid=allow_invalid, verify=verify)
+    inner = ShardAwareSampler(ds.shard_sizes, num_replicas=num_replicas, rank=rank,
+                              num_workers=max(1, num_workers), batch_size=batch_size, shuffle=shuffle,
+                              seed=seed, window=window, uneven=uneven)
+    if num_workers:
+        loader_kwargs.setdefault("persistent_workers", True)
+    return DataLoader(ds, batch_size=None, sampler=ShardBatchSampler(inner), num_workers=num_workers,
+                      **loader_kwargs)

@@ -1,0 +1,214 @@
+"""Deterministic image transforms: decode, orient, resize or letterbox, CHW, normalize.
+
+The one code path both the ETL and the live (dev) loader run, so a shard
+sample and a live sample are the same bytes. :class:`Transformer` owns
+preallocated buffers (decode buffer, HWC canvas, planes) and writes the
+result straight into a caller's CHW array (a shard slot), so the hot path
+allocates nothing: simplejpeg decodes into the reused buffer, OpenCV resizes
+into a view of the canvas, and ``cv2.split`` writes the channel planes into
+the output (0.6 ms for resize + split of a 0.6 MP photo here, vs 3.6 ms for
+Pillow's bilinear resize). All three release the GIL, so threads scale.
+
+Geometry (see :func:`geometry`): letterbox scales by ``s = min(W/w, H/h)``,
+rounds the content size to integers ``nw, nh`` and centres it
+(``px = (W-nw)//2``); boxes are then scaled by the *final integer* ratios
+``nw/w`` and ``nh/h`` plus the padding, so they match the pixels exactly.
+``resize`` stretches to ``W x H``. Boxes are clipped to the image.
+
+Decoding: JPEG with simplejpeg (libjpeg-turbo, accurate DCT and upsampling,
+strict: a corrupt or truncated stream raises); anything else, and JPEGs
+simplejpeg cannot convert to RGB (CMYK), with Pillow. EXIF orientation is
+applied to the pixels before resizing, exactly like ``PIL.ImageOps.exif_transpose``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .images import JPEG_SOI, ImageProbe
+
+
+class DecodeError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    width: int
+    height: int
+    resize_mode: str = "letterbox"
+    dtype: str = "u8"
+    pad_value: int = 114
+    interpolation: str = "linear"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    nw: int
+    nh: int
+    px: int
+    py: int
+    sx: float
+    sy: float
+
+
+def geometry(spec: TransformSpec, w: int, h: int) -> Geometry:
+    """Content size, padding and box scale for a ``w x h`` (oriented) source."""
+    W, H = spec.width, spec.height
+    if spec.resize_mode == "resize":
+        nw, nh = W, H
+    else:
+        s = min(W / w, H / h)
+        nw = max(1, min(W, int(math.floor(w * s + 0.5))))
+        nh = max(1, min(H, int(math.floor(h * s + 0.5))))
+    px, py = (W - nw) // 2, (H - nh) // 2
+    return Geometry(nw, nh, px, py, nw / w, nh / h)
+
+
+def transform_boxes(boxes: np.ndarray, g: Geometry, spec: TransformSpec) -> np.ndarray:
+    """Scale xyxy boxes (oriented source pixels) into the output frame; float32, clipped."""
+    if len(boxes) == 0:
+        return np.zeros((0, 4), np.float32)
+    b = np.asarray(boxes, np.float64) * np.array([g.sx, g.sy, g.sx, g.sy]) + np.array([g.px, g.py, g.px, g.py])
+    np.clip(b[:, 0::2], 0, spec.width, out=b[:, 0::2])
+    np.clip(b[:, 1::2], 0, spec.height, out=b[:, 1::2])
+    return b.astype(np.float32)
+
+
+def orient(a: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply EXIF orientation to an HWC array (same result as PIL's exif_transpose)."""
+    if orientation == 2:
+        return a[:, ::-1]
+    if orientation == 3:
+        return a[::-1, ::-1]
+    if orientation == 4:
+        return a[::-1]
+    if orientation == 5:
+        return a.transpose(1, 0, 2)
+    if orientation == 6:
+        return np.rot90(a, k=-1)
+    if orientation == 7:
+        return a[::-1, ::-1].transpose(1, 0, 2)
+    if orientation == 8:
+        return np.rot90(a, k=1)
+    return a
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of everything that touches pixels: part of the version recipe."""
+    import cv2
+    import PIL
+    import simplejpeg
+
+    return {"simplejpeg": simplejpeg.__version__, "opencv": cv2.__version__, "pillow": PIL.__version__,
+            "numpy": np.__version__}
+
+
+class Transformer:
+    """Decode + transform into caller-provided CHW arrays, reusing buffers."""
+
+    def __init__(self, spec: TransformSpec) -> None:
+        import cv2
+
+        self.spec = spec
+        self._cv2 = cv2
+        self._interp = {"linear": cv2.INTER_LINEAR, "nearest": cv2.INTER_NEAREST,
+                        "area": cv2.INTER_AREA, "cubic": cv2.INTER_CUBIC}[spec.interpolation]
+        self.canvas = np.full((spec.height, spec.width, 3), spec.pad_value, np.uint8)
+        self._decode_buf = np.empty(1 << 20, np.uint8)
+        self._planes = np.empty((3, spec.height, spec.width), np.uint8) if spec.dtype != "u8" else None
+        self._lut = None
+        if spec.dtype != "u8":
+            # x/255 through a LUT: one gather instead of an astype chain (DESIGN.md §4)
+            self._lut = (np.arange(256, dtype=np.float64) / 255.0).astype(np.float16 if spec.dtype == "f16" else np.float32)
+        self._last_geom: Geometry | None = None
+        self.decode_s = 0.0
+        self.resize_s = 0.0
+
+    def decode(self, data: bytes, probe: ImageProbe) -> np.ndarray:
+        """HWC uint8 RGB, oriented. Raises DecodeError(reason, message)."""
+        arr = None
+        if data[:2] == JPEG_SOI:
+            import simplejpeg
+
+            need = probe.width * probe.height * 3
+            if self._decode_buf.size < need:
+                self._decode_buf = np.empty(need, np.uint8)
+            try:
+                arr = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False,
+                                             buffer=self._decode_buf, strict=True)
+            except ValueError as e:
+                msg = str(e)
+                low = msg.lower()
+                if "premature end" in low or "truncat" in low or "corrupt" in low:
+                    raise DecodeError("truncated", f"JPEG data is truncated or corrupt: {msg}") from None
+                if "colorspace" not in low and "conversion" not in low:
+                    raise DecodeError("decode-error", f"JPEG does not decode: {msg}") from None
+                arr = None  # e.g. CMYK: Pillow converts it below
+        if arr is None:
+            from PIL import Image
+
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    im.load()
+                    arr = np.asarray(im.convert("RGB"))
+            except (OSError, ValueError) as e:
+                low = str(e).lower()
+                reason = "truncated" if "truncat" in low else "decode-error"
+                raise DecodeError(reason, f"image does not decode: {e}") from None
+        if arr.shape[0] != probe.height or arr.shape[1] != probe.width:
+            raise DecodeError("decode-error", f"decoded size {arr.shape[1]}x{arr.shape[0]} differs from "
+                              f"the header's {probe.width}x{probe.height}")
+        return orient(arr, probe.orientation)
+
+    def resize_into(self, hwc: np.ndarray, out: np.ndarray) -> Geometry:
+        """Resize/letterbox ``hwc`` and write CHW into ``out`` (shape (3, H, W), spec dtype)."""
+        cv2 = self._cv2
+        spec = self.spec
+        h, w = hwc.shape[:2]
+        g = geometry(spec, w, h)
+        c = self.canvas
+        if g != self._last_geom:
+            # only the padding strips change with the geometry
+            c[:g.py] = spec.pad_value
+            c[g.py + g.nh:] = spec.pad_value
+            c[:, :g.px] = spec.pad_value
+            c[:, g.px + g.nw:] = spec.pad_value
+            self._last_geom = g
+        region = c[g.py:g.py + g.nh, g.px:g.px + g.nw]
+        if not hwc.flags.c_contiguous:
+            hwc = np.ascontiguousarray(hwc)
+        if (w, h) == (g.nw, g.nh):
+            np.copyto(region, hwc)
+        else:
+            res = cv2.resize(hwc, (g.nw, g.nh), dst=region, interpolation=self._interp)
+            if not np.shares_memory(res, c):  # OpenCV refused the view: copy the result in
+                np.copyto(region, res)
+        if self._lut is None:
+            planes = [out[0], out[1], out[2]]
+            res = cv2.split(c, planes)
+            if not np.shares_memory(res[0], out):
+                for i in range(3):
+                    out[i] = res[i]
+        else:
+            p = self._planes
+            cv2.split(c, [p[0], p[1], p[2]])
+            np.take(self._lut, p, out=out, mode="clip")
+        return g
+
+    def __call__(self, data: bytes, probe: ImageProbe, out: np.ndarray) -> Geometry:
+        t0 = time.perf_counter()
+        hwc = self.decode(data, probe)
+        t1 = time.perf_counter()
+        g = self.resize_into(hwc, out)
+        self.resize_s += time.perf_counter() - t1
+        self.decode_s += t1 - t0
+        return g

@@ -1,0 +1,122 @@
+"""The header pass: read, hash and probe every image, check boxes against it.
+
+For each :class:`~warpdata.warehouse.labels.LabelRecord` this reads the
+image bytes once (SHA-256 for the version key), probes the header (size,
+EXIF orientation, JPEG end marker) and checks the boxes in the *oriented*
+frame: YOLO boxes are converted from normalized cxcywh to pixels; a box
+outside the image by more than ``box_tolerance`` pixels is
+``box-out-of-bounds``, one within it is clipped; a box that is then narrower
+or lower than ``min_box_size`` is ``box-degenerate``; label sizes that differ
+from the oriented image are ``bad-size``; more than ``max_boxes`` boxes is
+``too-many-boxes`` with ``overflow = "reject"`` (else the first ``max_boxes``
+are kept and counted). Missing files are ``missing-file``, unreadable ones
+``unreadable``. Files are read by a thread pool (reads and hashing release
+the GIL); results keep the label order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from .images import ImageProbe, ProbeError, probe
+from .labels import LabelRecord
+
+
+@dataclass
+class ValidSample:
+    key: str
+    image: str  # absolute path
+    run: str
+    source: str
+    boxes: np.ndarray  # (N, 4) float64 xyxy, oriented source pixels, clipped
+    classes: np.ndarray  # (N,) int32
+    frame_id: int
+    run_id: str
+    probe: ImageProbe
+    sha256: str
+    nbytes: int
+
+    @property
+    def empty(self) -> bool:
+        return len(self.boxes) == 0
+
+
+@dataclass
+class ProbeOutcome:
+    sample: ValidSample | None
+    reject: tuple[str, str, str, str, str] | None  # (run, sample_id, source, reason, message)
+    source_hash: tuple[str, str, int] | None  # (key, sha256 or "missing", size)
+    truncated_boxes: int = 0
+
+
+def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int, overflow: str) -> ProbeOutcome:
+    key = rec.key
+    try:
+        with open(rec.image, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return ProbeOutcome(None, (rec.run, key, rec.source, "missing-file", f"{key}: image file does not exist"),
+                            (key, "missing", 0))
+    except OSError as e:
+        return ProbeOutcome(None, (rec.run, key, rec.source, "unreadable", f"{key}: cannot read: {e}"),
+                            (key, "unreadable", 0))
+    digest = hashlib.sha256(data).hexdigest()
+    src_hash = (key, digest, len(data))
+
+    def bad(reason: str, msg: str) -> ProbeOutcome:
+        return ProbeOutcome(None, (rec.run, key, rec.source, reason, f"{key}: {msg}"), src_hash)
+
+    try:
+        pr = probe(data)
+    except ProbeError as e:
+        return bad(e.reason, e.message)
+    W, H = pr.oriented_size
+    if (rec.width is not None and rec.width != W) or (rec.height is not None and rec.height != H):
+        return bad("bad-size", f"labels say {rec.width}x{rec.height} but the image is {W}x{H}"
+                   + (f" after EXIF orientation {pr.orientation}" if pr.orientation != 1 else ""))
+    boxes = np.asarray(rec.boxes, np.float64).reshape(-1, 4)
+    if rec.normalized and len(boxes):
+        if (boxes < -tolerance / max(W, H)).any() or (boxes[:, :2] > 1 + tolerance / max(W, H)).any():
+            return bad("box-out-of-bounds", "YOLO box values are outside [0, 1]")
+        cx, cy, bw, bh = boxes[:, 0] * W, boxes[:, 1] * H, boxes[:, 2] * W, boxes[:, 3] * H
+        boxes = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], axis=1)
+    if len(boxes):
+        if (boxes[:, 0] < -tolerance).any() or (boxes[:, 1] < -tolerance).any() or \
+                (boxes[:, 2] > W + tolerance).any() or (boxes[:, 3] > H + tolerance).any():
+            i = int(np.flatnonzero((boxes[:, 0] < -tolerance) | (boxes[:, 1] < -tolerance) |
+                                   (boxes[:, 2] > W + tolerance) | (boxes[:, 3] > H + tolerance))[0])
+            return bad("box-out-of-bounds", f"box {i} {boxes[i].round(2).tolist()} lies outside the "
+                       f"{W}x{H} image by more than {tolerance} px")
+        np.clip(boxes[:, 0::2], 0, W, out=boxes[:, 0::2])
+        np.clip(boxes[:, 1::2], 0, H, out=boxes[:, 1::2])
+        small = (boxes[:, 2] - boxes[:, 0] <= min_box) | (boxes[:, 3] - boxes[:, 1] <= min_box)
+        if small.any():
+            i = int(np.flatnonzero(small)[0])
+            return bad("box-degenerate", f"box {i} {boxes[i].round(2).tolist()} has no area after clipping")
+    classes = np.asarray(rec.classes, np.int32)
+    truncated = 0
+    if len(boxes) > max_boxes:
+        if overflow == "reject":
+            return bad("too-many-boxes", f"{len(boxes)} boxes > max_boxes = {max_boxes}")
+        truncated = len(boxes) - max_boxes
+        boxes, classes = boxes[:max_boxes], classes[:max_boxes]
+    return ProbeOutcome(ValidSample(key, str(rec.image), rec.run, rec.source, boxes, classes, rec.frame_id,
+                                    rec.run_id, pr, digest, len(data)), None, src_hash, truncated)
+
+
+def probe_all(records: Iterable[LabelRecord], *, tolerance: float, min_box: float, max_boxes: int,
+              overflow: str, workers: int) -> list[ProbeOutcome]:
+    records = list(records)
+
+    def one(rec: LabelRecord) -> ProbeOutcome:
+        return _check(rec, tolerance=tolerance, min_box=min_box, max_boxes=max_boxes, overflow=overflow)
+
+    if workers <= 1 or len(records) < 16:
+        return [one(r) for r in records]
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(one, records))
