@@ -21,13 +21,14 @@ from warpdata.registry.store import Store
 from warpdata.registry.tarpack import list_members, pack_files
 
 
-def make_rows(n: int, start: int = 0, *, image_every: int | None = None) -> pa.Table:
+def make_rows(n: int, start: int = 0, *, image_every: int | None = None, payload: int = 100) -> pa.Table:
     ids = np.arange(start, start + n, dtype=np.int64)
     cols = {
         "id": ids,
         "x": (ids * 0.5).astype(np.float64),
         "label": pa.array([f"label-{i % 7}" for i in ids]),
-        "payload": pa.array([bytes([i % 251]) * 64 for i in ids], pa.binary()),
+        # incompressible, so shards are large enough that footer/range reads are visibly partial
+        "payload": pa.array([np.random.default_rng(int(i)).bytes(payload) for i in ids], pa.binary()),
     }
     if image_every:
         cols["image"] = pa.array([f"img/{i % image_every:04d}.png" for i in ids])

@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 # name -> "module:attribute"; filled in as the systems land.
 _LAZY: dict[str, str] = {
     "TblReader": "warpdata.formats.tbl:TblReader",
+    "dataset": "warpdata.dataset:dataset",
 }
 
 

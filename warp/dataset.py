@@ -112,12 +112,8 @@ class Remote:
             raise self._wrap(e, key) from e
 
     def open(self, key: str, size: int | None = None):
-        """A random-access file over the object; with ``size`` no HEAD request is made."""
-        from pyarrow import fs as pafs
-
+        """A random-access file over the object (on S3: one HEAD, then ranged GETs)."""
         try:
-            if size is not None and self.loc.protocol == "s3":
-                return self.fs.open_input_file(pafs.FileInfo(self.path(key), type=pafs.FileType.File, size=size))
             return self.fs.open_input_file(self.path(key))
         except Exception as e:
             if isinstance(e, FileNotFoundError) or _is_not_found(e):
@@ -772,61 +768,86 @@ class Query:
     def select(self, columns: Sequence[str] | str) -> Query:
         return Query(self.table, self.expr, self.table._check_columns(columns))
 
-    def _sources(self, shard: Any) -> list[str]:
+    def _arrow_dataset(self, shard: Any):
+        """A pyarrow dataset over this rank's shards: cached copies locally, the rest by ranged reads.
+
+        DuckDB scans it with projection and filter pushdown into pyarrow's
+        scanner, which prunes row groups by their statistics, so only the
+        matching row groups' column chunks are fetched.
+        """
+        import pyarrow.dataset as pads
+        from pyarrow import fs as pafs
+
         ds = self.table.ds
         rank, world = _parse_shard(shard)
         wid, nw = _worker_info()
         picked = [s for i, s in enumerate(self.table.shards) if i % world == rank]
         picked = [s for i, s in enumerate(picked) if i % nw == wid]
-        urls = []
+        local, remote = [], []
         for s in picked:
-            local = ds.cached_path(s)
-            if local is None and ds.mode == "local":
+            p = ds.cached_path(s)
+            if p is None and ds.mode == "local":
                 raise MissingInputError(f"shard {s.hash[:12]} of {ds.id} is not in the cache (local mode)",
                                         hint=f"run 'warp warm {ds.id}' while online")
-            urls.append(local or ds.remote.url_of(ds.blob_key(s)))
-        return urls
+            if p is not None:
+                local.append(p)
+            else:
+                remote.append(ds.remote.path(ds.blob_key(s)))
+        schema = self.table.schema() if self.table.columns is None else \
+            _ShardFiles(ds, self.table.shards[:1]).get(0).schema_arrow
+        parts = []
+        if local:
+            parts.append(pads.dataset(local, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem()))
+        if remote:
+            fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
+            parts.append(pads.dataset(remote, schema=schema, format=fmt, filesystem=ds.remote.fs))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else pads.dataset(parts)
 
-    def _connect(self):
-        import duckdb
-
-        ds = self.table.ds
-        con = duckdb.connect()
-        if ds.remote.loc.protocol != "file":
-            from .storage import filesystem
-
-            con.register_filesystem(filesystem(ds.remote.loc, ds.remote.config))
-        return con
-
-    def sql(self, shard: Any = None, limit: int | None = None) -> tuple[str, list[str]]:
-        cols = ", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*"
-        sql = f"SELECT {cols} FROM read_parquet($files) WHERE {self.expr}"
+    def sql(self, limit: int | None = None, what: str | None = None) -> str:
+        cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
+        sql = f"SELECT {cols} FROM warp_table WHERE {self.expr}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return sql, self._sources(shard)
+        return sql
+
+    def _run(self, sql: str, shard: Any):
+        import duckdb
+
+        dset = self._arrow_dataset(shard)
+        if dset is None:
+            return None, None
+        con = duckdb.connect()
+        con.register("warp_table", dset)
+        try:
+            return con, con.sql(sql)
+        except duckdb.Error as e:
+            con.close()
+            raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
+                             hint=f"write a DuckDB SQL boolean expression over the columns "
+                                  f"{', '.join(self.table.schema_names())}") from None
 
     def batches(self, batch_size: int = DEFAULT_BATCH, shard: Any = None, limit: int | None = None) -> Iterator[pa.RecordBatch]:
         """Matching rows as RecordBatches; with ``shard`` each rank scans whole shard files round-robin
         (a filter's per-rank row counts are data dependent, so batch counts may differ)."""
         import duckdb
 
-        sql, files = self.sql(shard, limit)
-        if not files:
+        con, rel = self._run(self.sql(limit), shard)
+        if rel is None:
             return
-        con = self._connect()
         try:
             try:
-                rel = con.sql(sql, params={"files": files})
                 # a relation streams (DuckDB 2.x: to_arrow_reader; 1.x: fetch_arrow_reader)
                 reader = (rel.to_arrow_reader(batch_size) if hasattr(rel, "to_arrow_reader")
                           else rel.fetch_arrow_reader(batch_size))
+                for b in reader:
+                    if b.num_rows:
+                        yield b
             except duckdb.Error as e:
                 raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
                                  hint=f"write a DuckDB SQL boolean expression over the columns "
                                       f"{', '.join(self.table.schema_names())}") from None
-            for b in reader:
-                if b.num_rows:
-                    yield b
         finally:
             con.close()
 
@@ -842,15 +863,11 @@ class Query:
         return pa.Table.from_batches(got)
 
     def count(self) -> int:
-        import duckdb
-
-        files = self._sources(None)
-        con = self._connect()
+        con, rel = self._run(self.sql(what="count(*)"), None)
+        if rel is None:
+            return 0
         try:
-            return int(con.execute(f"SELECT count(*) FROM read_parquet($files) WHERE {self.expr}",
-                                   {"files": files}).fetchone()[0])
-        except duckdb.Error as e:
-            raise UsageError(f"filter {self.expr!r}: {e}", hint="write a DuckDB SQL boolean expression") from None
+            return int(rel.fetchone()[0])
         finally:
             con.close()
 
