@@ -59,8 +59,9 @@ def main(
         last = [0]
 
         def progress(_samples: int, pos: int) -> None:
-            bar.advance(pos - last[0])
-            last[0] = pos
+            if pos - last[0] >= 1 << 20:  # redraws cost more than converting a sample
+                bar.advance(pos - last[0])
+                last[0] = pos
 
         res = convert(req, progress=progress, warn=out.warn)
     if out.options().json:

@@ -626,14 +626,14 @@ class TblReader:
     def __init__(self, path: str | os.PathLike, verify: bool = True) -> None:
         self.path = str(path)
         self.verify = verify
+        if os.path.isdir(self.path):
+            raise MissingInputError(f"{self.path} is a directory, not a .tbl file",
+                                    hint="give the path of a .tbl file")
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             raise MissingInputError(f"{self.path}: no such file",
                                     hint="check the path; create one with 'warp tar-to-tbl IN OUT'") from None
-        except IsADirectoryError:
-            raise MissingInputError(f"{self.path} is a directory, not a .tbl file",
-                                    hint="give the path of a .tbl file") from None
         try:
             self.file_size = os.fstat(fd).st_size
             head = os.pread(fd, HEADER_SIZE, 0)

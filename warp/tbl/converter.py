@@ -165,13 +165,19 @@ def convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = N
     pending: deque = deque()
     window = 4 * workers
 
+    def tell() -> int:
+        try:
+            return f.tell()
+        except (OSError, AttributeError):
+            return 0
+
     def drain(limit: int) -> None:
         while len(pending) > limit:
             fut = pending.popleft()
             writer.add_encoded(fut.result() if pool else fut)
             res.samples += 1
-            if progress and not res.samples & 63:
-                progress(res.samples, getattr(f, "tell", lambda: 0)())
+            if progress:
+                progress(res.samples, tell())
 
     try:
         members = iter_members(f)

@@ -147,7 +147,13 @@ def iter_members(f: BinaryIO, *, with_data: bool = True) -> Iterator[TarMember]:
                                  hint="the archive is truncated: copy or download it again")
         if hdr == b"\0" * BLOCK:
             return
-        stored = _octal(hdr[148:156], "checksum", at)
+        try:
+            stored = _octal(hdr[148:156], "checksum", at)
+        except TarFormatError:
+            if at == 0:
+                raise TarFormatError("input is not a tar archive (no valid tar header at byte 0)",
+                                     hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)") from None
+            raise
         computed = sum(hdr[:148]) + 8 * 32 + sum(hdr[156:])
         if stored != computed:
             if at == 0:

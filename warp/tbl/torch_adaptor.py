@@ -1,0 +1,103 @@
+"""PyTorch adaptors for .tbl files (needs ``torch``; ``pip install 'warpdata[torch]'``).
+
+Contract:
+
+* :class:`TblDataset` is a map-style ``Dataset``: ``ds[i]`` is
+  ``(image, index)`` with ``image`` a HWC uint8 tensor (resized to ``size``
+  when given, so the default collate can stack it), for use with any sampler
+  (``DistributedSampler`` included).
+* :class:`TblIterableDataset` yields whole batches from
+  :class:`~warpdata.tbl.loader.TblLoader` (use ``DataLoader(ds,
+  batch_size=None, num_workers=K)``): the rank's batches are split over the
+  K workers, so every sample is still seen exactly once per epoch over all
+  ranks and workers, and every rank yields the same number of batches.
+
+Both reopen the file by path in each worker process (an mmap is never
+pickled: DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+try:
+    import torch
+    from torch.utils.data import Dataset, IterableDataset, get_worker_info
+except ImportError as e:  # pragma: no cover - exercised only without torch
+    from warpdata.errors import missing_dependency
+
+    raise missing_dependency("the PyTorch adaptor for .tbl files", "torch", "torch") from e
+
+from warpdata.formats.tbl import SampleInfo, TblReader
+from warpdata.tbl.loader import ImageDecoder, TblLoader
+
+
+class TblDataset(Dataset):
+    """Map-style dataset of decoded images: ``ds[i] -> (HWC uint8 tensor, sample index)``."""
+
+    def __init__(self, path: str | os.PathLike, *, size: int | tuple[int, int] | None = None,
+                 verify: bool = True, filter: Callable[[SampleInfo], bool] | None = None,
+                 transform: Callable[[Any], Any] | None = None) -> None:
+        self.path, self.size, self.verify, self.transform = str(path), size, verify, transform
+        r = TblReader(self.path, verify=verify)
+        self.selection = r.filter(predicate=filter) if filter else None
+        self._n = len(self.selection) if self.selection is not None else len(r)
+        r.close()
+        self._reader: TblReader | None = None
+        self._decoder: ImageDecoder | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int):
+        if self._reader is None:
+            self._reader = TblReader(self.path, verify=self.verify)
+            self._decoder = ImageDecoder(self.size)
+        if not 0 <= i < self._n:
+            raise IndexError(f"{self.path}: index {i} out of range ({self._n} samples)")
+        j = int(self.selection[i]) if self.selection is not None else i
+        info = self._reader.info(j)
+        from warpdata.formats.tbl import FORMAT_CODES
+
+        img = self._decoder(self._reader.read(j), FORMAT_CODES.get(info.format, 0), info.width, info.height)
+        t = torch.from_numpy(img if img.flags.writeable else img.copy())
+        return (self.transform(t) if self.transform else t), j
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_reader"] = d["_decoder"] = None
+        return d
+
+
+class TblIterableDataset(IterableDataset):
+    """Batches from :class:`TblLoader`, split over DataLoader workers (``batch_size=None``)."""
+
+    def __init__(self, path: str | os.PathLike, batch_size: int = 32, **loader_kwargs: Any) -> None:
+        self.path, self.batch_size = str(path), batch_size
+        loader_kwargs.setdefault("threads", 1)  # parallelism comes from the worker processes
+        self.kwargs = loader_kwargs
+        self.epoch = 0
+        probe = TblLoader(self.path, batch_size, **{**loader_kwargs, "prefetch": 1})
+        self._len = len(probe)
+        probe.reader.close()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        loader = TblLoader(self.path, self.batch_size, **self.kwargs)
+        loader.set_epoch(self.epoch)
+        try:
+            for b in loader.iter_batches(worker, workers):
+                images = torch.from_numpy(b.images) if not isinstance(b.images, list) else \
+                    [torch.from_numpy(x if x.flags.writeable else x.copy()) for x in b.images]
+                yield {"images": images, "indices": torch.from_numpy(b.indices.astype("int64"))}
+        finally:
+            loader.reader.close()
