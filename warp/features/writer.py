@@ -218,11 +218,22 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                 workers: int | None = None) -> BuildResult:
     t_start = time.perf_counter()
     outp = Path(spec.output)
+    # the encoder first: a bad encoder config is reported before any data is read
+    enc = batch_encoder = None
+    device = None
+    if spec.encoder:
+        from .encoders import BatchEncoder, load_encoder, resolve_device
+
+        device = resolve_device(spec.caching_device)
+        enc = load_encoder(spec.encoder, device=device, dtype=spec.encoder_dtype, options=spec.encoder_options)
+        batch_encoder = BatchEncoder(enc, device, spec.size)
+
     q = Quarantine()
+    t_scan0 = time.perf_counter()
     scanned = scan(spec.source, q, caption_prefix=spec.caption_prefix, caption_ext=spec.caption_ext,
                    exclude=(outp,))
     items = scanned.items
-    t_scan = time.perf_counter() - t_start
+    t_scan = time.perf_counter() - t_scan0
 
     # fail fast: rejections found by the scan already exceed a fail threshold
     agg = q.aggregate()
@@ -237,14 +248,6 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     early = evaluate_summaries([("aggregate", pending)], spec.thresholds, examples)
     early.raise_for_status(allow_invalid=allow_invalid, what=f"{spec.source}")
 
-    enc = batch_encoder = None
-    device = None
-    if spec.encoder:
-        from .encoders import BatchEncoder, load_encoder, resolve_device
-
-        device = resolve_device(spec.caching_device)
-        enc = load_encoder(spec.encoder, device=device, dtype=spec.encoder_dtype, options=spec.encoder_options)
-        batch_encoder = BatchEncoder(enc, device, spec.size)
     enc_identity = None
     if enc is not None:
         enc_identity = {"config_name": spec.encoder, **enc.identity(), "device_type": device.split(":")[0]}

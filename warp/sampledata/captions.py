@@ -43,8 +43,8 @@ caching_device = "auto"
 
 [validation]
 # the sample data plants broken files on purpose
-max_invalid_fraction = {{ warn = 0.0, fail = 0.25 }}
-max_missing_fraction = {{ warn = 0.0, fail = 0.25 }}
+max_invalid_fraction = {{ warn = 0.0, fail = 0.5 }}
+max_missing_fraction = {{ warn = 0.0, fail = 0.5 }}
 
 [output]
 path = "{output}"
