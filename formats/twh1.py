@@ -208,7 +208,9 @@ class ShardBuilder:
 
         def put(buf) -> None:
             nonlocal pos
-            mv = memoryview(buf).cast("B")
+            if isinstance(buf, np.ndarray):
+                buf = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
+            mv = memoryview(buf)
             for s in range(0, len(mv), chunk):
                 part = mv[s:s + chunk]
                 h.update(part)

@@ -299,23 +299,30 @@ def _export_summaries(d: Path, q: Quarantine, sources: list[tuple[str, str, int]
             "sources": "sources.parquet", "metrics": "metrics.json"}
 
 
-def run(req: EtlRequest) -> EtlResult:
-    t_start = time.perf_counter()
-    phases: dict[str, float] = {}
-    cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
-                       output_override=req.output, workers_override=req.workers)
-    workers = _workers(req, cfg)
-    import cv2
+@dataclass
+class Scan:
+    """Labels loaded, every image probed: what the build (and the live loader) start from."""
 
-    cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
+    labels: wlabels.LabelSet
+    quarantine: Quarantine  # label and probe rejections only
+    valid: list[ValidSample]
+    sources: list[tuple[str, str, int]]
+    truncated_boxes: int
+    phases: dict[str, float]
 
+    def kept(self, skip_empty: bool) -> list[ValidSample]:
+        return [s for s in self.valid if not (skip_empty and s.empty)]
+
+
+def scan(cfg: wconfig.WarehouseConfig, workers: int = 1) -> Scan:
+    """Phases 2-3: load labels, then read, hash and probe every image."""
+    phases = {}
     t = time.perf_counter()
     ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size)
     q = Quarantine()
     for rej in ls.rejects:
         q.reject(*rej)
     phases["labels"] = time.perf_counter() - t
-
     t = time.perf_counter()
     outcomes = probe_all(ls.records, tolerance=cfg.box_tolerance, min_box=cfg.min_box_size,
                          max_boxes=cfg.max_boxes, overflow=cfg.overflow, workers=workers)
@@ -331,6 +338,22 @@ def run(req: EtlRequest) -> EtlResult:
             valid.append(o.sample)
             truncated_boxes += o.truncated_boxes
     phases["probe"] = time.perf_counter() - t
+    return Scan(ls, q, valid, sources, truncated_boxes, phases)
+
+
+def run(req: EtlRequest) -> EtlResult:
+    t_start = time.perf_counter()
+    phases: dict[str, float] = {}
+    cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
+                       output_override=req.output, workers_override=req.workers)
+    workers = _workers(req, cfg)
+    import cv2
+
+    cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
+
+    sc = scan(cfg, workers)
+    ls, q, valid, sources, truncated_boxes = sc.labels, sc.quarantine, sc.valid, sc.sources, sc.truncated_boxes
+    phases.update(sc.phases)
 
     # The verdict before any transform, as if every probed sample decodes.
     pre = Quarantine()
@@ -339,7 +362,7 @@ def run(req: EtlRequest) -> EtlResult:
         pre.accept(s.run, s.key, empty=s.empty, keep=not (cfg.skip_empty and s.empty))
     pre.evaluate(cfg.thresholds).raise_for_status(allow_invalid=req.allow_invalid, what=str(cfg.root))
 
-    kept = [s for s in valid if not (cfg.skip_empty and s.empty)]
+    kept = sc.kept(cfg.skip_empty)
     if not kept:
         raise DataError(f"{cfg.root}: no valid samples to write ({len(valid)} valid, "
                         f"{q.aggregate().missing + q.aggregate().invalid} quarantined)",
