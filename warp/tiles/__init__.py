@@ -1,1 +1,28 @@
-"""tiles (see the module docstrings)."""
+"""Tiled tensor compression: N-D arrays streamed, tiled and zstd-compressed into Zarr v3.
+
+* :class:`~warpdata.tiles.writer.TileWriter` – the streaming writer (the
+  seed's non-blocking ``write(buf) -> int``), sharded or unsharded, with
+  optional multiscale pyramids;
+* :func:`write_array` – one call for an in-memory array;
+* ``etl.run`` – the ``warp etl`` pipeline for ``[source] format = "raw" | "npy"``;
+* ``inspect`` / ``checks`` – ``warp inspect`` and ``warp doctor`` hooks.
+
+Tiling math lives in ``warpdata.formats.tiling``, the Zarr layout in
+``warpdata.formats.zarr_v3``, the compression backends in ``warpdata.kernels``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def write_array(url, array, tile, **kwargs: Any):
+    """Write an in-memory array as Zarr v3 at ``url``; returns the WriteResult."""
+    from .writer import TileWriter
+
+    with TileWriter(url, array.shape, array.dtype, tile, **kwargs) as w:
+        w.write_array(array)
+    return w.result
+
+
+__all__ = ["write_array"]

@@ -169,6 +169,7 @@ class TileWriter:
         self.objects = 0
         self.chunks = 0
         self._closed = False
+        self.result: WriteResult | None = None
         self._error: BaseException | None = None
         self._next: TileWriter | None = None
         self._down: Downsampler | None = None
@@ -472,6 +473,7 @@ class TileWriter:
             from warpdata.canonical import canonical_json
 
             self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
+        self.result = result
         return result
 
     def _manifest(self, r: WriteResult) -> dict:

@@ -1,0 +1,302 @@
+"""``warp etl`` for arrays: ``[source] format = "raw" | "npy"`` → Zarr v3 (pyramid).
+
+The input (a file, or ``-`` for stdin) is streamed through a
+:class:`~warpdata.tiles.writer.TileWriter` straight into its slab buffers
+(``readinto``, no intermediate copy); nothing holds the whole array. Raw
+input is little-endian C-order bytes of ``[source] shape`` / ``dtype``;
+``.npy`` input carries its own shape and dtype in its header. Relative paths
+are relative to the config file.
+
+Local outputs are built in a temporary sibling directory and renamed into
+place when complete; an existing output with the same recipe and the same
+input (CRC-32C of the input bytes, recorded in its manifest) is reused
+unless ``--clear``. S3 outputs are written object by object, ``zarr.json``
+and ``manifest.json`` last; an existing S3 output is replaced only with
+``--clear``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from warpdata import output as out
+from warpdata.config import Field, validate
+from warpdata.errors import ConfigError, DataError, MissingInputError
+from warpdata.pipelines import EtlRequest, EtlResult
+
+from .pyramid import METHODS
+
+RECIPE_VERSION = 1
+
+
+def _positive_list(v: list) -> str | None:
+    return None if v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v) else \
+        "must be a non-empty list of positive integers"
+
+
+def _shards(v: Any) -> str | None:
+    if isinstance(v, str):
+        return None if v in ("auto", "none") else "must be \"auto\", \"none\" or a list of sizes"
+    return _positive_list(v)
+
+
+def _level(v: int) -> str | None:
+    return None if 1 <= v <= 22 else "must be between 1 and 22"
+
+
+def _backend_choices() -> tuple[str, ...]:
+    from warpdata.kernels import CHOICES
+
+    return CHOICES
+
+
+SCHEMA = {
+    "source": {
+        "format": Field(str, choices=("raw", "npy"), help="raw little-endian bytes, or a .npy file"),
+        "path": Field(str, default=None, help="input file ('-' = stdin); relative to the config file"),
+        "shape": Field(list, default=None, item_type=int, help="array shape, slowest dimension first (raw input)"),
+        "dtype": Field(str, default=None, help="u8, u16, u32, f32 or f64 (raw input)"),
+    },
+    "output": {
+        "path": Field(str, default=None, help="output directory or s3://bucket/prefix"),
+        "axes": Field(list, default=None, item_type=str, help="dimension names, e.g. [\"z\", \"y\", \"x\"]"),
+    },
+    "tiles": {
+        "chunks": Field(list, item_type=int, check=_positive_list, help="tile (chunk) shape, one size per dimension"),
+        "shards": Field((list, str), default="auto", check=_shards,
+                        help="shard shape, \"auto\" (<= 64 MiB) or \"none\" for one object per chunk"),
+        "level": Field(int, default=1, check=_level, help="zstd level (1 is fastest)"),
+        "backend": Field(str, default="auto", env="WARP_BACKEND", help="auto, cpu or gpu"),
+        "fill_value": Field((int, float), default=0, help="value of padding in edge chunks"),
+        "threads": Field(int, default=0, help="CPU compression threads (0 = WARP_WORKERS or all cores)"),
+    },
+    "multiscale": {
+        "levels": Field(int, default=1, check=lambda v: None if 1 <= v <= 32 else "must be between 1 and 32",
+                        help="pyramid levels (1 = full resolution only)"),
+        "method": Field(str, default="median", choices=METHODS, help="2x downsampling filter"),
+    },
+}
+
+
+def _resolve(path: str, base: Path) -> str:
+    if path == "-" or "://" in path or os.path.isabs(path):
+        return path
+    return str((base / path).resolve())
+
+
+class _Input:
+    """The input stream plus the shape/dtype it carries."""
+
+    def __init__(self, fmt: str, path: str, shape, dtype, where) -> None:
+        from warpdata.formats.tiling import normalize_dtype
+
+        self.path = path
+        self.name = "stdin" if path == "-" else path
+        if path == "-":
+            self.f: BinaryIO = sys.stdin.buffer
+            self.size = None
+        else:
+            try:
+                self.f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed in close())
+            except FileNotFoundError:
+                raise MissingInputError(f"input {path} does not exist", hint="check [source] path or --input") from None
+            except IsADirectoryError:
+                raise ConfigError(f"input {path} is a directory", hint="point [source] path at a file") from None
+            self.size = os.fstat(self.f.fileno()).st_size
+        header = 0
+        if fmt == "npy":
+            shape, dtype, header = self._npy_header(shape, dtype, where)
+        else:
+            if shape is None:
+                raise ConfigError(f"{where('source')}: raw input needs [source] shape",
+                                  hint="add shape = [Z, Y, X] (slowest dimension first) under [source]")
+            if dtype is None:
+                raise ConfigError(f"{where('source')}: raw input needs [source] dtype",
+                                  hint="add dtype = \"u16\" (u8, u16, u32, f32, f64) under [source]")
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = normalize_dtype(dtype)
+        expected = int(self.dtype.itemsize)
+        for s in self.shape:
+            expected *= s
+        self.expected = expected
+        if self.size is not None and self.size - header != expected:
+            raise DataError(f"{self.name}: holds {self.size - header} data bytes but shape {list(self.shape)} "
+                            f"{self.dtype.name} needs {expected}",
+                            hint="fix [source] shape/dtype to match the file", path=self.name)
+
+    def _npy_header(self, shape, dtype, where):
+        import numpy as np
+        from numpy.lib import format as npformat
+
+        f = self.f if isinstance(self.f, io.BufferedIOBase) else io.BufferedReader(self.f)  # type: ignore[arg-type]
+        self.f = f
+        try:
+            major, _minor = npformat.read_magic(f)
+            reader = npformat.read_array_header_1_0 if major == 1 else npformat.read_array_header_2_0
+            npshape, fortran, npdtype = reader(f)
+        except ValueError as e:
+            raise DataError(f"{self.name}: not a valid .npy file ({e})", hint="write it with numpy.save",
+                            path=self.name) from None
+        if fortran:
+            raise DataError(f"{self.name}: the .npy array is in Fortran order",
+                            hint="save it with np.save(path, np.ascontiguousarray(a))", path=self.name)
+        if shape is not None and tuple(shape) != tuple(npshape):
+            raise ConfigError(f"{where('source.shape')}: shape {shape} does not match the .npy header {list(npshape)}",
+                              hint="remove [source] shape (npy files carry their own)")
+        if dtype is not None and np.dtype(npdtype) != np.dtype(dtype if len(dtype) > 3 else {"u8": "u1", "u16": "<u2", "u32": "<u4", "f32": "<f4", "f64": "<f8"}.get(dtype, dtype)):
+            raise ConfigError(f"{where('source.dtype')}: dtype {dtype} does not match the .npy header {np.dtype(npdtype)}",
+                              hint="remove [source] dtype (npy files carry their own)")
+        return npshape, np.dtype(npdtype), f.tell()
+
+    def readinto(self, mv: memoryview) -> int:
+        return self.f.readinto(mv) or 0
+
+    def close(self) -> None:
+        if self.path != "-":
+            self.f.close()
+
+
+def _stream(inp: _Input, writer, bar) -> None:
+    """Move every byte of the input into the writer's slab buffers."""
+    while True:
+        mv = writer.reserve()
+        if mv is None:
+            if writer.bytes_received >= writer.bytes_expected:
+                break
+            writer.wait()
+            continue
+        n = inp.readinto(mv)
+        if n == 0:
+            break
+        writer.commit(n)
+        bar.advance(n)
+    if writer.bytes_received == writer.bytes_expected and inp.readinto(memoryview(bytearray(1))):
+        raise DataError(f"{inp.name}: input continues past the {writer.bytes_expected} bytes of shape "
+                        f"{list(writer.geometry.shape)} {writer.geometry.dtype.name}",
+                        hint="fix [source] shape/dtype to match the input", path=inp.name)
+
+
+def _input_crc(path: str) -> str:
+    import google_crc32c
+    import numpy as np
+
+    crc = 0
+    buf = np.empty(8 << 20, dtype=np.uint8)
+    mv = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(mv):
+            crc = google_crc32c.extend(crc, buf[:n])
+    return f"{crc:08x}"
+
+
+def run(req: EtlRequest) -> EtlResult:
+    from warpdata.canonical import identity
+    from warpdata.kernels import resolve as resolve_backend
+    from warpdata.storage import filesystem, parse_location
+
+    cfg = validate(req.config, SCHEMA, req.source)
+    where = req.source.where
+    base = Path(req.config_path).resolve().parent
+    if req.input is not None:
+        src_path = req.input if req.input == "-" else os.path.abspath(req.input)
+    elif cfg["source"]["path"] is None:
+        raise ConfigError(f"{where('source')}: missing [source] path", hint="add path = \"volume.raw\" or pass --input")
+    else:
+        src_path = _resolve(cfg["source"]["path"], base)
+    out_url = req.output if req.output is not None else cfg["output"]["path"]
+    if out_url is None:
+        raise ConfigError(f"{where('output')}: missing [output] path", hint="add [output] path = \"volume.zarr\" or pass --output")
+    if req.output is None:
+        out_url = _resolve(out_url, base)
+    tiles = cfg["tiles"]
+    shards = tiles["shards"]
+    shards = None if shards == "none" else shards
+    backend_name = resolve_backend(tiles["backend"])
+    threads = req.workers or (tiles["threads"] or None)
+
+    inp = _Input(cfg["source"]["format"], src_path, cfg["source"]["shape"], cfg["source"]["dtype"], where)
+    try:
+        if len(tiles["chunks"]) != len(inp.shape):
+            raise ConfigError(f"{where('tiles.chunks')}: chunks {tiles['chunks']} has {len(tiles['chunks'])} "
+                              f"dimensions but the array has {len(inp.shape)} (shape {list(inp.shape)})",
+                              hint="give one chunk size per array dimension")
+        recipe = {"format": "zarr-v3", "version": RECIPE_VERSION, "shape": list(inp.shape), "dtype": inp.dtype.name,
+                  "chunks": tiles["chunks"], "shards": shards, "level": tiles["level"],
+                  "fill_value": tiles["fill_value"], "levels": cfg["multiscale"]["levels"],
+                  "method": cfg["multiscale"]["method"], "axes": cfg["output"]["axes"], "backend": backend_name}
+        recipe_key = identity(recipe)
+        loc = parse_location(out_url)
+        if loc.protocol == "file" and os.path.exists(os.path.join(loc.path, "manifest.json")) and not req.clear \
+                and inp.path != "-":
+            try:
+                old = json.loads(Path(loc.path, "manifest.json").read_bytes())
+            except (OSError, ValueError):
+                old = {}
+            if old.get("recipe_key") == recipe_key and old.get("input_crc32c") == _input_crc(inp.path):
+                return _result(old, loc.path, "up-to-date", 0.0)
+        extra = {"recipe": recipe, "recipe_key": recipe_key, "source": {"format": cfg["source"]["format"], "name":
+                 os.path.basename(inp.name)}}
+        kwargs = dict(shards=shards, fill_value=tiles["fill_value"],
+                      level=tiles["level"], backend=backend_name, threads=threads,
+                      levels=cfg["multiscale"]["levels"], method=cfg["multiscale"]["method"],
+                      axes=cfg["output"]["axes"], manifest_extra=extra)
+        t0 = time.perf_counter()
+        if loc.protocol == "file":
+            from warpdata.atomic import atomic_dir
+
+            with atomic_dir(loc.path, replace=True) as tmp:
+                result = _write(inp, str(tmp), tiles["chunks"], kwargs, fsync=False)
+        else:
+            fs = filesystem(loc)
+            if fs.exists(loc.path) and fs.ls(loc.path):
+                if not req.clear:
+                    raise ConfigError(f"{out_url} already exists",
+                                      hint="pass --clear to replace it, or choose another [output] path")
+                fs.rm(loc.path, recursive=True)
+            result = _write(inp, out_url, tiles["chunks"], kwargs, fsync=True)
+        seconds = time.perf_counter() - t0
+    finally:
+        inp.close()
+    return _result(result.manifest, out_url if loc.protocol != "file" else loc.path, "built", seconds)
+
+
+def _write(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool):
+    from .writer import TileWriter
+
+    w = TileWriter(url, inp.shape, inp.dtype, chunks, fsync=fsync, **kwargs)
+    try:
+        with out.progress(f"tiling {inp.name}", total=inp.expected, unit="B") as bar:
+            _stream(inp, w, bar)
+        return w.close()
+    except BaseException:
+        w.abort()
+        raise
+
+
+def _result(manifest: dict, path: str, status: str, seconds: float) -> EtlResult:
+    raw, stored = manifest.get("raw_bytes", 0), manifest.get("stored_bytes", 0)
+    levels = manifest.get("levels") or [{}]
+    stored0 = levels[0].get("stored_bytes", stored)
+    ratio = raw / stored0 if stored0 else 0.0  # full resolution: raw bytes over its stored bytes
+    gbps = raw / seconds / 1e9 if seconds > 0 else None
+    summary = {
+        "shape": manifest.get("shape"), "dtype": manifest.get("dtype"), "chunks": manifest.get("chunks"),
+        "shards": manifest.get("shards"), "levels": len(manifest.get("levels", [])),
+        "backend": manifest.get("backend"), "raw_bytes": raw, "stored_bytes": stored,
+        "ratio": round(ratio, 4), "seconds": round(seconds, 3), "gb_per_s": round(gbps, 4) if gbps else None,
+        "input_crc32c": manifest.get("input_crc32c"),
+    }
+    rows = [("shape", f"{manifest.get('shape')} {manifest.get('dtype')}"),
+            ("chunks / shards", f"{manifest.get('chunks')} / {manifest.get('shards') or 'unsharded'}"),
+            ("levels", str(summary["levels"])), ("backend", str(summary["backend"])),
+            ("size", f"{raw / 1e6:.1f} MB -> {stored0 / 1e6:.1f} MB (ratio {ratio:.2f})"
+             + (f", {stored / 1e6:.1f} MB with all levels" if len(levels) > 1 else ""))]
+    if gbps:
+        rows.append(("speed", f"{gbps:.3f} GB/s in {seconds:.2f} s"))
+    return EtlResult(kind="zarr-array", path=path, summary=summary, rows=rows, status=status)
