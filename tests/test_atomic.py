@@ -1,0 +1,160 @@
+"""Atomic writes: a crash leaves the old state or the new one, never a mix."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from warpdata.atomic import (
+    TMP_PREFIX,
+    atomic_dir,
+    atomic_file,
+    atomic_write_bytes,
+    atomic_write_text,
+    create_exclusive,
+)
+
+
+def leftovers(d) -> list[str]:
+    return sorted(n for n in os.listdir(d) if n.startswith(TMP_PREFIX))
+
+
+def test_atomic_file_writes_and_replaces(tmp_path):
+    p = tmp_path / "sub" / "f.bin"
+    with atomic_file(p) as f:
+        f.write(b"one")
+        assert not p.exists()  # nothing visible until the block completes
+    assert p.read_bytes() == b"one"
+    atomic_write_bytes(p, memoryview(b"two"))
+    assert p.read_bytes() == b"two"
+    atomic_write_text(p, "drei ü")
+    assert p.read_text(encoding="utf-8") == "drei ü"
+    assert oct(p.stat().st_mode & 0o777) == oct(0o644)
+    assert leftovers(p.parent) == []
+
+
+def test_atomic_file_exception_keeps_old_content(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_file(p) as f:
+        f.write(b"half of the new")
+        raise RuntimeError("crash mid-write")
+    assert p.read_bytes() == b"old"
+    assert leftovers(tmp_path) == []
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import sys, time
+    from warpdata.atomic import atomic_file, atomic_dir
+    target, kind = sys.argv[1], sys.argv[2]
+    if kind == "file":
+        with atomic_file(target) as f:
+            f.write(b"new" * 100000)
+            f.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+    else:
+        with atomic_dir(target, replace=True) as d:
+            (d / "a").write_bytes(b"new")
+            print("writing", flush=True)
+            time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_process_killed_mid_write_leaves_old_state(tmp_path, kind):
+    target = tmp_path / "target"
+    if kind == "file":
+        target.write_bytes(b"old")
+    else:
+        target.mkdir()
+        (target / "a").write_bytes(b"old")
+    p = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(target), kind], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "writing\n"
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL
+    if kind == "file":
+        assert target.read_bytes() == b"old"
+    else:
+        assert sorted(os.listdir(target)) == ["a"] and (target / "a").read_bytes() == b"old"
+    # the killed run's temporary is recognisable for cleanup
+    assert len(leftovers(tmp_path)) == 1
+
+
+def test_create_exclusive(tmp_path):
+    p = tmp_path / "d" / "x"
+    assert create_exclusive(p, b"first") is True
+    assert create_exclusive(p, b"second") is False
+    assert p.read_bytes() == b"first"
+    assert leftovers(p.parent) == []
+
+
+def _racer(path, i, barrier, results):
+    barrier.wait()
+    results.put((i, create_exclusive(path, f"writer {i}".encode())))
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_racing_create_exclusive_has_exactly_one_winner(tmp_path, trial):
+    ctx = mp.get_context("fork")
+    n = 8
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    path = tmp_path / "latest"
+    procs = [ctx.Process(target=_racer, args=(path, i, barrier, results)) for i in range(n)]
+    for p in procs:
+        p.start()
+    got = dict(results.get(timeout=60) for _ in range(n))
+    for p in procs:
+        p.join(timeout=60)
+    winners = [i for i, won in got.items() if won]
+    assert len(winners) == 1
+    assert path.read_bytes() == f"writer {winners[0]}".encode()
+    assert leftovers(tmp_path) == []
+
+
+def test_atomic_dir_builds_then_renames(tmp_path):
+    target = tmp_path / "art"
+    with atomic_dir(target) as d:
+        (d / "sub").mkdir()
+        (d / "sub" / "x").write_bytes(b"x")
+        assert not target.exists() and d.name.startswith(TMP_PREFIX)
+    assert (target / "sub" / "x").read_bytes() == b"x"
+    assert leftovers(tmp_path) == []
+
+
+def test_atomic_dir_failure_leaves_nothing(tmp_path):
+    target = tmp_path / "art"
+    with pytest.raises(ValueError), atomic_dir(target) as d:
+        (d / "x").write_bytes(b"x")
+        raise ValueError("bad sample")
+    assert not target.exists() and leftovers(tmp_path) == []
+
+
+def test_atomic_dir_refuses_existing_unless_replace(tmp_path):
+    target = tmp_path / "art"
+    target.mkdir()
+    (target / "old").write_bytes(b"old")
+    with pytest.raises(FileExistsError), atomic_dir(target):
+        pytest.fail("the body must not run when the target exists")
+    with atomic_dir(target, replace=True) as d:
+        (d / "new").write_bytes(b"new")
+    assert sorted(os.listdir(target)) == ["new"]
+    assert leftovers(tmp_path) == []
+
+
+def test_atomic_dir_loses_a_race_cleanly(tmp_path):
+    target = tmp_path / "art"
+    with pytest.raises(FileExistsError), atomic_dir(target) as d:
+        (d / "mine").write_bytes(b"mine")
+        target.mkdir()  # another writer finishes first
+        (target / "theirs").write_bytes(b"theirs")
+    assert sorted(os.listdir(target)) == ["theirs"]
+    assert leftovers(tmp_path) == []

@@ -1,0 +1,159 @@
+"""Storage URLs and the one S3 configuration shared by s3fs, pyarrow and DuckDB.
+
+Round trips run against real backends: the local filesystem, fsspec's
+memory filesystem and moto's S3 server on 127.0.0.1 (``s3`` fixture).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from warpdata.errors import ConfigError, DependencyError, ExitCode
+from warpdata.storage import Location, StorageConfig, filesystem, open_url, parse_location
+
+
+@pytest.mark.parametrize(("url", "protocol", "path"), [
+    ("/data/store", "file", "/data/store"),
+    ("/data/store/", "file", "/data/store"),
+    ("file:///data/store", "file", "/data/store"),
+    ("file://localhost/data/store", "file", "/data/store"),
+    ("s3://bucket/prefix/", "s3", "bucket/prefix"),
+    ("S3://bucket", "s3", "bucket"),
+    ("s3a://bucket/a/b", "s3", "bucket/a/b"),
+    ("memory://name", "memory", "/name"),
+    ("memory:///name/x/", "memory", "/name/x"),
+])
+def test_parse_location(url, protocol, path):
+    assert parse_location(url) == Location(protocol, path)
+
+
+def test_relative_and_home_paths_become_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_location("store") == Location("file", str(tmp_path / "store"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert parse_location("~/s") == Location("file", str(tmp_path / "s"))
+    assert parse_location(tmp_path / "p") == Location("file", str(tmp_path / "p"))
+
+
+@pytest.mark.parametrize("bad", ["ftp://host/x", "s3://", "s3:///", "file://otherhost/x", "gs://b/x"])
+def test_bad_urls_are_config_errors(bad):
+    with pytest.raises(ConfigError) as e:
+        parse_location(bad)
+    assert e.value.exit_code == ExitCode.CONFIG and e.value.hint
+
+
+segment = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=12).filter(
+    lambda s: s not in (".", ".."))
+
+
+@given(st.sampled_from(["s3", "memory", "file"]), st.lists(segment, min_size=1, max_size=4))
+def test_url_round_trips(protocol, parts):
+    if protocol == "file":
+        loc = Location("file", "/" + "/".join(parts))
+    elif protocol == "s3":
+        loc = Location("s3", "/".join(parts))
+    else:
+        loc = Location("memory", "/" + "/".join(parts))
+    assert parse_location(loc.url) == loc
+    joined = loc.join("x/", "/y")
+    assert joined.path == loc.path + "/x/y"
+    assert parse_location(joined.url) == joined
+
+
+def test_local_round_trip(tmp_path):
+    fs, path = open_url(str(tmp_path / "store"))
+    fs.pipe_file(f"{path}/a/b.bin", b"hello")  # parents are created
+    assert fs.cat_file(f"{path}/a/b.bin") == b"hello"
+    assert fs.cat_file(f"{path}/a/b.bin", start=1, end=3) == b"el"
+    assert (tmp_path / "store" / "a" / "b.bin").read_bytes() == b"hello"
+
+
+def test_memory_round_trip():
+    loc = parse_location("memory://test-storage")
+    fs = filesystem(loc)
+    fs.pipe_file(loc.join("k").path, b"v")
+    assert filesystem(loc).cat_file(loc.join("k").path) == b"v"  # one shared memory store
+    fs.rm(loc.path, recursive=True)
+
+
+def test_from_env_precedence(monkeypatch):
+    for k in ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "WARP_S3_REGION", "AWS_REGION",
+              "AWS_DEFAULT_REGION", "WARP_S3_PROFILE", "AWS_PROFILE", "WARP_S3_PATH_STYLE"):
+        monkeypatch.delenv(k, raising=False)
+    c = StorageConfig.from_env()
+    assert (c.endpoint_url, c.region, c.profile, c.path_style) == (None, "us-east-1", None, False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://generic:1")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    c = StorageConfig.from_env()
+    assert (c.endpoint_url, c.region, c.path_style) == ("http://generic:1", "eu-west-1", True)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3only:2")
+    monkeypatch.setenv("AWS_REGION", "eu-central-1")
+    assert StorageConfig.from_env().endpoint_url == "http://s3only:2"
+    assert StorageConfig.from_env().region == "eu-central-1"
+    monkeypatch.setenv("WARP_S3_ENDPOINT", "https://s3.us-west-2.amazonaws.com")
+    monkeypatch.setenv("WARP_S3_REGION", "us-west-2")
+    monkeypatch.setenv("AWS_PROFILE", "p")
+    c = StorageConfig.from_env()
+    assert (c.endpoint_url, c.region, c.profile, c.path_style) == ("https://s3.us-west-2.amazonaws.com", "us-west-2", "p", False)
+    monkeypatch.setenv("WARP_S3_PATH_STYLE", "1")
+    assert StorageConfig.from_env().path_style is True
+
+
+def test_s3fs_settings_for_ranged_reads():
+    kw = StorageConfig(endpoint_url="http://127.0.0.1:9", path_style=True).s3fs_kwargs()
+    assert kw["default_cache_type"] == "none" and kw["use_listings_cache"] is True
+    assert kw["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9"
+    assert kw["config_kwargs"]["s3"] == {"addressing_style": "path"}
+
+
+def test_missing_s3fs_is_a_dependency_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_s3fs(name, *a, **k):
+        if name == "s3fs":
+            raise ImportError("no s3fs")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_s3fs)
+    with pytest.raises(DependencyError) as e:
+        StorageConfig().s3fs()
+    assert "warpdata[s3]" in e.value.hint and isinstance(e.value, ImportError)
+
+
+@pytest.mark.s3
+def test_s3_round_trip_through_s3fs_pyarrow_and_duckdb(s3):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cfg = StorageConfig.from_env()
+    loc = parse_location(s3.url("rt"))
+    fs = filesystem(loc, cfg)
+    fs.pipe_file(loc.join("blob").path, b"0123456789")
+    assert fs.cat_file(loc.join("blob").path, start=2, end=5) == b"234"
+    # create-only writes: the second one is refused (If-None-Match: *)
+    fs.pipe_file(loc.join("once").path, b"a", mode="create")
+    with pytest.raises(FileExistsError):
+        fs.pipe_file(loc.join("once").path, b"b", mode="create")
+    assert fs.cat_file(loc.join("once").path) == b"a"
+    # pyarrow's native S3 client, configured from the same settings, sees the same bucket
+    pq.write_table(pa.table({"x": [1, 2, 3], "y": ["a", "b", "c"]}), loc.join("t.parquet").path,
+                   filesystem=cfg.pyarrow_s3())
+    assert pq.read_table(loc.join("t.parquet").path, filesystem=cfg.pyarrow_s3(), columns=["x"]).column("x").to_pylist() == [1, 2, 3]
+    # DuckDB reads it through s3fs
+    con = cfg.duckdb_connect(fs)
+    assert con.execute("select sum(x), max(y) from read_parquet(?)", [loc.join("t.parquet").url]).fetchone() == (6, "c")
+    assert s3.count("GET", "rt/t.parquet") >= 1
+
+
+@pytest.mark.s3
+def test_s3_missing_bucket_raises(s3):
+    cfg = StorageConfig.from_env()
+    loc = parse_location(f"s3://{s3.bucket}-nope/x")
+    with pytest.raises((FileNotFoundError, PermissionError, OSError)):
+        filesystem(loc, cfg).cat_file(loc.join("k").path)
+    assert os.environ["WARP_S3_ENDPOINT"] == s3.endpoint
