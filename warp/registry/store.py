@@ -226,6 +226,21 @@ class _S3Backend(_Backend):
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    # s3fs answers exists/size (and whole-object cat_file, which sizes first)
+    # from its listings cache; another process may have written since that
+    # listing, so point lookups drop the cached entry first.
+    def exists(self, key: str) -> bool:
+        self.fs.invalidate_cache(self.path(key))
+        return super().exists(key)
+
+    def get(self, key: str) -> bytes:
+        self.fs.invalidate_cache(self.path(key))
+        return super().get(key)
+
+    def size(self, key: str) -> int:
+        self.fs.invalidate_cache(self.path(key))
+        return super().size(key)
+
     def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
             self.fs.pipe_file(self.path(key), bytes(data), mode="create")
