@@ -34,7 +34,7 @@ def main(
         "--limit", metavar="SIZE", help="gc: shrink the cache to at most SIZE (e.g. 500GB, 1.5TiB).")] = None,
 ) -> int:
     from warpdata.blobcache import BlobCache, format_size, parse_size
-    from warpdata.errors import NegativeResult, UsageError
+    from warpdata.errors import UsageError
 
     if limit is not None and action != "gc":
         raise UsageError("--limit only applies to 'warp cache gc'", hint="warp cache gc --limit 500GB")
@@ -75,10 +75,10 @@ def main(
             out.info(f"checked {checked} blob(s): {len(bad)} corrupt")
             for h in bad:
                 out.warn(f"blob sha256:{h} was corrupt and has been deleted; it is fetched again on next use")
-        if bad:
-            raise NegativeResult(f"{len(bad)} corrupt blob(s) in {cache.root} (deleted)",
-                                 hint="nothing to do: they are downloaded again when next read")
-        return 0
+        if bad and not as_json:  # under --json the document above is the whole answer
+            out.error(f"{len(bad)} corrupt blob(s) in {cache.root} (deleted)",
+                      "nothing to do: they are downloaded again when next read")
+        return 1 if bad else 0
     freed = cache.clear()
     if as_json:
         out.emit_json({"cleared": True, "freed_bytes": freed, "cache": str(cache.root)})

@@ -52,6 +52,11 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("publish", "warpdata.commands.publish", "Publish a dataset version (tables, raw artifacts, bindings) to the store: content-addressed, idempotent."),
     CommandSpec("inspect", "warpdata.commands.inspect", "Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays, datasets."),
     CommandSpec("cache", "warpdata.commands.cache", "Show, garbage-collect, verify or clear the content-addressed blob cache."),
+    CommandSpec("warm", "warpdata.commands.warm", "Download a published dataset's shards into the blob cache ahead of training."),
+    CommandSpec("stream", "warpdata.commands.stream", "Stream a published table's rows to stdout as JSONL, CSV or Arrow IPC, without pulling."),
+    CommandSpec("ls", "warpdata.commands.ls", "List the datasets published in a store, from their manifests only."),
+    CommandSpec("cat", "warpdata.commands.cat", "Write one artifact member's raw bytes to stdout (one ranged read, no extraction)."),
+    CommandSpec("init", "warpdata.commands.init", "Generate a loader module for a published dataset, with a smoke test."),
 )
 
 GLOBAL_FLAGS = {"--json", "--debug", "--quiet", "--verbose", "-q", "-v"}

@@ -24,6 +24,7 @@ INSPECTORS: tuple[tuple[str, str], ...] = (
     ("tensor-warehouse", "warpdata.warehouse.inspect"),
     ("zarr-array", "warpdata.tiles.inspect"),
     ("manifest", "warpdata.inspect_manifest"),
+    ("dataset", "warpdata.inspect_dataset"),
 )
 
 

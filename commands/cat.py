@@ -1,0 +1,35 @@
+"""Write one artifact member's raw bytes to stdout.
+
+The member is located through the artifact's index and read with one ranged
+GET (or from the cached shard): nothing is extracted or downloaded whole.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+EXAMPLES = """
+  warp cat vision/coco-mini --artifact media --ref img/0001.jpg > 0001.jpg
+  warp cat vision/coco-mini --artifact media --ref labels.json | jq .
+"""
+
+
+def main(
+    name: Annotated[str, typer.Argument(help="Published dataset, WORKSPACE/NAME.")],
+    artifact: Annotated[str, typer.Option("--artifact", help="Artifact name (see 'warp inspect ws/name').")],
+    ref: Annotated[str, typer.Option("--ref", metavar="MEMBER", help="Member path inside the artifact.")],
+    version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="auto, remote, hybrid or local (default: WARP_MODE or auto).")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+) -> int:
+    import sys
+
+    from warpdata.dataset import dataset
+
+    data = dataset(name, mode=mode, version=version, store=store).artifact(artifact).read(ref)
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return 0

@@ -1,0 +1,118 @@
+"""warp warm / cache / stream / ls / cat / init / inspect ws/name, in-process against a local store."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+from test_dataset_support import make_rows, publish, write_media
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    write_media(tmp_path / "media", 6)
+    url = str(tmp_path / "store")
+    m = publish(url, "ws/demo", {"main": [make_rows(300, 0, image_every=6), make_rows(200, 300, image_every=6)]},
+                tmp_path, row_group_size=100, media=tmp_path / "media")
+    monkeypatch.setenv("WARP_STORE", url)
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    return m
+
+
+def test_ls(cli, store):
+    r = cli("ls", "ws/", "--json")
+    assert r.code == 0, r.err
+    d = r.json()["datasets"]
+    assert [x["dataset"] for x in d] == ["ws/demo"] and d[0]["rows"] == 500 and d[0]["tables"] == ["main"]
+    r = cli("ls")
+    assert r.code == 0 and "ws/demo" in r.out and store.version_hash[:12] in r.out
+
+
+def test_stream_formats(cli, store):
+    r = cli("stream", "ws/demo", "--columns", "id,label", "--limit", "3")
+    assert r.code == 0, r.err
+    rows = [json.loads(x) for x in r.out.splitlines()]
+    assert rows == [{"id": i, "label": f"label-{i}"} for i in range(3)]
+    r = cli("stream", "ws/demo", "--columns", "id", "--filter", "id >= 495", "--format", "csv")
+    assert r.code == 0, r.err
+    assert [int(x["id"]) for x in csv.DictReader(io.StringIO(r.out))] == list(range(495, 500))
+    r = cli("stream", "ws/demo", "--columns", "id", "--shard", "1/2")
+    assert r.code == 0 and len(r.out.splitlines()) == 250
+    bad = cli("stream", "ws/demo", "--columns", "nope")
+    assert bad.code == 2 and "no column" in bad.err and bad.out == ""
+
+
+def test_stream_arrow_ipc_to_a_pipe(store, tmp_path):
+    env = {**os.environ}
+    p = subprocess.run([sys.executable, "-m", "warpdata", "stream", "ws/demo", "--format", "arrow",
+                        "--columns", "id,x", "--batch-size", "64"], capture_output=True, env=env, check=True)
+    t = pa.ipc.open_stream(p.stdout).read_all()
+    assert t.num_rows == 500 and t.column("id").to_pylist() == list(range(500))
+
+
+def test_cat_writes_exact_bytes(store, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "warpdata", "cat", "ws/demo", "--artifact", "media",
+                        "--ref", "img/0002.png"], capture_output=True, check=True)
+    assert p.stdout == (tmp_path / "media" / "img" / "0002.png").read_bytes()
+    p = subprocess.run([sys.executable, "-m", "warpdata", "cat", "ws/demo", "--artifact", "media",
+                        "--ref", "img/0002.pgn"], capture_output=True)
+    assert p.returncode == 66 and b"no member" in p.stderr and p.stdout == b""
+
+
+def test_warm_then_cache_commands(cli, store, tmp_path):
+    r = cli("warm", "ws/demo", "--json")
+    assert r.code == 0, r.err
+    w = r.json()
+    assert w["fetched"] == w["blobs"] == 2 + len(store.artifacts["media"].shards) + 1
+    assert cli("warm", "ws/demo", "--json").json()["fetched"] == 0
+    s = cli("cache", "stats", "--json").json()
+    assert s["blobs"] == w["blobs"] and s["bytes"] == w["fetched_bytes"] and s["datasets"] == 1
+    assert cli("cache", "verify").code == 0
+    blob = next((tmp_path / "cache" / "blobs").rglob("*"), None)
+    victim = next(p for p in (tmp_path / "cache" / "blobs").rglob("*") if p.is_file())
+    assert blob is not None
+    victim.write_bytes(b"corrupt")
+    r = cli("cache", "verify", "--json")
+    assert r.code == 1 and r.json()["corrupt"] == [victim.name]
+    r = cli("cache", "gc", "--limit", "1KB", "--json")
+    assert r.code == 0 and r.json()["evicted"] >= 1
+    assert cli("cache", "stats", "--json").json()["bytes"] <= 1000
+    assert cli("cache", "clear").code == 0
+    assert cli("cache", "stats", "--json").json()["blobs"] == 0
+    r = cli("warm", "ws/demo", "--tables", "main", "--shards", "0:1", "--no-artifacts", "--json")
+    assert r.json()["fetched"] == 1
+    assert cli("warm", "ws/demo", "--shards", "x").code == 2
+
+
+def test_init_generates_a_loader_whose_smoke_test_runs(cli, store, tmp_path):
+    out = tmp_path / "loader.py"
+    r = cli("init", "ws/demo", "--out", str(out))
+    assert r.code == 0, r.err
+    p = subprocess.run([sys.executable, str(out)], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Batch 2: 10 rows" in p.stdout and "Smoke test passed!" in p.stdout
+    assert "image: ImageRef(" in p.stdout
+    assert cli("init", "ws/demo", "--out", str(out)).code == 2  # no silent overwrite
+
+
+def test_inspect_dataset(cli, store):
+    r = cli("inspect", "ws/demo", "--json", "--head", "2")
+    assert r.code == 0, r.err
+    d = r.json()
+    assert d["kind"] == "dataset" and d["version"] == store.version_hash
+    assert [t["rows"] for t in d["tables"]["tables"]] == [500]
+    assert {b["column"] for b in d["tables"]["bindings"]} == {"image", "audio"}
+    assert [row["id"] for row in d["tables"]["head of main"]] == [0, 1]
+    r = cli("inspect", "ws/nothere")
+    assert r.code == 66 and "ws/nothere" in r.err
+
+
+def test_local_mode_without_warm_fails_fast(cli, store):
+    r = cli("stream", "ws/demo", "--mode", "local")
+    assert r.code == 66 and "warp warm ws/demo" in r.err

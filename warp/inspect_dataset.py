@@ -1,0 +1,71 @@
+"""``warp inspect ws/name``: a published dataset, read from its manifest.
+
+Recognises targets that are not existing paths and look like
+``workspace/name``; shows the resolved version, tables (shards, rows, bytes,
+schema), artifacts (shards, members), bindings and stats, and with
+``--head N`` the first N rows of each table (ranged reads only). ``--verify``
+hashes every blob of the version (downloading it into the cache).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .inspectors import Report
+
+_ID = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+$")
+
+
+def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
+    return head is None and not is_dir and not os.path.exists(target) and bool(_ID.match(target))
+
+
+def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
+    from .dataset import dataset
+
+    ds = dataset(target)
+    m = ds.manifest
+    tables_rows, schema_rows, head_tables = [], [], []
+    for name in ds.tables:
+        t = ds.table(name)
+        tm = m.tables[name]
+        tables_rows.append([name, len(tm.shards), tm.row_count, tm.byte_size])
+        for f in (tm.schema or {}).get("fields", []):
+            schema_rows.append([name, f["name"], f["type"], f.get("nullable", True)])
+        if head:
+            h = t.head(head)
+            cols = h.schema.names
+            rows = [[_short(v) for v in r.values()] for r in h.to_pylist()]
+            head_tables.append((f"head of {name}", cols, rows))
+    art_rows = [[a, m.artifacts[a].kind, len(m.artifacts[a].shards), m.artifacts[a].member_count,
+                 m.artifacts[a].byte_size] for a in ds.artifacts]
+    bind_rows = [[b.table, b.column, b.artifact, b.ref_type] for b in m.bindings]
+    summary = {"dataset": ds.id, "version": ds.version, "mode": ds.mode, "store": ds.remote.url,
+               "stats": m.stats, "tables_count": len(ds.tables), "artifacts_count": len(ds.artifacts)}
+    problems: list[str] = []
+    if verify:
+        from .blobcache import BlobCorruptError
+
+        for s in m.blobs():
+            try:
+                ds.fetch_blob(s)
+            except BlobCorruptError as e:
+                problems.append(e.message)
+    tables = [("tables", ["table", "shards", "rows", "bytes"], tables_rows)]
+    if schema_rows:
+        tables.append(("schema", ["table", "column", "type", "nullable"], schema_rows))
+    if art_rows:
+        tables.append(("artifacts", ["artifact", "kind", "shards", "members", "bytes"], art_rows))
+    if bind_rows:
+        tables.append(("bindings", ["table", "column", "artifact", "ref_type"], bind_rows))
+    tables += head_tables
+    return Report(kind="dataset", target=target, summary=summary, tables=tables, ok=not problems, problems=problems)
+
+
+def _short(v: object) -> object:
+    if isinstance(v, (bytes, bytearray)):
+        return f"<{len(v)} bytes>"
+    if isinstance(v, str) and len(v) > 60:
+        return v[:57] + "..."
+    return v
