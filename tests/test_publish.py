@@ -220,3 +220,28 @@ def test_missing_blob_is_reuploaded(tmp_path):
     res2 = publish(PublishRequest("ws/heal2", tables={"main": [f"{tmp_path}/data/*.parquet"]}), store=store)
     assert res2.blobs_uploaded == 1 and res.version_hash != res2.version_hash
     assert store.has_blob(victim)
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_doctor_store_checks(cli, tmp_path, monkeypatch, request, where):
+    if where == "s3":
+        monkeypatch.setenv("WARP_STORE", request.getfixturevalue("s3").url("warp"))
+    else:
+        monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
+    r = cli("doctor", "--only", "store", "--json")
+    checks = {c["name"]: c for c in r.json()["checks"]}
+    assert checks["store-create-only"]["status"] == "PASS", checks["store-create-only"]
+    assert checks["store-cas"]["status"] == "PASS", checks["store-cas"]
+    assert checks["store-credentials"]["status"] == ("PASS" if where == "s3" else "SKIP")
+    if where == "s3":
+        assert "env" in checks["store-credentials"]["detail"]
+
+
+@pytest.mark.s3
+def test_doctor_missing_bucket_fails(cli, s3, monkeypatch):
+    monkeypatch.setenv("WARP_STORE", "s3://no-such-bucket-here/warp")
+    r = cli("doctor", "--only", "store", "--json")
+    assert r.code == 1
+    checks = {c["name"]: c for c in r.json()["checks"]}
+    assert checks["store-create-only"]["status"] == "FAIL"
+    assert checks["store-create-only"]["remedy"]

@@ -35,6 +35,7 @@ _REGISTRY: dict[str, Check] = {}
 
 CHECK_MODULES: tuple[str, ...] = (
     "warpdata.doctor_checks",
+    "warpdata.registry.checks",
     "warpdata.tiles.checks",
 )
 

@@ -1,0 +1,102 @@
+"""``warp doctor`` store checks: credentials, reachability, create-only writes, compare-and-swap.
+
+Each probe writes under ``<store>/.warp-doctor/<uuid>/`` and removes what it
+wrote. The checks run against the configured store (``WARP_STORE`` or the
+default local directory) and say how to fix what fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+
+from warpdata import envvars
+from warpdata.checks import FAIL, PASS, SKIP, WARN, CheckResult, check
+
+
+def _store():
+    from warpdata.registry.store import Store
+
+    return Store(envvars.default_store())
+
+
+def _probe_prefix() -> str:
+    return f".warp-doctor/{uuid.uuid4().hex}"
+
+
+def _cleanup(store, prefix: str) -> None:
+    with contextlib.suppress(Exception):
+        store.fs.rm(store.location.join(prefix).path, recursive=True)
+
+
+@check("store-credentials", "store")
+def credentials() -> CheckResult:
+    from warpdata.storage import StorageConfig, parse_location
+
+    url = envvars.default_store()
+    loc = parse_location(url)
+    if loc.protocol != "s3":
+        return CheckResult(SKIP, f"store {url} is not on S3: no credentials needed")
+    cfg = StorageConfig.from_env()
+    source = cfg.credentials_source()
+    if source == "none found" and not cfg.anon:
+        return CheckResult(FAIL, "no AWS credentials found in the environment, profile or instance metadata",
+                           "set AWS_PROFILE (or WARP_S3_PROFILE), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    return CheckResult(PASS, f"credentials from {source}" + (f", endpoint {cfg.endpoint_url}" if cfg.endpoint_url else ""),
+                       facts={"source": source, "endpoint": cfg.endpoint_url, "profile": cfg.profile})
+
+
+@check("store-create-only", "store")
+def create_only() -> CheckResult:
+    """A create-only write succeeds once and is refused the second time, bytes intact."""
+    store = _store()
+    prefix = _probe_prefix()
+    data = uuid.uuid4().bytes
+    key = f"{prefix}/probe"
+    try:
+        first = store._b.put_if_absent(key, data)
+        second = store._b.put_if_absent(key, b"other bytes")
+        got = store._b.get(key)
+    except Exception as e:
+        from warpdata.registry.errors import translate_storage_error
+
+        err = translate_storage_error(e, store.url, "write")
+        return CheckResult(FAIL, f"store {store.url}: create-only write failed: {err}",
+                           getattr(err, "hint", None) or "check WARP_STORE, the endpoint and credentials")
+    finally:
+        _cleanup(store, prefix)
+    if not first:
+        return CheckResult(FAIL, f"store {store.url}: a fresh create-only write was refused", "check the store URL")
+    if second or got != data:
+        return CheckResult(FAIL, f"store {store.url} overwrote an existing object on a create-only write "
+                           "(no If-None-Match support): concurrent publishers could clobber each other",
+                           "use an S3 service that honours If-None-Match (AWS S3, recent MinIO) or a local store")
+    return CheckResult(PASS, f"{store.url}: read/write OK, create-only writes refused on existing objects")
+
+
+@check("store-cas", "store")
+def compare_and_swap() -> CheckResult:
+    """A conditional update of a pointer with a stale token is refused."""
+    store = _store()
+    prefix = _probe_prefix()
+    key = f"{prefix}/latest.json"
+    try:
+        t1 = store._b.write_if(key, b'{"v": 1}', None)
+        t2 = store._b.write_if(key, b'{"v": 2}', t1) if t1 else None
+        stale = store._b.write_if(key, b'{"v": 3}', t1) if t2 else "skipped"
+        final = store._b.get(key)
+    except Exception as e:
+        return CheckResult(FAIL, f"store {store.url}: conditional write failed: {type(e).__name__}: {e}",
+                           "use an S3 service that honours If-Match (AWS S3, recent MinIO) or a local store")
+    finally:
+        _cleanup(store, prefix)
+    if t1 is None or t2 is None:
+        return CheckResult(FAIL, f"store {store.url}: a conditional write with the current token was refused",
+                           "check the store's If-Match / If-None-Match support")
+    if stale is not None:
+        return CheckResult(WARN, f"store {store.url} accepted a write with a stale token: 'latest' updates can race",
+                           "publish from one process at a time, or use a store with If-Match support")
+    if final != b'{"v": 2}':
+        return CheckResult(FAIL, f"store {store.url} returned {final!r} after compare-and-swap", "check the store")
+    return CheckResult(PASS, f"{store.url}: compare-and-swap of 'latest' works ({hashlib.sha256(final).hexdigest()[:8]})")
