@@ -33,6 +33,7 @@ demo: install
 bench: install
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/startup.py
+	$(PY) bench/read_stream.py
 
 lint: install
 	$(VENV)/bin/ruff check .

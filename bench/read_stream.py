@@ -1,0 +1,178 @@
+"""Read API vs peers on the same moto S3 server, in one run.
+
+1. Streaming 1 M rows / 10 shards: warp (remote mode) vs pyarrow.dataset over
+   pyarrow's native S3 on the same files: time to first batch, rows/s.
+2. Warm-cache epoch (warp auto mode after `warm`) vs pyarrow reading the same
+   Parquet files from local disk.
+3. A selective filter: bytes fetched / bytes stored.
+4. Ranged ref reads/s (ImageRef.read_bytes) vs s3fs.cat_file(start, end) on
+   the same members.
+
+Run: .venv/bin/python bench/read_stream.py [--rows 1000000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--shards", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--refs", type=int, default=300)
+    a = ap.parse_args()
+
+    from s3fixtures import s3_env, start_moto_server
+
+    server = start_moto_server()
+    try:
+        run(server, a, s3_env)
+    finally:
+        server.stop()
+
+
+def run(server, a, s3_env) -> None:
+    import boto3
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+    from test_dataset_support import publish, range_bytes, write_media
+
+    os.environ.update(s3_env(server.endpoint))
+    tmp = Path(tempfile.mkdtemp(prefix="warp-bench-"))
+    os.environ["WARP_CACHE_DIR"] = str(tmp / "cache")
+    os.environ["WARP_CACHE_SIZE_GB"] = "20"
+    boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
+    store = "s3://bench/warp"
+    os.environ["WARP_STORE"] = store
+    per = a.rows // a.shards
+    rng = np.random.default_rng(0)
+    parts = []
+    for k in range(a.shards):
+        ids = np.arange(k * per, (k + 1) * per, dtype=np.int64)
+        parts.append(pa.table({"id": ids, "x": rng.random(per), "y": rng.integers(0, 1000, per, dtype=np.int32),
+                               "label": pa.array(np.char.add("c", (ids % 100).astype(str)))}))
+    write_media(tmp / "media", 400)
+    for i in range(a.shards):
+        parts[i] = parts[i].append_column("image", pa.array([f"img/{j % 400:04d}.png" for j in range(per)]))
+        parts[i] = parts[i].append_column("audio", pa.array([f"snd/{j % 3}.wav" for j in range(per)]))
+    m = publish(store, "bench/stream", {"main": parts}, tmp, row_group_size=65536, media=tmp / "media",
+                tar_target=1 << 20, compression="snappy")
+    import warpdata
+
+    shard_paths = [f"bench/warp/{s.uri}" for s in m.tables["main"].shards]
+    local_dir = tmp / "local"
+    local_dir.mkdir()
+    for i, p in enumerate(parts):
+        pq.write_table(p, local_dir / f"{i}.parquet", row_group_size=65536, compression="snappy")
+    from warpdata.storage import StorageConfig
+
+    cfg = StorageConfig.from_env()
+    B = 65536
+
+    def pyarrow_s3():
+        fs = cfg.pyarrow_s3()
+        t0 = time.perf_counter()
+        d = pads.dataset(shard_paths, format="parquet", filesystem=fs)
+        first, n = None, 0
+        for b in d.to_batches(batch_size=B):
+            if first is None:
+                first = time.perf_counter() - t0
+            n += b.num_rows
+        return first, n / (time.perf_counter() - t0)
+
+    def warp_remote():
+        t0 = time.perf_counter()
+        t = warpdata.dataset("bench/stream", mode="remote").table("main")
+        first, n = None, 0
+        for b in t.batches(B):
+            if first is None:
+                first = time.perf_counter() - t0
+            n += b.num_rows
+        return first, n / (time.perf_counter() - t0)
+
+    def pyarrow_local():
+        t0 = time.perf_counter()
+        n = sum(b.num_rows for b in pads.dataset(str(local_dir), format="parquet").to_batches(batch_size=B))
+        return time.perf_counter() - t0, n / (time.perf_counter() - t0)
+
+    def warp_warm():
+        t0 = time.perf_counter()
+        t = warpdata.dataset("bench/stream").table("main")
+        n = sum(b.num_rows for b in t.batches(B, prefetch="off"))
+        return time.perf_counter() - t0, n / (time.perf_counter() - t0)
+
+    def med(fn):
+        fn()  # warm-up: imports, clients, connection pool
+        rs = [fn() for _ in range(a.runs)]
+        return statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
+
+    pa_first, pa_rate = med(pyarrow_s3)
+    w_first, w_rate = med(warp_remote)
+    warpdata.dataset("bench/stream").warm()
+    loc_t, loc_rate = med(pyarrow_local)
+    ww_t, ww_rate = med(warp_warm)
+
+    # filter bytes
+    server.reset()
+    q = warpdata.dataset("bench/stream", mode="remote").table("main").filter("id BETWEEN 123456 AND 123999")
+    got = q.select(["id", "x"]).to_arrow().num_rows
+    fetched = range_bytes([r for r in server.requests() if "/blobs/" in r["key"]])
+    total = sum(s.byte_size for s in m.tables["main"].shards)
+
+    # refs
+    ds = warpdata.dataset("bench/stream", mode="remote")
+    art = ds.artifact("media")
+    members = [f"img/{i:04d}.png" for i in range(min(a.refs, 400))]
+    art.read(members[0])
+    idx = art.index
+    import s3fs
+
+    fs3 = s3fs.S3FileSystem(**cfg.s3fs_kwargs())
+    locs = []
+    for mem in members:
+        h, off, ln = idx.lookup(mem)
+        locs.append((f"bench/warp/blobs/sha256/{h[:2]}/{h}", off, ln))
+
+    def warp_refs():
+        t0 = time.perf_counter()
+        for mem in members:
+            art.read(mem)
+        return 0, len(members) / (time.perf_counter() - t0)
+
+    def s3fs_refs():
+        t0 = time.perf_counter()
+        for p, off, ln in locs:
+            fs3.cat_file(p, start=off, end=off + ln)
+        return 0, len(members) / (time.perf_counter() - t0)
+
+    _, wr = med(warp_refs)
+    _, sr = med(s3fs_refs)
+
+    rows = [
+        ("stream 1M rows / 10 shards (remote)", f"{w_rate / 1e6:.2f} M rows/s", f"{pa_rate / 1e6:.2f} M rows/s (pyarrow.dataset, native S3)", w_rate / pa_rate),
+        ("time to first batch (remote)", f"{w_first * 1000:.0f} ms", f"{pa_first * 1000:.0f} ms (pyarrow.dataset)", w_first / pa_first),
+        ("warm-cache epoch", f"{ww_rate / 1e6:.2f} M rows/s", f"{loc_rate / 1e6:.2f} M rows/s (pyarrow, local Parquet)", ww_rate / loc_rate),
+        ("ranged ref reads", f"{wr:.0f} reads/s", f"{sr:.0f} reads/s (s3fs.cat_file)", wr / sr),
+        ("filter: id BETWEEN 123456 AND 123999", f"{fetched / total * 100:.2f} % of bytes ({got} rows)", "target <= 10 %", None),
+    ]
+    print(f"\nrows={a.rows} shards={a.shards} runs={a.runs} (median), moto S3 on 127.0.0.1\n")
+    w = max(len(r[0]) for r in rows)
+    print(f"{'measure'.ljust(w)}  {'warp':<28}  {'peer':<48}  ratio")
+    for name, wv, pv, ratio in rows:
+        print(f"{name.ljust(w)}  {wv:<28}  {pv:<48}  {'' if ratio is None else f'{ratio:.2f}x'}")
+
+
+if __name__ == "__main__":
+    main()
