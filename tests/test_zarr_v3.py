@@ -1,0 +1,223 @@
+"""Zarr v3 output: read back bit-exact by zarr-python and tensorstore; golden bytes; corruption."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from warpdata.errors import DataError
+from warpdata.formats import zarr_v3
+from warpdata.tiles.writer import TileWriter
+
+GOLDEN = Path(__file__).parent / "golden" / "zarr"
+DTYPES = ["uint8", "uint16", "uint32", "float32", "float64"]
+# ragged in every dimension, exact multiples, a size-1 dimension, 1-D and 4-D
+SHAPES = [((13, 17, 9), (4, 5, 4)), ((8, 8), (4, 4)), ((1, 11, 6), (3, 4, 4)), ((29,), (8,)),
+          ((3, 5, 4, 6), (2, 2, 3, 4))]
+
+
+def _data(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return (rng.standard_normal(shape) * 1000).astype(dtype)
+    return rng.integers(0, np.iinfo(dtype).max, size=shape, dtype=dtype, endpoint=True)
+
+
+def _write(path, a, tile, **kw):
+    with TileWriter(path, a.shape, a.dtype, tile, backend="cpu", fsync=False, **kw) as w:
+        w.write_array(a)
+    return w.result
+
+
+def _tensorstore(path):
+    return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}).result().read().result()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shards", [None, "auto"], ids=["unsharded", "sharded"])
+@pytest.mark.parametrize(("shape", "tile"), SHAPES, ids=lambda v: "x".join(map(str, v)))
+def test_zarr_python_and_tensorstore_read_bit_exact(tmp_path, dtype, shards, shape, tile):
+    a = _data(shape, dtype)
+    fill = np.nan if np.dtype(dtype).kind == "f" else 3
+    path = tmp_path / "a.zarr"
+    _write(path, a, tile, shards=shards, fill_value=fill)
+    z = zarr.open_array(str(path), mode="r")
+    assert z.dtype == np.dtype(dtype) and z.shape == shape
+    got = z[...]
+    assert got.tobytes() == a.tobytes()  # bit-exact, NaN payloads included
+    assert _tensorstore(path).tobytes() == a.tobytes()
+    assert zarr_v3.read_array(path).tobytes() == a.tobytes()
+
+
+def test_explicit_shards_with_empty_inner_chunks(tmp_path):
+    a = _data((6, 10, 10), "uint16")
+    path = tmp_path / "a.zarr"
+    r = _write(path, a, (3, 4, 4), shards=(3, 8, 12))  # edge shards hold chunk slots past the array
+    meta = json.loads((path / "zarr.json").read_text())
+    cfg = meta["codecs"][0]["configuration"]
+    assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [3, 8, 12]
+    assert cfg["index_location"] == "end" and [c["name"] for c in cfg["index_codecs"]] == ["bytes", "crc32c"]
+    blob = (path / "c/0/1/0").read_bytes()
+    entries = zarr_v3.decode_index(blob, 2 * 3, "c/0/1/0")
+    assert (entries[3:] == zarr_v3.EMPTY).all()  # y-chunk 3 of shard row 1 is past the array
+    assert r.chunks == 2 * 3 * 3
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], a)
+    np.testing.assert_array_equal(_tensorstore(path), a)
+
+
+def test_metadata_is_what_design_5_lists(tmp_path):
+    a = _data((4, 4), "float32")
+    path = tmp_path / "a.zarr"
+    _write(path, a, (2, 2), shards=None, fill_value=float("inf"))
+    meta = json.loads((path / "zarr.json").read_text())
+    assert meta["zarr_format"] == 3 and meta["node_type"] == "array"
+    assert meta["chunk_key_encoding"] == {"name": "default", "configuration": {"separator": "/"}}
+    assert meta["fill_value"] == "Infinity"
+    assert meta["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}},
+                              {"name": "zstd", "configuration": {"level": 1, "checksum": False}}]
+    assert sorted(os.listdir(path / "c")) == ["0", "1"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_round_trip_property(tmp_path_factory, data):
+    d = data.draw(st.integers(1, 3))
+    shape = tuple(data.draw(st.lists(st.integers(1, 12), min_size=d, max_size=d)))
+    tile = tuple(data.draw(st.lists(st.integers(1, 5), min_size=d, max_size=d)))
+    dtype = data.draw(st.sampled_from(DTYPES))
+    sharded = data.draw(st.booleans())
+    shards = None
+    if sharded:  # the slowest dimension of size > 1 keeps the tile's extent
+        first = next((i for i, n in enumerate(shape) if n > 1), d - 1)
+        shards = tuple(t if i == first else t * data.draw(st.integers(1, 3)) for i, t in enumerate(tile))
+    a = _data(shape, dtype, data.draw(st.integers(0, 1000)))
+    path = tmp_path_factory.mktemp("rt") / "a.zarr"
+    _write(path, a, tile, shards=shards)
+    assert zarr_v3.read_array(path).tobytes() == a.tobytes()
+    assert zarr.open_array(str(path), mode="r")[...].tobytes() == a.tobytes()
+
+
+def test_empty_array_writes_metadata_only(tmp_path):
+    path = tmp_path / "e.zarr"
+    with TileWriter(path, (0, 5), "u16", (2, 2), backend="cpu", fsync=False):
+        pass
+    assert zarr.open_array(str(path), mode="r").shape == (0, 5)
+    assert not (path / "c").exists()
+
+
+def test_shard_index_layout_and_crc():
+    parts = zarr_v3.shard_parts([b"abc", None, b"defgh"])
+    blob = b"".join(parts)
+    entries = zarr_v3.decode_index(blob, 3, "x")
+    assert entries.tolist() == [[0, 3], [zarr_v3.EMPTY, zarr_v3.EMPTY], [3, 5]]
+    assert len(blob) == 8 + 3 * 16 + 4
+    bad = blob[:-1] + bytes([blob[-1] ^ 1])
+    with pytest.raises(DataError, match="CRC-32C mismatch"):
+        zarr_v3.decode_index(bad, 3, "x")
+    with pytest.raises(DataError, match="too short"):
+        zarr_v3.decode_index(blob[:20], 3, "x")
+
+
+# -- golden files and malformed corpus -------------------------------------------
+
+def _golden_input():
+    a = np.arange(5 * 7 * 6, dtype=np.uint32).reshape(5, 7, 6)
+    return ((a * 2654435761) % 4093).astype(np.uint16)
+
+
+@pytest.mark.parametrize(("name", "kw"), [("sharded.zarr", {"shards": (2, 8, 8)}), ("unsharded.zarr", {"shards": None}),
+                                          ("pyramid.zarr", {"shards": (2, 8, 8), "levels": 2})])
+def test_output_is_byte_identical_to_golden(tmp_path, name, kw):
+    out = tmp_path / name
+    _write(out, _golden_input(), (2, 4, 4), fill_value=0, **kw)
+    cmp = filecmp.dircmp(GOLDEN / name, out)
+
+    def same(c):
+        assert not c.left_only and not c.right_only, (c.left_only, c.right_only)
+        _, mismatch, errors = filecmp.cmpfiles(c.left, c.right, c.common_files, shallow=False)
+        assert not mismatch and not errors, mismatch
+        for sub in c.subdirs.values():
+            same(sub)
+
+    same(cmp)
+
+
+def test_golden_reads_with_both_readers():
+    a = _golden_input()
+    np.testing.assert_array_equal(zarr.open_array(str(GOLDEN / "sharded.zarr"), mode="r")[...], a)
+    np.testing.assert_array_equal(_tensorstore(GOLDEN / "unsharded.zarr"), a)
+    g = zarr.open_group(str(GOLDEN / "pyramid.zarr"), mode="r")
+    np.testing.assert_array_equal(g["0"][...], a)
+    assert g["1"].shape == (3, 4, 3)
+
+
+@pytest.mark.parametrize(("case", "needle"), [
+    ("bad-index-crc", "CRC-32C mismatch"),
+    ("truncated-shard", "c/1/0/0"),
+    ("bad-frame", "not a valid zstd frame"),
+    ("missing-shard", "c/2/0/0: missing"),
+    ("changed-data", "differs from the input"),
+])
+def test_verify_finds_each_corruption(cli, tmp_path, case, needle):
+    target = tmp_path / case
+    shutil.copytree(GOLDEN / "malformed" / case, target)
+    r = cli("inspect", "--verify", str(target), "--json")
+    assert r.code == 1, r.err
+    # the report comes first (the error document may follow it on stdout)
+    doc, _ = json.JSONDecoder().raw_decode(r.out)
+    assert doc["ok"] is False and any(needle in p for p in doc["problems"]), doc["problems"]
+
+
+def test_bad_metadata_is_a_data_error(cli, tmp_path):
+    target = tmp_path / "bad"
+    shutil.copytree(GOLDEN / "malformed" / "bad-zarr-json", target)
+    r = cli("inspect", str(target))
+    assert r.code == 65 and "zarr.json" in r.err
+
+
+def test_verify_passes_on_golden(cli):
+    r = cli("inspect", "--verify", str(GOLDEN / "pyramid.zarr"), "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["kind"] == "zarr-array" and doc["verified"] is True and doc["levels"] == 2
+
+
+# -- S3 through the storage layer (moto on 127.0.0.1) -------------------------------
+
+@pytest.fixture
+def s3_env(monkeypatch):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1", "WARP_S3_ENDPOINT": endpoint}.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="tiles")
+    yield endpoint
+    server.stop()
+
+
+@pytest.mark.s3
+def test_s3_output_reads_back(s3_env):
+    a = _data((9, 10, 7), "uint16")
+    r = _write("s3://tiles/vol.zarr", a, (4, 4, 4), shards="auto")
+    assert r.objects == 3
+    store = zarr.storage.FsspecStore.from_url(
+        "s3://tiles/vol.zarr", read_only=True,
+        storage_options={"endpoint_url": s3_env, "key": "testing", "secret": "testing"})
+    np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], a)
+    assert zarr_v3.read_array("s3://tiles/vol.zarr").tobytes() == a.tobytes()
