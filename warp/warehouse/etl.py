@@ -398,6 +398,8 @@ def run(req: EtlRequest) -> EtlResult:
         if req.clear and build_dir.exists():
             shutil.rmtree(build_dir)
         build_dir.mkdir(parents=True, exist_ok=True)
+        for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written files of a killed run
+            leftover.unlink()
         tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
         t = time.perf_counter()
         results = _run_tasks(tasks, cfg.executor, workers, len(kept))
