@@ -1,0 +1,244 @@
+"""Tile-compression backends: one conformance suite every backend subclasses.
+
+A backend is done when its subclass of :class:`BackendConformance` passes.
+The GPU subclass carries the ``gpu`` marker and skips itself without a CUDA
+device and its packages; the GPU backend's pure parts (kernel index math,
+batching, slot scheduling) are tested on the CPU below against numpy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
+from warpdata import kernels
+from warpdata.errors import ConfigError, DependencyError
+from warpdata.formats.tiling import SlabPlan, TileGeometry, lift_transpose
+from warpdata.kernels import gpu as gpu_mod
+
+DTYPES = ["uint8", "uint16", "uint32", "float32", "float64"]
+
+
+def _slab_tiles(a: np.ndarray, plan: SlabPlan, slab: int, fill) -> np.ndarray:
+    n0 = plan.geometry.tile[0]
+    rows = a[slab * n0:(slab + 1) * n0]
+    return lift_transpose(rows, plan.geometry.tile, fill).reshape(plan.tiles_per_slab, -1)
+
+
+class BackendConformance:
+    """Subclasses set ``name``; everything else is shared."""
+
+    name: str
+
+    @pytest.fixture
+    def backend(self):
+        b = kernels.get_backend(self.name, level=1, threads=2)
+        yield b
+        b.close()
+
+    def _run(self, backend, a: np.ndarray, tile, fill=0):
+        geo = TileGeometry.create(a.shape, tile, a.dtype)
+        plan = SlabPlan(geo.elided(), fill)
+        backend.prepare(plan)
+        bufs = [backend.alloc_slab() for _ in range(2)]
+        frames_per_slab = []
+        pending = []
+        ea = a.reshape(plan.geometry.shape)
+        for s in range(plan.n_slabs):
+            buf = bufs[s % 2]
+            if len(pending) == 2:
+                frames_per_slab.append(backend.collect(pending.pop(0)))
+            rows = plan.rows(s)
+            buf[:rows] = ea[s * plan.geometry.tile[0]: s * plan.geometry.tile[0] + rows]
+            pending.append(backend.submit(buf, rows))
+        frames_per_slab += [backend.collect(t) for t in pending]
+        return plan, ea, frames_per_slab
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_frames_are_plain_zstd_of_the_tiled_bytes(self, backend, dtype):
+        a = (np.random.default_rng(1).random((11, 9, 7)) * 200).astype(dtype)
+        plan, ea, slabs = self._run(backend, a, (4, 4, 3), fill=5)
+        assert len(slabs) == 3
+        d = zstandard.ZstdDecompressor()
+        for s, frames in enumerate(slabs):
+            assert len(frames) == plan.tiles_per_slab
+            want = _slab_tiles(ea, plan, s, 5)
+            for i, f in enumerate(frames):
+                assert zstandard.get_frame_parameters(bytes(f)).content_size in (want[i].nbytes, 0, -1)
+                assert d.decompress(bytes(f), max_output_size=want[i].nbytes) == want[i].tobytes()
+
+    def test_size_one_dimensions_and_one_slab(self, backend):
+        a = np.arange(2 * 1 * 5, dtype=np.uint16).reshape(2, 1, 5)
+        plan, ea, slabs = self._run(backend, a, (4, 4, 2))
+        assert plan.geometry.shape == (2, 5) and len(slabs) == 1
+        want = _slab_tiles(ea, plan, 0, 0)
+        got = [zstandard.ZstdDecompressor().decompress(bytes(f), max_output_size=want[0].nbytes) for f in slabs[0]]
+        assert got == [w.tobytes() for w in want]
+
+    def test_alloc_slab_has_slab_shape(self, backend):
+        geo = TileGeometry.create((10, 6, 6), (4, 3, 3), "f32")
+        plan = SlabPlan(geo.elided(), 0.0)
+        backend.prepare(plan)
+        buf = backend.alloc_slab()
+        assert buf.shape == (4, 6, 6) and buf.dtype == np.float32 and buf.flags.c_contiguous
+
+    def test_whole_writer_round_trip(self, tmp_path):
+        import zarr
+        from warpdata.tiles.writer import TileWriter
+
+        a = (np.random.default_rng(2).random((19, 13, 11)) * 4000).astype(np.uint16)
+        with TileWriter(tmp_path / "a.zarr", a.shape, a.dtype, (8, 8, 8), backend=self.name, fsync=False) as w:
+            w.write_array(a)
+        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...], a)
+
+
+class TestCpuBackend(BackendConformance):
+    name = "cpu"
+
+    def test_output_is_identical_for_any_thread_count(self):
+        a = (np.random.default_rng(3).random((8, 64, 64)) * 3000).astype(np.uint16)
+        results = []
+        for threads in (1, 3):
+            b = kernels.get_backend("cpu", threads=threads)
+            _, _, slabs = self._run(b, a, (4, 8, 8))
+            assert len(b._tasks) >= threads  # every thread gets work
+            b.close()
+            results.append([bytes(f) for frames in slabs for f in frames])
+        assert results[0] == results[1]
+
+    def test_slab_buffers_are_recycled(self):
+        from warpdata.kernels import cpu
+
+        geo = TileGeometry.create((4, 32, 32), (4, 8, 8), "u8")
+        plan = SlabPlan(geo.elided(), 0)
+        b = kernels.get_backend("cpu")
+        b.prepare(plan)
+        first = b.alloc_slab()
+        ptr = first.__array_interface__["data"][0]
+        b.close()
+        b2 = kernels.get_backend("cpu")
+        b2.prepare(plan)
+        assert b2.alloc_slab().__array_interface__["data"][0] == ptr
+        b2.close()
+        assert any(x.nbytes == plan.slab_nbytes for x in cpu._POOL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_mod.GpuBackend.probe() is not None,
+                    reason=f"gpu backend unavailable: {gpu_mod.GpuBackend.probe()}")
+class TestGpuBackend(BackendConformance):
+    name = "gpu"
+
+
+# -- registry ---------------------------------------------------------------------
+
+def test_registry_names_and_hints():
+    assert set(kernels.BACKENDS) == {"cpu", "gpu"}
+    assert "pip install 'warpdata[gpu]'" in kernels.BACKENDS["gpu"].install
+    avail = kernels.availability()
+    assert avail["cpu"] is None
+    if avail["gpu"] is not None:
+        assert "warpdata[gpu]" in avail["gpu"]
+
+
+def test_auto_and_env(monkeypatch):
+    monkeypatch.delenv("WARP_BACKEND", raising=False)
+    expected = "gpu" if gpu_mod.GpuBackend.probe() is None else "cpu"
+    assert kernels.resolve("auto") == expected == kernels.resolve(None)
+    monkeypatch.setenv("WARP_BACKEND", "cpu")
+    assert kernels.resolve(None) == "cpu"
+    monkeypatch.setenv("WARP_BACKEND", "tpu")
+    with pytest.raises(ConfigError, match="unknown tile backend 'tpu'"):
+        kernels.resolve(None)
+
+
+@pytest.mark.skipif(gpu_mod.GpuBackend.probe() is None, reason="a GPU is available here")
+def test_missing_gpu_is_a_dependency_error_with_hint():
+    with pytest.raises(DependencyError) as e:
+        kernels.get_backend("gpu")
+    assert "warpdata[gpu]" in (e.value.hint or "")
+
+
+def test_importing_the_registry_imports_no_backend():
+    import subprocess
+    import sys
+
+    code = ("import sys, warpdata.kernels as k; "
+            "print(any(m in sys.modules for m in ('warpdata.kernels.cpu', 'warpdata.kernels.gpu', 'cupy', 'zstandard')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+# -- GPU pure parts on the CPU ---------------------------------------------------------
+
+@st.composite
+def slab_cases(draw):
+    d = draw(st.integers(1, 4))
+    shape = tuple(draw(st.lists(st.integers(2, 9), min_size=d, max_size=d)))
+    tile = tuple(draw(st.lists(st.integers(1, 5), min_size=d, max_size=d)))
+    dtype = draw(st.sampled_from(DTYPES))
+    return shape, tile, dtype, draw(st.integers(0, 2**31))
+
+
+@given(slab_cases())
+def test_kernel_index_math_matches_numpy_tiling(case):
+    shape, tile, dtype, seed = case
+    a = (np.random.default_rng(seed).random(shape) * 250).astype(dtype)
+    geo = TileGeometry.create(shape, tile, dtype)
+    plan = SlabPlan(geo.elided(), 9)
+    params = gpu_mod.KernelParams.from_plan(plan)
+    ea = a.reshape(plan.geometry.shape)
+    n0 = plan.geometry.tile[0]
+    for s in range(plan.n_slabs):
+        rows = plan.rows(s)
+        slab = np.full(plan.slab_shape, 77, dtype=dtype)  # garbage past `rows` must never leak
+        slab[:rows] = ea[s * n0: s * n0 + rows]
+        got = gpu_mod.emulate_kernel(slab, params, rows, 9)
+        want = lift_transpose(ea[s * n0: s * n0 + rows], plan.geometry.tile, 9).reshape(plan.tiles_per_slab, -1)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_kernel_source_has_the_emulated_steps():
+    src = gpu_mod.KERNEL_SOURCE
+    for step in ("tnum % counts[d]", "toff % tile[d]", "(d == 0) ? rows : shape[d]", "ok ? src[s] : fill"):
+        assert step in src
+
+
+@given(st.integers(0, 5000), st.integers(1, 1 << 20), st.integers(1, 1 << 26))
+def test_plan_batches_cover_every_tile_once(n, tile_nbytes, cap):
+    batches = gpu_mod.plan_batches(n, tile_nbytes, cap)
+    covered = [i for a, b in batches for i in range(a, b)]
+    assert covered == list(range(n))
+    for a, b in batches:
+        assert b > a and ((b - a) * tile_nbytes <= cap or b - a == 1)
+
+
+def test_compress_bound_holds_for_incompressible_data():
+    rng = np.random.default_rng(0)
+    c = zstandard.ZstdCompressor(level=1)
+    for n in (1, 100, 4096, 128 << 10, 1 << 20):
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        assert len(c.compress(data)) <= gpu_mod.max_compressed_size(n)
+
+
+def test_pack_offsets_are_aligned_and_disjoint():
+    offs, total = gpu_mod.pack_offsets([5, 8, 1, 0, 17])
+    assert offs == [0, 8, 16, 24, 24] and total == 48
+    assert all(o % 8 == 0 for o in offs)
+
+
+def test_slot_schedule_never_reuses_a_busy_slot():
+    s = gpu_mod.SlotSchedule(2)
+    assert s.submit() == (0, 0) and s.submit() == (1, 1)
+    with pytest.raises(RuntimeError, match="still holds slab 0"):
+        s.submit()
+    with pytest.raises(RuntimeError, match="out of order"):
+        s.collect(1)
+    assert s.collect(0) == 0
+    assert s.submit() == (2, 0)
+    assert s.collect(1) == 1 and s.collect(2) == 0
+    assert not s.busy and math.isclose(s.next_submit, 3)

@@ -1,0 +1,309 @@
+"""TileWriter contract, multiscale pyramids, the `warp etl` array pipeline, inspect and doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given
+from hypothesis import strategies as st
+from warpdata.errors import ConfigError, DataError
+from warpdata.kernels.cpu import CpuBackend
+from warpdata.sampledata.volume import generate, photo_like_volume
+from warpdata.tiles.pyramid import Downsampler, reduce_block
+from warpdata.tiles.writer import TileWriter, auto_shards
+
+
+class GatedCpuBackend(CpuBackend):
+    """The real CPU backend whose ``collect`` waits for a gate: makes 'both slabs busy' deterministic."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.gate = threading.Event()
+
+    def collect(self, ticket):
+        self.gate.wait(30)
+        return super().collect(ticket)
+
+
+def _vol(shape=(10, 12, 9), dtype="uint16"):
+    return photo_like_volume(shape, dtype, seed=4)
+
+
+# -- writer contract ------------------------------------------------------------
+
+def test_write_returns_zero_when_both_slabs_are_busy(tmp_path):
+    a = _vol()
+    backend = GatedCpuBackend(threads=2)
+    w = TileWriter(tmp_path / "a.zarr", a.shape, a.dtype, (4, 4, 4), backend=backend, fsync=False)
+    slab = 4 * 12 * 9 * 2
+    raw = a.tobytes()
+    assert w.write(raw) == 2 * slab  # two slab buffers filled, the third slab's bytes refused
+    assert w.write(raw[2 * slab:]) == 0  # never blocks: 0 means "try again later"
+    assert w.reserve() is None
+    assert not w.wait(timeout=0.05)  # still busy
+    backend.gate.set()
+    assert w.wait(timeout=30)
+    done = 2 * slab
+    while done < len(raw):
+        n = w.write(raw[done:])
+        if n == 0:
+            w.wait()
+        done += n
+    r = w.close()
+    assert r.raw_bytes == a.nbytes
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...], a)
+
+
+def test_reserve_commit_zero_copy_path(tmp_path):
+    a = _vol((7, 5, 6), "float32")
+    raw = memoryview(a.tobytes())
+    with TileWriter(tmp_path / "a.zarr", a.shape, a.dtype, (3, 4, 4), backend="cpu", fsync=False) as w:
+        pos = 0
+        while pos < len(raw):
+            mv = w.reserve()
+            if mv is None:
+                w.wait()
+                continue
+            n = min(len(mv), 17, len(raw) - pos)  # odd-sized pieces across element boundaries
+            mv[:n] = raw[pos:pos + n]
+            w.commit(n)
+            pos += n
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...], a)
+
+
+def test_too_many_bytes_is_a_data_error(tmp_path):
+    w = TileWriter(tmp_path / "a.zarr", (2, 3), "u8", (2, 2), backend="cpu", fsync=False)
+    with pytest.raises(DataError, match="more than the 6 bytes"):
+        w.write(b"x" * 7)
+    w.abort()
+
+
+def test_short_input_fails_and_writes_no_metadata(tmp_path):
+    w = TileWriter(tmp_path / "a.zarr", (8, 8), "u16", (4, 4), backend="cpu", fsync=False)
+    w.write_all(b"\0" * 100)
+    with pytest.raises(DataError, match="input ended after 100 of 128 bytes"):
+        w.close()
+    assert not (tmp_path / "a.zarr" / "zarr.json").exists()
+    assert not (tmp_path / "a.zarr" / "manifest.json").exists()
+
+
+def test_write_after_close(tmp_path):
+    w = TileWriter(tmp_path / "a.zarr", (2, 2), "u8", (2, 2), backend="cpu", fsync=False)
+    w.write_all(b"abcd")
+    w.close()
+    with pytest.raises(DataError, match="write after close"):
+        w.write(b"e")
+
+
+def test_errors_in_the_pipeline_surface_in_the_caller(tmp_path):
+    class Broken(CpuBackend):
+        def collect(self, ticket):
+            raise RuntimeError("disk on fire")
+
+    w = TileWriter(tmp_path / "a.zarr", (8, 4), "u8", (2, 4), backend=Broken(), fsync=False)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        w.write_all(b"\1" * 32)
+        w.close()
+    w.abort()
+
+
+def test_manifest_and_zarr_json_are_written_last(tmp_path):
+    a = _vol((6, 6, 6), "uint8")
+    with TileWriter(tmp_path / "a.zarr", a.shape, a.dtype, (3, 3, 3), backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    root = tmp_path / "a.zarr"
+    chunks = [p for p in root.rglob("*") if p.is_file() and "c" in p.relative_to(root).parts]
+    newest_chunk = max(p.stat().st_mtime_ns for p in chunks)
+    assert (root / "zarr.json").stat().st_mtime_ns >= newest_chunk
+    m = json.loads((root / "manifest.json").read_text())
+    assert m["kind"] == "zarr-array" and m["raw_bytes"] == a.nbytes and m["objects"] == len(chunks)
+
+
+def test_auto_shards_respect_the_cap_and_the_slowest_tile():
+    assert auto_shards((512, 1024, 1024), (64, 64, 64), 2) == (64, 512, 1024)
+    assert auto_shards((1, 300, 40), (8, 16, 16), 1) == (1, 16, 48)
+    with pytest.raises(ConfigError, match="must equal the tile size"):
+        TileWriter("/nonexistent/x", (8, 8), "u8", (4, 4), shards=(8, 8), backend="cpu")
+
+
+# -- pyramids --------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["median", "mean", "nearest"])
+def test_pyramid_levels_and_ome_metadata(tmp_path, method):
+    a = _vol((13, 22, 17))
+    path = tmp_path / "p.zarr"
+    with TileWriter(path, a.shape, a.dtype, (5, 8, 8), levels=3, method=method, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    g = zarr.open_group(str(path), mode="r")
+    ms = g.attrs["ome"]["multiscales"][0]
+    assert [d["path"] for d in ms["datasets"]] == ["0", "1", "2"]
+    assert ms["datasets"][2]["coordinateTransformations"][0]["scale"] == [4.0, 4.0, 4.0]
+    assert [ax["name"] for ax in ms["axes"]] == ["z", "y", "x"] and ms["type"] == method
+    level = a
+    for i in range(3):
+        np.testing.assert_array_equal(g[str(i)][...], level)
+        level = reduce_block(level, (2, 2, 2), method)
+    assert g["2"].shape == (4, 6, 5)
+
+
+def test_median_is_an_order_statistic():
+    block = np.array([[1, 9], [3, 7]], dtype=np.uint16)
+    assert reduce_block(block, (2, 2), "median").tolist() == [[3]]  # lower median of 1,3,7,9
+    assert reduce_block(block, (2, 2), "mean").tolist() == [[5]]
+    odd = np.array([[1, 2, 100]], dtype=np.uint8)
+    assert reduce_block(odd, (1, 2), "median").tolist() == [[1, 100]]
+
+
+@given(st.integers(1, 9), st.lists(st.integers(1, 5), min_size=1, max_size=6), st.sampled_from(["median", "mean"]))
+def test_downsampler_is_independent_of_block_splits(rows, splits, method):
+    a = np.random.default_rng(rows).integers(0, 1000, (rows, 5, 3)).astype(np.uint16)
+    d = Downsampler(a.shape[1:], a.dtype, (2, 2, 1), method)
+    out, pos = [], 0
+    for n in splits + [rows]:
+        part = a[pos:pos + n]
+        pos += len(part)
+        r = d.push(part) if len(part) else None
+        if r is not None:
+            out.append(r)
+    last = d.finish()
+    if last is not None:
+        out.append(last)
+    np.testing.assert_array_equal(np.concatenate(out), reduce_block(a, (2, 2, 1), method))
+
+
+def test_channel_axis_is_not_downsampled(tmp_path):
+    a = _vol((3, 8, 10, 12))
+    path = tmp_path / "c.zarr"
+    with TileWriter(path, a.shape, a.dtype, (1, 4, 4, 4), levels=2, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    g = zarr.open_group(str(path), mode="r")
+    assert [ax["type"] for ax in g.attrs["ome"]["multiscales"][0]["axes"]] == ["channel", "space", "space", "space"]
+    assert g["1"].shape == (3, 4, 5, 6)
+
+
+# -- etl pipeline + CLI ------------------------------------------------------------------
+
+@pytest.fixture
+def volume_dir(tmp_path):
+    generate(tmp_path / "v", count=20, seed=1)
+    return tmp_path / "v"
+
+
+def test_etl_builds_inspects_and_reuses(cli, volume_dir):
+    cfg = volume_dir / "volume.toml"
+    r = cli("etl", "--config", cfg, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["kind"] == "zarr-array" and doc["status"] == "built" and doc["levels"] == 3
+    assert doc["raw_bytes"] == 20 * 256 * 256 * 2 and doc["ratio"] > 1.2
+    out = Path(doc["path"])
+    a = np.fromfile(volume_dir / "volume.raw", dtype="<u2").reshape(20, 256, 256)
+    g = zarr.open_group(str(out), mode="r")
+    np.testing.assert_array_equal(g["0"][...], a)
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "zarr-array"
+    again = cli("etl", "--config", cfg, "--json")
+    assert again.code == 0 and again.json()["status"] == "up-to-date"
+    rebuilt = cli("etl", "--config", cfg, "--clear", "-q")
+    assert rebuilt.code == 0 and rebuilt.out.strip() == str(out)
+    v = cli("inspect", "--verify", str(out), "--json")
+    assert v.code == 0 and v.json()["verified"] is True and v.json()["kind"] == "zarr-array"
+    leftovers = [p for p in os.listdir(volume_dir) if p.startswith(".warp-tmp-")]
+    assert leftovers == []
+
+
+def test_etl_npy_input_and_unsharded(cli, volume_dir, tmp_path):
+    cfg = tmp_path / "npy.toml"
+    cfg.write_text(f'[source]\nformat = "npy"\npath = "{volume_dir / "volume.npy"}"\n'
+                   '[output]\npath = "out.zarr"\n[tiles]\nchunks = [8, 64, 64]\nshards = "none"\n')
+    r = cli("etl", "--config", cfg, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["shards"] is None
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[...],
+                                  np.load(volume_dir / "volume.npy"))
+
+
+def test_etl_from_stdin_in_a_subprocess(volume_dir, tmp_path):
+    raw = (volume_dir / "volume.raw").read_bytes()
+    out = tmp_path / "stdin.zarr"
+    p = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(volume_dir / "volume.toml"),
+                        "--input", "-", "--output", str(out), "--json"],
+                       input=raw, capture_output=True, check=False)
+    assert p.returncode == 0, p.stderr.decode()
+    doc = json.loads(p.stdout)
+    assert doc["status"] == "built" and doc["path"] == str(out)
+    a = np.frombuffer(raw, dtype="<u2").reshape(20, 256, 256)
+    np.testing.assert_array_equal(zarr.open_group(str(out), mode="r")["0"][...], a)
+
+
+def _cfg(tmp_path, body: str) -> Path:
+    (tmp_path / "in.raw").write_bytes(b"\0" * (4 * 6 * 2))
+    p = tmp_path / "bad.toml"
+    p.write_text(body)
+    return p
+
+
+@pytest.mark.parametrize(("body", "code", "needle"), [
+    ('[source]\nformat = "raw"\npath = "in.raw"\ndtype = "u16"\n[output]\npath = "o"\n[tiles]\nchunks = [2, 2]\n',
+     78, "needs [source] shape"),
+    ('[source]\nformat = "raw"\npath = "in.raw"\nshape = [4, 6]\ndtype = "u16"\n[output]\npath = "o"\n'
+     '[tiles]\nchunks = [2, 2]\nlevle = 3\n', 78, "did you mean 'tiles.level'"),
+    ('[source]\nformat = "raw"\npath = "in.raw"\nshape = [4, 7]\ndtype = "u16"\n[output]\npath = "o"\n'
+     '[tiles]\nchunks = [2, 2]\n', 65, "holds 48 data bytes but shape [4, 7] uint16 needs 56"),
+    ('[source]\nformat = "raw"\npath = "in.raw"\nshape = [4, 6]\ndtype = "u16"\n[output]\npath = "o"\n'
+     '[tiles]\nchunks = [2, 2, 2]\n', 78, "has 3 dimensions but the array has 2"),
+    ('[source]\nformat = "raw"\npath = "in.raw"\nshape = [4, 6]\ndtype = "i16"\n[output]\npath = "o"\n'
+     '[tiles]\nchunks = [2, 2]\n', 78, "unsupported dtype"),
+    ('[source]\nformat = "raw"\npath = "missing.raw"\nshape = [4, 6]\ndtype = "u16"\n[output]\npath = "o"\n'
+     '[tiles]\nchunks = [2, 2]\n', 66, "does not exist"),
+    ('[source]\nformat = "raw"\npath = "in.raw"\nshape = [4, 6]\ndtype = "u16"\n[output]\npath = "o"\n'
+     '[tiles]\nchunks = [2, 2]\nshards = [4, 2]\n', 78, "must equal the tile size"),
+    ('[source]\nformat = "raw"\npath = "in.raw"\nshape = [4, 6]\ndtype = "u16"\n[output]\npath = "o"\n'
+     '[tiles]\nchunks = [2, 2]\nbackend = "tpu"\n', 78, "unknown tile backend"),
+])
+def test_etl_config_errors(cli, tmp_path, body, code, needle):
+    r = cli("etl", "--config", _cfg(tmp_path, body))
+    assert r.code == code, (r.code, r.err)
+    assert needle in r.err, r.err
+    assert not (tmp_path / "o" / "zarr.json").exists()
+
+
+def test_etl_error_names_the_config_line(cli, tmp_path):
+    body = ('[source]\nformat = "raw"\npath = "in.raw"\nshape = [4, 6]\ndtype = "u16"\n[output]\npath = "o"\n'
+            '[tiles]\nchunks = [2, 2]\nlevel = 40\n')
+    r = cli("etl", "--config", _cfg(tmp_path, body))
+    assert r.code == 78 and "bad.toml:10" in r.err and "between 1 and 22" in r.err
+
+
+def test_fortran_order_npy_is_rejected(cli, tmp_path):
+    np.save(tmp_path / "f.npy", np.asfortranarray(np.zeros((4, 6), np.uint16)))
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[source]\nformat = "npy"\npath = "f.npy"\n[output]\npath = "o"\n[tiles]\nchunks = [2, 2]\n')
+    r = cli("etl", "--config", cfg)
+    assert r.code == 65 and "Fortran order" in r.err
+
+
+def test_doctor_lists_tile_backends(cli):
+    r = cli("doctor", "--json")
+    doc, _ = json.JSONDecoder().raw_decode(r.out)
+    checks = doc["checks"] if isinstance(doc, dict) and "checks" in doc else doc
+    entry = next(c for c in checks if c.get("name", "").endswith("tile-backends"))
+    assert entry["status"] in ("PASS", "WARN")
+    assert "cpu: available" in entry["detail"] and "gpu:" in entry["detail"]
+
+
+def test_sample_volume_is_deterministic_and_compressible(tmp_path):
+    a = photo_like_volume((16, 64, 64), "uint16", seed=3)
+    b = photo_like_volume((16, 64, 64), "uint16", seed=3)
+    assert a.tobytes() == b.tobytes() and a.std() > 10  # structure, not a constant
+    import zstandard
+
+    ratio = a.nbytes / len(zstandard.ZstdCompressor(level=1).compress(a.tobytes()))
+    assert 1.3 < ratio < 6  # photo-like: neither zeros nor pure noise
