@@ -26,6 +26,28 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
+        tar-to-tbl)
+            case "$prev" in
+                --compression|-c) _warp_files; return 0;;
+                --level) :; return 0;;
+                --workers|-j) :; return 0;;
+                --on-error) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--compression -c --level --workers -j --verify --on-error --force -f --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
+        publish)
+            case "$prev" in
+                --table) _warp_files; return 0;;
+                --artifact) _warp_files; return 0;;
+                --bind) _warp_files; return 0;;
+                --from) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+                --shard-size) _warp_files; return 0;;
+                --workers) :; return 0;;
+                --description) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
         inspect)
             case "$prev" in
                 --head) :; return 0;;
@@ -38,8 +60,57 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--limit --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_words "stats gc verify clear"; fi
             ;;
+        warm)
+            case "$prev" in
+                --tables) _warp_files; return 0;;
+                --shards) _warp_files; return 0;;
+                --max-bytes) _warp_files; return 0;;
+                --version) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--tables --shards --max-bytes --artifacts --no-artifacts --version --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
+        stream)
+            case "$prev" in
+                --table) _warp_files; return 0;;
+                --format) _warp_words "jsonl csv arrow"; return 0;;
+                --columns) _warp_files; return 0;;
+                --filter) _warp_files; return 0;;
+                --shard) _warp_files; return 0;;
+                --limit) :; return 0;;
+                --batch-size) :; return 0;;
+                --version) _warp_files; return 0;;
+                --mode) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--table --format --columns --filter --shard --limit --batch-size --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
+        ls)
+            case "$prev" in
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
+        cat)
+            case "$prev" in
+                --artifact) _warp_files; return 0;;
+                --ref) _warp_files; return 0;;
+                --version) _warp_files; return 0;;
+                --mode) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--artifact --ref --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
+        init)
+            case "$prev" in
+                --table) _warp_files; return 0;;
+                --out) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--table --out --force --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl doctor inspect cache"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl doctor tar-to-tbl publish inspect cache warm stream ls cat init"; fi
             ;;
     esac
 }
@@ -49,9 +120,12 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|doctor|inspect|cache) cmd=${COMP_WORDS[i]}; break ;;
+            etl|doctor|tar-to-tbl|publish|inspect|cache|warm|stream|ls|cat|init) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"
 }
 complete -F _warp warp
+
+_tar_to_tbl() { _warp_complete_in tar-to-tbl; }
+complete -F _tar_to_tbl tar_to_tbl

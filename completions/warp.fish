@@ -9,10 +9,17 @@ complete -c warp -l color -x -a 'auto always never' -d 'auto, always or never (N
 complete -c warp -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
 complete -c warp -l version -d 'Print warp\'s version and exit'
 complete -c warp -s h -l help -d 'Show the help and exit'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor inspect cache' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor inspect cache' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor inspect cache' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor inspect cache' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a ls -d 'List the datasets published in a store, from their manifests only'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
+complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
 
 complete -c warp -n '__fish_seen_subcommand_from etl' -s c -l config -r -F -d 'The TOML config (see examples/)'
 complete -c warp -n '__fish_seen_subcommand_from etl' -l clear -d 'Rebuild even if an identical version exists (also WAREHOUSE_CLEAR=1)'
@@ -23,9 +30,81 @@ complete -c warp -n '__fish_seen_subcommand_from etl' -s o -l output -r -F -d 'O
 
 complete -c warp -n '__fish_seen_subcommand_from doctor' -l only -r -F -d 'Run only checks in these groups (repeatable)'
 
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -r -F -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s j -l workers -x -d 'Checksum/compression threads (default: WARP_WORKERS or CPUs)'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l verify -d 'Re-read OUT after writing and check every checksum'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s f -l force -d 'Replace OUT if it exists'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -F
+
+complete -c warp -n '__fish_seen_subcommand_from publish' -l table -r -F -d 'Table NAME from Parquet (or CSV/JSONL) files; repeatable'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l artifact -r -F -d 'Pack DIR\'s files into tar shards as artifact NAME; repeatable'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l bind -r -F -d 'Column values are member paths in ARTIFACT, read as TYPE (image, audio, video...'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l from -r -F -d 'Publish a warp artifact (directory with manifest.json, or .tbl); repeatable'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l dry-run -d 'Print the plan (blobs to upload, bytes, version); change nothing'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Store URL or path (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards (e.g'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l workers -x -d 'Parallel hashing and uploads'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore the stat cache: hash and pack every input again'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
+complete -c warp -n '__fish_seen_subcommand_from publish' -F
+
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l head -x -d 'Also show the first N rows/samples where that applies'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE (e.g'
 complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clear'
+
+complete -c warp -n '__fish_seen_subcommand_from warm' -l tables -r -F -d 'Comma-separated tables (default: all)'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l shards -r -F -d 'Shard positions to warm in each table/artifact'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l max-bytes -r -F -d 'Download at most SIZE (e.g'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l artifacts -l no-artifacts -d 'Also warm artifact shards and indexes'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l version -r -F -d 'A version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from warm' -F
+
+complete -c warp -n '__fish_seen_subcommand_from stream' -l table -r -F -d 'Table to stream'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l format -x -a 'jsonl csv arrow' -d 'jsonl, csv or arrow (IPC stream)'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l columns -r -F -d 'Comma-separated columns (default: all)'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l filter -r -F -d 'Keep rows matching this DuckDB SQL expression'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l shard -r -F -d 'Stream one rank\'s share: RANK/WORLD or auto'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l limit -x -d 'Stop after N rows'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l batch-size -x -d 'Rows per Arrow batch'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l version -r -F -d 'A version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -r -F -d 'auto, remote, hybrid or local'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from stream' -F
+
+complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from ls' -F
+
+complete -c warp -n '__fish_seen_subcommand_from cat' -l artifact -r -F -d 'Artifact name (see \'warp inspect ws/name\')'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l ref -r -F -d 'Member path inside the artifact'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l version -r -F -d 'A version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -r -F -d 'auto, remote, hybrid or local (default: WARP_MODE or auto)'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from cat' -F
+
+complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams'
+complete -c warp -n '__fish_seen_subcommand_from init' -l out -r -F -d 'File to write (default ./<ws>_<name>_loader.py)'
+complete -c warp -n '__fish_seen_subcommand_from init' -l force -d 'Overwrite an existing file'
+complete -c warp -n '__fish_seen_subcommand_from init' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from init' -F
+
+complete -c tar_to_tbl -f
+complete -c tar_to_tbl -l json -d 'Print exactly one JSON document on stdout'
+complete -c tar_to_tbl -s q -l quiet -d 'Less output on stderr (-q: only results)'
+complete -c tar_to_tbl -s v -l verbose -d 'More detail on stderr (-v, -vv)'
+complete -c tar_to_tbl -l color -x -a 'auto always never' -d 'auto, always or never (NO_COLOR and FORCE_COLOR are honoured)'
+complete -c tar_to_tbl -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
+complete -c tar_to_tbl -l version -d 'Print warp\'s version and exit'
+complete -c tar_to_tbl -s c -l compression -r -F -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
+complete -c tar_to_tbl -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'
+complete -c tar_to_tbl -s j -l workers -x -d 'Checksum/compression threads (default: WARP_WORKERS or CPUs)'
+complete -c tar_to_tbl -l verify -d 'Re-read OUT after writing and check every checksum'
+complete -c tar_to_tbl -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
+complete -c tar_to_tbl -s f -l force -d 'Replace OUT if it exists'
+complete -c tar_to_tbl -F

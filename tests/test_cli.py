@@ -358,3 +358,16 @@ def test_tar_to_tbl_alias(capfd):
     if script:
         r = subprocess.run([script, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and r.stdout.startswith("Usage: warp tar-to-tbl")
+
+
+def test_no_command_redefines_a_global_option():
+    """Global options are hoisted from anywhere on the line, so a command must not reuse their names."""
+    import typer
+    from warpdata.cli import GLOBAL_FLAGS, GLOBAL_VALUED, build_app
+
+    group = typer.main.get_command(build_app())
+    reserved = GLOBAL_FLAGS | GLOBAL_VALUED
+    for name, cmd in group.commands.items():
+        for p in cmd.params:
+            clash = set(getattr(p, "opts", ())) & reserved
+            assert not clash, f"warp {name} redefines global option(s) {clash}"
