@@ -34,6 +34,7 @@ bench: install
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/startup.py
 	$(PY) bench/read_stream.py
+	$(PY) bench/tiles_write.py
 
 lint: install
 	$(VENV)/bin/ruff check .
