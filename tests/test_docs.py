@@ -178,3 +178,14 @@ def test_zsh_completion(scripts, tmp_path):
     assert complete("warp ins") == {"inspect"}
     assert complete("warp --color ") == {"always", "auto", "never"}
     assert {"--verify", "--verbose"} <= complete("warp inspect --ve")
+
+
+def test_bash_completion_for_the_tar_to_tbl_alias(scripts):
+    if "tar-to-tbl" not in {c.name for c in COMMANDS}:
+        pytest.skip("tar-to-tbl is not registered yet")
+    script = (f"source {scripts / 'warp.bash'}\nCOMP_WORDS=(tar_to_tbl --); COMP_CWORD=1\n"
+              "_tar_to_tbl; printf '%s\\n' \"${COMPREPLY[@]}\"\n")
+    r = subprocess.run(["bash", "--norc", "--noprofile", "-c", script], capture_output=True, text=True)
+    offered = set(r.stdout.split())
+    tbl_opts = {n for o in docgen.command_tree()[1] if o.name == "tar-to-tbl" for opt in o.options for n in opt.long}
+    assert tbl_opts and tbl_opts <= offered
