@@ -371,3 +371,22 @@ def test_no_command_redefines_a_global_option():
         for p in cmd.params:
             clash = set(getattr(p, "opts", ())) & reserved
             assert not clash, f"warp {name} redefines global option(s) {clash}"
+
+
+def test_json_usage_error_is_one_document(cli):
+    r = cli("--json", "inspect", "--no-such-option", "x")
+    assert r.code == ExitCode.USAGE
+    assert json.loads(r.out) == {"error": "usage", "exit_code": 2, "message": "No such option: --no-such-option"}
+    assert "No such option" in r.err
+
+
+def test_a_command_module_that_fails_to_import_is_exit_70(cli, monkeypatch):
+    import warpdata.cli as cli_mod
+
+    monkeypatch.setattr(cli_mod, "COMMANDS", (*cli_mod.COMMANDS,
+                                              cli_mod.CommandSpec("broken", "warpdata.no_such_module", "A broken entry.")))
+    r = cli("broken")
+    assert r.code == ExitCode.INTERNAL
+    assert "internal error: ModuleNotFoundError" in r.err and "Traceback" not in r.err
+    assert "Traceback" in cli("broken", "--debug").err
+    assert cli("--help").code == 0  # listing it does not import it

@@ -249,21 +249,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run warp with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     args = hoist_global_options(sys.argv[1:] if argv is None else argv)
     out.reset()
+    front = args[: args.index("--")] if "--" in args else args
     stdout, stderr = sys.stdout, sys.stderr
     code: int
     try:
         chosen = chosen_command(args)
         app = build_app(load=[chosen] if chosen else [])
-        app(args=args, prog_name="warp", standalone_mode=True)
-        code = 0
+        # not standalone: usage errors come back here so --json can report them too
+        rv = app(args=args, prog_name="warp", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
         else:
             sys.stderr.write(f"{e.code}\n")
             code = 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         return int(ExitCode.INTERRUPTED)
+    except Exception as e:
+        if not (isinstance(getattr(e, "exit_code", None), int) and callable(getattr(e, "show", None))):
+            # outside any command (e.g. a command module failed to import): still a bug, exit 70
+            if "--debug" in front or envvars.flag("WARP_DEBUG"):
+                traceback.print_exc()
+            out.error(f"internal error: {type(e).__name__}: {e}", "rerun with --debug for a traceback and report it")
+            return int(ExitCode.INTERNAL)
+        # a Click usage error (bad option, missing argument, unknown command)
+        if "--json" in front:
+            out.emit_json({"error": "usage", "message": e.format_message(), "exit_code": e.exit_code})
+        e.show()
+        code = e.exit_code
     if sys.stdout is not stdout:
         # Click/Typer met EPIPE while printing (help, usage) and swapped in a
         # wrapper that hides it, exiting 1: put the streams back, report 141.
