@@ -310,7 +310,10 @@ class TWH1Shard:
         try:
             self._parse(mm)
         except BaseException:
-            mm.close()
+            for k in _LAZY_ATTRS:
+                self.__dict__.pop(k, None)
+            with contextlib.suppress(BufferError):  # a caller may still hold a view
+                mm.close()
             raise
         self._mm = mm
 
