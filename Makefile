@@ -33,8 +33,10 @@ demo: install
 bench: install
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/startup.py
+	$(PY) bench/publish_registry.py
 	$(PY) bench/read_stream.py
 	$(PY) bench/tiles_write.py
+	$(PY) bench/tbl_bench.py
 
 lint: install
 	$(VENV)/bin/ruff check .

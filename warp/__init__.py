@@ -15,6 +15,10 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "TblReader": "warpdata.formats.tbl:TblReader",
     "dataset": "warpdata.dataset:dataset",
+    "Store": "warpdata.registry.store:Store",
+    "Manifest": "warpdata.registry.manifest:Manifest",
+    "DatasetBuilder": "warpdata.registry.publish:DatasetBuilder",
+    "publish": "warpdata.registry.publish:publish",
 }
 
 

@@ -81,17 +81,18 @@ def list_members(root: str | os.PathLike, files: Iterable[str] | None = None) ->
                 raise MissingInputError(f"{p} is listed but missing", hint="rebuild the artifact that lists it")
             out.append((name, str(p), p.stat().st_size))
     else:
-        stack = [base]
+        # plain strings, not pathlib: this walk is most of an unchanged re-publish
+        stack = [(str(base), "")]
         while stack:
-            d = stack.pop()
+            d, rel = stack.pop()
             with os.scandir(d) as it:
                 for e in it:
                     if e.name.startswith(TMP_PREFIX):
                         continue  # leftovers of a killed writer are not content
                     if e.is_dir(follow_symlinks=False):
-                        stack.append(Path(e.path))
+                        stack.append((e.path, f"{rel}{e.name}/"))
                     elif e.is_file():
-                        out.append((Path(e.path).relative_to(base).as_posix(), e.path, e.stat().st_size))
+                        out.append((f"{rel}{e.name}", e.path, e.stat().st_size))
     out.sort(key=lambda m: m[0].encode("utf-8", "surrogateescape"))
     for a, b in zip(out, out[1:], strict=False):
         if a[0] == b[0]:
