@@ -5,8 +5,10 @@ Contract:
 * :class:`FeatureCacheDataset` holds only a :class:`~.reader.ShardCache`
   handle (which pickles to its path and settings). Indexed by an int it
   returns one record; indexed by a sequence of ints it returns the whole
-  batch as tensors, copied once into fresh buffers (faster than per-item
-  ``__getitem__`` + default collate; DESIGN.md §4).
+  batch as tensors, copied once from the mapped shards into the tensors'
+  storage (shared memory inside a DataLoader worker, so the batch crosses to
+  the main process without another copy); faster than per-item
+  ``__getitem__`` + default collate (DESIGN.md §4).
 * :class:`BigBatchLoader` is a ``DataLoader`` over that dataset whose
   sampler is :class:`warpdata.sampling.ShardAwareSampler` with
   ``batch_size = micro_batch_size × accumulation_steps``: every step fetches
@@ -35,6 +37,15 @@ from warpdata.sampling import ShardAwareSampler
 from .reader import ShardCache, caption_text
 
 
+_TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "int16": torch.int16,
+                 "uint32": torch.uint32, "int32": torch.int32, "uint64": torch.uint64, "int64": torch.int64,
+                 "float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "bool": torch.bool}
+
+
+def in_worker() -> bool:
+    return torch.utils.data.get_worker_info() is not None
+
+
 def decode_caption(caption: np.ndarray | torch.Tensor, length: int | torch.Tensor) -> str:
     """The stored caption text of one record."""
     arr = caption.numpy() if isinstance(caption, torch.Tensor) else caption
@@ -59,8 +70,18 @@ class FeatureCacheDataset(Dataset):
     def __getitem__(self, index):
         if isinstance(index, (int, np.integer)):
             return {k: torch.from_numpy(v) for k, v in self.cache.get(int(index), self.fields).items()}
-        batch = self.cache.get_batch(index, fields=self.fields)
-        return {k: torch.from_numpy(v) for k, v in batch.items()}
+        index = list(index)
+        spec = {f.name: f for f in self.cache.fields}
+        tensors = {}
+        for name in self.fields:
+            f = spec[name]
+            t = torch.empty((len(index), *f.shape), dtype=_TORCH_DTYPES[np.dtype(f.dtype).name])
+            if in_worker():
+                # fill shared memory directly: DataLoader would otherwise copy the batch into it
+                t.share_memory_()
+            tensors[name] = t
+        self.cache.get_batch(index, out={k: v.numpy() for k, v in tensors.items()})
+        return tensors
 
 
 class _BatchIndexSampler(Sampler):
