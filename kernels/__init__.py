@@ -18,7 +18,8 @@ Contract every backend meets (the conformance suite in
 
 ``prepare(plan)`` once, then ``alloc_slab()`` for each host slab buffer the
 caller fills; ``submit(slab, rows)`` starts compressing a filled buffer and
-returns at once; ``collect(ticket)`` waits and returns the frames. A buffer
+returns at once; ``ready(ticket)`` polls; ``collect(ticket)`` waits and
+returns the frames. A buffer
 passed to ``submit`` is not touched by the caller until its ticket is
 collected. ``close()`` frees everything.
 """
@@ -56,6 +57,8 @@ class TileBackend:
     """Base class: the methods every backend implements (see the module docstring)."""
 
     name = "base"
+    #: submit() takes any C-contiguous host array (not only alloc_slab() buffers) of ``rows`` rows
+    accepts_views = False
 
     def __init__(self, *, level: int = 1, threads: int | None = None) -> None:
         self.level = int(level)
@@ -75,14 +78,15 @@ class TileBackend:
     def submit(self, slab, rows: int) -> Any:
         raise NotImplementedError
 
+    def ready(self, ticket) -> bool:
+        """Non-blocking: True when collect(ticket) would not wait."""
+        return True
+
     def collect(self, ticket) -> list:
         raise NotImplementedError
 
     def close(self) -> None:
         pass
-
-    def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "level": self.level}
 
 
 def backend_class(name: str) -> type[TileBackend]:

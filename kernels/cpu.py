@@ -62,6 +62,7 @@ def default_threads() -> int:
 
 class CpuBackend(TileBackend):
     name = "cpu"
+    accepts_views = True
 
     def __init__(self, *, level: int = 1, threads: int | None = None) -> None:
         super().__init__(level=level, threads=threads or default_threads())
@@ -114,6 +115,9 @@ class CpuBackend(TileBackend):
         src = slab[:rows]
         return [self._pool.submit(self._compress_range, src, a, b) for a, b in self._tasks]
 
+    def ready(self, ticket: list[Future]) -> bool:
+        return all(f.done() for f in ticket)
+
     def collect(self, ticket: list[Future]) -> list[bytes]:
         frames: list[bytes] = []
         for f in ticket:
@@ -127,6 +131,3 @@ class CpuBackend(TileBackend):
         for flat in self._slabs:
             give_buffer(flat)
         self._slabs.clear()
-
-    def describe(self) -> dict:
-        return {"backend": self.name, "level": self.level, "threads": self.threads}

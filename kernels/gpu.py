@@ -289,6 +289,9 @@ class GpuBackend(TileBackend):
         s["sizes"], s["offsets"] = sizes, offsets
         return k
 
+    def ready(self, ticket: int) -> bool:
+        return bool(self._slots[ticket % len(self._slots)]["event"].done)
+
     def collect(self, ticket: int) -> list[bytes]:
         slot_no = self._schedule.collect(ticket)
         s = self._slots[slot_no]
@@ -299,9 +302,6 @@ class GpuBackend(TileBackend):
     def close(self) -> None:
         self._slots = []
         self._host_slabs = []
-
-    def describe(self) -> dict:
-        return {"backend": self.name, "level": None, "note": "nvCOMP zstd has no level"}
 
 
 def _pinned_empty(cp, n: int, dtype) -> np.ndarray:

@@ -307,3 +307,23 @@ def test_sample_volume_is_deterministic_and_compressible(tmp_path):
 
     ratio = a.nbytes / len(zstandard.ZstdCompressor(level=1).compress(a.tobytes()))
     assert 1.3 < ratio < 6  # photo-like: neither zeros nor pure noise
+
+
+def test_zero_copy_array_path_equals_streaming_path(tmp_path):
+    a = _vol((11, 20, 13))
+    with TileWriter(tmp_path / "views.zarr", a.shape, a.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
+        w.write_array(a)  # whole array: the backend compresses views of it
+    with TileWriter(tmp_path / "stream.zarr", a.shape, a.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
+        w.write_all(memoryview(a.tobytes()))
+    for p in sorted((tmp_path / "views.zarr").rglob("*")):
+        if p.is_file():
+            assert p.read_bytes() == (tmp_path / "stream.zarr" / p.relative_to(tmp_path / "views.zarr")).read_bytes()
+
+
+def test_npy_header_must_agree_with_the_config(cli, tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((4, 6), np.uint8))
+    cfg = tmp_path / "a.toml"
+    cfg.write_text('[source]\nformat = "npy"\npath = "a.npy"\ndtype = "u16"\n[output]\npath = "o"\n'
+                   '[tiles]\nchunks = [2, 2]\n')
+    r = cli("etl", "--config", cfg)
+    assert r.code == 78 and "does not match the .npy header" in r.err

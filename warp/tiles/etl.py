@@ -149,7 +149,9 @@ class _Input:
         if shape is not None and tuple(shape) != tuple(npshape):
             raise ConfigError(f"{where('source.shape')}: shape {shape} does not match the .npy header {list(npshape)}",
                               hint="remove [source] shape (npy files carry their own)")
-        if dtype is not None and np.dtype(npdtype) != np.dtype(dtype if len(dtype) > 3 else {"u8": "u1", "u16": "<u2", "u32": "<u4", "f32": "<f4", "f64": "<f8"}.get(dtype, dtype)):
+        from warpdata.formats.tiling import normalize_dtype
+
+        if dtype is not None and normalize_dtype(dtype) != normalize_dtype(np.dtype(npdtype)):
             raise ConfigError(f"{where('source.dtype')}: dtype {dtype} does not match the .npy header {np.dtype(npdtype)}",
                               hint="remove [source] dtype (npy files carry their own)")
         return npshape, np.dtype(npdtype), f.tell()

@@ -262,7 +262,7 @@ class TileWriter:
         self._received += n
         if self._fill == self._slab_capacity():
             rows = self.plan.rows(self._slab_no)
-            self._queue.put((self._slab_no, self._cur, rows))
+            self._queue.put((self._slab_no, self._cur, rows, self._bufs[self._cur]))
             self._cur = None
             self._slab_no += 1
 
@@ -335,7 +335,32 @@ class TileWriter:
         if a.dtype.newbyteorder("<") != g.dtype or a.shape[1:] != g.shape[1:] and a.shape != g.shape:
             raise DataError(f"array of shape {a.shape} {a.dtype} does not match the writer's rows of "
                             f"{list(g.shape)} {g.dtype.name}", hint="pass rows of the declared shape and dtype")
-        self.write_all(np.ascontiguousarray(a, dtype=g.dtype))
+        a = np.ascontiguousarray(a, dtype=g.dtype)
+        if (a.shape == g.shape and self._received == 0 and self._cur is None and not self._empty
+                and self.backend.accepts_views):
+            self._write_views(a)
+        else:
+            self.write_all(a)
+
+    def _write_views(self, a: np.ndarray) -> None:
+        """Zero-copy intake of a whole in-memory array: the backend compresses views of it.
+
+        The slab buffers' slots still bound what is in flight (two slabs); the
+        caller's array is not touched after this returns because close()
+        waits for everything.
+        """
+        self._check_room(a.nbytes)
+        rows_view = a.reshape(self.plan.geometry.shape)
+        n0 = self.plan.geometry.tile[0]
+        for slab_no in range(self.plan.n_slabs):
+            with self._cond:
+                self._cond.wait_for(lambda: self._free or self._error is not None)
+                self._raise_if_failed()
+                token = self._free.popleft()
+            rows = self.plan.rows(slab_no)
+            self._queue.put((slab_no, token, rows, rows_view[slab_no * n0: slab_no * n0 + rows]))
+            self._received += rows * self.plan.row_nbytes
+        self._slab_no = self.plan.n_slabs
 
     @property
     def bytes_received(self) -> int:
@@ -349,25 +374,31 @@ class TileWriter:
     def _collect_loop(self) -> None:
         inflight: deque = deque()
         stop = False
+
+        def submit(item) -> None:
+            inflight.append((item, self.backend.submit(item[3], item[2])))
+
         try:
             while True:
                 if not inflight:
                     item = self._queue.get()
                     if item is _STOP:
                         break
-                    inflight.append((item, self.backend.submit(self._bufs[item[1]], item[2])))
-                while not stop:
+                    submit(item)
+                # keep the backend fed: hand over every filled slab while the oldest compresses,
+                # so no worker idles at a slab's tail
+                while not stop and (not self.backend.ready(inflight[0][1]) or not self._queue.empty()):
                     try:
-                        item = self._queue.get_nowait()
+                        item = self._queue.get(timeout=0.002)
                     except queue.Empty:
-                        break
+                        continue
                     if item is _STOP:
                         stop = True
                         break
-                    inflight.append((item, self.backend.submit(self._bufs[item[1]], item[2])))
-                (slab_no, buf_id, rows), ticket = inflight.popleft()
+                    submit(item)
+                (slab_no, buf_id, rows, view), ticket = inflight.popleft()
                 frames = self.backend.collect(ticket)
-                self._finish_slab(slab_no, buf_id, rows, frames)
+                self._finish_slab(slab_no, buf_id, rows, view, frames)
                 if stop and not inflight:
                     break
         except BaseException as e:
@@ -375,12 +406,11 @@ class TileWriter:
             with self._cond:
                 self._cond.notify_all()
 
-    def _finish_slab(self, slab_no: int, buf_id: int, rows: int, frames: list) -> None:
-        slab = self._bufs[buf_id]
-        nbytes = rows * self.plan.row_nbytes
-        self._crc = google_crc32c.extend(self._crc, self._flat[buf_id][:nbytes])
+    def _finish_slab(self, slab_no: int, buf_id: int, rows: int, view: np.ndarray, frames: list) -> None:
+        data = view[:rows]
+        self._crc = google_crc32c.extend(self._crc, data.reshape(-1).view(np.uint8))
         if self._down is not None:
-            down = self._down.push(slab[:rows])
+            down = self._down.push(data)
             if down is not None:
                 self._next.write_all(down)
         with self._cond:
