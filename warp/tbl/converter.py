@@ -99,7 +99,7 @@ def count_samples(path: str) -> int | None:
     """How many samples a seekable, uncompressed tar holds (headers only), else None."""
     if path == "-":
         return None
-    f, size = open_input(path)
+    f, size = open_input(path, buffering=0)  # header reads + seeks: a read buffer only rereads data
     try:
         if size is None or not f.seekable():
             return None

@@ -244,14 +244,14 @@ def group_samples(members: Iterator[TarMember], on_skip) -> Iterator[Sample]:
         yield cur
 
 
-def open_input(path: str) -> tuple[BinaryIO, int | None]:
+def open_input(path: str, buffering: int = 1 << 20) -> tuple[BinaryIO, int | None]:
     """A binary stream for ``path`` (``-`` = stdin), gunzipped if it is gzip; and its size if known."""
     if path == "-":
         raw: BinaryIO = sys.stdin.buffer
         size = None
     else:
         try:
-            raw = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - returned to the caller
+            raw = open(path, "rb", buffering=buffering)  # noqa: SIM115 - returned to the caller
         except FileNotFoundError:
             raise MissingInputError(f"{path}: no such file",
                                     hint="give a WebDataset .tar/.tar.gz path, or '-' to read stdin") from None
@@ -259,7 +259,10 @@ def open_input(path: str) -> tuple[BinaryIO, int | None]:
             raise MissingInputError(f"{path} is a directory, not a tar archive",
                                     hint="give a WebDataset .tar/.tar.gz path") from None
         size = os.fstat(raw.fileno()).st_size
-    peek = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
+    if size is not None:
+        peek = os.pread(raw.fileno(), 2, 0)
+    else:
+        peek = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
     if peek == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=raw, mode="rb"), None  # type: ignore[return-value]
     return raw, size

@@ -1,0 +1,319 @@
+"""TBL v2 benchmark: warp vs turboloader 2.39 on the same tar, same run.
+
+    .venv/bin/python bench/tbl_bench.py [--count 2000] [--runs 3] [--rss-count 50000]
+
+Sections (medians of --runs, each conversion in a fresh subprocess so its
+peak RSS is its own):
+
+1. conversion of a 2,000 real-photo WebDataset tar (.jpg + .json + .cls):
+   `warp tar-to-tbl` vs TurboLoader's documented Python route (tarfile +
+   TblWriterV2 + add_metadata, sizes from Pillow's header parse);
+2. peak RSS of both converters on 2,000 vs 50,000 small synthetic images;
+3. 10,000 random reads and a sequential pass, checksums verified
+   (TurboLoader with verify on and off);
+4. loader decode throughput vs a bare simplejpeg loop on the same threads.
+
+Real photos come from scikit-image / scikit-learn (`pip install 'warpdata[bench]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "out" / "tbl"
+
+TURBO_CONVERT = r"""
+import io, json, sys, tarfile, time
+
+def hwm():
+    # peak RSS of this process image: ru_maxrss would include the parent's peak (kept across exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+import turboloader as t
+from PIL import Image
+src, dst = sys.argv[1], sys.argv[2]
+FMT = {"JPEG": t.SampleFormat.JPEG, "PNG": t.SampleFormat.PNG, "WEBP": t.SampleFormat.WEBP}
+t0 = time.perf_counter()
+w = t.TblWriterV2(dst, enable_compression=True)
+n = 0
+cur_key, cur = None, {}
+def flush():
+    global n
+    img = cur.get("jpg")
+    if img is None:
+        return
+    im = Image.open(io.BytesIO(img))
+    idx = w.add_sample(img, FMT.get(im.format, t.SampleFormat.UNKNOWN), width=im.width, height=im.height)
+    side = {k: v.decode() for k, v in cur.items() if k != "jpg"}
+    w.add_metadata(idx, json.dumps({"key": cur_key, **side}), t.MetadataType.JSON)
+    n += 1
+with tarfile.open(src) as tf:
+    for m in tf:
+        if not m.isfile():
+            continue
+        key, _, ext = m.name.partition(".")
+        if key != cur_key:
+            flush()
+            cur_key, cur = key, {}
+        cur[ext] = tf.extractfile(m).read()
+    flush()
+w.finalize()
+dt = time.perf_counter() - t0
+print(json.dumps({"samples": n, "seconds": dt, "rss_mb": hwm()}))
+"""
+
+WARP_CONVERT = r"""
+import json, sys, time
+from warpdata.tbl.converter import ConvertRequest, convert
+
+def hwm():
+    # peak RSS of this process image: ru_maxrss would include the parent's peak (kept across exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+src, dst, workers, fsync = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+t0 = time.perf_counter()
+res = convert(ConvertRequest(src, dst, workers=workers, fsync=fsync))
+dt = time.perf_counter() - t0
+print(json.dumps({"samples": res.samples, "seconds": dt, "rss_mb": hwm()}))
+"""
+
+BASELINE_RSS = r"""
+import json
+
+def hwm():
+    # peak RSS of this process image: ru_maxrss would include the parent's peak (kept across exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+import numpy, lz4.block, zstandard, fastcrc
+from warpdata.tbl.converter import convert
+print(json.dumps({"rss_mb": hwm()}))
+"""
+
+
+def run_py(code: str, *args: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def build_photo_tar(path: Path, count: int) -> dict:
+    from warpdata.sampledata.photos import real_photo_corpus
+    from warpdata.sampledata.wds import write_tar
+
+    def gen():
+        for i, (jpg, w, h) in enumerate(real_photo_corpus(count, seed=0)):
+            yield f"s{i:07d}", {"jpg": jpg, "json": json.dumps({"w": w, "h": h}).encode(),
+                                "cls": str(i % 10).encode()}
+    return write_tar(path, gen())
+
+
+def build_small_tar(path: Path, count: int) -> dict:
+    import numpy as np
+    from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
+    from warpdata.sampledata.wds import write_tar
+
+    rng = np.random.default_rng(0)
+    pool = [encode_jpeg(synthetic_photo(rng, 32, 32), 80) for _ in range(256)]
+
+    def gen():
+        for i in range(count):
+            yield f"s{i:07d}", {"jpg": pool[i % len(pool)], "cls": str(i % 10).encode()}
+    return write_tar(path, gen())
+
+
+def warm(path: Path) -> None:
+    with open(path, "rb") as f:
+        while f.read(8 << 20):
+            pass
+
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def table(title: str, cols: list[str], rows: list[list]) -> str:
+    lines = [f"\n### {title}\n", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def bench_convert(tar: Path, runs: int) -> tuple[str, dict]:
+    warm(tar)
+    res: dict[str, list[dict]] = {"turboloader (tarfile + TblWriterV2)": [], "warp, 1 worker": [],
+                                  "warp, 2 workers": [], "warp, 2 workers, no fsync": []}
+    for r in range(runs):
+        for name in res:
+            dst = OUT / f"conv-{r}.tbl"
+            if name.startswith("turbo"):
+                got = run_py(TURBO_CONVERT, str(tar), str(dst))
+            else:
+                workers = "1" if "1 worker" in name else "2"
+                got = run_py(WARP_CONVERT, str(tar), str(dst), workers, "0" if "no fsync" in name else "1")
+            got["bytes"] = dst.stat().st_size
+            res[name].append(got)
+            dst.unlink()
+    base = med([x["samples"] / x["seconds"] for x in res["turboloader (tarfile + TblWriterV2)"]])
+    rows, facts = [], {}
+    for name, xs in res.items():
+        rate = med([x["samples"] / x["seconds"] for x in xs])
+        rows.append([name, xs[0]["samples"], f"{rate:,.0f}", f"{rate / base:.2f}x",
+                     f"{med([x['rss_mb'] for x in xs]):.0f}", f"{xs[0]['bytes'] / tar.stat().st_size:.4f}"])
+        facts[name] = {"img_s": rate, "rss_mb": med([x["rss_mb"] for x in xs])}
+    return table(f"Conversion, {xs[0]['samples']:,} real photos ({tar.stat().st_size / 1e6:.0f} MB tar), median of {runs}",
+                 ["converter", "samples", "img/s", "vs turboloader", "peak RSS MB", "out/tar bytes"], rows), facts
+
+
+def bench_rss(small: int, large: int) -> str:
+    rows = []
+    base = run_py(BASELINE_RSS)["rss_mb"]
+    for n in (small, large):
+        tar = OUT / f"small-{n}.tar"
+        if not tar.exists():
+            build_small_tar(tar, n)
+        warm(tar)
+        w = run_py(WARP_CONVERT, str(tar), str(OUT / "rss.tbl"), "2", "0")
+        t = run_py(TURBO_CONVERT, str(tar), str(OUT / "rss.tbl"))
+        rows.append([f"{n:,}", f"{tar.stat().st_size / 1e6:.0f}", f"{w['rss_mb']:.0f}", f"{t['rss_mb']:.0f}"])
+    (OUT / "rss.tbl").unlink()
+    return table(f"Peak RSS vs dataset size (32x32 JPEGs; interpreter + imports alone: {base:.0f} MB)",
+                 ["samples", "tar MB", "warp peak RSS MB", "turboloader peak RSS MB"], rows)
+
+
+def bench_reads(tbl_path: Path, runs: int, n_random: int = 10_000) -> tuple[str, dict]:
+    import turboloader as t
+    from warpdata.formats.tbl import TblReader
+
+    warm(tbl_path)
+    r = TblReader(tbl_path, verify=True)
+    n = len(r)
+    rng = random.Random(0)
+    order = [rng.randrange(n) for _ in range(n_random)]
+
+    def warp_rand():
+        read = r.read
+        for i in order:
+            read(i)
+
+    def warp_seq():
+        read = r.read
+        for i in range(n):
+            read(i)
+
+    def tl(verify):
+        tr = t.TblReaderV2(str(tbl_path), verify_checksums=verify)
+
+        def rand():
+            for i in order:
+                tr.read_sample(i)
+
+        def seq():
+            for i in range(n):
+                tr.read_sample(i)
+        return rand, seq
+
+    tl_v, tl_nv = tl(True), tl(False)
+    cases = {"turboloader verify=True": (tl_v[0], tl_v[1]), "turboloader verify=False": (tl_nv[0], tl_nv[1]),
+             "warp TblReader verify=True": (warp_rand, warp_seq)}
+    rates: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in cases}
+    for _ in range(runs):  # interleaved, so load from other processes hits every reader alike
+        for name, (rand, seq) in cases.items():
+            t0 = time.perf_counter()
+            rand()
+            rates[name][0].append(n_random / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            seq()
+            rates[name][1].append(n / (time.perf_counter() - t0))
+    res = {name: (med(a), med(b)) for name, (a, b) in rates.items()}
+    bv, bn = res["turboloader verify=True"][0], res["turboloader verify=False"][0]
+    rows = [[name, f"{a:,.0f}", f"{a / bv:.1f}x", f"{a / bn:.2f}x", f"{b:,.0f}"] for name, (a, b) in res.items()]
+    return table(f"Reads of {n:,} photos: {n_random:,} random + one sequential pass, median of {runs}",
+                 ["reader", "random reads/s", "vs TL verify", "vs TL no-verify", "sequential reads/s"], rows), res
+
+
+def bench_loader(tbl_path: Path, runs: int, threads: int = 2) -> tuple[str, dict]:
+    import numpy as np
+    import simplejpeg
+    from PIL import Image
+    from warpdata.formats.tbl import TblReader
+    from warpdata.tbl.loader import TblLoader
+
+    r = TblReader(tbl_path)
+    blobs = [bytes(r[i]) for i in range(len(r))]
+    n = len(blobs)
+    rows, res = [], {}
+    for size in (None, 224):
+        def bare_one(b, size=size):
+            if size is None:
+                return simplejpeg.decode_jpeg(b, colorspace="RGB")
+            img = simplejpeg.decode_jpeg(b, colorspace="RGB", min_height=size, min_width=size)
+            return np.asarray(Image.fromarray(img).resize((size, size), Image.BILINEAR))
+
+        bare, ld = [], []
+        for _ in range(runs):
+            with ThreadPoolExecutor(threads) as pool:
+                t0 = time.perf_counter()
+                for _x in pool.map(bare_one, blobs, chunksize=8):
+                    pass
+                bare.append(n / (time.perf_counter() - t0))
+            loader = TblLoader(tbl_path, 64, size=size, threads=threads, shuffle=True, seed=1)
+            t0 = time.perf_counter()
+            got = sum(len(b) for b in loader)
+            ld.append(got / (time.perf_counter() - t0))
+        b, lw = med(bare), med(ld)
+        label = "full size" if size is None else f"resize to {size}x{size} (DCT downscale + bilinear)"
+        rows.append([label, f"{b:,.0f}", f"{lw:,.0f}", f"{lw / b:.0%}"])
+        res[label] = (b, lw)
+    return table(f"Loader decode throughput, {n:,} photos, {threads} threads, median of {runs}",
+                 ["decode", "bare simplejpeg loop img/s", "TblLoader img/s (verified, shuffled)", "loader / bare"],
+                 rows), res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--count", type=int, default=2000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rss-count", type=int, default=50_000)
+    ap.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    a = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    tar = OUT / f"photos-{a.count}.tar"
+    if not tar.exists():
+        t0 = time.perf_counter()
+        info = build_photo_tar(tar, a.count)
+        print(f"built {tar} ({info['bytes'] / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    import numpy  # noqa: F401  (import cost outside the timings)
+    out = [f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"]
+    print(out[0])
+    text, _ = bench_convert(tar, a.runs)
+    out.append(text)
+    out.append(bench_rss(2000, a.rss_count))
+    tbl_path = OUT / f"photos-{a.count}.tbl"
+    from warpdata.tbl.converter import ConvertRequest, convert
+
+    if tbl_path.exists():
+        tbl_path.unlink()
+    convert(ConvertRequest(str(tar), str(tbl_path), workers=2))
+    text, _ = bench_reads(tbl_path, max(a.runs, 5))
+    out.append(text)
+    text, _ = bench_loader(tbl_path, a.runs)
+    out.append(text)
+    if a.markdown:
+        a.markdown.write_text("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
