@@ -33,6 +33,7 @@ demo: install
 bench: install
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/startup.py
+	$(PY) bench/features_throughput.py && $(PY) bench/features_memory.py && $(PY) bench/features_build.py
 	$(PY) bench/publish_registry.py
 	$(PY) bench/read_stream.py
 	$(PY) bench/tiles_write.py

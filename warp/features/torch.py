@@ -36,7 +36,6 @@ from warpdata.sampling import ShardAwareSampler
 
 from .reader import ShardCache, caption_text
 
-
 _TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "int16": torch.int16,
                  "uint32": torch.uint32, "int32": torch.int32, "uint64": torch.uint64, "int64": torch.int64,
                  "float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "bool": torch.bool}
