@@ -204,7 +204,7 @@ def _opt_help(o: Opt) -> str:
         extra.append(f"default: {o.default}")
     if o.required:
         extra.append("required")
-    if o.repeatable:
+    if o.repeatable and "repeatable" not in o.help.lower():
         extra.append("repeatable")
     return _roff(o.help + (f" [{'; '.join(extra)}]" if extra else ""))
 
