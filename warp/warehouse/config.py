@@ -83,8 +83,10 @@ SCHEMA: dict = {
     "output": {
         "root": Field(str, "warehouse", "warehouse root; versions go to <root>/vYYYYMMDD-<hash12>/"),
         "shard_size_mb": Field(float, 192.0, "target shard size in MB (128-256 suits NVMe)", check=positive),
-        "shard_samples": Field(int, 0, "samples per shard; 0 derives it from shard_size_mb",
+        "shard_samples": Field(int, 0, "samples per shard; 0 derives it from shard_size_mb and min_shards",
                                check=non_negative),
+        "min_shards": Field(int, 16, "smaller datasets get smaller shards so at least this many exist "
+                            "(workers own whole shards: few shards would idle them)", check=positive),
     },
     "build": {
         "workers": Field(int, 0, "parallel shard builders; 0 = WARP_WORKERS or the CPU count",
@@ -119,6 +121,7 @@ class WarehouseConfig:
     output_root: Path
     shard_size_mb: float
     shard_samples: int
+    min_shards: int
     workers: int
     executor: str
 
@@ -169,6 +172,6 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         skip_empty=t["skip_empty"], pad_value=t["pad_value"], interpolation=t["interpolation"],
         box_tolerance=float(val["box_tolerance"]), min_box_size=float(val["min_box_size"]),
         thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
-        shard_samples=o["shard_samples"], workers=workers_override or b["workers"], executor=b["executor"])
+        shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"])
 
 

@@ -179,12 +179,18 @@ def _reuse_receipt(task: ShardTask) -> ShardResult | None:
     return res
 
 
-def samples_per_shard(cfg: wconfig.WarehouseConfig) -> int:
+def samples_per_shard(cfg: wconfig.WarehouseConfig, n: int) -> int:
+    """From the size target, capped so ``n`` samples make at least ``min_shards`` shards.
+
+    Depends only on the config and the input count, never on the worker count,
+    so shard boundaries (and bytes) are the same however the build runs.
+    """
     if cfg.shard_samples:
         return cfg.shard_samples
     one = twh1.Layout.compute(dtype=cfg.dtype, width=cfg.width, height=cfg.height, channels=3,
                               max_boxes=cfg.max_boxes, samples=1, key_bytes=64, run_bytes=8).size
-    return max(1, int(cfg.shard_size_mb * 1e6 // max(one - twh1.IMAGE_ALIGN, 1)))
+    by_size = max(1, int(cfg.shard_size_mb * 1e6 // max(one - twh1.IMAGE_ALIGN, 1)))
+    return max(1, min(by_size, -(-n // cfg.min_shards)))
 
 
 def plan(samples: list[ValidSample], per_shard: int, spec: TransformSpec, max_boxes: int,
@@ -367,7 +373,7 @@ def run(req: EtlRequest) -> EtlResult:
         raise DataError(f"{cfg.root}: no valid samples to write ({len(valid)} valid, "
                         f"{q.aggregate().missing + q.aggregate().invalid} quarantined)",
                         hint="check [source] paths and labels; 'skip_empty' drops samples without boxes")
-    per_shard = samples_per_shard(cfg)
+    per_shard = samples_per_shard(cfg, len(kept))
     spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation)
     label_hashes = []
     from warpdata.canonical import sha256_file

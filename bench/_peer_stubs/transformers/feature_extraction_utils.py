@@ -1,0 +1,5 @@
+"""Benchmark stand-in (see bench/_peer_stubs/README.md)."""
+
+
+class BatchFeature(dict):
+    pass

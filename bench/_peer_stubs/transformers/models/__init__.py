@@ -1,0 +1,1 @@
+"""Benchmark stand-in (see bench/_peer_stubs/README.md)."""

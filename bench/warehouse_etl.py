@@ -1,0 +1,188 @@
+"""Tensor-warehouse ETL throughput: warp etl vs the decode-bound ceiling and peers.
+
+Same photo-like JPEG corpus (~0.56 MP), same transform (decode + letterbox
+to 640, uint8 CHW, boxes), same worker count, same run:
+
+* ceiling  — a bare loop of the same libraries (simplejpeg decode + OpenCV
+             letterbox into a reused buffer) on N threads, writing nothing;
+* decode   — simplejpeg decode alone on N threads (for reference);
+* warp     — ``warp etl`` end to end (labels, header pass with SHA-256 of
+             every source, validation, build, manifest, Parquet), --clear;
+* litdata  — ``litdata.optimize`` with N workers;
+* mds      — MosaicML ``MDSWriter`` fed by a pool of N transform processes;
+* wds      — WebDataset ``ShardWriter`` fed by a pool of N transform processes.
+
+Peers run warp's own transform function (bench/_warehouse_common.py), so they
+differ only in how they parallelise and write. Each system runs in its own
+process; medians of ``--runs`` rounds (systems interleaved). Peers that do
+not import are reported as missing, not faked.
+
+    python bench/warehouse_etl.py [--n 400] [--runs 3] [--workers 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _warehouse_common as common
+
+SYSTEMS = ("ceiling", "decode", "warp", "litdata", "mds", "wds")
+PEER_MODULES = {"litdata": "litdata", "mds": "streaming", "wds": "webdataset"}
+
+
+def child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dict:
+    import numpy as np
+
+    items = common.items(corpus)
+    n = len(items)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    if system in ("ceiling", "decode"):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        import cv2
+        import simplejpeg
+        from warpdata.warehouse.transform import Transformer, TransformSpec
+
+        cv2.setNumThreads(1)
+        datas = []
+        for path, _, _ in items:  # the ceiling reads from memory: no I/O, no hashing
+            with open(path, "rb") as f:
+                datas.append(f.read())
+        local = threading.local()
+
+        def one(data: bytes) -> None:
+            st = getattr(local, "st", None)
+            if st is None:
+                st = local.st = (Transformer(TransformSpec(size, size)), np.empty((3, size, size), np.uint8))
+            if system == "decode":
+                simplejpeg.decode_jpeg(data, colorspace="RGB")
+                return
+            from warpdata.warehouse.images import probe
+
+            st[0](data, probe(data), st[1])
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(workers) as ex:
+            list(ex.map(one, datas))
+        return {"seconds": time.perf_counter() - t0, "n": n}
+    if system == "warp":
+        from warpdata import output
+        from warpdata.config import parse_toml
+        from warpdata.pipelines import EtlRequest
+        from warpdata.warehouse.etl import run
+
+        output.configure(quiet=1)
+        cfg = common.write_config(corpus, out / "wh", size, workers)
+        data, source = parse_toml(cfg)
+        t0 = time.perf_counter()
+        res = run(EtlRequest(config_path=cfg, config=data, source=source, clear=True))
+        dt = time.perf_counter() - t0
+        metrics = json.loads((Path(res.path) / "metrics.json").read_text())
+        return {"seconds": dt, "n": res.summary["samples"], "build_rate": metrics["build_samples_per_s"],
+                "cpu_ms": metrics["cpu_ms_per_sample"]}
+    if system == "litdata":
+        from litdata import optimize
+
+        t0 = time.perf_counter()
+        optimize(fn=common.peer_transform, inputs=items, output_dir=str(out / "litdata"), num_workers=workers,
+                 chunk_bytes="192MB", mode="overwrite")
+        return {"seconds": time.perf_counter() - t0, "n": n}
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        results = pool.imap(common.peer_transform, items, chunksize=4)
+        if system == "mds":
+            from streaming import MDSWriter
+
+            cols = {"key": "str", "image": "ndarray:uint8", "boxes": "ndarray:float32", "classes": "ndarray:int32"}
+            with MDSWriter(out=str(out / "mds"), columns=cols, size_limit=192 * 2**20) as w:
+                for r in results:
+                    w.write(r)
+        else:
+            import webdataset as wds
+
+            with wds.ShardWriter(str(out / "wds-%06d.tar"), maxsize=192e6, verbose=0) as w:
+                for r in results:
+                    w.write({"__key__": r["key"], "image.npy": r["image"], "boxes.npy": r["boxes"],
+                             "classes.npy": r["classes"]})
+    return {"seconds": time.perf_counter() - t0, "n": n}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=400)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--size", type=int, default=640)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--corpus", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.child, Path(a.corpus), Path(a.out), a.workers, a.size)))
+        return 0
+    corpus = common.corpus(a.n)
+    systems = [s for s in a.systems.split(",") if s]
+    versions = {}
+    for s in systems:
+        if s in PEER_MODULES:
+            versions[s] = common.peer_available(PEER_MODULES[s])
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for _ in range(a.runs):
+        for s in systems:
+            if s in versions and versions[s] is None:
+                continue
+            out = common.OUT / f"warehouse-etl-{s}"
+            r = common.run_child(Path(__file__), ["--child", s, "--corpus", str(corpus), "--out", str(out),
+                                                  "--workers", str(a.workers), "--size", str(a.size)])
+            runs[s].append(r)
+            shutil.rmtree(out, ignore_errors=True)
+    rates: dict[str, float | None] = {}
+    extra: dict[str, dict] = {}
+    for s, rs in runs.items():
+        ok = [r for r in rs if "seconds" in r]
+        rates[s] = common.median([r["n"] / r["seconds"] for r in ok]) if ok else None
+        if ok and "build_rate" in ok[0]:
+            extra[s] = {"build_rate": common.median([r["build_rate"] for r in ok]), "cpu_ms": ok[-1]["cpu_ms"]}
+        if rs and not ok:
+            extra[s] = {"error": rs[-1].get("error")}
+    result = {"n": a.n, "workers": a.workers, "size": a.size, "runs": a.runs, "rates_img_per_s": rates,
+              "versions": versions, "extra": extra}
+    if a.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    ceiling, warp = rates.get("ceiling"), rates.get("warp")
+    print(f"tensor-warehouse ETL: {a.n} photo-like JPEGs -> letterbox {a.size} u8, {a.workers} workers, "
+          f"median of {a.runs}")
+    print(f"{'system':<10}{'img/s':>9}{'% of ceiling':>14}{'warp / system':>15}  note")
+    for s in systems:
+        r = rates.get(s)
+        if r is None:
+            why = "not installed" if s in versions and versions[s] is None else extra.get(s, {}).get("error", "")
+            print(f"{s:<10}{'-':>9}{'':>14}{'':>15}  {why}")
+            continue
+        pct = f"{100 * r / ceiling:.0f}%" if ceiling else ""
+        ratio = f"{warp / r:.2f}x" if warp and s != "warp" else ""
+        note = versions.get(s) or ""
+        if s == "warp" and s in extra:
+            note = f"build phase {extra[s]['build_rate']:.0f} img/s; cpu ms/img " + ", ".join(
+                f"{k} {v:.2f}" for k, v in extra[s]["cpu_ms"].items())
+        print(f"{s:<10}{r:>9.0f}{pct:>14}{ratio:>15}  {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
