@@ -467,9 +467,13 @@ def publish(req: PublishRequest, *, store: Store | None = None,
             result.manifest_written = store.put_manifest(manifest)
         if req.set_latest:
             before = store.read_latest(req.dataset_id)
-            ptr = store.set_latest(req.dataset_id, version)
-            result.latest = ptr.version_hash
-            result.latest_moved = before is None or before.version_hash != version
+            if before is not None and before.version_hash == version:
+                result.latest = version  # already there: no write, no extra round trips
+            else:
+                # the manifest was just written or found, so skip set_latest's existence check
+                ptr = store.set_latest(req.dataset_id, version, check_manifest=False)
+                result.latest = ptr.version_hash
+                result.latest_moved = True
         else:
             ptr = store.read_latest(req.dataset_id)
             result.latest = ptr.version_hash if ptr else None

@@ -648,13 +648,14 @@ class Store:
                            expected.token if expected else None)
         return None if token is None else LatestPointer(dataset_id, version_hash, now, token)
 
-    def set_latest(self, dataset_id: str, version_hash: str, *, attempts: int = 50) -> LatestPointer:
+    def set_latest(self, dataset_id: str, version_hash: str, *, attempts: int = 50,
+                   check_manifest: bool = True) -> LatestPointer:
         """Move ``latest`` to ``version_hash`` with compare-and-swap, retrying on contention.
 
         Refuses (DatasetNotFoundError) when that version's manifest is not in
         the store, so ``latest`` never points at a missing version.
         """
-        if not self.has_manifest(dataset_id, version_hash):
+        if check_manifest and not self.has_manifest(dataset_id, version_hash):
             raise DatasetNotFoundError(f"version {version_hash} of {dataset_id} is not in store {self.url}",
                                        hint="publish the version before pointing latest at it")
         delay = 0.005
