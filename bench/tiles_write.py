@@ -66,12 +66,12 @@ def zstd_ceiling(a: np.ndarray, runs: int) -> tuple[float, float, float]:
     return a.nbytes / best / 1e9, a.nbytes / best_cpu / 1e9, a.nbytes / stored
 
 
-def warp_writer(a: np.ndarray, path: str):
+def warp_writer(a: np.ndarray, path: str, backend: str = "cpu"):
     from warpdata.tiles.writer import TileWriter
 
     def run():
         shutil.rmtree(path, ignore_errors=True)
-        with TileWriter(path, a.shape, a.dtype, CHUNKS, shards=SHARDS, level=1, backend="cpu", fsync=False) as w:
+        with TileWriter(path, a.shape, a.dtype, CHUNKS, shards=SHARDS, level=1, backend=backend, fsync=False) as w:
             w.write_array(a)
 
     return run
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs per writer (default 3)")
     p.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
                    help="where outputs go (default /dev/shm)")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "gpu"),
+                   help="warp backend (gpu: on a CUDA machine with cupy + nvidia-nvcomp)")
     a_ = p.parse_args(argv)
 
     from warpdata.sampledata.volume import photo_like_volume
@@ -150,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     base = tempfile.mkdtemp(prefix="warp-bench-tiles-", dir=a_.dir)
     rows = []
     try:
-        for name, make in (("warp TileWriter (cpu)", warp_writer), ("zarr-python " + _ver("zarr"), zarr_writer),
-                           ("tensorstore " + _ver("tensorstore"), tensorstore_writer)):
+        writers = ((f"warp TileWriter ({a_.backend})", lambda x, p: warp_writer(x, p, a_.backend)),
+                   ("zarr-python " + _ver("zarr"), zarr_writer), ("tensorstore " + _ver("tensorstore"), tensorstore_writer))
+        for name, make in writers:
             path = os.path.join(base, name.split()[0] + ".zarr")
             walls, cpus = measure(make(a, path), a_.runs)
             check(path, a)
@@ -176,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _ver(mod: str) -> str:
+def _ver(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return __import__(mod).__version__
-    except Exception:
+        return version(dist)
+    except PackageNotFoundError:
         return "?"
 
 
