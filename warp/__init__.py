@@ -19,6 +19,8 @@ _LAZY: dict[str, str] = {
     "Manifest": "warpdata.registry.manifest:Manifest",
     "DatasetBuilder": "warpdata.registry.publish:DatasetBuilder",
     "publish": "warpdata.registry.publish:publish",
+    "TileWriter": "warpdata.tiles.writer:TileWriter",
+    "write_array": "warpdata.tiles:write_array",
 }
 
 
