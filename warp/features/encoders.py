@@ -236,11 +236,8 @@ class Pool8HashEncoder:
 
     def encode(self, pixels, captions: Sequence[str]) -> dict[str, Any]:
         torch = _torch()
-        # pooling is linear: pool the raw values, then scale to [-1, 1] on the 64x smaller result;
-        # chunks of 8 images keep the float temporaries small (a fresh 50 MB buffer per batch costs
-        # more in page faults than the arithmetic)
-        lat = torch.cat([torch.nn.functional.avg_pool2d(c.to(torch.float32), self.factor)
-                         for c in pixels.split(8)]).div_(127.5).sub_(1.0)
+        # pooling is linear: pool the raw values, scale to [-1, 1] on the 64x smaller result
+        lat = torch.nn.functional.avg_pool2d(pixels.to(torch.float32), self.factor).div_(127.5).sub_(1.0)
         ids, mask = self.token_ids(captions)
         ids_t = torch.from_numpy(ids).to(self._table.device)
         m = torch.from_numpy(mask).to(self._table.device)
