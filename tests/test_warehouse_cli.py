@@ -90,3 +90,20 @@ def test_sampledata_is_deterministic(tmp_path):
     assert files
     for f in files:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_example_config_is_valid_and_documents_every_key():
+    import tomllib
+
+    from warpdata.config import ConfigSource, describe
+    from warpdata.warehouse import config as wconfig
+
+    path = ROOT / "examples" / "transform.toml"
+    text = path.read_text()
+    cfg = wconfig.load(tomllib.loads(text), ConfigSource(str(path), text), path)
+    assert cfg.format == "coco" and cfg.dtype == "u8" and cfg.width == 640
+    for key, *_ in describe(wconfig.SCHEMA):
+        leaf = key.rsplit(".", 1)[-1]
+        if key.startswith("validation.max_") and leaf in ("warn", "fail"):
+            leaf = key.split(".")[1]
+        assert f"{leaf} =" in text, f"examples/transform.toml does not show {key}"
