@@ -512,3 +512,28 @@ def test_shard_cache_rejects_other_manifests(tmp_path):
     (tmp_path / "manifest.json").write_text('{"kind": "tensor-warehouse"}')
     with pytest.raises(DataError, match="not 'feature-cache'"):
         ShardCache(tmp_path)
+
+
+def test_missing_shard_is_a_missing_input_error(small_cache):
+    from warpdata.errors import MissingInputError
+
+    m = json.loads((small_cache / "manifest.json").read_text())
+    (small_cache / m["shards"][2]["path"]).unlink()
+    with ShardCache(small_cache) as c:
+        c.get(0)
+        with pytest.raises(MissingInputError, match="shard 2"):
+            c.get(7)
+
+
+def test_inspector_sniffs_only_feature_caches(small_cache, tmp_path):
+    from warpdata.features import inspect as fi
+
+    assert fi.sniff(str(small_cache), None, True)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"kind": "zarr-array"}')
+    assert not fi.sniff(str(other), None, True)
+    shard = sorted(small_cache.glob("*.wfs"))[0]
+    assert fi.sniff(str(shard), shard.read_bytes()[:4096], False)
+    rep = fi.inspect(str(small_cache), verify=True, head=1)
+    assert rep.ok and rep.summary["records"] == 13 and rep.summary["fields"]["pixels"]["shape"] == [3, 16, 16]

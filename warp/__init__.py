@@ -19,6 +19,7 @@ _LAZY: dict[str, str] = {
     "Manifest": "warpdata.registry.manifest:Manifest",
     "DatasetBuilder": "warpdata.registry.publish:DatasetBuilder",
     "publish": "warpdata.registry.publish:publish",
+    "ShardCache": "warpdata.features.reader:ShardCache",
     "TileWriter": "warpdata.tiles.writer:TileWriter",
     "write_array": "warpdata.tiles:write_array",
 }

@@ -22,9 +22,13 @@ KIND = "feature-cache"
 
 
 def _manifest_kind(path: str) -> str | None:
+    # every directory with a manifest is sniffed here first: parse only files that mention the kind
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read(64 << 20))
+            head = f.read(1 << 20)
+            if b'"feature-cache"' not in head:
+                return None
+            data = json.loads(head + f.read())
     except (OSError, ValueError):
         return None
     return data.get("kind") if isinstance(data, dict) else None

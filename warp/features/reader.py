@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 from warpdata.canonical import sha256_file
-from warpdata.errors import DataError
+from warpdata.errors import DataError, MissingInputError
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
 from warpdata.manifests import read_manifest
 
@@ -127,6 +127,10 @@ class ShardCache:
     def _open(self, s: int) -> FeatureShardReader:
         entry = self.shards[s]
         p = self.path / entry["path"]
+        if not p.is_file():
+            raise MissingInputError(f"{p}: shard {s} of the feature cache is missing",
+                                    hint="rebuild the cache (warp etl; a missing shard triggers a rebuild)",
+                                    path=str(p), shard=s)
         if self.verify == "shard":
             got = sha256_file(p)
             if got != entry.get("sha256"):
