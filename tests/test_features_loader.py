@@ -229,3 +229,12 @@ def test_shard_cache_len_and_fields(cache):
     with ShardCache(cache) as c:
         assert len(c) == N and c.num_shards == -(-N // SHARD)
         assert set(c.field_names()) >= {"latents", "prompt_embeds", "prompt_mask", "caption", "size"}
+
+
+def test_spawned_workers_reopen_the_cache_lazily(cache):
+    """Spawn pickles the dataset: only the handle travels, each worker maps its own shards."""
+    loader = BigBatchLoader(cache, micro_batch_size=8, num_workers=1, shuffle=False, drop_last=False,
+                            fields=["caption", "caption_len"], multiprocessing_context="spawn",
+                            persistent_workers=False)
+    loader.dataset.cache.get(0)  # the parent has a shard mapped; it must not be pickled
+    assert [i for s in loader for i in _ids(s)] == list(range(N))
