@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
 from warpdata.errors import DataError, MissingInputError
 from warpdata.formats.featshard import (
     DTYPE_CODES,
