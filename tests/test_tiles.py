@@ -327,3 +327,12 @@ def test_npy_header_must_agree_with_the_config(cli, tmp_path):
                    '[tiles]\nchunks = [2, 2]\n')
     r = cli("etl", "--config", cfg)
     assert r.code == 78 and "does not match the .npy header" in r.err
+
+
+def test_top_level_write_array(tmp_path):
+    import warpdata as wd
+
+    a = _vol((5, 9, 7), "float64")
+    r = wd.write_array(tmp_path / "w.zarr", a, (2, 4, 4), backend="cpu", fsync=False, levels=2)
+    assert r.raw_bytes == a.nbytes and [lv["path"] for lv in r.levels] == ["0", "1"]
+    np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "w.zarr"), mode="r")["0"][...], a)
