@@ -238,3 +238,18 @@ def test_spawned_workers_reopen_the_cache_lazily(cache):
                             persistent_workers=False)
     loader.dataset.cache.get(0)  # the parent has a shard mapped; it must not be pickled
     assert [i for s in loader for i in _ids(s)] == list(range(N))
+
+
+def test_cli_etl_reads_warp_workers(tmp_path, cli, monkeypatch):
+    from warpdata.sampledata.captions import generate
+
+    info = generate(tmp_path / "d", count=4)
+    monkeypatch.setenv("WARP_WORKERS", "many")
+    r = cli("etl", "--config", info["config"])
+    assert r.code == 78 and "WARP_WORKERS" in r.err
+    monkeypatch.setenv("WARP_WORKERS", "1")
+    (tmp_path / "d" / "cache").mkdir()  # an empty directory is fair game
+    r = cli("etl", "--config", info["config"], "--json")
+    assert r.code == 0 and r.json()["rebuild_reasons"] == ["new cache"]
+    metrics = (tmp_path / "d" / "cache" / "metrics.json").read_text()
+    assert '"workers": 1' in metrics

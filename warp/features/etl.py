@@ -4,7 +4,7 @@ Contract: ``run(EtlRequest) -> EtlResult``. The config (documented in
 ``examples/captions.toml``) is validated against :data:`SCHEMA` with line
 numbers; ``--input`` overrides ``[source] path`` and ``--output`` the cache
 path; ``--clear`` rebuilds; ``--allow-invalid`` builds past failed
-thresholds; ``--workers`` sets the decode threads. The result is
+thresholds; ``--workers`` (or ``WARP_WORKERS``) sets the decode threads. The result is
 ``built`` or ``up-to-date`` (the fingerprint matched); its summary is the
 ``--json`` document.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from warpdata import envvars
 from warpdata.config import Field, non_negative, positive, validate
 from warpdata.errors import ConfigError
 from warpdata.pipelines import EtlRequest, EtlResult
@@ -110,7 +111,14 @@ def run(req: EtlRequest) -> EtlResult:
 
     cfg = validate(req.config, SCHEMA, req.source)
     spec = spec_from_config(cfg, Path(req.config_path).parent, req)
-    res = build_cache(spec, clear=req.clear, allow_invalid=req.allow_invalid, workers=req.workers)
+    workers = req.workers
+    if workers is None and envvars.get("WARP_WORKERS"):
+        try:
+            workers = max(1, int(envvars.get("WARP_WORKERS")))
+        except ValueError:
+            raise ConfigError(f"WARP_WORKERS={envvars.get('WARP_WORKERS')!r} is not an integer",
+                              hint="unset it or set a worker count such as 2") from None
+    res = build_cache(spec, clear=req.clear, allow_invalid=req.allow_invalid, workers=workers)
     m = res.manifest
     agg = m.get("quarantine", {}).get("aggregate", {})
     met = res.metrics

@@ -261,6 +261,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             if old is not None or any(outp.iterdir()):
                 raise ConfigError(f"{outp} exists and is not a feature cache",
                                   hint="choose another [output] path; warp only replaces its own caches")
+            reasons.append("new cache")
         elif old.get("fingerprint") == fp and not clear and _shards_present(outp, old):
             return BuildResult("up-to-date", str(outp), old, {"scan_s": round(t_scan, 4)})
         elif clear:
