@@ -464,7 +464,9 @@ class TileWriter:
         """Flush, wait for every object, then write zarr.json(s) and the manifest."""
         if self._closed:
             raise DataError(f"{self.url}: already closed")
-        self._raise_if_failed()
+        if self._error is not None:
+            self.abort()
+            self._raise_if_failed()
         if self._received != self._expected:
             self.abort()
             raise DataError(f"{self.url}: input ended after {self._received} of {self._expected} bytes "
@@ -484,6 +486,8 @@ class TileWriter:
             self.store.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(self._array_metadata()))
         except BaseException:
             self._shutdown()
+            if self._next is not None:
+                self._next.abort()
             raise
         self._shutdown()
         levels = self._level_info()
