@@ -243,7 +243,7 @@ def test_spawned_workers_reopen_the_cache_lazily(cache):
 def test_cli_etl_reads_warp_workers(tmp_path, cli, monkeypatch):
     from warpdata.sampledata.captions import generate
 
-    info = generate(tmp_path / "d", count=4)
+    info = generate(tmp_path / "d", count=12)
     monkeypatch.setenv("WARP_WORKERS", "many")
     r = cli("etl", "--config", info["config"])
     assert r.code == 78 and "WARP_WORKERS" in r.err
