@@ -191,33 +191,32 @@ def test_verify_passes_on_golden(cli):
     assert doc["kind"] == "zarr-array" and doc["verified"] is True and doc["levels"] == 2
 
 
-# -- S3 through the storage layer (moto on 127.0.0.1) -------------------------------
+# -- S3 through the storage layer (the shared moto fixture, 127.0.0.1) --------------
 
-@pytest.fixture
-def s3_env(monkeypatch):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1", "WARP_S3_ENDPOINT": endpoint}.items():
-        monkeypatch.setenv(k, v)
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="tiles")
-    yield endpoint
-    server.stop()
+@pytest.mark.s3
+def test_s3_output_reads_back(s3):
+    a = _data((9, 10, 7), "uint16")
+    url = s3.url("vol.zarr")
+    r = _write(url, a, (4, 4, 4), shards="auto")
+    assert r.objects == 3
+    assert s3.count("PUT", "vol.zarr/zarr.json") == 1
+    store = zarr.storage.FsspecStore.from_url(
+        url, read_only=True, storage_options={"endpoint_url": s3.endpoint, "key": "testing", "secret": "testing"})
+    np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], a)
+    assert zarr_v3.read_array(url).tobytes() == a.tobytes()
 
 
 @pytest.mark.s3
-def test_s3_output_reads_back(s3_env):
-    a = _data((9, 10, 7), "uint16")
-    r = _write("s3://tiles/vol.zarr", a, (4, 4, 4), shards="auto")
-    assert r.objects == 3
-    store = zarr.storage.FsspecStore.from_url(
-        "s3://tiles/vol.zarr", read_only=True,
-        storage_options={"endpoint_url": s3_env, "key": "testing", "secret": "testing"})
-    np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], a)
-    assert zarr_v3.read_array("s3://tiles/vol.zarr").tobytes() == a.tobytes()
+def test_etl_to_s3_needs_clear_to_replace(cli, s3, tmp_path):
+    from warpdata.sampledata.volume import generate
+
+    generate(tmp_path, count=8, seed=2)
+    url = s3.url("etl.zarr")
+    r = cli("etl", "--config", tmp_path / "volume.toml", "--output", url, "--json")
+    assert r.code == 0, r.err
+    assert r.json()["path"] == url
+    a = np.fromfile(tmp_path / "volume.raw", dtype="<u2").reshape(8, 256, 256)
+    assert zarr_v3.read_array(url + "/0").tobytes() == a.tobytes()
+    again = cli("etl", "--config", tmp_path / "volume.toml", "--output", url)
+    assert again.code == 78 and "--clear" in again.err
+    assert cli("etl", "--config", tmp_path / "volume.toml", "--output", url, "--clear", "-q").code == 0
