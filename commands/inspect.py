@@ -58,6 +58,9 @@ def main(
         for p in report.problems:
             out.warn(p)
     if verify and not report.ok:
+        if out.options().json:  # the report (ok: false, problems) is the one JSON document
+            out.error(f"{target}: verification found {len(report.problems)} problem(s)")
+            return 1
         raise NegativeResult(f"{target}: verification found {len(report.problems)} problem(s)",
                              hint="rebuild or re-download the artifact")
     return 0

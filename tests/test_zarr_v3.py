@@ -173,7 +173,7 @@ def test_verify_finds_each_corruption(cli, tmp_path, case, needle):
     r = cli("inspect", "--verify", str(target), "--json")
     assert r.code == 1, r.err
     # the report comes first (the error document may follow it on stdout)
-    doc, _ = json.JSONDecoder().raw_decode(r.out)
+    doc = json.loads(r.out)  # exactly one JSON document, even on failure
     assert doc["ok"] is False and any(needle in p for p in doc["problems"]), doc["problems"]
 
 
