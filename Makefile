@@ -38,6 +38,7 @@ bench: install
 	$(PY) bench/read_stream.py
 	$(PY) bench/tiles_write.py
 	$(PY) bench/tbl_bench.py
+	$(PIP) install -q -c constraints.txt --no-deps litdata mosaicml-streaming webdataset lightning-utilities braceexpand Brotli python-snappy zstd tqdm catalogue cramjam && $(PY) bench/warehouse_etl.py && $(PY) bench/warehouse_reader.py  # peers --no-deps: they pull CUDA torch/torchvision (DESIGN.md §8)
 
 lint: install
 	$(VENV)/bin/ruff check .

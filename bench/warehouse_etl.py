@@ -17,7 +17,7 @@ differ only in how they parallelise and write. Each system runs in its own
 process; medians of ``--runs`` rounds (systems interleaved). Peers that do
 not import are reported as missing, not faked.
 
-    python bench/warehouse_etl.py [--n 400] [--runs 3] [--workers 2] [--json]
+    python bench/warehouse_etl.py [--n 1000] [--runs 3] [--workers 2] [--json]
 """
 
 from __future__ import annotations
@@ -114,14 +114,14 @@ def child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dict
 
             with wds.ShardWriter(str(out / "wds-%06d.tar"), maxsize=192e6, verbose=0) as w:
                 for r in results:
-                    w.write({"__key__": r["key"], "image.npy": r["image"], "boxes.npy": r["boxes"],
+                    w.write({"__key__": r["key"].rsplit(".", 1)[0], "image.npy": r["image"], "boxes.npy": r["boxes"],
                              "classes.npy": r["classes"]})
     return {"seconds": time.perf_counter() - t0, "n": n}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=400)
+    p.add_argument("--n", type=int, default=1000)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--size", type=int, default=640)

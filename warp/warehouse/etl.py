@@ -21,7 +21,7 @@ Phases (each timed into ``metrics.json``):
    :func:`plan` — runs independently. A worker owns its whole shard: it
    decodes into the shard's preallocated arrays and streams the file with
    its SHA-256 (no megabyte arrays shipped between processes). Shards are
-   written atomically into ``<root>/.warp-tmp-build-<hash12>/`` with a
+   written (tmp + rename) into ``<root>/.warp-tmp-build-<hash12>/`` with a
    ``.json`` receipt; a rerun after a crash reuses every receipted shard
    whose checksum verifies. An exclusive ``flock`` serialises concurrent
    ETLs of the same version.
@@ -43,7 +43,7 @@ import os
 import shutil
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,11 +129,13 @@ def build_shard(task: ShardTask) -> ShardResult:
         t0 = time.perf_counter()
         try:
             with open(s.image, "rb") as f:
+                st = os.fstat(f.fileno())
                 data = f.read()
         except OSError as e:
             raise DataError(f"{s.key}: could not be read during the build: {e}",
                             hint="the source changed while the ETL ran; rerun 'warp etl'", path=s.image) from None
-        if hashlib.sha256(data).hexdigest() != s.sha256:
+        # the header pass hashed this file; re-hash only if it was touched since (size, mtime, inode)
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != s.stat_key and hashlib.sha256(data).hexdigest() != s.sha256:
             raise DataError(f"{s.key}: changed while the ETL ran (content hash differs from the header pass)",
                             hint="rerun 'warp etl' once the dataset is no longer being written", path=s.image)
         read_s += time.perf_counter() - t0
@@ -150,7 +152,10 @@ def build_shard(task: ShardTask) -> ShardResult:
     name = os.path.basename(task.path)
     sha, size = None, 0
     if builder.count:
-        with atomic_file(task.path) as f:
+        # no fsync here: a background thread syncs each finished shard while the workers go on
+        # decoding (the I/O overlaps the CPU work) and finalize waits for all of them; a torn
+        # shard left by a crash fails its checksum when a rerun considers reusing it
+        with atomic_file(task.path, fsync=False) as f:
             sha = builder.write(f)
         size = os.path.getsize(task.path)
     write_s = time.perf_counter() - t0
@@ -228,15 +233,11 @@ def _executor(kind: str, workers: int) -> Executor:
 
         return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
                                    initializer=_init_process_worker)
-    from concurrent.futures import ThreadPoolExecutor
-
     return ThreadPoolExecutor(workers, thread_name_prefix="warp-etl")
 
 
 def _verify_version(path: Path, version: str, workers: int) -> dict[str, Any] | None:
     """The manifest if ``path`` is a complete, checksum-verified build of ``version``."""
-    from concurrent.futures import ThreadPoolExecutor
-
     try:
         doc = wmanifest.read(path)
     except DataError:
@@ -408,7 +409,8 @@ def run(req: EtlRequest) -> EtlResult:
             leftover.unlink()
         tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
         t = time.perf_counter()
-        results = _run_tasks(tasks, cfg.executor, workers, len(kept))
+        with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
+            results = _run_tasks(tasks, cfg.executor, workers, len(kept), syncer)
         phases["build"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -452,6 +454,7 @@ def run(req: EtlRequest) -> EtlResult:
         for r in results:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(build_dir / (r.file_name + ".json"))
+        _fsync_files([build_dir / r.file_name for r in results if r.samples and r.reused], workers)
         atomic_write_bytes(build_dir / wmanifest.MANIFEST_NAME, canonical_json(doc))
         fsync_dir(build_dir)
         date = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d")
@@ -477,7 +480,21 @@ def run(req: EtlRequest) -> EtlResult:
     return _result(doc, final, "built", metrics, metrics["wall_s"])
 
 
-def _run_tasks(tasks: list[ShardTask], executor: str, workers: int, total: int) -> list[ShardResult]:
+def _fsync_path(p: str | Path) -> None:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_files(paths: list[Path], workers: int) -> None:
+    with ThreadPoolExecutor(max(1, workers)) as ex:
+        list(ex.map(_fsync_path, paths))
+
+
+def _run_tasks(tasks: list[ShardTask], executor: str, workers: int, total: int,
+               syncer: Executor) -> list[ShardResult]:
     results: dict[int, ShardResult] = {}
     todo = []
     for task in tasks:
@@ -503,6 +520,8 @@ def _run_tasks(tasks: list[ShardTask], executor: str, workers: int, total: int) 
                     for fut in done:
                         r = fut.result()
                         results[r.index] = r
+                        if r.samples:
+                            syncer.submit(_fsync_path, os.path.join(os.path.dirname(tasks[0].path), r.file_name))
                         bar.advance(r.samples + len(r.failures))
                         nxt = next(it, None)
                         if nxt is not None:

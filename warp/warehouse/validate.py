@@ -17,6 +17,7 @@ the GIL); results keep the label order.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class ValidSample:
     probe: ImageProbe
     sha256: str
     nbytes: int
+    stat_key: tuple[int, int, int] = (0, 0, 0)  # (size, mtime_ns, inode) when hashed
 
     @property
     def empty(self) -> bool:
@@ -58,6 +60,7 @@ def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int
     key = rec.key
     try:
         with open(rec.image, "rb") as f:
+            st = os.fstat(f.fileno())
             data = f.read()
     except FileNotFoundError:
         return ProbeOutcome(None, (rec.run, key, rec.source, "missing-file", f"{key}: image file does not exist"),
@@ -106,7 +109,8 @@ def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int
         truncated = len(boxes) - max_boxes
         boxes, classes = boxes[:max_boxes], classes[:max_boxes]
     return ProbeOutcome(ValidSample(key, str(rec.image), rec.run, rec.source, boxes, classes, rec.frame_id,
-                                    rec.run_id, pr, digest, len(data)), None, src_hash, truncated)
+                                    rec.run_id, pr, digest, len(data), (st.st_size, st.st_mtime_ns, st.st_ino)),
+                        None, src_hash, truncated)
 
 
 def probe_all(records: Iterable[LabelRecord], *, tolerance: float, min_box: float, max_boxes: int,
