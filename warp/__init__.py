@@ -22,6 +22,8 @@ _LAZY: dict[str, str] = {
     "ShardCache": "warpdata.features.reader:ShardCache",
     "TileWriter": "warpdata.tiles.writer:TileWriter",
     "write_array": "warpdata.tiles:write_array",
+    "open_warehouse": "warpdata.warehouse:open",
+    "TWH1Shard": "warpdata.formats.twh1:TWH1Shard",
 }
 
 
