@@ -33,6 +33,7 @@ import hashlib
 import mmap
 import os
 import struct
+import time
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -154,6 +155,7 @@ class ShardBuilder:
         self.affine = np.zeros((capacity, 4), np.float32)
         self.keys: list[bytes] = []
         self.run_ids: list[bytes] = []
+        self.last_write_s: dict[str, float] = {}
 
     @property
     def count(self) -> int:
@@ -205,6 +207,8 @@ class ShardBuilder:
         lay = self.layout()
         h = hashlib.sha256()
         pos = 0
+        clock = time.perf_counter
+        spent = {"hash": 0.0, "write": 0.0}
 
         def put(buf) -> None:
             nonlocal pos
@@ -213,8 +217,12 @@ class ShardBuilder:
             mv = memoryview(buf)
             for s in range(0, len(mv), chunk):
                 part = mv[s:s + chunk]
+                t0 = clock()
                 h.update(part)
+                t1 = clock()
                 f.write(part)
+                spent["hash"] += t1 - t0
+                spent["write"] += clock() - t1
             pos += len(mv)
 
         def pad_to(off: int) -> None:
@@ -254,6 +262,7 @@ class ShardBuilder:
         pad_to(hdr.checksum_offset)
         digest = h.digest()
         f.write(digest)
+        self.last_write_s = spent  # observability: time hashing vs writing, seconds
         return digest.hex()
 
     def write_file(self, path: str | os.PathLike) -> str:

@@ -96,7 +96,7 @@ def test_coco_build_counts_reasons_and_manifest(cli, dataset, tmp_path):
         with twh1.TWH1Shard(path / sh["relative_path"]) as s:
             assert s.verify(sh["checksum_sha256"]) == sh["checksum_sha256"]
     metrics = json.loads((path / "metrics.json").read_text())
-    assert set(metrics["cpu_s"]) == {"decode", "resize", "read_hash", "write_hash"}
+    assert set(metrics["cpu_s"]) == {"read", "decode", "resize", "hash", "write"}
     assert metrics["skip_reasons"]["truncated"] == 2
     import duckdb
 

@@ -148,9 +148,9 @@ def build_shard(task: ShardTask) -> ShardResult:
         builder.commit(key=s.key, boxes=transform_boxes(s.boxes, g, spec), classes=s.classes,
                        frame_id=s.frame_id, run_id=s.run_id, orig_size=s.probe.oriented_size,
                        affine=(g.sx, g.sy, float(g.px), float(g.py)))
-    t0 = time.perf_counter()
     name = os.path.basename(task.path)
     sha, size = None, 0
+    builder.last_write_s = {"hash": 0.0, "write": 0.0}
     if builder.count:
         # no fsync here: a background thread syncs each finished shard while the workers go on
         # decoding (the I/O overlaps the CPU work) and finalize waits for all of them; a torn
@@ -158,9 +158,9 @@ def build_shard(task: ShardTask) -> ShardResult:
         with atomic_file(task.path, fsync=False) as f:
             sha = builder.write(f)
         size = os.path.getsize(task.path)
-    write_s = time.perf_counter() - t0
     res = ShardResult(task.index, task.shard_id, name, builder.count, sha, size, failures,
-                      {"read_hash": read_s, "decode": tr.decode_s, "resize": tr.resize_s, "write_hash": write_s})
+                      {"read": read_s, "decode": tr.decode_s, "resize": tr.resize_s,
+                       "hash": builder.last_write_s["hash"], "write": builder.last_write_s["write"]})
     atomic_write_bytes(task.path + ".json", canonical_json(asdict(res)), fsync=False)
     return res
 
