@@ -62,12 +62,13 @@ def items(corpus_dir: Path) -> list[tuple[str, list[list[float]], list[int]]]:
              [c for _, c in boxes.get(im["id"], [])]) for im in doc["images"]]
 
 
-def write_config(corpus_dir: Path, out_root: Path, size: int, workers: int, executor: str = "thread") -> Path:
+def write_config(corpus_dir: Path, out_root: Path, size: int, workers: int, executor: str = "thread",
+                 durable: bool = True) -> Path:
     cfg = out_root.parent / f"{out_root.name}.toml"
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text(f'[source]\nformat = "coco"\npath = "{corpus_dir}"\n[transform]\ntarget_size = {size}\n'
                    f'dtype = "u8"\nmax_boxes = 16\n[output]\nroot = "{out_root}"\nshard_size_mb = 192\n'
-                   f'[build]\nworkers = {workers}\nexecutor = "{executor}"\n')
+                   f'[build]\nworkers = {workers}\nexecutor = "{executor}"\ndurable = {str(durable).lower()}\n')
     return cfg
 
 

@@ -6,8 +6,13 @@ to 640, uint8 CHW, boxes), same worker count, same run:
 * ceiling  — a bare loop of the same libraries (simplejpeg decode + OpenCV
              letterbox into a reused buffer) on N threads, writing nothing;
 * decode   — simplejpeg decode alone on N threads (for reference);
+* disk     — the same number of bytes written sequentially and fsync'd (the
+             disk-bound ceiling: 1.2 MB per sample);
 * warp     — ``warp etl`` end to end (labels, header pass with SHA-256 of
-             every source, validation, build, manifest, Parquet), --clear;
+             every source, validation, build, manifest, Parquet), --clear,
+             every shard fsync'd (``[build] durable = true``, the default);
+* warp-nosync — the same with ``durable = false`` (write-back left to the OS,
+             as the peers do);
 * litdata  — ``litdata.optimize`` with N workers;
 * mds      — MosaicML ``MDSWriter`` fed by a pool of N transform processes;
 * wds      — WebDataset ``ShardWriter`` fed by a pool of N transform processes.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -33,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _warehouse_common as common
 
-SYSTEMS = ("ceiling", "decode", "warp", "litdata", "mds", "wds")
+SYSTEMS = ("ceiling", "decode", "disk", "warp", "warp-nosync", "litdata", "mds", "wds")
 PEER_MODULES = {"litdata": "litdata", "mds": "streaming", "wds": "webdataset"}
 
 
@@ -75,14 +81,29 @@ def child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dict
         with ThreadPoolExecutor(workers) as ex:
             list(ex.map(one, datas))
         return {"seconds": time.perf_counter() - t0, "n": n}
-    if system == "warp":
+    if system == "disk":
+        # the bytes warp writes (u8 CHW + header/boxes), written sequentially and fsync'd
+        per = 3 * size * size + 16 * 21 + 64
+        buf = np.zeros(8 << 20, np.uint8)
+        total = per * n
+        t0 = time.perf_counter()
+        with open(out / "disk.bin", "wb") as f:
+            left = total
+            while left > 0:
+                k = min(left, len(buf))
+                f.write(memoryview(buf)[:k])
+                left -= k
+            f.flush()
+            os.fsync(f.fileno())
+        return {"seconds": time.perf_counter() - t0, "n": n}
+    if system in ("warp", "warp-nosync"):
         from warpdata import output
         from warpdata.config import parse_toml
         from warpdata.pipelines import EtlRequest
         from warpdata.warehouse.etl import run
 
         output.configure(quiet=1)
-        cfg = common.write_config(corpus, out / "wh", size, workers)
+        cfg = common.write_config(corpus, out / "wh", size, workers, durable=system == "warp")
         data, source = parse_toml(cfg)
         t0 = time.perf_counter()
         res = run(EtlRequest(config_path=cfg, config=data, source=source, clear=True))
@@ -175,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{s:<10}{'-':>9}{'':>14}{'':>15}  {why}")
             continue
         pct = f"{100 * r / ceiling:.0f}%" if ceiling else ""
-        ratio = f"{warp / r:.2f}x" if warp and s != "warp" else ""
+        ratio = f"{warp / r:.2f}x" if warp and not s.startswith("warp") else ""
         note = versions.get(s) or ""
-        if s == "warp" and s in extra:
+        if s.startswith("warp") and s in extra:
             note = f"build phase {extra[s]['build_rate']:.0f} img/s; cpu ms/img " + ", ".join(
                 f"{k} {v:.2f}" for k, v in extra[s]["cpu_ms"].items())
         print(f"{s:<10}{r:>9.0f}{pct:>14}{ratio:>15}  {note}")

@@ -181,7 +181,7 @@ def test_every_sample_boxes_match_pixels(cli, dataset, tmp_path):
 def test_deterministic_across_worker_counts_and_executors(cli, dataset, tmp_path):
     d, _ = dataset
     a = etl(cli, config(d, out=str(tmp_path / "a"), extra='[build]\nworkers = 1'))
-    b = etl(cli, config(d, out=str(tmp_path / "b"), extra='[build]\nworkers = 2\nexecutor = "process"'))
+    b = etl(cli, config(d, out=str(tmp_path / "b"), extra='[build]\nworkers = 2\nexecutor = "process"\ndurable = false'))
     c = etl(cli, config(d, out=str(tmp_path / "c")), "--workers", "3")
     assert a["version"] == b["version"] == c["version"]
     assert shards_bytes(a["path"]) == shards_bytes(b["path"]) == shards_bytes(c["path"])

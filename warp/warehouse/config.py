@@ -92,6 +92,9 @@ SCHEMA: dict = {
         "workers": Field(int, 0, "parallel shard builders; 0 = WARP_WORKERS or the CPU count",
                          check=non_negative),
         "executor": Field(str, "thread", "thread (decoders release the GIL) or process", choices=EXECUTORS),
+        "durable": Field(bool, True, "fsync every shard before the version appears (survives power loss); "
+                         "false leaves write-back to the OS: a killed process still never leaves a partial "
+                         "version, a power cut may"),
     },
 }
 
@@ -124,6 +127,7 @@ class WarehouseConfig:
     min_shards: int
     workers: int
     executor: str
+    durable: bool
 
     def transform_dict(self) -> dict[str, Any]:
         """The cacheable transform config (enters the version key and the manifest)."""
@@ -172,6 +176,6 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         skip_empty=t["skip_empty"], pad_value=t["pad_value"], interpolation=t["interpolation"],
         box_tolerance=float(val["box_tolerance"]), min_box_size=float(val["min_box_size"]),
         thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
-        shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"])
+        shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"], durable=b["durable"])
 
 

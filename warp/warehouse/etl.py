@@ -409,8 +409,11 @@ def run(req: EtlRequest) -> EtlResult:
             leftover.unlink()
         tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
         t = time.perf_counter()
-        with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
-            results = _run_tasks(tasks, cfg.executor, workers, len(kept), syncer)
+        if cfg.durable:
+            with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
+                results = _run_tasks(tasks, cfg.executor, workers, len(kept), syncer)
+        else:
+            results = _run_tasks(tasks, cfg.executor, workers, len(kept), None)
         phases["build"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -454,8 +457,9 @@ def run(req: EtlRequest) -> EtlResult:
         for r in results:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(build_dir / (r.file_name + ".json"))
-        _fsync_files([build_dir / r.file_name for r in results if r.samples and r.reused], workers)
-        atomic_write_bytes(build_dir / wmanifest.MANIFEST_NAME, canonical_json(doc))
+        if cfg.durable:
+            _fsync_files([build_dir / r.file_name for r in results if r.samples and r.reused], workers)
+        atomic_write_bytes(build_dir / wmanifest.MANIFEST_NAME, canonical_json(doc), fsync=cfg.durable)
         fsync_dir(build_dir)
         date = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d")
         final = root / wmanifest.version_dir_name(version, date)
@@ -494,7 +498,7 @@ def _fsync_files(paths: list[Path], workers: int) -> None:
 
 
 def _run_tasks(tasks: list[ShardTask], executor: str, workers: int, total: int,
-               syncer: Executor) -> list[ShardResult]:
+               syncer: Executor | None) -> list[ShardResult]:
     results: dict[int, ShardResult] = {}
     todo = []
     for task in tasks:
@@ -520,7 +524,7 @@ def _run_tasks(tasks: list[ShardTask], executor: str, workers: int, total: int,
                     for fut in done:
                         r = fut.result()
                         results[r.index] = r
-                        if r.samples:
+                        if r.samples and syncer is not None:
                             syncer.submit(_fsync_path, os.path.join(os.path.dirname(tasks[0].path), r.file_name))
                         bar.advance(r.samples + len(r.failures))
                         nxt = next(it, None)
@@ -551,7 +555,7 @@ def _metrics(results: list[ShardResult], phases: dict[str, float], workers: int,
         "shards_reused": len(results) - len(built), "bytes_written": nbytes,
         "build_samples_per_s": round(n_built / build_s, 2) if build_s and n_built else None,
         "build_mb_per_s": round(sum(r.size_bytes for r in built) / 1e6 / build_s, 2) if build_s and built else None,
-        "skip_reasons": q.aggregate().by_reason, "skipped_empty": q.aggregate().skipped,
+        "durable": cfg.durable, "skip_reasons": q.aggregate().by_reason, "skipped_empty": q.aggregate().skipped,
         "truncated_boxes": truncated_boxes, "wall_s": round(wall, 4),
     }
 
