@@ -20,12 +20,6 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--config -c --clear --allow-invalid --workers -j --input -i --output -o --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
-        doctor)
-            case "$prev" in
-                --only) _warp_files; return 0;;
-            esac
-            if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
-            ;;
         tar-to-tbl)
             case "$prev" in
                 --compression|-c) _warp_files; return 0;;
@@ -48,27 +42,17 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
+        ls)
+            case "$prev" in
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
         inspect)
             case "$prev" in
                 --head) :; return 0;;
             esac
             if [[ $cur == -* ]]; then _warp_words "--verify --head --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
-            ;;
-        cache)
-            case "$prev" in
-                --limit) _warp_files; return 0;;
-            esac
-            if [[ $cur == -* ]]; then _warp_words "--limit --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_words "stats gc verify clear"; fi
-            ;;
-        warm)
-            case "$prev" in
-                --tables) _warp_files; return 0;;
-                --shards) _warp_files; return 0;;
-                --max-bytes) _warp_files; return 0;;
-                --version) _warp_files; return 0;;
-                --store) _warp_files; return 0;;
-            esac
-            if [[ $cur == -* ]]; then _warp_words "--tables --shards --max-bytes --artifacts --no-artifacts --version --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         stream)
             case "$prev" in
@@ -85,12 +69,6 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--table --format --columns --filter --shard --limit --batch-size --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
-        ls)
-            case "$prev" in
-                --store) _warp_files; return 0;;
-            esac
-            if [[ $cur == -* ]]; then _warp_words "--store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
-            ;;
         cat)
             case "$prev" in
                 --artifact) _warp_files; return 0;;
@@ -101,6 +79,22 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--artifact --ref --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
+        warm)
+            case "$prev" in
+                --tables) _warp_files; return 0;;
+                --shards) _warp_files; return 0;;
+                --max-bytes) _warp_files; return 0;;
+                --version) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--tables --shards --max-bytes --artifacts --no-artifacts --version --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
+        cache)
+            case "$prev" in
+                --limit) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--limit --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_words "stats gc verify clear"; fi
+            ;;
         init)
             case "$prev" in
                 --table) _warp_files; return 0;;
@@ -109,8 +103,14 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--table --out --force --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
+        doctor)
+            case "$prev" in
+                --only) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
+            ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl doctor tar-to-tbl publish inspect cache warm stream ls cat init"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
             ;;
     esac
 }
@@ -120,7 +120,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|doctor|tar-to-tbl|publish|inspect|cache|warm|stream|ls|cat|init) cmd=${COMP_WORDS[i]}; break ;;
+            etl|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

@@ -9,17 +9,17 @@ complete -c warp -l color -x -a 'auto always never' -d 'auto, always or never (N
 complete -c warp -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
 complete -c warp -l version -d 'Print warp\'s version and exit'
 complete -c warp -s h -l help -d 'Show the help and exit'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a ls -d 'List the datasets published in a store, from their manifests only'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
-complete -c warp -n 'not __fish_seen_subcommand_from etl doctor tar-to-tbl publish inspect cache warm stream ls cat init' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a ls -d 'List the datasets published in a store, from their manifests only'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
+complete -c warp -n 'not __fish_seen_subcommand_from etl tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
 
 complete -c warp -n '__fish_seen_subcommand_from etl' -s c -l config -r -F -d 'The TOML config (see examples/)'
 complete -c warp -n '__fish_seen_subcommand_from etl' -l clear -d 'Rebuild even if an identical version exists (also WAREHOUSE_CLEAR=1)'
@@ -27,8 +27,6 @@ complete -c warp -n '__fish_seen_subcommand_from etl' -l allow-invalid -d 'Build
 complete -c warp -n '__fish_seen_subcommand_from etl' -s j -l workers -x -d 'Worker count (default: WARP_WORKERS or CPUs)'
 complete -c warp -n '__fish_seen_subcommand_from etl' -s i -l input -r -F -d 'Override [source] path; \'-\' reads stdin'
 complete -c warp -n '__fish_seen_subcommand_from etl' -s o -l output -r -F -d 'Override [output] root'
-
-complete -c warp -n '__fish_seen_subcommand_from doctor' -l only -r -F -d 'Run only checks in these groups (repeatable)'
 
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -r -F -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'
@@ -51,20 +49,12 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore t
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
 complete -c warp -n '__fish_seen_subcommand_from publish' -F
 
+complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from ls' -F
+
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l head -x -d 'Also show the first N rows/samples where that applies'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -F
-
-complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE (e.g'
-complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clear'
-
-complete -c warp -n '__fish_seen_subcommand_from warm' -l tables -r -F -d 'Comma-separated tables (default: all)'
-complete -c warp -n '__fish_seen_subcommand_from warm' -l shards -r -F -d 'Shard positions to warm in each table/artifact'
-complete -c warp -n '__fish_seen_subcommand_from warm' -l max-bytes -r -F -d 'Download at most SIZE (e.g'
-complete -c warp -n '__fish_seen_subcommand_from warm' -l artifacts -l no-artifacts -d 'Also warm artifact shards and indexes'
-complete -c warp -n '__fish_seen_subcommand_from warm' -l version -r -F -d 'A version hash (default: latest)'
-complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL (default: WARP_STORE)'
-complete -c warp -n '__fish_seen_subcommand_from warm' -F
 
 complete -c warp -n '__fish_seen_subcommand_from stream' -l table -r -F -d 'Table to stream'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l format -x -a 'jsonl csv arrow' -d 'jsonl, csv or arrow (IPC stream)'
@@ -78,9 +68,6 @@ complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -r -F -d 'auto,
 complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -F
 
-complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL (default: WARP_STORE)'
-complete -c warp -n '__fish_seen_subcommand_from ls' -F
-
 complete -c warp -n '__fish_seen_subcommand_from cat' -l artifact -r -F -d 'Artifact name (see \'warp inspect ws/name\')'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l ref -r -F -d 'Member path inside the artifact'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l version -r -F -d 'A version hash (default: latest)'
@@ -88,11 +75,24 @@ complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -r -F -d 'auto, re
 complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from cat' -F
 
+complete -c warp -n '__fish_seen_subcommand_from warm' -l tables -r -F -d 'Comma-separated tables (default: all)'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l shards -r -F -d 'Shard positions to warm in each table/artifact'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l max-bytes -r -F -d 'Download at most SIZE (e.g'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l artifacts -l no-artifacts -d 'Also warm artifact shards and indexes'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l version -r -F -d 'A version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from warm' -F
+
+complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE (e.g'
+complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clear'
+
 complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams'
 complete -c warp -n '__fish_seen_subcommand_from init' -l out -r -F -d 'File to write (default ./<ws>_<name>_loader.py)'
 complete -c warp -n '__fish_seen_subcommand_from init' -l force -d 'Overwrite an existing file'
 complete -c warp -n '__fish_seen_subcommand_from init' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from init' -F
+
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l only -r -F -d 'Run only checks in these groups (repeatable)'
 
 complete -c tar_to_tbl -f
 complete -c tar_to_tbl -l json -d 'Print exactly one JSON document on stdout'

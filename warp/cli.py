@@ -46,17 +46,21 @@ class CommandSpec:
 
 
 COMMANDS: tuple[CommandSpec, ...] = (
+    # build
     CommandSpec("etl", "warpdata.commands.etl", "Build a training-ready artifact (tensor warehouse, Zarr array, feature cache) from a TOML config."),
-    CommandSpec("doctor", "warpdata.commands.doctor", "Check the installation, backends, cache and store, and say how to fix what fails."),
     CommandSpec("tar-to-tbl", "warpdata.commands.tar_to_tbl", "Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes, checksums."),
+    # publish and read
     CommandSpec("publish", "warpdata.commands.publish", "Publish a dataset version (tables, raw artifacts, bindings) to the store: content-addressed, idempotent."),
-    CommandSpec("inspect", "warpdata.commands.inspect", "Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays, datasets."),
-    CommandSpec("cache", "warpdata.commands.cache", "Show, garbage-collect, verify or clear the content-addressed blob cache."),
-    CommandSpec("warm", "warpdata.commands.warm", "Download a published dataset's shards into the blob cache ahead of training."),
-    CommandSpec("stream", "warpdata.commands.stream", "Stream a published table's rows to stdout as JSONL, CSV or Arrow IPC, without pulling."),
     CommandSpec("ls", "warpdata.commands.ls", "List the datasets published in a store, from their manifests only."),
+    CommandSpec("inspect", "warpdata.commands.inspect", "Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays, datasets."),
+    CommandSpec("stream", "warpdata.commands.stream", "Stream a published table's rows to stdout as JSONL, CSV or Arrow IPC, without pulling."),
     CommandSpec("cat", "warpdata.commands.cat", "Write one artifact member's raw bytes to stdout (one ranged read, no extraction)."),
+    # serve to training
+    CommandSpec("warm", "warpdata.commands.warm", "Download a published dataset's shards into the blob cache ahead of training."),
+    CommandSpec("cache", "warpdata.commands.cache", "Show, garbage-collect, verify or clear the content-addressed blob cache."),
     CommandSpec("init", "warpdata.commands.init", "Generate a loader module for a published dataset, with a smoke test."),
+    # when something is wrong
+    CommandSpec("doctor", "warpdata.commands.doctor", "Check the installation, backends, cache and store, and say how to fix what fails."),
 )
 
 GLOBAL_FLAGS = {"--json", "--debug", "--quiet", "--verbose", "-q", "-v"}
