@@ -180,28 +180,41 @@ def main(argv: list[str] | None = None) -> int:
             extra[s] = {"build_rate": common.median([r["build_rate"] for r in ok]), "cpu_ms": ok[-1]["cpu_ms"]}
         if rs and not ok:
             extra[s] = {"error": rs[-1].get("error")}
+    def per_round(num: str, den: str) -> float | None:
+        """Median over rounds of the ratio of two systems' rates measured in the same round (less noise)."""
+        pairs = [(x, y) for x, y in zip(runs.get(num, []), runs.get(den, []), strict=False)
+                 if "seconds" in x and "seconds" in y]
+        if not pairs:
+            return None
+        return common.median([(x["n"] / x["seconds"]) / (y["n"] / y["seconds"]) for x, y in pairs])
+
     result = {"n": a.n, "workers": a.workers, "size": a.size, "runs": a.runs, "rates_img_per_s": rates,
-              "versions": versions, "extra": extra}
+              "versions": versions, "extra": extra,
+              "of_ceiling": {s: per_round(s, "ceiling") for s in systems},
+              "warp_over": {s: per_round("warp", s) for s in systems}}
     if a.json:
         print(json.dumps(result, indent=2))
         return 0
-    ceiling, warp = rates.get("ceiling"), rates.get("warp")
+    warp = rates.get("warp")
     print(f"tensor-warehouse ETL: {a.n} photo-like JPEGs -> letterbox {a.size} u8, {a.workers} workers, "
           f"median of {a.runs}")
-    print(f"{'system':<10}{'img/s':>9}{'% of ceiling':>14}{'warp / system':>15}  note")
+    print("img/s: median of rounds; ratios: median of per-round ratios (systems interleaved)")
+    print(f"{'system':<12}{'img/s':>9}{'% of ceiling':>14}{'warp / system':>15}  note")
     for s in systems:
         r = rates.get(s)
         if r is None:
             why = "not installed" if s in versions and versions[s] is None else extra.get(s, {}).get("error", "")
-            print(f"{s:<10}{'-':>9}{'':>14}{'':>15}  {why}")
+            print(f"{s:<12}{'-':>9}{'':>14}{'':>15}  {why}")
             continue
-        pct = f"{100 * r / ceiling:.0f}%" if ceiling else ""
-        ratio = f"{warp / r:.2f}x" if warp and not s.startswith("warp") else ""
+        pct_v = per_round(s, "ceiling")
+        pct = f"{100 * pct_v:.0f}%" if pct_v else ""
+        ratio_v = per_round("warp", s) if warp and not s.startswith("warp") else None
+        ratio = f"{ratio_v:.2f}x" if ratio_v else ""
         note = versions.get(s) or ""
         if s.startswith("warp") and s in extra:
             note = f"build phase {extra[s]['build_rate']:.0f} img/s; cpu ms/img " + ", ".join(
                 f"{k} {v:.2f}" for k, v in extra[s]["cpu_ms"].items())
-        print(f"{s:<10}{r:>9.0f}{pct:>14}{ratio:>15}  {note}")
+        print(f"{s:<12}{r:>9.0f}{pct:>14}{ratio:>15}  {note}")
     return 0
 
 
