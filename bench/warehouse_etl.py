@@ -43,7 +43,22 @@ SYSTEMS = ("ceiling", "decode", "disk", "warp", "warp-nosync", "litdata", "mds",
 PEER_MODULES = {"litdata": "litdata", "mds": "streaming", "wds": "webdataset"}
 
 
+def _cpu_s() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dict:
+    """Run one system; adds the CPU seconds (this process + its finished children) it spent."""
+    c0 = _cpu_s()
+    r = _child(system, corpus, out, workers, size)
+    r["cpu_s"] = _cpu_s() - c0 - r.pop("setup_cpu_s", 0.0)
+    return r
+
+
+def _child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dict:
     import numpy as np
 
     items = common.items(corpus)
@@ -60,10 +75,12 @@ def child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dict
         from warpdata.warehouse.transform import Transformer, TransformSpec
 
         cv2.setNumThreads(1)
+        c0 = _cpu_s()
         datas = []
         for path, _, _ in items:  # the ceiling reads from memory: no I/O, no hashing
             with open(path, "rb") as f:
                 datas.append(f.read())
+        setup = _cpu_s() - c0
         local = threading.local()
 
         def one(data: bytes) -> None:
@@ -80,7 +97,7 @@ def child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dict
         t0 = time.perf_counter()
         with ThreadPoolExecutor(workers) as ex:
             list(ex.map(one, datas))
-        return {"seconds": time.perf_counter() - t0, "n": n}
+        return {"seconds": time.perf_counter() - t0, "n": n, "setup_cpu_s": setup}
     if system == "disk":
         # the bytes warp writes (u8 CHW + header/boxes), written sequentially and fsync'd
         per = 3 * size * size + 16 * 21 + 64
@@ -180,17 +197,22 @@ def main(argv: list[str] | None = None) -> int:
             extra[s] = {"build_rate": common.median([r["build_rate"] for r in ok]), "cpu_ms": ok[-1]["cpu_ms"]}
         if rs and not ok:
             extra[s] = {"error": rs[-1].get("error")}
-    def per_round(num: str, den: str) -> float | None:
-        """Median over rounds of the ratio of two systems' rates measured in the same round (less noise)."""
+    def per_round(num: str, den: str, cpu: bool = False) -> float | None:
+        """Median over rounds of the ratio of two systems' rates measured in the same round (less noise).
+
+        ``cpu``: images per CPU-second instead of per wall second (robust to other load on the machine).
+        """
+        key = "cpu_s" if cpu else "seconds"
         pairs = [(x, y) for x, y in zip(runs.get(num, []), runs.get(den, []), strict=False)
-                 if "seconds" in x and "seconds" in y]
+                 if x.get(key) and y.get(key)]
         if not pairs:
             return None
-        return common.median([(x["n"] / x["seconds"]) / (y["n"] / y["seconds"]) for x, y in pairs])
+        return common.median([(x["n"] / x[key]) / (y["n"] / y[key]) for x, y in pairs])
 
     result = {"n": a.n, "workers": a.workers, "size": a.size, "runs": a.runs, "rates_img_per_s": rates,
               "versions": versions, "extra": extra,
               "of_ceiling": {s: per_round(s, "ceiling") for s in systems},
+              "of_ceiling_cpu": {s: per_round(s, "ceiling", cpu=True) for s in systems},
               "warp_over": {s: per_round("warp", s) for s in systems}}
     if a.json:
         print(json.dumps(result, indent=2))
@@ -199,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tensor-warehouse ETL: {a.n} photo-like JPEGs -> letterbox {a.size} u8, {a.workers} workers, "
           f"median of {a.runs}")
     print("img/s: median of rounds; ratios: median of per-round ratios (systems interleaved)")
-    print(f"{'system':<12}{'img/s':>9}{'% of ceiling':>14}{'warp / system':>15}  note")
+    print(f"{'system':<12}{'img/s':>9}{'% of ceiling':>14}{'warp / system':>15}{'img/CPU-s':>11}{'% ceil (CPU)':>14}"
+          "  note")
     for s in systems:
         r = rates.get(s)
         if r is None:
             why = "not installed" if s in versions and versions[s] is None else extra.get(s, {}).get("error", "")
             print(f"{s:<12}{'-':>9}{'':>14}{'':>15}  {why}")
             continue
+        cpu_v = per_round(s, "ceiling", cpu=True)
         pct_v = per_round(s, "ceiling")
         pct = f"{100 * pct_v:.0f}%" if pct_v else ""
         ratio_v = per_round("warp", s) if warp and not s.startswith("warp") else None
@@ -214,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         if s.startswith("warp") and s in extra:
             note = f"build phase {extra[s]['build_rate']:.0f} img/s; cpu ms/img " + ", ".join(
                 f"{k} {v:.2f}" for k, v in extra[s]["cpu_ms"].items())
-        print(f"{s:<12}{r:>9.0f}{pct:>14}{ratio:>15}  {note}")
+        ok = [x for x in runs[s] if x.get("cpu_s")]
+        per_cpu = common.median([x["n"] / x["cpu_s"] for x in ok]) if ok else None
+        print(f"{s:<12}{r:>9.0f}{pct:>14}{ratio:>15}{(f'{per_cpu:.0f}' if per_cpu else ''):>11}"
+              f"{(f'{100 * cpu_v:.0f}%' if cpu_v else ''):>14}  {note}")
     return 0
 
 

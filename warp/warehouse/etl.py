@@ -380,7 +380,7 @@ def run(req: EtlRequest) -> EtlResult:
     from warpdata.canonical import sha256_file
 
     for lf in sorted(ls.label_files):
-        label_hashes.append([wlabels._rel(cfg.root, lf), sha256_file(lf) if lf.is_file() else "missing"])
+        label_hashes.append([wlabels.rel_path(cfg.root, lf), sha256_file(lf) if lf.is_file() else "missing"])
     sources_sorted = sorted(sources)
     recipe = {
         "format": f"TWH1/{twh1.SHARD_VERSION}", "code_version": CODE_VERSION, "source_format": cfg.format,

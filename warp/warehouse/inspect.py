@@ -117,16 +117,10 @@ def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
 
 
 def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
-    with open(target, "rb") if os.path.isfile(target) else _null() as f:
-        magic = f.read(4) if f else b""
+    magic = b""
+    if os.path.isfile(target):
+        with open(target, "rb") as f:
+            magic = f.read(4)
     if magic == twh1.MAGIC:
         return _inspect_shard(target, verify, head)
     return _inspect_warehouse(target, verify, head)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

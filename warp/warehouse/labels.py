@@ -65,7 +65,7 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _rel(root: Path, p: Path) -> str:
+def rel_path(root: Path, p: Path) -> str:
     try:
         return p.relative_to(root).as_posix()
     except ValueError:
@@ -98,7 +98,7 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
     seen_keys: set[str] = set()
     for lf in label_files:
         doc = _read_json(lf)
-        src = _rel(root, lf)
+        src = rel_path(root, lf)
         if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
             raise DataError(f"{lf}: not a COCO annotation file (no 'images' list)",
                             hint="[source] format = \"coco\" expects COCO JSON", path=str(lf))
@@ -184,20 +184,20 @@ def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[s
     for lp in label_paths:
         stem = lp.relative_to(labels_dir).with_suffix("").as_posix()
         if stem not in by_stem:
-            rejects.append((_yolo_run(stem), _rel(root, lp), _rel(root, lp), "orphan-label",
-                            f"{_rel(root, lp)} has no image {images_dir}/{stem}.*"))
+            rejects.append((_yolo_run(stem), rel_path(root, lp), rel_path(root, lp), "orphan-label",
+                            f"{rel_path(root, lp)} has no image {images_dir}/{stem}.*"))
     seen: set[str] = set()
     for img in images:
         rel_img = img.relative_to(img_root)
         stem = rel_img.with_suffix("").as_posix()
-        key = _rel(root, img)
+        key = rel_path(root, img)
         run = _yolo_run(stem)
         if stem in seen:
             rejects.append((run, key, key, "duplicate", f"{key}: another image has the same name stem {stem}"))
             continue
         seen.add(stem)
         lp = labels_dir / (stem + ".txt")
-        src = _rel(root, lp)
+        src = rel_path(root, lp)
         rec = LabelRecord(key=key, image=img, run=run, boxes=[], classes=[], source=src, normalized=True)
         problem = None
         if lp.is_file():
@@ -257,7 +257,7 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
             raise MissingInputError(f"label file {lf} does not exist", hint="check [source] labels") from None
         except UnicodeDecodeError as e:
             raise DataError(f"{lf}: not UTF-8 text: {e}", hint="JSONL labels must be UTF-8", path=str(lf)) from None
-        src = _rel(root, lf)
+        src = rel_path(root, lf)
         for ln, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 raw.append((src, ln, line))
