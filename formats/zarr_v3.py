@@ -26,6 +26,7 @@ OME-Zarr 0.5 ``multiscales`` metadata, levels in sub-arrays ``0``, ``1``, …
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -272,8 +273,12 @@ def decode_chunk(frame: bytes | memoryview, layout: ArrayLayout, where: str) -> 
 class Store:
     """Key → bytes under a root URL, through warp's storage layer (warp/storage.py).
 
-    ``put`` is atomic per object: locally a temporary sibling renamed into
-    place (fsync'd unless ``fsync=False``), on object stores one PUT.
+    ``put`` is atomic per object: locally a temporary sibling written with
+    one ``writev`` (the parts of a shard go to the kernel without being
+    joined), fsync'd unless ``fsync=False``, then renamed into place; on
+    object stores one PUT. ``put(..., sync_dir=False)`` leaves the fsync of
+    the object's directory to :meth:`sync_dirs` — the writer calls it once
+    before committing ``zarr.json`` instead of once per chunk object.
     """
 
     def __init__(self, url: str | os.PathLike, *, fsync: bool = True, config=None) -> None:
@@ -284,24 +289,58 @@ class Store:
         self.fsync = fsync
         self.local = self.location.protocol == "file"
         self._fs = None if self.local else filesystem(self.location, config)
+        self._dirs: set[str] = set()  # directories known to exist (shared with sub-stores)
+        self._unsynced: set[str] = set()  # directories with renames not yet fsync'd
 
     def _path(self, key: str) -> str:
         return self.location.join(key).path if key else self.location.path
 
-    def put(self, key: str, parts: bytes | memoryview | Sequence[bytes | memoryview]) -> int:
+    def put(self, key: str, parts: bytes | memoryview | Sequence[bytes | memoryview], *, sync_dir: bool = True) -> int:
         if isinstance(parts, (bytes, bytearray, memoryview)):
             parts = [parts]
         path = self._path(key)
         if self.local:
-            from warpdata.atomic import atomic_file
-
-            with atomic_file(path, fsync=self.fsync) as f:
-                for p in parts:
-                    f.write(p)
-            return sum(len(p) for p in parts)
+            return self._put_local(path, parts, sync_dir)
         data = b"".join(parts)
         self._fs.pipe_file(path, data)
         return len(data)
+
+    def _put_local(self, path: str, parts: Sequence, sync_dir: bool) -> int:
+        import tempfile
+
+        from warpdata.atomic import TMP_PREFIX, fsync_dir
+
+        parent, name = os.path.split(path)
+        if parent not in self._dirs:
+            os.makedirs(parent, exist_ok=True)
+            self._dirs.add(parent)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + name, dir=parent)
+        try:
+            try:
+                n = writev_all(fd, parts)
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        if self.fsync:
+            if sync_dir:
+                fsync_dir(parent)
+            else:
+                self._unsynced.add(parent)
+        return n
+
+    def sync_dirs(self) -> None:
+        """fsync every directory that got an object through ``put(..., sync_dir=False)``."""
+        from warpdata.atomic import fsync_dir
+
+        while self._unsynced:
+            fsync_dir(self._unsynced.pop())
 
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -329,7 +368,33 @@ class Store:
         s = Store.__new__(Store)
         s.location = self.location.join(prefix) if prefix else self.location
         s.url, s.fsync, s.local, s._fs = s.location.url, self.fsync, self.local, self._fs
+        s._dirs, s._unsynced = self._dirs, self._unsynced
         return s
+
+
+IOV_BATCH = 1024  # Linux's IOV_MAX
+
+
+def writev_all(fd: int, parts: Sequence) -> int:
+    """Write every byte of ``parts`` to ``fd`` with ``os.writev`` (partial writes resumed)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in views if len(v)]
+    total = sum(len(v) for v in views)
+    i = 0
+    while i < len(views):
+        batch = views[i:i + IOV_BATCH]
+        n = os.writev(fd, batch)
+        if n <= 0:
+            raise OSError(f"writev wrote {n} bytes")
+        # skip the buffers written whole, keep the rest of a partly written one
+        for v in batch:
+            if n >= len(v):
+                n -= len(v)
+                i += 1
+            else:
+                views[i] = v[n:]
+                break
+    return total
 
 
 # -- reading (verification and small reads; zarr-python/tensorstore are the real readers)

@@ -6,8 +6,8 @@ C order over the slab's tile grid. ``BACKENDS`` maps names to dotted import
 paths plus the install hint shown when a backend cannot be used (fsspec's
 ``known_implementations`` style); importing this package imports no backend.
 
-* ``cpu`` – numpy gather into reused per-thread tile buffers, one
-  ``zstandard`` compressor per thread (both release the GIL).
+* ``cpu`` – numpy gather into reused per-thread tile buffers, one zstd
+  context per thread compressing into reused output arenas (GIL released).
 * ``gpu`` – a CuPy kernel for lift/transpose, nvCOMP batched zstd with the
   RAW bitstream (plain zstd frames), pinned host buffers, async streams.
 * ``auto`` – ``gpu`` when a CUDA device and its packages are present, else
@@ -19,9 +19,10 @@ Contract every backend meets (the conformance suite in
 ``prepare(plan)`` once, then ``alloc_slab()`` for each host slab buffer the
 caller fills; ``submit(slab, rows)`` starts compressing a filled buffer and
 returns at once; ``ready(ticket)`` polls; ``collect(ticket)`` waits and
-returns the frames. A buffer
-passed to ``submit`` is not touched by the caller until its ticket is
-collected. ``close()`` frees everything.
+returns the frames (bytes-like; possibly views into backend-owned output
+buffers, valid until ``release(ticket)``, which the caller invokes once it
+has written them). A buffer passed to ``submit`` is not touched by the
+caller until its ticket is collected. ``close()`` frees everything.
 """
 
 from __future__ import annotations
@@ -84,6 +85,10 @@ class TileBackend:
 
     def collect(self, ticket) -> list:
         raise NotImplementedError
+
+    def release(self, ticket) -> None:
+        """The caller is done with the frames ``collect(ticket)`` returned (they may be views
+        into backend-owned buffers that this lets the backend reuse). Default: nothing to do."""
 
     def close(self) -> None:
         pass

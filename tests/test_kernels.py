@@ -126,6 +126,46 @@ class TestCpuBackend(BackendConformance):
         b2.close()
         assert any(x.nbytes == plan.slab_nbytes for x in cpu._POOL)
 
+    @pytest.mark.parametrize("direct", [True, False])
+    @pytest.mark.parametrize("level", [1, 3])
+    def test_frames_are_byte_identical_to_zstandard_compress(self, direct, level):
+        """Same zstd parameters as zstandard/numcodecs (level, no checksum, content size): same bytes."""
+        from warpdata.kernels.cpu import CpuBackend
+
+        a = (np.random.default_rng(5).random((9, 40, 24)) * 3000).astype(np.uint16)
+        b = CpuBackend(level=level, threads=2, direct=direct)
+        plan, ea, slabs = self._run(b, a, (4, 16, 8))
+        c = zstandard.ZstdCompressor(level=level, write_checksum=False)
+        for s, frames in enumerate(slabs):
+            want = _slab_tiles(ea, plan, s, 0)
+            assert [bytes(f) for f in frames] == [c.compress(w) for w in want]
+        b.close()
+
+    def test_arenas_are_reused_only_after_release(self):
+        from warpdata.kernels.cpu import CpuBackend
+
+        b = CpuBackend(threads=2)
+        assert b.direct  # cffi is a dependency: the fast path is what runs
+        geo = TileGeometry.create((8, 32, 32), (4, 8, 8), "u16")
+        plan = SlabPlan(geo.elided(), 0)
+        b.prepare(plan)
+        slab = b.alloc_slab()
+        slab[...] = 7
+        t1 = b.submit(slab, 4)
+        f1 = b.collect(t1)
+        kept = [bytes(f) for f in f1]
+        t2 = b.submit(slab, 4)  # t1 not released: its frames must stay intact
+        b.collect(t2)
+        assert t2.arena is not t1.arena and [bytes(f) for f in f1] == kept
+        arena = t1.arena
+        b.release(t1)
+        t3 = b.submit(slab, 4)
+        assert t3.arena is arena
+        b.collect(t3)
+        b.release(t2)
+        b.release(t3)
+        b.close()
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_mod.GpuBackend.probe() is not None,

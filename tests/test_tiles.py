@@ -336,3 +336,50 @@ def test_top_level_write_array(tmp_path):
     r = wd.write_array(tmp_path / "w.zarr", a, (2, 4, 4), backend="cpu", fsync=False, levels=2)
     assert r.raw_bytes == a.nbytes and [lv["path"] for lv in r.levels] == ["0", "1"]
     np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "w.zarr"), mode="r")["0"][...], a)
+
+
+# -- object writes ------------------------------------------------------------------
+
+def test_writev_all_resumes_partial_writes(tmp_path, monkeypatch):
+    from warpdata.formats import zarr_v3
+
+    parts = [bytes([i % 256]) * (i * 7 % 23) for i in range(1500)]  # > IOV_MAX buffers, some empty
+    real = os.writev
+    # a kernel that writes at most 5 bytes of the first buffer per call
+    monkeypatch.setattr(os, "writev", lambda fd, bufs: real(fd, [bytes(bufs[0])[:5]]))
+    with open(tmp_path / "a", "wb") as f:
+        assert zarr_v3.writev_all(f.fileno(), parts) == sum(map(len, parts))
+    assert (tmp_path / "a").read_bytes() == b"".join(parts)
+    monkeypatch.setattr(os, "writev", lambda fd, bufs: 0)
+    with open(tmp_path / "c", "wb") as f, pytest.raises(OSError):  # no progress is an error, not a loop
+        zarr_v3.writev_all(f.fileno(), [b"abc"])
+    monkeypatch.setattr(os, "writev", real)
+    with open(tmp_path / "b", "wb") as f:
+        zarr_v3.writev_all(f.fileno(), [memoryview(p) for p in parts])
+    assert (tmp_path / "b").read_bytes() == b"".join(parts)
+
+
+def test_durable_write_syncs_each_directory_once_before_metadata(tmp_path, monkeypatch):
+    from warpdata import atomic
+
+    events = []
+    real_sync = atomic.fsync_dir
+    real_fsync = os.fsync
+    monkeypatch.setattr(atomic, "fsync_dir", lambda p: (events.append(("dir", str(p))), real_sync(p)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("file", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                  real_fsync(fd)))
+    a = _vol((12, 16, 16), "uint16")
+    with TileWriter(tmp_path / "a.zarr", a.shape, a.dtype, (4, 8, 8), shards=None, fsync=True) as w:
+        w.write_array(a)
+    root = tmp_path / "a.zarr"
+    chunk_files = [p for p in root.rglob("*") if p.is_file() and p.name not in ("zarr.json", "manifest.json")]
+    assert len(chunk_files) == 3 * 2 * 2
+    file_syncs = [e for e in events if e[0] == "file" and ".warp-tmp-" in e[1]]  # (fsync_dir's own os.fsync: no)
+    assert len(file_syncs) == len(chunk_files) + 2  # every object (and both metadata files) fsync'd once
+    dir_syncs = [e[1] for e in events if e[0] == "dir"]
+    chunk_dirs = {str(p.parent) for p in chunk_files}
+    assert chunk_dirs <= set(dir_syncs) and len(dir_syncs) <= len(chunk_dirs) + 2
+    # every chunk directory is durable before zarr.json exists
+    meta = next(i for i, e in enumerate(events) if e[0] == "file" and ".warp-tmp-" in e[1] and e[1].endswith("zarr.json"))
+    assert all(events.index(("dir", d)) < meta for d in chunk_dirs)
+    np.testing.assert_array_equal(zarr.open_array(str(root), mode="r")[...], a)

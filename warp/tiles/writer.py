@@ -176,8 +176,9 @@ class TileWriter:
         if self._empty:
             return
         self.backend.prepare(self.plan)
-        self._bufs = [self.backend.alloc_slab() for _ in range(2)]
-        self._flat = [b.reshape(-1).view(np.uint8) for b in self._bufs]
+        # slab buffers are allocated on first use: write_array's zero-copy path never needs them
+        self._bufs: list = [None, None]
+        self._flat: list = [None, None]
         self._cond = threading.Condition()
         self._free: deque[int] = deque([0, 1])
         self._cur: int | None = None
@@ -185,7 +186,7 @@ class TileWriter:
         self._slab_no = 0
         self._queue: queue.Queue = queue.Queue()
         self._io = ThreadPoolExecutor(2, thread_name_prefix="warp-tiles-io")
-        self._io_pending: deque[list[Future]] = deque()
+        self._io_pending: deque[tuple[list[Future], Any]] = deque()
         self._shard_setup()
         if self.levels - _level_index > 1 and levels > 1:
             self._setup_next_level(root, threads, fsync, storage_config)
@@ -254,6 +255,9 @@ class TileWriter:
             if not self._free:
                 return False
             self._cur = self._free.popleft()
+        if self._bufs[self._cur] is None:
+            self._bufs[self._cur] = self.backend.alloc_slab()
+            self._flat[self._cur] = self._bufs[self._cur].reshape(-1).view(np.uint8)
         self._fill = 0
         return True
 
@@ -398,7 +402,7 @@ class TileWriter:
                     submit(item)
                 (slab_no, buf_id, rows, view), ticket = inflight.popleft()
                 frames = self.backend.collect(ticket)
-                self._finish_slab(slab_no, buf_id, rows, view, frames)
+                self._finish_slab(slab_no, buf_id, rows, view, frames, ticket)
                 if stop and not inflight:
                     break
         except BaseException as e:
@@ -406,7 +410,8 @@ class TileWriter:
             with self._cond:
                 self._cond.notify_all()
 
-    def _finish_slab(self, slab_no: int, buf_id: int, rows: int, view: np.ndarray, frames: list) -> None:
+    def _finish_slab(self, slab_no: int, buf_id: int, rows: int, view: np.ndarray, frames: list,
+                     ticket: Any = None) -> None:
         data = view[:rows]
         self._crc = google_crc32c.extend(self._crc, data.reshape(-1).view(np.uint8))
         if self._down is not None:
@@ -429,11 +434,17 @@ class TileWriter:
             self.chunks += sum(m is not None for m in members)
             self.objects += 1
             self.stored_bytes += sum(len(p) for p in parts)
-            futures.append(self._io.submit(self.store.put, key, parts))
-        self._io_pending.append(futures)
+            # each object's file is fsync'd before its rename; directories once, at commit
+            futures.append(self._io.submit(self.store.put, key, parts, sync_dir=False))
+        # frames may be views into the backend's output arenas: hand them back once written
+        self._io_pending.append((futures, ticket))
         while len(self._io_pending) > 2:
-            for f in self._io_pending.popleft():
-                f.result()
+            self._wait_io(*self._io_pending.popleft())
+
+    def _wait_io(self, futures: list[Future], ticket: Any) -> None:
+        for f in futures:
+            f.result()
+        self.backend.release(ticket)
 
     # -- finishing ------------------------------------------------------------------------
     def _drain(self) -> None:
@@ -441,8 +452,7 @@ class TileWriter:
         self._collector.join()
         self._raise_if_failed()
         while self._io_pending:
-            for f in self._io_pending.popleft():
-                f.result()
+            self._wait_io(*self._io_pending.popleft())
 
     def _array_metadata(self) -> dict:
         g = self.geometry
@@ -483,6 +493,7 @@ class TileWriter:
                         self._next.write_all(last)
             if self._next is not None:
                 self._next.close()
+            self.store.sync_dirs()  # every chunk object durable before the metadata points at it
             self.store.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(self._array_metadata()))
         except BaseException:
             self._shutdown()
