@@ -381,6 +381,9 @@ class TileWriter:
 
         def submit(item) -> None:
             inflight.append((item, self.backend.submit(item[3], item[2])))
+            # slabs arrive in stream order: checksum the input while the backend compresses it,
+            # so the last slab's CRC is not on the pipeline's serial tail
+            self._crc = google_crc32c.extend(self._crc, item[3][:item[2]].reshape(-1).view(np.uint8))
 
         try:
             while True:
@@ -413,7 +416,6 @@ class TileWriter:
     def _finish_slab(self, slab_no: int, buf_id: int, rows: int, view: np.ndarray, frames: list,
                      ticket: Any = None) -> None:
         data = view[:rows]
-        self._crc = google_crc32c.extend(self._crc, data.reshape(-1).view(np.uint8))
         if self._down is not None:
             down = self._down.push(data)
             if down is not None:
