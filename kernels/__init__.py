@@ -86,6 +86,11 @@ class TileBackend:
     def collect(self, ticket) -> list:
         raise NotImplementedError
 
+    def on_ready(self, ticket, callback) -> bool:
+        """Arrange for ``callback()`` (from any thread) once ``ready(ticket)`` is True, so the
+        caller can sleep instead of polling. False: not supported, the caller polls."""
+        return False
+
     def release(self, ticket) -> None:
         """The caller is done with the frames ``collect(ticket)`` returned (they may be views
         into backend-owned buffers that this lets the backend reuse). Default: nothing to do."""

@@ -264,6 +264,23 @@ class CpuBackend(TileBackend):
     def ready(self, ticket: _Ticket) -> bool:
         return all(f.done() for f in ticket.futures)
 
+    def on_ready(self, ticket: _Ticket, callback) -> bool:
+        lock = threading.Lock()
+        left = [len(ticket.futures)]
+
+        def one_done(_f) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                callback()
+
+        if not ticket.futures:
+            callback()
+        for f in ticket.futures:
+            f.add_done_callback(one_done)  # runs at once if f is already done
+        return True
+
     def collect(self, ticket: _Ticket) -> list:
         """The slab's frames in tile order: memoryviews valid until :meth:`release` (bytes without cffi)."""
         if ticket.arena is None:

@@ -383,3 +383,21 @@ def test_durable_write_syncs_each_directory_once_before_metadata(tmp_path, monke
     meta = next(i for i, e in enumerate(events) if e[0] == "file" and ".warp-tmp-" in e[1] and e[1].endswith("zarr.json"))
     assert all(events.index(("dir", d)) < meta for d in chunk_dirs)
     np.testing.assert_array_equal(zarr.open_array(str(root), mode="r")[...], a)
+
+
+def test_backends_without_ready_signal_are_polled(tmp_path):
+    """The GPU backend has no on_ready(): the collector polls ready() and the output is the same."""
+
+    class Polled(CpuBackend):
+        def on_ready(self, ticket, callback):
+            return False
+
+    a = _vol((21, 16, 12), "uint16")
+    outs = []
+    for i, backend in enumerate((Polled(threads=2), CpuBackend(threads=2))):
+        with TileWriter(tmp_path / f"{i}.zarr", a.shape, a.dtype, (4, 8, 8), backend=backend, fsync=False) as w:
+            w.write_all(a.tobytes())  # the streaming path: slab buffers, not views
+        outs.append(sorted((p.relative_to(tmp_path / f"{i}.zarr"), p.read_bytes())
+                           for p in (tmp_path / f"{i}.zarr").rglob("*") if p.is_file() and p.name != "manifest.json"))
+        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / f"{i}.zarr"), mode="r")[...], a)
+    assert outs[0] == outs[1]

@@ -108,6 +108,7 @@ class WriteResult:
 
 
 _STOP = object()
+_WAKE = object()  # a ticket became ready (the collector re-checks)
 
 
 class TileWriter:
@@ -380,34 +381,37 @@ class TileWriter:
         stop = False
 
         def submit(item) -> None:
-            inflight.append((item, self.backend.submit(item[3], item[2])))
+            ticket = self.backend.submit(item[3], item[2])
+            # the backend signals when the ticket is ready (the CPU backend does): then this
+            # thread sleeps in queue.get() instead of polling ready() every 2 ms
+            notified = self.backend.on_ready(ticket, lambda: self._queue.put(_WAKE))
+            inflight.append((item, ticket, notified))
             # slabs arrive in stream order: checksum the input while the backend compresses it,
             # so the last slab's CRC is not on the pipeline's serial tail
             self._crc = google_crc32c.extend(self._crc, item[3][:item[2]].reshape(-1).view(np.uint8))
 
         try:
             while True:
-                if not inflight:
-                    item = self._queue.get()
-                    if item is _STOP:
-                        break
-                    submit(item)
-                # keep the backend fed: hand over every filled slab while the oldest compresses,
-                # so no worker idles at a slab's tail
-                while not stop and (not self.backend.ready(inflight[0][1]) or not self._queue.empty()):
-                    try:
-                        item = self._queue.get(timeout=0.002)
-                    except queue.Empty:
-                        continue
-                    if item is _STOP:
-                        stop = True
-                        break
-                    submit(item)
-                (slab_no, buf_id, rows, view), ticket = inflight.popleft()
-                frames = self.backend.collect(ticket)
-                self._finish_slab(slab_no, buf_id, rows, view, frames, ticket)
+                # collect the oldest slab once it is ready (after STOP: wait for it), but first
+                # hand every queued slab to the backend so no worker idles at a slab's tail
+                if inflight and self._queue.empty() and (stop or self.backend.ready(inflight[0][1])):
+                    (slab_no, buf_id, rows, view), ticket, _ = inflight.popleft()
+                    frames = self.backend.collect(ticket)
+                    self._finish_slab(slab_no, buf_id, rows, view, frames, ticket)
+                    continue
                 if stop and not inflight:
                     break
+                timeout = None if not inflight or inflight[0][2] else 0.002
+                try:
+                    item = self._queue.get(timeout=timeout)
+                except queue.Empty:
+                    continue
+                if item is _WAKE:
+                    continue
+                if item is _STOP:
+                    stop = True
+                    continue
+                submit(item)
         except BaseException as e:
             self._error = e
             with self._cond:
