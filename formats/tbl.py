@@ -380,6 +380,8 @@ class TblWriter:
     """
 
     _INDEX_FLUSH = 4096  # entries buffered before they go to the index spool
+    _REBASE_CHUNK = 8192  # entries rebased per step at close (192 KiB)
+    _SPOOL_BUFFER = 64 << 10  # index (written in 96 KiB blocks anyway) and metadata spools
 
     def __init__(self, path: str | os.PathLike, *, compression: str = "auto", level: int | None = None,
                  extensions: bool = True, expected_samples: int | None = None, fsync: bool = True) -> None:
@@ -414,15 +416,21 @@ class TblWriter:
                 self._base = 0
                 fd, self._pay_path = self._mkstemp("payload")
                 self._pay = os.fdopen(fd, "wb", buffering=1 << 20)
+            # small spool buffers: a buffer's pages become resident only as it
+            # first fills, and at ~60 B of metadata and 24 B of index per sample
+            # 1 MiB buffers made peak RSS creep up until ~45,000 samples
             fd, self._idx_path = self._mkstemp("index")
-            self._idx = os.fdopen(fd, "w+b", buffering=1 << 20)
+            self._idx = os.fdopen(fd, "w+b", buffering=self._SPOOL_BUFFER)
             fd, self._meta_path = self._mkstemp("meta")
-            self._meta = os.fdopen(fd, "w+b", buffering=1 << 20)
+            self._meta = os.fdopen(fd, "w+b", buffering=self._SPOOL_BUFFER)
         except BaseException:
             self.abort()
             raise
         self._pos = 0  # payload bytes written, relative to the payload region
-        self._entries = np.zeros(self._INDEX_FLUSH, ENTRY_DTYPE)
+        # entries are packed with struct into one reused buffer: per-sample numpy
+        # field assignments left a few small objects alive now and then, each
+        # pinning a 16 KiB pymalloc pool, and RSS crept up with N (BENCHMARKS.md)
+        self._ebuf = bytearray(ENTRY_SIZE * self._INDEX_FLUSH)
         self._n_buf = 0
 
     def _mkstemp(self, what: str) -> tuple[int, str]:
@@ -477,10 +485,8 @@ class TblWriter:
             self._meta.write(s.metadata)
             self._meta_size += META_BLOCK_SIZE + len(s.metadata)
             self._any_meta = True
-        e = self._entries[self._n_buf]
-        e["offset"] = self._pos
-        e["size"], e["usize"], e["width"], e["height"] = size, s.usize, s.width, s.height
-        e["format"], e["flags"], e["crc16"] = s.format, flags, s.crc16
+        ENTRY.pack_into(self._ebuf, ENTRY_SIZE * self._n_buf, self._pos, size, s.usize, s.width, s.height,
+                        s.format, flags, s.crc16)
         self._n_buf += 1
         if self._n_buf == self._INDEX_FLUSH:
             self._flush_index()
@@ -499,7 +505,8 @@ class TblWriter:
         return i
 
     def _flush_index(self) -> None:
-        self._idx.write(self._entries[: self._n_buf].tobytes())
+        with memoryview(self._ebuf) as mv:
+            self._idx.write(mv[: ENTRY_SIZE * self._n_buf])
         self._n_buf = 0
 
     # -- finishing -------------------------------------------------------
@@ -544,16 +551,19 @@ class TblWriter:
             os.lseek(out_fd, HEADER_SIZE, os.SEEK_SET)
             idx_crc = 0
             self._idx.seek(0)
-            chunk_entries = 8192  # 192 KiB at a time: memory stays flat in N
-            while True:
-                raw = self._idx.read(chunk_entries * ENTRY_SIZE)
-                if not raw:
-                    break
-                arr = np.frombuffer(raw, ENTRY_DTYPE).copy()
-                arr["offset"] += base
-                b = arr.tobytes()
-                idx_crc = crc32(b, idx_crc)
-                os.write(out_fd, b)
+            # one fixed buffer, rebased in place: the same few allocations for any N
+            chunk = bytearray(ENTRY_SIZE * self._REBASE_CHUNK)
+            with memoryview(chunk) as mv:
+                entries = np.frombuffer(chunk, ENTRY_DTYPE)
+                while True:
+                    got = self._idx.readinto(mv)
+                    if not got:
+                        break
+                    if got % ENTRY_SIZE:
+                        raise OSError(f"short read of the index spool ({got} bytes)")
+                    entries[: got // ENTRY_SIZE]["offset"] += base
+                    idx_crc = crc32(mv[:got], idx_crc)
+                    os.write(out_fd, mv[:got])
             if not in_place:
                 os.lseek(out_fd, base, os.SEEK_SET)
                 src = os.open(self._pay_path, os.O_RDONLY)
