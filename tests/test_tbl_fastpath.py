@@ -1,4 +1,4 @@
-"""TblReader's hot read path: one CRC over payload + trailer, zero-copy slices.
+"""Hot paths: TblReader reads (one CRC over payload + trailer, zero-copy slices), tar header sums.
 
 The fast path (warp files without compressed entries) checks the CRC-32
 residue of payload + stored trailer instead of comparing the trailer with a
@@ -89,3 +89,12 @@ def test_error_of_negative_index_names_the_real_sample(tmp_path):
     with pytest.raises(tbl.ChecksumMismatch) as ei:
         tbl.TblReader(p).read(-1)
     assert ei.value.details["sample"] == 1
+
+
+@given(st.binary(min_size=512, max_size=512))
+def test_tar_header_checksum_equals_the_byte_sum(hdr):
+    from warpdata.tbl.tarstream import header_checksum
+
+    assert header_checksum(hdr) == sum(hdr[:148]) + 8 * 32 + sum(hdr[156:])
+    worst = b"\xff" * 512  # the largest sums: Adler-32's modulus must not wrap
+    assert header_checksum(worst) == 504 * 255 + 256
