@@ -352,3 +352,21 @@ def test_kill_mid_build_leaves_no_version_and_rerun_reuses_shards(tmp_path):
                             "--output", str(tmp_path / "clean")], env=env, capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stderr
     assert shards_bytes(res["path"]) == shards_bytes(json.loads(clean.stdout)["path"])
+
+
+def test_full_decode_failures_count_against_thresholds(cli, dataset, tmp_path):
+    """The corrupt-scan JPEG passes the header pass and fails only in the full decode."""
+    d, info = dataset
+    cfg = config(d, out=str(tmp_path / "wh"))
+    # header pass: 2 invalid of 24 (0.083); after the full decode: 3 of 24 (0.125)
+    cfg.write_text(cfg.read_text().replace("fail = 0.3 }\nmax_missing", "fail = 0.1 }\nmax_missing"))
+    r = cli("etl", "--config", cfg)
+    assert r.code == 65 and info["broken"]["corrupt-scan"] in r.err
+    assert not list((tmp_path / "wh").glob("v*"))
+    ok = cli("etl", "--config", cfg, "--allow-invalid", "--json")
+    assert ok.code == 0, ok.err
+    m = json.loads((Path(ok.json()["path"]) / "metrics.json").read_text())
+    assert m["shards_reused"] == m["shards"]  # the refused build's shards were kept and reused
+    again = cli("etl", "--config", cfg)
+    assert again.code == 65 and "built with --allow-invalid" in again.err
+    assert cli("etl", "--config", cfg, "--allow-invalid").code == 0

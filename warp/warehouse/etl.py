@@ -399,6 +399,12 @@ def run(req: EtlRequest) -> EtlResult:
             for cand in wmanifest.find_versions(root, version):
                 doc = _verify_version(cand, version, workers)
                 if doc is not None:
+                    if doc["summary"]["verdict"]["status"] == "fail" and not req.allow_invalid:
+                        from warpdata.quarantine import Check, Verdict
+
+                        v = doc["summary"]["verdict"]
+                        Verdict("fail", [Check(**c) for c in v["checks"]], v["worst_offenders"]).raise_for_status(
+                            what=f"{cfg.root} (existing {cand.name}, built with --allow-invalid)")
                     return _result(doc, cand, "up-to-date", {}, time.perf_counter() - t_start)
                 out.warn(f"{cand} is incomplete or corrupt: rebuilding it")
         build_dir = root / f"{BUILD_PREFIX}{version[:12]}"
