@@ -192,3 +192,21 @@ def test_example_live_loader_and_refusal(built, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_detector.py"), "--steps", "1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2  # neither --tensor-warehouse nor --live-loader: refuse
+
+
+def test_loader_resumes_mid_epoch(built):
+    pytest.importorskip("torch")
+    from warpdata.warehouse.torch import make_loader
+
+    _, path = built
+    full = [b["index"].tolist() for b in make_loader(path, batch_size=4, seed=9)]
+    dl = make_loader(path, batch_size=4, seed=9)
+    it = iter(dl)
+    head = [next(it)["index"].tolist() for _ in range(2)]
+    state = dl.sampler.state_dict(consumed=8)
+    fresh = make_loader(path, batch_size=4, seed=9)
+    fresh.sampler.load_state_dict(state)
+    rest = [b["index"].tolist() for b in fresh]
+    assert head + rest == full
+    fresh.sampler.set_epoch(1)
+    assert sorted(i for b in fresh for i in b["index"].tolist()) == sorted(i for b in full for i in b)
