@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
 from warpdata import output as out
 
 EXAMPLES = """
