@@ -24,11 +24,24 @@ test: install
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
 demo: install
-	$(PY) -m warpdata.sampledata detection $(DEMO)/coco --count 64
+	rm -rf $(DEMO)
+	@echo "== 1. sample detection data (COCO labels, a few broken samples) -> tensor warehouse"
+	$(PY) -m warpdata.sampledata detection $(DEMO)/coco --count 64 >/dev/null
 	$(WARP) etl --config $(DEMO)/coco/transform.toml
-	WARP_STORE=$(DEMO)/store $(WARP) publish demo/coco --from "$$(ls -d $(DEMO)/warehouse/v*/ | head -n 1)"
-	WARP_STORE=$(DEMO)/store $(WARP) inspect demo/coco
-	$(WARP) inspect "$$(ls -d $(DEMO)/warehouse/v*/ | head -n 1)"
+	@echo "== 2. publish the warehouse to the local store, then read it back"
+	WARP_STORE=$(DEMO)/store $(WARP) publish demo/coco --from "$$($(WARP) etl -q --config $(DEMO)/coco/transform.toml)"
+	WARP_STORE=$(DEMO)/store $(WARP) ls
+	WARP_STORE=$(DEMO)/store $(WARP) inspect demo/coco --head 3
+	WARP_STORE=$(DEMO)/store WARP_CACHE_DIR=$(DEMO)/cache $(WARP) warm demo/coco
+	WARP_CACHE_DIR=$(DEMO)/cache $(WARP) cache stats
+	$(WARP) inspect --verify "$$($(WARP) etl -q --config $(DEMO)/coco/transform.toml)"
+	@echo "== 3. a WebDataset tar -> one TBL v2 file, verified"
+	$(PY) -m warpdata.sampledata wds $(DEMO)/shard.tar --count 64 >/dev/null
+	$(WARP) tar-to-tbl $(DEMO)/shard.tar $(DEMO)/shard.tbl --verify
+	@echo "== 4. a u16 volume -> tiled, zstd-compressed Zarr v3 pyramid"
+	$(PY) -m warpdata.sampledata volume $(DEMO)/volume --count 64 >/dev/null
+	$(WARP) etl --config $(DEMO)/volume/volume.toml
+	$(WARP) inspect --verify $(DEMO)/volume/volume.zarr
 
 bench: install
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
