@@ -67,6 +67,9 @@ def main(
     if out.options().json:
         out.emit_json(res.to_dict())
         return 0
+    if out.options().quiet:  # -q: only the output path, for pipelines
+        out.data(str(output))
+        return 0
     d = res.to_dict()
     rows = [
         ["samples", f"{res.samples:,}"],

@@ -270,3 +270,11 @@ def test_stdin_pipeline_and_console_script(tmp_path, wds_tar):
 def test_write_tar_helper_roundtrip(tmp_path):
     info = write_tar(tmp_path / "x.tar", [("k1", {"jpg": _jpg(), "cls": b"1"})])
     assert info["samples"] == 1 and info["members"] == 2
+
+
+def test_cli_quiet_prints_only_the_output_path(cli, tmp_path, wds_tar):
+    out_path = tmp_path / "q.tbl"
+    r = cli("tar-to-tbl", "-q", wds_tar, out_path)
+    assert r.code == 0, r.err
+    assert r.out.strip() == str(out_path)
+    assert tbl.TblReader(out_path).num_samples > 0
