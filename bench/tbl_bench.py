@@ -1,6 +1,6 @@
 """TBL v2 benchmark: warp vs turboloader 2.39 on the same tar, same run.
 
-    .venv/bin/python bench/tbl_bench.py [--count 2000] [--runs 3] [--rss-count 50000]
+    .venv/bin/python bench/tbl_bench.py [--count 2000] [--runs 3] [--rss-count 50000] [--only reads,loader]
 
 Sections (medians of --runs, each conversion in a fresh subprocess so its
 peak RSS is its own):
@@ -10,8 +10,13 @@ peak RSS is its own):
    TblWriterV2 + add_metadata, sizes from Pillow's header parse);
 2. peak RSS of both converters on 2,000 vs 50,000 small synthetic images;
 3. 10,000 random reads and a sequential pass, checksums verified
-   (TurboLoader with verify on and off);
-4. loader decode throughput vs a bare simplejpeg loop on the same threads.
+   (TurboLoader with verify on and off), readers interleaved in blocks;
+4. loader decode throughput vs a bare simplejpeg loop (same decode, same
+   resize, same threads), interleaved chunk by chunk.
+
+Timings on a shared machine drift with other processes' load; interleaving
+the contenders in small blocks makes the drift hit them alike (the ratios
+are the figures to quote). The script prints ``uptime``'s load average.
 
 Real photos come from scikit-image / scikit-learn (`pip install 'warpdata[bench]'`).
 """
@@ -192,7 +197,14 @@ def bench_rss(small: int, large: int) -> str:
                  ["samples", "tar MB", "warp peak RSS MB", "turboloader peak RSS MB"], rows)
 
 
-def bench_reads(tbl_path: Path, runs: int, n_random: int = 10_000) -> tuple[str, dict]:
+def bench_reads(tbl_path: Path, runs: int, n_random: int = 10_000, block: int = 1000) -> tuple[str, dict]:
+    """Random and sequential reads, interleaved in blocks so machine load hits every reader alike.
+
+    Every reader returns each sample's bytes to Python: turboloader copies them
+    out of its mmap into a new ``bytes``; warp returns a zero-copy ``memoryview``
+    of its mmap after checking the payload's CRC-32 trailer. The "+ bytes()"
+    row adds the copy to warp so the outputs are the same type.
+    """
     import turboloader as t
     from warpdata.formats.tbl import TblReader
 
@@ -200,53 +212,67 @@ def bench_reads(tbl_path: Path, runs: int, n_random: int = 10_000) -> tuple[str,
     r = TblReader(tbl_path, verify=True)
     n = len(r)
     rng = random.Random(0)
-    order = [rng.randrange(n) for _ in range(n_random)]
+    tl_nv = t.TblReaderV2(str(tbl_path), verify_checksums=False)
+    tl_v = t.TblReaderV2(str(tbl_path), verify_checksums=True)
 
-    def warp_rand():
-        read = r.read
-        for i in order:
-            read(i)
+    def loop(read):
+        def run(idx):
+            for i in idx:
+                read(i)
+        return run
 
-    def warp_seq():
-        read = r.read
-        for i in range(n):
-            read(i)
+    def warp_copy(i, read=r.read):
+        return bytes(read(i))
 
-    def tl(verify):
-        tr = t.TblReaderV2(str(tbl_path), verify_checksums=verify)
-
-        def rand():
-            for i in order:
-                tr.read_sample(i)
-
-        def seq():
-            for i in range(n):
-                tr.read_sample(i)
-        return rand, seq
-
-    tl_v, tl_nv = tl(True), tl(False)
-    cases = {"turboloader verify=True": (tl_v[0], tl_v[1]), "turboloader verify=False": (tl_nv[0], tl_nv[1]),
-             "warp TblReader verify=True": (warp_rand, warp_seq)}
-    rates: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in cases}
-    for run in range(runs):  # interleaved, so load from other processes hits every reader alike
-        for name, (rand, seq) in cases.items():
-            if name == "turboloader verify=True" and run:
-                continue  # ~500 reads/s: one run (~25 s) is enough and keeps the script under 5 min
+    cases = {"turboloader verify=False": loop(tl_nv.read_sample),
+             "warp TblReader verify=True": loop(r.read),
+             "warp verify=True + bytes()": loop(warp_copy)}
+    rand: dict[str, list[float]] = {k: [] for k in cases}
+    seq: dict[str, list[float]] = {k: [] for k in cases}
+    names = list(cases)
+    for run in range(runs):
+        spent = dict.fromkeys(names, 0.0)
+        for b in range(n_random // block):
+            idx = [rng.randrange(n) for _ in range(block)]
+            k = (run + b) % len(names)
+            for name in names[k:] + names[:k]:  # rotate who goes first
+                t0 = time.perf_counter()
+                cases[name](idx)
+                spent[name] += time.perf_counter() - t0
+        for name in names:
+            rand[name].append(n_random / spent[name])
+        for name in names[run % len(names):] + names[:run % len(names)]:
             t0 = time.perf_counter()
-            rand()
-            rates[name][0].append(n_random / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
-            seq()
-            rates[name][1].append(n / (time.perf_counter() - t0))
-    res = {name: (med(a), med(b)) for name, (a, b) in rates.items()}
-    bv, bn = res["turboloader verify=True"][0], res["turboloader verify=False"][0]
-    rows = [[name, f"{a:,.0f}", f"{a / bv:.1f}x", f"{a / bn:.2f}x", f"{b:,.0f}"] for name, (a, b) in res.items()]
-    return table(f"Reads of {n:,} photos: {n_random:,} random + one sequential pass, median of {runs} "
-                 "(turboloader verify=True: 1 run)",
-                 ["reader", "random reads/s", "vs TL verify", "vs TL no-verify", "sequential reads/s"], rows), res
+            cases[name](range(n))
+            seq[name].append(n / (time.perf_counter() - t0))
+    # turboloader's default verify=True runs ~500 reads/s: one pass (~20 s) of the same kind
+    idx = [rng.randrange(n) for _ in range(n_random)]
+    t0 = time.perf_counter()
+    loop(tl_v.read_sample)(idx)
+    tv_rand = n_random / (time.perf_counter() - t0)
+    res = {name: (med(rand[name]), med(seq[name])) for name in names}
+    ratio_runs = [w / b for w, b in zip(rand["warp TblReader verify=True"], rand["turboloader verify=False"], strict=True)]
+    res["turboloader verify=True"] = (tv_rand, None)
+    bn = res["turboloader verify=False"][0]
+    rows = [[name, f"{a:,.0f}", f"{a / tv_rand:.1f}x", f"{a / bn:.2f}x", f"{b:,.0f}" if b else "-"]
+            for name, (a, b) in res.items()]
+    text = table(f"Reads of {n:,} photos: {n_random:,} random reads (blocks of {block}, readers interleaved) "
+                 f"+ one sequential pass, median of {runs} (turboloader verify=True: 1 pass)",
+                 ["reader", "random reads/s", "vs TL verify", "vs TL no-verify", "sequential reads/s"], rows)
+    line = (f"\nwarp verified / turboloader unverified, per run: "
+            f"{', '.join(f'{x:.2f}' for x in sorted(ratio_runs))} (median {med(ratio_runs):.2f})")
+    print(line)
+    return text + "\n" + line, res
 
 
-def bench_loader(tbl_path: Path, runs: int, threads: int = 2) -> tuple[str, dict]:
+def bench_loader(tbl_path: Path, runs: int, threads: int = 2, chunk: int = 256) -> tuple[str, dict]:
+    """TblLoader vs a bare loop doing the same decode (+ resize) on the same threads.
+
+    Each run shuffles the file and walks it in chunks; each chunk is decoded
+    by the bare loop (from bytes already in memory) and by the loader (reads
+    from the mmap, CRC check, batches), in alternating order, so both see
+    the same images and the same machine load.
+    """
     import numpy as np
     import simplejpeg
     from PIL import Image
@@ -264,24 +290,53 @@ def bench_loader(tbl_path: Path, runs: int, threads: int = 2) -> tuple[str, dict
             img = simplejpeg.decode_jpeg(b, colorspace="RGB", min_height=size, min_width=size)
             return np.asarray(Image.fromarray(img).resize((size, size), Image.BILINEAR))
 
-        bare, ld = [], []
-        for _ in range(runs):
-            with ThreadPoolExecutor(threads) as pool:
-                t0 = time.perf_counter()
-                for _x in pool.map(bare_one, blobs, chunksize=8):
-                    pass
-                bare.append(n / (time.perf_counter() - t0))
-            loader = TblLoader(tbl_path, 64, size=size, threads=threads, shuffle=True, seed=1)
-            t0 = time.perf_counter()
-            got = sum(len(b) for b in loader)
-            ld.append(got / (time.perf_counter() - t0))
+        bare, ld, per_run = [], [], []
+        for run in range(runs):
+            perm = np.random.default_rng([run, size or 0]).permutation(n)
+            t_bare = t_ld = 0.0
+            for c, a in enumerate(range(0, n, chunk)):
+                part = perm[a:a + chunk]
+                keep = set(part.tolist())
+                loader = TblLoader(r, 64, size=size, threads=threads, shuffle=True, seed=run,
+                                   filter=lambda s, keep=keep: s.index in keep)
+                blob_part = [blobs[i] for i in part]
+
+                def do_bare(blob_part=blob_part):
+                    with ThreadPoolExecutor(threads) as pool:
+                        for _x in pool.map(bare_one, blob_part):
+                            pass
+
+                def do_loader(loader=loader):
+                    for _b in loader:
+                        pass
+
+                for which in ((do_bare, do_loader) if (c + run) % 2 == 0 else (do_loader, do_bare)):
+                    t0 = time.perf_counter()
+                    which()
+                    dt = time.perf_counter() - t0
+                    if which is do_bare:
+                        t_bare += dt
+                    else:
+                        t_ld += dt
+            bare.append(n / t_bare)
+            ld.append(n / t_ld)
+            per_run.append(t_bare / t_ld)
         b, lw = med(bare), med(ld)
         label = "full size" if size is None else f"resize to {size}x{size} (DCT downscale + bilinear)"
-        rows.append([label, f"{b:,.0f}", f"{lw:,.0f}", f"{lw / b:.0%}"])
+        rows.append([label, f"{b:,.0f}", f"{lw:,.0f}", f"{lw / b:.0%}",
+                     ", ".join(f"{x:.0%}" for x in sorted(per_run))])
         res[label] = (b, lw)
-    return table(f"Loader decode throughput, {n:,} photos, {threads} threads, median of {runs}",
-                 ["decode", "bare simplejpeg loop img/s", "TblLoader img/s (verified, shuffled)", "loader / bare"],
-                 rows), res
+    return table(f"Loader decode throughput, {n:,} photos, {threads} threads, chunks of {chunk} interleaved, "
+                 f"median of {runs}",
+                 ["decode", "bare simplejpeg loop img/s", "TblLoader img/s (verified, shuffled)", "loader / bare",
+                  "per run"], rows), res
+
+
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+SECTIONS = ("convert", "rss", "reads", "loader")
 
 
 def main() -> int:
@@ -289,8 +344,12 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rss-count", type=int, default=50_000)
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
     ap.add_argument("--markdown", type=Path, help="also write the tables to this file")
     a = ap.parse_args()
+    only = set(a.only.split(","))
+    if only - set(SECTIONS):
+        ap.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}")
     OUT.mkdir(parents=True, exist_ok=True)
     tar = OUT / f"photos-{a.count}.tar"
     if not tar.exists():
@@ -298,21 +357,29 @@ def main() -> int:
         info = build_photo_tar(tar, a.count)
         print(f"built {tar} ({info['bytes'] / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     import numpy  # noqa: F401  (import cost outside the timings)
-    out = [f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"]
+    out = [f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {load()} at start"]
     print(out[0])
-    text, _ = bench_convert(tar, a.runs)
-    out.append(text)
-    out.append(bench_rss(2000, a.rss_count))
-    tbl_path = OUT / f"photos-{a.count}.tbl"
-    from warpdata.tbl.converter import ConvertRequest, convert
 
-    if tbl_path.exists():
-        tbl_path.unlink()
-    convert(ConvertRequest(str(tar), str(tbl_path), workers=2))
-    text, _ = bench_reads(tbl_path, max(a.runs, 5))
-    out.append(text)
-    text, _ = bench_loader(tbl_path, a.runs)
-    out.append(text)
+    def section(text: str) -> None:
+        out.append(text)
+        out.append(f"\n({load()} after this section)")
+        print(out[-1], flush=True)
+
+    if "convert" in only:
+        section(bench_convert(tar, a.runs)[0])
+    if "rss" in only:
+        section(bench_rss(2000, a.rss_count))
+    tbl_path = OUT / f"photos-{a.count}.tbl"
+    if only & {"reads", "loader"}:
+        from warpdata.tbl.converter import ConvertRequest, convert
+
+        if tbl_path.exists():
+            tbl_path.unlink()
+        convert(ConvertRequest(str(tar), str(tbl_path), workers=2))
+    if "reads" in only:
+        section(bench_reads(tbl_path, max(a.runs, 5))[0])
+    if "loader" in only:
+        section(bench_loader(tbl_path, a.runs)[0])
     if a.markdown:
         a.markdown.write_text("\n".join(out) + "\n")
     return 0

@@ -146,3 +146,42 @@ def test_torch_dataloader_with_workers(tbl_file):
         seen += [int(i) for b in got for i in b["indices"]]
         assert all(b["images"].shape[1:] == (8, 8, 3) for b in got)
     assert sorted(seen) == list(range(23))
+
+
+def test_buffer_pool_reuses_only_unreferenced_buffers():
+    from warpdata.tbl.loader import BufferPool
+
+    pool = BufferPool(keep=2)
+    def addr(x):
+        return x.__array_interface__["data"][0]
+
+    a = pool.take(1000)
+    where = addr(a)  # no reference kept: a reference would pin the buffer
+    del a
+    b = pool.take(800)  # nothing refers to the first buffer any more: reused
+    assert addr(b) == where
+    c = pool.take(800)  # b is alive: a new buffer
+    assert not np.shares_memory(b, c)
+    view = b.reshape(20, 40)[3]
+    del b
+    assert not np.shares_memory(pool.take(800), view)  # a view of a view still pins it
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(pool.take(5000))
+    assert not np.shares_memory(pool.take(5000), t.numpy())  # a tensor on the buffer pins it too
+
+
+@pytest.mark.parametrize("size", [None, 24])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kept_batches_stay_intact_and_dropped_ones_are_recycled(tbl_file, size, threads):
+    ref = [b.images for b in TblLoader(tbl_file, 3, size=size, threads=1, prefetch=1)]
+    ref = [np.array(im) for imgs in ref for im in imgs]  # private copies
+    kept = list(TblLoader(tbl_file, 3, size=size, threads=threads, prefetch=1))
+    got = [im for b in kept for im in b.images]
+    assert len(got) == len(ref) == 23
+    for g, r in zip(got, ref, strict=True):
+        assert np.array_equal(g, r)  # later batches never overwrote earlier, still-held ones
+    ld = TblLoader(tbl_file, 3, size=size, threads=threads, prefetch=1)
+    for b in ld:  # each batch dropped before the next is made: a handful of buffers serve them all
+        for k, im in enumerate(b.images):
+            assert np.array_equal(im, ref[int(b.indices[k])])
+    assert ld._pool.allocated <= ld._pool.keep < len(ld)  # buffers were reused

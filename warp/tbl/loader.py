@@ -18,6 +18,12 @@ list) together with the samples' indices (and keys/metadata on request).
   downscaling when the target is at least 2x smaller, so only the needed
   resolution is ever reconstructed (DESIGN.md §3: decode is the bottleneck);
   a bilinear resize then gives the exact size.
+* Memory: each batch's images live in one buffer. A buffer is handed out
+  again only once nothing outside the loader references it (no image, view
+  or tensor built on it is alive: the refcount check ``ndarray.resize``
+  uses), so a training loop that drops each batch reuses a few warm buffers
+  instead of faulting in fresh pages for every batch, and a caller who keeps
+  batches keeps them intact.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 import io
 import math
 import os
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -108,6 +116,48 @@ def plan_batches(n: int, batch_size: int, world_size: int, drop_last: bool = Fal
     return out
 
 
+class BufferPool:
+    """Flat uint8 buffers reused once no array outside the pool refers to them.
+
+    Fresh batch memory costs a page fault per 4 KiB on first touch (and
+    glibc returns freed big blocks to the kernel): keeping the decoded images
+    of a batch alive made a full-size loader ~30 % slower than a loop that drops
+    each image at once (BENCHMARKS.md, TBL section).
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._bufs: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self.allocated = 0  # buffers made so far (the rest of the takes were reuses)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 array of ``nbytes`` that no live array shares memory with."""
+        bufs = self._bufs
+        with self._lock:
+            for k in range(len(bufs)):
+                buf = bufs[k]
+                # references: the list, ``buf`` and getrefcount's argument; every
+                # view (numpy, memoryview, torch.from_numpy) holds one more.
+                # (No enumerate(): its reused result tuple would hold another.)
+                if buf.nbytes >= nbytes and sys.getrefcount(buf) == 3:
+                    del bufs[k]
+                    bufs.append(buf)  # most recently used last
+                    return buf[:nbytes]
+            # headroom, so batches of varying total size soon fit an existing buffer
+            buf = np.empty(max(nbytes + nbytes // 4, 1), np.uint8)
+            bufs.append(buf)
+            self.allocated += 1
+            if len(bufs) > self.keep:
+                for k in range(len(bufs)):
+                    if sys.getrefcount(bufs[k]) == 2:  # the list and the argument: idle, drop it
+                        del bufs[k]
+                        break
+                else:
+                    del bufs[0]  # all busy: forget the oldest, its users keep it alive
+            return buf[:nbytes]
+
+
 def _as_size(size: int | tuple[int, int] | None) -> tuple[int, int] | None:
     if size is None:
         return None
@@ -138,6 +188,12 @@ class ImageDecoder:
     def _jpeg(self, data, width: int, height: int, out: np.ndarray | None) -> np.ndarray:
         sj = self._sj
         if self.size is None:
+            if out is not None:
+                try:
+                    return sj.decode_jpeg(data, colorspace="RGB", fastdct=self.fast, fastupsample=self.fast,
+                                          buffer=out)
+                except ValueError:
+                    pass  # the index's size was not the decoder's: decode into new memory
             return sj.decode_jpeg(data, colorspace="RGB", fastdct=self.fast, fastupsample=self.fast)
         th, tw = self.size
         if out is not None and (width, height) == (tw, th):
@@ -185,6 +241,7 @@ class TblLoader:
         self.selection = self.reader.filter(predicate=filter) if filter else np.arange(len(self.reader))
         self.epoch = 0
         self._plan = plan_batches(len(self.selection), batch_size, self.world_size, drop_last)
+        self._pool = BufferPool(self.prefetch + 3)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the shuffle of the next iteration (same on every rank)."""
@@ -206,6 +263,31 @@ class TblLoader:
         order = self.order()
         mine = self._plan[self.rank::self.world_size][worker::num_workers]
         return [order[a:b] for a, b in mine]
+
+    def _outputs(self, idx: np.ndarray) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
+        """The batch array (with ``size``) and each image's output slot, carved from one pooled buffer.
+
+        Full-size JPEGs whose index knows their size get a slot of exactly
+        that shape; other images decode into memory of their own.
+        """
+        n = len(idx)
+        if self.size:
+            h, w = self.size
+            out = self._pool.take(n * h * w * 3).reshape(n, h, w, 3)
+            return out, list(out)
+        ent = self.reader.index[idx]
+        known = (ent["format"] == FORMAT_CODES["jpeg"]) & (ent["width"] > 0) & (ent["height"] > 0)
+        sizes = np.where(known, ent["width"].astype(np.int64) * ent["height"] * 3, 0)
+        buf = self._pool.take(int(sizes.sum()))
+        ends = np.cumsum(sizes).tolist()
+        slots: list[np.ndarray | None] = []
+        for k, ok in enumerate(known.tolist()):
+            if ok:
+                a = ends[k] - int(sizes[k])
+                slots.append(buf[a:ends[k]].reshape(int(ent["height"][k]), int(ent["width"][k]), 3))
+            else:
+                slots.append(None)
+        return None, slots
 
     def _decode_into(self, i: int, out: np.ndarray | None) -> np.ndarray:
         r = self.reader
@@ -235,9 +317,9 @@ class TblLoader:
                 idx = next(it, None)
                 if idx is None:
                     return False
-                out = np.empty((len(idx), *self.size, 3), np.uint8) if self.size else None
-                futs = [pool.submit(self._decode_into, int(i), None if out is None else out[j])
-                        for j, i in enumerate(idx.tolist())]
+                out, slots = self._outputs(idx)
+                futs = [pool.submit(self._decode_into, i, slot) for i, slot in zip(idx.tolist(), slots, strict=True)]
+                del slots
                 pending.append((idx, out, futs))
                 return True
 
@@ -256,8 +338,9 @@ class TblLoader:
                         f.cancel()
 
     def _batch_sync(self, idx: np.ndarray) -> Batch:
-        out = np.empty((len(idx), *self.size, 3), np.uint8) if self.size else None
-        imgs = [self._decode_into(int(i), None if out is None else out[j]) for j, i in enumerate(idx.tolist())]
+        out, slots = self._outputs(idx)
+        imgs = [self._decode_into(i, slot) for i, slot in zip(idx.tolist(), slots, strict=True)]
+        del slots
         return self._make(idx, out if out is not None else imgs)
 
     def _make(self, idx: np.ndarray, images: Any) -> Batch:
