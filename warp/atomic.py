@@ -69,19 +69,27 @@ def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True)
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
 
 
-def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
-    """Create ``path`` with ``data`` only if it does not exist (create-only write).
+def create_exclusive(path: str | os.PathLike, data: bytes | bytearray | memoryview | None = None, *,
+                     source: str | os.PathLike | None = None) -> bool:
+    """Create ``path`` only if it does not exist (create-only write).
 
+    The content is ``data``, or the file at ``source`` copied in 1 MiB blocks.
     Returns False when the file already exists. The bytes are written to a
     temporary file first and linked into place, so a reader never sees a
     partial file and two racing writers produce exactly one winner.
     """
+    if (data is None) == (source is None):
+        raise TypeError("create_exclusive needs exactly one of data= or source=")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + target.name, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if source is None:
+                f.write(data)
+            else:
+                with open(source, "rb") as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)

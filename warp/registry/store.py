@@ -39,9 +39,7 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -49,11 +47,10 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from warpdata import envvars
-from warpdata.atomic import TMP_PREFIX, create_exclusive, fsync_dir
+from warpdata.atomic import create_exclusive
 from warpdata.canonical import canonical_json
 from warpdata.registry.errors import (
     BlobCorruptedError,
@@ -134,26 +131,9 @@ class _LocalBackend(_Backend):
         return create_exclusive(self.path(key), data)
 
     def put_file_if_absent(self, key: str, local: str) -> bool:
-        target = Path(self.path(key))
-        if target.exists():
+        if os.path.exists(self.path(key)):
             return False
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + target.name, dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as dst, open(local, "rb") as src:
-                shutil.copyfileobj(src, dst, 1 << 20)
-                dst.flush()
-                os.fsync(dst.fileno())
-            os.chmod(tmp, 0o644)
-            try:
-                os.link(tmp, target)
-            except FileExistsError:
-                return False
-            fsync_dir(target.parent)
-            return True
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        return create_exclusive(self.path(key), source=local)
 
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         try:
