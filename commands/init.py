@@ -60,7 +60,8 @@ if __name__ == "__main__":
 
 def main(
     name: Annotated[str, typer.Argument(help="Published dataset, WORKSPACE/NAME.")],
-    table: Annotated[str, typer.Option("--table", help="Table the loader streams.")] = "main",
+    table: Annotated[str | None, typer.Option(
+        "--table", help="Table the loader streams (default: the only table, else main).")] = None,
     out_path: Annotated[str | None, typer.Option("--out", help="File to write (default ./<ws>_<name>_loader.py).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
@@ -74,6 +75,7 @@ def main(
 
     ds = dataset(name, store=store)
     t = ds.table(table)
+    table = t.name
     path = out_path or re.sub(r"[^a-z0-9_]", "_", name.replace("/", "_")) + "_loader.py"
     if os.path.exists(path) and not force:
         raise UsageError(f"{path} already exists", hint="pass --force to overwrite it, or --out another file")

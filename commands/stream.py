@@ -21,7 +21,8 @@ EXAMPLES = """
 
 def main(
     name: Annotated[str, typer.Argument(help="Published dataset, WORKSPACE/NAME.")],
-    table: Annotated[str, typer.Option("--table", help="Table to stream.")] = "main",
+    table: Annotated[str | None, typer.Option(
+        "--table", help="Table to stream (default: the only table, else main).")] = None,
     fmt: Annotated[Literal["jsonl", "csv", "arrow"], typer.Option("--format", help="jsonl, csv or arrow (IPC stream).")] = "jsonl",
     columns: Annotated[str | None, typer.Option("--columns", help="Comma-separated columns (default: all).")] = None,
     filter_: Annotated[str | None, typer.Option("--filter", metavar="SQL", help="Keep rows matching this DuckDB SQL expression.")] = None,

@@ -275,7 +275,29 @@ class Dataset:
     def artifacts(self) -> list[str]:
         return sorted(self.manifest.artifacts)
 
-    def table(self, name: str = "main") -> Table:
+    @property
+    def default_table(self) -> str:
+        """The table a command reads when none is named: the only table, else ``main``.
+
+        With several tables and none called ``main`` there is no safe guess,
+        so this raises :class:`MissingInputError` listing them.
+        """
+        names = self.tables
+        if len(names) == 1:
+            return names[0]
+        if "main" in names:
+            return "main"
+        if not names:
+            raise MissingInputError(f"{self.id} has no tables (artifacts: {', '.join(self.artifacts) or 'none'})",
+                                    hint=f"read its artifacts with dataset({self.id!r}).artifact(NAME)")
+        raise MissingInputError(f"{self.id} has {len(names)} tables and none is called 'main': "
+                                f"name one ({', '.join(names)})",
+                                hint=f"pass --table NAME (CLI) or .table(NAME), e.g. {names[0]!r}")
+
+    def table(self, name: str | None = None) -> Table:
+        """Table ``name``; without a name, :attr:`default_table`."""
+        if name is None:
+            name = self.default_table
         if name not in self.manifest.tables:
             import difflib
 
@@ -959,3 +981,19 @@ def _make_torch_iterable(args: tuple) -> Any:
 
         _TORCH_ITERABLE = WarpTableIterable
     return _TORCH_ITERABLE(args)
+
+
+class _CallableModule(type(sys)):
+    """``warpdata.dataset`` is both this module and the :func:`dataset` function.
+
+    Importing the submodule (``from warpdata.dataset import Dataset``) makes
+    the import system set the package attribute ``warpdata.dataset`` to the
+    module, hiding the lazy function: ``wd.dataset("ws/name")`` must still
+    work, so the module itself is callable.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Dataset:
+        return dataset(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
