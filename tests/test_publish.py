@@ -152,14 +152,15 @@ def test_from_warp_artifacts(cli, tmp_path, monkeypatch):
     store = Store(tmp_path / "store")
     m = store.resolve("ws/from")
     assert set(m.artifacts) == {"tensor-warehouse", "tbl"}
-    assert set(m.tables) == {"tensor-warehouse_files", "tbl_files"}
-    files = pq.read_table(store.blob_url(m.tables["tensor-warehouse_files"].shards[0].hash)).to_pylist()
+    assert set(m.tables) == {"files", "tbl_files"}  # the second --from's "files" gets its artifact as prefix
+    files = pq.read_table(store.blob_url(m.tables["files"].shards[0].hash)).to_pylist()
     assert files == [{"path": "manifest.json", "byte_size": (wh / "manifest.json").stat().st_size},
                      {"path": "shards/000.twh", "byte_size": 5004}]
     idx = ArtifactIndex.from_bytes(store.get_blob(m.artifacts["tbl"].index.hash))
     h, off, ln = idx.lookup("train.tbl")
     assert store.read_range(h, off, ln) == tbl.read_bytes()
-    assert m.metadata["sources"][0] == {"artifact": "tensor-warehouse", "kind": "tensor-warehouse", "version_key": "abc123"}
+    assert m.metadata["sources"][0] == {"artifact": "tensor-warehouse", "kind": "tensor-warehouse", "version_key": "abc123",
+                                        "tables": ["files"]}
     assert str(tmp_path) not in json.dumps(m.to_dict())
 
 

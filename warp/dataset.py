@@ -277,16 +277,21 @@ class Dataset:
 
     @property
     def default_table(self) -> str:
-        """The table a command reads when none is named: the only table, else ``main``.
+        """The table a command reads when none is named.
 
-        With several tables and none called ``main`` there is no safe guess,
-        so this raises :class:`MissingInputError` listing them.
+        The only table; else ``main``; else the table the publisher declared
+        (``metadata.default_table``: ``warp publish --from`` names a tensor
+        warehouse's ``samples`` or a feature cache's ``records``). Otherwise
+        there is no safe guess: :class:`MissingInputError` lists the tables.
         """
         names = self.tables
         if len(names) == 1:
             return names[0]
         if "main" in names:
             return "main"
+        declared = self.manifest.metadata.get("default_table")
+        if isinstance(declared, str) and declared in names:
+            return declared
         if not names:
             raise MissingInputError(f"{self.id} has no tables (artifacts: {', '.join(self.artifacts) or 'none'})",
                                     hint=f"read its artifacts with dataset({self.id!r}).artifact(NAME)")

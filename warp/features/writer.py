@@ -18,6 +18,11 @@ Contract:
 * Quarantine thresholds are checked after the scan (fail fast) and again
   after decoding, before the rename: a failing build leaves nothing behind
   unless ``allow_invalid``.
+* Beside the shards: ``keys.txt`` (record keys in order), ``quarantine.jsonl``
+  and ``records.parquet`` (one row per record: record, key, caption,
+  is_video, original height/width, shard, shard_index), which becomes the
+  queryable ``records`` table of a dataset published with ``warp publish
+  --from``. All are outputs, not fingerprint inputs.
 
 Decoding runs on a thread pool (Pillow releases the GIL while decoding and
 resizing) one to two batches ahead of the encoder, into preallocated
@@ -39,9 +44,9 @@ from typing import Any
 
 import numpy as np
 from warpdata import output as out
-from warpdata.atomic import atomic_dir, atomic_write_bytes
+from warpdata.atomic import atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.canonical import canonical_json, identity
-from warpdata.errors import ConfigError
+from warpdata.errors import ConfigError, DataError
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
 from warpdata.manifests import MANIFEST_NAME
@@ -284,6 +289,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                                "batch_size": batch}
     truncated = 0
     kept_keys: list[str] = []
+    kept_rows: list[tuple[str, bool, int, int]] = []  # caption, is_video, original height, width
     with atomic_dir(outp, replace=True) as tmp, ThreadPoolExecutor(n_workers) as pool:
         # atomic_dir fsyncs every file before the rename: no per-shard fsync needed
         writer = ShardCacheWriter(tmp, fields, shard_size=spec.effective_shard_size,
@@ -350,6 +356,8 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                         rec["is_video"] = np.asarray([chunk[j].is_video for j in ok], bool)
                         writer.append_batch(rec)
                         kept_keys.extend(chunk[j].key for j in ok)
+                        kept_rows.extend((chunk[j].caption, chunk[j].is_video, int(oh), int(ow))
+                                         for j, (oh, ow) in zip(ok, rec["orig_size"].tolist(), strict=True))
                         t_write = time.perf_counter() - t2
                     metrics["batches"].append({"n": n, "io_decode_wait_s": round(t_wait, 5),
                                                "encode_s": round(t_enc, 5), "write_s": round(t_write, 5)})
@@ -388,6 +396,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         }
         atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
                            fsync=False)
+        _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards)
         atomic_write_bytes(tmp / "quarantine.jsonl",
                            b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
         wall = time.perf_counter() - t_start
@@ -405,6 +414,38 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
                                                            ensure_ascii=False).encode("utf-8"), fsync=False)
     return BuildResult("built", str(outp), manifest, metrics, reasons)
+
+
+def _write_records(path: Path, keys: list[str], rows: list[tuple[str, bool, int, int]],
+                   shards: list[dict[str, Any]]) -> None:
+    """``records.parquet``: one row per stored record, in record order (queryable once published).
+
+    Deterministic: rows follow the record order, which is the scan order
+    whatever the worker count; written under a temporary name and renamed.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shard_of: list[str] = []
+    index_in: list[int] = []
+    for sh in shards:
+        shard_of.extend([sh["path"]] * sh["records"])
+        index_in.extend(range(sh["records"]))
+    if len(shard_of) != len(keys):
+        raise DataError(f"{path}: {len(keys)} records kept but the shards hold {len(shard_of)}",
+                        hint="this is a bug in the feature-cache writer; rebuild with --clear and report it")
+    table = pa.table({
+        "record": pa.array(range(len(keys)), pa.int64()),
+        "key": pa.array(keys, pa.string()),
+        "caption": pa.array([r[0] for r in rows], pa.string()),
+        "is_video": pa.array([r[1] for r in rows], pa.bool_()),
+        "height": pa.array([r[2] for r in rows], pa.int32()),
+        "width": pa.array([r[3] for r in rows], pa.int32()),
+        "shard": pa.array(shard_of, pa.string()),
+        "shard_index": pa.array(index_in, pa.int32()),
+    })
+    with atomic_file(path, fsync=False) as f:
+        pq.write_table(table, f, compression="zstd")
 
 
 def _record_size(fields: Sequence[FieldSpec]) -> int:

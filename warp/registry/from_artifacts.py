@@ -10,10 +10,22 @@ producer publishes without changes here:
 * a ``.tbl`` file (magic ``TBL\\x02``) or any single file with a JSON
   ``"kind"``: that file alone becomes the artifact's one member.
 
-Beside the artifact comes a small table ``<artifact>_files`` with one row per
-member (``path``, ``byte_size``) whose ``path`` column is bound to the
-artifact as ``file`` refs, so readers can list and open members through the
-normal table API. ``metadata.sources`` records each source's kind and the
+Beside the artifact come tables:
+
+* ``files``: one row per member (``path``, ``byte_size``) whose ``path``
+  column is bound to the artifact as ``file`` refs, so readers can list and
+  open members through the normal table API;
+* one table per top-level ``*.parquet`` file of an artifact directory, named
+  after its stem (a tensor warehouse gives ``samples``, ``sources``,
+  ``summary``, ``reasons``, ``quarantine``; a feature cache ``records``), so
+  ``warp stream ws/name --table samples --filter ...`` queries them remotely.
+
+When the version has no ``main`` table, ``metadata.default_table`` names the
+per-sample table (``samples``, else ``records``) that readers use when no
+table is named (:attr:`warpdata.dataset.Dataset.default_table`).
+
+A table name already taken (by ``--table`` or an earlier ``--from``) gets the
+artifact name as prefix (``<artifact>_files``). ``metadata.sources`` records each source's kind and the
 scalar identity fields of its manifest (``version``, ``version_key``...),
 never its local path (invariant I1).
 """
@@ -33,6 +45,8 @@ from warpdata.registry.manifest import NAME_RE
 __all__ = ["FromSource", "describe_source"]
 
 TBL_MAGIC = b"TBL\x02"
+# per-sample tables written beside a manifest, in order of preference as the dataset's default table
+PRIMARY_TABLES = ("samples", "records")
 _IDENTITY_KEYS = ("version", "version_key", "version_hash", "format", "format_version", "recipe_hash",
                   "samples", "num_samples", "count", "shape", "dtype")
 
@@ -45,6 +59,7 @@ class FromSource:
     artifact_root: str
     members: list[str]  # relative to artifact_root
     source_facts: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, str] = field(default_factory=dict)  # table name (file stem) -> top-level .parquet path
 
 
 def _identity(doc: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +86,11 @@ def describe_source(path: str | os.PathLike) -> FromSource:
         from warpdata.registry.tarpack import list_members
 
         members = [m[0] for m in list_members(p)]
-        return FromSource(kind, str(p), members, _identity(doc))
+        tables = {}
+        for m in sorted(members):
+            if "/" not in m and m.endswith(".parquet") and m != "files.parquet":
+                tables[table_name(m[: -len(".parquet")])] = str(p / m)
+        return FromSource(kind, str(p), members, _identity(doc), tables)
     with open(p, "rb") as f:
         head = f.read(4096)
     if head[:4] == TBL_MAGIC:
@@ -88,19 +107,25 @@ def describe_source(path: str | os.PathLike) -> FromSource:
                          "use --table/--artifact for other data")
 
 
+def table_name(stem: str) -> str:
+    """A manifest-safe table name for a file stem."""
+    name = "".join(c if c.isalnum() or c in "_.-" else "_" for c in stem) or "table"
+    return name if NAME_RE.match(name) else "t_" + name
+
+
 def artifact_name(kind: str, taken: set[str]) -> str:
     """A manifest-safe artifact name for ``kind`` not in ``taken``."""
     base = "".join(c if c.isalnum() or c in "_.-" else "_" for c in kind) or "artifact"
     if not NAME_RE.match(base):
         base = "a_" + base
     name, n = base, 2
-    while name in taken or f"{name}_files" in taken:
+    while name in taken:
         name, n = f"{base}-{n}", n + 1
     return name
 
 
 def write_listing(members: list[tuple[str, int]], out_path: str | os.PathLike) -> None:
-    """The ``<artifact>_files`` table as one deterministic Parquet file."""
+    """The ``files`` table as one deterministic Parquet file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -408,12 +408,26 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
         src = from_artifacts.describe_source(path)
         aname = from_artifacts.artifact_name(src.kind, set(tables) | set(artifacts))
         artifacts[aname] = stager.artifact(aname, src.artifact_root, src.members)
-        listing = stager.stage / f"{aname}_files.parquet"
+
+        def free(name: str, aname: str = aname) -> str:
+            # a name already taken (by --table or an earlier --from) gets the artifact as prefix
+            return name if name not in tables and name not in artifacts else f"{aname}_{name}"
+
+        listing = stager.stage / f"{aname}-files.parquet"
         from_artifacts.write_listing(
             [(m, os.path.getsize(os.path.join(src.artifact_root, m))) for m in src.members], listing)
-        tables[f"{aname}_files"] = stager.table(f"{aname}_files", [str(listing)])
-        bindings.append(Binding(f"{aname}_files", "path", aname, "file"))
-        sources.append({"artifact": aname, **src.source_facts})
+        files_table = free("files")
+        tables[files_table] = stager.table(files_table, [str(listing)])
+        bindings.append(Binding(files_table, "path", aname, "file"))
+        made = [files_table]
+        for stem, path_ in src.tables.items():
+            tname = free(stem)
+            if tname in tables:
+                raise UsageError(f"--from {path}: table {tname!r} would be published twice",
+                                 hint="publish the sources separately, or rename one of the Parquet files")
+            tables[tname] = stager.table(tname, [path_])
+            made.append(tname)
+        sources.append({"artifact": aname, **src.source_facts, "tables": sorted(made)})
     if not tables and not artifacts:
         raise UsageError("nothing to publish", hint="give --table NAME=GLOB, --artifact NAME=DIR or --from PATH")
     for b in bindings:
@@ -432,6 +446,9 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
                                 "warp_version": __version__}
     if sources:
         metadata["sources"] = sources
+        primary = [t for t in from_artifacts.PRIMARY_TABLES if t in tables]
+        if "main" not in tables and len(tables) > 1 and primary:
+            metadata["default_table"] = primary[0]
     if req.description:
         metadata["description"] = req.description
     return Manifest(validate_dataset_id(req.dataset_id), tables=tables, artifacts=artifacts,

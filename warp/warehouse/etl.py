@@ -28,7 +28,9 @@ Phases (each timed into ``metrics.json``):
 6. **finalize** — full-decode failures (truncated data the header pass
    missed) join the quarantine and the verdict is re-checked; then the
    manifest (canonical JSON, validated against ``manifest.schema.json``),
-   ``metrics.json`` and Parquet summaries are written and the build
+   ``metrics.json``, Parquet summaries and ``samples.parquet`` (one row per
+   written sample: key, shard, index, boxes, classes, ids, source path) are
+   written (outputs, not version inputs) and the build
    directory is renamed to ``<root>/vYYYYMMDD-<hash12>/`` in one step: a
    killed ETL never leaves a visible version.
 """
@@ -279,13 +281,58 @@ def _build_lock(root: Path, version: str):
         os.close(fd)
 
 
-def _write_parquet(path: Path, columns: dict[str, list]) -> None:
+def _write_parquet(path: Path, columns: dict[str, Any]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table(columns)
+    table = columns if isinstance(columns, pa.Table) else pa.table(columns)
     with atomic_file(path, fsync=False) as f:
         pq.write_table(table, f, compression="zstd")
+
+
+def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult], dataset_root: Path) -> str:
+    """``samples.parquet``: one row per written sample, in reader order (``wh[sample]``).
+
+    Rows follow the shards' commit order (each task's samples minus its
+    full-decode failures), so the bytes depend only on the plan and the
+    failures, never on the worker count or scheduling.
+    """
+    import pyarrow as pa
+
+    failed = {r.index: {f[1] for f in r.failures} for r in results}
+    written = {r.index for r in results if r.samples}
+    cols: dict[str, list] = {c: [] for c in ("key", "shard_id", "shard_index", "n_boxes", "class_ids",
+                                             "frame_id", "run_id", "source_path")}
+    for t in tasks:
+        if t.index not in written:
+            continue
+        i = 0
+        for s in t.samples:
+            if s.key in failed.get(t.index, ()):
+                continue
+            cols["key"].append(s.key)
+            cols["shard_id"].append(t.shard_id)
+            cols["shard_index"].append(i)
+            cols["n_boxes"].append(len(s.boxes))
+            cols["class_ids"].append([int(c) for c in s.classes])
+            cols["frame_id"].append(int(s.frame_id))
+            cols["run_id"].append(s.run_id)
+            cols["source_path"].append(wlabels.rel_path(dataset_root, Path(s.image)))
+            i += 1
+    n = len(cols["key"])
+    table = pa.table({
+        "sample": pa.array(range(n), pa.int64()),
+        "key": pa.array(cols["key"], pa.string()),
+        "shard_id": pa.array(cols["shard_id"], pa.string()),
+        "shard_index": pa.array(cols["shard_index"], pa.int32()),
+        "n_boxes": pa.array(cols["n_boxes"], pa.int32()),
+        "class_ids": pa.array(cols["class_ids"], pa.list_(pa.int32())),
+        "frame_id": pa.array(cols["frame_id"], pa.int64()),
+        "run_id": pa.array(cols["run_id"], pa.string()),
+        "source_path": pa.array(cols["source_path"], pa.string()),
+    })
+    _write_parquet(d / "samples.parquet", table)
+    return "samples.parquet"
 
 
 def _export_summaries(d: Path, q: Quarantine, sources: list[tuple[str, str, int]]) -> dict[str, str]:
@@ -447,6 +494,7 @@ def run(req: EtlRequest) -> EtlResult:
                            "first_sample": first})
             first += r.samples
         files = _export_summaries(build_dir, q, sources_sorted)
+        files["samples"] = _export_samples(build_dir, tasks, results, cfg.root)
         doc = {
             "kind": wmanifest.KIND, "format": "TWH1", "manifest_version": 1,
             "dataset_root": cfg.dataset_root_text, "source_format": cfg.format,
