@@ -18,6 +18,11 @@ cache, not to the process. Records are returned as *copies* (``get``,
   reading the shard, which is what makes shard-aware sampling essential);
 * ``"none"``.
 
+``ShardCache("ws/name")`` (a published dataset instead of a path; ``version=``,
+``store=``) materialises the cache's manifest and shards into the blob cache
+(:mod:`warpdata.registry.materialize`: ranged member reads, SHA-256 checked)
+and reads a view of them; the blobs stay pinned until :meth:`ShardCache.close`.
+
 Every shard's header is checked against the manifest's field table and
 record count when it is mapped. A handle pickles to its path and settings
 only (DataLoader workers reopen lazily; nothing mapped crosses processes).
@@ -50,11 +55,33 @@ def caption_text(caption: np.ndarray, length: int | np.integer) -> str:
 class ShardCache:
     """Random access to a feature cache through an LRU of at most ``max_resident`` mapped shards."""
 
-    def __init__(self, path: str | os.PathLike, *, max_resident: int = 2, verify: str = "record") -> None:
+    def __init__(self, path: str | os.PathLike, *, max_resident: int = 2, verify: str = "record",
+                 version: str | None = None, store: str | None = None, mode: str | None = None,
+                 artifact: str | None = None) -> None:
         if max_resident < 1:
             raise ValueError(f"max_resident must be >= 1, got {max_resident}")
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        from warpdata.registry.materialize import looks_like_dataset, materialize
+
+        self.published: Any = None
+        if looks_like_dataset(path):
+            def shard_files(doc: dict[str, Any]) -> list[str]:
+                try:
+                    return [str(s["path"]) for s in doc["shards"]]
+                except (KeyError, TypeError, ValueError) as e:
+                    raise DataError(f"{path}: published feature-cache manifest is malformed ({e})",
+                                    hint="rebuild the cache with warp etl --clear and publish it again") from None
+
+            # verify="shard" re-hashes every shard when it is mapped: no need to hash cached blobs twice
+            self.published = materialize(str(path), KIND, shard_files, version=version, store=store, mode=mode,
+                                         artifact=artifact, trust_cached=verify == "shard")
+            path = self.published.path
+        elif version is not None or store is not None or artifact is not None:
+            from warpdata.errors import UsageError
+
+            raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a local path",
+                             hint="pass the dataset name (workspace/name) to open a published feature cache")
         self.path = Path(path)
         self.max_resident = max_resident
         self.verify = verify
@@ -78,6 +105,7 @@ class ShardCache:
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_lru"] = OrderedDict()
+        d["published"] = None  # the opening process keeps the blobs pinned
         d["stats"] = {k: 0 for k in self.stats}
         return d
 
@@ -204,6 +232,8 @@ class ShardCache:
         while self._lru:
             _, r = self._lru.popitem()
             r.close()
+        if self.published is not None:
+            self.published.close()  # unpin the cached blobs
 
     def __enter__(self) -> ShardCache:
         return self

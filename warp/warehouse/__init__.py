@@ -1,7 +1,7 @@
 """Tensor warehouse: validated, deterministically transformed TWH1 shards + manifest.
 
 Build one with ``warp etl --config transform.toml`` (:mod:`.etl`); read one
-with :func:`open` (:mod:`.reader`) or, for PyTorch,
+with :func:`open` (:mod:`.reader`; a path, or a published dataset name) or, for PyTorch,
 :class:`warpdata.warehouse.torch.WarehouseDataset` / ``make_loader``. The
 shard format is :mod:`warpdata.formats.twh1` (docs/formats/twh1.md); the
 manifest schema ships as ``manifest.schema.json``.
@@ -12,8 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def open(path, *, allow_invalid: bool = False, verify: str = "lazy") -> Any:
-    """Open a warehouse version directory; see :func:`warpdata.warehouse.reader.open`."""
-    from .reader import Warehouse
+def open(path, *, allow_invalid: bool = False, verify: str = "lazy", version: str | None = None,
+         store: str | None = None, mode: str | None = None, artifact: str | None = None) -> Any:
+    """Open a warehouse version directory, or a published dataset by name (``"vision/coco"``).
 
-    return Warehouse(path, allow_invalid=allow_invalid, verify=verify)
+    See :func:`warpdata.warehouse.reader.open`; ``version=``/``store=``
+    pick the published version and store (default: latest in WARP_STORE).
+    """
+    from .reader import open as _open
+
+    return _open(path, allow_invalid=allow_invalid, verify=verify, version=version, store=store, mode=mode,
+                 artifact=artifact)

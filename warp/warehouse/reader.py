@@ -18,6 +18,12 @@ in :attr:`Warehouse.shard_load_s`.
 * ``wh.sampler(...)`` is a :class:`~warpdata.sampling.ShardAwareSampler`
   over the shard sizes.
 
+``open("ws/name")`` (a published dataset instead of a path; ``version=``,
+``store=``) materialises the warehouse's manifest and shards into the
+content-addressed blob cache (:mod:`warpdata.registry.materialize`: ranged
+reads of the members, SHA-256 checked, nothing extracted) and opens this same
+reader over a view of them; the blobs stay pinned until :meth:`Warehouse.close`.
+
 A pickled :class:`Warehouse` carries only the path and manifest; maps are
 reopened lazily in the receiving process (DataLoader workers never copy
 shard data). Per-sample metadata stays in numpy arrays inside the maps.
@@ -86,14 +92,49 @@ class Warehouse:
         self.shard_load_s: dict[int, float] = {}
         self._shards: dict[int, twh1.TWH1Shard] = {}
         self._lock = threading.Lock()
+        self.published: Any = None  # a warpdata.registry.materialize.Materialized when opened by name
         if verify == "all":
             self.verify()
+
+    @classmethod
+    def from_published(cls, name: str, *, version: str | None = None, store: str | None = None,
+                       mode: str | None = None, artifact: str | None = None, allow_invalid: bool = False,
+                       verify: str = "lazy", cache: Any = None) -> Warehouse:
+        """Open the tensor warehouse published as dataset ``name`` (see the module docstring)."""
+        from warpdata.registry.errors import DatasetNotFoundError
+        from warpdata.registry.materialize import materialize
+
+        if verify not in VERIFY_MODES:
+            raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+
+        def shard_files(doc: dict[str, Any]) -> list[str]:
+            wmanifest.validate_manifest(doc, f"{name}: manifest.json")
+            return [s["relative_path"] for s in doc["shards"]]
+
+        try:
+            # the reader checks each shard's SHA-256 itself unless verify="none": no second hash of cached blobs
+            m = materialize(name, wmanifest.KIND, shard_files, version=version, store=store, mode=mode,
+                            artifact=artifact, cache=cache, trust_cached=verify != "none")
+        except DatasetNotFoundError as e:
+            from warpdata.errors import MissingInputError
+
+            raise MissingInputError(f"{name} is not a local directory, and {e.message}",
+                                    hint="pass a warehouse version directory written by 'warp etl', or the "
+                                         "name of a dataset published with 'warp publish NAME --from DIR'") from None
+        try:
+            wh = cls(m.path, allow_invalid=allow_invalid, verify=verify)
+        except BaseException:
+            m.close()
+            raise
+        wh.published = m
+        return wh
 
     # pickling: path + settings only; maps reopen in the receiving process
     def __getstate__(self) -> dict[str, Any]:
         st = dict(self.__dict__)
         st["_shards"] = {}
         st["shard_load_s"] = {}
+        st["published"] = None  # the pins belong to the opening process, which outlives its workers
         st.pop("_lock")
         return st
 
@@ -218,6 +259,8 @@ class Warehouse:
         for s in self._shards.values():
             s.close()
         self._shards.clear()
+        if self.published is not None:
+            self.published.close()  # unpin the cached blobs
 
     def __enter__(self) -> Warehouse:
         return self
@@ -230,6 +273,18 @@ class Warehouse:
                 f"size={self.width}x{self.height}, dtype={self.dtype})")
 
 
-def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy") -> Warehouse:
-    """Open a warehouse version directory (or its manifest.json)."""
+def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy",
+         version: str | None = None, store: str | None = None, mode: str | None = None,
+         artifact: str | None = None) -> Warehouse:
+    """Open a warehouse version directory (or its manifest.json), or a published dataset ``ws/name``."""
+    from warpdata.registry.materialize import looks_like_dataset
+
+    if looks_like_dataset(path):
+        return Warehouse.from_published(str(path), version=version, store=store, mode=mode, artifact=artifact,
+                                        allow_invalid=allow_invalid, verify=verify)
+    if version is not None or store is not None or artifact is not None:
+        from warpdata.errors import UsageError
+
+        raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a local path",
+                         hint="pass the dataset name (workspace/name) to open a published warehouse")
     return Warehouse(path, allow_invalid=allow_invalid, verify=verify)

@@ -34,11 +34,22 @@ _TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float16): torch.flo
 
 
 class WarehouseDataset(Dataset):
-    def __init__(self, path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy") -> None:
-        self.path = str(path)
+    """``path``: a warehouse directory, an open :class:`Warehouse`, or a published dataset name."""
+
+    def __init__(self, path: str | os.PathLike | Warehouse, *, allow_invalid: bool = False,
+                 verify: str = "lazy") -> None:
+        from warpdata.registry.materialize import looks_like_dataset
+
+        opened = path if isinstance(path, Warehouse) else None
+        if opened is None and looks_like_dataset(path):
+            opened = Warehouse.from_published(str(path), allow_invalid=allow_invalid, verify=verify)
+        # holds a published warehouse's cached blobs pinned while this object lives (not pickled:
+        # workers open the same files by path while the opening process keeps the pins)
+        self._opened = opened
+        self.path = str(opened.path if opened is not None else path)
         self.allow_invalid = allow_invalid
         self.verify = verify
-        probe = Warehouse(path, allow_invalid=allow_invalid, verify="none")
+        probe = Warehouse(self.path, allow_invalid=allow_invalid, verify="none")
         self._len = len(probe)
         self.shard_sizes = probe.shard_sizes.tolist()
         self._wh: Warehouse | None = None
@@ -55,6 +66,7 @@ class WarehouseDataset(Dataset):
     def __getstate__(self) -> dict[str, Any]:
         st = dict(self.__dict__)
         st["_wh"] = None
+        st["_opened"] = None
         return st
 
     def __len__(self) -> int:
@@ -110,11 +122,11 @@ class ShardBatchSampler(Sampler[list[int]]):
         self.inner.load_state_dict(state)
 
 
-def make_loader(path: str | os.PathLike, *, batch_size: int, num_workers: int = 0, shuffle: bool = True,
+def make_loader(path: str | os.PathLike | Warehouse, *, batch_size: int, num_workers: int = 0, shuffle: bool = True,
                 seed: int = 0, window: int = 1024, num_replicas: int | None = None, rank: int | None = None,
                 uneven: str = "pad", allow_invalid: bool = False, verify: str = "lazy",
                 **loader_kwargs: Any) -> DataLoader:
-    """A DataLoader of batch dicts over a warehouse, sharded per rank and worker."""
+    """A DataLoader of batch dicts over a warehouse (path, open Warehouse or published name), per rank and worker."""
     ds = WarehouseDataset(path, allow_invalid=allow_invalid, verify=verify)
     inner = ShardAwareSampler(ds.shard_sizes, num_replicas=num_replicas, rank=rank,
                               num_workers=max(1, num_workers), batch_size=batch_size, shuffle=shuffle,
