@@ -56,7 +56,7 @@ complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check ev
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l head -x -d 'Also show the first N rows/samples where that applies'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -F
 
-complete -c warp -n '__fish_seen_subcommand_from stream' -l table -r -F -d 'Table to stream'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l table -r -F -d 'Table to stream (default: the only table, else main)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l format -x -a 'jsonl csv arrow' -d 'jsonl, csv or arrow (IPC stream)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l columns -r -F -d 'Comma-separated columns (default: all)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l filter -r -F -d 'Keep rows matching this DuckDB SQL expression'
@@ -86,7 +86,7 @@ complete -c warp -n '__fish_seen_subcommand_from warm' -F
 complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE (e.g'
 complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clear'
 
-complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams'
+complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams (default: the only table, else main)'
 complete -c warp -n '__fish_seen_subcommand_from init' -l out -r -F -d 'File to write (default ./<ws>_<name>_loader.py)'
 complete -c warp -n '__fish_seen_subcommand_from init' -l force -d 'Overwrite an existing file'
 complete -c warp -n '__fish_seen_subcommand_from init' -l store -r -F -d 'Store URL (default: WARP_STORE)'
