@@ -23,7 +23,8 @@ list) together with the samples' indices (and keys/metadata on request).
   or tensor built on it is alive: the refcount check ``ndarray.resize``
   uses), so a training loop that drops each batch reuses a few warm buffers
   instead of faulting in fresh pages for every batch, and a caller who keeps
-  batches keeps them intact.
+  batches keeps them intact. The loader holds at most ``prefetch + 3`` such
+  buffers (about the batches in flight anyway) until it is dropped.
 """
 
 from __future__ import annotations
