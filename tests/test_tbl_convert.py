@@ -278,3 +278,12 @@ def test_cli_quiet_prints_only_the_output_path(cli, tmp_path, wds_tar):
     assert r.code == 0, r.err
     assert r.out.strip() == str(out_path)
     assert tbl.TblReader(out_path).num_samples > 0
+
+
+def test_cli_not_a_tar_names_the_input(cli, tmp_path):
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("hello, not a tar\n" * 64)
+    r = cli("tar-to-tbl", bogus, tmp_path / "out.tbl")
+    assert r.code == 65
+    assert f"{bogus}: not a tar archive" in r.err
+    assert not (tmp_path / "out.tbl").exists()

@@ -32,7 +32,7 @@ from typing import Any
 from warpdata.errors import DataError, UsageError
 from warpdata.formats.imageinfo import EXTENSION_FORMATS, image_info
 from warpdata.formats.tbl import COMPRESSIONS, TblReader, TblWriter, canonical_json, encode_sample
-from warpdata.tbl.tarstream import Sample, group_samples, iter_members, open_input
+from warpdata.tbl.tarstream import Sample, TarFormatError, group_samples, iter_members, open_input
 
 ON_ERROR = ("raise", "skip", "warn")
 MAX_SKIP_EXAMPLES = 50  # skipped members listed by name; the rest are only counted
@@ -138,7 +138,20 @@ def _sidecar_metadata(sample: Sample, payload_at: int, on_skip) -> tuple[bytes, 
 
 def convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = None,
             warn: Callable[[str], None] | None = None) -> ConvertResult:
-    """Convert ``req.input`` to ``req.output``; ``progress(samples, tar_bytes_read)``."""
+    """Convert ``req.input`` to ``req.output``; ``progress(samples, tar_bytes_read)``.
+
+    A damaged or non-tar input raises :class:`TarFormatError` naming the input.
+    """
+    try:
+        return _convert(req, progress, warn)
+    except TarFormatError as e:
+        where = "stdin" if req.input == "-" else str(req.input)
+        raise TarFormatError(f"{where}: {e.message}", hint=e.hint, **e.details) from None
+
+
+def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = None,
+            warn: Callable[[str], None] | None = None) -> ConvertResult:
+    """The conversion itself (see :func:`convert`)."""
     if req.compression not in COMPRESSIONS:
         raise UsageError(f"--compression {req.compression!r} is not one of {', '.join(COMPRESSIONS)}",
                          hint="auto stores JPEG/PNG/WEBP as is and LZ4-compresses the rest")

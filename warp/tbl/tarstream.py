@@ -166,13 +166,13 @@ def iter_members(f: BinaryIO, *, with_data: bool = True) -> Iterator[TarMember]:
             stored = _octal(hdr[148:156], "checksum", at)
         except TarFormatError:
             if at == 0:
-                raise TarFormatError("input is not a tar archive (no valid tar header at byte 0)",
+                raise TarFormatError("not a tar archive (no valid tar header at byte 0)",
                                      hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)") from None
             raise
         computed = header_checksum(hdr)
         if stored != computed:
             if at == 0:
-                raise TarFormatError(f"input is not a tar archive (header checksum {stored} != {computed} at byte 0)",
+                raise TarFormatError(f"not a tar archive (header checksum {stored} != {computed} at byte 0)",
                                      hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
             raise TarFormatError(f"tar header at byte {at}: checksum mismatch (stored {stored}, computed {computed})",
                                  hint="the archive is damaged: copy or download it again")
