@@ -387,19 +387,32 @@ class FeatureShardReader:
     ``record(i)`` are views into it. Views keep the mapping alive: the file is
     unmapped when the reader and every view are gone, so dropping a reader
     never invalidates arrays a caller still holds.
+
+    With ``offset`` and ``length`` the shard is that byte range of ``path``
+    (a member of a cached tar shard, mapped in place from the page boundary
+    below ``offset``; offsets in the shard stay relative to the member).
+    ``name`` replaces the path in messages.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = str(path)
+    def __init__(self, path: str | os.PathLike, *, offset: int = 0, length: int | None = None,
+                 name: str | None = None) -> None:
+        self.path = name or str(path)
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
+            with open(path, "rb") as f:
+                file_size = os.fstat(f.fileno()).st_size
+                size = file_size - offset if length is None else length
+                if offset + size > file_size:
+                    raise _fail(self.path, 0, f"{path} is {file_size} bytes, too short for {size} bytes at {offset}")
                 if size == 0:
                     raise _fail(self.path, 0, "file is empty")
-                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap offsets are page-aligned
+                whole = offset == 0 and length is None
+                self._map = mmap.mmap(f.fileno(), 0 if whole else offset - start + size,
+                                      access=mmap.ACCESS_READ, offset=start)
         except FileNotFoundError:
             raise MissingInputError(f"{self.path}: feature shard does not exist",
                                     hint="check the cache path, or rebuild it with warp etl") from None
+        self._mm = self._map if whole else memoryview(self._map)[offset - start:][:size]
         self.header = parse(self._mm, self.path)
         self.layout = self.header.layout
         self.meta = self.header.meta
@@ -454,10 +467,12 @@ class FeatureShardReader:
         """Drop this reader's references; the mapping closes when no view remains."""
         self.records = None  # type: ignore[assignment]
         self._crcs = None
-        mm, self._mm = self._mm, None
-        if mm is not None:
+        buf, self._mm = self._mm, None
+        if buf is not None:
             with contextlib.suppress(BufferError):
-                mm.close()
+                if isinstance(buf, memoryview):
+                    buf.release()  # the member's slice first, then the map under it
+                self._map.close()
 
     def __enter__(self) -> FeatureShardReader:
         return self

@@ -277,26 +277,36 @@ _LAZY_ATTRS = frozenset({"header", "images", "boxes", "mask", "classes", "frame_
 class TWH1Shard:
     """A memory-mapped TWH1 shard with zero-copy, read-only numpy views.
 
-    Picklable: only the path travels; the map is reopened lazily on first use
-    in the receiving process (DataLoader workers never copy the data).
+    The shard is the whole file ``path``, or, with ``offset`` and ``length``,
+    the ``length`` bytes at ``offset`` inside it (a member of a cached tar
+    shard, mapped in place: the map starts at the page boundary below
+    ``offset`` and every view is taken relative to the member). ``name``
+    replaces the path in messages.
+
+    Picklable: only the location travels; the map is reopened lazily on first
+    use in the receiving process (DataLoader workers never copy the data).
     """
 
-    def __init__(self, path: str | os.PathLike, *, verify: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, *, verify: bool = False, offset: int = 0,
+                 length: int | None = None, name: str | None = None) -> None:
         self.path = str(path)
-        self._mm: mmap.mmap | None = None
+        self.offset, self.length, self.name = int(offset), length, name or self.path
+        self._mm: mmap.mmap | memoryview | None = None
         self._open()
         if verify:
             self.verify()
 
     def __getstate__(self) -> dict:
-        return {"path": self.path}
+        return {"path": self.path, "offset": self.offset, "length": self.length, "name": self.name}
 
     def __setstate__(self, state: dict) -> None:
         self.path = state["path"]
+        self.offset, self.length = state.get("offset", 0), state.get("length")
+        self.name = state.get("name", self.path)
         self._mm = None
 
     def _err(self, msg: str, **details) -> TWH1FormatError:
-        return TWH1FormatError(f"{self.path}: {msg}", path=self.path,
+        return TWH1FormatError(f"{self.name}: {msg}", path=self.name,
                                hint="the shard is damaged or not TWH1; rebuild it with 'warp etl --clear'",
                                **details)
 
@@ -309,22 +319,29 @@ class TWH1Shard:
             raise MissingInputError(f"{self.path}: shard file does not exist",
                                     hint="the warehouse is incomplete; rebuild it with 'warp etl --clear'") from None
         try:
-            size = os.fstat(fd).st_size
+            file_size = os.fstat(fd).st_size
+            size = file_size - self.offset if self.length is None else self.length
+            if self.offset + size > file_size:
+                raise self._err(f"{self.path} is {file_size} bytes, too short for {size} bytes at {self.offset}",
+                                offset=0)
             if size < HEADER.size:
                 raise self._err(f"file is {size} bytes, shorter than the {HEADER.size}-byte header", offset=0)
-            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            start = self.offset - self.offset % mmap.ALLOCATIONGRANULARITY  # mmap offsets are page-aligned
+            mm = mmap.mmap(fd, 0 if self.length is None and not start else self.offset - start + size,
+                           access=mmap.ACCESS_READ, offset=start)
         finally:
             os.close(fd)
         self._size = size
+        # the whole file is the map itself; a member is a slice of it (views are relative to the member)
+        buf = mm if self.offset == 0 and self.length is None else memoryview(mm)[self.offset - start:][:size]
         try:
-            self._parse(mm)
+            self._parse(buf)
         except BaseException:
             for k in _LAZY_ATTRS:
                 self.__dict__.pop(k, None)
-            with contextlib.suppress(BufferError):  # a caller may still hold a view
-                mm.close()
+            _unmap(buf, mm)
             raise
-        self._mm = mm
+        self._map, self._mm = mm, buf
 
     def _parse(self, mm) -> None:
         (magic, ver, dcode, endian, w, h, c, mb, n, io, bo, mo, meo, co) = HEADER.unpack_from(mm, 0)
@@ -406,7 +423,7 @@ class TWH1Shard:
     def _string(self, index: np.ndarray, base: int, i: int) -> str:
         self._ensure()
         if not 0 <= i < len(self):
-            raise IndexError(f"sample {i} out of range for {self.path} ({len(self)} samples)")
+            raise IndexError(f"sample {i} out of range for {self.name} ({len(self)} samples)")
         a, b = int(index[i]), int(index[i + 1])
         return bytes(self._mm[base + a:base + b]).decode("utf-8")
 
@@ -442,13 +459,13 @@ class TWH1Shard:
         got = self.compute_checksum()
         stored = self.stored_checksum()
         if got != stored:
-            raise TWH1ChecksumError(f"{self.path}: SHA-256 mismatch: stored {stored}, computed {got}",
+            raise TWH1ChecksumError(f"{self.name}: SHA-256 mismatch: stored {stored}, computed {got}",
                                     hint="the shard is corrupt; rebuild with 'warp etl --clear'",
-                                    path=self.path, stored=stored, computed=got)
+                                    path=self.name, stored=stored, computed=got)
         if expected is not None and expected != got:
-            raise TWH1ChecksumError(f"{self.path}: SHA-256 {got} differs from the manifest's {expected}",
+            raise TWH1ChecksumError(f"{self.name}: SHA-256 {got} differs from the manifest's {expected}",
                                     hint="the shard does not belong to this manifest; rebuild with 'warp etl --clear'",
-                                    path=self.path, stored=expected, computed=got)
+                                    path=self.name, stored=expected, computed=got)
         return got
 
     def close(self) -> None:
@@ -458,8 +475,7 @@ class TWH1Shard:
                       "_key_index", "_run_index"):
                 self.__dict__.pop(k, None)
             # views still alive elsewhere keep the map; it closes when they go
-            with contextlib.suppress(BufferError):
-                mm.close()
+            _unmap(mm, self.__dict__.pop("_map", mm))
             self._mm = None
 
     def __enter__(self) -> TWH1Shard:
@@ -467,6 +483,14 @@ class TWH1Shard:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _unmap(buf: mmap.mmap | memoryview, mm: mmap.mmap) -> None:
+    """Close a map (and the member slice over it) unless a caller still holds a view into it."""
+    with contextlib.suppress(BufferError):
+        if isinstance(buf, memoryview):
+            buf.release()
+        mm.close()
 
 
 def read_header(path: str | os.PathLike) -> Header:

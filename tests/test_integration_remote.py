@@ -1,14 +1,16 @@
 """Integration: train from a published artifact, against a real S3 protocol server (moto).
 
 ``warpdata.warehouse.open("ws/name")`` and ``ShardCache("ws/name")`` resolve
-the published dataset, materialise the artifact's shards into the blob cache
-from byte ranges of its tar shards (hash-checked), and open the normal
-readers; the second open issues no data GETs.
+the published dataset, take the artifact's tar shards from the blob cache (or
+fetch them into it whole, hash-checked, as ``warp warm`` does) and map each
+member in place: the cache holds every byte once, a warmed dataset opens with
+zero data GETs, and the members' own checksums are checked on first touch.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -68,30 +70,67 @@ def assert_same(a: Warehouse, b: Warehouse) -> None:
             assert np.array_equal(getattr(x, f), getattr(y, f)), (i, f)
 
 
+def published_blobs(name: str) -> dict[str, int]:
+    """hash -> bytes of every blob the published version holds (what 'warp warm' caches)."""
+    m = warpdata.dataset(name).manifest
+    out = {}
+    for t in m.tables.values():
+        out.update({s.hash: s.byte_size for s in t.shards})
+    for a in m.artifacts.values():
+        out.update({s.hash: s.byte_size for s in (*a.shards, *([a.index] if a.index else []))})
+    return out
+
+
+def blob_gets_by_key(s3) -> dict[str, int]:
+    """object key -> bytes GET'd under warp/blobs/ (ranged reads summed)."""
+    out: dict[str, int] = {}
+    for r in s3.requests("GET", "warp/blobs/"):
+        assert r["range"], r  # fsspec reads by range
+        a, b = r["range"].split("=")[1].split("-")
+        out[r["key"]] = out.get(r["key"], 0) + int(b) - int(a) + 1
+    return out
+
+
+def assert_one_copy(cache_dir: Path, name: str) -> None:
+    """The cache holds exactly the published blobs: no member copies, no views."""
+    cache = BlobCache(cache_dir)
+    blobs = published_blobs(name)
+    on_disk = {p.name: p.stat().st_size for p in (cache_dir / "blobs").glob("*/*")}
+    assert set(on_disk) <= set(blobs) and all(on_disk[h] == blobs[h] for h in on_disk)
+    assert cache.stats().bytes == sum(on_disk.values())
+    assert not (cache_dir / "views").exists() and not (cache_dir / "members").exists()
+
+
 def test_open_published_warehouse_from_s3(s3, published, tmp_path):
     wh_path, version = published
     local = Warehouse(wh_path)
+    cache_dir = tmp_path / "cache"
     s3.reset_counts()
     remote = warpdata.warehouse.open("vision/coco")
     assert_same(remote, local)
     assert remote.verify() == [s["checksum_sha256"] for s in local.manifest["shards"]]
-    # shard bytes came by ranged GETs of the tar shards, never a whole-object download
-    blob_gets = s3.requests("GET", "warp/blobs/")
-    shard_bytes = sum(s["size_bytes"] for s in local.manifest["shards"])
-    manifest_bytes = (Path(wh_path) / "manifest.json").stat().st_size
-    assert blob_gets and remote.published.fetched_bytes == shard_bytes + manifest_bytes
-    ranged = sum(int(r["range"].split("-")[1]) - int(r["range"].split("=")[1].split("-")[0]) + 1
-                 for r in blob_gets if r["range"])
-    assert shard_bytes <= ranged < shard_bytes + manifest_bytes + 65536  # member ranges, not whole tar shards
-    # the cached blobs (named by content hash) are pinned while the warehouse is open, released by close()
-    cache = BlobCache(tmp_path / "cache")
-    shard_hashes = set(remote.published.blobs)
-    assert len(shard_hashes) == remote.num_shards + 1 and shard_hashes <= cache.pinned_hashes()
+    # the needed tar shards came whole, each once (as 'warp warm' fetches them), nothing else was copied
+    art = warpdata.dataset("vision/coco").manifest.artifacts[remote.published.artifact]
+    sizes = {s.hash: s.byte_size for s in art.shards}
+    got = blob_gets_by_key(s3)
+    tar_gets = {k.rsplit("/", 1)[-1]: n for k, n in got.items() if k.rsplit("/", 1)[-1] in sizes}
+    assert tar_gets == {h: sizes[h] for h in remote.published.blobs}
+    assert remote.published.fetched_bytes == sum(tar_gets.values())
+    assert_one_copy(cache_dir, "vision/coco")
+    # each TWH1 shard is mapped in place, at its offset inside its cached tar shard
     for i, s in enumerate(local.manifest["shards"]):
-        assert (remote.path / s["relative_path"]).resolve().parent.parent == (tmp_path / "cache" / "blobs").resolve()
-        assert (remote.path / s["relative_path"]).read_bytes() == (Path(wh_path) / s["relative_path"]).read_bytes(), i
+        m = remote.shard(i)
+        assert Path(m.path).parent.parent == (cache_dir / "blobs") and m.offset > 0
+        assert m.length == s["size_bytes"] and str(remote.path) in m.name
+        with open(m.path, "rb") as f:
+            f.seek(m.offset)
+            assert f.read(m.length) == (Path(wh_path) / s["relative_path"]).read_bytes(), i
+    # the tar shards are pinned while the warehouse is open, released by close()
+    cache = BlobCache(cache_dir)
+    pinned = set(remote.published.blobs)
+    assert pinned and pinned <= cache.pinned_hashes()
     remote.close()
-    assert not shard_hashes & cache.pinned_hashes()
+    assert not pinned & cache.pinned_hashes()
 
     s3.reset_counts()
     again = warpdata.warehouse.open("vision/coco", version=version, store=s3.url("warp"))
@@ -99,6 +138,47 @@ def test_open_published_warehouse_from_s3(s3, published, tmp_path):
     assert again.published.fetched_bytes == 0 and again.path == remote.path
     assert_same(again, local)
     again.close()
+
+
+def test_warm_then_open_keeps_one_copy(cli, s3, published, tmp_path):
+    wh_path, _ = published
+    cache_dir = tmp_path / "cache"
+    r = cli("warm", "vision/coco", "--json")
+    assert r.code == 0, r.err
+    blobs = published_blobs("vision/coco")
+    warmed = BlobCache(cache_dir).stats().bytes
+    assert warmed == sum(blobs.values())
+    s3.reset_counts()
+    with warpdata.warehouse.open("vision/coco") as wh:
+        assert_same(wh, Warehouse(wh_path))
+        wh.verify()
+        assert wh.published.fetched_bytes == 0
+    assert s3.count("GET", "warp/blobs/") == 0  # zero data GETs
+    assert BlobCache(cache_dir).stats().bytes == warmed  # and zero extra bytes
+    assert_one_copy(cache_dir, "vision/coco")
+    # offline, from the warmed cache only
+    with warpdata.warehouse.open("vision/coco", mode="local") as wh:
+        assert len(wh) == 10 and wh[9].key == Warehouse(wh_path)[9].key
+
+
+def test_a_corrupt_cached_member_fails_its_checksum_on_first_touch(cli, s3, published, tmp_path):
+    from warpdata.formats.twh1 import TWH1ChecksumError
+
+    assert cli("warm", "vision/coco").code == 0
+    with warpdata.warehouse.open("vision/coco") as wh:
+        m = wh.shard(1)
+        where, off = m.path, m.offset + m.header.image_offset + 7
+    os.chmod(where, 0o644)
+    with open(where, "r+b") as f:  # flip one image byte of shard 1 inside the cached tar shard
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with warpdata.warehouse.open("vision/coco") as wh:  # the cached tar is trusted: members are checked
+        assert wh[0].key  # shard 0 is intact
+        with pytest.raises(TWH1ChecksumError) as e:
+            wh[int(wh.offsets[1])]  # the first sample of shard 1
+        assert "vision/coco@" in e.value.message and "SHA-256" in e.value.message
 
 
 def test_torch_loader_over_a_published_warehouse(s3, published):
@@ -114,6 +194,13 @@ def test_torch_loader_over_a_published_warehouse(s3, published):
     assert sorted(seen) == list(range(len(local)))
     for i, img in seen.items():
         assert np.array_equal(img, local[i].image)
+    # what a worker receives: the members' locations and the manifest, no maps and no pins
+    wh = loader.dataset._opened
+    wh[0]
+    clone = pickle.loads(pickle.dumps(wh))
+    assert wh._shards and clone._shards == {} and clone.published is None
+    assert_same(clone, local)
+    assert_one_copy(Path(os.environ["WARP_CACHE_DIR"]), "vision/coco")
 
 
 def test_open_errors_name_what_is_wrong(s3, published, tmp_path):
@@ -133,7 +220,8 @@ def test_open_errors_name_what_is_wrong(s3, published, tmp_path):
         warpdata.warehouse.open("ws/other")
 
 
-def test_shard_cache_from_a_published_feature_cache(cli, s3, tmp_path, monkeypatch):
+@pytest.fixture
+def published_captions(cli, s3, tmp_path, monkeypatch):
     src = tmp_path / "src" / "g0"
     src.mkdir(parents=True)
     for i in range(6):
@@ -145,18 +233,64 @@ def test_shard_cache_from_a_published_feature_cache(cli, s3, tmp_path, monkeypat
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
     r = cli("publish", "text/caps", "--from", str(tmp_path / "fc"), "--json")
     assert r.code == 0, r.err
-    local = ShardCache(tmp_path / "fc")
+    return ShardCache(tmp_path / "fc")
+
+
+def assert_same_records(a: ShardCache, b: ShardCache) -> None:
+    assert len(a) == len(b) == 6
+    for i in range(6):
+        x, y = a.get(i), b.get(i)
+        assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+
+def test_shard_cache_from_a_published_feature_cache(s3, published_captions, tmp_path):
+    local = published_captions
     s3.reset_counts()
     remote = warpdata.ShardCache("text/caps", verify="shard")
-    assert s3.count("GET", "warp/blobs/") > 0
-    assert len(remote) == len(local) == 6
-    for i in range(6):
-        a, b = remote.get(i), local.get(i)
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert s3.count("GET", "warp/blobs/") > 0 and remote.published.fetched_bytes > 0
+    assert_same_records(remote, local)
+    assert remote.verify_all() == []
+    assert_one_copy(tmp_path / "cache", "text/caps")
+    # a pickled handle (a DataLoader worker's copy) maps the same cached bytes, with no pins of its own
+    clone = pickle.loads(pickle.dumps(remote))
+    assert clone.published is None and clone.resident() == []
+    assert_same_records(clone, local)
+    clone.close()
     remote.close()
     s3.reset_counts()
     again = warpdata.ShardCache("text/caps")
     assert s3.count("GET", "warp/blobs/") == 0
     assert np.array_equal(again.get(5)["pixels"], local.get(5)["pixels"])
-    assert Path(again.path).is_dir() and Store(s3.url("warp")).resolve("text/caps").metadata["default_table"] == "records"
+    assert Store(s3.url("warp")).resolve("text/caps").metadata["default_table"] == "records"
     again.close()
+
+
+def test_warm_then_shard_cache_keeps_one_copy_and_checks_members(cli, s3, published_captions, tmp_path):
+    from warpdata.formats.featshard import FeatureShardChecksumError
+
+    cache_dir = tmp_path / "cache"
+    assert cli("warm", "text/caps").code == 0
+    warmed = BlobCache(cache_dir).stats().bytes
+    assert warmed == sum(published_blobs("text/caps").values())
+    s3.reset_counts()
+    with warpdata.ShardCache("text/caps", verify="shard") as sc:
+        assert_same_records(sc, published_captions)
+        file, offset, length = sc._where(sc.shards[1]["path"])
+    assert s3.count("GET", "warp/blobs/") == 0 and BlobCache(cache_dir).stats().bytes == warmed
+    assert_one_copy(cache_dir, "text/caps")
+    os.chmod(file, 0o644)
+    with open(file, "r+b") as f:  # flip the last record byte of shard 1 inside the cached tar shard
+        f.seek(offset + length - 32 - 4 * 2 - 1)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with warpdata.ShardCache("text/caps", verify="shard") as sc:
+        assert sc.get(0)  # shard 0 is intact
+        with pytest.raises(FeatureShardChecksumError, match="text/caps@"):
+            sc.get(4)
+    # verify="record" does not hash whole members, so the open hashes the cached tar shard instead:
+    # the corrupt blob is dropped and fetched again
+    s3.reset_counts()
+    with warpdata.ShardCache("text/caps", verify="record") as sc:
+        assert sc.published.fetched_bytes > 0 and s3.count("GET", "warp/blobs/") > 0
+        assert_same_records(sc, published_captions)

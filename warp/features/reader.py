@@ -19,9 +19,13 @@ cache, not to the process. Records are returned as *copies* (``get``,
 * ``"none"``.
 
 ``ShardCache("ws/name")`` (a published dataset instead of a path; ``version=``,
-``store=``) materialises the cache's manifest and shards into the blob cache
-(:mod:`warpdata.registry.materialize`: ranged member reads, SHA-256 checked)
-and reads a view of them; the blobs stay pinned until :meth:`ShardCache.close`.
+``store=``) opens the published cache in place
+(:mod:`warpdata.registry.materialize`): the tar shards holding its manifest
+and WFS1 shards come from the blob cache (or are fetched into it whole, as
+``warp warm`` does) and each WFS1 shard is mapped at its offset inside its
+cached tar shard, so the cache holds every byte once. The tar shards stay
+pinned until :meth:`ShardCache.close`; ``path`` then names the dataset
+(``ws/name@version/artifact``), not a directory.
 
 Every shard's header is checked against the manifest's field table and
 record count when it is mapped. A handle pickles to its path and settings
@@ -30,6 +34,7 @@ only (DataLoader workers reopen lazily; nothing mapped crosses processes).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -37,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.canonical import sha256_file
 from warpdata.errors import DataError, MissingInputError
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
 from warpdata.manifests import read_manifest
@@ -66,7 +70,10 @@ class ShardCache:
 
         self.published: Any = None
         if looks_like_dataset(path):
+            docs: list[dict[str, Any]] = []
+
             def shard_files(doc: dict[str, Any]) -> list[str]:
+                docs.append(doc)
                 try:
                     return [str(s["path"]) for s in doc["shards"]]
                 except (KeyError, TypeError, ValueError) as e:
@@ -74,18 +81,25 @@ class ShardCache:
                                     hint="rebuild the cache with warp etl --clear and publish it again") from None
 
             # verify="shard" re-hashes every shard when it is mapped: no need to hash cached blobs twice
-            self.published = materialize(str(path), KIND, shard_files, version=version, store=store, mode=mode,
-                                         artifact=artifact, trust_cached=verify == "shard")
-            path = self.published.path
+            pub = materialize(str(path), KIND, shard_files, version=version, store=store, mode=mode,
+                              artifact=artifact, trust_cached=verify == "shard")
+            self.published = pub
+            self.path = Path(pub.label)
+            # relative path -> (cached tar shard, offset, length): pickles, so workers map the same bytes
+            self._members: dict[str, tuple[str, int, int]] | None = {
+                rel: (x.path, x.offset, x.length) for rel, x in pub.members.items()}
+            m = docs[0]
         elif version is not None or store is not None or artifact is not None:
             from warpdata.errors import UsageError
 
             raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a local path",
                              hint="pass the dataset name (workspace/name) to open a published feature cache")
-        self.path = Path(path)
+        else:
+            self.path = Path(path)
+            self._members = None
+            m = read_manifest(self.path)
         self.max_resident = max_resident
         self.verify = verify
-        m = read_manifest(self.path)
         if m.get("kind") != KIND:
             raise DataError(f"{self.path}: manifest kind is {m.get('kind')!r}, not {KIND!r}",
                             hint="point at a directory written by `warp etl` with [source] format = \"captions\"")
@@ -152,21 +166,49 @@ class ShardCache:
         self.stats["max_resident"] = max(self.stats["max_resident"], len(self._lru))
         return r
 
+    def _where(self, rel: str) -> tuple[str, int, int | None]:
+        """(file, offset, length) of shard ``rel``: a file under :attr:`path`, or bytes of a cached tar shard."""
+        if self._members is None:
+            return str(self.path / rel), 0, None
+        return self._members[rel]
+
+    def _reader(self, rel: str) -> FeatureShardReader:
+        file, offset, length = self._where(rel)
+        return FeatureShardReader(file, offset=offset, length=length,
+                                  name=None if self._members is None else f"{self.path}/{rel}")
+
+    def _sha256(self, rel: str) -> str:
+        """SHA-256 of shard ``rel``'s bytes (the whole file, or its range inside the tar shard)."""
+        file, offset, length = self._where(rel)
+        h = hashlib.sha256()
+        buf = bytearray(1 << 20)
+        view = memoryview(buf)
+        with open(file, "rb", buffering=0) as f:
+            f.seek(offset)
+            left = os.fstat(f.fileno()).st_size - offset if length is None else length
+            while left > 0:
+                n = f.readinto(view[:min(len(buf), left)])
+                if not n:
+                    break
+                h.update(view[:n])
+                left -= n
+        return h.hexdigest()
+
     def _open(self, s: int) -> FeatureShardReader:
         entry = self.shards[s]
         p = self.path / entry["path"]
-        if not p.is_file():
+        if self._members is None and not p.is_file():
             raise MissingInputError(f"{p}: shard {s} of the feature cache is missing",
                                     hint="rebuild the cache (warp etl; a missing shard triggers a rebuild)",
                                     path=str(p), shard=s)
         if self.verify == "shard":
-            got = sha256_file(p)
+            got = self._sha256(entry["path"])
             if got != entry.get("sha256"):
                 raise FeatureShardChecksumError(
                     f"{p}: SHA-256 {got} does not match the manifest's {entry.get('sha256')}",
                     hint="the shard is corrupt or was replaced; rebuild the cache (warp etl --clear)",
                     path=str(p), shard=s)
-        r = FeatureShardReader(p)
+        r = self._reader(entry["path"])
         if r.fields != self.fields or len(r) != entry["records"]:
             r.close()
             raise DataError(f"{p}: fields or record count differ from the manifest "
@@ -214,12 +256,11 @@ class ShardCache:
         """Check every shard's SHA-256 and every record's CRC; return problems found."""
         problems = []
         for s, entry in enumerate(self.shards):
-            p = self.path / entry["path"]
             try:
-                got = sha256_file(p)
+                got = self._sha256(entry["path"])
                 if got != entry.get("sha256"):
                     problems.append(f"{entry['path']}: SHA-256 {got[:16]}... differs from the manifest")
-                with FeatureShardReader(p) as r:
+                with self._reader(entry["path"]) as r:
                     if r.fields != self.fields or len(r) != entry["records"]:
                         problems.append(f"{entry['path']}: fields or record count differ from the manifest")
                         continue

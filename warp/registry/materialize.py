@@ -1,55 +1,49 @@
-"""Open a published warp artifact (tensor warehouse, feature cache) as a local directory.
+"""Open a published warp artifact (tensor warehouse, feature cache) in place, inside its cached tar shards.
 
 ``warp publish --from DIR`` packs an artifact directory into tar shards with a
-member index. Readers that memory-map files (the warehouse's TWH1 shards, the
-feature cache's WFS1 shards) need real files, so :func:`materialize` turns a
-published dataset back into a directory without extracting any archive:
+member index (:mod:`warpdata.registry.tarpack`). Tar members are contiguous
+byte ranges, so the readers that memory-map files (the warehouse's TWH1
+shards, the feature cache's WFS1 shards) map each member straight out of the
+cached tar shard: :func:`materialize` never copies a member, and the cache
+holds every byte once.
 
-* the dataset is resolved as usual (:func:`warpdata.dataset.dataset`:
-  ``latest`` or ``version=``, ``store=``, cached manifest);
-* the artifact is the one whose ``metadata.sources`` kind is ``kind`` (or
-  the one named ``artifact=``); its ``manifest.json`` member comes through
-  :meth:`~warpdata.refs.ArtifactReader.local_path` (one ranged read, then a
-  content-addressed cache blob);
-* every data file the manifest lists becomes a cache blob named by the
-  SHA-256 of its bytes: they stream from the member's byte range of the tar
-  shard (a local ``pread`` when the shard is cached, else ranged GETs in
-  8 MiB pieces) through a hashing temporary file, one member at a time (no
-  archive is ever extracted), and :meth:`~warpdata.blobcache.BlobCache.fetch`
-  re-checks the hash as the blob is added. A pointer
-  ``members/<shard>-<offset>-<length>`` (the scheme of
-  :meth:`~warpdata.refs.ArtifactReader.local_path`) remembers the hash, so a
-  second open finds every blob locally and issues no data GETs. The readers
-  then check the format's own checksums (TWH1 SHA-256, WFS1 CRC/SHA-256);
-* a *view* directory under ``<cache>/views/`` holds symlinks with the
-  artifact's relative paths to those blobs; its name is a hash of the
-  mapping, so it is written once (temp dir + rename) and shared by later
-  opens and processes;
-* the blobs stay pinned (never evicted) until :meth:`Materialized.close`,
-  which readers call from their own ``close()``.
+* The dataset is resolved as usual (:func:`warpdata.dataset.dataset`:
+  ``latest`` or ``version=``, ``store=``, cached manifest).
+* The artifact is the one whose ``metadata.sources`` kind is ``kind`` (or the
+  one named ``artifact=``); its member index (a small cached blob) says which
+  tar shards hold ``manifest.json`` and the data files the manifest lists.
+* Those tar shards are pinned, then taken from the blob cache or fetched
+  into it whole through :meth:`~warpdata.dataset.Dataset.fetch_blob`, exactly
+  as ``warp warm`` fetches them: the same content-addressed blobs, so a warmed
+  dataset opens with zero data GETs and zero extra bytes, and an unwarmed one
+  fetches each needed tar shard once (SHA-256 checked by the blob cache as it
+  lands). Shards holding none of the needed members are not fetched.
+* The result, :class:`PublishedArtifact`, maps each member to
+  ``(cached tar path, offset, length)``; :meth:`Member.read` reads a small
+  member (``manifest.json``) by range. The blobs stay pinned (never
+  evicted) until :meth:`PublishedArtifact.close`, which readers call from
+  their own ``close()``; the member map itself pickles, so DataLoader workers
+  map the same cached files lazily while the opening process holds the pins.
 
-Cached blobs are not re-hashed here when the reader verifies its own
-checksums anyway (``trust_cached=True``); downloads are always hashed.
+Checksums: a downloaded tar shard is hashed by the blob cache. A cached one is
+hashed again (once per process) unless ``trust_cached=True``, which readers
+pass when they check every member's own SHA-256 against the producer manifest
+on first touch anyway (TWH1 ``checksum_sha256``, WFS1 ``sha256``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
-import tempfile
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 
 from warpdata.errors import DataError, MissingInputError, UsageError
 
-__all__ = ["Materialized", "looks_like_dataset", "materialize"]
-
-CHUNK = 8 << 20
+__all__ = ["Member", "PublishedArtifact", "looks_like_dataset", "materialize"]
 
 
 def looks_like_dataset(target: Any) -> bool:
@@ -61,17 +55,41 @@ def looks_like_dataset(target: Any) -> bool:
     return bool(DATASET_ID_RE.match(target))
 
 
-@dataclass
-class Materialized:
-    """A local view of a published artifact; pins its blobs until :meth:`close`."""
+@dataclass(frozen=True)
+class Member:
+    """Where one artifact file lies: ``length`` bytes at ``offset`` of the cached tar shard ``path``."""
 
-    path: Path
+    path: str
+    offset: int
+    length: int
+    name: str  # "ws/name@version12/artifact/member", for messages
+
+    def read(self) -> bytes:
+        with open(self.path, "rb", buffering=0) as f:
+            data = os.pread(f.fileno(), self.length, self.offset)
+        if len(data) != self.length:
+            raise DataError(f"{self.name}: cached tar shard {self.path} is short "
+                            f"({len(data)} of {self.length} bytes at {self.offset})",
+                            hint="run 'warp cache verify' and open the dataset again")
+        return data
+
+
+@dataclass
+class PublishedArtifact:
+    """A published artifact opened in place; pins its cached tar shards until :meth:`close`."""
+
     dataset: str
     version: str
     artifact: str
-    blobs: list[str]
+    members: dict[str, Member]
+    blobs: list[str]  # the pinned tar-shard hashes
     fetched_bytes: int = 0
     _release: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        """``ws/name@version12/artifact``: what messages and ``path`` attributes show."""
+        return f"{self.dataset}@{self.version[:12]}/{self.artifact}"
 
     def close(self) -> None:
         if self._release is not None:
@@ -101,94 +119,12 @@ def _pick_artifact(ds, kind: str, artifact: str | None) -> str:
                             hint=f"publish one with 'warp publish {ds.id} --from DIR' (DIR written by 'warp etl')")
 
 
-def _copy_member(reader, member: str, f) -> int:
-    """Stream one member's bytes (a byte range of a tar shard) into ``f``; returns the length."""
-    shard, off, length = reader.locate(member)
-    fd = reader._local_fd(shard)
-    if fd is not None:
-        pos = 0
-        while pos < length:
-            data = os.pread(fd, min(CHUNK, length - pos), off + pos)
-            if not data:
-                raise DataError(f"member {member!r} of artifact {reader.name}: cached shard {shard[:12]} is short",
-                                hint="run 'warp cache verify'")
-            f.write(data)
-            pos += len(data)
-        return length
-    ds = reader.ds
-    if ds.mode == "local":
-        raise MissingInputError(f"shard {shard[:12]} of {ds.id} is not in the cache (local mode)",
-                                hint=f"run 'warp warm {ds.id}' while online")
-    key = ds.blob_key(reader._refs[shard])
-    src = ds.remote.open(key, reader._sizes.get(shard))
-    try:
-        pos = 0
-        while pos < length:
-            n = min(CHUNK, length - pos)
-            try:
-                data = src.read_at(n, off + pos)
-            except Exception as e:
-                raise ds.remote._wrap(e, key) from e
-            if len(data) != n:
-                raise DataError(f"member {member!r} of {ds.id}: short read at {off + pos} of {key}",
-                                hint="the shard is truncated in the store; republish the dataset")
-            f.write(data)
-            pos += n
-    finally:
-        src.close()
-    return length
-
-
-def _member_blob(reader, member: str, trust_cached: bool) -> tuple[str, Path, int]:
-    """(sha256, cache path, bytes downloaded) of one member, materialised as a content-addressed blob."""
-    from warpdata.atomic import TMP_PREFIX, atomic_write_text
-
-    bc = reader.ds.cache
-    shard, off, length = reader.locate(member)
-    pointer = bc.root / "members" / shard[:2] / f"{shard}-{off}-{length}"
-    try:
-        h = pointer.read_text().strip()
-        p = bc.get(h, verify=not trust_cached)
-        if p is not None:
-            return h, p, 0
-    except (FileNotFoundError, ValueError):
-        pass
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=pointer.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            hf = _Hashing(raw)
-            _copy_member(reader, member, hf)
-        h = hf.h.hexdigest()
-
-        def copy(f) -> None:
-            with open(tmp, "rb") as src:
-                while chunk := src.read(CHUNK):
-                    f.write(chunk)
-
-        p = bc.fetch(h, copy, size=length, source=f"{reader.ds.id}:{reader.name}/{member}")
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    atomic_write_text(pointer, h, fsync=False)
-    return h, Path(p), length
-
-
-class _Hashing:
-    def __init__(self, raw) -> None:
-        self.raw, self.h = raw, hashlib.sha256()
-
-    def write(self, b) -> int:
-        self.h.update(b)
-        return self.raw.write(b)
-
-
 def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[str]], *,
                 version: str | None = None, store: str | None = None, mode: str | None = None,
-                artifact: str | None = None, cache=None, trust_cached: bool = False) -> Materialized:
-    """Resolve published dataset ``target`` and lay out its ``kind`` artifact as a local directory.
+                artifact: str | None = None, cache=None, trust_cached: bool = False) -> PublishedArtifact:
+    """Resolve published dataset ``target`` and open its ``kind`` artifact in place in the blob cache.
 
-    ``files(manifest_doc)`` names the data files to materialise (paths
+    ``files(manifest_doc)`` names the data files the reader needs (paths
     relative to the artifact root); ``manifest.json`` always comes along.
     """
     from warpdata.dataset import Dataset
@@ -200,68 +136,53 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
     bc = ds.cache
     aname = _pick_artifact(ds, kind, artifact)
     reader = ds.artifact(aname)
+    label = f"{ds.id}@{ds.version[:12]}/{aname}"
     pinned: list[str] = []
+    paths: dict[str, str] = {}
+    fetched = 0
+
+    def locate(rel: str) -> Member:
+        nonlocal fetched
+        shard, off, length = reader.locate(rel)
+        if shard not in paths:
+            ref = reader._refs[shard]
+            bc.pin([shard])  # before the fetch: no other process may evict it between fetch and use
+            pinned.append(shard)
+            p = bc.get(shard, verify=not trust_cached)
+            if p is None:
+                p = ds.fetch_blob(ref)  # what 'warp warm' does: the whole tar shard, hash-checked
+                fetched += ref.byte_size
+            paths[shard] = str(p)
+        return Member(paths[shard], off, length, f"{label}/{rel}")
+
     try:
-        mh, mpath, fetched = _member_blob(reader, "manifest.json", trust_cached=False)
-        bc.pin([mh])
-        pinned.append(mh)
+        members = {"manifest.json": locate("manifest.json")}
+        raw = members["manifest.json"].read()
         try:
-            doc = json.loads(Path(mpath).read_bytes())
+            doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DataError(f"manifest.json of artifact {aname} in {ds.id}: not valid JSON: {e}",
                             hint="republish the artifact") from None
         if not isinstance(doc, dict) or doc.get("kind") != kind:
             raise DataError(f"artifact {aname} of {ds.id} is a {doc.get('kind') if isinstance(doc, dict) else '?'!r}, "
                             f"not a {kind}", hint="pick the right artifact with artifact=NAME")
-        links: dict[str, Path] = {"manifest.json": Path(mpath)}
         for rel in files(doc):
-            if rel.startswith("/") or ".." in Path(rel).parts:
+            if rel.startswith("/") or ".." in PurePosixPath(rel).parts:
                 raise DataError(f"manifest.json of {ds.id}/{aname} names {rel!r} outside the artifact",
                                 hint="republish the artifact")
-            h, p, n = _member_blob(reader, rel, trust_cached)
-            bc.pin([h])
-            pinned.append(h)
-            links[rel] = p
-            fetched += n
+            members[rel] = locate(rel)
     except BaseException:
         bc.unpin(pinned)
         raise
     finally:
         reader.close()
-    view = _view(bc.root, ds.id, ds.version, aname, links)
-    m = Materialized(view, ds.id, ds.version, aname, pinned, fetched)
-    m._release = weakref.finalize(m, bc.unpin, pinned)  # runs once: on close() or garbage collection
-    return m
-
-
-def _view(root: Path, dataset: str, version: str, aname: str, links: dict[str, Path]) -> Path:
-    """A directory of symlinks ``rel -> blob``, named by a hash of the mapping; built once."""
-    spec = json.dumps(sorted((k, str(v)) for k, v in links.items())).encode()
-    name = f"{version[:16]}-{aname}-{hashlib.sha256(spec).hexdigest()[:16]}"
-    base = Path(root) / "views" / dataset.replace("/", "--")
-    target = base / name
-    if target.is_dir() and all((target / rel).resolve() == Path(p).resolve() for rel, p in links.items()):
-        return target
-    base.mkdir(parents=True, exist_ok=True)
-    from warpdata.atomic import TMP_PREFIX
-
-    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, suffix="-" + name, dir=base))
-    for rel, p in links.items():
-        dst = tmp / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(os.path.abspath(p), dst)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        # another process made the same view (same name = same links), or a stale one is in the way
-        import shutil
-
-        if target.is_dir() and all((target / rel).resolve() == Path(p).resolve() for rel, p in links.items()):
-            shutil.rmtree(tmp, ignore_errors=True)
-            return target
-        old = base / f"{TMP_PREFIX}old-{os.getpid()}-{name}"
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(target, old)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    return target
+    sizes = {p: os.stat(p).st_size for p in paths.values()}
+    for m in members.values():
+        size = sizes[m.path]
+        if m.offset + m.length > size:  # a map past the end of a file would crash the reader (SIGBUS)
+            bc.unpin(pinned)
+            raise DataError(f"{m.name}: index says bytes {m.offset}..{m.offset + m.length} but the cached "
+                            f"tar shard {m.path} has {size}", hint="run 'warp cache verify' and open it again")
+    out = PublishedArtifact(ds.id, ds.version, aname, members, pinned, fetched)
+    out._release = weakref.finalize(out, bc.unpin, pinned)  # runs once: on close() or garbage collection
+    return out

@@ -19,14 +19,19 @@ in :attr:`Warehouse.shard_load_s`.
   over the shard sizes.
 
 ``open("ws/name")`` (a published dataset instead of a path; ``version=``,
-``store=``) materialises the warehouse's manifest and shards into the
-content-addressed blob cache (:mod:`warpdata.registry.materialize`: ranged
-reads of the members, SHA-256 checked, nothing extracted) and opens this same
-reader over a view of them; the blobs stay pinned until :meth:`Warehouse.close`.
+``store=``) opens the published warehouse in place
+(:mod:`warpdata.registry.materialize`): the tar shards holding its manifest
+and TWH1 shards are taken from the blob cache (or fetched into it whole, as
+``warp warm`` does), and each TWH1 shard is memory-mapped at its offset inside
+its cached tar shard, so the cache holds every byte once. Each shard's
+SHA-256 is still checked against the manifest on first touch. The tar shards
+stay pinned until :meth:`Warehouse.close`; ``path`` then names the dataset
+(``ws/name@version/artifact``), not a directory.
 
-A pickled :class:`Warehouse` carries only the path and manifest; maps are
-reopened lazily in the receiving process (DataLoader workers never copy
-shard data). Per-sample metadata stays in numpy arrays inside the maps.
+A pickled :class:`Warehouse` carries only the path (or the members'
+locations) and the manifest; maps are reopened lazily in the receiving
+process (DataLoader workers never copy shard data). Per-sample metadata stays
+in numpy arrays inside the maps.
 """
 
 from __future__ import annotations
@@ -71,7 +76,12 @@ class Warehouse:
             raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
         p = Path(path)
         self.path = p if p.is_dir() else p.parent
-        self.manifest: dict[str, Any] = wmanifest.read(self.path)
+        # relative path -> (file, offset, length) of a shard inside a cached tar; None = files under path
+        self._members: dict[str, tuple[str, int, int]] | None = None
+        self._setup(wmanifest.read(self.path), allow_invalid, verify)
+
+    def _setup(self, manifest: dict[str, Any], allow_invalid: bool, verify: str) -> None:
+        self.manifest = manifest
         verdict = self.manifest["summary"]["verdict"]
         if verdict["status"] == "fail" and not allow_invalid:
             problems = "; ".join(f"{c['scope']} {c['metric']}={c['value']:.4f} > {c['fail']}"
@@ -92,7 +102,7 @@ class Warehouse:
         self.shard_load_s: dict[int, float] = {}
         self._shards: dict[int, twh1.TWH1Shard] = {}
         self._lock = threading.Lock()
-        self.published: Any = None  # a warpdata.registry.materialize.Materialized when opened by name
+        self.published: Any = None  # a warpdata.registry.materialize.PublishedArtifact when opened by name
         if verify == "all":
             self.verify()
 
@@ -106,9 +116,11 @@ class Warehouse:
 
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        docs: list[dict[str, Any]] = []
 
         def shard_files(doc: dict[str, Any]) -> list[str]:
             wmanifest.validate_manifest(doc, f"{name}: manifest.json")
+            docs.append(doc)
             return [s["relative_path"] for s in doc["shards"]]
 
         try:
@@ -121,13 +133,23 @@ class Warehouse:
             raise MissingInputError(f"{name} is not a local directory, and {e.message}",
                                     hint="pass a warehouse version directory written by 'warp etl', or the "
                                          "name of a dataset published with 'warp publish NAME --from DIR'") from None
+        wh = cls.__new__(cls)
+        wh.path = Path(m.label)
+        wh._members = {rel: (x.path, x.offset, x.length) for rel, x in m.members.items() if rel != "manifest.json"}
         try:
-            wh = cls(m.path, allow_invalid=allow_invalid, verify=verify)
+            wh._setup(docs[0], allow_invalid, verify)
         except BaseException:
             m.close()
             raise
         wh.published = m
         return wh
+
+    def _shard_file(self, rel: str) -> twh1.TWH1Shard:
+        """Map shard ``rel``: a file under :attr:`path`, or its bytes inside a cached tar shard."""
+        if self._members is None:
+            return twh1.TWH1Shard(self.path / rel)
+        file, offset, length = self._members[rel]
+        return twh1.TWH1Shard(file, offset=offset, length=length, name=f"{self.path}/{rel}")
 
     # pickling: path + settings only; maps reopen in the receiving process
     def __getstate__(self) -> dict[str, Any]:
@@ -163,12 +185,12 @@ class Warehouse:
     def _open_shard(self, i: int) -> twh1.TWH1Shard:
         meta = self.manifest["shards"][i]
         t0 = time.perf_counter()
-        s = twh1.TWH1Shard(self.path / meta["relative_path"])
+        s = self._shard_file(meta["relative_path"])
         h = s.header
         want = (meta["samples"], meta["width"], meta["height"], meta["channels"], meta["max_boxes"])
         got = (h.samples, h.width, h.height, h.channels, h.max_boxes)
         if want != got or twh1.MANIFEST_DTYPE[h.dtype] != meta["dtype"]:
-            raise DataError(f"{s.path}: header (samples, width, height, channels, max_boxes) = {got}, "
+            raise DataError(f"{s.name}: header (samples, width, height, channels, max_boxes) = {got}, "
                             f"dtype {h.dtype} disagrees with the manifest's {want}, {meta['dtype']}",
                             hint="the shard does not belong to this manifest; rebuild with 'warp etl --clear'")
         if self.verify_mode != "none":
@@ -183,7 +205,7 @@ class Warehouse:
         """Check every shard's SHA-256 against the manifest; returns the checksums."""
         out = []
         for i, meta in enumerate(self.manifest["shards"]):
-            s = self._shards.get(i) or twh1.TWH1Shard(self.path / meta["relative_path"])
+            s = self._shards.get(i) or self._shard_file(meta["relative_path"])
             out.append(s.verify(meta["checksum_sha256"]))
             self._shards.setdefault(i, s)
         return out

@@ -18,6 +18,7 @@ the same number of batches, ``set_epoch`` reshuffles, and
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -43,13 +44,14 @@ class WarehouseDataset(Dataset):
         opened = path if isinstance(path, Warehouse) else None
         if opened is None and looks_like_dataset(path):
             opened = Warehouse.from_published(str(path), allow_invalid=allow_invalid, verify=verify)
-        # holds a published warehouse's cached blobs pinned while this object lives (not pickled:
-        # workers open the same files by path while the opening process keeps the pins)
+        # holds a published warehouse's cached tar shards pinned while this object lives; it pickles
+        # without maps or pins, and each worker maps the same cached files from its copy
         self._opened = opened
+        self._published = opened is not None and opened.published is not None
         self.path = str(opened.path if opened is not None else path)
         self.allow_invalid = allow_invalid
         self.verify = verify
-        probe = Warehouse(self.path, allow_invalid=allow_invalid, verify="none")
+        probe = opened if self._published else Warehouse(self.path, allow_invalid=allow_invalid, verify="none")
         self._len = len(probe)
         self.shard_sizes = probe.shard_sizes.tolist()
         self._wh: Warehouse | None = None
@@ -59,14 +61,17 @@ class WarehouseDataset(Dataset):
     def warehouse(self) -> Warehouse:
         # opened per process: a fork inherits no maps, a spawn gets only the path
         if self._wh is None or self._pid != os.getpid():
-            self._wh = Warehouse(self.path, allow_invalid=self.allow_invalid, verify=self.verify)
+            # a published warehouse has no directory to reopen: copy it (the copy has no maps, no pins)
+            self._wh = (copy.copy(self._opened) if self._published else
+                        Warehouse(self.path, allow_invalid=self.allow_invalid, verify=self.verify))
             self._pid = os.getpid()
         return self._wh
 
     def __getstate__(self) -> dict[str, Any]:
         st = dict(self.__dict__)
         st["_wh"] = None
-        st["_opened"] = None
+        if not self._published:
+            st["_opened"] = None
         return st
 
     def __len__(self) -> int:
