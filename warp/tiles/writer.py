@@ -18,7 +18,10 @@ one while a collector thread has the backend compress the other; frames are
 assembled into shards (or unsharded chunk objects) as soon as a slab is done
 — a slab completes a whole row of shards because the shard extent of
 dimension 0 equals the tile's — and written by a small I/O pool, atomically
-per object. With ``levels > 1`` each finished slab is also downsampled
+per object (one ``writev`` of the frames, no join). Frames may be views into
+the backend's reused output arenas: the slab's ticket is ``release``d once
+its objects are written. Durable writes fsync each object once and each
+directory once, just before ``zarr.json``. With ``levels > 1`` each finished slab is also downsampled
 (``pyramid.py``) into the next level's writer, and the output is an
 OME-Zarr-style multiscale group with levels ``0``, ``1``, ….
 """
