@@ -204,10 +204,11 @@ def _file_fingerprint(path: str) -> list[Any]:
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def _members_fingerprint(root: str, members: list[tuple[str, str, int]]) -> list[Any]:
+def _members_fingerprint(root: str, members: list[tuple[str, str, int]],
+                         stats: dict[str, os.stat_result]) -> list[Any]:
     out: list[Any] = [os.path.abspath(root)]
     for name, path, _size in members:
-        st = os.stat(path)
+        st = stats.get(path) or os.stat(path)
         out.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
     return out
 
@@ -292,10 +293,11 @@ class _Stager:
 
     # artifacts --------------------------------------------------------------
     def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
-        members = list_members(root, files)
+        stats: dict[str, os.stat_result] = {}
+        members = list_members(root, files, stats=stats)
         if not members:
             raise MissingInputError(f"artifact {name}: {root} holds no files", hint="--artifact NAME=DIR needs files to publish")
-        key = self.cache.key("artifact", self.req.shard_size, _members_fingerprint(root, members))
+        key = self.cache.key("artifact", self.req.shard_size, _members_fingerprint(root, members, stats))
         out = self.stage / f"artifact-{name}"
 
         def pack() -> dict[str, Any]:

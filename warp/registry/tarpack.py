@@ -60,11 +60,14 @@ class PackResult:
     payload_bytes: int
 
 
-def list_members(root: str | os.PathLike, files: Iterable[str] | None = None) -> list[tuple[str, str, int]]:
+def list_members(root: str | os.PathLike, files: Iterable[str] | None = None, *,
+                 stats: dict[str, os.stat_result] | None = None) -> list[tuple[str, str, int]]:
     """``(member name, local path, size)`` for every file to pack, in member order.
 
     ``files`` restricts packing to these paths relative to ``root`` (used when
     a warp manifest lists its files); otherwise every regular file is packed.
+    ``stats``, when given, receives each local path's ``stat`` result, so a
+    caller fingerprinting the files does not stat them a second time.
     """
     base = Path(root)
     if not base.is_dir():
@@ -79,7 +82,10 @@ def list_members(root: str | os.PathLike, files: Iterable[str] | None = None) ->
             p = base / name
             if not p.is_file():
                 raise MissingInputError(f"{p} is listed but missing", hint="rebuild the artifact that lists it")
-            out.append((name, str(p), p.stat().st_size))
+            st = p.stat()
+            if stats is not None:
+                stats[str(p)] = st
+            out.append((name, str(p), st.st_size))
     else:
         # plain strings, not pathlib: this walk is most of an unchanged re-publish
         stack = [(str(base), "")]
@@ -92,7 +98,10 @@ def list_members(root: str | os.PathLike, files: Iterable[str] | None = None) ->
                     if e.is_dir(follow_symlinks=False):
                         stack.append((e.path, f"{rel}{e.name}/"))
                     elif e.is_file():
-                        out.append((f"{rel}{e.name}", e.path, e.stat().st_size))
+                        st = e.stat()
+                        if stats is not None:
+                            stats[e.path] = st
+                        out.append((f"{rel}{e.name}", e.path, st.st_size))
     out.sort(key=lambda m: m[0].encode("utf-8", "surrogateescape"))
     for a, b in zip(out, out[1:], strict=False):
         if a[0] == b[0]:
