@@ -27,6 +27,7 @@ caller until its ticket is collected. ``close()`` frees everything.
 
 from __future__ import annotations
 
+import abc
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,7 @@ BACKENDS: dict[str, BackendInfo] = {
 CHOICES = ("auto", *BACKENDS)
 
 
-class TileBackend:
+class TileBackend(abc.ABC):
     """Base class: the methods every backend implements (see the module docstring)."""
 
     name = "base"
@@ -70,33 +71,37 @@ class TileBackend:
         """None when usable here, else why not (one line)."""
         return None
 
+    @abc.abstractmethod
     def prepare(self, plan) -> None:
-        raise NotImplementedError
+        """See the module docstring."""
 
+    @abc.abstractmethod
     def alloc_slab(self):
-        raise NotImplementedError
+        """See the module docstring."""
 
+    @abc.abstractmethod
     def submit(self, slab, rows: int) -> Any:
-        raise NotImplementedError
+        """See the module docstring."""
 
     def ready(self, ticket) -> bool:
         """Non-blocking: True when collect(ticket) would not wait."""
         return True
 
+    @abc.abstractmethod
     def collect(self, ticket) -> list:
-        raise NotImplementedError
+        """See the module docstring."""
 
     def on_ready(self, ticket, callback) -> bool:
         """Arrange for ``callback()`` (from any thread) once ``ready(ticket)`` is True, so the
         caller can sleep instead of polling. False: not supported, the caller polls."""
         return False
 
-    def release(self, ticket) -> None:
+    def release(self, ticket) -> None:  # noqa: B027 - optional hook
         """The caller is done with the frames ``collect(ticket)`` returned (they may be views
         into backend-owned buffers that this lets the backend reuse). Default: nothing to do."""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional hook, default: nothing to release
+        """Free the backend's buffers and threads."""
 
 
 def backend_class(name: str) -> type[TileBackend]:
