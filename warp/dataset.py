@@ -598,6 +598,10 @@ class BatchStream:
                 if not order or order[-1] != s.unit:
                     order.append(s.unit)
         pre = _Prefetcher(ds, shards, order, self.depth) if self.depth and ds.cache is not None and ds.mode != "local" else None
+        # Opening a remote shard costs round trips (size, footer): open the next few on
+        # threads while this one is read, as pyarrow.dataset's fragment readahead does.
+        # Not for limited reads (head): they must not fetch footers they never use.
+        opener = _ShardOpener(files, order) if self.limit is None and ds.mode != "local" and len(order) > 1 else None
         cols = self.columns
         cur: tuple[int, int] | None = None  # (shard, row group) of the table held in `cur_tab`
         cur_tab = None
@@ -611,6 +615,8 @@ class BatchStream:
                         pos = order.index(s.unit, pos)
                         if pre:
                             pre.advance(pos)
+                    if opener:
+                        opener.advance(pos)
                     b = bounds.get(s.unit)
                     if b is None:
                         b = bounds[s.unit] = [0]
@@ -636,8 +642,35 @@ class BatchStream:
                     if self.limit is not None and self.rows >= self.limit:
                         return
         finally:
+            if opener:
+                opener.close()
             if pre:
                 pre.close()
+
+
+class _ShardOpener:
+    """Opens the shards after the reader's position on background threads (footers only)."""
+
+    def __init__(self, files: _ShardFiles, order: list[int], ahead: int = 3) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._files, self._order, self._ahead = files, order, ahead
+        self._next = 1  # index in order of the next shard to open
+        self._pool = ThreadPoolExecutor(ahead, thread_name_prefix="warp-open")
+
+    def _open(self, unit: int) -> None:
+        import contextlib
+
+        with contextlib.suppress(Exception):  # the reader opens it again and reports the error itself
+            self._files.get(unit)
+
+    def advance(self, pos: int) -> None:
+        while self._next < len(self._order) and self._next <= pos + self._ahead:
+            self._pool.submit(self._open, self._order[self._next])
+            self._next += 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _bisect_right(a: list[int], x: int) -> int:
