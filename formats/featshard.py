@@ -34,6 +34,7 @@ from typing import Any
 
 import anycrc
 import numpy as np
+from warpdata.atomic import CommitOnSuccess
 from warpdata.errors import DataError, MissingInputError
 
 MAGIC = b"WFS1"
@@ -180,7 +181,7 @@ class ShardInfo:
     sha256: str
 
 
-class FeatureShardWriter:
+class FeatureShardWriter(CommitOnSuccess):
     """Append fixed-size records to a new WFS1 file; rename into place on close.
 
     ``append_batch`` takes a mapping of field name to an array whose leading
@@ -270,14 +271,6 @@ class FeatureShardWriter:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._tmp)
 
-    def __enter__(self) -> FeatureShardWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def _fail(path: str, offset: int, what: str, cls=FeatureShardError, **details: Any) -> FeatureShardError:

@@ -45,7 +45,7 @@ from typing import Any
 import fastcrc
 import numpy as np
 from isal.isal_zlib import crc32 as _isal_crc32
-from warpdata.atomic import TMP_PREFIX, fsync_dir
+from warpdata.atomic import TMP_PREFIX, CommitOnSuccess, fsync_dir
 from warpdata.errors import DataError, MissingInputError, UsageError, WarpError
 
 # ---------------------------------------------------------------- layout ----
@@ -369,7 +369,7 @@ def _copy_range(src_fd: int, dst_fd: int, count: int, src_off: int = 0) -> None:
     os.lseek(dst_fd, dst_off + count, os.SEEK_SET)
 
 
-class TblWriter:
+class TblWriter(CommitOnSuccess):
     """Stream samples into a new .tbl file at ``path`` (written atomically).
 
     ``compression``: ``auto`` | ``none`` | ``lz4`` | ``zstd`` (ZSTD needs
@@ -617,14 +617,6 @@ class TblWriter:
                 os.unlink(p)
         self._tmp = []
 
-    def __enter__(self) -> TblWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 def write_tbl(path: str | os.PathLike, samples: Iterable[bytes], **kwargs: Any) -> Path:

@@ -22,6 +22,26 @@ from typing import BinaryIO
 TMP_PREFIX = ".warp-tmp-"
 
 
+class CommitOnSuccess:
+    """Context-manager protocol for writers: ``close()`` commits on success, ``abort()``
+    removes what was written when the block raises (including KeyboardInterrupt)."""
+
+    def close(self) -> None:  # pragma: no cover - every writer defines it
+        raise TypeError(f"{type(self).__name__} must define close()")
+
+    def abort(self) -> None:  # pragma: no cover - every writer defines it
+        raise TypeError(f"{type(self).__name__} must define abort()")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -39,6 +39,7 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
+from warpdata.atomic import CommitOnSuccess
 from warpdata.errors import ConfigError, DataError, InternalError
 from warpdata.formats import zarr_v3
 from warpdata.formats.tiling import SlabPlan, TileGeometry
@@ -114,7 +115,7 @@ _STOP = object()
 _WAKE = object()  # a ticket became ready (the collector re-checks)
 
 
-class TileWriter:
+class TileWriter(CommitOnSuccess):
     """Stream a row-major array into a Zarr v3 array at ``url`` (see module docstring).
 
     ``shards``: ``"auto"`` (default), a shard shape, or ``None`` for one
@@ -571,11 +572,3 @@ class TileWriter:
             self._next.abort()
         self.backend.close()
 
-    def __enter__(self) -> TileWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
