@@ -606,6 +606,19 @@ class BatchStream:
         cur: tuple[int, int] | None = None  # (shard, row group) of the table held in `cur_tab`
         cur_tab = None
         bounds: dict[int, list[int]] = {}
+
+        def bounds_of(unit: int) -> list[int]:
+            b = bounds.get(unit)
+            if b is None:
+                b = bounds[unit] = [0]
+                for n in files.row_groups(unit):
+                    b.append(b[-1] + n)
+            return b
+
+        # Unlimited reads decode the next few row groups of a shard in one call, so
+        # pyarrow decodes them in parallel (one row group at a time keeps one core busy).
+        groups = _RowGroupBatcher(files, self._row_group_keys(bounds_of), cols, bounds_of) \
+            if self.limit is None else None
         pos = 0
         try:
             for j in self.batch_ids:
@@ -617,16 +630,13 @@ class BatchStream:
                             pre.advance(pos)
                     if opener:
                         opener.advance(pos)
-                    b = bounds.get(s.unit)
-                    if b is None:
-                        b = bounds[s.unit] = [0]
-                        for n in files.row_groups(s.unit):
-                            b.append(b[-1] + n)
+                    b = bounds_of(s.unit)
                     start = s.start
                     while start < s.stop:
                         g = _bisect_right(b, start) - 1
                         if cur != (s.unit, g):
-                            cur_tab = files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                            cur_tab = groups.take((s.unit, g)) if groups else \
+                                files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
                             cur = (s.unit, g)
                         take = min(s.stop, b[g + 1]) - start
                         parts.append(cur_tab.slice(start - b[g], take))
@@ -646,6 +656,69 @@ class BatchStream:
                 opener.close()
             if pre:
                 pre.close()
+
+
+    def _row_group_keys(self, bounds_of) -> Iterator[tuple[int, int]]:
+        """The (shard, row group) pairs this stream reads, in order, without repeats in a row."""
+        last = None
+        for j in self.batch_ids:
+            for s in self.plan.batch_slices(j):
+                b = bounds_of(s.unit)
+                start = s.start
+                while start < s.stop:
+                    g = _bisect_right(b, start) - 1
+                    if (s.unit, g) != last:
+                        last = (s.unit, g)
+                        yield last
+                    start = min(s.stop, b[g + 1])
+
+
+class _RowGroupBatcher:
+    """Reads up to ``width`` upcoming row groups of one shard per call, in the order taken.
+
+    Only row groups the stream will use are read; each is handed out as a slice of
+    the table read for it (zero-copy).
+    """
+
+    def __init__(self, files: _ShardFiles, keys: Iterator[tuple[int, int]], columns, bounds_of,
+                 width: int = 4) -> None:
+        self._files, self._keys, self._cols, self._bounds_of, self._width = files, keys, columns, bounds_of, width
+        self._pending: tuple[int, int] | None = None  # a key read from `keys` but not yet loaded
+        self._ready: dict[tuple[int, int], Any] = {}
+
+    def _next_key(self) -> tuple[int, int] | None:
+        if self._pending is not None:
+            k, self._pending = self._pending, None
+            return k
+        return next(self._keys, None)
+
+    def take(self, key: tuple[int, int]):
+        tab = self._ready.pop(key, None)
+        if tab is not None:
+            return tab
+        self._ready.clear()
+        first = self._next_key()
+        while first is not None and first != key:  # the consumer skipped ahead: follow it
+            first = self._next_key()
+        if first is None:
+            return self._files.get(key[0]).read_row_group(key[1], columns=self._cols, use_threads=True)
+        batch = [key[1]]
+        while len(batch) < self._width:
+            k = self._next_key()
+            if k is None:
+                break
+            if k[0] != key[0]:
+                self._pending = k
+                break
+            batch.append(k[1])
+        tab = self._files.get(key[0]).read_row_groups(batch, columns=self._cols, use_threads=True)
+        b = self._bounds_of(key[0])
+        at = 0
+        for g in batch:
+            n = b[g + 1] - b[g]
+            self._ready[(key[0], g)] = tab.slice(at, n)
+            at += n
+        return self._ready.pop(key)
 
 
 class _ShardOpener:
