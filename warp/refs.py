@@ -229,12 +229,10 @@ class ImageRef(FileRef):
 
         data = self.read_bytes()
         if data[:3] == b"\xff\xd8\xff":
-            try:
+            with contextlib.suppress(ImportError, ValueError):  # Pillow below gives the better error
                 import simplejpeg
 
                 return simplejpeg.decode_jpeg(data, colorspace="RGB")
-            except (ImportError, ValueError):
-                pass  # Pillow below gives the better error
         return np.asarray(self.as_pil())
 
 

@@ -29,6 +29,7 @@ list) together with the samples' indices (and keys/metadata on request).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -180,21 +181,18 @@ class ImageDecoder:
 
     def __call__(self, data, fmt: int, width: int = 0, height: int = 0, out: np.ndarray | None = None) -> np.ndarray:
         if fmt == FORMAT_CODES["jpeg"]:
-            try:
+            with contextlib.suppress(ValueError):  # CMYK and other rarities: Pillow handles them
                 return self._jpeg(data, width, height, out)
-            except ValueError:
-                pass  # CMYK and other rarities: Pillow handles them
         return self._pillow(data, out)
 
     def _jpeg(self, data, width: int, height: int, out: np.ndarray | None) -> np.ndarray:
         sj = self._sj
         if self.size is None:
             if out is not None:
-                try:
+                # ValueError: the index's size was not the decoder's: decode into new memory
+                with contextlib.suppress(ValueError):
                     return sj.decode_jpeg(data, colorspace="RGB", fastdct=self.fast, fastupsample=self.fast,
                                           buffer=out)
-                except ValueError:
-                    pass  # the index's size was not the decoder's: decode into new memory
             return sj.decode_jpeg(data, colorspace="RGB", fastdct=self.fast, fastupsample=self.fast)
         th, tw = self.size
         if out is not None and (width, height) == (tw, th):
