@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from integration_support import warehouse_config
 from warpdata.dataset import dataset
 from warpdata.features.writer import CacheSpec, build_cache
 from warpdata.quarantine import Thresholds
@@ -21,32 +22,6 @@ from warpdata.sampledata.detection import generate
 from warpdata.warehouse.reader import Warehouse
 
 WH_TABLES = {"files", "samples", "sources", "summary", "reasons", "quarantine"}
-
-
-def warehouse_config(d: Path, out: Path, workers: int) -> Path:
-    p = d / f"t-{workers}.toml"
-    p.write_text(f"""
-[source]
-format = "coco"
-path = "."
-labels = "annotations.json"
-
-[transform]
-target_size = 64
-max_boxes = 8
-
-[validation]
-max_invalid_fraction = {{ warn = 0.0, fail = 0.5 }}
-max_missing_fraction = {{ warn = 0.0, fail = 0.5 }}
-
-[output]
-root = "{out}"
-shard_samples = 4
-
-[build]
-workers = {workers}
-""")
-    return p
 
 
 def etl(cli, cfg) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import warpdata
+from integration_support import warehouse_config
 from PIL import Image
 from warpdata.blobcache import BlobCache
 from warpdata.errors import MissingInputError, UsageError
@@ -26,32 +27,12 @@ from warpdata.registry.store import Store
 from warpdata.sampledata.detection import generate
 from warpdata.warehouse.reader import Warehouse
 
-CONFIG = """
-[source]
-format = "coco"
-path = "."
-labels = "annotations.json"
-
-[transform]
-target_size = 64
-max_boxes = 8
-
-[validation]
-max_invalid_fraction = { warn = 0.0, fail = 0.5 }
-max_missing_fraction = { warn = 0.0, fail = 0.5 }
-
-[output]
-root = "../wh"
-shard_samples = 4
-"""
-
 
 @pytest.fixture
 def published(cli, s3, tmp_path, monkeypatch):
     d = tmp_path / "coco"
     generate(d, count=10, seed=11, min_side=64, max_side=140)
-    (d / "t.toml").write_text(CONFIG)
-    r = cli("etl", "--config", str(d / "t.toml"), "--json")
+    r = cli("etl", "--config", str(warehouse_config(d, tmp_path / "wh", 1)), "--json")
     assert r.code == 0, r.err
     wh_path = r.json()["path"]
     monkeypatch.setenv("WARP_STORE", s3.url("warp"))
