@@ -19,7 +19,9 @@ for f16 shards; the mask uses the image dtype.
 
 :class:`ShardBuilder` fills preallocated arrays (decoders write straight
 into :meth:`ShardBuilder.image_slot`) and :meth:`ShardBuilder.write` streams
-the file while hashing it, so the checksum costs no second read.
+the file while hashing it, so the checksum costs no second read;
+:meth:`ShardBuilder.write_direct` writes the same bytes with ``O_DIRECT``
+from the page-aligned image memory (no page-cache copy of the pixels).
 :class:`TWH1Shard` memory-maps a file and exposes zero-copy, read-only numpy
 views; every structural invariant is checked on open and raises
 :class:`TWH1FormatError` naming the file, field and offset; :meth:`verify`
@@ -35,10 +37,14 @@ import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
+from warpdata.directio import aligned_empty
 from warpdata.errors import DataError
+
+if TYPE_CHECKING:
+    from warpdata.directio import AlignedFile
 
 MAGIC = b"TWH1"
 META_MAGIC = b"TWHM"
@@ -146,7 +152,10 @@ class ShardBuilder:
             raise ValueError(f"dtype must be one of {sorted(DTYPE_CODES)}, got {dtype!r}")
         self.capacity, self.width, self.height = capacity, width, height
         self.channels, self.max_boxes, self.dtype = channels, max_boxes, dtype
-        self.images = np.zeros((capacity, channels, height, width), _NP[dtype])
+        # page-aligned, so whole pages of pixels can go to the disk without a page-cache copy
+        nbytes = capacity * channels * height * width * np.dtype(_NP[dtype]).itemsize
+        self._image_flat = aligned_empty(nbytes)
+        self.images = self._image_flat.view(_NP[dtype]).reshape(capacity, channels, height, width)
         self.boxes = np.zeros((capacity, max_boxes, 4), _NP[box_dtype(dtype)])
         self.mask = np.zeros((capacity, max_boxes), _NP[dtype])
         self.classes = np.full((capacity, max_boxes), -1, np.int32)
@@ -202,28 +211,26 @@ class ShardBuilder:
                               channels=self.channels, max_boxes=self.max_boxes, samples=self.count,
                               key_bytes=sum(map(len, self.keys)), run_bytes=sum(map(len, self.run_ids)))
 
-    def write(self, f: BinaryIO, *, chunk: int = 8 << 20) -> str:
-        """Stream the shard to ``f`` while hashing it; returns the SHA-256 hex (also stored in the file)."""
-        lay = self.layout()
-        h = hashlib.sha256()
+    @property
+    def image_nbytes(self) -> int:
+        """Bytes of one sample's image (the stride of :attr:`images`)."""
+        return self.images[0].nbytes
+
+    def image_bytes(self) -> np.ndarray:
+        """The image region's bytes so far, a flat uint8 view; page-aligned (see :meth:`write_direct`)."""
+        return self._image_flat[:self.count * self.image_nbytes]
+
+    def _pieces(self, lay: Layout) -> list:
+        """The file's bytes before the checksum, in order, as buffers (zero gaps included)."""
+        pieces: list = []
         pos = 0
-        clock = time.perf_counter
-        spent = {"hash": 0.0, "write": 0.0}
 
         def put(buf) -> None:
             nonlocal pos
             if isinstance(buf, np.ndarray):
                 buf = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
-            mv = memoryview(buf)
-            for s in range(0, len(mv), chunk):
-                part = mv[s:s + chunk]
-                t0 = clock()
-                h.update(part)
-                t1 = clock()
-                f.write(part)
-                spent["hash"] += t1 - t0
-                spent["write"] += clock() - t1
-            pos += len(mv)
+            pieces.append(buf)
+            pos += len(memoryview(buf).cast("B"))
 
         def pad_to(off: int) -> None:
             if off < pos:
@@ -235,23 +242,23 @@ class ShardBuilder:
         hdr = lay.header
         put(hdr.pack())
         pad_to(hdr.image_offset)
-        put(np.ascontiguousarray(self.images[:n]))
+        put(self.image_bytes())
         pad_to(hdr.boxes_offset)
-        put(np.ascontiguousarray(self.boxes[:n]))
+        put(self.boxes[:n])
         pad_to(hdr.mask_offset)
-        put(np.ascontiguousarray(self.mask[:n]))
+        put(self.mask[:n])
         pad_to(hdr.meta_offset)
         classes, frame_ids, orig, affine, key_index, key_data, run_index, run_data, end = lay.meta
         put(META_HEADER.pack(META_MAGIC, META_VERSION, classes, frame_ids, orig, affine,
                              key_index, key_data, run_index, run_data, end))
         pad_to(classes)
-        put(np.ascontiguousarray(self.classes[:n]))
+        put(self.classes[:n])
         pad_to(frame_ids)
-        put(np.ascontiguousarray(self.frame_ids[:n]))
+        put(self.frame_ids[:n])
         pad_to(orig)
-        put(np.ascontiguousarray(self.orig_size[:n]))
+        put(self.orig_size[:n])
         pad_to(affine)
-        put(np.ascontiguousarray(self.affine[:n]))
+        put(self.affine[:n])
         for idx_off, items in ((key_index, self.keys), (run_index, self.run_ids)):
             pad_to(idx_off)
             index = np.zeros(n + 1, "<u8")
@@ -260,9 +267,81 @@ class ShardBuilder:
             put(index)
             put(b"".join(items))
         pad_to(hdr.checksum_offset)
+        return pieces
+
+    def write(self, f: BinaryIO, *, chunk: int = 8 << 20) -> str:
+        """Stream the shard to ``f`` while hashing it; returns the SHA-256 hex (also stored in the file)."""
+        h = hashlib.sha256()
+        clock = time.perf_counter
+        spent = {"hash": 0.0, "write": 0.0}
+        for buf in self._pieces(self.layout()):
+            mv = memoryview(buf).cast("B")
+            for s in range(0, len(mv), chunk):
+                part = mv[s:s + chunk]
+                t0 = clock()
+                h.update(part)
+                t1 = clock()
+                f.write(part)
+                spent["hash"] += t1 - t0
+                spent["write"] += clock() - t1
         digest = h.digest()
         f.write(digest)
         self.last_write_s = spent  # observability: time hashing vs writing, seconds
+        return digest.hex()
+
+    def write_direct(self, out: AlignedFile, *, written: int = 0) -> str:
+        """Write the shard through ``out`` (an :class:`~warpdata.directio.AlignedFile` on an
+        empty file) and return the SHA-256 hex; same bytes as :meth:`write`.
+
+        The first ``written`` bytes of :meth:`image_bytes` must already be at their
+        place in the file (submitted while the shard was being filled; a multiple
+        of 4096). The image region starts at a page-aligned file offset and the
+        builder's image memory is page-aligned, so every whole page of pixels goes
+        to the device without a page-cache copy; the header page is written last,
+        after everything else, so a torn file never carries a valid header.
+        """
+        from warpdata.directio import BLOCK
+
+        clock = time.perf_counter
+        lay = self.layout()
+        pieces = self._pieces(lay)
+        t0 = clock()
+        h = hashlib.sha256()
+        for buf in pieces:
+            h.update(buf)
+        digest = h.digest()
+        t1 = clock()
+        img = self.image_bytes()
+        base = lay.header.image_offset
+        if base % BLOCK or written % BLOCK or written > len(img):
+            raise ValueError(f"write_direct: {written} bytes written is not a whole number of pages")
+        whole = len(img) // BLOCK * BLOCK
+        if whole > written:
+            out.submit(base + written, img[written:whole])
+        # the rest (the last partial page of pixels, boxes, mask, meta, checksum) from one bounce buffer
+        if len(pieces) < 3 or len(pieces[2]) != len(img):
+            raise AssertionError("TWH1 pieces must start with header, pad, images")
+        rest = [img[whole:], *pieces[3:], digest]  # pieces: header, pad, images, then the rest
+        tail_len = lay.size - base - whole
+        tail = aligned_empty(-(-tail_len // BLOCK) * BLOCK)
+        pos = 0
+        for buf in rest:
+            b = np.frombuffer(buf, np.uint8)
+            tail[pos:pos + len(b)] = b
+            pos += len(b)
+        if pos != tail_len:
+            raise AssertionError(f"TWH1 tail is {pos} bytes, layout says {tail_len}")
+        out.submit(base + whole, tail)
+        out.wait()
+        head = aligned_empty(base)
+        pos = 0
+        for buf in pieces[:2]:
+            b = np.frombuffer(buf, np.uint8)
+            head[pos:pos + len(b)] = b
+            pos += len(b)
+        out.write(0, head)
+        out.truncate(lay.size)
+        self.last_write_s = {"hash": t1 - t0, "write": clock() - t1}
         return digest.hex()
 
     def write_file(self, path: str | os.PathLike) -> str:

@@ -43,6 +43,7 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
@@ -54,6 +55,7 @@ from warpdata import __version__
 from warpdata import output as out
 from warpdata.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes, fsync_dir
 from warpdata.canonical import canonical_json, identity
+from warpdata.directio import BLOCK, AlignedFile
 from warpdata.errors import DataError
 from warpdata.formats import twh1
 from warpdata.pipelines import EtlRequest, EtlResult
@@ -98,17 +100,22 @@ class ShardResult:
 _local = threading.local()
 
 
-def _worker_state(task: ShardTask) -> tuple[twh1.ShardBuilder, Transformer]:
-    """Per-thread (or per-process) builder and transformer, reused across shards."""
+# pixels are handed to the disk in pieces of about this size while the shard fills up
+FLUSH_BYTES = 16 << 20
+
+
+def _worker_state(task: ShardTask) -> tuple[twh1.ShardBuilder, Transformer, ThreadPoolExecutor]:
+    """Per-thread (or per-process) builder, transformer and I/O thread, reused across shards."""
     key = (task.spec, task.capacity, task.max_boxes)
     st = getattr(_local, "state", None)
     if st is None or st[0] != key:
         spec = task.spec
         b = twh1.ShardBuilder(capacity=task.capacity, width=spec.width, height=spec.height,
                               max_boxes=task.max_boxes, dtype=spec.dtype)
-        st = (key, b, Transformer(spec))
+        io = st[3] if st is not None else ThreadPoolExecutor(1, thread_name_prefix="warp-etl-io")
+        st = (key, b, Transformer(spec), io)
         _local.state = st
-    return st[1], st[2]
+    return st[1], st[2], st[3]
 
 
 def _init_process_worker() -> None:
@@ -121,45 +128,73 @@ def build_shard(task: ShardTask) -> ShardResult:
     """Decode, transform and write one shard; same task → same bytes, on any machine or worker."""
     import hashlib
 
-    builder, tr = _worker_state(task)
+    builder, tr, io = _worker_state(task)
     builder.reset()
     tr.decode_s = tr.resize_s = 0.0
     read_s = 0.0
     failures: list[list[str]] = []
     spec = task.spec
-    for s in task.samples:
-        t0 = time.perf_counter()
-        try:
-            with open(s.image, "rb") as f:
-                st = os.fstat(f.fileno())
-                data = f.read()
-        except OSError as e:
-            raise DataError(f"{s.key}: could not be read during the build: {e}",
-                            hint="the source changed while the ETL ran; rerun 'warp etl'", path=s.image) from None
-        # the header pass hashed this file; re-hash only if it was touched since (size, mtime, inode)
-        if (st.st_size, st.st_mtime_ns, st.st_ino) != s.stat_key and hashlib.sha256(data).hexdigest() != s.sha256:
-            raise DataError(f"{s.key}: changed while the ETL ran (content hash differs from the header pass)",
-                            hint="rerun 'warp etl' once the dataset is no longer being written", path=s.image)
-        read_s += time.perf_counter() - t0
-        slot = builder.image_slot()
-        try:
-            g = tr(data, s.probe, slot)
-        except DecodeError as e:
-            failures.append([s.run, s.key, s.source, e.reason, f"{s.key}: {e.message}"])
-            continue
-        builder.commit(key=s.key, boxes=transform_boxes(s.boxes, g, spec), classes=s.classes,
-                       frame_id=s.frame_id, run_id=s.run_id, orig_size=s.probe.oriented_size,
-                       affine=(g.sx, g.sy, float(g.px), float(g.py)))
     name = os.path.basename(task.path)
     sha, size = None, 0
     builder.last_write_s = {"hash": 0.0, "write": 0.0}
-    if builder.count:
-        # no fsync here: a background thread syncs each finished shard while the workers go on
-        # decoding (the I/O overlaps the CPU work) and finalize waits for all of them; a torn
-        # shard left by a crash fails its checksum when a rerun considers reusing it
-        with atomic_file(task.path, fsync=False) as f:
-            sha = builder.write(f)
-        size = os.path.getsize(task.path)
+    # the shard is written to a temporary sibling while it fills up (whole pages of pixels go to
+    # the disk from a background thread, O_DIRECT where the filesystem allows: no page-cache copy)
+    # and renamed into place once complete; no fsync here: a background thread syncs each
+    # finished shard while the workers go on, and finalize waits for all of them; a torn shard
+    # left by a crash fails its checksum when a rerun considers reusing it
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + name, dir=os.path.dirname(task.path))
+    os.close(fd)
+    flushed = 0
+    try:
+        with AlignedFile(tmp, io=io) as dst:
+            for s in task.samples:
+                t0 = time.perf_counter()
+                try:
+                    with open(s.image, "rb") as f:
+                        st = os.fstat(f.fileno())
+                        data = f.read()
+                except OSError as e:
+                    raise DataError(f"{s.key}: could not be read during the build: {e}",
+                                    hint="the source changed while the ETL ran; rerun 'warp etl'",
+                                    path=s.image) from None
+                # the header pass hashed this file; re-hash only if it was touched since (size, mtime, inode)
+                if (st.st_size, st.st_mtime_ns, st.st_ino) != s.stat_key and \
+                        hashlib.sha256(data).hexdigest() != s.sha256:
+                    raise DataError(f"{s.key}: changed while the ETL ran (content hash differs from the header pass)",
+                                    hint="rerun 'warp etl' once the dataset is no longer being written",
+                                    path=s.image)
+                read_s += time.perf_counter() - t0
+                slot = builder.image_slot()
+                try:
+                    g = tr(data, s.probe, slot)
+                except DecodeError as e:
+                    failures.append([s.run, s.key, s.source, e.reason, f"{s.key}: {e.message}"])
+                    continue
+                builder.commit(key=s.key, boxes=transform_boxes(s.boxes, g, spec), classes=s.classes,
+                               frame_id=s.frame_id, run_id=s.run_id, orig_size=s.probe.oriented_size,
+                               affine=(g.sx, g.sy, float(g.px), float(g.py)))
+                done = builder.count * builder.image_nbytes
+                if done - flushed >= FLUSH_BYTES:
+                    # committed slots are final: their whole pages can be written now
+                    end = done - done % BLOCK
+                    dst.submit(twh1.IMAGE_ALIGN + flushed, builder.image_bytes()[flushed:end])
+                    flushed = end
+            if builder.count:
+                t0 = time.perf_counter()
+                dst.wait()
+                waited = time.perf_counter() - t0
+                sha = builder.write_direct(dst, written=flushed)
+                builder.last_write_s["write"] += waited
+        if builder.count:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, task.path)
+            size = os.path.getsize(task.path)
+        else:
+            os.unlink(tmp)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     res = ShardResult(task.index, task.shard_id, name, builder.count, sha, size, failures,
                       {"read": read_s, "decode": tr.decode_s, "resize": tr.resize_s,
                        "hash": builder.last_write_s["hash"], "write": builder.last_write_s["write"]})

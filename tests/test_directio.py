@@ -1,0 +1,74 @@
+"""AlignedFile: aligned pieces bypass the page cache where allowed, everything else is written normally."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from warpdata.directio import BLOCK, AlignedFile, aligned_empty
+
+
+def test_aligned_empty_is_aligned_zeroed_and_sized():
+    for n in (0, 1, BLOCK, 3 * BLOCK + 5):
+        a = aligned_empty(n)
+        assert a.nbytes == n and not a.any()
+        assert n == 0 or a.ctypes.data % BLOCK == 0
+
+
+def test_pieces_land_at_their_offsets_aligned_or_not(tmp_path):
+    path = tmp_path / "f"
+    path.touch()
+    rng = np.random.default_rng(0)
+    whole = aligned_empty(4 * BLOCK)
+    whole[:] = rng.integers(0, 256, whole.size)
+    odd = rng.integers(0, 256, 1000).astype(np.uint8)
+    with AlignedFile(path) as f:
+        f.write(BLOCK, whole)                  # aligned everything: O_DIRECT if the filesystem allows it
+        f.write(5 * BLOCK + 3, odd)           # unaligned offset and length: buffered
+        f.write(0, whole[1:BLOCK + 1])         # misaligned memory: buffered
+        assert f.direct_bytes + f.buffered_bytes == 4 * BLOCK + 1000 + BLOCK
+        assert f.buffered_bytes >= 1000 + BLOCK
+    data = np.fromfile(path, np.uint8)
+    assert len(data) == 5 * BLOCK + 3 + 1000
+    assert (data[:BLOCK] == whole[1:BLOCK + 1]).all()
+    assert (data[BLOCK:5 * BLOCK] == whole).all()
+    assert (data[5 * BLOCK + 3:] == odd).all()
+
+
+def test_direct_false_never_uses_o_direct(tmp_path):
+    (tmp_path / "f").touch()
+    with AlignedFile(tmp_path / "f", direct=False) as f:
+        f.write(0, aligned_empty(BLOCK))
+        assert not f.direct and f.direct_bytes == 0 and f.buffered_bytes == BLOCK
+
+
+def test_submit_runs_in_the_background_and_wait_reraises(tmp_path):
+    (tmp_path / "f").touch()
+    seen = []
+    with ThreadPoolExecutor(1) as io:
+        f = AlignedFile(tmp_path / "f", io=io)
+        orig = f.write
+
+        def spy(offset, buf):
+            seen.append(threading.current_thread().name)
+            orig(offset, buf)
+
+        f.write = spy
+        f.submit(0, aligned_empty(2 * BLOCK))
+        f.wait()
+        assert seen and seen[0] != threading.current_thread().name
+        f.submit(0, np.zeros(10, np.uint8)[::2])  # not contiguous: the write fails in the background thread
+        with pytest.raises((TypeError, ValueError, BufferError)):
+            f.wait()
+        f.close()
+    assert (tmp_path / "f").stat().st_size == 2 * BLOCK
+
+
+def test_truncate_sets_the_final_size(tmp_path):
+    (tmp_path / "f").touch()
+    with AlignedFile(tmp_path / "f") as f:
+        f.write(0, aligned_empty(2 * BLOCK))
+        f.truncate(BLOCK + 17)
+    assert (tmp_path / "f").stat().st_size == BLOCK + 17

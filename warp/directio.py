@@ -1,0 +1,133 @@
+"""Write-once files in page-aligned pieces, bypassing the page cache where the filesystem allows.
+
+Measured on the development machine (ext4 on a virtio disk, 1 GiB in 8 MiB
+writes + fsync): buffered writes cost 0.4-1.8 s of kernel CPU per GiB
+(allocating and copying into the page cache, then writeback), ``O_DIRECT``
+writes 0.1-0.2 s, at the same or higher disk throughput. For the tensor
+warehouse, whose shards are ~1.2 MB of pixels per sample, that is 0.5-2 ms of
+CPU per sample saved on a 2-core machine where the decoder is the ceiling.
+
+:class:`AlignedFile` writes a piece with ``O_DIRECT`` when its file offset,
+memory address and length are all multiples of :data:`BLOCK`; anything else,
+or a filesystem that refuses ``O_DIRECT`` (tmpfs, some network filesystems,
+non-Linux systems), goes through an ordinary descriptor with ``pwrite``. The
+bytes on disk are the same either way. Pieces may be handed to a background
+thread (:meth:`submit`) so the device works while the caller computes; the
+caller must not modify a submitted buffer until :meth:`wait` returns.
+
+Durability is the caller's business (fsync the file and its directory):
+``O_DIRECT`` bypasses the cache, not the need to commit metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent.futures import Executor, Future
+from typing import Any
+
+BLOCK = 4096
+
+
+def aligned_empty(nbytes: int, align: int = BLOCK) -> Any:
+    """A zeroed uint8 numpy array of ``nbytes`` whose data starts at a multiple of ``align``."""
+    import numpy as np
+
+    raw = np.zeros(nbytes + align, np.uint8)
+    skip = (-raw.ctypes.data) % align
+    return raw[skip:skip + nbytes]
+
+
+def _address(buf: Any) -> int:
+    import numpy as np
+
+    return np.frombuffer(buf, np.uint8).ctypes.data if len(memoryview(buf)) else 0
+
+
+class AlignedFile:
+    """An open file written by offset; ``O_DIRECT`` for aligned pieces when possible."""
+
+    def __init__(self, path: str | os.PathLike, *, io: Executor | None = None, direct: bool = True) -> None:
+        self.path = os.fspath(path)
+        self.fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        self.dfd: int | None = None
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self.dfd = os.open(self.path, os.O_WRONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+            except OSError:  # EINVAL on tmpfs and others: buffered writes only
+                self.dfd = None
+        self.io = io
+        self._pending: list[Future] = []
+        self.direct_bytes = 0
+        self.buffered_bytes = 0
+
+    @property
+    def direct(self) -> bool:
+        return self.dfd is not None
+
+    def write(self, offset: int, buf: Any) -> None:
+        """Write all of ``buf`` at ``offset`` (blocking)."""
+        mv = memoryview(buf).cast("B")
+        n = len(mv)
+        if not n:
+            return
+        if self.dfd is not None and not (offset % BLOCK or n % BLOCK or _address(mv) % BLOCK):
+            try:
+                self._pwrite_all(self.dfd, mv, offset)
+                self.direct_bytes += n
+                return
+            except OSError as e:
+                import errno
+
+                if e.errno != errno.EINVAL:
+                    raise
+                # the filesystem accepted O_DIRECT at open but not for this write: stop using it
+                os.close(self.dfd)
+                self.dfd = None
+        self._pwrite_all(self.fd, mv, offset)
+        self.buffered_bytes += n
+
+    @staticmethod
+    def _pwrite_all(fd: int, mv: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(mv):
+            done += os.pwrite(fd, mv[done:], offset + done)
+
+    def submit(self, offset: int, buf: Any) -> None:
+        """Write in the background thread if one was given (else now); see :meth:`wait`."""
+        if self.io is None:
+            self.write(offset, buf)
+        else:
+            self._pending.append(self.io.submit(self.write, offset, buf))
+
+    def wait(self) -> None:
+        """Block until every submitted piece is written; re-raises the first error."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            for fd in (self.dfd, self.fd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self.dfd = None
+            self.fd = -1
+
+    def __enter__(self) -> AlignedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            # let in-flight writes finish before the caller unlinks the file; their errors are moot
+            for f in self._pending:
+                with contextlib.suppress(BaseException):
+                    f.result()
+            self._pending = []
+        self.close()
