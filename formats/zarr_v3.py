@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -291,6 +292,7 @@ class Store:
         self._fs = None if self.local else filesystem(self.location, config)
         self._dirs: set[str] = set()  # directories known to exist (shared with sub-stores)
         self._unsynced: set[str] = set()  # directories with renames not yet fsync'd
+        self._direct_ok: bool | None = None  # O_DIRECT for big objects (decided on the first one)
 
     def _path(self, key: str) -> str:
         return self.location.join(key).path if key else self.location.path
@@ -317,7 +319,11 @@ class Store:
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + name, dir=parent)
         try:
             try:
-                n = writev_all(fd, parts)
+                total = sum(len(memoryview(p).cast("B")) for p in parts)
+                if total >= DIRECT_MIN_BYTES and self._direct(parent):
+                    n = _write_direct(tmp, parts, total)
+                else:
+                    n = writev_all(fd, parts)
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -334,6 +340,13 @@ class Store:
             else:
                 self._unsynced.add(parent)
         return n
+
+    def _direct(self, parent: str) -> bool:
+        if self._direct_ok is None:
+            from warpdata.directio import wants_direct
+
+            self._direct_ok = wants_direct(parent)
+        return self._direct_ok
 
     def sync_dirs(self) -> None:
         """fsync every directory that got an object through ``put(..., sync_dir=False)``."""
@@ -368,11 +381,40 @@ class Store:
         s = Store.__new__(Store)
         s.location = self.location.join(prefix) if prefix else self.location
         s.url, s.fsync, s.local, s._fs = s.location.url, self.fsync, self.local, self._fs
-        s._dirs, s._unsynced = self._dirs, self._unsynced
+        s._dirs, s._unsynced, s._direct_ok = self._dirs, self._unsynced, self._direct_ok
         return s
 
 
 IOV_BATCH = 1024  # Linux's IOV_MAX
+
+
+# objects at least this big are written with O_DIRECT where the filesystem suits it (warp/directio.py):
+# copying a shard's frames into one reused, page-aligned buffer costs ~0.1 s of CPU per GB, the page
+# cache's allocation + copy + writeback 0.4-2.7 s per GB here
+DIRECT_MIN_BYTES = 256 << 10
+_bounce = threading.local()
+
+
+def _write_direct(path: str, parts: Sequence, total: int) -> int:
+    """Write ``parts`` to the empty file at ``path`` via one page-aligned bounce buffer."""
+    from warpdata.directio import BLOCK, AlignedFile, aligned_empty
+
+    padded = -(-total // BLOCK) * BLOCK
+    buf = getattr(_bounce, "buf", None)
+    if buf is None or buf.nbytes < padded:
+        buf = aligned_empty(max(padded, 16 << 20))  # zeroed: touched once, reused by this thread
+        _bounce.buf = buf
+    pos = 0
+    for p in parts:
+        b = np.frombuffer(p, np.uint8)
+        buf[pos:pos + len(b)] = b
+        pos += len(b)
+    buf[pos:padded] = 0
+    with AlignedFile(path, direct=True) as f:
+        f.write(0, buf[:padded])
+        if padded != total:
+            f.truncate(total)
+    return total
 
 
 def writev_all(fd: int, parts: Sequence) -> int:

@@ -72,3 +72,19 @@ def test_truncate_sets_the_final_size(tmp_path):
         f.write(0, aligned_empty(2 * BLOCK))
         f.truncate(BLOCK + 17)
     assert (tmp_path / "f").stat().st_size == BLOCK + 17
+
+
+def test_filesystem_type_and_the_direct_io_switch(tmp_path, monkeypatch):
+    from warpdata.directio import DIRECT_FILESYSTEMS, filesystem_type, wants_direct
+
+    fs = filesystem_type(tmp_path)
+    assert fs  # this suite runs on Linux with /proc
+    assert filesystem_type(tmp_path / "not" / "yet" / "made") == fs  # nearest existing ancestor
+    monkeypatch.delenv("WARP_DIRECT_IO", raising=False)
+    assert wants_direct(tmp_path) is (fs in DIRECT_FILESYSTEMS)
+    if filesystem_type("/dev/shm") == "tmpfs":
+        assert not wants_direct("/dev/shm")  # tmpfs copies into memory either way
+    monkeypatch.setenv("WARP_DIRECT_IO", "0")
+    assert not wants_direct(tmp_path)
+    monkeypatch.setenv("WARP_DIRECT_IO", "1")
+    assert wants_direct("/dev/shm")

@@ -401,3 +401,30 @@ def test_backends_without_ready_signal_are_polled(tmp_path):
                            for p in (tmp_path / f"{i}.zarr").rglob("*") if p.is_file() and p.name != "manifest.json"))
         np.testing.assert_array_equal(zarr.open_array(str(tmp_path / f"{i}.zarr"), mode="r")[...], a)
     assert outs[0] == outs[1]
+
+
+def test_big_shards_written_with_o_direct_are_the_same_files(tmp_path, monkeypatch):
+    """Shards >= 256 KiB go through an aligned bounce buffer with O_DIRECT (WARP_DIRECT_IO=1): the same
+    files as buffered writes (WARP_DIRECT_IO=0), and zarr-python and tensorstore read them bit-exact."""
+    import tensorstore as ts
+    from warpdata.directio import wants_direct
+    from warpdata.formats import zarr_v3
+
+    a = photo_like_volume((64, 160, 200), "uint16", seed=3)
+    trees = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("WARP_DIRECT_IO", mode)
+        assert wants_direct(tmp_path) is (mode == "1")
+        path = tmp_path / f"d{mode}.zarr"
+        with TileWriter(path, a.shape, a.dtype, (32, 64, 64), shards=(32, 128, 128), backend="cpu",
+                        fsync=True) as w:
+            w.write_array(a)
+        files = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*")
+                 if p.is_file() and p.name not in ("manifest.json",)}
+        assert max(len(v) for v in files.values()) >= zarr_v3.DIRECT_MIN_BYTES  # the O_DIRECT path ran
+        assert not [p for p in path.rglob(".warp-tmp-*")]
+        trees[mode] = files
+        np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], a)
+        t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}).result()
+        np.testing.assert_array_equal(t.read().result(), a)
+    assert trees["1"] == trees["0"]

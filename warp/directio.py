@@ -22,11 +22,57 @@ Durability is the caller's business (fsync the file and its directory):
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from concurrent.futures import Executor, Future
 from typing import Any
 
 BLOCK = 4096
+# where O_DIRECT skips the page cache and behaves (tmpfs accepts it on new kernels but copies into
+# memory anyway; network and FUSE filesystems vary; btrfs checksums direct writes in flight)
+DIRECT_FILESYSTEMS = frozenset({"ext4", "ext3", "xfs", "f2fs"})
+
+
+@functools.lru_cache(maxsize=1)
+def _mounts() -> dict[str, str]:
+    """``major:minor`` → filesystem type, from /proc/self/mountinfo (empty where there is none)."""
+    table: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            if len(fields) > 2 and rest:
+                table.setdefault(fields[2], rest[0])
+    return table
+
+
+def filesystem_type(path: str | os.PathLike) -> str | None:
+    """The type of the filesystem holding ``path`` (its nearest existing ancestor), e.g. ``ext4``."""
+    p = os.path.abspath(os.fspath(path))
+    while True:
+        try:
+            dev = os.stat(p).st_dev
+            break
+        except OSError:
+            parent = os.path.dirname(p)
+            if parent == p:
+                return None
+            p = parent
+    return _mounts().get(f"{os.major(dev)}:{os.minor(dev)}")
+
+
+def wants_direct(path: str | os.PathLike) -> bool:
+    """Whether large writes under ``path`` should use O_DIRECT (``WARP_DIRECT_IO``: auto, 1, 0)."""
+    from warpdata import envvars
+
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    mode = (envvars.get("WARP_DIRECT_IO") or "auto").strip().lower()
+    if mode in ("0", "no", "off", "false"):
+        return False
+    if mode in ("1", "yes", "on", "true"):
+        return True
+    return filesystem_type(path) in DIRECT_FILESYSTEMS
 
 
 def aligned_empty(nbytes: int, align: int = BLOCK) -> Any:
@@ -47,10 +93,13 @@ def _address(buf: Any) -> int:
 class AlignedFile:
     """An open file written by offset; ``O_DIRECT`` for aligned pieces when possible."""
 
-    def __init__(self, path: str | os.PathLike, *, io: Executor | None = None, direct: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, io: Executor | None = None, direct: bool | None = None) -> None:
+        """``direct``: True tries O_DIRECT, False never, None (default) asks :func:`wants_direct`."""
         self.path = os.fspath(path)
         self.fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         self.dfd: int | None = None
+        if direct is None:
+            direct = wants_direct(self.path)
         if direct and hasattr(os, "O_DIRECT"):
             try:
                 self.dfd = os.open(self.path, os.O_WRONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))

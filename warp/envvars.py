@@ -36,6 +36,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("WARP_CONFIG_DIR", "where warp looks for its user config file `config.toml`", "$XDG_CONFIG_HOME/warp"),
     EnvVar("WARP_WORKERS", "default worker count for ETL and conversion commands", "number of CPUs"),
     EnvVar("WARP_BACKEND", "default tile-compression backend: auto, cpu or gpu", "auto"),
+    EnvVar("WARP_DIRECT_IO", "large local writes (warehouse shards, Zarr shards) bypass the page cache with O_DIRECT: auto (on ext4/xfs), 1 (wherever the filesystem accepts it) or 0 (never)", "auto"),
     EnvVar("WAREHOUSE_CLEAR", "1 makes `warp etl` rebuild a tensor warehouse even if an identical version exists (same as --clear)", "0"),
     EnvVar("WARP_MODE", "default dataset read mode: auto, remote, hybrid or local (offline, cache only)", "auto"),
     EnvVar("WARP_PREFETCH", "default background prefetch of table shards: auto, off, or a number of shards ahead", "auto"),
