@@ -16,8 +16,12 @@ the median of ``--runs``, as GB/s, plus GB per CPU-second (process CPU time,
 all threads, median run) — the fairest figure on a shared machine — and the
 compression ratio of what it stored. Writers run round-robin so drifting
 load from other processes hits each alike; the load average is printed. Output goes to a
-tmpfs (``/dev/shm``) by default so the disk's noise stays out of it; every
-output is read back and compared with the input once.
+tmpfs (``/dev/shm``) by default so the disk's noise stays out of it; ``--dir
+/some/disk/dir`` measures the realistic case, where writing the files is part
+of the job (warp writes big shards with O_DIRECT there, warp/directio.py).
+Each writer keeps its default durability: warp fsyncs every object and
+tensorstore's file driver syncs its writes (``file_io_sync``), zarr-python
+does not sync. Every output is read back and compared with the input once.
 """
 
 from __future__ import annotations
@@ -120,7 +124,8 @@ def warp_writer(a: np.ndarray, path: str, backend: str = "cpu"):
 
     def run():
         shutil.rmtree(path, ignore_errors=True)
-        with TileWriter(path, a.shape, a.dtype, CHUNKS, shards=SHARDS, level=1, backend=backend, fsync=False) as w:
+        # warp's default durability (every object fsync'd), as tensorstore's file driver syncs by default
+        with TileWriter(path, a.shape, a.dtype, CHUNKS, shards=SHARDS, level=1, backend=backend) as w:
             w.write_array(a)
 
     return run
