@@ -6,7 +6,8 @@ hashing every input and packing the files into tar shards.
 
 * first publish: ``warp publish`` (library call) of tables + artifact;
 * s3fs.put: ``S3FileSystem.put([...all files...])`` (s3fs's concurrent bulk upload);
-* re-publish: the same publish again (unchanged inputs): time and blobs uploaded.
+* re-publish: the same publish again (unchanged inputs): time, blobs uploaded,
+  S3 requests sent (counted by the server) and stat-cache hits.
 
 Prints medians of ``--runs`` runs and the ratios the issue targets
 (throughput >= 0.8x s3fs.put; re-publish <= 5 % of first publish, 0 uploads).
@@ -78,7 +79,7 @@ def main() -> None:
         from warpdata.registry.store import Store
         from warpdata.storage import StorageConfig
 
-        first, peer, again, again_uploads = [], [], [], []
+        first, peer, again, again_uploads, again_requests, again_hits = [], [], [], [], [], []
         for run in range(args.runs):
             bw, bp = f"bench-warp-{uuid.uuid4().hex[:8]}", f"bench-s3fs-{uuid.uuid4().hex[:8]}"
             client.create_bucket(Bucket=bw)
@@ -90,15 +91,19 @@ def main() -> None:
             t = time.perf_counter()
             r1 = publish(req, store=store)
             first.append(time.perf_counter() - t)
+            server.reset()
             t = time.perf_counter()
             r2 = publish(req, store=store)
             again.append(time.perf_counter() - t)
             again_uploads.append(r2.blobs_uploaded)
+            again_requests.append(sum(r["bucket"] == bw for r in server.requests()))
+            again_hits.append(r2.stat_cache_hits)
             assert r2.version_hash == r1.version_hash
 
             if run >= args.peer_runs:
                 print(f"run {run + 1}: warp first {first[-1]:.2f}s, re-publish {again[-1]:.3f}s "
-                      f"({r2.blobs_uploaded} uploads)", file=sys.stderr)
+                      f"({r2.blobs_uploaded} uploads, {again_requests[-1]} S3 requests, "
+                      f"{r2.stat_cache_hits} stat-cache hits)", file=sys.stderr)
                 continue
             fs = StorageConfig.from_env().s3fs()
             rpaths = [f"{bp}/raw/{os.path.relpath(p, work / 'data')}" for p in all_files]
@@ -106,7 +111,8 @@ def main() -> None:
             fs.put(all_files, rpaths)
             peer.append(time.perf_counter() - t)
             print(f"run {run + 1}: warp first {first[-1]:.2f}s ({r1.blobs_uploaded} blobs), "
-                  f"re-publish {again[-1]:.3f}s ({r2.blobs_uploaded} uploads), s3fs.put {peer[-1]:.2f}s "
+                  f"re-publish {again[-1]:.3f}s ({r2.blobs_uploaded} uploads, {again_requests[-1]} S3 requests, "
+                  f"{r2.stat_cache_hits} stat-cache hits), s3fs.put {peer[-1]:.2f}s "
                   f"({len(all_files)} objects)", file=sys.stderr)
 
         mf, mp, ma = statistics.median(first), statistics.median(peer), statistics.median(again)
@@ -120,7 +126,10 @@ def main() -> None:
         print(f"| warp publish, unchanged re-publish | {ma:.3f} | - | {mp / ma:.0f}x |")
         print(f"\nthroughput ratio warp/s3fs.put: {mp / mf:.2f}x (target >= 0.8x)")
         print(f"re-publish / first publish: {100 * ma / mf:.1f} % (target <= 5 %), "
-              f"blobs uploaded on re-publish: {max(again_uploads)} (target 0)")
+              f"blobs uploaded on re-publish: {max(again_uploads)} (target 0), "
+              f"S3 requests per re-publish: {max(again_requests)}, stat-cache hits: {min(again_hits)}")
+        print("re-publish / first publish per run: "
+              + ", ".join(f"{100 * a / f:.1f} %" for a, f in zip(again, first, strict=True)))
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

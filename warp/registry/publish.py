@@ -10,13 +10,22 @@ in this order (seed 002 §8):
    ``$WARP_CACHE_DIR/publish/`` remembers, per input file or directory
    listing (path, size, mtime_ns, ctime_ns, inode of every file), the hashes
    it produced, so re-publishing unchanged inputs neither re-hashes nor
-   re-packs (``rehash=True`` ignores it).
+   re-packs (``rehash=True`` ignores it). Any write moves a file's ctime, so
+   same-size edits are caught; an input whose ctime is within
+   ``RACY_WINDOW_NS`` of the scan is not cached at all, because a second
+   write in the same filesystem clock tick could leave identical timestamps
+   (git's "racily clean" problem).
 2. **Upload missing blobs**, create-only and in parallel. An existing blob is
    skipped (412 / FileExistsError means another run already did the work).
    If the version's manifest already exists, every blob it names was
    uploaded before it (step order below), so nothing is checked or sent.
+   ``latest`` is read first: when it already names this version, its
+   manifest (and so every blob) is in the store, so an unchanged re-publish
+   costs that one small GET and nothing else.
 3. **Upload the manifest**, create-only, at its version hash.
-4. **Move ``latest``** with compare-and-swap (optional: ``set_latest``).
+4. **Move ``latest``** with compare-and-swap against the pointer read in
+   step 2 (optional: ``set_latest``); if another writer moved it meanwhile,
+   :meth:`Store.set_latest` retries.
 
 Consequences: publishing the same content twice uploads nothing and reports
 the same version (idempotent); a killed run leaves only whole blobs behind and
@@ -59,12 +68,15 @@ from warpdata.registry.manifest import (
     validate_dataset_id,
 )
 from warpdata.registry.store import Store
-from warpdata.registry.tarpack import DEFAULT_TARGET_SIZE, list_members, pack_files
+from warpdata.registry.tarpack import DEFAULT_TARGET_SIZE, pack_files, scan_members
 
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
 
-STAT_CACHE_VERSION = 1
+STAT_CACHE_VERSION = 2
+# Linux file timestamps come from a coarse clock (one tick: 1-10 ms); an input changed
+# within this window before it was stat'ed could be written again with the same stamps.
+RACY_WINDOW_NS = 100_000_000
 TABLE_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl",
                   ".ndjson": "jsonl", ".json": "jsonl"}
 
@@ -173,7 +185,11 @@ def expand_globs(name: str, patterns: Iterable[str]) -> list[str]:
 # -- the stat cache ------------------------------------------------------------
 
 class _StatCache:
-    """Fingerprint (path + size + mtime_ns + ctime_ns + inode) -> what hashing produced."""
+    """Fingerprint (path + size + mtime_ns + ctime_ns + inode) -> what hashing produced.
+
+    One small JSON file per input, written atomically; an unreadable or
+    missing entry is a miss (the input is hashed again), never an error.
+    """
 
     def __init__(self, enabled: bool) -> None:
         self.root = Path(envvars.default_cache_dir()) / "publish" / "stat-cache"
@@ -194,23 +210,17 @@ class _StatCache:
         self.hits += 1
         return doc
 
-    def put(self, key: str, doc: dict) -> None:
+    def put(self, key: str, doc: dict, *, newest_ctime_ns: int, scanned_at_ns: int) -> None:
+        if newest_ctime_ns >= scanned_at_ns - RACY_WINDOW_NS:
+            return  # racily clean: a later same-tick write would look unchanged
         with contextlib.suppress(OSError):
             atomic_write_bytes(self.root / key[:2] / key, json.dumps(doc).encode(), fsync=False)
 
 
-def _file_fingerprint(path: str) -> list[Any]:
+def _file_fingerprint(path: str) -> tuple[list[Any], int]:
+    """The stat facts that identify a file's content, and its ctime."""
     st = os.stat(path)
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-
-
-def _members_fingerprint(root: str, members: list[tuple[str, str, int]],
-                         stats: dict[str, os.stat_result]) -> list[Any]:
-    out: list[Any] = [os.path.abspath(root)]
-    for name, path, _size in members:
-        st = stats.get(path) or os.stat(path)
-        out.append((name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-    return out
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev], st.st_ctime_ns
 
 
 # -- staging -------------------------------------------------------------------
@@ -240,8 +250,13 @@ class _Stager:
     def table(self, name: str, files: list[str]) -> Table:
         if not files:
             raise MissingInputError(f"table {name} has no files", hint="--table NAME=GLOB must match Parquet/CSV/JSONL files")
-        with ThreadPoolExecutor(max_workers=max(1, min(self.req.workers, len(files)))) as ex:
-            infos = list(ex.map(self._table_file, files))
+        # stat-cache hits first, in this thread: an unchanged re-publish then starts no threads
+        infos = [self._table_file(f, cached_only=True) for f in files]
+        todo = [i for i, info in enumerate(infos) if info is None]
+        if todo:
+            with ThreadPoolExecutor(max_workers=max(1, min(self.req.workers, len(todo)))) as ex:
+                for i, info in zip(todo, ex.map(self._table_file, [files[i] for i in todo]), strict=True):
+                    infos[i] = info
         schema = infos[0]["schema"]
         for f, info in zip(files, infos, strict=True):
             if info["schema"] != schema:
@@ -255,20 +270,26 @@ class _Stager:
                             info.get("materialize")))
         return Table(shards=tuple(shards), schema={"fields": schema})
 
-    def _table_file(self, path: str) -> dict[str, Any]:
+    def _table_file(self, path: str, cached_only: bool = False) -> dict[str, Any] | None:
+        """Hash (or convert and hash) one table file; with ``cached_only``, None unless the stat cache knows it."""
         suffix = Path(path).suffix.lower()
         fmt = TABLE_SUFFIXES.get(suffix)
         if fmt is None:
             raise DataError(f"{path}: unsupported table file type {suffix or '(none)'}",
                             hint="tables take .parquet, .csv or .jsonl files")
-        key = self.cache.key("table", fmt, _file_fingerprint(path))
+        scanned_at = time.time_ns()
+        fingerprint, ctime = _file_fingerprint(path)
+        key = self.cache.key("table", fmt, fingerprint)
+        fresh = {"newest_ctime_ns": ctime, "scanned_at_ns": scanned_at}
         staged = os.path.abspath(path).startswith(str(self.stage.resolve()))
         hit = None if staged else self.cache.get(key)
+        if hit is None and cached_only:
+            return None
         if fmt == "parquet":
             if hit is None:
                 hit = {"hash": sha256_file(path), "byte_size": os.path.getsize(path), **_parquet_facts(path)}
                 if not staged:
-                    self.cache.put(key, hit)
+                    self.cache.put(key, hit, **fresh)
             return {**hit, "path": path}
         out = self.stage / f"{uuid.uuid4().hex}.parquet"
 
@@ -278,7 +299,7 @@ class _Stager:
 
         if hit is None:
             hit = convert()
-            self.cache.put(key, hit)
+            self.cache.put(key, hit, **fresh)
             return {**hit, "path": str(out)}
         expected = hit["hash"]
 
@@ -293,11 +314,12 @@ class _Stager:
 
     # artifacts --------------------------------------------------------------
     def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
-        stats: dict[str, os.stat_result] = {}
-        members = list_members(root, files, stats=stats)
+        scanned_at = time.time_ns()
+        scan = scan_members(root, files)
+        members = scan.members
         if not members:
             raise MissingInputError(f"artifact {name}: {root} holds no files", hint="--artifact NAME=DIR needs files to publish")
-        key = self.cache.key("artifact", self.req.shard_size, _members_fingerprint(root, members, stats))
+        key = self.cache.key("artifact", self.req.shard_size, scan.fingerprint)
         out = self.stage / f"artifact-{name}"
 
         def pack() -> dict[str, Any]:
@@ -313,7 +335,8 @@ class _Stager:
         if hit is None:
             hit = pack()
             self.cache.put(key, {**hit, "shards": [{k: v for k, v in s.items() if k != "path"} for s in hit["shards"]],
-                                 "index": {k: v for k, v in hit["index"].items() if k != "path"}})
+                                 "index": {k: v for k, v in hit["index"].items() if k != "path"}},
+                           newest_ctime_ns=scan.newest_change_ns, scanned_at_ns=scanned_at)
         expected = [s["hash"] for s in hit["shards"]] + [hit["index"]["hash"]]
 
         def rematerialize() -> None:
@@ -468,34 +491,35 @@ def publish(req: PublishRequest, *, store: Store | None = None,
         stager = _Stager(req, stage)
         manifest = build(req, stager)
         version = manifest.version_hash
-        manifest.to_bytes()  # validate before touching the store
         planned = [PlannedBlob(b.hash, b.byte_size, b.role) for b in stager.blobs.values()]
         result = PublishResult(req.dataset_id, version, store.url, req.dry_run, planned,
                                stat_cache_hits=stager.cache.hits)
-        result.already_published = store.has_manifest(req.dataset_id, version)
-        missing = set() if result.already_published else set(store.missing_blobs([b.hash for b in planned]))
+        before = store.read_latest(req.dataset_id)
+        result.latest = before.version_hash if before else None
+        if result.latest == version:
+            # latest only ever names a version whose manifest was written, and a manifest is
+            # written only after all its blobs: nothing to validate, check or send
+            result.already_published = True
+            missing: set[str] = set()
+        else:
+            manifest.to_bytes()  # validate before touching the store
+            result.already_published = store.has_manifest(req.dataset_id, version)
+            missing = set() if result.already_published else set(store.missing_blobs([b.hash for b in planned]))
         for b in planned:
             b.upload = b.hash in missing
         if req.dry_run:
-            ptr = store.read_latest(req.dataset_id)
-            result.latest = ptr.version_hash if ptr else None
             result.seconds = time.perf_counter() - t0
             return result
         _upload(store, [stager.blobs[b.hash] for b in planned if b.upload], req.workers, result, on_upload)
         if not result.already_published:
             result.manifest_written = store.put_manifest(manifest)
-        if req.set_latest:
-            before = store.read_latest(req.dataset_id)
-            if before is not None and before.version_hash == version:
-                result.latest = version  # already there: no write, no extra round trips
-            else:
-                # the manifest was just written or found, so skip set_latest's existence check
-                ptr = store.set_latest(req.dataset_id, version, check_manifest=False)
-                result.latest = ptr.version_hash
-                result.latest_moved = True
-        else:
-            ptr = store.read_latest(req.dataset_id)
-            result.latest = ptr.version_hash if ptr else None
+        if req.set_latest and result.latest != version:
+            # one conditional write against the pointer read above; if another publisher moved
+            # it meanwhile, set_latest re-reads and retries (the manifest is known to be there)
+            ptr = (store.cas_latest(req.dataset_id, version, before)
+                   or store.set_latest(req.dataset_id, version, check_manifest=False))
+            result.latest = ptr.version_hash
+            result.latest_moved = True
         result.seconds = time.perf_counter() - t0
         return result
     finally:

@@ -27,6 +27,7 @@ import hashlib
 import io
 import os
 import tarfile
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from warpdata.errors import DataError, MissingInputError
 from warpdata.registry.errors import ManifestCorruptedError
 from warpdata.registry.manifest import HASH_RE, INDEX_FORMAT
 
-__all__ = ["ArtifactIndex", "PackResult", "PackedShard", "list_members", "pack_files"]
+__all__ = ["ArtifactIndex", "MemberScan", "PackResult", "PackedShard", "list_members", "pack_files", "scan_members"]
 
 BLOCK = 512
 DEFAULT_TARGET_SIZE = 256 << 20
@@ -60,19 +61,37 @@ class PackResult:
     payload_bytes: int
 
 
-def list_members(root: str | os.PathLike, files: Iterable[str] | None = None, *,
-                 stats: dict[str, os.stat_result] | None = None) -> list[tuple[str, str, int]]:
-    """``(member name, local path, size)`` for every file to pack, in member order.
+@dataclass(frozen=True)
+class MemberScan:
+    """What one walk of an artifact directory found.
+
+    ``members``: ``(member name, local path, size)`` in member order.
+    ``fingerprint``: SHA-256 hex over the root, every member name and its
+    (size, mtime_ns, ctime_ns, inode), in member order: equal fingerprints mean
+    no file was added, removed, renamed or written (a write moves ctime even
+    when the size and mtime are kept). ``newest_change_ns``: the latest ctime
+    seen (inode change time: every write moves it, and unlike mtime it cannot be
+    set back), so a caller can tell whether a file changed so recently
+    that a later write could leave the same timestamps (see ``publish``).
+    """
+
+    members: list[tuple[str, str, int]]
+    fingerprint: str
+    newest_change_ns: int
+
+
+def scan_members(root: str | os.PathLike, files: Iterable[str] | None = None) -> MemberScan:
+    """Walk ``root`` once (one ``stat`` per file): the members to pack and their fingerprint.
 
     ``files`` restricts packing to these paths relative to ``root`` (used when
     a warp manifest lists its files); otherwise every regular file is packed.
-    ``stats``, when given, receives each local path's ``stat`` result, so a
-    caller fingerprinting the files does not stat them a second time.
     """
     base = Path(root)
     if not base.is_dir():
         raise MissingInputError(f"{base} is not a directory", hint="--artifact NAME=DIR needs a directory of files")
-    out: list[tuple[str, str, int]] = []
+    # (name, path, size, mtime_ns, ctime_ns, inode); plain strings and tuples, not pathlib or
+    # dicts: this walk is most of an unchanged re-publish
+    rows: list[tuple[str, str, int, int, int, int]] = []
     if files is not None:
         for rel in files:
             name = Path(rel).as_posix()
@@ -83,30 +102,54 @@ def list_members(root: str | os.PathLike, files: Iterable[str] | None = None, *,
             if not p.is_file():
                 raise MissingInputError(f"{p} is listed but missing", hint="rebuild the artifact that lists it")
             st = p.stat()
-            if stats is not None:
-                stats[str(p)] = st
-            out.append((name, str(p), st.st_size))
+            rows.append((name, str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
     else:
-        # plain strings, not pathlib: this walk is most of an unchanged re-publish
         stack = [(str(base), "")]
+        stat = os.stat
         while stack:
             d, rel = stack.pop()
-            with os.scandir(d) as it:
-                for e in it:
-                    if e.name.startswith(TMP_PREFIX):
-                        continue  # leftovers of a killed writer are not content
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append((e.path, f"{rel}{e.name}/"))
-                    elif e.is_file():
-                        st = e.stat()
-                        if stats is not None:
-                            stats[e.path] = st
-                        out.append((f"{rel}{e.name}", e.path, st.st_size))
-    out.sort(key=lambda m: m[0].encode("utf-8", "surrogateescape"))
-    for a, b in zip(out, out[1:], strict=False):
-        if a[0] == b[0]:
-            raise DataError(f"{base}: member {a[0]!r} listed twice", hint="list each file once")
-    return out
+            # stat names relative to an open directory fd (fstatat): no resolution of the whole
+            # path per file, and no DirEntry stat cache to fill (~15 % of the walk)
+            fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                here: list[str] = []
+                with os.scandir(fd) as it:
+                    for e in it:
+                        n = e.name
+                        if n.startswith(TMP_PREFIX):
+                            continue  # leftovers of a killed writer are not content
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append((f"{d}/{n}", f"{rel}{n}/"))
+                        elif e.is_file():
+                            here.append(n)
+                for n in here:
+                    st = stat(n, dir_fd=fd)
+                    rows.append((rel + n, f"{d}/{n}", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            finally:
+                os.close(fd)
+    # member order is bytewise UTF-8 order; for ASCII (and any valid UTF-8) names that is
+    # plain str order, which sorts without a key function
+    rows.sort()
+    names = "\0".join([r[0] for r in rows])
+    if not names.isascii():
+        rows.sort(key=lambda r: r[0].encode("utf-8", "surrogateescape"))
+        names = "\0".join([r[0] for r in rows])
+    if files is not None:  # a walk cannot meet a name twice; a list can
+        for a, b in zip(rows, rows[1:], strict=False):
+            if a[0] == b[0]:
+                raise DataError(f"{base}: member {a[0]!r} listed twice", hint="list each file once")
+    times = array("q", [t for r in rows for t in (r[3], r[4])])
+    h = hashlib.sha256(f"warp-member-scan-1\0{os.path.abspath(base)}\0{len(rows)}\0".encode(
+        "utf-8", "surrogateescape"))
+    h.update(names.encode("utf-8", "surrogateescape"))
+    h.update(array("Q", [v for r in rows for v in (r[2], r[5])]))
+    h.update(times)
+    return MemberScan([r[:3] for r in rows], h.hexdigest(), max(times[1::2], default=0))
+
+
+def list_members(root: str | os.PathLike, files: Iterable[str] | None = None) -> list[tuple[str, str, int]]:
+    """``(member name, local path, size)`` for every file to pack, in member order (see :func:`scan_members`)."""
+    return scan_members(root, files).members
 
 
 def _header(name: str, size: int) -> bytes:
