@@ -111,3 +111,18 @@ def test_a_crashing_check_is_a_failure_not_a_crash():
 
     r = run_check(Check("broken", "test", broken))
     assert r.status == FAIL and "RuntimeError: boom" in r.detail and r.remedy
+
+
+def test_direct_io_check_reports_the_working_directory(cli, monkeypatch, tmp_path):
+    from warpdata.directio import filesystem_type, wants_direct
+
+    monkeypatch.chdir(tmp_path)
+    r = cli("doctor", "--json", "--only", "cache")
+    doc = r.json()
+    (c,) = [c for c in doc["checks"] if c["name"] == "direct-io"]
+    assert c["facts"]["path"] == str(tmp_path) and c["facts"]["filesystem"] == filesystem_type(tmp_path)
+    assert c["status"] == "PASS"
+    assert ("use O_DIRECT" in c["detail"]) is wants_direct(tmp_path)
+    monkeypatch.setenv("WARP_DIRECT_IO", "0")
+    (c,) = [c for c in cli("doctor", "--json", "--only", "cache").json()["checks"] if c["name"] == "direct-io"]
+    assert c["status"] == "PASS" and "WARP_DIRECT_IO=0" in c["detail"]
