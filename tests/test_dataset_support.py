@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from warpdata.registry.manifest import INDEX_FORMAT, Artifact, Binding, Manifest, ShardRef, Table
+from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import list_members, pack_files
 
@@ -57,7 +58,9 @@ def write_media(root: Path, n_images: int) -> None:
 
 def publish(store_url: str, name: str, tables: dict[str, list[pa.Table]], tmp: Path, *,
             row_group_size: int = 1000, media: Path | None = None, tar_target: int = 4096,
-            compression: str = "zstd") -> Manifest:
+            compression: str = "zstd", stats: bool = True) -> Manifest:
+    """Publish ``tables`` (and ``media`` as artifact ``media``); ``stats=False`` writes a format-1
+    manifest without shard statistics, as warp did before they existed."""
     store = Store(store_url)
     stage = tmp / "stage"
     stage.mkdir(parents=True, exist_ok=True)
@@ -69,7 +72,8 @@ def publish(store_url: str, name: str, tables: dict[str, list[pa.Table]], tmp: P
             pq.write_table(part, p, row_group_size=row_group_size, compression=compression)
             h = hashlib.sha256(p.read_bytes()).hexdigest()
             store.put_blob_file(h, p)
-            refs.append(ShardRef(hash=h, byte_size=p.stat().st_size, row_count=part.num_rows))
+            st = shard_stats(pq.read_metadata(p), footer_size_of(str(p))) if stats else None
+            refs.append(ShardRef(hash=h, byte_size=p.stat().st_size, row_count=part.num_rows, stats=st))
         fields = [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in parts[0].schema]
         mtables[tname] = Table(shards=tuple(refs), schema={"fields": fields})
     artifacts, bindings = {}, []

@@ -162,3 +162,20 @@ def test_remote_changed_under_the_cache(s3, tmp_path, cache_dir):
     m = fresh.resolve("ws/state")
     for blob in m.blobs():
         fresh.get_blob(blob.hash)  # verifies the SHA-256 of every uploaded blob
+
+
+def test_published_manifest_carries_shard_stats(tmp_path, cache_dir):
+    """`warp publish` records each Parquet shard's footer length and column min/max (format 2)."""
+    from warpdata.registry.parquet_stats import footer_size_of
+
+    make_dataset(tmp_path)
+    store = Store(tmp_path / "store")
+    r = publish(_request(tmp_path), store=store)
+    m = store.resolve("ws/state")
+    files = sorted((tmp_path / "data").glob("*.parquet"))
+    assert m.version_hash == r.version_hash
+    for f, shard in zip(files, m.tables["main"].shards, strict=True):
+        assert shard.stats["footer_size"] == footer_size_of(str(f))
+        assert shard.stats["columns"]["label"] == {"min": 0, "max": 9, "null_count": 0}
+        assert shard.stats["row_groups"][0]["row_count"] == shard.row_count == 10
+    assert store.get_manifest_bytes("ws/state", r.version_hash).count(b'"format_version":2') == 1

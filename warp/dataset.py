@@ -446,8 +446,9 @@ class _ShardFiles:
         s = self.shards[i]
         local = self.ds.cached_path(s)
         src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
+        md = None if local else _read_footer(self.ds, s, src)
         try:
-            pf = pq.ParquetFile(src, pre_buffer=not local)
+            pf = pq.ParquetFile(src, pre_buffer=not local, metadata=md)
         except Exception as e:
             from .errors import DataError
 
@@ -461,6 +462,30 @@ class _ShardFiles:
     def row_groups(self, i: int) -> list[int]:
         md = self.get(i).metadata
         return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+
+
+def _read_footer(ds: Dataset, s: ShardRef, src: Any):
+    """The shard's footer metadata by one ranged GET of exactly its recorded length, or None.
+
+    Without the length (format-1 manifests) pyarrow reads the file's last 64 KiB
+    on the chance that the footer fits; with it, no byte beyond the footer moves.
+    """
+    size = (s.stats or {}).get("footer_size")
+    if not size or size > s.byte_size:
+        return None
+    from .registry.errors import ManifestCorruptedError
+    from .registry.parquet_stats import parse_footer
+
+    try:
+        data = src.read_at(size, s.byte_size - size)
+    except Exception as e:
+        raise ds.remote._wrap(e, ds.blob_key(s)) from e
+    try:
+        return parse_footer(data)
+    except (ValueError, OSError) as e:
+        raise ManifestCorruptedError(
+            f"{ds.remote.url_of(ds.blob_key(s))}: the manifest's footer_size {size} does not match the shard ({e})",
+            hint="the manifest's shard statistics are wrong; republish the dataset") from None
 
 
 class _Prefetcher:
@@ -901,6 +926,72 @@ class Query:
     def select(self, columns: Sequence[str] | str) -> Query:
         return Query(self.table, self.expr, self.table._check_columns(columns))
 
+    def _picked(self, shard: Any) -> list[ShardRef]:
+        """This rank's and DataLoader worker's shards (whole files, round-robin)."""
+        rank, world = _parse_shard(shard)
+        wid, nw = _worker_info()
+        picked = [s for i, s in enumerate(self.table.shards) if i % world == rank]
+        return [s for i, s in enumerate(picked) if i % nw == wid]
+
+    def _pruned_reader(self, shard: Any, columns: list[str] | None):
+        """A RecordBatchReader over the row groups the filter may match, or None if none can.
+
+        Format-2 manifests record each shard's column min/max (and per row group):
+        a shard or row group whose statistics rule the filter out is never opened,
+        so it costs no request at all. The rest are opened with one exact footer
+        read and read by row group with only the columns the query uses; DuckDB
+        then applies the filter to those rows. ``columns``: the query's output
+        columns (None: all; [] for ``count(*)``).
+        """
+        import pyarrow as pa
+
+        from .registry.parquet_stats import Predicate, shard_stats
+
+        ds = self.table.ds
+        names = self.table.schema_names()
+        pred = Predicate.parse(self.expr, names)
+        plan: list[tuple[ShardRef, list[int] | None]] = []
+        for s in self._picked(shard):
+            st = s.stats or {}
+            if pred is not None and not pred.may_match(st.get("columns"), s.row_count):
+                continue
+            rgs = None
+            if pred is not None and "row_groups" in st:
+                rgs = [g for g, rg in enumerate(st["row_groups"]) if pred.may_match(rg["columns"], rg["row_count"])]
+                if not rgs:
+                    continue
+            plan.append((s, rgs))
+        if not plan:
+            return None
+        if pred is None or pred.referenced is None or columns is None:
+            needed = None
+        else:
+            wanted = set(columns) | pred.referenced
+            needed = [n for n in names if n in wanted] or names[:1]  # count(*) of a constant filter: one column
+        files = _ShardFiles(ds, [s for s, _ in plan])
+        first = files.get(0).schema_arrow
+        schema = first if needed is None else pa.schema([first.field(n) for n in needed])
+
+        def row_groups(k: int, rgs: list[int] | None, pf) -> list[int]:
+            if rgs is not None:
+                return rgs
+            md = pf.metadata  # no row-group stats in the manifest: the footer's, same rules
+            st = shard_stats(md, max_row_groups=None) if pred is not None else None
+            if st is None:
+                return list(range(md.num_row_groups))
+            return [g for g, rg in enumerate(st["row_groups"]) if pred.may_match(rg["columns"], rg["row_count"])]
+
+        def gen() -> Iterator[pa.RecordBatch]:
+            for k, (_s, rgs) in enumerate(plan):
+                pf = files.get(k)
+                todo = row_groups(k, rgs, pf)
+                # up to 4 row groups per call: pyarrow coalesces their ranges and decodes in parallel
+                for j in range(0, len(todo), 4):
+                    tab = pf.read_row_groups(todo[j:j + 4], columns=needed, use_threads=True)
+                    yield from tab.select(schema.names).to_batches()
+
+        return pa.RecordBatchReader.from_batches(schema, gen())
+
     def _arrow_dataset(self, shard: Any):
         """A pyarrow dataset over this rank's shards: cached copies locally, the rest by ranged reads.
 
@@ -912,10 +1003,7 @@ class Query:
         from pyarrow import fs as pafs
 
         ds = self.table.ds
-        rank, world = _parse_shard(shard)
-        wid, nw = _worker_info()
-        picked = [s for i, s in enumerate(self.table.shards) if i % world == rank]
-        picked = [s for i, s in enumerate(picked) if i % nw == wid]
+        picked = self._picked(shard)
         local, remote = [], []
         for s in picked:
             p = ds.cached_path(s)
@@ -945,10 +1033,13 @@ class Query:
             sql += f" LIMIT {int(limit)}"
         return sql
 
-    def _run(self, sql: str, shard: Any):
+    def _run(self, sql: str, shard: Any, columns: list[str] | None = None):
         import duckdb
 
-        dset = self._arrow_dataset(shard)
+        if any(s.stats is not None for s in self.table.shards):
+            dset = self._pruned_reader(shard, columns)
+        else:  # format-1 manifest: no statistics to prune with; pyarrow's scanner reads every footer
+            dset = self._arrow_dataset(shard)
         if dset is None:
             return None, None
         con = duckdb.connect()
@@ -966,7 +1057,7 @@ class Query:
         (a filter's per-rank row counts are data dependent, so batch counts may differ)."""
         import duckdb
 
-        con, rel = self._run(self.sql(limit), shard)
+        con, rel = self._run(self.sql(limit), shard, self.columns)
         if rel is None:
             return
         try:
@@ -996,11 +1087,11 @@ class Query:
         return pa.Table.from_batches(got)
 
     def count(self) -> int:
-        con, rel = self._run(self.sql(what="count(*)"), None)
+        con, rel = self._run(self.sql(what="count(*)"), None, [])
         if rel is None:
             return 0
         try:
-            return int(rel.fetchone()[0])
+            return int(rel.fetchall()[0][0])
         finally:
             con.close()
 

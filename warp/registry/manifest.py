@@ -3,11 +3,12 @@
 A manifest (seed 002 §4, JSON Schema in ``manifest.schema.json`` beside this
 module) is a JSON object::
 
-    {"kind": "dataset", "format_version": 1,
+    {"kind": "dataset", "format_version": 1 | 2,
      "dataset_id": "ws/name",
      "version_hash": "<64 hex>",
      "tables":    {"main": {"format": "parquet",
-                            "shards": [{"uri", "hash", "byte_size", "row_count"}],
+                            "shards": [{"uri", "hash", "byte_size", "row_count",
+                                        "stats"?: {"footer_size", "columns", "row_groups"}}],
                             "schema": {"fields": [{"name", "type", "nullable"}]}}},
      "artifacts": {"raw": {"kind": "tar_shards",
                            "shards": [{"uri", "hash", "byte_size", "member_count"}],
@@ -19,6 +20,12 @@ module) is a JSON object::
      "metadata":  {...}}
 
 Contract:
+
+* **Versions.** ``format_version`` is 2 when any table shard carries
+  ``stats`` (footer length and column min/max, see
+  :mod:`warpdata.registry.parquet_stats`), else 1; a manifest without stats
+  is byte-for-byte what format 1 always was, so its hash is unchanged and
+  older readers still read it. Readers accept both.
 
 * **Identity (I0/M1).** ``version_hash`` = SHA-256 of the canonical JSON
   (:mod:`warpdata.canonical`: sorted keys, no whitespace, UTF-8) of the
@@ -60,6 +67,7 @@ from warpdata.registry.errors import InvalidDatasetIdError, LocalPathError, Mani
 
 __all__ = [
     "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
     "INDEX_FORMAT",
     "REF_TYPES",
     "Artifact",
@@ -75,7 +83,8 @@ __all__ = [
     "version_hash_of",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this code writes; 1 when no shard has stats
+FORMAT_VERSIONS = (1, 2)
 INDEX_FORMAT = "warp-tar-index-1"
 REF_TYPES = ("file", "image", "audio", "video")
 ARTIFACT_KINDS = ("tar_shards", "webdataset_shards")
@@ -213,6 +222,30 @@ def validate_document(doc: Any, source: str = "manifest") -> None:
             path=where)
     check_portable(doc)
     tables = doc.get("tables", {})
+    with_stats = any("stats" in s for t in tables.values() for s in t.get("shards", []))
+    if doc.get("format_version") != (2 if with_stats else 1):
+        raise ManifestCorruptedError(
+            f"{source}: $.format_version is {doc.get('format_version')}, but shard stats are "
+            f"{'present' if with_stats else 'absent'} (format_version 2 exactly when a table shard has stats)",
+            hint="republish the dataset with this warp version")
+    for tname, t in tables.items():
+        for i, sh in enumerate(t.get("shards", [])):
+            st = sh.get("stats")
+            where = f"$.tables.{tname}.shards[{i}].stats"
+            for part, cols in ([("", st["columns"])] if st else []) + [
+                    (f".row_groups[{g}]", r["columns"]) for g, r in enumerate((st or {}).get("row_groups", []))]:
+                for col, cs in cols.items():
+                    if "min" in cs and (type(cs["min"]) is not type(cs["max"]) or cs["min"] > cs["max"]):
+                        raise ManifestCorruptedError(
+                            f"{source}: {where}{part}.columns.{col}: min {cs['min']!r} and max {cs['max']!r} "
+                            "are not an ordered pair of one type",
+                            hint="the manifest's statistics are invalid; republish the dataset")
+            rgs = st.get("row_groups") if st else None
+            if rgs is not None and sum(r["row_count"] for r in rgs) != sh["row_count"]:
+                raise ManifestCorruptedError(
+                    f"{source}: $.tables.{tname}.shards[{i}].stats.row_groups count "
+                    f"{sum(r['row_count'] for r in rgs)} rows, the shard {sh['row_count']}",
+                    hint="the manifest's statistics do not describe its shard; republish the dataset")
     artifacts = doc.get("artifacts", {})
     for i, b in enumerate(doc.get("bindings", [])):
         if b["table"] not in tables:
@@ -235,7 +268,9 @@ class ShardRef:
     """One blob: a Parquet shard, a tar shard or an index.
 
     ``row_count`` is set for table shards, ``member_count`` for tar shards,
-    ``format`` for indexes. ``uri`` defaults to :func:`blob_key`.
+    ``format`` for indexes. ``uri`` defaults to :func:`blob_key`. ``stats``
+    (table shards, format 2): footer length and column statistics from
+    :func:`warpdata.registry.parquet_stats.shard_stats`.
     """
 
     hash: str
@@ -244,6 +279,7 @@ class ShardRef:
     row_count: int | None = None
     member_count: int | None = None
     format: str | None = None
+    stats: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.uri:
@@ -251,7 +287,7 @@ class ShardRef:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"uri": self.uri, "hash": self.hash, "byte_size": self.byte_size}
-        for k in ("row_count", "member_count", "format"):
+        for k in ("row_count", "member_count", "format", "stats"):
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
@@ -260,7 +296,7 @@ class ShardRef:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardRef:
         return cls(hash=d["hash"], byte_size=d["byte_size"], uri=d["uri"], row_count=d.get("row_count"),
-                   member_count=d.get("member_count"), format=d.get("format"))
+                   member_count=d.get("member_count"), format=d.get("format"), stats=d.get("stats"))
 
 
 @dataclass(frozen=True)
@@ -379,9 +415,10 @@ class Manifest:
     # -- documents ---------------------------------------------------------
     def content(self) -> dict[str, Any]:
         """The hashed part as a normalised JSON-able dict."""
+        with_stats = any(s.stats is not None for t in self.tables.values() for s in t.shards)
         return normalize({
             "kind": "dataset",
-            "format_version": FORMAT_VERSION,
+            "format_version": 2 if with_stats else 1,
             "dataset_id": self.dataset_id,
             "tables": {k: t.to_dict() for k, t in self.tables.items()},
             "artifacts": {k: a.to_dict() for k, a in self.artifacts.items()},

@@ -73,7 +73,7 @@ from warpdata.registry.tarpack import DEFAULT_TARGET_SIZE, pack_files, scan_memb
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
 
-STAT_CACHE_VERSION = 2
+STAT_CACHE_VERSION = 3  # 3: table entries carry the shard stats
 # Linux file timestamps come from a coarse clock (one tick: 1-10 ms); an input changed
 # within this window before it was stat'ed could be written again with the same stamps.
 RACY_WINDOW_NS = 100_000_000
@@ -265,7 +265,7 @@ class _Stager:
                     hint="all files of one table must share one schema")
         shards = []
         for i, info in enumerate(infos):
-            shards.append(ShardRef(info["hash"], info["byte_size"], row_count=info["row_count"]))
+            shards.append(ShardRef(info["hash"], info["byte_size"], row_count=info["row_count"], stats=info["stats"]))
             self._add(_Blob(info["hash"], info["byte_size"], f"table {name} shard {i}", info.get("path"),
                             info.get("materialize")))
         return Table(shards=tuple(shards), schema={"fields": schema})
@@ -362,16 +362,19 @@ def _cols(schema: list[dict]) -> str:
 
 
 def _parquet_facts(path: str) -> dict[str, Any]:
+    """Row count, schema and the manifest's shard stats (footer length, column min/max), from the footer."""
     import pyarrow.parquet as pq
+    from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 
     try:
         md = pq.read_metadata(path)
         sch = md.schema.to_arrow_schema()
+        footer = footer_size_of(path)
     except Exception as e:
         raise DataError(f"{path}: not a readable Parquet file: {e}",
                         hint="check the file; CSV/JSONL inputs need a .csv/.jsonl suffix") from None
     fields = [{"name": f.name, "type": str(f.type), "nullable": bool(f.nullable)} for f in sch]
-    return {"row_count": int(md.num_rows), "schema": fields}
+    return {"row_count": int(md.num_rows), "schema": fields, "stats": shard_stats(md, footer)}
 
 
 def _convert_to_parquet(src: str, fmt: str, out: Path) -> None:
