@@ -150,7 +150,7 @@ zpty -w z "PS1=''; fpath=($1 \$fpath); autoload -U compinit; compinit -u -D"
 zpty -w z 'compadd () { builtin compadd -O __hits "$@"; (( $#__hits )) && print -r -- "<HIT>${(j:|:)__hits}</HIT>"; builtin compadd "$@" }'
 zpty -w z "$2"$'\t'
 local out line
-for i in {1..100}; do
+for i in {1..600}; do  # up to 30 s: a loaded CI machine can be slow to start zsh + compinit
   zpty -r -t z line && out+="$line"
   [[ $out == *'</HIT>'* ]] && break
   sleep 0.05
