@@ -300,7 +300,7 @@ class ShardBuilder:
         to the device without a page-cache copy; the header page is written last,
         after everything else, so a torn file never carries a valid header.
         """
-        from warpdata.directio import BLOCK
+        from warpdata.directio import BLOCK, pack_into
 
         clock = time.perf_counter
         lay = self.layout()
@@ -324,21 +324,12 @@ class ShardBuilder:
         rest = [img[whole:], *pieces[3:], digest]  # pieces: header, pad, images, then the rest
         tail_len = lay.size - base - whole
         tail = aligned_empty(-(-tail_len // BLOCK) * BLOCK)
-        pos = 0
-        for buf in rest:
-            b = np.frombuffer(buf, np.uint8)
-            tail[pos:pos + len(b)] = b
-            pos += len(b)
-        if pos != tail_len:
-            raise AssertionError(f"TWH1 tail is {pos} bytes, layout says {tail_len}")
+        if pack_into(tail, rest) != tail_len:
+            raise AssertionError(f"TWH1 tail does not match the layout's {tail_len} bytes")
         out.submit(base + whole, tail)
         out.wait()
         head = aligned_empty(base)
-        pos = 0
-        for buf in pieces[:2]:
-            b = np.frombuffer(buf, np.uint8)
-            head[pos:pos + len(b)] = b
-            pos += len(b)
+        pack_into(head, pieces[:2])
         out.write(0, head)
         out.truncate(lay.size)
         self.last_write_s = {"hash": t1 - t0, "write": clock() - t1}

@@ -397,18 +397,14 @@ _bounce = threading.local()
 
 def _write_direct(path: str, parts: Sequence, total: int) -> int:
     """Write ``parts`` to the empty file at ``path`` via one page-aligned bounce buffer."""
-    from warpdata.directio import BLOCK, AlignedFile, aligned_empty
+    from warpdata.directio import BLOCK, AlignedFile, aligned_empty, pack_into
 
     padded = -(-total // BLOCK) * BLOCK
     buf = getattr(_bounce, "buf", None)
     if buf is None or buf.nbytes < padded:
         buf = aligned_empty(max(padded, 16 << 20))  # zeroed: touched once, reused by this thread
         _bounce.buf = buf
-    pos = 0
-    for p in parts:
-        b = np.frombuffer(p, np.uint8)
-        buf[pos:pos + len(b)] = b
-        pos += len(b)
+    pos = pack_into(buf, parts)
     buf[pos:padded] = 0
     with AlignedFile(path, direct=True) as f:
         f.write(0, buf[:padded])

@@ -84,6 +84,18 @@ def aligned_empty(nbytes: int, align: int = BLOCK) -> Any:
     return raw[skip:skip + nbytes]
 
 
+def pack_into(dst: Any, parts: Any) -> int:
+    """Copy the buffers ``parts`` back to back into the uint8 array ``dst``; returns the bytes copied."""
+    import numpy as np
+
+    pos = 0
+    for p in parts:
+        b = np.frombuffer(p, np.uint8)
+        dst[pos:pos + len(b)] = b
+        pos += len(b)
+    return pos
+
+
 def _address(buf: Any) -> int:
     import numpy as np
 
