@@ -370,3 +370,21 @@ def test_full_decode_failures_count_against_thresholds(cli, dataset, tmp_path):
     again = cli("etl", "--config", cfg)
     assert again.code == 65 and "built with --allow-invalid" in again.err
     assert cli("etl", "--config", cfg, "--allow-invalid").code == 0
+
+
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_pixels_written_while_the_shard_fills_give_the_same_shards(cli, dataset, tmp_path, monkeypatch, direct):
+    """Pages of pixels handed to the disk after every sample (O_DIRECT on or off), with a sample that
+    fails only in the full decode mid-shard, give the same shards as one write at the end."""
+    from warpdata.warehouse import etl as wetl
+
+    d, _ = dataset
+    ref = etl(cli, config(d, out=str(tmp_path / "ref")))
+    monkeypatch.setattr(wetl, "FLUSH_BYTES", 1)
+    monkeypatch.setenv("WARP_DIRECT_IO", direct)
+    got = etl(cli, config(d, out=str(tmp_path / "got"), extra="[build]\nworkers = 2"))
+    assert got["version"] == ref["version"]
+    assert shards_bytes(got["path"]) == shards_bytes(ref["path"])
+    assert not list(Path(got["path"]).glob(".warp-tmp-*"))
+    for p in Path(got["path"]).glob("*.twh1"):
+        twh1.TWH1Shard(p, verify=True).close()
