@@ -388,3 +388,17 @@ def test_pixels_written_while_the_shard_fills_give_the_same_shards(cli, dataset,
     assert not list(Path(got["path"]).glob(".warp-tmp-*"))
     for p in Path(got["path"]).glob("*.twh1"):
         twh1.TWH1Shard(p, verify=True).close()
+
+
+def test_metrics_say_how_shards_reached_the_disk(cli, dataset, tmp_path, monkeypatch):
+    from warpdata.directio import wants_direct
+
+    d, _ = dataset
+    monkeypatch.setenv("WARP_DIRECT_IO", "0")
+    off = etl(cli, config(d, out=str(tmp_path / "off")))
+    assert json.loads((Path(off["path"]) / "metrics.json").read_text())["direct_io_fraction"] == 0
+    monkeypatch.setenv("WARP_DIRECT_IO", "auto")
+    on = etl(cli, config(d, out=str(tmp_path / "on")))
+    frac = json.loads((Path(on["path"]) / "metrics.json").read_text())["direct_io_fraction"]
+    # every byte of these small shards (images of 96x96x3, not whole pages) goes through aligned blocks
+    assert (frac == 1.0) if wants_direct(tmp_path) else (frac == 0)

@@ -95,6 +95,7 @@ class ShardResult:
     failures: list[list[str]] = field(default_factory=list)  # [run, key, source, reason, message]
     timings: dict[str, float] = field(default_factory=dict)
     reused: bool = False
+    direct_bytes: int = 0  # bytes that reached the file with O_DIRECT (the rest through the page cache)
 
 
 _local = threading.local()
@@ -144,7 +145,7 @@ def build_shard(task: ShardTask) -> ShardResult:
     # left by a crash fails its checksum when a rerun considers reusing it
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + name, dir=os.path.dirname(task.path))
     os.close(fd)
-    flushed = 0
+    flushed = direct_bytes = 0
     try:
         with AlignedFile(tmp, io=io) as dst:
             for s in task.samples:
@@ -185,6 +186,7 @@ def build_shard(task: ShardTask) -> ShardResult:
                 waited = time.perf_counter() - t0
                 sha = builder.write_direct(dst, written=flushed)
                 builder.last_write_s["write"] += waited
+            direct_bytes = dst.direct_bytes
         if builder.count:
             os.chmod(tmp, 0o644)
             os.replace(tmp, task.path)
@@ -197,7 +199,8 @@ def build_shard(task: ShardTask) -> ShardResult:
         raise
     res = ShardResult(task.index, task.shard_id, name, builder.count, sha, size, failures,
                       {"read": read_s, "decode": tr.decode_s, "resize": tr.resize_s,
-                       "hash": builder.last_write_s["hash"], "write": builder.last_write_s["write"]})
+                       "hash": builder.last_write_s["hash"], "write": builder.last_write_s["write"]},
+                      direct_bytes=min(direct_bytes, size))
     atomic_write_bytes(task.path + ".json", canonical_json(asdict(res)), fsync=False)
     return res
 
@@ -656,6 +659,8 @@ def _metrics(results: list[ShardResult], phases: dict[str, float], workers: int,
         "build_mb_per_s": round(sum(r.size_bytes for r in built) / 1e6 / build_s, 2) if build_s and built else None,
         "durable": cfg.durable, "skip_reasons": q.aggregate().by_reason, "skipped_empty": q.aggregate().skipped,
         "truncated_boxes": truncated_boxes, "wall_s": round(wall, 4),
+        # how the built shards reached the disk: O_DIRECT (no page-cache copy) or buffered
+        "direct_io_fraction": round(sum(r.direct_bytes for r in built) / max(1, sum(r.size_bytes for r in built)), 4),
     }
 
 
@@ -667,6 +672,7 @@ def _print_metrics(m: dict[str, Any]) -> None:
     rows += [[f"cpu:{k}", f"{v:.3f}", f"{m['cpu_ms_per_sample'].get(k, 0):.2f} ms/img"] for k, v in m["cpu_s"].items()]
     if m.get("build_samples_per_s"):
         rows.append(["rate", f"{m['build_samples_per_s']:.1f} img/s", f"{m['build_mb_per_s']:.1f} MB/s"])
+        rows.append(["writes", f"{100 * m.get('direct_io_fraction', 0):.0f} % O_DIRECT", "WARP_DIRECT_IO"])
     for code, n in sorted(m["skip_reasons"].items()):
         rows.append([f"skip:{code}", str(n), ""])
     out.table("etl phases (seconds)", ["phase", "time", "per sample"], rows, to_stderr=True)
