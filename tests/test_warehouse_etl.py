@@ -381,6 +381,7 @@ def test_pixels_written_while_the_shard_fills_give_the_same_shards(cli, dataset,
     d, _ = dataset
     ref = etl(cli, config(d, out=str(tmp_path / "ref")))
     monkeypatch.setattr(wetl, "FLUSH_BYTES", 1)
+    monkeypatch.setattr(wetl, "DIRECT_MIN_SHARD_BYTES", 0)
     monkeypatch.setenv("WARP_DIRECT_IO", direct)
     got = etl(cli, config(d, out=str(tmp_path / "got"), extra="[build]\nworkers = 2"))
     assert got["version"] == ref["version"]
@@ -398,7 +399,13 @@ def test_metrics_say_how_shards_reached_the_disk(cli, dataset, tmp_path, monkeyp
     off = etl(cli, config(d, out=str(tmp_path / "off")))
     assert json.loads((Path(off["path"]) / "metrics.json").read_text())["direct_io_fraction"] == 0
     monkeypatch.setenv("WARP_DIRECT_IO", "auto")
+    small = etl(cli, config(d, out=str(tmp_path / "small")))  # shards far below DIRECT_MIN_SHARD_BYTES
+    assert json.loads((Path(small["path"]) / "metrics.json").read_text())["direct_io_fraction"] == 0
+    from warpdata.warehouse import etl as wetl
+
+    monkeypatch.setattr(wetl, "DIRECT_MIN_SHARD_BYTES", 0)
     on = etl(cli, config(d, out=str(tmp_path / "on")))
     frac = json.loads((Path(on["path"]) / "metrics.json").read_text())["direct_io_fraction"]
-    # every byte of these small shards (images of 96x96x3, not whole pages) goes through aligned blocks
+    # every byte (images of 96x96x3, not whole pages) goes through aligned blocks
     assert (frac == 1.0) if wants_direct(tmp_path) else (frac == 0)
+    assert shards_bytes(on["path"]) == shards_bytes(small["path"]) == shards_bytes(off["path"])
