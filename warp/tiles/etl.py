@@ -185,15 +185,15 @@ def _stream(inp: _Input, writer, bar) -> None:
 
 
 def _input_crc(path: str) -> str:
-    import google_crc32c
     import numpy as np
+    from warpdata.formats import crc as crc32c
 
     crc = 0
     buf = np.empty(8 << 20, dtype=np.uint8)
     mv = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(mv):
-            crc = google_crc32c.extend(crc, buf[:n])
+            crc = crc32c.extend(crc, buf[:n])
     return f"{crc:08x}"
 
 

@@ -37,10 +37,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import google_crc32c
 import numpy as np
 from warpdata.atomic import CommitOnSuccess
 from warpdata.errors import ConfigError, DataError, InternalError
+from warpdata.formats import crc as crc32c
 from warpdata.formats import zarr_v3
 from warpdata.formats.tiling import SlabPlan, TileGeometry
 from warpdata.kernels import TileBackend, get_backend
@@ -392,7 +392,8 @@ class TileWriter(CommitOnSuccess):
             inflight.append((item, ticket, notified))
             # slabs arrive in stream order: checksum the input while the backend compresses it,
             # so the last slab's CRC is not on the pipeline's serial tail
-            self._crc = google_crc32c.extend(self._crc, item[3][:item[2]].reshape(-1).view(np.uint8))
+            # (without the GIL: the compression workers need it between their zstd calls)
+            self._crc = crc32c.extend(self._crc, item[3][:item[2]].reshape(-1).view(np.uint8))
 
         try:
             while True:
