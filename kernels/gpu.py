@@ -7,14 +7,15 @@ Per slab (seed 003, "Streaming Architecture"):
 2. ``submit`` enqueues on that slot's stream: async H2D copy into a device
    staging buffer, the lift/transpose kernel (one thread per output element:
    the gather formula of :func:`warpdata.formats.tiling.source_index_map`,
-   edge padding with the fill value) into a device tile buffer, then nvCOMP
-   batched zstd over the tiles (batches bounded by :func:`plan_batches`) with
-   ``BitstreamKind.RAW`` — plain zstd frames that any zstd decoder (and so
-   zarr-python / tensorstore) reads; the default NVCOMP_NATIVE kind adds an
-   nvCOMP header and is not zstd;
-3. the compressed tiles are packed on the device into one buffer and copied
-   D2H asynchronously into a pinned output buffer;
-4. ``collect`` waits for that slot's stream and slices the frames out.
+   edge padding with the fill value) into a device tile buffer whose tiles
+   start ``TILE_ALIGN``-aligned, then nvCOMP batched zstd over the tiles
+   (batches bounded by :func:`plan_batches`) with ``BitstreamKind.RAW`` —
+   plain zstd frames that any zstd decoder (and so zarr-python / tensorstore)
+   reads; the default NVCOMP_NATIVE kind adds an nvCOMP header and is not
+   zstd. Nothing waits: nvCOMP syncs only when an output's size is touched;
+3. ``collect`` waits for that slot's event, reads the frame sizes, packs the
+   frames on the device into one buffer, copies it D2H into a pinned output
+   arena and returns memoryviews of the frames, valid until ``release``.
 
 Two slots let slab *k+1*'s H2D copy and kernel overlap slab *k*'s
 compression and D2H. nvCOMP's zstd has no level: ``level`` is recorded but
@@ -40,34 +41,64 @@ from . import TileBackend
 _UINT_FOR_SIZE = {1: ("unsigned char", np.uint8), 2: ("unsigned short", np.uint16),
                   4: ("unsigned int", np.uint32), 8: ("unsigned long long", np.uint64)}
 
-# One thread per output element, grid-stride loop. Elements are moved as
-# unsigned integers of the same width (floats keep their exact bits).
+#: byte alignment of every tile's start in the device tile buffer. nvCOMP's batched
+#: compressors have per-algorithm minimum alignments for input chunk pointers (the C API
+#: exposes them as nvcomp*CompressGetRequiredAlignments, https://docs.nvidia.com/cuda/nvcomp/c_api.html;
+#: the Python API does not), so tiles are never packed back to back at odd byte offsets
+#: (a 3x3x3 u8 tile is 27 bytes); 256 is cudaMalloc's own alignment and covers any of them.
+TILE_ALIGN = 256
+
+# One thread per output element, grid-stride loop; every index is 64-bit (a slab may
+# hold more than 2^31 elements). Elements are moved as unsigned integers of the same
+# width (floats keep their exact bits, NaN payloads and -0.0 included). Output element
+# (tile tnum, offset toff) lands at tnum * tile_stride + toff: tiles start TILE_ALIGN-aligned.
 KERNEL_SOURCE = r"""
 extern "C" __global__ void warp_lift_transpose(
     const ELEM* __restrict__ src, ELEM* __restrict__ dst,
     const long long* __restrict__ shape, const long long* __restrict__ tile,
     const long long* __restrict__ counts, const int ndim,
-    const long long rows, const long long tile_elems, const long long total, const ELEM fill)
+    const long long rows, const long long tile_elems, const long long tile_stride,
+    const long long total, const ELEM fill)
 {
     for (long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x; o < total;
          o += (long long)blockDim.x * gridDim.x) {
-        long long tnum = o / tile_elems;
-        long long toff = o - tnum * tile_elems;
-        long long s = 0, stride = 1;
+        const long long tnum = o / tile_elems;
+        const long long toff = o - tnum * tile_elems;
+        long long t = tnum, r = toff, s = 0, stride = 1;
         bool ok = true;
         for (int d = ndim - 1; d >= 0; --d) {
-            long long ti = tnum % counts[d]; tnum /= counts[d];
-            long long ni = toff % tile[d];   toff /= tile[d];
-            long long c = ti * tile[d] + ni;
-            long long lim = (d == 0) ? rows : shape[d];
+            const long long ti = t % counts[d]; t /= counts[d];
+            const long long ni = r % tile[d];   r /= tile[d];
+            const long long c = ti * tile[d] + ni;
+            const long long lim = (d == 0) ? rows : shape[d];
             ok = ok && (c < lim);
             s += c * stride;
             stride *= shape[d];
         }
-        dst[o] = ok ? src[s] : fill;
+        dst[tnum * tile_stride + toff] = ok ? src[s] : fill;
     }
 }
 """
+
+
+def tile_stride_elems(tile_elems: int, itemsize: int, align: int = TILE_ALIGN) -> int:
+    """Elements from one tile's start to the next in the device tile buffer (≥ ``tile_elems``).
+
+    ``align`` is a multiple of every supported itemsize (1, 2, 4, 8), so the
+    stride is a whole number of elements and every tile starts ``align``-aligned.
+    """
+    nbytes = tile_elems * itemsize
+    return -(-nbytes // align) * align // itemsize
+
+
+def fill_bits(fill, dtype) -> np.generic:
+    """The fill value as the unsigned integer of the same width the kernel moves.
+
+    Cast exactly as numpy's ``out[...] = fill`` in :func:`~warpdata.formats.tiling.lift_transpose`
+    and ``gather_tile`` does, then reinterpreted: the GPU pads with the same bytes the CPU does.
+    """
+    dtype = np.dtype(dtype)
+    return np.array(fill, dtype=dtype).view(_UINT_FOR_SIZE[dtype.itemsize][1])[()]
 
 
 @dataclass(frozen=True)
@@ -79,46 +110,61 @@ class KernelParams:
     counts: tuple[int, ...]  # (1, t_1, …)
     tile_elems: int
     total: int  # output elements = tiles_per_slab * tile_elems
+    tile_stride: int = 0  # elements between tile starts in the output buffer (0: = tile_elems)
 
     @classmethod
-    def from_plan(cls, plan: SlabPlan) -> KernelParams:
+    def from_plan(cls, plan: SlabPlan, align: int = TILE_ALIGN) -> KernelParams:
         tile = plan.geometry.tile
         counts = plan.slab_counts
         te = math.prod(tile)
-        return cls(plan.slab_shape, tile, counts, te, math.prod(counts) * te)
+        return cls(plan.slab_shape, tile, counts, te, math.prod(counts) * te,
+                   tile_stride_elems(te, plan.geometry.dtype.itemsize, align))
+
+    @property
+    def n_tiles(self) -> int:
+        return self.total // self.tile_elems
+
+    @property
+    def stride(self) -> int:
+        return self.tile_stride or self.tile_elems
 
 
-def kernel_gather(params: KernelParams, rows: int) -> np.ndarray:
-    """What the kernel computes, in numpy: source index per output element (−1 = fill).
+def kernel_gather(params: KernelParams, rows: int, o: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """What the kernel computes, in numpy: (source index, destination index) per output element.
 
-    Mirrors ``KERNEL_SOURCE`` step by step (same loop order, same integer
-    ops) so the CPU tests pin down the index math the GPU runs.
+    Source −1 means fill. Mirrors ``KERNEL_SOURCE`` step by step (same loop
+    order, same 64-bit integer ops) so the CPU tests pin down the index math
+    the GPU runs. ``o`` selects output elements (default: all of them), so
+    huge geometries can be checked on a sample.
     """
-    o = np.arange(params.total, dtype=np.int64)
+    o = np.arange(params.total, dtype=np.int64) if o is None else np.asarray(o, dtype=np.int64)
     tnum = o // params.tile_elems
     toff = o - tnum * params.tile_elems
+    t, r = tnum.copy(), toff.copy()
     s = np.zeros_like(o)
     ok = np.ones(o.shape, dtype=bool)
-    stride = 1
+    stride = np.int64(1)
     for d in range(len(params.shape) - 1, -1, -1):
-        ti = tnum % params.counts[d]
-        tnum = tnum // params.counts[d]
-        ni = toff % params.tile[d]
-        toff = toff // params.tile[d]
+        ti = t % params.counts[d]
+        t = t // params.counts[d]
+        ni = r % params.tile[d]
+        r = r // params.tile[d]
         c = ti * params.tile[d] + ni
         lim = rows if d == 0 else params.shape[d]
         ok &= c < lim
         s += c * stride
-        stride *= params.shape[d]
-    return np.where(ok, s, -1)
+        stride = stride * np.int64(params.shape[d])
+    return np.where(ok, s, -1), tnum * params.stride + toff
 
 
 def emulate_kernel(slab: np.ndarray, params: KernelParams, rows: int, fill) -> np.ndarray:
-    """The kernel's output for ``slab`` computed on the CPU: (tiles, tile_elems)."""
-    idx = kernel_gather(params, rows)
-    flat = slab.reshape(-1)
-    out = np.where(idx >= 0, flat[np.maximum(idx, 0)], slab.dtype.type(fill))
-    return out.reshape(-1, params.tile_elems)
+    """The kernel's output for ``slab`` computed on the CPU: (tiles, tile_elems), padding dropped."""
+    src, dst = kernel_gather(params, rows)
+    utype = _UINT_FOR_SIZE[slab.dtype.itemsize][1]
+    flat = slab.reshape(-1).view(utype)
+    out = np.zeros(params.n_tiles * params.stride, dtype=utype)  # the stride gap is never written
+    out[dst] = np.where(src >= 0, flat[np.maximum(src, 0)], fill_bits(fill, slab.dtype))
+    return out.reshape(params.n_tiles, params.stride)[:, :params.tile_elems].view(slab.dtype)
 
 
 def plan_batches(n_tiles: int, tile_nbytes: int, max_batch_bytes: int) -> list[tuple[int, int]]:
@@ -194,6 +240,7 @@ def _imports():
 class GpuBackend(TileBackend):
     name = "gpu"
     MAX_BATCH_BYTES = 1 << 30
+    THREADS_PER_BLOCK = 256
 
     def __init__(self, *, level: int = 1, threads: int | None = None) -> None:
         super().__init__(level=level, threads=threads)
@@ -201,6 +248,8 @@ class GpuBackend(TileBackend):
         self._slots: list[dict] = []
         self._schedule = SlotSchedule(2)
         self._host_slabs: list[np.ndarray] = []
+        self._free_out: list[np.ndarray] = []  # pinned output arenas not lent to a ticket
+        self._lent: dict[int, np.ndarray] = {}  # ticket -> the arena its frames live in
 
     @classmethod
     def probe(cls) -> str | None:
@@ -220,41 +269,48 @@ class GpuBackend(TileBackend):
             from nvidia import nvcomp
         except ImportError:
             return "nvidia-nvcomp is not installed"
+        except Exception as e:  # e.g. a cu12 wheel without a CUDA 12 runtime to load
+            return f"nvidia-nvcomp failed to import: {e}"
         try:
             nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
-        except Exception as e:
+        except Exception as e:  # nvCOMP < 4 has no BitstreamKind (AttributeError lands here too)
             return f"nvCOMP zstd codec unavailable: {e}"
         return None
 
     def prepare(self, plan: SlabPlan) -> None:
         cp, nvcomp = _imports()
+        self.close()
         self.plan = plan
-        self.params = KernelParams.from_plan(plan)
+        self.params = p = KernelParams.from_plan(plan)
         g = plan.geometry
         ctype, utype = _UINT_FOR_SIZE[g.dtype.itemsize]
         self._utype = utype
         self._kernel = cp.RawKernel(KERNEL_SOURCE.replace("ELEM", ctype), "warp_lift_transpose")
-        self._fill_bits = np.array(plan.fill, dtype=g.dtype).view(utype)[()]
-        self._shape_d = cp.asarray(np.array(self.params.shape, dtype=np.int64))
-        self._tile_d = cp.asarray(np.array(self.params.tile, dtype=np.int64))
-        self._counts_d = cp.asarray(np.array(self.params.counts, dtype=np.int64))
-        n_tiles, tile_nbytes = plan.tiles_per_slab, g.tile_nbytes
-        self._batches = plan_batches(n_tiles, tile_nbytes, self.MAX_BATCH_BYTES)
-        bound = max_compressed_size(tile_nbytes)
-        _, out_cap = pack_offsets([bound] * n_tiles)
-        self._slots = []
+        self._fill_bits = fill_bits(plan.fill, g.dtype)
+        self._shape_d = cp.asarray(np.array(p.shape, dtype=np.int64))
+        self._tile_d = cp.asarray(np.array(p.tile, dtype=np.int64))
+        self._counts_d = cp.asarray(np.array(p.counts, dtype=np.int64))
+        self._tile_nbytes = g.tile_nbytes
+        self._batches = plan_batches(p.n_tiles, g.tile_nbytes, self.MAX_BATCH_BYTES)
+        self._out_cap = pack_offsets([max_compressed_size(g.tile_nbytes)] * p.n_tiles)[1]
+        device_id = cp.cuda.Device().id
         for _ in range(2):
             stream = cp.cuda.Stream(non_blocking=True)
             self._slots.append({
                 "stream": stream,
-                "stage": cp.empty(self.params.shape, dtype=utype),
-                "tiles": cp.empty((n_tiles, self.params.tile_elems), dtype=utype),
-                "packed": cp.empty(out_cap, dtype=np.uint8),
-                "host_out": _pinned_empty(cp, out_cap, np.uint8),
+                "stage": cp.empty(p.shape, dtype=utype),
+                # tile i at bytes [i * stride, i * stride + tile_nbytes): TILE_ALIGN-aligned starts
+                "tiles": cp.empty((p.n_tiles, p.stride), dtype=utype),
+                "packed": cp.empty(self._out_cap, dtype=np.uint8),
+                # the stream is passed as a plain cudaStream_t integer (nvCOMP Python API,
+                # Codec(cuda_stream=...), https://docs.nvidia.com/cuda/nvcomp/py_api.html)
                 "codec": nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW,
-                                      cuda_stream=stream.ptr),
-                "event": None, "sizes": None, "offsets": None,
+                                      device_id=device_id, cuda_stream=stream.ptr),
+                "event": None, "frames": None, "slab": None,
             })
+        # cp.asarray above copies on the legacy default stream, which the non-blocking slot
+        # streams do not wait for (CUDA "stream synchronization behavior"): finish it now
+        cp.cuda.runtime.deviceSynchronize()
 
     def alloc_slab(self) -> np.ndarray:
         cp, _ = _imports()
@@ -263,49 +319,102 @@ class GpuBackend(TileBackend):
         return buf.reshape(self.plan.slab_shape)
 
     def submit(self, slab: np.ndarray, rows: int) -> int:
+        """Enqueue H2D copy, lift/transpose kernel and nvCOMP encode on the slot's stream; no wait.
+
+        nvCOMP schedules encode without blocking and synchronizes on the first
+        touch of an output Array's attributes (size, CUDA array interface):
+        https://github.com/zarr-developers/zarr-python/pull/2863 (review comment by
+        the nvCOMP author). So nothing here reads the outputs: sizes are read in
+        :meth:`collect`, after :meth:`ready` says the stream got past the encode.
+        """
         cp, nvcomp = _imports()
+        p = self.params
+        if slab.shape != p.shape or not slab.flags.c_contiguous or slab.nbytes != self.plan.slab_nbytes:
+            raise ValueError(f"submit() needs a C-contiguous slab of shape {p.shape} from alloc_slab(), "
+                             f"got {slab.shape} {slab.dtype}")
         k, slot_no = self._schedule.submit()
         s = self._slots[slot_no]
-        p = self.params
-        with s["stream"]:
-            s["stage"].set(slab.view(self._utype), stream=s["stream"])  # async from pinned memory
-            threads = 256
-            blocks = min(max(1, -(-p.total // threads)), 65535 * 8)
-            self._kernel((blocks,), (threads,), (
+        stream = s["stream"]
+        rt = cp.cuda.runtime
+        # only the filled rows travel; the kernel never reads past `rows` (it pads instead).
+        # runtime.memcpyAsync(dst, src, size, kind, stream) takes plain integers in every CuPy
+        # release (cupy/cuda/runtime.pyx), unlike ndarray.get(blocking=...), which is CuPy 13+.
+        nbytes = rows * (slab.nbytes // p.shape[0])
+        rt.memcpyAsync(s["stage"].data.ptr, slab.ctypes.data, nbytes, rt.memcpyHostToDevice, stream.ptr)
+        blocks = min(max(1, -(-p.total // self.THREADS_PER_BLOCK)), 65535 * 8)
+        with stream:  # RawKernel launches on the current stream
+            self._kernel((blocks,), (self.THREADS_PER_BLOCK,), (
                 s["stage"], s["tiles"], self._shape_d, self._tile_d, self._counts_d, np.int32(len(p.shape)),
-                np.int64(rows), np.int64(p.tile_elems), np.int64(p.total), self._utype(self._fill_bits)))
+                np.int64(rows), np.int64(p.tile_elems), np.int64(p.stride), np.int64(p.total),
+                self._fill_bits))
+            tiles_u8 = s["tiles"].view(np.uint8)  # (n_tiles, stride * itemsize)
             frames = []
-            tiles_u8 = s["tiles"].view(np.uint8).reshape(len(s["tiles"]), -1)
             for a, b in self._batches:
-                batch = nvcomp.as_arrays([tiles_u8[i] for i in range(a, b)], cuda_stream=s["stream"].ptr)
+                # Codec.encode takes a list of Arrays and returns one compressed Array per input
+                # (batched); with BitstreamKind.RAW each is one plain zstd frame, no nvCOMP header
+                # (nvCOMP Python samples, NVIDIA/CUDALibrarySamples nvCOMP/examples/python/nvcomp_basic.ipynb)
+                batch = nvcomp.as_arrays([tiles_u8[i, :self._tile_nbytes] for i in range(a, b)],
+                                         cuda_stream=stream.ptr)
                 frames.extend(s["codec"].encode(batch))
-            dev = [cp.asarray(f).view(np.uint8).reshape(-1) for f in frames]
-            sizes = [int(d.size) for d in dev]
-            offsets, total = pack_offsets(sizes)
-            for d, off in zip(dev, offsets, strict=True):
-                s["packed"][off:off + d.size] = d
-            s["packed"][:total].get(out=s["host_out"][:total], stream=s["stream"], blocking=False)
-            s["event"] = s["stream"].record()
-        s["sizes"], s["offsets"] = sizes, offsets
+        # the nvCOMP-owned outputs stay referenced until collect() has copied them out
+        s["frames"], s["slab"] = frames, slab
+        s["event"] = stream.record()
         return k
 
     def ready(self, ticket: int) -> bool:
-        return bool(self._slots[ticket % len(self._slots)]["event"].done)
+        ev = self._slots[ticket % len(self._slots)]["event"]
+        return ev is None or bool(ev.done)
 
-    def collect(self, ticket: int) -> list[bytes]:
+    def collect(self, ticket: int) -> list[memoryview]:
+        cp, _ = _imports()
         slot_no = self._schedule.collect(ticket)
         s = self._slots[slot_no]
+        stream, frames = s["stream"], s["frames"]
+        rt = cp.cuda.runtime
         s["event"].synchronize()
-        host = s["host_out"]
-        return [host[o:o + n].tobytes() for o, n in zip(s["offsets"], s["sizes"], strict=True)]
+        # first touch of the outputs: Array.buffer_size is the compressed byte count and the CUDA
+        # array interface gives the device pointer (nvcomp_basic.ipynb prints both)
+        sizes = [int(f.buffer_size) for f in frames]
+        ptrs = [int(f.__cuda_array_interface__["data"][0]) for f in frames]
+        offsets, total = pack_offsets(sizes)
+        base = s["packed"].data.ptr
+        for ptr, off, n in zip(ptrs, offsets, sizes, strict=True):
+            if n:
+                rt.memcpyAsync(base + off, ptr, n, rt.memcpyDeviceToDevice, stream.ptr)
+        host = self._free_out.pop() if self._free_out else _pinned_empty(cp, self._out_cap, np.uint8)
+        rt.memcpyAsync(host.ctypes.data, base, total, rt.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        s["frames"] = s["slab"] = None  # copies done: nvCOMP may free its outputs now
+        self._lent[ticket] = host
+        mv = memoryview(host)
+        return [mv[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+
+    def release(self, ticket) -> None:
+        host = self._lent.pop(ticket, None)
+        if host is not None:
+            self._free_out.append(host)
 
     def close(self) -> None:
+        # wait for the streams, then drop nvCOMP outputs and codecs before the streams they
+        # were bound to (a dict would free "stream" first: its insertion order)
+        for s in self._slots:
+            s["stream"].synchronize()
+            s["frames"] = s["slab"] = s["event"] = None
+            s["codec"] = None
         self._slots = []
+        self._schedule = SlotSchedule(2)
         self._host_slabs = []
+        self._free_out = []
+        self._lent = {}
 
 
 def _pinned_empty(cp, n: int, dtype) -> np.ndarray:
-    """A numpy array over page-locked host memory (fast, truly async H2D/D2H copies)."""
+    """A numpy array over page-locked host memory (fast, truly async H2D/D2H copies).
+
+    ``np.frombuffer`` over ``cupy.cuda.alloc_pinned_memory`` is CuPy's documented
+    pattern (docs.cupy.dev, "cupy.cuda.alloc_pinned_memory"); the array keeps the
+    PinnedMemoryPointer alive.
+    """
     dtype = np.dtype(dtype)
-    mem = cp.cuda.alloc_pinned_memory(n * dtype.itemsize)
+    mem = cp.cuda.alloc_pinned_memory(max(1, n) * dtype.itemsize)
     return np.frombuffer(mem, dtype=dtype, count=n)
