@@ -244,8 +244,131 @@ def test_kernel_index_math_matches_numpy_tiling(case):
 
 def test_kernel_source_has_the_emulated_steps():
     src = gpu_mod.KERNEL_SOURCE
-    for step in ("tnum % counts[d]", "toff % tile[d]", "(d == 0) ? rows : shape[d]", "ok ? src[s] : fill"):
+    for step in ("t % counts[d]", "r % tile[d]", "(d == 0) ? rows : shape[d]", "ok ? src[s] : fill",
+                 "dst[tnum * tile_stride + toff]"):
         assert step in src
+    # every index is 64-bit: the only 32-bit ints are the dimension count and counter
+    import re
+
+    assert re.findall(r"\bint\s+(\w+)", src) == ["ndim", "d"]
+    assert "unsigned" not in src.replace("ELEM", "")
+
+
+def _reference_gather(params, rows, o):
+    """Independent reference: numpy's unravel/ravel of tile number and in-tile offset."""
+    tnum, toff = np.divmod(o, params.tile_elems)
+    grid = np.unravel_index(tnum, params.counts)
+    inner = np.unravel_index(toff, params.tile)
+    coord = [g * n + i for g, n, i in zip(grid, params.tile, inner, strict=True)]
+    lim = (rows,) + tuple(params.shape[1:])
+    valid = np.logical_and.reduce([c < m for c, m in zip(coord, lim, strict=True)])
+    src = np.ravel_multi_index(coord, params.shape, mode="clip")
+    return np.where(valid, src, -1), tnum * params.stride + toff
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_index_math_is_64_bit_for_slabs_past_2_31_elements(dtype):
+    # a slab of 2 x 50000 x 50001 elements (5e9 > 2^31): sampled, never materialized
+    geo = TileGeometry.create((3, 50000, 50001), (2, 4096, 4000), dtype)
+    plan = SlabPlan(geo.elided(), 0)
+    params = gpu_mod.KernelParams.from_plan(plan)
+    assert params.total > 2**32 and math.prod(params.shape) > 2**32
+    rng = np.random.default_rng(7)
+    o = np.concatenate([np.arange(2**31 - 5, 2**31 + 5), rng.integers(0, params.total, 2000),
+                        np.arange(params.total - 20, params.total)])
+    for rows in (2, 1):  # full slab, then the last slab with one row left
+        got_src, got_dst = gpu_mod.kernel_gather(params, rows, o)
+        want_src, want_dst = _reference_gather(params, rows, o)
+        np.testing.assert_array_equal(got_src, want_src)
+        np.testing.assert_array_equal(got_dst, want_dst)
+        assert got_src.max() > 2**31 and got_dst.max() > 2**32
+    # the last element of the last tile: padding in dim 1 and 2 (50000 % 4096, 50001 % 4000)
+    src, _ = gpu_mod.kernel_gather(params, 2, np.array([params.total - 1]))
+    assert src[0] == -1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tile", [(1, 1, 1), (3, 3, 3), (2, 5, 7), (4, 64, 64)])
+def test_tiles_start_aligned_and_never_overlap(dtype, tile):
+    geo = TileGeometry.create((5, 70, 70), tile, dtype)
+    plan = SlabPlan(geo.elided(), 0)
+    params = gpu_mod.KernelParams.from_plan(plan)
+    item = np.dtype(dtype).itemsize
+    assert params.stride >= params.tile_elems
+    assert (params.stride * item) % gpu_mod.TILE_ALIGN == 0
+    assert (params.stride - params.tile_elems) * item < gpu_mod.TILE_ALIGN
+    _, dst = gpu_mod.kernel_gather(params, plan.rows(0))
+    assert len(np.unique(dst)) == dst.size  # a bijection onto the tile slots
+    starts = dst[:: params.tile_elems]
+    assert np.all((starts * item) % gpu_mod.TILE_ALIGN == 0)
+    assert np.all(dst // params.stride == np.arange(dst.size) // params.tile_elems)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("fill", [float("nan"), -0.0, 1e30, 0])
+def test_edge_padding_has_the_cpu_backends_fill_bits(dtype, fill):
+    """The kernel pads with fill_bits(fill) moved as unsigned ints: same bytes as lift_transpose."""
+    a = (np.random.default_rng(4).random((5, 6, 7)) * 100).astype(dtype)
+    geo = TileGeometry.create(a.shape, (4, 4, 4), dtype)
+    plan = SlabPlan(geo.elided(), fill)
+    params = gpu_mod.KernelParams.from_plan(plan)
+    for s in range(plan.n_slabs):
+        rows = plan.rows(s)
+        slab = np.full(plan.slab_shape, 3, dtype=dtype)
+        slab[:rows] = a[s * 4: s * 4 + rows]
+        got = gpu_mod.emulate_kernel(slab, params, rows, fill)
+        want = lift_transpose(a[s * 4: s * 4 + rows], (4, 4, 4), fill).reshape(plan.tiles_per_slab, -1)
+        assert got.tobytes() == want.tobytes()
+    bits = gpu_mod.fill_bits(fill, dtype)
+    assert bits.dtype.itemsize == np.dtype(dtype).itemsize and bits.dtype.kind == "u"
+    assert np.array(bits).view(dtype).tobytes() == np.array(fill, dtype=dtype).tobytes()
+
+
+_HOST_PRELUDE = """
+#define __global__
+struct warp_dim3 { unsigned int x; };
+static warp_dim3 blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
+"""
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++ to build the kernel for the host")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_source_itself_matches_lift_transpose(tmp_path, dtype):
+    """KERNEL_SOURCE compiled as host C++ (one thread: blockIdx 0, gridDim 1) on real slabs.
+
+    This runs the CUDA source's own index math and padding, not the numpy mirror.
+    """
+    import ctypes
+    import subprocess
+
+    ctype, utype = gpu_mod._UINT_FOR_SIZE[np.dtype(dtype).itemsize]
+    src = tmp_path / "k.cpp"
+    src.write_text(_HOST_PRELUDE + gpu_mod.KERNEL_SOURCE.replace("ELEM", ctype))
+    lib = tmp_path / "k.so"
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    fn = ctypes.CDLL(str(lib)).warp_lift_transpose
+    ll = ctypes.c_longlong
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int, ll, ll, ll, ll, ctypes.c_uint64]
+    fn.restype = None
+    a = (np.random.default_rng(8).random((7, 10, 9)) * 200).astype(dtype)
+    tile = (3, 4, 5)
+    fill = 7
+    geo = TileGeometry.create(a.shape, tile, dtype)
+    plan = SlabPlan(geo.elided(), fill)
+    p = gpu_mod.KernelParams.from_plan(plan)
+    dims = [np.array(x, dtype=np.int64) for x in (p.shape, p.tile, p.counts)]
+    for s in range(plan.n_slabs):
+        rows = plan.rows(s)
+        slab = np.full(plan.slab_shape, 99, dtype=dtype)  # garbage past `rows` must never leak
+        slab[:rows] = a[s * 3: s * 3 + rows]
+        out = np.full(p.n_tiles * p.stride, 0xAB, dtype=utype)
+        fn(slab.ctypes.data, out.ctypes.data, *(d.ctypes.data for d in dims), len(p.shape), rows,
+           p.tile_elems, p.stride, p.total, int(gpu_mod.fill_bits(fill, dtype)))
+        got = out.reshape(p.n_tiles, p.stride)[:, :p.tile_elems].view(dtype)
+        want = lift_transpose(a[s * 3: s * 3 + rows], tile, fill).reshape(plan.tiles_per_slab, -1)
+        assert got.tobytes() == want.tobytes()
+        # the alignment gap between tiles is left untouched
+        assert np.all(out.reshape(p.n_tiles, p.stride)[:, p.tile_elems:] == utype(0xAB))
 
 
 @given(st.integers(0, 5000), st.integers(1, 1 << 20), st.integers(1, 1 << 26))
