@@ -14,7 +14,7 @@ import pytest
 import zarr
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import ConfigError, DataError
+from warpdata.errors import ConfigError, DataError, InternalError
 from warpdata.kernels.cpu import CpuBackend
 from warpdata.sampledata.volume import generate, photo_like_volume
 from warpdata.tiles.pyramid import Downsampler, reduce_block
@@ -428,3 +428,39 @@ def test_big_shards_written_with_o_direct_are_the_same_files(tmp_path, monkeypat
         t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}).result()
         np.testing.assert_array_equal(t.read().result(), a)
     assert trees["1"] == trees["0"]
+
+
+class _CorruptingBackend(CpuBackend):
+    """The real CPU backend, but one chunk of every slab is compressed from the wrong bytes."""
+
+    def __init__(self, bad_tile: int, **kw):
+        super().__init__(**kw)
+        self.bad_tile = bad_tile
+
+    def collect(self, ticket):
+        frames = list(super().collect(ticket))
+        import zstandard
+
+        t = self.bad_tile if self.bad_tile >= 0 else len(frames) + self.bad_tile
+        raw = zstandard.ZstdDecompressor().decompress(bytes(frames[t]))
+        frames[t] = zstandard.ZstdCompressor(level=1).compress(raw[::-1])
+        return frames
+
+
+@pytest.mark.parametrize("bad_tile", [0, -1])
+def test_a_backend_that_compresses_the_wrong_bytes_fails_before_commit(tmp_path, bad_tile):
+    a = photo_like_volume((8, 20, 30), "uint16", seed=4)  # edge tiles: the last one is padded
+    path = tmp_path / "a.zarr"
+    w = TileWriter(path, a.shape, a.dtype, (4, 8, 8), backend=_CorruptingBackend(bad_tile), fsync=False)
+    with pytest.raises(InternalError, match="compressed chunk .* of the first slab") as e, w:
+        w.write_array(a)
+    assert "cpu backend" in e.value.hint
+    assert not (path / "zarr.json").exists()
+
+
+def test_the_first_slab_check_passes_on_the_cpu_backend_with_padding(tmp_path):
+    a = photo_like_volume((3, 20, 30), "uint16", seed=5)  # smaller than one tile in dimension 0
+    with TileWriter(tmp_path / "b.zarr", a.shape, a.dtype, (4, 8, 8), backend="cpu", fsync=False,
+                    fill_value=7) as w:
+        w.write_array(a)
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "b.zarr", mode="r")[...], a)

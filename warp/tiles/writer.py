@@ -422,9 +422,38 @@ class TileWriter(CommitOnSuccess):
             with self._cond:
                 self._cond.notify_all()
 
+    def _check_chunks(self, data: np.ndarray, frames: list) -> None:
+        """Decode the first slab's first and last chunk on the CPU and compare them with their input.
+
+        A cheap canary (two chunks per writer, ~1 ms) against a backend that compresses the
+        wrong bytes — a GPU kernel or nvCOMP build never seen before, say: it fails the write
+        before anything is committed, instead of leaving an array that reads back wrong.
+        """
+        import zstandard
+        from warpdata.formats.tiling import gather_tile
+
+        g, counts, n = self.plan.geometry, self.plan.slab_counts, self.plan.tiles_per_slab
+        buf = np.empty(g.tile, g.dtype)
+        dctx = zstandard.ZstdDecompressor()
+        for t in sorted({0, n - 1}):
+            idx = tuple(int(i) for i in np.unravel_index(t, counts)) if counts else ()
+            expect = gather_tile(data, idx, g.tile, self.plan.fill, buf).tobytes()
+            try:
+                got = dctx.decompress(bytes(frames[t]), max_output_size=len(expect))
+            except zstandard.ZstdError as e:
+                got = f"an undecodable zstd frame ({e})"
+            if got != expect:
+                what = got if isinstance(got, str) else f"{len(got)} bytes that differ from its input"
+                raise InternalError(f"{self.url}: backend {self.backend.name} compressed chunk {idx} of the first "
+                                    f"slab into {what}; nothing was committed",
+                                    hint="write with the cpu backend ([tiles] backend = \"cpu\", WARP_BACKEND=cpu or backend=\"cpu\") "
+                                         "and report this with `warp doctor --json`")
+
     def _finish_slab(self, slab_no: int, buf_id: int, rows: int, view: np.ndarray, frames: list,
                      ticket: Any = None) -> None:
         data = view[:rows]
+        if slab_no == 0 and len(frames) == self.plan.tiles_per_slab:
+            self._check_chunks(data, frames)  # before the slab buffer is handed back for reuse
         if self._down is not None:
             down = self._down.push(data)
             if down is not None:
