@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from concurrent.futures import Executor, Future
 from typing import Any
 
@@ -121,6 +122,7 @@ class AlignedFile:
         self._pending: list[Future] = []
         self.direct_bytes = 0
         self.buffered_bytes = 0
+        self._count_lock = threading.Lock()  # writes run in the caller's thread and the I/O thread
 
     @property
     def direct(self) -> bool:
@@ -135,7 +137,8 @@ class AlignedFile:
         if self.dfd is not None and not (offset % BLOCK or n % BLOCK or _address(mv) % BLOCK):
             try:
                 self._pwrite_all(self.dfd, mv, offset)
-                self.direct_bytes += n
+                with self._count_lock:
+                    self.direct_bytes += n
                 return
             except OSError as e:
                 import errno
@@ -146,7 +149,8 @@ class AlignedFile:
                 os.close(self.dfd)
                 self.dfd = None
         self._pwrite_all(self.fd, mv, offset)
-        self.buffered_bytes += n
+        with self._count_lock:
+            self.buffered_bytes += n
 
     @staticmethod
     def _pwrite_all(fd: int, mv: memoryview, offset: int) -> None:
