@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from warpdata.formats.tiling import SlabPlan
+from warpdata.formats.zstdframe import content_size, with_content_size
 
 from . import TileBackend
 
@@ -387,7 +388,13 @@ class GpuBackend(TileBackend):
         s["frames"] = s["slab"] = None  # copies done: nvCOMP may free its outputs now
         self._lent[ticket] = host
         mv = memoryview(host)
-        return [mv[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+        views = [mv[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+        if views and content_size(views[0]) is None:
+            # nvCOMP's RAW zstd frames may leave the decompressed size out of the header (its docs
+            # do not say): add it, as the cpu backend's frames carry it, so readers that size
+            # their output from the header (older numcodecs, numcodecs.js, neuroglancer) work
+            views = [with_content_size(v, self._tile_nbytes) for v in views]
+        return views
 
     def release(self, ticket) -> None:
         host = self._lent.pop(ticket, None)
