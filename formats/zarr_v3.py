@@ -30,7 +30,6 @@ import contextlib
 import json
 import math
 import os
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -392,24 +391,23 @@ IOV_BATCH = 1024  # Linux's IOV_MAX
 # copying a shard's frames into one reused, page-aligned buffer costs ~0.1 s of CPU per GB, the page
 # cache's allocation + copy + writeback 0.4-2.7 s per GB here
 DIRECT_MIN_BYTES = 256 << 10
-_bounce = threading.local()
 
 
 def _write_direct(path: str, parts: Sequence, total: int) -> int:
     """Write ``parts`` to the empty file at ``path`` via one page-aligned bounce buffer."""
-    from warpdata.directio import BLOCK, AlignedFile, aligned_empty, pack_into
+    from warpdata.directio import BLOCK, AlignedFile, give_aligned, pack_into, take_aligned
 
     padded = -(-total // BLOCK) * BLOCK
-    buf = getattr(_bounce, "buf", None)
-    if buf is None or buf.nbytes < padded:
-        buf = aligned_empty(max(padded, 16 << 20))  # zeroed: touched once, reused by this thread
-        _bounce.buf = buf
-    pos = pack_into(buf, parts)
-    buf[pos:padded] = 0
-    with AlignedFile(path, direct=True) as f:
-        f.write(0, buf[:padded])
-        if padded != total:
-            f.truncate(total)
+    buf = take_aligned(padded)
+    try:
+        pos = pack_into(buf, parts)
+        buf[pos:padded] = 0
+        with AlignedFile(path, direct=True) as f:
+            f.write(0, buf[:padded])
+            if padded != total:
+                f.truncate(total)
+    finally:
+        give_aligned(buf)
     return total
 
 

@@ -88,3 +88,20 @@ def test_filesystem_type_and_the_direct_io_switch(tmp_path, monkeypatch):
     assert not wants_direct(tmp_path)
     monkeypatch.setenv("WARP_DIRECT_IO", "1")
     assert wants_direct("/dev/shm")
+
+
+def test_aligned_buffers_are_pooled_and_reused(monkeypatch):
+    from warpdata import directio
+    from warpdata.directio import give_aligned, take_aligned
+
+    monkeypatch.setattr(directio, "_POOL", [])  # other tests in this process may have pooled some
+
+    a = take_aligned(5 << 20)
+    assert a.nbytes >= 5 << 20 and a.ctypes.data % BLOCK == 0
+    give_aligned(a)
+    b = take_aligned(1 << 20)  # a free buffer that fits is reused, not allocated
+    assert b is a
+    c = take_aligned(1 << 20)  # none free now: a new one
+    assert c is not a
+    give_aligned(b)
+    give_aligned(c)
