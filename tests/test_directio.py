@@ -105,3 +105,8 @@ def test_aligned_buffers_are_pooled_and_reused(monkeypatch):
     assert c is not a
     give_aligned(b)
     give_aligned(c)
+    big = take_aligned(40 << 20)
+    give_aligned(big)  # pool: a, c (16 MiB), big (48 MiB)
+    assert take_aligned(20 << 20) is big  # the only one that fits, not first in the pool
+    got = take_aligned(1 << 20)
+    assert got is a or got is c

@@ -97,11 +97,9 @@ _GRAIN = 16 << 20
 def take_aligned(nbytes: int) -> Any:
     """A page-aligned uint8 array of at least ``nbytes`` (reused when one is free); see :func:`give_aligned`."""
     with _POOL_LOCK:
-        fits = [b for b in _POOL if b.nbytes >= nbytes]
-        if fits:
-            best = min(fits, key=lambda b: b.nbytes)
-            _POOL.remove(best)
-            return best
+        fits = [i for i, b in enumerate(_POOL) if b.nbytes >= nbytes]
+        if fits:  # the smallest that fits (by position: numpy arrays do not compare as list items)
+            return _POOL.pop(min(fits, key=lambda i: _POOL[i].nbytes))
     return aligned_empty(-(-max(nbytes, 1) // _GRAIN) * _GRAIN)
 
 
