@@ -110,3 +110,17 @@ def test_aligned_buffers_are_pooled_and_reused(monkeypatch):
     assert take_aligned(20 << 20) is big  # the only one that fits, not first in the pool
     got = take_aligned(1 << 20)
     assert got is a or got is c
+
+
+def test_filesystem_type_falls_back_to_the_longest_mount_point(tmp_path, monkeypatch):
+    """btrfs subvolumes report st_dev values that mountinfo does not list: match by mount point."""
+    from warpdata import directio
+
+    table = ({}, [(str(tmp_path / "sub"), "xfs"), (str(tmp_path), "btrfs"), ("/", "ext4")])
+    monkeypatch.setattr(directio, "_mounts", lambda: table)
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "subway").mkdir()
+    assert directio.filesystem_type(tmp_path / "sub" / "deeper" / "new.bin") == "xfs"
+    assert directio.filesystem_type(tmp_path / "subway") == "btrfs"  # a prefix of the name is not a parent
+    assert directio.filesystem_type(tmp_path) == "btrfs"
+    assert directio.filesystem_type("/") == "ext4"

@@ -35,16 +35,22 @@ DIRECT_FILESYSTEMS = frozenset({"ext4", "ext3", "xfs", "f2fs"})
 
 
 @functools.lru_cache(maxsize=1)
-def _mounts() -> dict[str, str]:
-    """``major:minor`` → filesystem type, from /proc/self/mountinfo (empty where there is none)."""
-    table: dict[str, str] = {}
+def _mounts() -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """From /proc/self/mountinfo: ``major:minor`` → type, and (mount point, type) longest first."""
+    by_dev: dict[str, str] = {}
+    points: list[tuple[str, str]] = []
     with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fields, rest = left.split(), right.split()
-            if len(fields) > 2 and rest:
-                table.setdefault(fields[2], rest[0])
-    return table
+            if len(fields) > 4 and rest:
+                by_dev.setdefault(fields[2], rest[0])
+                # mount points escape blanks as octal (\040)
+                point = fields[4].encode().decode("unicode_escape")
+                points.append((point, rest[0]))
+    points.reverse()  # among equal mount points the later mount is the visible one (sort is stable)
+    points.sort(key=lambda p: len(p[0]), reverse=True)
+    return by_dev, points
 
 
 def filesystem_type(path: str | os.PathLike) -> str | None:
@@ -59,7 +65,14 @@ def filesystem_type(path: str | os.PathLike) -> str | None:
             if parent == p:
                 return None
             p = parent
-    return _mounts().get(f"{os.major(dev)}:{os.minor(dev)}")
+    by_dev, points = _mounts()
+    found = by_dev.get(f"{os.major(dev)}:{os.minor(dev)}")
+    if found is None:  # btrfs subvolumes and some overlays report devices mountinfo does not list
+        real = os.path.realpath(p)
+        for point, fstype in points:  # the longest mount point containing the path (later mounts win)
+            if real == point or real.startswith(point.rstrip("/") + "/"):
+                return fstype
+    return found
 
 
 def wants_direct(path: str | os.PathLike) -> bool:
