@@ -112,7 +112,15 @@ class _Backend:
             return []
         return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
 
-    # subclasses: put_if_absent, put_file_if_absent, read_versioned, write_if
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The bytes and a version token (their SHA-256; S3 uses the ETag); None if absent."""
+        try:
+            data = self.get(key)
+        except FileNotFoundError:
+            return None
+        return data, hashlib.sha256(data).hexdigest()
+
+    # subclasses: put_if_absent, put_file_if_absent, write_if
 
 
 class _LocalBackend(_Backend):
@@ -134,13 +142,6 @@ class _LocalBackend(_Backend):
         if os.path.exists(self.path(key)):
             return False
         return create_exclusive(self.path(key), source=local)
-
-    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
-        try:
-            data = self.get(key)
-        except FileNotFoundError:
-            return None
-        return data, hashlib.sha256(data).hexdigest()
 
     def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
         from warpdata.atomic import atomic_write_bytes
@@ -168,13 +169,6 @@ class _MemoryBackend(_Backend):
     def put_file_if_absent(self, key: str, local: str) -> bool:
         with open(local, "rb") as f:
             return self.put_if_absent(key, f.read())
-
-    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
-        try:
-            data = self.get(key)
-        except FileNotFoundError:
-            return None
-        return data, hashlib.sha256(data).hexdigest()
 
     def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
         with _MEMORY_LOCK:
