@@ -1,5 +1,7 @@
 # warp developer entry points. `make test` and `make demo` work on a fresh
-# machine with nothing but Python: they create .venv and install into it.
+# machine with nothing but Python: they create .venv and install into it from
+# the hash-pinned locks in requirements/ (nothing is resolved at install time;
+# `make lock` refreshes them, see README "Development").
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,41 +9,71 @@ WARP := $(VENV)/bin/warp
 PIP := $(PY) -m pip
 DEMO ?= demo-out
 PYTEST_ARGS ?=
+# --no-deps + --require-hashes: the lock is the whole environment; wheels only, so no
+# build step resolves its own unpinned build dependencies.
+LOCKED_INSTALL := $(PIP) install -q --disable-pip-version-check --require-hashes --no-deps --only-binary :all:
+PROJECT_INSTALL := $(PIP) install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-.PHONY: install test demo bench lint docs docs-check clean
+.PHONY: install install-demo test demo bench lint docs docs-check lock clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+install-demo: $(VENV)/.installed-demo
+
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	# the CPU build of torch first, pinned, so nothing pulls a CUDA build
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[test,s3,zarr,torch]'
+
+# the demo needs no torch and installs none (requirements/demo.lock is the core only)
+$(VENV)/.installed-demo: pyproject.toml requirements/demo.lock | $(VENV)/bin/python
+	$(LOCKED_INSTALL) -r requirements/demo.lock
+	$(PROJECT_INSTALL)
 	touch $@
+
+# tests, S3, Zarr readers and the CPU build of torch (pinned by hash in the lock)
+$(VENV)/.installed: pyproject.toml requirements/dev.lock | $(VENV)/bin/python
+	$(LOCKED_INSTALL) -r requirements/dev.lock
+	$(PROJECT_INSTALL)
+	$(PIP) check -q 2>/dev/null || $(PIP) check
+	touch $@ $(VENV)/.installed-demo
+
+# Re-resolve the locks after a dependency change in pyproject.toml (needs the
+# package index). Pins already in a lock are kept; `make lock UPGRADE=1` moves
+# everything to the newest allowed releases.
+LOCK_VENV := .venv-lock
+LOCK_FLAGS := -q --generate-hashes --allow-unsafe --no-strip-extras --no-emit-index-url \
+	--no-emit-find-links --annotation-style line $(if $(UPGRADE),--upgrade)
+lock:
+	test -x $(LOCK_VENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install -q pip-tools; }
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile $(LOCK_FLAGS) \
+		--extra test --extra s3 --extra zarr --extra torch -o requirements/dev.lock pyproject.toml requirements/build.in
+	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile $(LOCK_FLAGS) \
+		-o requirements/demo.lock pyproject.toml requirements/build.in
 
 test: install
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
-demo: install
+# Everything the demo writes stays under $(DEMO)/: store, cache and outputs.
+DEMO_ENV := WARP_STORE=$(DEMO)/store WARP_CACHE_DIR=$(DEMO)/cache
+demo: install-demo
 	rm -rf $(DEMO)
 	@echo "== 1. sample detection data (COCO labels, a few broken samples) -> tensor warehouse"
 	$(PY) -m warpdata.sampledata detection $(DEMO)/coco --count 64 >/dev/null
-	$(WARP) etl --config $(DEMO)/coco/transform.toml
-	@echo "== 2. publish the warehouse to the local store, then read it back"
-	WARP_STORE=$(DEMO)/store $(WARP) publish demo/coco --from "$$($(WARP) etl -q --config $(DEMO)/coco/transform.toml)"
-	WARP_STORE=$(DEMO)/store $(WARP) ls
-	WARP_STORE=$(DEMO)/store $(WARP) inspect demo/coco --head 3
-	WARP_STORE=$(DEMO)/store WARP_CACHE_DIR=$(DEMO)/cache $(WARP) warm demo/coco
-	WARP_CACHE_DIR=$(DEMO)/cache $(WARP) cache stats
-	$(WARP) inspect --verify "$$($(WARP) etl -q --config $(DEMO)/coco/transform.toml)"
+	$(DEMO_ENV) $(WARP) etl --config $(DEMO)/coco/transform.toml > $(DEMO)/warehouse.path
+	@cat $(DEMO)/warehouse.path
+	@echo "== 2. publish the warehouse to the demo store, then read it back"
+	$(DEMO_ENV) $(WARP) publish demo/coco --from "$$(cat $(DEMO)/warehouse.path)"
+	$(DEMO_ENV) $(WARP) ls
+	$(DEMO_ENV) $(WARP) inspect demo/coco --head 3
+	$(DEMO_ENV) $(WARP) warm demo/coco
+	$(DEMO_ENV) $(WARP) cache stats
+	$(DEMO_ENV) $(WARP) inspect --verify "$$(cat $(DEMO)/warehouse.path)"
 	@echo "== 3. a WebDataset tar -> one TBL v2 file, verified"
 	$(PY) -m warpdata.sampledata wds $(DEMO)/shard.tar --count 64 >/dev/null
-	$(WARP) tar-to-tbl $(DEMO)/shard.tar $(DEMO)/shard.tbl --verify
+	$(DEMO_ENV) $(WARP) tar-to-tbl $(DEMO)/shard.tar $(DEMO)/shard.tbl --verify
 	@echo "== 4. a u16 volume -> tiled, zstd-compressed Zarr v3 pyramid"
 	$(PY) -m warpdata.sampledata volume $(DEMO)/volume --count 64 >/dev/null
-	$(WARP) etl --config $(DEMO)/volume/volume.toml
-	$(WARP) inspect --verify $(DEMO)/volume/volume.zarr
+	$(DEMO_ENV) $(WARP) etl --config $(DEMO)/volume/volume.toml
+	$(DEMO_ENV) $(WARP) inspect --verify $(DEMO)/volume/volume.zarr
 
 bench: install
 	$(PIP) install -q -c constraints.txt -e '.[bench]'
@@ -63,5 +95,5 @@ docs-check: install
 	$(PY) -m warpdata.docgen check
 
 clean:
-	rm -rf $(VENV) $(DEMO) build dist *.egg-info .pytest_cache .ruff_cache bench/out
+	rm -rf $(VENV) $(LOCK_VENV) $(DEMO) build dist *.egg-info .pytest_cache .ruff_cache bench/out
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
