@@ -47,6 +47,6 @@ def main(
     elif opts.quiet:
         out.data(result.path)
     else:
-        out.table(f"{result.kind} {result.status}: {result.path}", ["", ""], result.rows)
+        out.table(f"{result.kind} {result.status}: {result.path}", ["", ""], result.rows, to_stderr=True)
         out.data(result.path)
     return result.exit_code
