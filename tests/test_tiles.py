@@ -440,10 +440,12 @@ class _CorruptingBackend(CpuBackend):
     def collect(self, ticket):
         frames = list(super().collect(ticket))
         import zstandard
+        from warpdata.formats.zarr_v3 import chunk_crc
 
         t = self.bad_tile if self.bad_tile >= 0 else len(frames) + self.bad_tile
-        raw = zstandard.ZstdDecompressor().decompress(bytes(frames[t]))
-        frames[t] = zstandard.ZstdCompressor(level=1).compress(raw[::-1])
+        raw = zstandard.ZstdDecompressor().decompress(bytes(frames[t])[:-4])  # a valid chunk CRC-32C follows
+        frame = zstandard.ZstdCompressor(level=1).compress(raw[::-1])
+        frames[t] = frame + chunk_crc(frame)
         return frames
 
 

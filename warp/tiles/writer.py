@@ -121,14 +121,16 @@ class TileWriter(CommitOnSuccess):
     ``shards``: ``"auto"`` (default), a shard shape, or ``None`` for one
     object per chunk. ``backend``: a name (``auto``/``cpu``/``gpu``, default
     ``WARP_BACKEND``) or a :class:`TileBackend` instance. ``levels`` > 1
-    writes a multiscale pyramid downsampled with ``method``.
+    writes a multiscale pyramid downsampled with ``method``. ``checksum``
+    (default on) ends every chunk with its CRC-32C, the Zarr ``crc32c``
+    codec, which zarr-python and tensorstore verify on read.
     """
 
     def __init__(self, url, shape: Sequence[int], dtype, tile: Sequence[int], *,
                  shards: Sequence[int] | str | None = "auto", fill_value: Any = 0, level: int = 1,
                  backend: str | TileBackend | None = None, threads: int | None = None,
                  levels: int = 1, method: str = "median", axes: Sequence[str] | None = None,
-                 attributes: dict | None = None, fsync: bool = True, storage_config=None,
+                 attributes: dict | None = None, fsync: bool = True, storage_config=None, checksum: bool = True,
                  manifest_extra: dict | None = None, _store: zarr_v3.Store | None = None,
                  _level_index: int = 0) -> None:
         self.geometry = TileGeometry.create(shape, tile, dtype)
@@ -163,10 +165,12 @@ class TileWriter(CommitOnSuccess):
         self.store = root.sub(str(_level_index)) if levels > 1 else root
         self._empty = math.prod(g.shape) == 0
         self.plan = SlabPlan(g.elided(), self.fill_value)
+        self.checksum = bool(checksum)
         if isinstance(backend, TileBackend):
             self.backend = backend
         else:
-            self.backend = get_backend(backend, level=self.level, threads=threads)
+            self.backend = get_backend(backend, level=self.level, threads=threads, checksum=self.checksum)
+        self.backend.checksum = self.checksum  # chunks end with their CRC-32C (the crc32c codec)
         self._expected = g.nbytes
         self._received = 0
         self._crc = 0
@@ -240,7 +244,8 @@ class TileWriter(CommitOnSuccess):
                                 shards="auto" if self.shards is not None else None, fill_value=self.fill_value,
                                 level=self.level, backend=self.backend.name, threads=threads, levels=self.levels,
                                 method=self.method, axes=[a["name"] for a in self.axes], fsync=fsync,
-                                storage_config=storage_config, _store=root, _level_index=self._level_index + 1)
+                                storage_config=storage_config, checksum=self.checksum, _store=root,
+                                _level_index=self._level_index + 1)
 
     # -- intake (producer thread) -----------------------------------------------
     def _raise_if_failed(self) -> None:
@@ -438,8 +443,14 @@ class TileWriter(CommitOnSuccess):
         for t in sorted({0, n - 1}):
             idx = tuple(int(i) for i in np.unravel_index(t, counts)) if counts else ()
             expect = gather_tile(data, idx, g.tile, self.plan.fill, buf).tobytes()
+            frame = bytes(frames[t])
+            if self.checksum:
+                frame, stored = frame[:-zarr_v3.CRC_SIZE], frame[-zarr_v3.CRC_SIZE:]
+                if len(stored) != zarr_v3.CRC_SIZE or zarr_v3.chunk_crc(frame) != stored:
+                    frame = None
             try:
-                got = dctx.decompress(bytes(frames[t]), max_output_size=len(expect))
+                got = "a chunk whose CRC-32C does not match" if frame is None else \
+                    dctx.decompress(frame, max_output_size=len(expect))
             except zstandard.ZstdError as e:
                 got = f"an undecodable zstd frame ({e})"
             if got != expect:
@@ -499,7 +510,7 @@ class TileWriter(CommitOnSuccess):
         names = [a["name"] for a in self.axes] if self.axes else None
         return zarr_v3.array_metadata(g.shape, g.dtype, g.tile, shards=self.shards, fill_value=self.fill_value,
                                       level=self.level, dimension_names=names, attributes=self.attributes
-                                      if self._top and self.levels == 1 else {})
+                                      if self._top and self.levels == 1 else {}, checksum=self.checksum)
 
     def _level_info(self) -> list[dict]:
         g = self.geometry
@@ -571,7 +582,7 @@ class TileWriter(CommitOnSuccess):
             "chunks": list(g.tile),
             "shards": list(self.shards) if self.shards else None,
             "fill_value": zarr_v3.fill_value_json(self.fill_value, g.dtype),
-            "codec": {"name": "zstd", "level": self.level},
+            "codec": {"name": "zstd", "level": self.level, "checksum": "crc32c" if self.checksum else None},
             "array": r.levels[0]["path"],
             "levels": r.levels,
             "downsample": self.method if self.levels > 1 else None,
