@@ -432,6 +432,21 @@ class Store:
         self._dirs: set[str] = set()  # directories known to exist (shared with sub-stores)
         self._unsynced: set[str] = set()  # directories with renames not yet fsync'd
         self._direct_ok: bool | None = None  # O_DIRECT for big objects (decided on the first one)
+        self._written: list[str] | None = None  # object-store paths put, when tracked (shared with sub-stores)
+        self._mode: int | None = None  # permissions of local objects: 0o666 less the umask
+
+    def track_writes(self) -> None:
+        """Remember every object put (object stores), so :meth:`remove_written` can undo a failed write."""
+        if self._written is None:
+            self._written = []
+
+    def remove_written(self) -> None:
+        """Delete every object put since :meth:`track_writes` (best effort: errors are ignored)."""
+        if not self._written:
+            return
+        paths, self._written[:] = list(self._written), []
+        with contextlib.suppress(Exception):
+            self._fs.rm(paths)
 
     def _path(self, key: str) -> str:
         return self.location.join(key).path if key else self.location.path
@@ -443,6 +458,8 @@ class Store:
         if self.local:
             return self._put_local(path, parts, sync_dir)
         data = b"".join(parts)
+        if self._written is not None:
+            self._written.append(path)  # before the PUT: a failed PUT may still have left the object
         self._fs.pipe_file(path, data)
         return len(data)
 
@@ -467,7 +484,9 @@ class Store:
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            os.chmod(tmp, 0o644)
+            if self._mode is None:
+                self._mode = _file_mode()
+            os.chmod(tmp, self._mode)  # mkstemp makes 0600 files: give them the umask's permissions
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -521,7 +540,14 @@ class Store:
         s.location = self.location.join(prefix) if prefix else self.location
         s.url, s.fsync, s.local, s._fs = s.location.url, self.fsync, self.local, self._fs
         s._dirs, s._unsynced, s._direct_ok = self._dirs, self._unsynced, self._direct_ok
+        s._written, s._mode = self._written, self._mode
         return s
+
+
+def _file_mode() -> int:
+    from warpdata.tiles.replace import file_mode
+
+    return file_mode()
 
 
 IOV_BATCH = 1024  # Linux's IOV_MAX

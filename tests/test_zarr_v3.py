@@ -308,3 +308,15 @@ def test_crc32c_extend_matches_google_crc32c_and_releases_the_gil():
         stop.set()
         t.join()
     assert best > 100
+
+
+@pytest.mark.s3
+def test_failed_s3_write_removes_the_objects_it_put(s3):
+    a = _data((12, 10, 7), "uint16")
+    url = s3.url("failed.zarr")
+    with pytest.raises(KeyError), TileWriter(url, a.shape, a.dtype, (4, 4, 4), backend="cpu", levels=2) as w:
+        w.write_array(a)  # every chunk object of both levels is PUT before the block fails
+        raise KeyError("caller failed")
+    assert s3.count("PUT", "failed.zarr/") > 0
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="failed.zarr/")
+    assert listed.get("KeyCount", 0) == 0, [o["Key"] for o in listed.get("Contents", [])]

@@ -7,8 +7,9 @@ input is little-endian C-order bytes of ``[source] shape`` / ``dtype``;
 ``.npy`` input carries its own shape and dtype in its header. Relative paths
 are relative to the config file.
 
-Local outputs are built in a temporary sibling directory and renamed into
-place when complete; an existing output with the same recipe and the same
+Local outputs are built in a temporary sibling directory and put in place
+when complete, swapped with an existing output in one step
+(``warpdata.tiles.replace``); an existing output with the same recipe and the same
 input (CRC-32C of the input bytes, recorded in its manifest) is reused
 unless ``--clear``. S3 outputs are written object by object, ``zarr.json``
 and ``manifest.json`` last; an existing S3 output is replaced only with
@@ -250,10 +251,8 @@ def run(req: EtlRequest) -> EtlResult:
                       axes=cfg["output"]["axes"], manifest_extra=extra)
         t0 = time.perf_counter()
         if loc.protocol == "file":
-            from warpdata.atomic import atomic_dir
-
-            with atomic_dir(loc.path, replace=True) as tmp:
-                result = _write(inp, str(tmp), tiles["chunks"], kwargs, fsync=False)
+            # the writer builds in a temporary sibling and swaps it in with no gap (warp/tiles/replace.py)
+            result = _write(inp, loc.path, tiles["chunks"], kwargs, fsync=True)
         else:
             fs = filesystem(loc)
             if fs.exists(loc.path) and fs.ls(loc.path):

@@ -158,19 +158,50 @@ class TileWriter(CommitOnSuccess):
         self.manifest_extra = manifest_extra or {}
         self._level_index = _level_index
         self._top = _store is None
-        root = zarr_v3.Store(url, fsync=fsync, config=storage_config) if _store is None else _store
-        self.root = root
-        self.url = root.url
-        # a pyramid's levels live in sub-arrays "0", "1", …; a single level is the root itself
-        self.store = root.sub(str(_level_index)) if levels > 1 else root
-        self._empty = math.prod(g.shape) == 0
-        self.plan = SlabPlan(g.elided(), self.fill_value)
+        self._fsync = fsync
         self.checksum = bool(checksum)
         if isinstance(backend, TileBackend):
             self.backend = backend
         else:
             self.backend = get_backend(backend, level=self.level, threads=threads, checksum=self.checksum)
         self.backend.checksum = self.checksum  # chunks end with their CRC-32C (the crc32c codec)
+        self._tmp: str | None = None  # local top-level output: built here, renamed to _final on success
+        self._final: str | None = None
+        if _store is None:
+            final = zarr_v3.Store(url, fsync=fsync, config=storage_config)
+            self.url = final.url
+            if final.local:
+                from . import replace
+
+                # nothing half-written is ever visible under the final name (docs/formats/zarr-tiles.md,
+                # "Writing and replacing"): build in a temporary sibling, rename on success
+                replace.check_replaceable(final.location.path)
+                replace.clean_leftovers(final.location.path, replace.run_started())
+                self._final = final.location.path
+                self._tmp = str(replace.make_temp_dir(self._final))
+                root = zarr_v3.Store(self._tmp, fsync=fsync, config=storage_config)
+            else:
+                root = final
+                root.track_writes()  # an object store has no rename: abort() deletes what was put
+        else:
+            root = _store
+            self.url = str(url)
+        self.root = root
+        # a pyramid's levels live in sub-arrays "0", "1", …; a single level is the root itself
+        self.store = root.sub(str(_level_index)) if levels > 1 else root
+        self._empty = math.prod(g.shape) == 0
+        self.plan = SlabPlan(g.elided(), self.fill_value)
+        try:
+            self._start(threads, fsync, storage_config)
+        except BaseException:
+            self._discard()
+            raise
+
+    def _start(self, threads, fsync, storage_config) -> None:
+        g = self.geometry
+        root = self.root
+        _level_index = self._level_index
+        levels = self.levels
         self._expected = g.nbytes
         self._received = 0
         self._crc = 0
@@ -240,7 +271,7 @@ class TileWriter(CommitOnSuccess):
         kept = g.kept
         self._down = Downsampler(self.plan.slab_shape[1:], g.dtype, [factors_full[d] if g.shape[d] > 1 else 1 for d in kept],
                                  self.method)
-        self._next = TileWriter(root.url, next_shape, g.dtype, next_tile,
+        self._next = TileWriter(self.url, next_shape, g.dtype, next_tile,
                                 shards="auto" if self.shards is not None else None, fill_value=self.fill_value,
                                 level=self.level, backend=self.backend.name, threads=threads, levels=self.levels,
                                 method=self.method, axes=[a["name"] for a in self.axes], fsync=fsync,
@@ -550,6 +581,7 @@ class TileWriter(CommitOnSuccess):
             self._shutdown()
             if self._next is not None:
                 self._next.abort()
+            self._discard()
             raise
         self._shutdown()
         levels = self._level_info()
@@ -557,20 +589,41 @@ class TileWriter(CommitOnSuccess):
                              sum(lv["stored_bytes"] for lv in levels), sum(lv["objects"] for lv in levels),
                              self.chunks, levels)
         if self._top:
-            if self.levels > 1:
-                scales = []
-                fac = [2.0 if a["type"] == "space" else 1.0 for a in self.axes]
-                for i, lv in enumerate(levels):
-                    scales.append((lv["path"], [f ** i for f in fac]))
-                attrs = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)
-                attrs.update(self.attributes)
-                self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
-            result.manifest = self._manifest(result)
-            from warpdata.canonical import canonical_json
+            try:
+                if self.levels > 1:
+                    scales = []
+                    fac = [2.0 if a["type"] == "space" else 1.0 for a in self.axes]
+                    for i, lv in enumerate(levels):
+                        scales.append((lv["path"], [f ** i for f in fac]))
+                    attrs = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)
+                    attrs.update(self.attributes)
+                    self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
+                result.manifest = self._manifest(result)
+                from warpdata.canonical import canonical_json
 
-            self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
+                self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
+                if self._tmp is not None:
+                    from .replace import publish_dir
+
+                    publish_dir(self._tmp, self._final, fsync=self._fsync)
+                    self._tmp = None
+            except BaseException:
+                self._discard()
+                raise
         self.result = result
         return result
+
+    def _discard(self) -> None:
+        """Remove what a failed top-level write left: its temporary directory, or the objects it PUT."""
+        if not self._top:
+            return
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif getattr(self, "root", None) is not None and not self.root.local:
+            self.root.remove_written()
 
     def _manifest(self, r: WriteResult) -> dict:
         g = self.geometry
@@ -601,7 +654,8 @@ class TileWriter(CommitOnSuccess):
         self.backend.close()
 
     def abort(self) -> None:
-        """Stop without writing metadata (objects already written stay, unreferenced)."""
+        """Stop without writing metadata, and remove everything written so far (the temporary
+        directory of a local output; the objects already PUT to an object store)."""
         if self._closed:
             return
         self._closed = True
@@ -612,4 +666,5 @@ class TileWriter(CommitOnSuccess):
         if self._next is not None:
             self._next.abort()
         self.backend.close()
+        self._discard()
 
