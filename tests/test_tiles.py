@@ -628,3 +628,52 @@ def test_cli_output_follows_the_umask(cli, tmp_path, umask):
     for p in [out, *out.rglob("*")]:
         want = (0o777 if p.is_dir() else 0o666) & ~umask
         assert (p.stat().st_mode & 0o777) == want, (p, oct(p.stat().st_mode & 0o777))
+
+
+# -- OME-Zarr 0.5 (docs/formats/zarr-tiles.md "Multiscale") ------------------------------
+
+@pytest.mark.parametrize("shape", [(9, 10), (6, 9, 10), (2, 6, 9, 10), (2, 2, 6, 9, 10)])
+def test_pyramids_of_2_to_5_dims_are_valid_ome_zarr_0_5(tmp_path, shape):
+    ome_image = pytest.importorskip("ome_zarr_models.v05.image")
+    a = _vol(shape)
+    path = tmp_path / "p.zarr"
+    tile = tuple(min(4, s) for s in shape)
+    with TileWriter(path, a.shape, a.dtype, tile, levels=2, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    assert w.result.ome_zarr["valid"] is True
+    ome_image.Image.from_zarr(zarr.open_group(str(path), mode="r"))  # raises on anything invalid
+
+
+@pytest.mark.parametrize("shape", [(40,), (2, 2, 2, 6, 8, 10)])
+def test_pyramids_that_cannot_be_ome_zarr_say_so_and_keep_non_space_axes(cli, tmp_path, shape):
+    a = _vol(shape) if len(shape) > 1 else np.arange(40, dtype=np.uint16)
+    path = tmp_path / "p.zarr"
+    tile = tuple(min(4, s) for s in shape)
+    with TileWriter(path, a.shape, a.dtype, tile, levels=2, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    r = w.result
+    assert r.ome_zarr["valid"] is False and "OME-Zarr 0.5 allows 2 to 5" in r.ome_zarr["reason"]
+    g = json.loads((path / "zarr.json").read_text())
+    assert "ome" not in g["attributes"] and g["attributes"]["warp"]["not_ome_zarr"]
+    want = tuple(-(-s // 2) for s in shape[-3:])
+    assert zarr.open_array(str(path / "1"), mode="r").shape == shape[:-3] + want  # only z, y, x halve
+    doc = cli("inspect", str(path), "--json").json()
+    assert doc["ome_zarr"]["valid"] is False
+    assert "not OME-Zarr" in cli("inspect", str(path)).out
+
+
+def test_verify_says_what_it_checked_and_that_it_passed(cli, tmp_path):
+    a = _vol((12, 16, 16))
+    path = tmp_path / "p.zarr"
+    with TileWriter(path, a.shape, a.dtype, (4, 8, 8), levels=2, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    plain = cli("inspect", str(path)).out
+    v = cli("inspect", "--verify", str(path))
+    assert v.code == 0, v.err
+    assert v.out != plain
+    for needle in ("levels", "2 of 2 read", "CRC-32C matched", "zarr-python", "PASSED", "input_crc32c"):
+        assert needle in v.out, (needle, v.out)
+    doc = cli("inspect", "--verify", str(path), "--json").json()
+    ver = doc["verification"]
+    assert ver["passed"] is True and ver["levels"] == 2 and ver["chunk_crcs"] == ver["chunks"] > 0
+    assert ver["metadata"] == 3  # the group and both levels

@@ -292,12 +292,15 @@ def _result(manifest: dict, path: str, status: str, seconds: float) -> EtlResult
         "backend": manifest.get("backend"), "raw_bytes": raw, "stored_bytes": stored,
         "ratio": round(ratio, 4), "seconds": round(seconds, 3), "gb_per_s": round(gbps, 4) if gbps else None,
         "input_crc32c": manifest.get("input_crc32c"),
+        "ome_zarr": manifest.get("ome_zarr"),
     }
     rows = [("shape", f"{manifest.get('shape')} {manifest.get('dtype')}"),
             ("chunks / shards", f"{manifest.get('chunks')} / {manifest.get('shards') or 'unsharded'}"),
             ("levels", str(summary["levels"])), ("backend", str(summary["backend"])),
             ("size", f"{raw / 1e6:.1f} MB -> {stored0 / 1e6:.1f} MB (ratio {ratio:.2f})"
              + (f", {stored / 1e6:.1f} MB with all levels" if len(levels) > 1 else ""))]
+    if isinstance(manifest.get("ome_zarr"), dict):
+        rows.append(("OME-Zarr", str(manifest["ome_zarr"].get("text"))))
     if gbps:
         rows.append(("speed", f"{gbps:.3f} GB/s in {seconds:.2f} s"))
     return EtlResult(kind="zarr-array", path=path, summary=summary, rows=rows, status=status)

@@ -85,13 +85,20 @@ def default_axes(ndim: int, names: Sequence[str] | None = None) -> list[dict]:
     """OME-style axes: …, t, c, then up to three spatial axes z, y, x (last)."""
     if names is None:
         spatial = ["z", "y", "x"][-min(ndim, 3):]
-        lead = ["t", "c"][-(ndim - len(spatial)):] if ndim - len(spatial) in (1, 2) else []
+        lead = ["t", "c"][-min(ndim - len(spatial), 2):] if ndim > len(spatial) else []
         extra = [f"dim_{i}" for i in range(ndim - len(spatial) - len(lead))]
         names = extra + lead + spatial
+        # leading extra axes (>= 6-D) have no type: like t and c they are not downsampled
+        kinds = {"t": "time", "c": "channel", **{n: None for n in extra}}
+    else:
+        kinds = {"t": "time", "c": "channel"}
     if len(names) != ndim:
         raise ConfigError(f"{len(names)} axis names for {ndim} dimensions", hint="give one name per dimension")
-    kinds = {"t": "time", "c": "channel"}
-    return [{"name": n, "type": kinds.get(n, "space")} for n in names]
+    out = []
+    for n in names:
+        t = kinds.get(n, "space")
+        out.append({"name": n} if t is None else {"name": n, "type": t})
+    return out
 
 
 @dataclass
@@ -105,6 +112,8 @@ class WriteResult:
     chunks: int
     levels: list[dict] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
+    #: pyramids: whether the group is valid OME-Zarr 0.5 ({"valid", "version", "reason", "text"}); None for one level
+    ome_zarr: dict[str, Any] | None = None
 
     @property
     def ratio(self) -> float:
@@ -265,7 +274,7 @@ class TileWriter(CommitOnSuccess):
 
     def _setup_next_level(self, root, threads, fsync, storage_config) -> None:
         g = self.geometry
-        factors_full = [1 if a["type"] != "space" else 2 for a in self.axes]
+        factors_full = [1 if a.get("type") != "space" else 2 for a in self.axes]
         next_shape = downsampled_shape(g.shape, factors_full)
         next_tile = [min(n, s) if s > 0 else n for n, s in zip(g.tile, next_shape, strict=True)]
         kept = g.kept
@@ -591,11 +600,15 @@ class TileWriter(CommitOnSuccess):
         if self._top:
             try:
                 if self.levels > 1:
+                    from .ome import group_attributes
+
                     scales = []
-                    fac = [2.0 if a["type"] == "space" else 1.0 for a in self.axes]
+                    fac = [2.0 if a.get("type") == "space" else 1.0 for a in self.axes]
                     for i, lv in enumerate(levels):
                         scales.append((lv["path"], [f ** i for f in fac]))
-                    attrs = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)
+                    multiscale = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)["ome"]["multiscales"][0]
+                    # valid OME-Zarr 0.5 where the axes qualify, else under "warp" with the reason (ome.py)
+                    attrs, result.ome_zarr = group_attributes(multiscale, self.axes)
                     attrs.update(self.attributes)
                     self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
                 result.manifest = self._manifest(result)
@@ -639,6 +652,7 @@ class TileWriter(CommitOnSuccess):
             "array": r.levels[0]["path"],
             "levels": r.levels,
             "downsample": self.method if self.levels > 1 else None,
+            "ome_zarr": r.ome_zarr,
             "raw_bytes": r.raw_bytes,
             "stored_bytes": r.stored_bytes,
             "objects": r.objects,
