@@ -676,12 +676,65 @@ def iter_row_blocks(store: Store, layout: ArrayLayout) -> Iterator[np.ndarray]:
 
 
 def read_array(url: str | os.PathLike) -> np.ndarray:
-    """Decode a whole array written in warp's layout (for verification and tests)."""
+    """Decode a whole array written in warp's layout (for verification and tests).
+
+    Every chunk's CRC-32C is checked (when the array has them); when warp's
+    ``manifest.json`` describes the array (beside it, or one level up for a
+    pyramid level) its recorded shape, chunks and shards must match
+    ``zarr.json`` and level 0 must decode to the recorded input CRC-32C —
+    so damaged metadata is a DataError, not an array of the wrong shape.
+    """
     store = Store(url)
     layout = read_layout(store)
     if math.prod(layout.shape) == 0:
-        return np.full(layout.shape, layout.fill_value, dtype=layout.dtype)
-    return np.concatenate(list(iter_row_blocks(store, layout)), axis=0)
+        out = np.full(layout.shape, layout.fill_value, dtype=layout.dtype)
+    else:
+        out = np.concatenate(list(iter_row_blocks(store, layout)), axis=0)
+    _check_against_manifest(store, layout, out)
+    return out
+
+
+def _manifest_record(store: Store) -> tuple[dict, dict] | None:
+    """(manifest, its level entry) describing the array at ``store``, if warp's manifest is found."""
+    if not store.local:
+        return None
+    path = store.location.path.rstrip("/")
+    for root, level in ((path, ""), (os.path.dirname(path), os.path.basename(path))):
+        try:
+            with open(os.path.join(root, "manifest.json"), "rb") as f:
+                m = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(m, dict) or m.get("kind") != "zarr-array" or not isinstance(m.get("levels"), list):
+            continue
+        for lv in m["levels"]:
+            if isinstance(lv, dict) and lv.get("path", "") == level:
+                return m, lv
+    return None
+
+
+def _check_against_manifest(store: Store, layout: ArrayLayout, data: np.ndarray) -> None:
+    rec = _manifest_record(store)
+    if rec is None:
+        return
+    m, lv = rec
+    where = f"{store.url}/{ZARR_JSON}"
+    want = {"shape": list(layout.shape), "chunks": list(layout.chunks),
+            "shards": list(layout.shards) if layout.shards else None}
+    for k, v in want.items():
+        if k in lv and lv[k] != v:
+            raise DataError(f"{where}: {k} {v} differs from the {lv[k]} recorded in manifest.json",
+                            hint="the metadata is damaged; rewrite the array", path=where)
+    if m.get("dtype") not in (None, layout.dtype.name):
+        raise DataError(f"{where}: data_type {layout.dtype.name} differs from the {m.get('dtype')} in manifest.json",
+                        hint="the metadata is damaged; rewrite the array", path=where)
+    if lv.get("path", "") == m.get("array", "") and isinstance(m.get("input_crc32c"), str):
+        from . import crc
+
+        got = f"{crc.extend(0, data):08x}"
+        if got != m["input_crc32c"]:
+            raise DataError(f"{store.url}: decodes to CRC-32C {got}, not the input's {m['input_crc32c']} recorded "
+                            "in manifest.json", hint="the array or its metadata is damaged; rewrite it", path=where)
 
 
 def verify_array(store: Store) -> tuple[dict[str, int], list[str]]:

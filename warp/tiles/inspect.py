@@ -36,8 +36,8 @@ def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
         m = _read_json(os.path.join(target, MANIFEST_NAME))
         if m is not None:
             return m.get("kind") == "zarr-array"
-        z = _read_json(os.path.join(target, zarr_v3.ZARR_JSON))
-        return z is not None and z.get("zarr_format") == 3
+        # any zarr.json, even one that does not parse: inspect() then names what is wrong with it
+        return os.path.isfile(os.path.join(target, zarr_v3.ZARR_JSON))
     return head is not None and os.path.basename(target) == zarr_v3.ZARR_JSON and b'"zarr_format"' in head
 
 
