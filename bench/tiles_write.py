@@ -2,11 +2,14 @@
 
     .venv/bin/python bench/tiles_write.py            # 1 GiB u16 volume, ~2-4 minutes here
     .venv/bin/python bench/tiles_write.py --gib 0.25 --runs 2   # quicker
+    .venv/bin/python bench/tiles_write.py --checksum-cost       # + warp without chunk CRC-32C
 
 All three write the same photo-like u16 volume (smooth structure + noise,
 ``warpdata.sampledata.volume``) from memory into the same layout: chunks
 64³, shards 64×512×512 (``sharding_indexed``, crc32c index at the end), zstd
-level 1 without checksum. The ceiling is measured in the same run (before
+level 1 without checksum. warp also ends every chunk with its CRC-32C (the
+``crc32c`` codec, its default); ``--checksum-cost`` adds a warp run without it
+to the same round-robin, to measure what the checksum costs. The ceiling is measured in the same run (before
 and after the writers, the faster kept): one thread compressing the
 already-tiled volume with zstd level 1, times the cores available (the
 seed's "physical limit"; zstd is ~88 % of the work).
@@ -116,7 +119,7 @@ def du(path: str) -> int:
                if f not in ("zarr.json", "manifest.json"))
 
 
-def warp_writer(a: np.ndarray, path: str, backend: str = "cpu"):
+def warp_writer(a: np.ndarray, path: str, backend: str = "cpu", checksum: bool = True):
     from warpdata.kernels import get_backend
     from warpdata.tiles.writer import TileWriter
 
@@ -124,7 +127,8 @@ def warp_writer(a: np.ndarray, path: str, backend: str = "cpu"):
 
     def run():
         # warp's default durability (every object fsync'd), as tensorstore's file driver syncs by default
-        with TileWriter(path, a.shape, a.dtype, CHUNKS, shards=SHARDS, level=1, backend=backend) as w:
+        with TileWriter(path, a.shape, a.dtype, CHUNKS, shards=SHARDS, level=1, backend=backend,
+                        checksum=checksum) as w:
             w.write_array(a)
 
     return run
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="where outputs go (default /dev/shm)")
     p.add_argument("--backend", default="cpu", choices=("cpu", "gpu"),
                    help="warp backend (gpu: on a CUDA machine with cupy + nvidia-nvcomp)")
+    p.add_argument("--checksum-cost", action="store_true",
+                   help="also run warp without the per-chunk CRC-32C (checksum=False), round-robin with the rest")
     a_ = p.parse_args(argv)
 
     from warpdata.sampledata.volume import photo_like_volume
@@ -203,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         writers = ((f"warp TileWriter ({a_.backend})", lambda x, p: warp_writer(x, p, a_.backend)),
                    ("zarr-python " + _ver("zarr"), zarr_writer), ("tensorstore " + _ver("tensorstore"), tensorstore_writer))
-        paths = [os.path.join(base, name.split()[0] + ".zarr") for name, _ in writers]
+        if a_.checksum_cost:
+            writers += ((f"warp no-crc ({a_.backend})", lambda x, p: warp_writer(x, p, a_.backend, checksum=False)),)
+        paths = [os.path.join(base, f"{i}-" + name.split()[0] + ".zarr") for i, (name, _) in enumerate(writers)]
         fns = [make(a, path) for (_, make), path in zip(writers, paths, strict=True)]
         walls: list[list[float]] = [[] for _ in writers]
         cpus: list[list[float]] = [[] for _ in writers]

@@ -5,13 +5,16 @@ and tensorstore read back bit-exact:
 
 * ``zarr.json``: ``zarr_format`` 3, ``node_type`` array, regular chunk grid,
   default key encoding with separator ``/``, ``fill_value``; codecs ``bytes``
-  (little-endian) then ``zstd`` ``{level, checksum: false}``; or one
-  ``sharding_indexed`` codec with those as inner codecs, index codecs
+  (little-endian), ``zstd`` ``{level, checksum: false}``, then ``crc32c``; or
+  one ``sharding_indexed`` codec with those as inner codecs, index codecs
   ``bytes`` + ``crc32c`` and the index at the end;
-* chunk/shard objects at ``c/i/j/k`` (slowest dimension first): one plain
-  zstd frame per chunk holding the chunk's C-order bytes, edge chunks padded
+* chunk/shard objects at ``c/i/j/k`` (slowest dimension first): per chunk
+  one plain zstd frame holding the chunk's C-order bytes, edge chunks padded
   to the full chunk shape with the fill value (no transpose codec: the tiled
-  bytes already are the ``bytes`` encoding);
+  bytes already are the ``bytes`` encoding), then the CRC-32C of the frame
+  (u32 LE, the ``crc32c`` codec) — so zarr-python and tensorstore reject a
+  damaged chunk too. Arrays written before the checksum (codecs ending in
+  ``zstd``) are still read;
 * a shard is its inner chunks' frames back to back, then the index: one
   little-endian u64 pair ``(offset, nbytes)`` per inner chunk in C order over
   the shard's chunk grid (offsets from byte 0 of the shard; an absent chunk
@@ -45,6 +48,23 @@ EMPTY = 2**64 - 1
 INDEX_ENTRY = 16  # two u64 per inner chunk
 CRC_SIZE = 4
 
+# Limits on what a zarr.json may declare before warp reads it (docs/formats/zarr-tiles.md, "Limits"):
+# a hostile or damaged file must not make a reader or `warp inspect --verify` allocate or loop
+# without bound. Each is far above anything warp writes in practice.
+MAX_DIMS = 64
+MAX_ELEMENTS = 2**50  # elements in the whole array (product of the shape)
+MAX_OBJECTS = 2**32  # stored objects (shards or chunks) the grid declares
+MAX_CHUNK_BYTES = 2**31  # decoded bytes of one chunk (what decoding one allocates)
+MAX_CHUNKS_PER_SHARD = 2**24  # inner chunks of one shard (its index is 16 bytes each)
+MAX_JSON_BYTES = 1 << 20  # size of a zarr.json
+
+
+def chunk_crc(frame: Any) -> bytes:
+    """The ``crc32c`` codec's suffix for ``frame``: its CRC-32C, u32 little-endian."""
+    from . import crc
+
+    return crc.extend(0, frame).to_bytes(CRC_SIZE, "little")
+
 
 # -- metadata ------------------------------------------------------------------
 
@@ -67,9 +87,21 @@ def fill_value_json(value: Any, dtype) -> int | float | str:
 
 
 def fill_value_from_json(value: Any, dtype) -> Any:
+    """The fill value of ``zarr.json``; ValueError/KeyError/TypeError when it does not fit ``dtype``."""
     dt = normalize_dtype(dtype)
-    if isinstance(value, str):
-        return {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[value]
+    if isinstance(value, bool) or value is None:
+        raise TypeError(f"fill value {value!r}")
+    if dt.kind == "f":
+        if isinstance(value, str):
+            return dt.type({"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}[value])
+        if not isinstance(value, (int, float)):
+            raise TypeError(f"fill value {value!r}")
+        return dt.type(value)
+    if not isinstance(value, int):  # integer dtypes: an integer in range
+        raise TypeError(f"fill value {value!r}")
+    info = np.iinfo(dt)
+    if not info.min <= value <= info.max:
+        raise ValueError(f"fill value {value} outside {dt.name}")
     return dt.type(value)
 
 
@@ -83,12 +115,15 @@ def _zstd_codec(level: int) -> dict:
 
 def array_metadata(shape: Sequence[int], dtype, chunks: Sequence[int], *, shards: Sequence[int] | None = None,
                    fill_value: Any = 0, level: int = 1, dimension_names: Sequence[str] | None = None,
-                   attributes: dict | None = None) -> dict:
-    """The ``zarr.json`` document of an array (sharded when ``shards`` is given)."""
+                   attributes: dict | None = None, checksum: bool = True) -> dict:
+    """The ``zarr.json`` document of an array (sharded when ``shards`` is given).
+
+    ``checksum``: every chunk ends with its CRC-32C (the ``crc32c`` codec after ``zstd``).
+    """
     dt = normalize_dtype(dtype)
     shape = [int(s) for s in shape]
     chunks = [int(c) for c in chunks]
-    inner = [_bytes_codec(), _zstd_codec(level)]
+    inner = [_bytes_codec(), _zstd_codec(level)] + ([{"name": "crc32c"}] if checksum else [])
     if shards is not None:
         shards = [int(s) for s in shards]
         for d, (s, c) in enumerate(zip(shards, chunks, strict=True)):
@@ -146,9 +181,36 @@ def chunk_key(index: Sequence[int]) -> str:
     return "c/" + "/".join(str(int(i)) for i in index) if len(index) else "c"
 
 
+class _Bad(Exception):
+    """A reason ``zarr.json`` is not in the layout warp reads (becomes a DataError)."""
+
+
+def _int_list(v: Any, what: str, *, minimum: int) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise _Bad(f"{what} must be a list of integers, got {v!r:.80}")
+    if len(v) > MAX_DIMS:
+        raise _Bad(f"{what} has {len(v)} dimensions, over warp's limit MAX_DIMS = {MAX_DIMS}")
+    if any(x < minimum for x in v):
+        raise _Bad(f"{what} {v!r:.80} has a value below {minimum}")
+    return tuple(v)
+
+
+def _named(c: Any, what: str) -> tuple[str, dict]:
+    if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+        raise _Bad(f"{what} must be an object with a name, got {c!r:.80}")
+    cfg = c.get("configuration", {})
+    if not isinstance(cfg, dict):
+        raise _Bad(f"{what} {c['name']!r}: configuration must be an object")
+    return c["name"], cfg
+
+
+def _pow2(n: int) -> str:
+    return f"2^{n.bit_length() - 1}" if n > 1 and n & (n - 1) == 0 else f"{n:,}"
+
+
 @dataclass(frozen=True)
 class ArrayLayout:
-    """What a reader needs from ``zarr.json``: shape, dtype, chunk/shard shapes, fill."""
+    """What a reader needs from ``zarr.json``: shape, dtype, chunk/shard shapes, fill, checksum."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
@@ -156,37 +218,96 @@ class ArrayLayout:
     shards: tuple[int, ...] | None
     fill_value: Any
     level: int
+    checksum: bool = False  # every chunk ends with the crc32c codec's CRC-32C
 
     @classmethod
-    def from_metadata(cls, meta: dict, where: str = ZARR_JSON) -> ArrayLayout:
+    def from_metadata(cls, meta: Any, where: str = ZARR_JSON) -> ArrayLayout:
+        """Parse and check ``zarr.json``: DataError naming the field (or the limit) when it is not
+        an array in the layout warp writes, or declares sizes past warp's limits (MAX_*)."""
         try:
-            if meta.get("zarr_format") != 3 or meta.get("node_type") != "array":
-                raise KeyError("zarr_format/node_type")
-            if meta["data_type"] not in SUPPORTED_DTYPES:
-                raise KeyError(f"data_type {meta['data_type']!r}")
-            dtype = normalize_dtype(meta["data_type"])
-            grid = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
-            enc = meta.get("chunk_key_encoding", {})
-            if enc.get("name") != "default" or enc.get("configuration", {}).get("separator", "/") != "/":
-                raise KeyError("chunk_key_encoding (only default with '/' is supported)")
-            codecs = meta["codecs"]
-            if codecs[0]["name"] == "sharding_indexed":
-                cfg = codecs[0]["configuration"]
-                chunks, shards, inner = tuple(cfg["chunk_shape"]), grid, cfg["codecs"]
-                if cfg.get("index_location", "end") != "end":
-                    raise KeyError("index_location (only 'end' is supported)")
-            else:
-                chunks, shards, inner = grid, None, codecs
-            names = [c["name"] for c in inner]
-            if names != ["bytes", "zstd"]:
-                raise KeyError(f"codecs {names} (expected ['bytes', 'zstd'])")
-            level = int(inner[1].get("configuration", {}).get("level", 0))
-            return cls(tuple(meta["shape"]), dtype, chunks, shards,
-                       fill_value_from_json(meta["fill_value"], dtype), level)
-        except (KeyError, IndexError, TypeError) as e:
+            return cls._parse(meta)
+        except _Bad as e:
             raise DataError(f"{where}: not a Zarr v3 array in the layout warp reads ({e})",
                             hint="warp reads arrays written by warp etl / TileWriter; use zarr-python for others",
                             path=where) from None
+
+    @classmethod
+    def _parse(cls, meta: Any) -> ArrayLayout:
+        if not isinstance(meta, dict):
+            raise _Bad("the document is not a JSON object")
+        if meta.get("zarr_format") != 3 or isinstance(meta.get("zarr_format"), bool) or meta.get("node_type") != "array":
+            raise _Bad("zarr_format/node_type: expected 3 and 'array'")
+        dt_name = meta.get("data_type")
+        if not isinstance(dt_name, str) or dt_name not in SUPPORTED_DTYPES:
+            raise _Bad(f"data_type {dt_name!r:.40}")
+        dtype = normalize_dtype(dt_name)
+        shape = _int_list(meta.get("shape"), "shape", minimum=0)
+        grid_meta = meta.get("chunk_grid")
+        name, cfg = _named(grid_meta, "chunk_grid")
+        if name != "regular":
+            raise _Bad(f"chunk_grid {name!r:.40} (only 'regular' is supported)")
+        grid = _int_list(cfg.get("chunk_shape"), "chunk_grid chunk_shape", minimum=1)
+        if len(grid) != len(shape):
+            raise _Bad(f"chunk_shape has {len(grid)} dimensions, shape has {len(shape)}")
+        name, enc = _named(meta.get("chunk_key_encoding", {"name": "default"}), "chunk_key_encoding")
+        if name != "default" or enc.get("separator", "/") != "/":
+            raise _Bad("chunk_key_encoding (only default with '/' is supported)")
+        codecs = meta.get("codecs")
+        if not isinstance(codecs, list) or not codecs:
+            raise _Bad("codecs must be a non-empty list")
+        first, cfg = _named(codecs[0], "codec")
+        if first == "sharding_indexed":
+            if len(codecs) != 1:
+                raise _Bad("codecs after sharding_indexed are not supported")
+            chunks = _int_list(cfg.get("chunk_shape"), "sharding chunk_shape", minimum=1)
+            if len(chunks) != len(shape):
+                raise _Bad(f"sharding chunk_shape has {len(chunks)} dimensions, shape has {len(shape)}")
+            if any(g % c for g, c in zip(grid, chunks, strict=True)):
+                raise _Bad(f"shard shape {list(grid)} is not a multiple of the chunk shape {list(chunks)}")
+            if cfg.get("index_location", "end") != "end":
+                raise _Bad("index_location (only 'end' is supported)")
+            index = cfg.get("index_codecs")
+            if not isinstance(index, list) or [_named(c, "index codec")[0] for c in index] != ["bytes", "crc32c"] \
+                    or index[0].get("configuration", {}).get("endian", "little") != "little":
+                raise _Bad("index_codecs (expected [bytes little-endian, crc32c])")
+            shards, inner = grid, cfg.get("codecs")
+            if not isinstance(inner, list):
+                raise _Bad("sharding codecs must be a list")
+        else:
+            chunks, shards, inner = grid, None, codecs
+        parsed = [_named(c, "codec") for c in inner]
+        names = [n for n, _ in parsed]
+        if names not in (["bytes", "zstd"], ["bytes", "zstd", "crc32c"]):
+            raise _Bad(f"codecs {names!r:.80} (expected ['bytes', 'zstd', 'crc32c'])")
+        if parsed[0][1].get("endian", "little") != "little":
+            raise _Bad("bytes codec endian (only 'little' is supported)")
+        zcfg = parsed[1][1]
+        level = zcfg.get("level", 0)
+        if not isinstance(level, int) or isinstance(level, bool) or not isinstance(zcfg.get("checksum", False), bool):
+            raise _Bad(f"zstd configuration {zcfg!r:.80}")
+        try:
+            fill = fill_value_from_json(meta.get("fill_value"), dtype)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise _Bad(f"fill_value {meta.get('fill_value')!r:.40} for {dtype.name}") from None
+        layout = cls(shape, dtype, chunks, shards, fill, level, checksum=len(names) == 3)
+        layout._check_limits()
+        return layout
+
+    def _check_limits(self) -> None:
+        elements = math.prod(self.shape)
+        if elements > MAX_ELEMENTS:
+            raise _Bad(f"shape {list(self.shape)} declares {elements:,} elements, over warp's limit "
+                       f"MAX_ELEMENTS = {_pow2(MAX_ELEMENTS)}")
+        if self.chunk_nbytes > MAX_CHUNK_BYTES:
+            raise _Bad(f"chunk shape {list(self.chunks)} declares {self.chunk_nbytes:,} bytes per chunk, over "
+                       f"warp's limit MAX_CHUNK_BYTES = {_pow2(MAX_CHUNK_BYTES)}")
+        if math.prod(self.chunks_per_shard) > MAX_CHUNKS_PER_SHARD:
+            raise _Bad(f"shard shape {list(self.shards or ())} holds {math.prod(self.chunks_per_shard):,} chunks, "
+                       f"over warp's limit MAX_CHUNKS_PER_SHARD = {_pow2(MAX_CHUNKS_PER_SHARD)}")
+        objects = math.prod(self.grid_shape) if elements else 0
+        if objects > MAX_OBJECTS:
+            raise _Bad(f"the chunk grid of shape {list(self.shape)} has {objects:,} objects, over warp's limit "
+                       f"MAX_OBJECTS = {_pow2(MAX_OBJECTS)}")
 
     @property
     def chunk_nbytes(self) -> int:
@@ -253,10 +374,11 @@ def decode_index(blob: bytes | memoryview, n_chunks: int, where: str) -> np.ndar
     return entries
 
 
-def decode_chunk(frame: bytes | memoryview, layout: ArrayLayout, where: str) -> np.ndarray:
-    """One zstd frame → the chunk array (shape ``layout.chunks``)."""
+def decode_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) -> np.ndarray:
+    """One chunk payload (zstd frame, then its CRC-32C when ``layout.checksum``) → the chunk array."""
     import zstandard
 
+    frame = split_chunk(payload, layout, where)
     try:
         raw = zstandard.ZstdDecompressor().decompress(frame, max_output_size=layout.chunk_nbytes)
     except zstandard.ZstdError as e:
@@ -266,6 +388,24 @@ def decode_chunk(frame: bytes | memoryview, layout: ArrayLayout, where: str) -> 
         raise DataError(f"{where}: chunk decodes to {len(raw)} bytes, expected {layout.chunk_nbytes}",
                         hint="the chunk is corrupt; rewrite the array", path=where)
     return np.frombuffer(raw, dtype=layout.dtype).reshape(layout.chunks)
+
+
+def split_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) -> memoryview:
+    """The zstd frame of a chunk payload, its CRC-32C checked first when the layout has one."""
+    mv = memoryview(payload).cast("B")
+    if not layout.checksum:
+        return mv
+    if len(mv) < CRC_SIZE:
+        raise DataError(f"{where}: chunk is {len(mv)} bytes, too short for its CRC-32C",
+                        hint="the chunk is truncated; rewrite the array", path=where)
+    frame = mv[:len(mv) - CRC_SIZE]
+    stored = bytes(mv[len(mv) - CRC_SIZE:])
+    computed = chunk_crc(frame)
+    if stored != computed:
+        raise DataError(f"{where}: chunk CRC-32C mismatch (stored {int.from_bytes(stored, 'little'):#010x}, "
+                        f"computed {int.from_bytes(computed, 'little'):#010x})",
+                        hint="the chunk is corrupt; rewrite the array", path=where)
+    return frame
 
 
 # -- stores --------------------------------------------------------------------
@@ -292,6 +432,21 @@ class Store:
         self._dirs: set[str] = set()  # directories known to exist (shared with sub-stores)
         self._unsynced: set[str] = set()  # directories with renames not yet fsync'd
         self._direct_ok: bool | None = None  # O_DIRECT for big objects (decided on the first one)
+        self._written: list[str] | None = None  # object-store paths put, when tracked (shared with sub-stores)
+        self._mode: int | None = None  # permissions of local objects: 0o666 less the umask
+
+    def track_writes(self) -> None:
+        """Remember every object put (object stores), so :meth:`remove_written` can undo a failed write."""
+        if self._written is None:
+            self._written = []
+
+    def remove_written(self) -> None:
+        """Delete every object put since :meth:`track_writes` (best effort: errors are ignored)."""
+        if not self._written:
+            return
+        paths, self._written[:] = list(self._written), []
+        with contextlib.suppress(Exception):
+            self._fs.rm(paths)
 
     def _path(self, key: str) -> str:
         return self.location.join(key).path if key else self.location.path
@@ -303,6 +458,8 @@ class Store:
         if self.local:
             return self._put_local(path, parts, sync_dir)
         data = b"".join(parts)
+        if self._written is not None:
+            self._written.append(path)  # before the PUT: a failed PUT may still have left the object
         self._fs.pipe_file(path, data)
         return len(data)
 
@@ -327,7 +484,9 @@ class Store:
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            os.chmod(tmp, 0o644)
+            if self._mode is None:
+                self._mode = _file_mode()
+            os.chmod(tmp, self._mode)  # mkstemp makes 0600 files: give them the umask's permissions
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -381,7 +540,14 @@ class Store:
         s.location = self.location.join(prefix) if prefix else self.location
         s.url, s.fsync, s.local, s._fs = s.location.url, self.fsync, self.local, self._fs
         s._dirs, s._unsynced, s._direct_ok = self._dirs, self._unsynced, self._direct_ok
+        s._written, s._mode = self._written, self._mode
         return s
+
+
+def _file_mode() -> int:
+    from warpdata.tiles.replace import file_mode
+
+    return file_mode()
 
 
 IOV_BATCH = 1024  # Linux's IOV_MAX
@@ -435,12 +601,30 @@ def writev_all(fd: int, parts: Sequence) -> int:
 
 # -- reading (verification and small reads; zarr-python/tensorstore are the real readers)
 
-def read_layout(store: Store) -> ArrayLayout:
+def parse_json_document(data: bytes, where: str) -> Any:
+    """A ``zarr.json`` document: DataError (never an untyped error) when it is too big, not UTF-8 or not JSON."""
+    if len(data) > MAX_JSON_BYTES:
+        raise DataError(f"{where}: {len(data):,} bytes, over warp's limit MAX_JSON_BYTES = {_pow2(MAX_JSON_BYTES)}",
+                        hint="this is not metadata warp wrote; rewrite the array", path=where)
     try:
-        meta = json.loads(store.get(ZARR_JSON))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{store.url}/{ZARR_JSON}: not valid JSON ({e})", hint="rewrite the array") from None
-    return ArrayLayout.from_metadata(meta, f"{store.url}/{ZARR_JSON}")
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not UTF-8 text (byte {e.start}: {e.reason})",
+                        hint="zarr.json must be UTF-8 JSON; the file is damaged, rewrite the array",
+                        path=where) from None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise DataError(f"{where}: not valid JSON ({str(e)[:120]})", hint="the file is damaged; rewrite the array",
+                        path=where) from None
+
+
+def read_metadata(store: Store, key: str = ZARR_JSON) -> Any:
+    return parse_json_document(store.get(key), f"{store.url}/{key}")
+
+
+def read_layout(store: Store) -> ArrayLayout:
+    return ArrayLayout.from_metadata(read_metadata(store), f"{store.url}/{ZARR_JSON}")
 
 
 def iter_object_chunks(store: Store, layout: ArrayLayout, obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
@@ -492,22 +676,75 @@ def iter_row_blocks(store: Store, layout: ArrayLayout) -> Iterator[np.ndarray]:
 
 
 def read_array(url: str | os.PathLike) -> np.ndarray:
-    """Decode a whole array written in warp's layout (for verification and tests)."""
+    """Decode a whole array written in warp's layout (for verification and tests).
+
+    Every chunk's CRC-32C is checked (when the array has them); when warp's
+    ``manifest.json`` describes the array (beside it, or one level up for a
+    pyramid level) its recorded shape, chunks and shards must match
+    ``zarr.json`` and level 0 must decode to the recorded input CRC-32C —
+    so damaged metadata is a DataError, not an array of the wrong shape.
+    """
     store = Store(url)
     layout = read_layout(store)
     if math.prod(layout.shape) == 0:
-        return np.full(layout.shape, layout.fill_value, dtype=layout.dtype)
-    return np.concatenate(list(iter_row_blocks(store, layout)), axis=0)
+        out = np.full(layout.shape, layout.fill_value, dtype=layout.dtype)
+    else:
+        out = np.concatenate(list(iter_row_blocks(store, layout)), axis=0)
+    _check_against_manifest(store, layout, out)
+    return out
+
+
+def _manifest_record(store: Store) -> tuple[dict, dict] | None:
+    """(manifest, its level entry) describing the array at ``store``, if warp's manifest is found."""
+    if not store.local:
+        return None
+    path = store.location.path.rstrip("/")
+    for root, level in ((path, ""), (os.path.dirname(path), os.path.basename(path))):
+        try:
+            with open(os.path.join(root, "manifest.json"), "rb") as f:
+                m = json.loads(f.read())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(m, dict) or m.get("kind") != "zarr-array" or not isinstance(m.get("levels"), list):
+            continue
+        for lv in m["levels"]:
+            if isinstance(lv, dict) and lv.get("path", "") == level:
+                return m, lv
+    return None
+
+
+def _check_against_manifest(store: Store, layout: ArrayLayout, data: np.ndarray) -> None:
+    rec = _manifest_record(store)
+    if rec is None:
+        return
+    m, lv = rec
+    where = f"{store.url}/{ZARR_JSON}"
+    want = {"shape": list(layout.shape), "chunks": list(layout.chunks),
+            "shards": list(layout.shards) if layout.shards else None}
+    for k, v in want.items():
+        if k in lv and lv[k] != v:
+            raise DataError(f"{where}: {k} {v} differs from the {lv[k]} recorded in manifest.json",
+                            hint="the metadata is damaged; rewrite the array", path=where)
+    if m.get("dtype") not in (None, layout.dtype.name):
+        raise DataError(f"{where}: data_type {layout.dtype.name} differs from the {m.get('dtype')} in manifest.json",
+                        hint="the metadata is damaged; rewrite the array", path=where)
+    if lv.get("path", "") == m.get("array", "") and isinstance(m.get("input_crc32c"), str):
+        from . import crc
+
+        got = f"{crc.extend(0, data):08x}"
+        if got != m["input_crc32c"]:
+            raise DataError(f"{store.url}: decodes to CRC-32C {got}, not the input's {m['input_crc32c']} recorded "
+                            "in manifest.json", hint="the array or its metadata is damaged; rewrite it", path=where)
 
 
 def verify_array(store: Store) -> tuple[dict[str, int], list[str]]:
-    """Check every object of an array: index CRCs, frame validity, decoded sizes.
+    """Check every object of an array: index CRCs, chunk CRCs, frame validity, decoded sizes.
 
     Returns (counts, problems); a missing object is a problem unless the
     array is empty there (warp writes every object of a completed array).
     """
     layout = read_layout(store)
-    counts = {"objects": 0, "chunks": 0, "stored_bytes": 0}
+    counts = {"objects": 0, "chunks": 0, "stored_bytes": 0, "chunk_crcs": 0, "index_crcs": 0}
     problems: list[str] = []
     if math.prod(layout.shape) == 0:
         return counts, problems
@@ -522,6 +759,8 @@ def verify_array(store: Store) -> tuple[dict[str, int], list[str]]:
         try:
             for _ in iter_object_chunks(store, layout, obj):
                 counts["chunks"] += 1
-        except DataError as e:
+                counts["chunk_crcs"] += layout.checksum
+            counts["index_crcs"] += layout.shards is not None
+        except (DataError, MissingInputError) as e:
             problems.append(e.message)
     return counts, problems

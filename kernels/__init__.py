@@ -19,9 +19,12 @@ Contract every backend meets (the conformance suite in
 ``prepare(plan)`` once, then ``alloc_slab()`` for each host slab buffer the
 caller fills; ``submit(slab, rows)`` starts compressing a filled buffer and
 returns at once; ``ready(ticket)`` polls; ``collect(ticket)`` waits and
-returns the frames (bytes-like; possibly views into backend-owned output
-buffers, valid until ``release(ticket)``, which the caller invokes once it
-has written them). A buffer passed to ``submit`` is not touched by the
+returns the tiles' chunk payloads (bytes-like; possibly views into
+backend-owned output buffers, valid until ``release(ticket)``, which the
+caller invokes once it has written them). A payload is one plain zstd frame,
+followed — when the backend's ``checksum`` is on, the default — by the
+Zarr ``crc32c`` codec's 4 bytes: the CRC-32C of the frame, little-endian
+(docs/formats/zarr-tiles.md, "chunk payload"). A buffer passed to ``submit`` is not touched by the
 caller until its ticket is collected. ``close()`` frees everything.
 """
 
@@ -62,9 +65,11 @@ class TileBackend(abc.ABC):
     #: submit() takes any C-contiguous host array (not only alloc_slab() buffers) of ``rows`` rows
     accepts_views = False
 
-    def __init__(self, *, level: int = 1, threads: int | None = None) -> None:
+    def __init__(self, *, level: int = 1, threads: int | None = None, checksum: bool = True) -> None:
         self.level = int(level)
         self.threads = threads
+        #: append the crc32c codec's CRC-32C to every frame (set before ``prepare``)
+        self.checksum = bool(checksum)
 
     @classmethod
     def probe(cls) -> str | None:
@@ -135,7 +140,8 @@ def resolve(name: str | None = None) -> str:
     return "gpu" if backend_class("gpu").probe() is None else "cpu"
 
 
-def get_backend(name: str | None = None, *, level: int = 1, threads: int | None = None) -> TileBackend:
+def get_backend(name: str | None = None, *, level: int = 1, threads: int | None = None,
+                checksum: bool = True) -> TileBackend:
     """An instance of the named backend; DependencyError (with the install hint) when unusable."""
     concrete = resolve(name)
     cls = backend_class(concrete)
@@ -143,4 +149,4 @@ def get_backend(name: str | None = None, *, level: int = 1, threads: int | None 
     if reason is not None:
         raise DependencyError(f"tile backend {concrete!r} is unavailable: {reason}",
                               hint=BACKENDS[concrete].install or "run 'warp doctor'")
-    return cls(level=level, threads=threads)
+    return cls(level=level, threads=threads, checksum=checksum)

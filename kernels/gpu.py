@@ -15,7 +15,10 @@ Per slab (seed 003, "Streaming Architecture"):
    zstd. Nothing waits: nvCOMP syncs only when an output's size is touched;
 3. ``collect`` waits for that slot's event, reads the frame sizes, packs the
    frames on the device into one buffer, copies it D2H into a pinned output
-   arena and returns memoryviews of the frames, valid until ``release``.
+   arena and returns memoryviews of the chunk payloads, valid until
+   ``release``: with ``checksum`` on (the default) each frame is followed by
+   its CRC-32C (the Zarr ``crc32c`` codec, computed on the host from the
+   arena, after any header fix-up: :func:`finish_payloads`).
 
 Two slots let slab *k+1*'s H2D copy and kernel overlap slab *k*'s
 compression and D2H. nvCOMP's zstd has no level: ``level`` is recorded but
@@ -34,7 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from warpdata.formats import crc as crc32c
 from warpdata.formats.tiling import SlabPlan
+from warpdata.formats.zarr_v3 import CRC_SIZE, chunk_crc
 from warpdata.formats.zstdframe import content_size, with_content_size
 
 from . import TileBackend
@@ -243,8 +248,8 @@ class GpuBackend(TileBackend):
     MAX_BATCH_BYTES = 1 << 30
     THREADS_PER_BLOCK = 256
 
-    def __init__(self, *, level: int = 1, threads: int | None = None) -> None:
-        super().__init__(level=level, threads=threads)
+    def __init__(self, *, level: int = 1, threads: int | None = None, checksum: bool = True) -> None:
+        super().__init__(level=level, threads=threads, checksum=checksum)
         self.plan: SlabPlan | None = None
         self._slots: list[dict] = []
         self._schedule = SlotSchedule(2)
@@ -293,7 +298,8 @@ class GpuBackend(TileBackend):
         self._counts_d = cp.asarray(np.array(p.counts, dtype=np.int64))
         self._tile_nbytes = g.tile_nbytes
         self._batches = plan_batches(p.n_tiles, g.tile_nbytes, self.MAX_BATCH_BYTES)
-        self._out_cap = pack_offsets([max_compressed_size(g.tile_nbytes)] * p.n_tiles)[1]
+        # every frame gets CRC_SIZE bytes of room after it for its CRC-32C (finish_payloads)
+        self._out_cap = pack_offsets([max_compressed_size(g.tile_nbytes) + CRC_SIZE] * p.n_tiles)[1]
         device_id = cp.cuda.Device().id
         for _ in range(2):
             stream = cp.cuda.Stream(non_blocking=True)
@@ -377,7 +383,7 @@ class GpuBackend(TileBackend):
         # array interface gives the device pointer (nvcomp_basic.ipynb prints both)
         sizes = [int(f.buffer_size) for f in frames]
         ptrs = [int(f.__cuda_array_interface__["data"][0]) for f in frames]
-        offsets, total = pack_offsets(sizes)
+        offsets, total = pack_offsets([n + CRC_SIZE for n in sizes])  # room for each frame's CRC-32C
         base = s["packed"].data.ptr
         for ptr, off, n in zip(ptrs, offsets, sizes, strict=True):
             if n:
@@ -387,14 +393,7 @@ class GpuBackend(TileBackend):
         stream.synchronize()
         s["frames"] = s["slab"] = None  # copies done: nvCOMP may free its outputs now
         self._lent[ticket] = host
-        mv = memoryview(host)
-        views = [mv[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
-        if views and content_size(views[0]) is None:
-            # nvCOMP's RAW zstd frames may leave the decompressed size out of the header (its docs
-            # do not say): add it, as the cpu backend's frames carry it, so readers that size
-            # their output from the header (older numcodecs, numcodecs.js, neuroglancer) work
-            views = [with_content_size(v, self._tile_nbytes) for v in views]
-        return views
+        return finish_payloads(host, offsets, sizes, self._tile_nbytes, self.checksum)
 
     def release(self, ticket) -> None:
         host = self._lent.pop(ticket, None)
@@ -413,6 +412,32 @@ class GpuBackend(TileBackend):
         self._host_slabs = []
         self._free_out = []
         self._lent = {}
+
+
+def finish_payloads(host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int], tile_nbytes: int,
+                    checksum: bool) -> list:
+    """The chunk payloads of frames packed in ``host`` at ``offsets`` (``sizes`` bytes each, then
+    ``CRC_SIZE`` free bytes): content size added where missing, then each frame's CRC-32C appended.
+
+    Runs on the host after the D2H copy; pure, so the CPU tests check it on frames of any shape.
+    """
+    mv = memoryview(host).cast("B")
+    views: list = [mv[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+    if views and content_size(views[0]) is None:
+        # nvCOMP's RAW zstd frames may leave the decompressed size out of the header (its docs
+        # do not say): add it, as the cpu backend's frames carry it, so readers that size
+        # their output from the header (older numcodecs, numcodecs.js, neuroglancer) work
+        views = [with_content_size(v, tile_nbytes) for v in views]
+    if not checksum:
+        return views
+    out = []
+    for v, o, n in zip(views, offsets, sizes, strict=True):
+        if isinstance(v, memoryview):  # still in the arena: the CRC goes into the free bytes after it
+            host[o + n:o + n + CRC_SIZE] = np.frombuffer(crc32c.extend(0, v).to_bytes(CRC_SIZE, "little"), np.uint8)
+            out.append(mv[o:o + n + CRC_SIZE])
+        else:  # a rewritten header made a new bytes object
+            out.append(v + chunk_crc(v))
+    return out
 
 
 def _pinned_empty(cp, n: int, dtype) -> np.ndarray:

@@ -23,6 +23,16 @@ from warpdata.kernels import gpu as gpu_mod
 DTYPES = ["uint8", "uint16", "uint32", "float32", "float64"]
 
 
+def _frame(payload) -> bytes:
+    """The zstd frame of a chunk payload after checking the crc32c codec's suffix (backends checksum by default)."""
+    import google_crc32c
+
+    b = bytes(payload)
+    frame, crc = b[:-4], b[-4:]
+    assert int.from_bytes(crc, "little") == google_crc32c.value(frame), "chunk CRC-32C does not match its frame"
+    return frame
+
+
 def _slab_tiles(a: np.ndarray, plan: SlabPlan, slab: int, fill) -> np.ndarray:
     n0 = plan.geometry.tile[0]
     rows = a[slab * n0:(slab + 1) * n0]
@@ -68,15 +78,16 @@ class BackendConformance:
             assert len(frames) == plan.tiles_per_slab
             want = _slab_tiles(ea, plan, s, 5)
             for i, f in enumerate(frames):
-                assert zstandard.get_frame_parameters(bytes(f)).content_size in (want[i].nbytes, 0, -1)
-                assert d.decompress(bytes(f), max_output_size=want[i].nbytes) == want[i].tobytes()
+                f = _frame(f)
+                assert zstandard.get_frame_parameters(f).content_size == want[i].nbytes
+                assert d.decompress(f, max_output_size=want[i].nbytes) == want[i].tobytes()
 
     def test_size_one_dimensions_and_one_slab(self, backend):
         a = np.arange(2 * 1 * 5, dtype=np.uint16).reshape(2, 1, 5)
         plan, ea, slabs = self._run(backend, a, (4, 4, 2))
         assert plan.geometry.shape == (2, 5) and len(slabs) == 1
         want = _slab_tiles(ea, plan, 0, 0)
-        got = [zstandard.ZstdDecompressor().decompress(bytes(f), max_output_size=want[0].nbytes) for f in slabs[0]]
+        got = [zstandard.ZstdDecompressor().decompress(_frame(f), max_output_size=want[0].nbytes) for f in slabs[0]]
         assert got == [w.tobytes() for w in want]
 
     def test_alloc_slab_has_slab_shape(self, backend):
@@ -94,6 +105,19 @@ class BackendConformance:
         with TileWriter(tmp_path / "a.zarr", a.shape, a.dtype, (8, 8, 8), backend=self.name, fsync=False) as w:
             w.write_array(a)
         np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[...], a)
+
+
+def codec_crc(codec, data: bytes) -> int:
+    """The CRC zarr-python's own crc32c codec appends to ``data``."""
+    from zarr.core.array_spec import ArrayConfig, ArraySpec
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.dtype import parse_data_type
+
+    spec = ArraySpec(shape=(len(data),), dtype=parse_data_type("uint8", zarr_format=3), fill_value=0,
+                     config=ArrayConfig.from_dict({}), prototype=default_buffer_prototype())
+    out = codec._encode_sync(default_buffer_prototype().buffer.from_bytes(data), spec).to_bytes()
+    assert out[:-4] == data
+    return int.from_bytes(out[-4:], "little")
 
 
 class TestCpuBackend(BackendConformance):
@@ -126,19 +150,25 @@ class TestCpuBackend(BackendConformance):
         b2.close()
         assert any(x.nbytes == plan.slab_nbytes for x in cpu._POOL)
 
+    @pytest.mark.parametrize("checksum", [True, False])
     @pytest.mark.parametrize("direct", [True, False])
     @pytest.mark.parametrize("level", [1, 3])
-    def test_frames_are_byte_identical_to_zstandard_compress(self, direct, level):
-        """Same zstd parameters as zstandard/numcodecs (level, no checksum, content size): same bytes."""
+    def test_frames_are_byte_identical_to_zstandard_compress(self, direct, level, checksum):
+        """Same zstd parameters as zstandard/numcodecs (level, no checksum, content size): same bytes,
+        followed by exactly what zarr-python's crc32c codec appends (or nothing, checksum off)."""
         from warpdata.kernels.cpu import CpuBackend
+        from zarr.codecs import Crc32cCodec
 
         a = (np.random.default_rng(5).random((9, 40, 24)) * 3000).astype(np.uint16)
-        b = CpuBackend(level=level, threads=2, direct=direct)
+        b = CpuBackend(level=level, threads=2, direct=direct, checksum=checksum)
         plan, ea, slabs = self._run(b, a, (4, 16, 8))
         c = zstandard.ZstdCompressor(level=level, write_checksum=False)
+        codec = Crc32cCodec()
         for s, frames in enumerate(slabs):
-            want = _slab_tiles(ea, plan, s, 0)
-            assert [bytes(f) for f in frames] == [c.compress(w) for w in want]
+            want = [c.compress(w) for w in _slab_tiles(ea, plan, s, 0)]
+            if checksum:
+                want = [w + np.array([codec_crc(codec, w)], "<u4").tobytes() for w in want]
+            assert [bytes(f) for f in frames] == want
         b.close()
 
     def test_arenas_are_reused_only_after_release(self):
@@ -405,3 +435,34 @@ def test_slot_schedule_never_reuses_a_busy_slot():
     assert s.submit() == (2, 0)
     assert s.collect(1) == 1 and s.collect(2) == 0
     assert not s.busy and math.isclose(s.next_submit, 3)
+
+
+@pytest.mark.parametrize("with_size", [True, False])
+@pytest.mark.parametrize("checksum", [True, False])
+def test_gpu_payloads_get_content_size_and_crc32c_on_the_host(with_size, checksum):
+    """GpuBackend.collect's host-side step, run on frames packed as collect packs them (8-aligned,
+    CRC_SIZE free bytes after each): every payload has its size declared, its CRC-32C and decodes."""
+    import google_crc32c
+
+    rng = np.random.default_rng(9)
+    tiles = [rng.integers(0, 50, 300 + 37 * i, dtype=np.uint8).tobytes() for i in range(5)]
+    tiles = [t.ljust(600, b"\0") for t in tiles]  # one tile size, as in a slab
+    c = zstandard.ZstdCompressor(level=1, write_content_size=with_size, write_checksum=False)
+    frames = []
+    for t in tiles:
+        with c.stream_writer(buf := __import__("io").BytesIO(), closefd=False) as w:  # streaming: no size
+            w.write(t)
+        frames.append(c.compress(t) if with_size else buf.getvalue())
+    assert (zstandard.get_frame_parameters(frames[0]).content_size == 600) is with_size
+    offsets, total = gpu_mod.pack_offsets([len(f) + 4 for f in frames])
+    host = np.full(total, 0xEE, np.uint8)
+    for f, o in zip(frames, offsets, strict=True):
+        host[o:o + len(f)] = np.frombuffer(f, np.uint8)
+    out = gpu_mod.finish_payloads(host, offsets, [len(f) for f in frames], 600, checksum)
+    for payload, t in zip(out, tiles, strict=True):
+        b = bytes(payload)
+        if checksum:
+            b, crc = b[:-4], b[-4:]
+            assert int.from_bytes(crc, "little") == google_crc32c.value(b)
+        assert zstandard.get_frame_parameters(b).content_size == 600
+        assert zstandard.ZstdDecompressor().decompress(b) == t

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -374,13 +375,20 @@ def test_durable_write_syncs_each_directory_once_before_metadata(tmp_path, monke
     root = tmp_path / "a.zarr"
     chunk_files = [p for p in root.rglob("*") if p.is_file() and p.name not in ("zarr.json", "manifest.json")]
     assert len(chunk_files) == 3 * 2 * 2
-    file_syncs = [e for e in events if e[0] == "file" and ".warp-tmp-" in e[1]]  # (fsync_dir's own os.fsync: no)
+    # the output is built in a temporary sibling (.warp-tmp-<pid>-…-a.zarr) and renamed at the end
+    tmp_root = next(e[1] for e in events if e[0] == "dir" and "-a.zarr/" in e[1]).split("-a.zarr/")[0] + "-a.zarr"
+    dirs = {e[1] for e in events if e[0] == "dir"}  # (fsync_dir's own os.fsync: not a file)
+    file_syncs = [e for e in events if e[0] == "file" and e[1] not in dirs
+                  and os.path.basename(e[1]).startswith(".warp-tmp-")]
     assert len(file_syncs) == len(chunk_files) + 2  # every object (and both metadata files) fsync'd once
     dir_syncs = [e[1] for e in events if e[0] == "dir"]
-    chunk_dirs = {str(p.parent) for p in chunk_files}
-    assert chunk_dirs <= set(dir_syncs) and len(dir_syncs) <= len(chunk_dirs) + 2
+    chunk_dirs = {os.path.join(tmp_root, str(p.parent.relative_to(root))) for p in chunk_files}
+    # each chunk directory once, then the root (zarr.json, manifest.json) and the parent (the final rename)
+    assert chunk_dirs <= set(dir_syncs) and len(dir_syncs) <= len(chunk_dirs) + 3
+    assert dir_syncs[-1] == str(tmp_path)
     # every chunk directory is durable before zarr.json exists
-    meta = next(i for i, e in enumerate(events) if e[0] == "file" and ".warp-tmp-" in e[1] and e[1].endswith("zarr.json"))
+    meta = next(i for i, e in enumerate(events) if e[0] == "file" and e[1].endswith("zarr.json")
+                and os.path.basename(e[1]).startswith(".warp-tmp-"))
     assert all(events.index(("dir", d)) < meta for d in chunk_dirs)
     np.testing.assert_array_equal(zarr.open_array(str(root), mode="r")[...], a)
 
@@ -440,10 +448,12 @@ class _CorruptingBackend(CpuBackend):
     def collect(self, ticket):
         frames = list(super().collect(ticket))
         import zstandard
+        from warpdata.formats.zarr_v3 import chunk_crc
 
         t = self.bad_tile if self.bad_tile >= 0 else len(frames) + self.bad_tile
-        raw = zstandard.ZstdDecompressor().decompress(bytes(frames[t]))
-        frames[t] = zstandard.ZstdCompressor(level=1).compress(raw[::-1])
+        raw = zstandard.ZstdDecompressor().decompress(bytes(frames[t])[:-4])  # a valid chunk CRC-32C follows
+        frame = zstandard.ZstdCompressor(level=1).compress(raw[::-1])
+        frames[t] = frame + chunk_crc(frame)
         return frames
 
 
@@ -464,3 +474,206 @@ def test_the_first_slab_check_passes_on_the_cpu_backend_with_padding(tmp_path):
                     fill_value=7) as w:
         w.write_array(a)
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "b.zarr", mode="r")[...], a)
+
+
+# -- temporary names, gap-free replace, permissions (docs/formats/zarr-tiles.md "Writing and replacing") --
+
+def _tmp_leftovers(parent: Path) -> list[str]:
+    return sorted(p for p in os.listdir(parent) if p.startswith(".warp-tmp-"))
+
+
+def test_an_exception_inside_with_leaves_nothing_visible(tmp_path):
+    a = _vol((12, 16, 16))
+    path = tmp_path / "a.zarr"
+    with pytest.raises(KeyError), TileWriter(path, a.shape, a.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
+        w.write_all(a.tobytes()[: a.nbytes // 2])  # some slabs are compressed and written meanwhile
+        raise KeyError("caller failed")
+    assert not path.exists()
+    assert _tmp_leftovers(tmp_path) == []
+
+
+def test_a_short_input_inside_with_leaves_nothing_visible(tmp_path):
+    a = _vol((12, 16, 16))
+    path = tmp_path / "a.zarr"
+    with pytest.raises(DataError, match="input ended after"), \
+            TileWriter(path, a.shape, a.dtype, (4, 8, 8), backend="cpu", fsync=False, levels=2) as w:
+        w.write_all(a.tobytes()[:1000])
+    assert not path.exists() and _tmp_leftovers(tmp_path) == []
+
+
+def test_output_is_invisible_until_close(tmp_path):
+    a = _vol((12, 16, 16))
+    path = tmp_path / "a.zarr"
+    w = TileWriter(path, a.shape, a.dtype, (4, 8, 8), backend="cpu", fsync=False)
+    w.write_array(a)
+    assert not path.exists() and len(_tmp_leftovers(tmp_path)) == 1
+    r = w.close()
+    assert r.url == str(path) and _tmp_leftovers(tmp_path) == []
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], a)
+
+
+def test_replacing_an_output_swaps_it_in_one_step(tmp_path):
+    from warpdata.tiles import replace
+
+    path = tmp_path / "a.zarr"
+    old, new = _vol((8, 8, 8)), _vol((12, 16, 16))
+    with TileWriter(path, old.shape, old.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
+        w.write_array(old)
+    (path / "stale-object").write_bytes(b"x")  # nothing of the old output may survive
+    seen = []
+    real = replace.exchange
+
+    def watch(a, b):
+        seen.append((os.path.exists(b), os.path.exists(a)))
+        ok = real(a, b)
+        seen.append((os.path.exists(b), os.path.exists(a)))
+        return ok
+
+    replace.exchange = watch
+    try:
+        with TileWriter(path, new.shape, new.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
+            w.write_array(new)
+    finally:
+        replace.exchange = real
+    if not seen or seen[-1] != (True, True):
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not supported on this filesystem: the fallback ran")
+    assert seen == [(True, True), (True, True)]  # the final name existed before and after the swap
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], new)
+    assert not (path / "stale-object").exists() and _tmp_leftovers(tmp_path) == []
+
+
+def test_replace_fallback_without_exchange_still_replaces(tmp_path, monkeypatch):
+    from warpdata.tiles import replace
+
+    monkeypatch.setattr(replace, "_renameat2", lambda: None)  # an OS / libc without renameat2
+    path = tmp_path / "a.zarr"
+    for shape in ((8, 8, 8), (12, 16, 16)):
+        a = _vol(shape)
+        with TileWriter(path, a.shape, a.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
+            w.write_array(a)
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], a)
+    assert _tmp_leftovers(tmp_path) == []
+
+
+def test_a_non_array_directory_is_never_replaced(tmp_path):
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("do not delete")
+    with pytest.raises(ConfigError, match="not a Zarr array written by warp"):
+        TileWriter(precious, (4, 4), "u8", (2, 2), backend="cpu", fsync=False)
+    assert (precious / "thesis.tex").read_text() == "do not delete" and _tmp_leftovers(tmp_path) == []
+
+
+_KILLED_WRITER = r"""
+import os, signal, sys
+import numpy as np
+from warpdata.tiles import replace
+from warpdata.tiles.writer import TileWriter
+
+def die(*_a, **_k):
+    os.kill(os.getpid(), signal.SIGKILL)  # killed right before the new output is put in place
+
+replace.publish_dir = die
+a = np.full((8, 8), 2, np.uint8)
+with TileWriter(sys.argv[1], a.shape, a.dtype, (4, 4), backend="cpu", fsync=False) as w:
+    w.write_array(a)
+"""
+
+
+def test_a_killed_replace_keeps_the_old_output_and_a_rerun_cleans_up(tmp_path):
+    path = tmp_path / "a.zarr"
+    old = np.full((8, 8), 1, np.uint8)
+    with TileWriter(path, old.shape, old.dtype, (4, 4), backend="cpu", fsync=False) as w:
+        w.write_array(old)
+    p = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], capture_output=True, check=False)
+    assert p.returncode == -9, p.stderr.decode()
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], old)  # never a gap
+    left = _tmp_leftovers(tmp_path)
+    assert len(left) == 1 and re.match(r"\.warp-tmp-\d+-", left[0])
+    past = os.stat(tmp_path / left[0]).st_mtime - 5
+    os.utime(tmp_path / left[0], (past, past))  # from a run that ended before this one started
+    new = np.full((8, 8), 3, np.uint8)
+    with TileWriter(path, new.shape, new.dtype, (4, 4), backend="cpu", fsync=False) as w:
+        w.write_array(new)
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], new)
+    assert _tmp_leftovers(tmp_path) == []
+
+
+def test_leftovers_of_running_writers_and_other_names_are_kept(tmp_path):
+    from warpdata.tiles import replace
+
+    keep = [tmp_path / f".warp-tmp-{os.getpid()}-abcdefgh-a.zarr",  # a live process (this one)
+            tmp_path / ".warp-tmp-999999999-abcdefgh-other-a.zarr"]  # another output's
+    gone = [tmp_path / ".warp-tmp-999999999-abcdefgh-a.zarr", tmp_path / ".warp-tmp-old-abcdefgh-a.zarr"]
+    for d in keep + gone:
+        d.mkdir()
+        os.utime(d, (1, 1))
+    fresh = tmp_path / ".warp-tmp-999999998-abcdefgh-a.zarr"
+    fresh.mkdir()  # newer than the run: left alone
+    removed = replace.clean_leftovers(tmp_path / "a.zarr", started=100)
+    assert sorted(removed) == sorted(str(d) for d in gone)
+    assert all(d.exists() for d in keep) and fresh.exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_cli_output_follows_the_umask(cli, tmp_path, umask):
+    generate(tmp_path / "v", count=4, seed=1)
+    out = tmp_path / "out.zarr"
+    old = os.umask(umask)
+    try:
+        r = cli("etl", "--config", tmp_path / "v" / "volume.toml", "--output", out, "-q")
+    finally:
+        os.umask(old)
+    assert r.code == 0, r.err
+    for p in [out, *out.rglob("*")]:
+        want = (0o777 if p.is_dir() else 0o666) & ~umask
+        assert (p.stat().st_mode & 0o777) == want, (p, oct(p.stat().st_mode & 0o777))
+
+
+# -- OME-Zarr 0.5 (docs/formats/zarr-tiles.md "Multiscale") ------------------------------
+
+@pytest.mark.parametrize("shape", [(9, 10), (6, 9, 10), (2, 6, 9, 10), (2, 2, 6, 9, 10)])
+def test_pyramids_of_2_to_5_dims_are_valid_ome_zarr_0_5(tmp_path, shape):
+    ome_image = pytest.importorskip("ome_zarr_models.v05.image")
+    a = _vol(shape)
+    path = tmp_path / "p.zarr"
+    tile = tuple(min(4, s) for s in shape)
+    with TileWriter(path, a.shape, a.dtype, tile, levels=2, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    assert w.result.ome_zarr["valid"] is True
+    ome_image.Image.from_zarr(zarr.open_group(str(path), mode="r"))  # raises on anything invalid
+
+
+@pytest.mark.parametrize("shape", [(40,), (2, 2, 2, 6, 8, 10)])
+def test_pyramids_that_cannot_be_ome_zarr_say_so_and_keep_non_space_axes(cli, tmp_path, shape):
+    a = _vol(shape) if len(shape) > 1 else np.arange(40, dtype=np.uint16)
+    path = tmp_path / "p.zarr"
+    tile = tuple(min(4, s) for s in shape)
+    with TileWriter(path, a.shape, a.dtype, tile, levels=2, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    r = w.result
+    assert r.ome_zarr["valid"] is False and "OME-Zarr 0.5 allows 2 to 5" in r.ome_zarr["reason"]
+    g = json.loads((path / "zarr.json").read_text())
+    assert "ome" not in g["attributes"] and g["attributes"]["warp"]["not_ome_zarr"]
+    want = tuple(-(-s // 2) for s in shape[-3:])
+    assert zarr.open_array(str(path / "1"), mode="r").shape == shape[:-3] + want  # only z, y, x halve
+    doc = cli("inspect", str(path), "--json").json()
+    assert doc["ome_zarr"]["valid"] is False
+    assert "not OME-Zarr" in cli("inspect", str(path)).out
+
+
+def test_verify_says_what_it_checked_and_that_it_passed(cli, tmp_path):
+    a = _vol((12, 16, 16))
+    path = tmp_path / "p.zarr"
+    with TileWriter(path, a.shape, a.dtype, (4, 8, 8), levels=2, backend="cpu", fsync=False) as w:
+        w.write_array(a)
+    plain = cli("inspect", str(path)).out
+    v = cli("inspect", "--verify", str(path))
+    assert v.code == 0, v.err
+    assert v.out != plain
+    for needle in ("levels", "2 of 2 read", "CRC-32C matched", "zarr-python", "PASSED", "input_crc32c"):
+        assert needle in v.out, (needle, v.out)
+    doc = cli("inspect", "--verify", str(path), "--json").json()
+    ver = doc["verification"]
+    assert ver["passed"] is True and ver["levels"] == 2 and ver["chunk_crcs"] == ver["chunks"] > 0
+    assert ver["metadata"] == 3  # the group and both levels

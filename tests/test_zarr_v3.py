@@ -58,6 +58,43 @@ def test_zarr_python_and_tensorstore_read_bit_exact(tmp_path, dtype, shards, sha
     assert zarr_v3.read_array(path).tobytes() == a.tobytes()
 
 
+@pytest.mark.parametrize("shards", [None, "auto"], ids=["unsharded", "sharded"])
+def test_every_chunk_carries_a_crc32c_that_zarr_python_and_tensorstore_check(tmp_path, shards):
+    """A flipped byte in any chunk's frame fails in zarr-python, tensorstore and warp, not only in warp."""
+    a = _data((9, 10, 7), "uint16")
+    path = tmp_path / "a.zarr"
+    _write(path, a, (4, 4, 4), shards=shards)
+    meta = json.loads((path / "zarr.json").read_text())
+    codecs = meta["codecs"][0]["configuration"]["codecs"] if shards else meta["codecs"]
+    assert [c["name"] for c in codecs] == ["bytes", "zstd", "crc32c"]
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], a)
+    np.testing.assert_array_equal(_tensorstore(path), a)
+    key = path / "c/1/0/0"
+    good = key.read_bytes()
+    for pos in (0, 7, len(good) // 3, (len(good) - (16 * 3 * 2 + 4 if shards else 0)) - 5):
+        bad = bytearray(good)
+        bad[pos] ^= 0x10
+        key.write_bytes(bytes(bad))
+        with pytest.raises(ValueError, match="checksum do not match"):
+            zarr.open_array(str(path), mode="r")[...]
+        with pytest.raises(ValueError, match="Digest mismatch|ZSTD_decompress"):  # streamed: zstd may fail first
+            _tensorstore(path)
+        with pytest.raises(DataError, match="chunk CRC-32C mismatch"):
+            zarr_v3.read_array(path)
+    key.write_bytes(good)
+
+
+def test_checksum_off_writes_the_older_layout_which_warp_still_reads(tmp_path):
+    a = _data((9, 10, 7), "uint16")
+    path = tmp_path / "a.zarr"
+    _write(path, a, (4, 4, 4), shards="auto", checksum=False)
+    inner = json.loads((path / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"]
+    assert [c["name"] for c in inner] == ["bytes", "zstd"]
+    assert zarr_v3.read_layout(zarr_v3.Store(path)).checksum is False
+    np.testing.assert_array_equal(zarr_v3.read_array(path), a)
+    np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], a)
+
+
 def test_explicit_shards_with_empty_inner_chunks(tmp_path):
     a = _data((6, 10, 10), "uint16")
     path = tmp_path / "a.zarr"
@@ -83,7 +120,8 @@ def test_metadata_is_what_design_5_lists(tmp_path):
     assert meta["chunk_key_encoding"] == {"name": "default", "configuration": {"separator": "/"}}
     assert meta["fill_value"] == "Infinity"
     assert meta["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}},
-                              {"name": "zstd", "configuration": {"level": 1, "checksum": False}}]
+                              {"name": "zstd", "configuration": {"level": 1, "checksum": False}},
+                              {"name": "crc32c"}]
     assert sorted(os.listdir(path / "c")) == ["0", "1"]
 
 
@@ -163,7 +201,9 @@ def test_golden_reads_with_both_readers():
 @pytest.mark.parametrize(("case", "needle"), [
     ("bad-index-crc", "CRC-32C mismatch"),
     ("truncated-shard", "c/1/0/0"),
-    ("bad-frame", "not a valid zstd frame"),
+    ("bad-frame", "chunk CRC-32C mismatch"),
+    ("bad-chunk-crc", "c/0/0/0 (inner chunk 0): chunk CRC-32C mismatch"),
+    ("bad-level1-chunk", "1/c/0/0/0 (inner chunk 0): chunk CRC-32C mismatch"),
     ("missing-shard", "c/2/0/0: missing"),
     ("changed-data", "differs from the input"),
 ])
@@ -268,3 +308,15 @@ def test_crc32c_extend_matches_google_crc32c_and_releases_the_gil():
         stop.set()
         t.join()
     assert best > 100
+
+
+@pytest.mark.s3
+def test_failed_s3_write_removes_the_objects_it_put(s3):
+    a = _data((12, 10, 7), "uint16")
+    url = s3.url("failed.zarr")
+    with pytest.raises(KeyError), TileWriter(url, a.shape, a.dtype, (4, 4, 4), backend="cpu", levels=2) as w:
+        w.write_array(a)  # every chunk object of both levels is PUT before the block fails
+        raise KeyError("caller failed")
+    assert s3.count("PUT", "failed.zarr/") > 0
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="failed.zarr/")
+    assert listed.get("KeyCount", 0) == 0, [o["Key"] for o in listed.get("Contents", [])]

@@ -7,8 +7,9 @@ input is little-endian C-order bytes of ``[source] shape`` / ``dtype``;
 ``.npy`` input carries its own shape and dtype in its header. Relative paths
 are relative to the config file.
 
-Local outputs are built in a temporary sibling directory and renamed into
-place when complete; an existing output with the same recipe and the same
+Local outputs are built in a temporary sibling directory and put in place
+when complete, swapped with an existing output in one step
+(``warpdata.tiles.replace``); an existing output with the same recipe and the same
 input (CRC-32C of the input bytes, recorded in its manifest) is reused
 unless ``--clear``. S3 outputs are written object by object, ``zarr.json``
 and ``manifest.json`` last; an existing S3 output is replaced only with
@@ -250,10 +251,8 @@ def run(req: EtlRequest) -> EtlResult:
                       axes=cfg["output"]["axes"], manifest_extra=extra)
         t0 = time.perf_counter()
         if loc.protocol == "file":
-            from warpdata.atomic import atomic_dir
-
-            with atomic_dir(loc.path, replace=True) as tmp:
-                result = _write(inp, str(tmp), tiles["chunks"], kwargs, fsync=False)
+            # the writer builds in a temporary sibling and swaps it in with no gap (warp/tiles/replace.py)
+            result = _write(inp, loc.path, tiles["chunks"], kwargs, fsync=True)
         else:
             fs = filesystem(loc)
             if fs.exists(loc.path) and fs.ls(loc.path):
@@ -293,12 +292,15 @@ def _result(manifest: dict, path: str, status: str, seconds: float) -> EtlResult
         "backend": manifest.get("backend"), "raw_bytes": raw, "stored_bytes": stored,
         "ratio": round(ratio, 4), "seconds": round(seconds, 3), "gb_per_s": round(gbps, 4) if gbps else None,
         "input_crc32c": manifest.get("input_crc32c"),
+        "ome_zarr": manifest.get("ome_zarr"),
     }
     rows = [("shape", f"{manifest.get('shape')} {manifest.get('dtype')}"),
             ("chunks / shards", f"{manifest.get('chunks')} / {manifest.get('shards') or 'unsharded'}"),
             ("levels", str(summary["levels"])), ("backend", str(summary["backend"])),
             ("size", f"{raw / 1e6:.1f} MB -> {stored0 / 1e6:.1f} MB (ratio {ratio:.2f})"
              + (f", {stored / 1e6:.1f} MB with all levels" if len(levels) > 1 else ""))]
+    if isinstance(manifest.get("ome_zarr"), dict):
+        rows.append(("OME-Zarr", str(manifest["ome_zarr"].get("text"))))
     if gbps:
         rows.append(("speed", f"{gbps:.3f} GB/s in {seconds:.2f} s"))
     return EtlResult(kind="zarr-array", path=path, summary=summary, rows=rows, status=status)

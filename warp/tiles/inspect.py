@@ -13,9 +13,10 @@ and compared — any difference is a problem (exit 1).
 from __future__ import annotations
 
 import json
+import math
 import os
 
-from warpdata.errors import DataError
+from warpdata.errors import DataError, MissingInputError
 from warpdata.formats import zarr_v3
 from warpdata.inspectors import Report
 from warpdata.manifests import MANIFEST_NAME
@@ -35,21 +36,62 @@ def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
         m = _read_json(os.path.join(target, MANIFEST_NAME))
         if m is not None:
             return m.get("kind") == "zarr-array"
-        z = _read_json(os.path.join(target, zarr_v3.ZARR_JSON))
-        return z is not None and z.get("zarr_format") == 3
+        # any zarr.json, even one that does not parse: inspect() then names what is wrong with it
+        return os.path.isfile(os.path.join(target, zarr_v3.ZARR_JSON))
     return head is not None and os.path.basename(target) == zarr_v3.ZARR_JSON and b'"zarr_format"' in head
 
 
-def _levels(root: str, manifest: dict | None) -> list[str]:
-    if manifest is not None and manifest.get("levels"):
-        return [lv.get("path", "") for lv in manifest["levels"]]
-    z = _read_json(os.path.join(root, zarr_v3.ZARR_JSON)) or {}
-    if z.get("node_type") == "group":
-        ms = z.get("attributes", {}).get("ome", {}).get("multiscales", [])
-        if ms:
-            return [d["path"] for d in ms[0].get("datasets", [])]
-        raise DataError(f"{root}: a Zarr group without multiscales metadata", hint="inspect one of its arrays")
-    return [""]
+def _group_levels(root: str) -> tuple[list[str] | None, dict | None]:
+    """(level paths, group document) from the root ``zarr.json`` when it is a group, else (None, None)."""
+    store = zarr_v3.Store(root)
+    try:
+        z = zarr_v3.read_metadata(store)
+    except MissingInputError:
+        return None, None
+    if not isinstance(z, dict) or z.get("node_type") != "group":
+        return None, None
+    where = f"{root}/{zarr_v3.ZARR_JSON}"
+    attrs = z.get("attributes")
+    ms = None
+    if isinstance(attrs, dict):
+        block = attrs.get("ome") if isinstance(attrs.get("ome"), dict) else attrs.get("warp")
+        if isinstance(block, dict) and isinstance(block.get("multiscales"), list) and block["multiscales"]:
+            ms = block["multiscales"][0]
+    if not isinstance(ms, dict):
+        raise DataError(f"{where}: a Zarr group without multiscales metadata", hint="inspect one of its arrays",
+                        path=where)
+    datasets = ms.get("datasets")
+    if not isinstance(datasets, list) or not datasets or len(datasets) > 64 or not all(
+            isinstance(d, dict) and isinstance(d.get("path"), str) and d["path"] and "/" not in d["path"]
+            and not d["path"].startswith(".") for d in datasets):
+        raise DataError(f"{where}: multiscales datasets must be a non-empty list of {{path: name}}",
+                        hint="the group metadata is damaged; rewrite the pyramid", path=where)
+    return [d["path"] for d in datasets], z
+
+
+def _levels(root: str, manifest: dict | None) -> tuple[list[str], dict | None]:
+    paths, group = _group_levels(root)
+    if paths is not None:
+        return paths, group
+    if manifest is not None and isinstance(manifest.get("levels"), list) and manifest["levels"]:
+        return [lv.get("path", "") if isinstance(lv, dict) else "" for lv in manifest["levels"]], None
+    return [""], None
+
+
+def _zarr_python_check(doc: dict, where: str, group: bool) -> str | None:
+    """What zarr-python's own metadata parser says about a zarr.json (None: it accepts it, or is not installed)."""
+    try:
+        if group:
+            from zarr.core.group import GroupMetadata as Meta
+        else:
+            from zarr.core.metadata.v3 import ArrayV3Metadata as Meta
+    except ImportError:
+        return None
+    try:
+        Meta.from_dict(dict(doc))
+    except Exception as e:  # zarr-python raises ValueError/TypeError/KeyError/... for what it refuses
+        return f"{where}: zarr-python refuses this metadata ({type(e).__name__}: {str(e)[:160]})"
+    return None
 
 
 def _objects(store: zarr_v3.Store) -> list[tuple[str, int]]:
@@ -68,23 +110,36 @@ def _objects(store: zarr_v3.Store) -> list[tuple[str, int]]:
 def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
     from warpdata.formats import crc as crc32c
 
+    from .ome import describe_group
+
     root = os.path.dirname(target) if os.path.isfile(target) else target
     manifest = _read_json(os.path.join(root, MANIFEST_NAME))
     if manifest is not None and manifest.get("kind") != "zarr-array":
         manifest = None
-    paths = _levels(root, manifest)
+    paths, group = _levels(root, manifest)
     store = zarr_v3.Store(root)
     rows, problems, level_rows = [], [], []
     total_raw = total_stored = total_objects = 0
     first = None
+    checked = {"levels": 0, "objects": 0, "chunks": 0, "chunk_crcs": 0, "index_crcs": 0, "metadata": 0}
+    input_crc = None
+    if verify and group is not None:
+        checked["metadata"] += 1
+        problem = _zarr_python_check(group, f"{root}/{zarr_v3.ZARR_JSON}", group=True)
+        if problem:
+            problems.append(problem)
+    if verify and manifest is not None and isinstance(manifest.get("levels"), list):
+        listed = [lv.get("path", "") if isinstance(lv, dict) else None for lv in manifest["levels"]]
+        if listed != paths:
+            problems.append(f"{root}/{MANIFEST_NAME}: lists levels {listed} but the metadata has {paths}")
+    layouts = []
     for i, p in enumerate(paths):
         st = store.sub(p)
         layout = zarr_v3.read_layout(st)
+        layouts.append(layout)
         objs = _objects(st)
         stored = sum(n for _, n in objs)
-        raw = layout.dtype.itemsize
-        for s in layout.shape:
-            raw *= s
+        raw = layout.dtype.itemsize * math.prod(layout.shape)
         total_raw += raw
         total_stored += stored
         total_objects += len(objs)
@@ -93,13 +148,22 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
         if first is None:
             first = (st, layout, objs)
         if verify:
+            checked["metadata"] += 1
+            problem = _zarr_python_check(zarr_v3.read_metadata(st), f"{st.url}/{zarr_v3.ZARR_JSON}", group=False)
+            if problem:
+                problems.append(problem)
             counts, probs = zarr_v3.verify_array(st)
             problems.extend(probs)
+            checked["levels"] += 1
+            for k in ("objects", "chunks", "chunk_crcs", "index_crcs"):
+                checked[k] += counts[k]
             if i == 0 and not probs and manifest is not None and manifest.get("input_crc32c"):
+                _check_manifest_layout(manifest, layout, st.url, problems)
                 crc = 0
                 for block in zarr_v3.iter_row_blocks(st, layout):
                     crc = crc32c.extend(crc, block.reshape(-1).view("u1"))
-                if f"{crc:08x}" != manifest["input_crc32c"]:
+                input_crc = f"{crc:08x}"
+                if input_crc != manifest["input_crc32c"]:
                     problems.append(f"{st.url}: decoded array CRC-32C {crc:08x} differs from the input's "
                                     f"{manifest['input_crc32c']} recorded in the manifest")
     st, layout, objs = first
@@ -110,24 +174,75 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
         "chunks": list(layout.chunks),
         "shards": list(layout.shards) if layout.shards else None,
         "fill_value": zarr_v3.fill_value_json(layout.fill_value, layout.dtype),
-        "codec": {"name": "zstd", "level": layout.level},
+        "codec": {"name": "zstd", "level": layout.level, "checksum": "crc32c" if layout.checksum else None},
         "levels": len(paths),
         "objects": total_objects,
         "raw_bytes": total_raw,
         "stored_bytes": total_stored,
         "ratio": round(total_raw / total_stored, 4) if total_stored else None,
     }
+    ome_row = None
+    if group is not None:
+        ome = describe_group(group)
+        summary["ome_zarr"] = ome
+        ome_row = ["OME-Zarr", ome["text"]]
     if manifest is not None:
         summary.update({k: manifest[k] for k in ("backend", "input_crc32c", "downsample", "recipe_key") if k in manifest})
-    if verify:
-        summary["verified"] = not problems
     rows = [["shape", f"{summary['shape']} {summary['dtype']}"],
             ["chunks / shards", f"{summary['chunks']} / {summary['shards'] or 'unsharded'}"],
-            ["codec", f"zstd level {layout.level}"], ["fill value", str(summary["fill_value"])],
+            ["codec", f"zstd level {layout.level}" + (", CRC-32C per chunk" if layout.checksum else
+                                                       ", no per-chunk checksum (written before warp added one)")],
+            ["fill value", str(summary["fill_value"])],
             ["stored", f"{total_stored:,} bytes in {total_objects} objects (ratio {summary['ratio']})"]]
+    if ome_row:
+        rows.append(ome_row)
     tables = [("zarr array", ["field", "value"], rows),
               ("levels", ["path", "shape", "chunks", "shards", "objects", "bytes", "ratio"], level_rows)]
+    if verify:
+        summary["verified"] = not problems
+        summary["verification"] = dict(checked, input_crc32c=input_crc, passed=not problems)
+        tables.append(("verification", ["check", "result"], _verification_rows(checked, layouts, input_crc,
+                                                                             manifest, group, problems)))
     if head:
         tables.append(("objects", ["key", "bytes"], [[k, f"{n:,}"] for k, n in objs[:head]]))
     return Report(kind="zarr-array", target=target, summary=summary, tables=tables, ok=not problems,
                   problems=problems)
+
+
+def _check_manifest_layout(manifest: dict, layout, where: str, problems: list[str]) -> None:
+    """The manifest's record of level 0 (shape, dtype, chunks, shards) must match its zarr.json."""
+    want = {"shape": list(layout.shape), "dtype": layout.dtype.name, "chunks": list(layout.chunks),
+            "shards": list(layout.shards) if layout.shards else None}
+    for k, v in want.items():
+        if k in manifest and manifest[k] != v:
+            problems.append(f"{where}: zarr.json has {k} {v} but the manifest records {manifest[k]}")
+
+
+def _verification_rows(checked: dict, layouts: list, input_crc: str | None, manifest: dict | None,
+                       group: dict | None, problems: list[str]) -> list[list[str]]:
+    zarr_ok = "zarr-python's metadata parser" if _has_zarr() else "warp's strict zarr.json parser"
+    all_crc = all(lay.checksum for lay in layouts)
+    rows = [
+        ["levels", f"{checked['levels']} of {len(layouts)} read"],
+        ["objects", f"{checked['objects']} read, every one"],
+        ["chunks", f"{checked['chunks']} decoded (zstd frame, decoded size)"],
+        ["chunk checksums", f"{checked['chunk_crcs']} CRC-32C matched" if all_crc else
+         f"{checked['chunk_crcs']} CRC-32C matched; levels written without per-chunk checksums were checked "
+         "by decoding only"],
+        ["shard index checksums", f"{checked['index_crcs']} CRC-32C matched"],
+        ["metadata", f"{checked['metadata']} zarr.json checked by warp's parser and {zarr_ok}"
+         + (" (group + levels)" if group is not None else "")],
+    ]
+    if input_crc is not None and manifest is not None:
+        rows.append(["input checksum", f"level 0 decodes to CRC-32C {input_crc}, the manifest's input_crc32c"
+                     if input_crc == manifest.get("input_crc32c") else f"level 0 decodes to {input_crc}, MISMATCH"])
+    else:
+        rows.append(["input checksum", "not checked (no manifest with input_crc32c, or level 0 failed)"])
+    rows.append(["result", "PASSED" if not problems else f"FAILED: {len(problems)} problem(s)"])
+    return rows
+
+
+def _has_zarr() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("zarr") is not None

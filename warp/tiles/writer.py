@@ -85,13 +85,20 @@ def default_axes(ndim: int, names: Sequence[str] | None = None) -> list[dict]:
     """OME-style axes: …, t, c, then up to three spatial axes z, y, x (last)."""
     if names is None:
         spatial = ["z", "y", "x"][-min(ndim, 3):]
-        lead = ["t", "c"][-(ndim - len(spatial)):] if ndim - len(spatial) in (1, 2) else []
+        lead = ["t", "c"][-min(ndim - len(spatial), 2):] if ndim > len(spatial) else []
         extra = [f"dim_{i}" for i in range(ndim - len(spatial) - len(lead))]
         names = extra + lead + spatial
+        # leading extra axes (>= 6-D) have no type: like t and c they are not downsampled
+        kinds = {"t": "time", "c": "channel", **{n: None for n in extra}}
+    else:
+        kinds = {"t": "time", "c": "channel"}
     if len(names) != ndim:
         raise ConfigError(f"{len(names)} axis names for {ndim} dimensions", hint="give one name per dimension")
-    kinds = {"t": "time", "c": "channel"}
-    return [{"name": n, "type": kinds.get(n, "space")} for n in names]
+    out = []
+    for n in names:
+        t = kinds.get(n, "space")
+        out.append({"name": n} if t is None else {"name": n, "type": t})
+    return out
 
 
 @dataclass
@@ -105,6 +112,8 @@ class WriteResult:
     chunks: int
     levels: list[dict] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
+    #: pyramids: whether the group is valid OME-Zarr 0.5 ({"valid", "version", "reason", "text"}); None for one level
+    ome_zarr: dict[str, Any] | None = None
 
     @property
     def ratio(self) -> float:
@@ -121,14 +130,16 @@ class TileWriter(CommitOnSuccess):
     ``shards``: ``"auto"`` (default), a shard shape, or ``None`` for one
     object per chunk. ``backend``: a name (``auto``/``cpu``/``gpu``, default
     ``WARP_BACKEND``) or a :class:`TileBackend` instance. ``levels`` > 1
-    writes a multiscale pyramid downsampled with ``method``.
+    writes a multiscale pyramid downsampled with ``method``. ``checksum``
+    (default on) ends every chunk with its CRC-32C, the Zarr ``crc32c``
+    codec, which zarr-python and tensorstore verify on read.
     """
 
     def __init__(self, url, shape: Sequence[int], dtype, tile: Sequence[int], *,
                  shards: Sequence[int] | str | None = "auto", fill_value: Any = 0, level: int = 1,
                  backend: str | TileBackend | None = None, threads: int | None = None,
                  levels: int = 1, method: str = "median", axes: Sequence[str] | None = None,
-                 attributes: dict | None = None, fsync: bool = True, storage_config=None,
+                 attributes: dict | None = None, fsync: bool = True, storage_config=None, checksum: bool = True,
                  manifest_extra: dict | None = None, _store: zarr_v3.Store | None = None,
                  _level_index: int = 0) -> None:
         self.geometry = TileGeometry.create(shape, tile, dtype)
@@ -156,17 +167,50 @@ class TileWriter(CommitOnSuccess):
         self.manifest_extra = manifest_extra or {}
         self._level_index = _level_index
         self._top = _store is None
-        root = zarr_v3.Store(url, fsync=fsync, config=storage_config) if _store is None else _store
+        self._fsync = fsync
+        self.checksum = bool(checksum)
+        if isinstance(backend, TileBackend):
+            self.backend = backend
+        else:
+            self.backend = get_backend(backend, level=self.level, threads=threads, checksum=self.checksum)
+        self.backend.checksum = self.checksum  # chunks end with their CRC-32C (the crc32c codec)
+        self._tmp: str | None = None  # local top-level output: built here, renamed to _final on success
+        self._final: str | None = None
+        if _store is None:
+            final = zarr_v3.Store(url, fsync=fsync, config=storage_config)
+            self.url = final.url
+            if final.local:
+                from . import replace
+
+                # nothing half-written is ever visible under the final name (docs/formats/zarr-tiles.md,
+                # "Writing and replacing"): build in a temporary sibling, rename on success
+                replace.check_replaceable(final.location.path)
+                replace.clean_leftovers(final.location.path, replace.run_started())
+                self._final = final.location.path
+                self._tmp = str(replace.make_temp_dir(self._final))
+                root = zarr_v3.Store(self._tmp, fsync=fsync, config=storage_config)
+            else:
+                root = final
+                root.track_writes()  # an object store has no rename: abort() deletes what was put
+        else:
+            root = _store
+            self.url = str(url)
         self.root = root
-        self.url = root.url
         # a pyramid's levels live in sub-arrays "0", "1", …; a single level is the root itself
         self.store = root.sub(str(_level_index)) if levels > 1 else root
         self._empty = math.prod(g.shape) == 0
         self.plan = SlabPlan(g.elided(), self.fill_value)
-        if isinstance(backend, TileBackend):
-            self.backend = backend
-        else:
-            self.backend = get_backend(backend, level=self.level, threads=threads)
+        try:
+            self._start(threads, fsync, storage_config)
+        except BaseException:
+            self._discard()
+            raise
+
+    def _start(self, threads, fsync, storage_config) -> None:
+        g = self.geometry
+        root = self.root
+        _level_index = self._level_index
+        levels = self.levels
         self._expected = g.nbytes
         self._received = 0
         self._crc = 0
@@ -230,17 +274,18 @@ class TileWriter(CommitOnSuccess):
 
     def _setup_next_level(self, root, threads, fsync, storage_config) -> None:
         g = self.geometry
-        factors_full = [1 if a["type"] != "space" else 2 for a in self.axes]
+        factors_full = [1 if a.get("type") != "space" else 2 for a in self.axes]
         next_shape = downsampled_shape(g.shape, factors_full)
         next_tile = [min(n, s) if s > 0 else n for n, s in zip(g.tile, next_shape, strict=True)]
         kept = g.kept
         self._down = Downsampler(self.plan.slab_shape[1:], g.dtype, [factors_full[d] if g.shape[d] > 1 else 1 for d in kept],
                                  self.method)
-        self._next = TileWriter(root.url, next_shape, g.dtype, next_tile,
+        self._next = TileWriter(self.url, next_shape, g.dtype, next_tile,
                                 shards="auto" if self.shards is not None else None, fill_value=self.fill_value,
                                 level=self.level, backend=self.backend.name, threads=threads, levels=self.levels,
                                 method=self.method, axes=[a["name"] for a in self.axes], fsync=fsync,
-                                storage_config=storage_config, _store=root, _level_index=self._level_index + 1)
+                                storage_config=storage_config, checksum=self.checksum, _store=root,
+                                _level_index=self._level_index + 1)
 
     # -- intake (producer thread) -----------------------------------------------
     def _raise_if_failed(self) -> None:
@@ -438,8 +483,14 @@ class TileWriter(CommitOnSuccess):
         for t in sorted({0, n - 1}):
             idx = tuple(int(i) for i in np.unravel_index(t, counts)) if counts else ()
             expect = gather_tile(data, idx, g.tile, self.plan.fill, buf).tobytes()
+            frame = bytes(frames[t])
+            if self.checksum:
+                frame, stored = frame[:-zarr_v3.CRC_SIZE], frame[-zarr_v3.CRC_SIZE:]
+                if len(stored) != zarr_v3.CRC_SIZE or zarr_v3.chunk_crc(frame) != stored:
+                    frame = None
             try:
-                got = dctx.decompress(bytes(frames[t]), max_output_size=len(expect))
+                got = "a chunk whose CRC-32C does not match" if frame is None else \
+                    dctx.decompress(frame, max_output_size=len(expect))
             except zstandard.ZstdError as e:
                 got = f"an undecodable zstd frame ({e})"
             if got != expect:
@@ -499,7 +550,7 @@ class TileWriter(CommitOnSuccess):
         names = [a["name"] for a in self.axes] if self.axes else None
         return zarr_v3.array_metadata(g.shape, g.dtype, g.tile, shards=self.shards, fill_value=self.fill_value,
                                       level=self.level, dimension_names=names, attributes=self.attributes
-                                      if self._top and self.levels == 1 else {})
+                                      if self._top and self.levels == 1 else {}, checksum=self.checksum)
 
     def _level_info(self) -> list[dict]:
         g = self.geometry
@@ -539,6 +590,7 @@ class TileWriter(CommitOnSuccess):
             self._shutdown()
             if self._next is not None:
                 self._next.abort()
+            self._discard()
             raise
         self._shutdown()
         levels = self._level_info()
@@ -546,20 +598,45 @@ class TileWriter(CommitOnSuccess):
                              sum(lv["stored_bytes"] for lv in levels), sum(lv["objects"] for lv in levels),
                              self.chunks, levels)
         if self._top:
-            if self.levels > 1:
-                scales = []
-                fac = [2.0 if a["type"] == "space" else 1.0 for a in self.axes]
-                for i, lv in enumerate(levels):
-                    scales.append((lv["path"], [f ** i for f in fac]))
-                attrs = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)
-                attrs.update(self.attributes)
-                self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
-            result.manifest = self._manifest(result)
-            from warpdata.canonical import canonical_json
+            try:
+                if self.levels > 1:
+                    from .ome import group_attributes
 
-            self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
+                    scales = []
+                    fac = [2.0 if a.get("type") == "space" else 1.0 for a in self.axes]
+                    for i, lv in enumerate(levels):
+                        scales.append((lv["path"], [f ** i for f in fac]))
+                    multiscale = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)["ome"]["multiscales"][0]
+                    # valid OME-Zarr 0.5 where the axes qualify, else under "warp" with the reason (ome.py)
+                    attrs, result.ome_zarr = group_attributes(multiscale, self.axes)
+                    attrs.update(self.attributes)
+                    self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
+                result.manifest = self._manifest(result)
+                from warpdata.canonical import canonical_json
+
+                self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
+                if self._tmp is not None:
+                    from .replace import publish_dir
+
+                    publish_dir(self._tmp, self._final, fsync=self._fsync)
+                    self._tmp = None
+            except BaseException:
+                self._discard()
+                raise
         self.result = result
         return result
+
+    def _discard(self) -> None:
+        """Remove what a failed top-level write left: its temporary directory, or the objects it PUT."""
+        if not self._top:
+            return
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif getattr(self, "root", None) is not None and not self.root.local:
+            self.root.remove_written()
 
     def _manifest(self, r: WriteResult) -> dict:
         g = self.geometry
@@ -571,10 +648,11 @@ class TileWriter(CommitOnSuccess):
             "chunks": list(g.tile),
             "shards": list(self.shards) if self.shards else None,
             "fill_value": zarr_v3.fill_value_json(self.fill_value, g.dtype),
-            "codec": {"name": "zstd", "level": self.level},
+            "codec": {"name": "zstd", "level": self.level, "checksum": "crc32c" if self.checksum else None},
             "array": r.levels[0]["path"],
             "levels": r.levels,
             "downsample": self.method if self.levels > 1 else None,
+            "ome_zarr": r.ome_zarr,
             "raw_bytes": r.raw_bytes,
             "stored_bytes": r.stored_bytes,
             "objects": r.objects,
@@ -590,7 +668,8 @@ class TileWriter(CommitOnSuccess):
         self.backend.close()
 
     def abort(self) -> None:
-        """Stop without writing metadata (objects already written stay, unreferenced)."""
+        """Stop without writing metadata, and remove everything written so far (the temporary
+        directory of a local output; the objects already PUT to an object store)."""
         if self._closed:
             return
         self._closed = True
@@ -601,4 +680,5 @@ class TileWriter(CommitOnSuccess):
         if self._next is not None:
             self._next.abort()
         self.backend.close()
+        self._discard()
 

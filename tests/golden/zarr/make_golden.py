@@ -52,6 +52,9 @@ def main() -> None:
     corrupt(sharded, "bad-index-crc", "c/1/0/0", lambda b: flip(b, len(b) - 1))
     corrupt(sharded, "truncated-shard", "c/1/0/0", lambda b: b[: len(b) // 2])
     corrupt(sharded, "bad-frame", "c/0/0/0", lambda b: flip(flip(b, 0), 1))
+    corrupt(sharded, "bad-chunk-crc", "c/0/0/0", lambda b: flip(b, 20))  # inside the first chunk's frame
+    pyramid = HERE / "pyramid.zarr"
+    corrupt(pyramid, "bad-level1-chunk", "1/c/0/0/0", lambda b: flip(b, 12))
     corrupt(sharded, "missing-shard", "c/2/0/0", None)
     corrupt(sharded, "changed-data", "c/0/0/0", lambda b: b)  # rewritten below
     # a valid shard with different data: the structure checks pass, the input CRC does not
@@ -62,11 +65,15 @@ def main() -> None:
     blob = changed.read_bytes()
     entries = zarr_v3.decode_index(blob, 4, "golden")
     off, n = (int(x) for x in entries[0])
-    chunk = bytearray(zstandard.ZstdDecompressor().decompress(blob[off:off + n]))
+    chunk = bytearray(zstandard.ZstdDecompressor().decompress(blob[off:off + n - 4]))  # the CRC-32C follows
     chunk[0] ^= 1
     frames = []
     for i, (o, m) in enumerate(entries.tolist()):
-        frames.append(zstandard.ZstdCompressor(level=1).compress(bytes(chunk)) if i == 0 else blob[o:o + m])
+        if i == 0:
+            frame = zstandard.ZstdCompressor(level=1).compress(bytes(chunk))
+            frames.append(frame + zarr_v3.chunk_crc(frame))
+        else:
+            frames.append(blob[o:o + m])
     changed.write_bytes(b"".join(zarr_v3.shard_parts(frames)))
     bad = HERE / "malformed" / "bad-zarr-json"
     shutil.rmtree(bad, ignore_errors=True)
