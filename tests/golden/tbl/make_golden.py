@@ -102,7 +102,11 @@ def _remeta(b: bytearray) -> bytearray:
     blocks = struct.unpack_from("<I", b, 56)[0]
     pos, table = moff, moff + msize
     for k in range(blocks):
+        if pos + 16 > table:  # an edit broke the walk: repair what still parses (tests/test_fuzz_tbl.py)
+            break
         size = struct.unpack_from("<I", b, pos + 8)[0]
+        if pos + 16 + size > table or table + 4 * k + 4 > len(b):
+            break
         struct.pack_into("<I", b, table + 4 * k, zlib.crc32(bytes(b[pos:pos + 16 + size])))
         pos += 16 + size
     struct.pack_into("<I", b, 52, zlib.crc32(bytes(b[moff:table + 4 * blocks])))
