@@ -13,13 +13,16 @@ Contract:
   a temporary name and renames it into place. With ``extensions=False`` the
   output is a plain TurboLoader file, byte-identical to ``TblWriterV2``'s for the
   same inputs; with ``extensions=True`` (default) it adds warp's extensions
-  (CRC-32 payload trailers, index CRC-32, ZSTD entries, warp JSON metadata),
-  each announced by a header flag bit, which a TurboLoader reader either
-  ignores or refuses (it never returns wrong bytes; see the spec).
+  (CRC-32 payload trailers, index CRC-32, ZSTD entries, warp JSON metadata,
+  metadata block and section CRC-32s), each announced by a header flag bit,
+  which a TurboLoader reader either ignores or refuses (it never returns
+  wrong bytes; see the spec). With all of them every byte a reader uses is
+  under a CRC it checks.
 * :class:`TblReader` memory-maps a file, validates header, index CRC and every
   index entry at open (offsets in range, no overlaps, plausible sizes), and
   returns zero-copy ``memoryview`` payloads in O(1); with ``verify=True`` each
-  read checks the payload's CRC. Broken invariants raise one typed error each
+  read checks the payload's CRC. Metadata is checked against the section CRC
+  before its first parse, and each block against its own CRC when read. Broken invariants raise one typed error each
   (:class:`BadMagic`, :class:`UnsupportedVersion`, :class:`TruncatedFile`,
   :class:`CorruptIndex`, :class:`ChecksumMismatch`, :class:`CorruptMetadata`,
   :class:`DecompressionError`), all :class:`~warpdata.errors.DataError`\\ s

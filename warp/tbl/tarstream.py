@@ -159,6 +159,21 @@ class _Reader:
         self.end = None if left is None else left  # position of the end of the input, if known
 
     def read(self, n: int) -> bytes:
+        try:
+            return self._read(n)
+        except (EOFError, OSError, zlib.error) as e:  # gzip: cut short, bad header or data, CRC mismatch
+            if not isinstance(self.f, gzip.GzipFile):
+                raise
+            raise TarFormatError(f"the gzip stream is damaged or cut short near tar byte {self.pos} ({e})",
+                                 hint="the .tar.gz is truncated or corrupt: copy or download it again") from None
+
+    def drain(self) -> None:
+        """Read a gzip stream to its end, so gzip checks its CRC-32 and length trailer."""
+        if isinstance(self.f, gzip.GzipFile):
+            while self.read(1 << 20):
+                pass
+
+    def _read(self, n: int) -> bytes:
         if self.end is not None:
             n = min(n, self.end - self.pos)
             first = n
@@ -219,6 +234,7 @@ def iter_members(f: BinaryIO, *, with_data: bool = True,
             if at == 0:
                 raise TarFormatError("the input is empty (0 bytes), not a tar archive",
                                      hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
+            r.drain()
             return  # EOF between members without end blocks: tolerated, as tar(1) does
         if len(hdr) < BLOCK and at == 0:
             raise TarFormatError(f"not a tar archive ({len(hdr)} bytes, shorter than one 512-byte tar header)",
@@ -227,6 +243,8 @@ def iter_members(f: BinaryIO, *, with_data: bool = True,
             raise TarFormatError(f"tar archive ends inside a header at byte {at}",
                                  hint="the archive is truncated: copy or download it again")
         if hdr == ZERO_BLOCK:
+            # the data so far is only trustworthy once gzip has checked its trailer CRC
+            r.drain()
             return
         try:
             stored = _octal(hdr[148:156], "checksum", at)

@@ -102,6 +102,11 @@ def cases() -> dict[str, tuple[bytes, int, str]]:
     # is ~16 MB of gzip); the cap refuses it at the header, before decompressing anything
     bomb = header("bomb/0000.png", 16 << 30) + PNG + bytes((1 << 20) - len(PNG))
     out["gzip_bomb_16g.tar.gz"] = (gzip.compress(bomb, 9, mtime=0), 65, "declares 17,179,869,184 bytes")
+    gz = gzip.compress(full, 6, mtime=0)
+    out["gzip_truncated.tar.gz"] = (gz[:len(gz) // 2], 65, "gzip stream is damaged or cut short")
+    bad = bytearray(gz)
+    bad[-8] ^= 0x01  # the trailer's CRC-32: the tar inside is intact, so only that check can notice
+    out["gzip_crc_mismatch.tar.gz"] = (bytes(bad), 65, "CRC check failed")
     return out
 
 
