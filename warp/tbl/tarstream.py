@@ -16,7 +16,9 @@ Declared sizes never drive allocation: a member is read in bounded chunks
 (or only as far as a file's real size), and one declaring more than
 ``max_member`` bytes (:data:`DEFAULT_MAX_MEMBER`) raises
 :class:`MemberTooLarge` before anything is read, so a gzip bomb costs no
-memory.
+memory. A gzip stream is read to its end once the archive ends, so gzip's
+CRC-32 trailer is checked: a damaged or cut .tar.gz is a
+:class:`TarFormatError`, never data taken on trust.
 
 :func:`split_key` and :func:`group_samples` implement the WebDataset
 convention: a sample's key is the member path up to the first dot of its
