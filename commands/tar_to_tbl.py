@@ -37,6 +37,9 @@ def main(
                                           help="A sample whose image header is unreadable: stop (raise), leave it out "
                                                "quietly (skip) or with a warning (warn).")] = "raise",
     force: Annotated[bool, typer.Option("--force", "-f", help="Replace OUT if it exists.")] = False,
+    max_member_mb: Annotated[int, typer.Option("--max-member-mb", min=1, metavar="N",
+                                               help="Refuse a tar member declaring more than N MiB (guards "
+                                                    "against damaged headers and gzip bombs).")] = 1024,
 ) -> int:
     import os
 
@@ -53,7 +56,8 @@ def main(
     if os.path.exists(output) and not force:
         raise UsageError(f"{output} already exists", hint="pass --force to replace it, or choose another OUT")
     req = ConvertRequest(input=input, output=output, compression=compression, level=level,
-                         workers=workers, verify=verify, on_error=on_error)
+                         workers=workers, verify=verify, on_error=on_error,
+                         max_member_bytes=max_member_mb << 20)
     total = os.path.getsize(input) if input != "-" and os.path.isfile(input) else None
     with out.progress(f"tar-to-tbl {os.path.basename(output)}", total=total, unit="B") as bar:
         last = [0]

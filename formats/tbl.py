@@ -13,13 +13,16 @@ Contract:
   a temporary name and renames it into place. With ``extensions=False`` the
   output is a plain TurboLoader file, byte-identical to ``TblWriterV2``'s for the
   same inputs; with ``extensions=True`` (default) it adds warp's extensions
-  (CRC-32 payload trailers, index CRC-32, ZSTD entries, warp JSON metadata),
-  each announced by a header flag bit, which a TurboLoader reader either
-  ignores or refuses (it never returns wrong bytes; see the spec).
+  (CRC-32 payload trailers, index CRC-32, ZSTD entries, warp JSON metadata,
+  metadata block and section CRC-32s), each announced by a header flag bit,
+  which a TurboLoader reader either ignores or refuses (it never returns
+  wrong bytes; see the spec). With all of them every byte a reader uses is
+  under a CRC it checks.
 * :class:`TblReader` memory-maps a file, validates header, index CRC and every
   index entry at open (offsets in range, no overlaps, plausible sizes), and
   returns zero-copy ``memoryview`` payloads in O(1); with ``verify=True`` each
-  read checks the payload's CRC. Broken invariants raise one typed error each
+  read checks the payload's CRC. Metadata is checked against the section CRC
+  before its first parse, and each block against its own CRC when read. Broken invariants raise one typed error each
   (:class:`BadMagic`, :class:`UnsupportedVersion`, :class:`TruncatedFile`,
   :class:`CorruptIndex`, :class:`ChecksumMismatch`, :class:`CorruptMetadata`,
   :class:`DecompressionError`), all :class:`~warpdata.errors.DataError`\\ s
@@ -66,7 +69,7 @@ ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("usize", "<u4"), ("
                         ("height", "<u2"), ("format", "u1"), ("flags", "u1"), ("crc16", "<u2")])
 assert ENTRY_DTYPE.itemsize == ENTRY_SIZE == ENTRY.size and HEADER.size == HEADER_SIZE
 
-# header flags: bits 0-2 are TurboLoader's, bits 3-6 warp's extensions
+# header flags: bits 0-2 are TurboLoader's, bits 3-7 warp's extensions
 F_COMPRESSED = 1 << 0
 F_HAS_METADATA = 1 << 1
 F_HAS_CHECKSUMS = 1 << 2
@@ -74,9 +77,12 @@ F_PAYLOAD_CRC32 = 1 << 3  # a CRC-32 of the stored bytes follows every payload
 F_INDEX_CRC32 = 1 << 4  # reserved bytes 48..51 hold a CRC-32 of the index table
 F_ZSTD = 1 << 5  # some entries are ZSTD frames
 F_WARP_METADATA = 1 << 6  # every sample has one JSON block with "key" and "sidecars"
-KNOWN_FLAGS = (1 << 7) - 1
+# a CRC-32 per metadata block in a table after the section, and one over section + table
+# in header bytes 52..55 (block count in 56..59): docs/formats/tbl-v2.md, "Metadata CRCs"
+F_META_CRC32 = 1 << 7
+KNOWN_FLAGS = (1 << 8) - 1
 EXTENSION_FLAGS = {"payload-crc32": F_PAYLOAD_CRC32, "index-crc32": F_INDEX_CRC32,
-                   "zstd": F_ZSTD, "warp-metadata": F_WARP_METADATA}
+                   "zstd": F_ZSTD, "warp-metadata": F_WARP_METADATA, "metadata-crc32": F_META_CRC32}
 
 # entry flags
 E_LZ4 = 1 << 0
@@ -177,10 +183,12 @@ class Header:
     flags: int
     header_crc: int
     index_crc: int
+    meta_crc: int = 0  # F_META_CRC32: CRC-32 of the metadata section and its block CRC table
+    meta_blocks: int = 0  # F_META_CRC32: number of metadata blocks (= table entries)
 
     def pack(self) -> bytes:
         """The 64 header bytes with ``header_crc`` computed over them."""
-        reserved = struct.pack("<I12x", self.index_crc)
+        reserved = struct.pack("<III4x", self.index_crc, self.meta_crc, self.meta_blocks)
         raw = bytearray(HEADER.pack(MAGIC, VERSION, self.num_samples, self.header_size, 0,
                                     self.metadata_offset, self.metadata_size, self.flags, 0, reserved))
         raw[44:48] = struct.pack("<I", zlib.crc32(raw))
@@ -215,6 +223,13 @@ def parse_header(buf, path: str = "<bytes>", file_size: int | None = None) -> He
     if hsize != HEADER_SIZE + ENTRY_SIZE * n:
         raise CorruptIndex(f"{path}: header_size {hsize} does not match {n} samples "
                            f"(expected {HEADER_SIZE + ENTRY_SIZE * n})", path=path)
+    (index_crc, meta_crc, meta_blocks) = struct.unpack_from("<III", reserved, 0)
+    if not flags & F_META_CRC32:
+        meta_crc = meta_blocks = 0
+    elif meta_blocks * META_BLOCK_SIZE > msize:
+        raise CorruptIndex(f"{path}: header announces {meta_blocks} metadata blocks, more than "
+                           f"{msize} metadata bytes can hold", path=path, offset=56)
+    table_end = moff + msize + TRAILER_SIZE * meta_blocks
     if file_size is not None:
         if hsize > file_size:
             raise TruncatedFile(f"{path}: index of {n} samples needs {hsize} bytes, the file has {file_size}",
@@ -223,10 +238,12 @@ def parse_header(buf, path: str = "<bytes>", file_size: int | None = None) -> He
             bad = TruncatedFile if moff + msize > file_size and moff >= hsize else CorruptIndex
             raise bad(f"{path}: metadata section [{moff}, {moff + msize}) is outside the file "
                       f"(payloads start at {hsize}, file has {file_size} bytes)", path=path)
+        if meta_blocks and table_end > file_size:
+            raise TruncatedFile(f"{path}: the metadata CRC table [{moff + msize}, {table_end}) is past the end "
+                                f"of the file ({file_size} bytes)", path=path, size=file_size, needed=table_end)
     if msize and not moff:
         raise CorruptIndex(f"{path}: metadata_size {msize} with no metadata offset", path=path)
-    (index_crc,) = struct.unpack_from("<I", reserved, 0)
-    return Header(n, hsize, moff, msize, flags, hcrc, index_crc)
+    return Header(n, hsize, moff, msize, flags, hcrc, index_crc, meta_crc, meta_blocks)
 
 
 # ------------------------------------------------------------ sample info ----
@@ -250,7 +267,7 @@ class CorruptSample:
 
     index: int
     offset: int
-    check: str  # payload-crc32 | crc16 | decompress
+    check: str  # payload-crc32 | crc16 | decompress | metadata-crc32 | metadata-section-crc32 | metadata-json | metadata
     stored: int | None
     computed: int | None
     message: str
@@ -403,6 +420,8 @@ class TblWriter(CommitOnSuccess):
         self.compressed_samples = 0
         self._any_compressed = self._any_zstd = self._any_meta = False
         self._meta_size = 0
+        self._meta_blocks = 0
+        self._meta_crc = 0  # running CRC-32 of the metadata blocks (then of the CRC table)
         try:
             if expected_samples is not None:
                 self._out_fd, self._out_path = self._mkstemp("out")
@@ -423,6 +442,9 @@ class TblWriter(CommitOnSuccess):
             self._idx = os.fdopen(fd, "w+b", buffering=self._SPOOL_BUFFER)
             fd, self._meta_path = self._mkstemp("meta")
             self._meta = os.fdopen(fd, "w+b", buffering=self._SPOOL_BUFFER)
+            # one u32 CRC-32 per metadata block (warp extension F_META_CRC32)
+            fd, self._mcrc_path = self._mkstemp("metacrc")
+            self._mcrc = os.fdopen(fd, "w+b", buffering=self._SPOOL_BUFFER)
         except BaseException:
             self.abort()
             raise
@@ -482,10 +504,15 @@ class TblWriter(CommitOnSuccess):
         flags = s.flags
         if s.metadata is not None:
             flags |= E_HAS_METADATA
-            self._meta.write(META_BLOCK.pack(i, len(s.metadata), s.meta_type, 0))
+            bh = META_BLOCK.pack(i, len(s.metadata), s.meta_type, 0)
+            self._meta.write(bh)
             self._meta.write(s.metadata)
             self._meta_size += META_BLOCK_SIZE + len(s.metadata)
             self._any_meta = True
+            if self.extensions:
+                self._mcrc.write(struct.pack("<I", crc32(s.metadata, crc32(bh))))
+                self._meta_crc = crc32(s.metadata, crc32(bh, self._meta_crc))
+                self._meta_blocks += 1
         ENTRY.pack_into(self._ebuf, ENTRY_SIZE * self._n_buf, self._pos, size, s.usize, s.width, s.height,
                         s.format, flags, s.crc16)
         self._n_buf += 1
@@ -522,6 +549,8 @@ class TblWriter(CommitOnSuccess):
             f |= F_PAYLOAD_CRC32 | F_INDEX_CRC32
             if self._any_zstd:
                 f |= F_ZSTD
+            if self._any_meta:
+                f |= F_META_CRC32
         return f
 
     def close(self, *, warp_metadata: bool = False) -> Path:
@@ -537,6 +566,7 @@ class TblWriter(CommitOnSuccess):
             self._pay.flush()
             self._idx.flush()
             self._meta.flush()
+            self._mcrc.flush()
             n = self.num_samples
             base = HEADER_SIZE + ENTRY_SIZE * n
             in_place = self._expected is not None and self._expected == n
@@ -574,16 +604,29 @@ class TblWriter(CommitOnSuccess):
                     os.close(src)
             os.lseek(out_fd, base + self._pos, os.SEEK_SET)
             meta_off = 0
+            table = TRAILER_SIZE * self._meta_blocks
+            meta_crc = self._meta_crc
             if self._meta_size:
                 meta_off = base + self._pos
                 _copy_range(self._meta.fileno(), out_fd, self._meta_size, 0)
+                if table:  # the block CRC table follows the section; the section CRC covers it too
+                    self._mcrc.seek(0)
+                    done = 0
+                    while done < table:  # in 1 MiB steps: constant memory for any N
+                        crcs = self._mcrc.read(min(1 << 20, table - done))
+                        if not crcs:
+                            raise OSError(f"short read of the metadata CRC spool ({done} of {table} bytes)")
+                        meta_crc = crc32(crcs, meta_crc)
+                        done += len(crcs)
+                    _copy_range(self._mcrc.fileno(), out_fd, table, 0)
             flags = self._flags()
             if warp_metadata and self.extensions:
                 flags |= F_WARP_METADATA
             hdr = Header(n, base, meta_off, self._meta_size, flags, 0,
-                         idx_crc if self.extensions else 0)
+                         idx_crc if self.extensions else 0,
+                         meta_crc if table else 0, self._meta_blocks if table else 0)
             os.pwrite(out_fd, hdr.pack(), 0)
-            os.ftruncate(out_fd, base + self._pos + self._meta_size)
+            os.ftruncate(out_fd, base + self._pos + self._meta_size + table)
             if self.fsync:
                 os.fsync(out_fd)
             os.fchmod(out_fd, 0o644)
@@ -603,7 +646,7 @@ class TblWriter(CommitOnSuccess):
 
     def _cleanup(self) -> None:
         self._closed = True
-        for name in ("_pay", "_idx", "_meta"):
+        for name in ("_pay", "_idx", "_meta", "_mcrc"):
             f = getattr(self, name, None)
             if f is not None:
                 with contextlib.suppress(OSError):
@@ -680,6 +723,7 @@ class TblReader:
         # payload, so a verified read is one CRC over payload + trailer
         self._fast = bool(self._trailer) and not bool((idx["flags"] & (E_LZ4 | E_ZSTD)).any())
         self._closed = False
+        self._meta_crc = bool(h.flags & F_META_CRC32)
         self._meta_loc: np.ndarray | None = None
         self._keys: dict[str, int] | None = None
 
@@ -689,12 +733,14 @@ class TblReader:
         if not len(idx):
             return
         end = h.metadata_offset or self.file_size
+        # offsets are u64: ones >= 2^63 turn negative in int64 (caught by < header_size),
+        # and comparing span with end - off never overflows (off + span could)
         off = idx["offset"].astype(np.int64, copy=False)
         span = idx["size"].astype(np.int64) + self._trailer
-        bad = np.flatnonzero((off < h.header_size) | (off + span > end))
+        bad = np.flatnonzero((off < h.header_size) | (off > end) | (span > end - off))
         if len(bad):
             i = int(bad[0])
-            o, s = int(off[i]), int(span[i])
+            o, s = int(idx["offset"][i]), int(span[i])
             cls = TruncatedFile if o + s > self.file_size and o >= h.header_size else CorruptIndex
             raise cls(f"{self.path}: sample {i} at [{o}, {o + s}) lies outside the payload region "
                       f"[{h.header_size}, {end}) ({len(bad)} bad entries)",
@@ -825,16 +871,17 @@ class TblReader:
             yield self.read(i)
 
     # -- metadata --------------------------------------------------------
-    def _metadata_locations(self) -> np.ndarray:
-        """(offset, size, type) of each sample's first metadata block; offset -1 = none."""
-        if self._meta_loc is not None:
-            return self._meta_loc
+    def _walk_metadata(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """(block number, block offset, sample index, data size, type) of each metadata block, in order.
+
+        Raises :class:`CorruptMetadata` where the blocks do not tile the section.
+        """
         n = self.num_samples
-        loc = np.full((n, 3), -1, np.int64)
         h = self.header
         pos, end = h.metadata_offset, h.metadata_offset + h.metadata_size
         view = self._view
         unpack = META_BLOCK.unpack_from
+        k = 0
         while h.metadata_offset and pos < end:
             if pos + META_BLOCK_SIZE > end:
                 raise CorruptMetadata(f"{self.path}: metadata block header at offset {pos} is cut short",
@@ -845,17 +892,99 @@ class TblReader:
                 raise CorruptMetadata(f"{self.path}: metadata block at offset {pos} names sample {si} "
                                       f"with {size} bytes (file has {n} samples, section ends at {end})",
                                       path=self.path, offset=pos, sample=int(si))
-            if loc[si, 0] < 0:  # first block wins, as in TurboLoader's linear scan
-                loc[si] = (data_at, size, typ)
+            yield k, pos, si, size, typ
+            k += 1
             pos = data_at + size
+        if self._meta_crc and k != h.meta_blocks:
+            raise CorruptMetadata(f"{self.path}: the metadata section holds {k} blocks, the header "
+                                  f"announces {h.meta_blocks}", path=self.path, offset=h.metadata_offset)
+
+    def _block_crc(self, k: int, pos: int, size: int) -> tuple[int, int]:
+        """(stored, computed) CRC-32 of metadata block ``k`` (16-byte header + data) at ``pos``."""
+        h = self.header
+        (stored,) = struct.unpack_from("<I", self._view, h.metadata_offset + h.metadata_size + TRAILER_SIZE * k)
+        return stored, crc32(self._view[pos:pos + META_BLOCK_SIZE + size])
+
+    def _section_crc(self) -> tuple[int, int]:
+        """(stored, computed) CRC-32 of the metadata section and its block CRC table."""
+        h = self.header
+        end = h.metadata_offset + h.metadata_size + TRAILER_SIZE * h.meta_blocks
+        return h.meta_crc, crc32(self._view[h.metadata_offset:end])
+
+    def _metadata_problems(self) -> list[CorruptSample]:
+        """Every failed metadata check (section CRC, block CRCs, structure), for :meth:`verify_all`."""
+        h = self.header
+        out: list[CorruptSample] = []
+        if self._meta_crc:
+            stored, computed = self._section_crc()
+            if stored != computed:
+                out.append(CorruptSample(-1, h.metadata_offset, "metadata-section-crc32", stored, computed,
+                                         f"metadata section at offset {h.metadata_offset}: CRC-32 stored "
+                                         f"{stored:08x}, computed {computed:08x}"))
+        try:
+            for k, pos, si, size, typ in self._walk_metadata():
+                if self._meta_crc:
+                    stored, computed = self._block_crc(k, pos, size)
+                    if stored != computed:
+                        out.append(CorruptSample(int(si), pos, "metadata-crc32", stored, computed,
+                                                 f"sample {si}: metadata block {k} at offset {pos}: CRC-32 "
+                                                 f"stored {stored:08x}, computed {computed:08x}"))
+                        continue
+                elif typ == META_JSON:  # no CRCs (older or TurboLoader files): at least it must parse
+                    try:
+                        json.loads(bytes(self._view[pos + META_BLOCK_SIZE:pos + META_BLOCK_SIZE + size]))
+                    except ValueError as e:
+                        out.append(CorruptSample(int(si), pos, "metadata-json", None, None,
+                                                 f"sample {si}: metadata block {k} at offset {pos} is not "
+                                                 f"valid JSON ({e})"))
+        except CorruptMetadata as e:
+            out.append(CorruptSample(-1, int(e.details.get("offset", h.metadata_offset)), "metadata", None, None,
+                                     e.message))
+        return out
+
+    def _metadata_locations(self) -> np.ndarray:
+        """(offset, size, type, block number) of each sample's first metadata block; offset -1 = none.
+
+        With F_META_CRC32 the section CRC is checked first (one pass, C speed),
+        so nothing is parsed from bytes that changed since they were written.
+        """
+        if self._meta_loc is not None:
+            return self._meta_loc
+        h = self.header
+        if self._meta_crc:
+            stored, computed = self._section_crc()
+            if stored != computed:
+                bad = next((p for p in self._metadata_problems() if p.check != "metadata-section-crc32"), None)
+                where = f"; first bad block: {bad.message}" if bad else ""
+                raise ChecksumMismatch(
+                    f"{self.path}: metadata section CRC-32 mismatch (stored {stored:08x}, computed "
+                    f"{computed:08x}){where}",
+                    hint="the file's metadata (keys, sidecars) is damaged; re-create it with 'warp tar-to-tbl'",
+                    path=self.path, offset=h.metadata_offset, check="metadata-section-crc32", stored=stored,
+                    computed=computed, sample=bad.index if bad else -1)
+        loc = np.full((self.num_samples, 4), -1, np.int64)
+        for k, pos, si, size, typ in self._walk_metadata():
+            if loc[si, 0] < 0:  # first block wins, as in TurboLoader's linear scan
+                loc[si] = (pos + META_BLOCK_SIZE, size, typ, k)
         self._meta_loc = loc
         return loc
 
-    def metadata_raw(self, i: int) -> tuple[memoryview, int] | None:
-        """(bytes, type) of sample ``i``'s metadata block, or None."""
-        off, size, typ = self._metadata_locations()[self.info(i).index]
+    def metadata_raw(self, i: int, verify: bool | None = None) -> tuple[memoryview, int] | None:
+        """(bytes, type) of sample ``i``'s metadata block, or None; its block CRC checked if verifying."""
+        j = self.info(i).index
+        off, size, typ, k = self._metadata_locations()[j].tolist()
         if off < 0:
             return None
+        if self._meta_crc and (self.verify if verify is None else verify):
+            stored, computed = self._block_crc(k, off - META_BLOCK_SIZE, size)
+            if stored != computed:
+                raise ChecksumMismatch(
+                    f"{self.path}: sample {j}: metadata block {k} at offset {off - META_BLOCK_SIZE}: CRC-32 "
+                    f"mismatch (stored {stored:#x}, computed {computed:#x})",
+                    hint="the file's metadata is damaged; run 'warp inspect --verify' to list every corrupt "
+                         "block, then re-create it",
+                    path=self.path, sample=j, offset=off - META_BLOCK_SIZE, check="metadata-crc32",
+                    stored=stored, computed=computed)
         return self._view[off:off + size], int(typ)
 
     def metadata(self, i: int) -> Any:
@@ -925,7 +1054,7 @@ class TblReader:
 
     # -- whole-file checks ------------------------------------------------
     def verify_all(self, progress: Callable[[int], None] | None = None) -> list[CorruptSample]:
-        """Check every sample's trailer CRC-32 and CRC-16 (after decompression); list all failures."""
+        """Check every payload CRC-32 trailer and CRC-16 (after decompression) and the metadata CRCs; list all failures."""
         problems: list[CorruptSample] = []
         for i in range(self.num_samples):
             off, size, usize, flags, c16 = self._entry(i)
@@ -954,10 +1083,7 @@ class TblReader:
             if progress and (i & 1023) == 1023:
                 progress(i + 1)
         if self.header.metadata_size:
-            try:
-                self._metadata_locations()
-            except CorruptMetadata as e:
-                problems.append(CorruptSample(-1, self.header.metadata_offset, "metadata", None, None, e.message))
+            problems.extend(self._metadata_problems())
         return problems
 
     # -- lifetime ---------------------------------------------------------

@@ -61,7 +61,8 @@ def test_writer_reproduces_golden_bytes(variant, tmp_path):
 
 def test_golden_sizes_and_flags():
     r = tbl.TblReader(GOLDEN / "warp_none.tbl")
-    assert r.header.extensions == ["payload-crc32", "index-crc32", "warp-metadata"]
+    assert r.header.extensions == ["payload-crc32", "index-crc32", "warp-metadata", "metadata-crc32"]
+    assert r.header.meta_blocks == 4 and r.header.meta_crc != 0
     assert r.info(0) == tbl.SampleInfo(0, r.info(0).offset, r.info(0).size, r.info(0).size, 9, 7, "png",
                                        "none", True, r.info(0).crc16)
     assert (r.info(1).width, r.info(1).height, r.info(1).format) == (640, 480, "jpeg")
@@ -70,6 +71,71 @@ def test_golden_sizes_and_flags():
     assert "zstd" in z.header.extensions and z.info(2).compression == "zstd"
     plain = tbl.TblReader(GOLDEN / "plain_none.tbl")
     assert plain.header.extensions == [] and plain.header.flags == tbl.F_HAS_CHECKSUMS | tbl.F_HAS_METADATA
+
+
+@pytest.mark.parametrize("variant", ["none", "lz4", "zstd"])
+def test_legacy_files_without_metadata_crc_still_read(variant):
+    """Files warp wrote before the metadata CRC extension: no flag bit 7, no table, same samples."""
+    old = tbl.TblReader(GOLDEN / f"legacy_warp_{variant}.tbl")
+    new = tbl.TblReader(GOLDEN / f"warp_{variant}.tbl")
+    assert not old.header.flags & tbl.F_META_CRC32 and new.header.flags & tbl.F_META_CRC32
+    assert old.header.meta_blocks == 0 and new.header.meta_blocks == len(new)
+    # the only difference: the table of 4 CRCs after the section (and the header fields)
+    assert new.file_size == old.file_size + 4 * len(new)
+    for i in range(len(old)):
+        assert bytes(old[i]) == bytes(new[i]) and old.metadata(i) == new.metadata(i)
+
+
+def _meta_edit(tmp_path, name="x.tbl"):
+    """warp_none.tbl with sample 2's key edited in place (valid JSON, a different key)."""
+    b = bytearray((GOLDEN / "warp_none.tbl").read_bytes())
+    moff = struct.unpack_from("<Q", b, 24)[0]
+    at = b.index(b'"key":"b/0003"', moff)
+    b[at + 11] ^= 0x01
+    p = tmp_path / name
+    p.write_bytes(b)
+    return p
+
+
+def test_metadata_edit_is_caught_on_read_and_by_verify_all(tmp_path):
+    p = _meta_edit(tmp_path)
+    with pytest.raises(tbl.ChecksumMismatch) as ei:
+        tbl.TblReader(p).metadata(0)  # any metadata access checks the section first
+    assert ei.value.details["check"] == "metadata-section-crc32" and ei.value.details["sample"] == 2
+    assert "sample 2" in ei.value.message
+    problems = tbl.TblReader(p, verify=False).verify_all()
+    assert [(x.index, x.check) for x in problems] == [(-1, "metadata-section-crc32"), (2, "metadata-crc32")]
+    # payloads are untouched and still read
+    assert bytes(tbl.TblReader(p)[2]) == bytes(tbl.TblReader(GOLDEN / "warp_none.tbl")[2])
+
+
+def test_block_crc_checked_per_read_after_the_scan(tmp_path):
+    """A block that changes after the first scan (file rewritten under the map) fails its own CRC."""
+    p = tmp_path / "x.tbl"
+    p.write_bytes((GOLDEN / "warp_none.tbl").read_bytes())
+    r = tbl.TblReader(p)
+    assert r.key(3) == "b/0004"
+    b = bytearray(p.read_bytes())
+    moff = r.header.metadata_offset
+    at = b.index(b'"key":"b/0003"', moff)
+    with open(p, "r+b") as f:  # in place: the map sees it
+        f.seek(at + 11)
+        f.write(bytes([b[at + 11] ^ 1]))
+    with pytest.raises(tbl.ChecksumMismatch) as ei:
+        r.metadata(2)
+    assert ei.value.details["check"] == "metadata-crc32" and ei.value.details["sample"] == 2
+    assert r.metadata_raw(2, verify=False) is not None  # verify=False trusts the bytes
+
+
+def test_legacy_file_verify_all_reports_unparseable_json():
+    problems = tbl.TblReader(MALFORMED / "legacy_metadata_not_json.tbl", verify=False).verify_all()
+    assert [(x.index, x.check) for x in problems] == [(0, "metadata-json")]
+
+
+def test_plain_and_turboloader_files_have_no_metadata_crc():
+    for name in ("plain_none.tbl", "turboloader_lz4.tbl"):
+        h = tbl.TblReader(GOLDEN / name).header
+        assert not h.flags & tbl.F_META_CRC32 and (h.meta_crc, h.meta_blocks) == (0, 0)
 
 
 # ---------------------------------------------------------------- malformed --

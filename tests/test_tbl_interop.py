@@ -74,6 +74,8 @@ def test_warp_files_open_in_turboloader(tmp_path, compression, extensions):
     assert tr.num_samples() == len(samples)
     assert tr.has_metadata()
     r = tbl.TblReader(p)
+    # the metadata CRC extension (flag bit 7, table after the section) is invisible to TurboLoader
+    assert bool(r.header.flags & tbl.F_META_CRC32) == extensions
     for i, s in enumerate(samples):
         assert tr.read_sample(i) == s
         info = tr.get_sample_info(i)
@@ -118,3 +120,16 @@ def test_converter_output_opens_in_turboloader(tmp_path):
     for i in range(12):
         assert tr.read_sample(i) == bytes(r[i])
         assert json.loads(tr.read_metadata(i)[0])["key"] == r.key(i)
+
+
+@pytest.mark.parametrize("name", ["warp_none.tbl", "warp_lz4.tbl", "legacy_warp_none.tbl"])
+def test_golden_files_with_and_without_metadata_crc_open_in_turboloader(name):
+    from pathlib import Path
+
+    p = Path(__file__).parent / "golden" / "tbl" / name
+    tr = t.TblReaderV2(str(p), verify_checksums=True)
+    r = tbl.TblReader(p)
+    assert tr.num_samples() == len(r)
+    for i in range(len(r)):
+        assert tr.read_sample(i) == bytes(r[i])
+        assert json.loads(tr.read_metadata(i)[0]) == r.metadata(i)

@@ -32,7 +32,14 @@ from typing import Any
 from warpdata.errors import DataError, UsageError
 from warpdata.formats.imageinfo import EXTENSION_FORMATS, image_info
 from warpdata.formats.tbl import COMPRESSIONS, TblReader, TblWriter, canonical_json, encode_sample
-from warpdata.tbl.tarstream import Sample, TarFormatError, group_samples, iter_members, open_input
+from warpdata.tbl.tarstream import (
+    DEFAULT_MAX_MEMBER,
+    Sample,
+    TarFormatError,
+    group_samples,
+    iter_members,
+    open_input,
+)
 
 ON_ERROR = ("raise", "skip", "warn")
 MAX_SKIP_EXAMPLES = 50  # skipped members listed by name; the rest are only counted
@@ -48,6 +55,7 @@ class ConvertRequest:
     verify: bool = False
     on_error: str = "raise"
     fsync: bool = True
+    max_member_bytes: int = DEFAULT_MAX_MEMBER  # a bigger member is an error (gzip bombs, bad headers)
 
 
 @dataclass
@@ -95,7 +103,7 @@ def choose_payload(sample: Sample) -> int | None:
     return None
 
 
-def count_samples(path: str) -> int | None:
+def count_samples(path: str, max_member: int = DEFAULT_MAX_MEMBER) -> int | None:
     """How many samples a seekable, uncompressed tar holds (headers only), else None."""
     if path == "-":
         return None
@@ -106,7 +114,7 @@ def count_samples(path: str) -> int | None:
         if size is None or not f.seekable():
             return None
         n = 0
-        for s in group_samples(iter_members(f, with_data=False), lambda _n, _r: None):
+        for s in group_samples(iter_members(f, with_data=False, max_member=max_member), lambda _n, _r: None):
             n += choose_payload(s) is not None
         return n
     finally:
@@ -136,17 +144,33 @@ def _sidecar_metadata(sample: Sample, payload_at: int, on_skip) -> tuple[bytes, 
     return canonical_json(meta), len(text) + len(binary)
 
 
+def _no_samples_message(path: str, res: ConvertResult, reasons: Counter[str]) -> str:
+    where = "stdin" if path == "-" else path
+    if not res.members:
+        return f"{where}: the tar archive holds no members, so there is no sample to write"
+    why = "; ".join(f"{n} {r}" for r, n in reasons.most_common(3))
+    return f"{where}: none of its {res.members} member(s) became a sample ({why}); no output written"
+
+
+def _no_samples_hint(res: ConvertResult) -> dict[str, str]:
+    if not res.members:
+        return {"hint": "give a WebDataset tar with image members (key.jpg, key.png, ...)"}
+    return {"hint": "a WebDataset sample needs an image member (.jpg, .png, .webp, ...) named KEY.EXT"}
+
+
 def convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = None,
             warn: Callable[[str], None] | None = None) -> ConvertResult:
     """Convert ``req.input`` to ``req.output``; ``progress(samples, tar_bytes_read)``.
 
-    A damaged or non-tar input raises :class:`TarFormatError` naming the input.
+    A damaged or non-tar input raises :class:`TarFormatError` naming the input;
+    an input that yields no sample raises :class:`~warpdata.errors.DataError`.
+    Either way no ``OUT`` is written.
     """
     try:
         return _convert(req, progress, warn)
     except TarFormatError as e:
         where = "stdin" if req.input == "-" else str(req.input)
-        raise TarFormatError(f"{where}: {e.message}", hint=e.hint, **e.details) from None
+        raise type(e)(f"{where}: {e.message}", hint=e.hint, **e.details) from None
 
 
 def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = None,
@@ -172,7 +196,10 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
         if len(res.skipped_examples) < MAX_SKIP_EXAMPLES:
             res.skipped_examples.append({"member": name, "reason": reason})
 
-    expected = count_samples(req.input)
+    if req.max_member_bytes <= 0:
+        raise UsageError(f"--max-member-mb must be positive (got {req.max_member_bytes} bytes)",
+                         hint="the default is 1024 MiB")
+    expected = count_samples(req.input, req.max_member_bytes)
     f, res.tar_bytes = open_input(req.input)
     writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
                        expected_samples=expected, fsync=req.fsync)
@@ -195,7 +222,7 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
                 progress(res.samples, tell())
 
     try:
-        members = iter_members(f)
+        members = iter_members(f, max_member=req.max_member_bytes)
 
         def counted():
             for m in members:
@@ -233,6 +260,8 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
                 pending.append(encode_sample(m.data, **kwargs))
             drain(window)
         drain(0)
+        if not res.samples:
+            raise DataError(_no_samples_message(req.input, res, reasons), **_no_samples_hint(res))
         writer.close(warp_metadata=True)
     except BaseException:
         for fut in pending:

@@ -7,7 +7,18 @@ files. It understands ustar (with its 155-byte name prefix), GNU long names
 and long link names (``L``/``K`` entries) and PAX extended headers (``x``
 per file, ``g`` global: ``path`` and ``size``). Header checksums are
 verified. A damaged archive raises :class:`TarFormatError` naming the byte
-offset; nothing is skipped silently.
+offset; nothing is skipped silently. A file and the same bytes on a pipe
+give the same result: a cut anywhere inside a member, its padding or a
+header is an error either way (only a cut exactly between two members, where
+the end-of-archive blocks are missing, is tolerated, as tar(1) does).
+
+Declared sizes never drive allocation: a member is read in bounded chunks
+(or only as far as a file's real size), and one declaring more than
+``max_member`` bytes (:data:`DEFAULT_MAX_MEMBER`) raises
+:class:`MemberTooLarge` before anything is read, so a gzip bomb costs no
+memory. A gzip stream is read to its end once the archive ends, so gzip's
+CRC-32 trailer is checked: a damaged or cut .tar.gz is a
+:class:`TarFormatError`, never data taken on trust.
 
 :func:`split_key` and :func:`group_samples` implement the WebDataset
 convention: a sample's key is the member path up to the first dot of its
@@ -31,12 +42,22 @@ from warpdata.errors import DataError, MissingInputError
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
 REGULAR_TYPES = (b"0", b"\0", b"7")
+DEFAULT_MAX_MEMBER = 1 << 30  # bytes; tar-to-tbl --max-member-mb raises it
+MAX_EXTENDED_HEADER = 16 << 20  # PAX / GNU long-name records: names and a few attributes
+_CHUNK = 16 << 20  # stream reads: memory follows the bytes that arrive, not the declared size
+_OCTAL = b"01234567"
 
 
 class TarFormatError(DataError):
     """The input is not a tar archive, or is damaged or cut short."""
 
     code = "bad-tar"
+
+
+class MemberTooLarge(TarFormatError):
+    """A member declares more bytes than the configured limit (a damaged header or a gzip bomb)."""
+
+    code = "tar-member-too-large"
 
 
 @dataclass
@@ -58,14 +79,14 @@ def _octal(field_: bytes, what: str, at: int) -> int:
     if field_ and field_[0] & 0x80:  # GNU base-256 for sizes >= 8 GiB
         v = int.from_bytes(field_[1:], "big")
         return -v if field_[0] & 0x40 else v
-    s = field_.split(b"\0", 1)[0].strip()
+    s = field_.split(b"\0", 1)[0].strip(b" ")
     if not s:
         return 0
-    try:
-        return int(s, 8)
-    except ValueError:
-        raise TarFormatError(f"tar header at byte {at}: {what} field {field_!r} is not octal",
-                             hint="the input is not a tar archive or is damaged") from None
+    # only octal digits: int() would also take signs, underscores, "0o" and inner spaces
+    if s.translate(None, _OCTAL):
+        raise TarFormatError(f"tar header at byte {at}: {what} field {bytes(field_)!r} is not octal",
+                             hint="the input is not a tar archive or is damaged")
+    return int(s, 8)
 
 
 def _parse_pax(data: bytes, at: int) -> dict[str, str]:
@@ -106,22 +127,68 @@ def _decode_name(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
+def _bytes_left(f: BinaryIO) -> int | None:
+    """Bytes from the current position to the end of a plain seekable file, else None.
+
+    None for gzip streams (seeking one decompresses, and past its end it
+    stops silently) and for pipes: those are read, never seeked.
+    """
+    if isinstance(f, gzip.GzipFile):
+        return None
+    try:
+        if not f.seekable():
+            return None
+        cur = f.tell()
+        end = f.seek(0, io.SEEK_END)
+        f.seek(cur, io.SEEK_SET)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return max(end - cur, 0)
+
+
 class _Reader:
-    """Exact reads from a stream, counting the position."""
+    """Exact reads from a stream, counting the position.
+
+    On a plain file the real size bounds every read and seek (a seek past
+    the end would otherwise succeed silently); on a stream, reads go in
+    bounded chunks, so a huge declared size allocates nothing up front.
+    """
 
     def __init__(self, f: BinaryIO) -> None:
         self.f = f
         self.pos = 0
+        left = _bytes_left(f)
+        self.end = None if left is None else left  # position of the end of the input, if known
 
     def read(self, n: int) -> bytes:
-        b = self.f.read(n)
+        try:
+            return self._read(n)
+        except (EOFError, OSError, zlib.error) as e:  # gzip: cut short, bad header or data, CRC mismatch
+            if not isinstance(self.f, gzip.GzipFile):
+                raise
+            raise TarFormatError(f"the gzip stream is damaged or cut short near tar byte {self.pos} ({e})",
+                                 hint="the .tar.gz is truncated or corrupt: copy or download it again") from None
+
+    def drain(self) -> None:
+        """Read a gzip stream to its end, so gzip checks its CRC-32 and length trailer."""
+        if isinstance(self.f, gzip.GzipFile):
+            while self.read(1 << 20):
+                pass
+
+    def _read(self, n: int) -> bytes:
+        if self.end is not None:
+            n = min(n, self.end - self.pos)
+            first = n
+        else:
+            first = min(n, _CHUNK)
+        b = self.f.read(first) if first > 0 else b""
         if b is None:
             b = b""
         if len(b) < n:
             parts = [b]
             got = len(b)
             while got < n:
-                more = self.f.read(n - got)
+                more = self.f.read(min(n - got, _CHUNK))
                 if not more:
                     break
                 parts.append(more)
@@ -130,24 +197,34 @@ class _Reader:
         self.pos += len(b)
         return b
 
-    def skip(self, n: int) -> None:
+    def skip(self, n: int, what: str) -> None:
+        """Skip ``n`` bytes of ``what``; a cut inside them is an error, from a file or a pipe alike."""
         if n <= 0:
             return
-        seek = getattr(self.f, "seekable", None)
-        if seek is not None and seek():
+        if self.end is not None:
+            if self.pos + n > self.end:
+                self.pos = self.end
+                raise TarFormatError(f"tar archive ends inside {what} at byte {self.end}",
+                                     hint="the archive is truncated: copy or download it again")
             self.f.seek(n, io.SEEK_CUR)
             self.pos += n
             return
         while n > 0:
             got = len(self.read(min(n, 1 << 20)))
             if got == 0:
-                raise TarFormatError(f"tar archive ends inside a member at byte {self.pos}",
+                raise TarFormatError(f"tar archive ends inside {what} at byte {self.pos}",
                                      hint="the archive is truncated: copy or download it again")
             n -= got
 
 
-def iter_members(f: BinaryIO, *, with_data: bool = True) -> Iterator[TarMember]:
-    """Yield the archive's members in order; regular files carry their bytes if ``with_data``."""
+def iter_members(f: BinaryIO, *, with_data: bool = True,
+                 max_member: int = DEFAULT_MAX_MEMBER) -> Iterator[TarMember]:
+    """Yield the archive's members in order; regular files carry their bytes if ``with_data``.
+
+    A regular file declaring more than ``max_member`` bytes raises
+    :class:`MemberTooLarge` before any of it is read. An empty input, or
+    one shorter than a tar header, raises :class:`TarFormatError`.
+    """
     r = _Reader(f)
     long_name: str | None = None
     pax: dict[str, str] = {}
@@ -156,11 +233,20 @@ def iter_members(f: BinaryIO, *, with_data: bool = True) -> Iterator[TarMember]:
         at = r.pos
         hdr = r.read(BLOCK)
         if not hdr:
-            return  # EOF without end blocks: tolerated, as tar(1) does
+            if at == 0:
+                raise TarFormatError("the input is empty (0 bytes), not a tar archive",
+                                     hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
+            r.drain()
+            return  # EOF between members without end blocks: tolerated, as tar(1) does
+        if len(hdr) < BLOCK and at == 0:
+            raise TarFormatError(f"not a tar archive ({len(hdr)} bytes, shorter than one 512-byte tar header)",
+                                 hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
         if len(hdr) < BLOCK:
             raise TarFormatError(f"tar archive ends inside a header at byte {at}",
                                  hint="the archive is truncated: copy or download it again")
         if hdr == ZERO_BLOCK:
+            # the data so far is only trustworthy once gzip has checked its trailer CRC
+            r.drain()
             return
         try:
             stored = _octal(hdr[148:156], "checksum", at)
@@ -182,11 +268,15 @@ def iter_members(f: BinaryIO, *, with_data: bool = True) -> Iterator[TarMember]:
             raise TarFormatError(f"tar header at byte {at}: negative size", hint="the archive is damaged")
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         if typ in (b"L", b"K", b"x", b"g"):
+            if size > MAX_EXTENDED_HEADER:
+                raise TarFormatError(f"tar header at byte {at}: extended header ({typ.decode()!r}) declares "
+                                     f"{size:,} bytes, more than the {MAX_EXTENDED_HEADER:,} allowed",
+                                     hint="the archive is damaged")
             body = r.read(size)
             if len(body) < size:
                 raise TarFormatError(f"tar archive ends inside an extended header at byte {at}",
                                      hint="the archive is truncated: copy or download it again")
-            r.skip(padded - size)
+            r.skip(padded - size, f"the padding of the extended header at byte {at}")
             if typ == b"L":
                 long_name = _decode_name(body)
             elif typ == b"x":
@@ -205,26 +295,32 @@ def iter_members(f: BinaryIO, *, with_data: bool = True) -> Iterator[TarMember]:
         if "path" in merged:
             name = merged["path"]
         if "size" in merged:
-            try:
-                size = int(merged["size"])
-            except ValueError:
-                raise TarFormatError(f"PAX header at byte {at}: size {merged['size']!r}",
-                                     hint="the archive is damaged") from None
+            if not merged["size"].isascii() or not merged["size"].isdigit():
+                raise TarFormatError(f"PAX header at byte {at}: size {merged['size']!r} is not a whole number",
+                                     hint="the archive is damaged")
+            size = int(merged["size"])
             padded = (size + BLOCK - 1) // BLOCK * BLOCK
         long_name, pax = None, {}
         kind = ("file" if typ in REGULAR_TYPES else "dir" if typ == b"5" else
                 "symlink" if typ == b"2" else "hardlink" if typ == b"1" else "other")
         data_at = r.pos
         data = None
+        if kind == "file" and size > max_member:
+            raise MemberTooLarge(
+                f"member {name!r} (header at byte {at}) declares {size:,} bytes, more than the limit of "
+                f"{max_member:,} bytes ({max_member / (1 << 20):,.0f} MiB) per member",
+                hint="a damaged header or a decompression bomb; if the archive really holds members that "
+                     "large, raise the limit with 'warp tar-to-tbl --max-member-mb N'",
+                member=name, size=size, limit=max_member)
         if kind == "file" and with_data:
             data = r.read(size)
             if len(data) < size:
-                raise TarFormatError(f"tar archive ends inside member {name!r} (byte {data_at}, "
-                                     f"{len(data)} of {size} bytes)",
+                raise TarFormatError(f"tar archive ends inside member {name!r} at byte {r.pos} "
+                                     f"({len(data)} of its {size} bytes)",
                                      hint="the archive is truncated: copy or download it again")
-            r.skip(padded - size)
         else:
-            r.skip(padded)
+            r.skip(size, f"member {name!r}")
+        r.skip(padded - size, f"the padding of member {name!r}")
         yield TarMember(name, size, kind, data_at, data)
 
 

@@ -3,9 +3,14 @@
     .venv/bin/python tests/golden/tbl/make_golden.py --write
 
 Inputs are fixed byte strings built here (no image encoder whose output could
-change between library versions). ``test_tbl_golden.py`` checks that warp
+change between library versions). ``test_tbl_format.py`` checks that warp
 still writes these exact bytes and reads them back; a format change must
 regenerate them deliberately and say so in the commit.
+
+``legacy_warp_*.tbl`` were written by warp before the metadata CRC extension
+(header flag bit 7, docs/formats/tbl-v2.md): the current writer cannot make
+them any more, so this script keeps them as they are (readers must still
+open them).
 """
 
 from __future__ import annotations
@@ -91,6 +96,23 @@ def _reindex(b: bytearray) -> bytearray:
     return _rehdr(b)
 
 
+def _remeta(b: bytearray) -> bytearray:
+    """Recompute the metadata block CRC table and section CRC (flag bit 7) after an edit."""
+    moff, msize = struct.unpack_from("<QQ", b, 24)
+    blocks = struct.unpack_from("<I", b, 56)[0]
+    pos, table = moff, moff + msize
+    for k in range(blocks):
+        if pos + 16 > table:  # an edit broke the walk: repair what still parses (tests/test_fuzz_tbl.py)
+            break
+        size = struct.unpack_from("<I", b, pos + 8)[0]
+        if pos + 16 + size > table or table + 4 * k + 4 > len(b):
+            break
+        struct.pack_into("<I", b, table + 4 * k, zlib.crc32(bytes(b[pos:pos + 16 + size])))
+        pos += 16 + size
+    struct.pack_into("<I", b, 52, zlib.crc32(bytes(b[moff:table + 4 * blocks])))
+    return _rehdr(b)
+
+
 def malformed(src: bytes) -> dict[str, tuple[bytes, str]]:
     """name -> (bytes, expected error class) derived from warp_none.tbl."""
     b = bytearray(src)
@@ -144,10 +166,42 @@ def malformed(src: bytes) -> dict[str, tuple[bytes, str]]:
     struct.pack_into("<Q", x, 8, 10 ** 12)
     put("absurd_sample_count", _rehdr(x), "CorruptIndex")
     x = bytearray(b)
-    moff = struct.unpack_from("<Q", x, 24)[0]
-    struct.pack_into("<Q", x, moff, 99)  # metadata block names sample 99
-    put("metadata_bad_sample", x, "CorruptMetadata")
+    moff, msize = struct.unpack_from("<QQ", x, 24)
+    struct.pack_into("<Q", x, moff, 99)  # metadata block names sample 99 (CRCs made to match)
+    put("metadata_bad_sample", _remeta(x), "CorruptMetadata")
+    x = bytearray(b)
+    struct.pack_into("<Q", x, moff, 99)  # the same edit, CRCs left alone: caught as damage first
+    put("metadata_bad_sample_crc", x, "ChecksumMismatch")
+    x = bytearray(b)
+    at = x.index(b'"key":"b/0003"', moff)
+    x[at + 11] ^= 0x01  # b/0003 -> b/0103: still valid JSON, a different key
+    put("metadata_key_bit", x, "ChecksumMismatch")
+    x = bytearray(b)
+    x[moff + 17] ^= 0x20  # first JSON block no longer parses
+    put("metadata_json_bit", x, "ChecksumMismatch")
+    x = bytearray(b)
+    x[moff + msize + 5] ^= 0x01  # a byte of the block CRC table
+    put("metadata_crc_table_bit", x, "ChecksumMismatch")
+    x = bytearray(b)
+    struct.pack_into("<I", x, 56, 10 ** 6)  # more blocks than the section can hold
+    put("metadata_block_count", _rehdr(x), "CorruptIndex")
+    x = bytearray(b)
+    put("metadata_table_truncated", x[:moff + msize + 6], "TruncatedFile")
+    x = bytearray(b)
+    struct.pack_into("<Q", x, 64 + 24 * 2, 2 ** 63 - 1)  # u64 offset near the int64 limit
+    put("index_offset_int64_max", _reindex(x), "TruncatedFile")  # past the end, as offset_past_end
+    x = bytearray(b)
+    struct.pack_into("<Q", x, 64 + 24 * 2, 2 ** 64 - 1)
+    put("index_offset_u64_max", _reindex(x), "TruncatedFile")
     return out
+
+
+def malformed_legacy(src: bytes) -> dict[str, tuple[bytes, str]]:
+    """Cases for files without the metadata CRC flag (legacy_warp_none.tbl)."""
+    b = bytearray(src)
+    moff = struct.unpack_from("<Q", b, 24)[0]
+    b[moff + 17] ^= 0x20  # no CRC to catch it: the JSON parse does
+    return {"legacy_metadata_not_json": (bytes(b), "CorruptMetadata")}
 
 
 def main() -> int:
@@ -166,7 +220,9 @@ def main() -> int:
     (HERE / "expected.json").write_text(json.dumps(expected, indent=2, sort_keys=True) + "\n")
     MALFORMED.mkdir(parents=True, exist_ok=True)
     index = {}
-    for name, (data, err) in malformed((HERE / "warp_none.tbl").read_bytes()).items():
+    cases = {**malformed((HERE / "warp_none.tbl").read_bytes()),
+             **malformed_legacy((HERE / "legacy_warp_none.tbl").read_bytes())}
+    for name, (data, err) in cases.items():
         (MALFORMED / f"{name}.tbl").write_bytes(data)
         index[f"{name}.tbl"] = err
     (MALFORMED / "expected.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
