@@ -26,8 +26,9 @@ _warp_complete_in() {
                 --level) :; return 0;;
                 --workers|-j) :; return 0;;
                 --on-error) _warp_files; return 0;;
+                --max-member-mb) :; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--compression -c --level --workers -j --verify --on-error --force -f --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--compression -c --level --workers -j --verify --on-error --force -f --max-member-mb --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         publish)
             case "$prev" in

@@ -34,6 +34,7 @@ complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s j -l workers -x 
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l verify -d 'Re-read OUT after writing and check every checksum'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s f -l force -d 'Replace OUT if it exists'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l max-member-mb -x -d 'Refuse a tar member declaring more than N MiB (guards against damaged headers...'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -F
 
 complete -c warp -n '__fish_seen_subcommand_from publish' -l table -r -F -d 'Table NAME from Parquet (or CSV/JSONL) files; repeatable'
@@ -107,4 +108,5 @@ complete -c tar_to_tbl -s j -l workers -x -d 'Checksum/compression threads (defa
 complete -c tar_to_tbl -l verify -d 'Re-read OUT after writing and check every checksum'
 complete -c tar_to_tbl -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
 complete -c tar_to_tbl -s f -l force -d 'Replace OUT if it exists'
+complete -c tar_to_tbl -l max-member-mb -x -d 'Refuse a tar member declaring more than N MiB (guards against damaged headers...'
 complete -c tar_to_tbl -F
