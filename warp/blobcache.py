@@ -259,6 +259,17 @@ class BlobCache:
     def put_bytes(self, h: str, data: bytes | memoryview) -> Path:
         return self.fetch(h, lambda f: f.write(data), size=len(data))
 
+    def evict(self, h: str) -> None:
+        """Forget blob ``h`` (a reader found its bytes bad): the next :meth:`fetch` downloads it again.
+
+        Readers of published data call this once when a member fails its own
+        checksum, then fetch the blob again; a second failure is an error
+        naming the store object (docs/formats/registry.md, "Readers").
+        """
+        hx = normalize_hash(h)
+        self._drop(self.path_for(hx))
+        self._verified.pop(hx, None)
+
     def _drop(self, p: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()

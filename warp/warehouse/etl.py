@@ -54,7 +54,7 @@ from typing import Any
 from warpdata import __version__
 from warpdata import output as out
 from warpdata.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes, fsync_dir
-from warpdata.canonical import canonical_json, identity
+from warpdata.canonical import canonical_json, identity, seal
 from warpdata.directio import BLOCK, AlignedFile
 from warpdata.errors import DataError
 from warpdata.formats import twh1
@@ -546,17 +546,21 @@ def run(req: EtlRequest) -> EtlResult:
         files = _export_summaries(build_dir, q, sources_sorted)
         files["samples"] = _export_samples(build_dir, tasks, results, cfg.root)
         doc = {
-            "kind": wmanifest.KIND, "format": "TWH1", "manifest_version": 1,
+            "kind": wmanifest.KIND, "format": "TWH1", "manifest_version": wmanifest.MANIFEST_VERSION,
             "dataset_root": cfg.dataset_root_text, "source_format": cfg.format,
             "transform": cfg.transform_dict(), "version": version,
             "version_recipe": canonical_json(recipe).decode("utf-8"), "code_version": CODE_VERSION,
             "default_dtype": twh1.MANIFEST_DTYPE[cfg.dtype], "default_shard_version": twh1.SHARD_VERSION,
-            "created_at_ms": int(time.time() * 1000), "thresholds": cfg.thresholds.to_dict(),
+            "thresholds": cfg.thresholds.to_dict(),
             "summary": {**q.summary(), "verdict": verdict.to_dict()}, "shards": shards,
             "classes": ls.classes, "num_samples": first, "box_format": "xyxy-pixels", "files": files,
         }
+        # sealed: no timestamp or timing inside, so the same inputs give the same manifest bytes
+        # wherever and whenever they are built (docs/formats/twh1.md, "Manifest")
+        doc = seal(doc)
         wmanifest.validate_manifest(doc, str(build_dir / wmanifest.MANIFEST_NAME))
         metrics = _metrics(results, phases, workers, cfg, first, truncated_boxes, q, time.perf_counter() - t_start)
+        metrics["created_at_ms"] = int(time.time() * 1000)
         atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
         for r in results:
             with contextlib.suppress(FileNotFoundError):

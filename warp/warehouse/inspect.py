@@ -77,7 +77,7 @@ def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
                "samples": doc["num_samples"], "shards": len(doc["shards"]),
                "bytes": sum(s["size_bytes"] for s in doc["shards"]), "transform": t, "classes": doc["classes"],
                "validation": {"aggregate": agg, "verdict": verdict["status"], "allowed": verdict["allowed"]},
-               "code_version": doc["code_version"], "created_at_ms": doc["created_at_ms"]}
+               "code_version": doc["code_version"]}
     rows = [["version", doc["version"]], ["dataset_root", doc["dataset_root"]],
             ["samples", doc["num_samples"]], ["shards", len(doc["shards"])],
             ["size", f"{t['target_size'][0]}x{t['target_size'][1]} {t['resize_mode']} {t['dtype']}, "
