@@ -69,7 +69,13 @@ def _inspect_shard(target: str, verify: bool, head: int) -> Report:
 
 def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
     base = target if os.path.isdir(target) else os.path.dirname(target) or "."
-    doc = wmanifest.read(base)
+    try:
+        doc = wmanifest.read(base)
+    except DataError as e:
+        if not verify or e.details.get("path") is None:
+            raise
+        # --verify reports a manifest failing its schema, content hash or path rules as corruption (exit 1)
+        return Report("tensor-warehouse", target, {"verified": False}, [], ok=False, problems=[e.message])
     agg = doc["summary"]["aggregate"]
     verdict = doc["summary"]["verdict"]
     t = doc["transform"]
