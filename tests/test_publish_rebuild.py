@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,38 @@ def test_bad_store_copy_is_a_typed_error_naming_the_store_object(cli, coco, tmp_
     shard = (Path(a["path"]) / "shard-00002.twh1").read_bytes()
     store_blob = _corrupt_cached_member(tmp_path / "store", shard[4096:4096 + 64], shard[8192:8192 + 16],
                                         b"\xff" * 16)
-    with pytest.raises((BlobCorruptError, BlobCorruptedError)) as ei:  # on the download (or first touch)
-        with wh.open("ws/wh") as w:
-            w.verify()
+    # raised on the download (or on first touch of a cached copy)
+    with pytest.raises((BlobCorruptError, BlobCorruptedError)) as ei, wh.open("ws/wh") as w:
+        w.verify()
     assert ei.value.exit_code == 65 and store_blob.name in ei.value.message
+
+
+def test_published_feature_cache_member_failing_its_sha256_is_fetched_again(tmp_path, monkeypatch):
+    """Shards of >= 256 KiB lie in tar shards of their own: the member check (not the manifest's tar
+    hash) finds the damage, evicts that tar shard and fetches it again once."""
+    from warpdata.blobcache import BlobCache
+    from warpdata.features.reader import ShardCache
+    from warpdata.features.writer import CacheSpec, build_cache
+    from warpdata.sampledata.captions import generate as captions
+
+    monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    captions(tmp_path / "src", count=24, seed=4)
+    build_cache(CacheSpec(source=str(tmp_path / "src"), output=str(tmp_path / "fc"), size=(128, 128),
+                          shard_size=8), allow_invalid=True)
+    publish(PublishRequest("ws/fc", from_paths=[str(tmp_path / "fc")]), store=Store(str(tmp_path / "store")))
+    with ShardCache(tmp_path / "fc") as local:
+        want = [local.get(i)["pixels"] for i in range(len(local))]
+    with ShardCache("ws/fc", verify="shard") as sc:
+        file, offset, length = sc._where(sc.shards[1]["path"])
+        assert sc._where(sc.shards[0]["path"])[0] != file  # a tar shard of its own
+    os.chmod(file, 0o644)
+    with open(file, "r+b") as f:
+        f.seek(offset + length // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with ShardCache("ws/fc", verify="shard") as sc:
+        assert all((sc.get(i)["pixels"] == w).all() for i, w in enumerate(want))
+        assert sc.published.refetched
+    assert BlobCache().get(Path(file).name) is not None

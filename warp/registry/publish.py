@@ -68,7 +68,12 @@ from warpdata.registry.manifest import (
     validate_dataset_id,
 )
 from warpdata.registry.store import Store
-from warpdata.registry.tarpack import DEFAULT_ALONE_SIZE, DEFAULT_TARGET_SIZE, pack_files, scan_members
+from warpdata.registry.tarpack import (
+    DEFAULT_ALONE_SIZE,
+    DEFAULT_TARGET_SIZE,
+    pack_files,
+    scan_members,
+)
 
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
