@@ -107,13 +107,14 @@ def _owner_alive(name: str) -> bool:
 
 
 def remove_stale_temps(dirs: Iterable[str | os.PathLike], *, older_than: float | None = None,
-                       recursive: bool = False) -> list[str]:
+                       recursive: bool = False, exclude: tuple[str, ...] = ()) -> list[str]:
     """Remove ``.warp-tmp-*`` files and directories under ``dirs`` last changed before ``older_than``.
 
     ``older_than`` is a ``time.time()`` value (default: now); a caller that
     started at T passes T so a concurrent run's fresh temporaries survive.
     With ``recursive`` every subdirectory is searched too (a store's
-    ``blobs/`` tree). Returns the removed paths. Used by ``warp etl`` reruns and
+    ``blobs/`` tree); names starting with one of ``exclude`` are left alone
+    (their owner cleans them). Returns the removed paths. Used by ``warp etl`` reruns and
     by :func:`warpdata.atomic.gc_temps` (the ``warp cache gc`` hook).
     """
     cutoff = time.time() if older_than is None else older_than
@@ -129,7 +130,7 @@ def remove_stale_temps(dirs: Iterable[str | os.PathLike], *, older_than: float |
             except OSError:
                 continue
             for e in entries:
-                if not e.name.startswith(TMP_PREFIX):
+                if not e.name.startswith(TMP_PREFIX) or (exclude and e.name.startswith(exclude)):
                     continue
                 try:
                     st = e.stat(follow_symlinks=False)

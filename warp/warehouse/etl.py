@@ -486,7 +486,7 @@ def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float 
     if others:
         from warpdata.atomic import remove_stale_temps
 
-        removed += remove_stale_temps([root], older_than=older_than)
+        removed += remove_stale_temps([root], older_than=older_than, exclude=(BUILD_PREFIX,))
     return removed
 
 
