@@ -158,3 +158,66 @@ def test_atomic_dir_loses_a_race_cleanly(tmp_path):
         (target / "theirs").write_bytes(b"theirs")
     assert sorted(os.listdir(target)) == ["theirs"]
     assert leftovers(tmp_path) == []
+
+
+def test_exchange_swaps_two_directories_in_one_step(tmp_path):
+    from warpdata.atomic import exchange
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "x").write_text("new")
+    (b / "x").write_text("old")
+    if not exchange(a, b):
+        pytest.skip("renameat2(RENAME_EXCHANGE) is not available here (documented two-rename fallback)")
+    assert (b / "x").read_text() == "new" and (a / "x").read_text() == "old"
+
+
+def test_atomic_dir_replace_leaves_no_temp_and_sweeps_killed_runs_leftovers(tmp_path):
+    """Issue #5: a replace killed between its renames left temp trees forever; the next run removes them."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from warpdata.atomic import atomic_dir
+
+    target = tmp_path / "cache"
+    with atomic_dir(target) as d:
+        (d / "f").write_text("1")
+    # leftovers of a killed run: a dead writer's temp and an old-tree temp without a pid
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = [tmp_path / f".warp-tmp-{dead}-abcd1234-cache", tmp_path / ".warp-tmp-old-abcd1234-cache"]
+    for p in stale:
+        p.mkdir()
+        (p / "f").write_text("junk")
+        os.utime(p, (time.time() - 10, time.time() - 10))
+    live = tmp_path / f".warp-tmp-{os.getppid()}-abcd1234-cache"  # a running process's temp stays
+    live.mkdir()
+    os.utime(live, (time.time() - 10, time.time() - 10))
+    with atomic_dir(target, replace=True) as d:
+        (d / "f").write_text("2")
+    assert (target / "f").read_text() == "2"
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["cache", live.name]), left
+
+
+def test_remove_stale_temps_recursive_keeps_fresh_and_live(tmp_path):
+    import os
+    import time
+
+    from warpdata.atomic import remove_stale_temps
+
+    sub = tmp_path / "blobs" / "sha256" / "ab"
+    sub.mkdir(parents=True)
+    old = sub / ".warp-tmp-zz-abc"
+    old.write_text("x")
+    os.utime(old, (time.time() - 100, time.time() - 100))
+    fresh = sub / ".warp-tmp-yy-abc"
+    fresh.write_text("x")
+    mine_live = sub / f".warp-tmp-{os.getppid()}-abc"
+    mine_live.write_text("x")
+    os.utime(mine_live, (time.time() - 100, time.time() - 100))
+    removed = remove_stale_temps([tmp_path / "blobs"], older_than=time.time() - 50, recursive=True)
+    assert removed == [str(old)] and fresh.exists() and mine_live.exists()

@@ -245,3 +245,22 @@ def test_errors_name_what_is_wrong(s3, published):
         warpdata.dataset("ws/missing")
     with pytest.raises(UsageError):
         warpdata.dataset("ws/demo", mode="turbo")
+
+
+def test_corrupt_cached_table_shard_is_fetched_again_once(s3, published):
+    """Issue #4: a table read dropped a corrupt cached blob and read remotely from then on, never re-caching it."""
+    ds = warpdata.dataset("ws/demo")
+    ds.warm(artifacts=False)
+    shard = published.tables["main"].shards[0]
+    p = BlobCache().path_for(shard.hash)
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.chmod(0o644)
+    p.write_bytes(bytes(data))
+    s3.reset_counts()
+    ds2 = warpdata.dataset("ws/demo")
+    rows = sum(b.num_rows for b in ds2.table("main").batches(500))
+    assert rows == 2700
+    assert p.is_file() and BlobCache().get(shard.hash) is not None  # cached again, verified
+    whole = [r for r in blob_gets(s3) if not r["range"]]
+    assert len(whole) <= 1 or len({r["key"] for r in whole}) == 1

@@ -537,3 +537,56 @@ def test_inspector_sniffs_only_feature_caches(small_cache, tmp_path):
     assert fi.sniff(str(shard), shard.read_bytes()[:4096], False)
     rep = fi.inspect(str(small_cache), verify=True, head=1)
     assert rep.ok and rep.summary["records"] == 13 and rep.summary["fields"]["pixels"]["shape"] == [3, 16, 16]
+
+
+def test_deleted_shard_entry_is_refused_and_verify_reports_it(small_cache):
+    """Issue #3: dropping one shards[] entry used to serve 10 of 13 records and pass --verify."""
+    from warpdata.features import inspect as fi
+
+    m = json.loads((small_cache / "manifest.json").read_text())
+    del m["shards"][1]
+    (small_cache / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="content_sha256") as ei:
+        ShardCache(small_cache)
+    assert ei.value.exit_code == 65 and "manifest.json" in ei.value.message
+    rep = fi.inspect(str(small_cache), verify=True)
+    assert not rep.ok and "content_sha256" in rep.problems[0]
+    with pytest.raises(DataError):
+        fi.inspect(str(small_cache), verify=False)
+
+
+def test_unsealed_cache_is_refused_then_rebuilt_by_etl(small_cache, tmp_path):
+    m = json.loads((small_cache / "manifest.json").read_text())
+    m.pop("content_sha256")
+    m.pop("manifest_version")
+    (small_cache / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="without a content hash"):
+        ShardCache(small_cache)
+    src = tmp_path / "src"
+    res = build_cache(spec_for(src, small_cache, size=(16, 16), shard_size=3))
+    assert res.status == "built" and "manifest unsealed or damaged" in res.reasons
+    assert len(ShardCache(small_cache)) == 13
+
+
+def test_wrong_types_in_the_manifest_are_typed_errors(small_cache):
+    from warpdata.canonical import seal
+
+    m = json.loads((small_cache / "manifest.json").read_text())
+    m["shards"][0]["records"] = "3"
+    (small_cache / "manifest.json").write_text(json.dumps(seal(m)))
+    with pytest.raises(DataError, match="schema at shards/0/records"):
+        ShardCache(small_cache)
+
+
+def test_cache_directory_follows_the_umask(tmp_path):
+    """Issue #14: the top folder of a built cache was 0700 (mkdtemp) whatever the umask."""
+    src = make_dataset(tmp_path / "src", 4)
+    old = os.umask(0o022)
+    try:
+        build_cache(spec_for(src, tmp_path / "cache", size=(16, 16)))
+        assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o755
+        os.umask(0o027)
+        build_cache(spec_for(src, tmp_path / "cache", size=(16, 16)), clear=True)
+        assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o750
+    finally:
+        os.umask(old)

@@ -212,3 +212,42 @@ def test_version_hash_stable_roundtrip(tables, meta):
     assert back.to_bytes() == data
     stripped = Manifest("ws/ds", tables={k: Table(shards=tuple(v)) for k, v in tables.items()})
     assert stripped.version_hash == m.version_hash
+
+
+def test_read_affecting_metadata_is_hashed_in_format_3():
+    """Issue #3: metadata.default_table (and sources) decide what readers open, so the version hash covers them."""
+    plain = sample_manifest(created_at="2025-01-01T00:00:00Z")
+    assert plain.to_dict()["format_version"] == 1
+    a = sample_manifest(default_table="main", created_at="2025-01-01T00:00:00Z")
+    b = sample_manifest(default_table="main", created_at="2026-06-06T00:00:00Z", description="other")
+    assert a.to_dict()["format_version"] == 3
+    assert a.version_hash == b.version_hash != plain.version_hash  # the envelope stays outside
+    doc = json.loads(a.to_bytes())
+    doc["metadata"]["default_table"] = "other"
+    doc["tables"]["other"] = doc["tables"]["main"]
+    with pytest.raises(ManifestCorruptedError, match="hash mismatch"):
+        Manifest.from_dict(doc, expected_hash=a.version_hash)
+    doc = json.loads(a.to_bytes())
+    doc["metadata"]["sources"] = [{"artifact": "raw", "kind": "tensor-warehouse"}]
+    with pytest.raises(ManifestCorruptedError, match="hash mismatch"):
+        Manifest.from_dict(doc, expected_hash=a.version_hash)
+    doc = json.loads(a.to_bytes())
+    doc["metadata"]["created_at"] = "1999-01-01T00:00:00Z"  # the envelope: not read-affecting
+    assert Manifest.from_dict(doc, expected_hash=a.version_hash).version_hash == a.version_hash
+
+
+def test_older_manifest_with_unhashed_read_metadata_is_refused():
+    doc = json.loads(sample_manifest().to_bytes())
+    doc["metadata"] = {"default_table": "main"}
+    doc["version_hash"] = version_hash_of(doc)  # format 1: the old rule left metadata out
+    with pytest.raises(ManifestCorruptedError, match="older warp") as ei:
+        Manifest.from_dict(doc)
+    assert ei.value.exit_code == 65 and "republish" in ei.value.hint
+
+
+def test_default_table_must_name_a_table():
+    doc = json.loads(sample_manifest(default_table="main").to_bytes())
+    doc["metadata"]["default_table"] = "nope"
+    doc["version_hash"] = version_hash_of(doc)
+    with pytest.raises(ManifestCorruptedError, match="default_table"):
+        Manifest.from_dict(doc)

@@ -409,3 +409,30 @@ def test_metrics_say_how_shards_reached_the_disk(cli, dataset, tmp_path, monkeyp
     # every byte (images of 96x96x3, not whole pages) goes through aligned blocks
     assert (frac == 1.0) if wants_direct(tmp_path) else (frac == 0)
     assert shards_bytes(on["path"]) == shards_bytes(small["path"]) == shards_bytes(off["path"])
+
+
+def test_rerun_removes_leftovers_of_killed_builds_but_not_running_ones(tmp_path):
+    """Issue #5: build folders and old trees of killed ETLs stayed forever."""
+    import fcntl
+    import os
+    import time
+
+    from warpdata.warehouse.etl import BUILD_PREFIX, remove_leftovers
+
+    root = tmp_path / "wh"
+    dead = root / f"{BUILD_PREFIX}aaaaaaaaaaaa"
+    running = root / f"{BUILD_PREFIX}bbbbbbbbbbbb"
+    mine = root / f"{BUILD_PREFIX}cccccccccccc"
+    old_tree = root / ".warp-tmp-old-v20250101-aaaaaaaaaaaa"
+    for d in (dead, running, mine, old_tree):
+        d.mkdir(parents=True)
+        (d / "shard-00000.twh1").write_bytes(b"x")
+    os.utime(old_tree, (time.time() - 60, time.time() - 60))
+    fd = os.open(root / f"{running.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # an ETL of that version is running
+        removed = remove_leftovers(root, keep=mine, older_than=time.time())
+    finally:
+        os.close(fd)
+    assert sorted(removed) == sorted([str(dead), str(old_tree)])
+    assert running.is_dir() and mine.is_dir() and not dead.exists() and not old_tree.exists()

@@ -100,15 +100,88 @@ def test_manifest_shard_mismatch_and_schema_errors(built, tmp_path):
     _, path = built
     copy = tmp_path / "c"
     shutil.copytree(path, copy)
+    from warpdata.canonical import seal
+
     m = json.loads((copy / "manifest.json").read_text())
     m["shards"][0]["samples"] = 3
-    (copy / "manifest.json").write_text(json.dumps(m))
+    (copy / "manifest.json").write_text(json.dumps(seal(m)))  # a consistent manifest, wrong for the shard
     with pytest.raises(DataError, match="disagrees with the manifest"):
         wh.open(copy, verify="none")[0]
     del m["version"]
-    (copy / "manifest.json").write_text(json.dumps(m))
+    (copy / "manifest.json").write_text(json.dumps(seal(m)))
     with pytest.raises(DataError, match="schema"):
         wh.open(copy)
+
+
+@pytest.mark.parametrize("edit", ["classes", "transform", "drop_shard", "version"])
+def test_manifest_edits_fail_the_content_hash(built, tmp_path, edit):
+    """Issue #3: any edit of a field readers use (class names, transform, shard list) is refused on open."""
+    import json
+    import shutil
+
+    import warpdata.warehouse as wh
+
+    _, path = built
+    copy = tmp_path / "c"
+    shutil.copytree(path, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    if edit == "classes":
+        m["classes"][0]["name"] = m["classes"][0]["name"][::-1] + "x"
+    elif edit == "transform":
+        m["transform"]["max_boxes"] += 1
+    elif edit == "drop_shard":
+        m["shards"].pop()
+        m["num_samples"] -= 1
+    else:
+        m["version"] = "0" * 64
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="content_sha256") as ei:
+        wh.open(copy, verify="none")
+    assert ei.value.exit_code == 65 and str(copy / "manifest.json") in ei.value.message
+
+
+def test_unsealed_old_manifest_is_refused_with_a_rebuild_hint(built, tmp_path):
+    import json
+    import shutil
+
+    import warpdata.warehouse as wh
+
+    _, path = built
+    copy = tmp_path / "c"
+    shutil.copytree(path, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    del m["content_sha256"]
+    m["manifest_version"] = 1
+    m["created_at_ms"] = 1
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataError, match="without a content hash") as ei:
+        wh.open(copy)
+    assert "warp etl" in ei.value.hint
+
+
+@pytest.mark.parametrize("rel", ["../../outside/x.twh1", "sub/../../x.twh1", "link/x.twh1"])
+def test_shard_paths_outside_the_root_are_refused(built, tmp_path, rel):
+    """Issue #7: a manifest's shard path must resolve inside the warehouse root (symlinks followed)."""
+    import json
+    import os
+    import shutil
+
+    import warpdata.warehouse as wh
+    from warpdata.canonical import seal
+
+    _, path = built
+    copy = tmp_path / "a" / "b" / "c"
+    shutil.copytree(path, copy)
+    outside = tmp_path / "a" / "outside"
+    outside.mkdir()
+    shutil.copy(copy / "shard-00000.twh1", outside / "x.twh1")
+    shutil.copy(copy / "shard-00000.twh1", tmp_path / "a" / "x.twh1")
+    os.symlink(outside, copy / "link")
+    m = json.loads((copy / "manifest.json").read_text())
+    m["shards"][0]["relative_path"] = rel
+    (copy / "manifest.json").write_text(json.dumps(seal(m)))
+    with pytest.raises(DataError, match="outside the warehouse root"):
+        wh.open(copy, verify="none")
 
 
 def test_pickle_carries_no_shard_data(built):

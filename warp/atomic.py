@@ -5,7 +5,19 @@ not cross filesystems), flushed and fsync'd, then renamed over the target;
 the directory is fsync'd so the rename itself is durable. Directories are
 built under a temporary sibling and renamed into place the same way.
 Temporary names start with ``.warp-tmp-`` so ``warp doctor`` and cleanup
-can recognise leftovers of killed runs.
+can recognise leftovers of killed runs (:func:`remove_stale_temps`).
+
+Replacing an existing directory has no gap: on Linux the new tree and the
+old one trade places in one ``renameat2(RENAME_EXCHANGE)`` call
+(:func:`exchange`), so at every instant the target is the old tree or the new
+one, and a kill leaves at most one ``.warp-tmp-`` sibling behind, which the
+next run (or ``warp cache gc``) removes. Where the call is missing (not
+Linux, old kernels, filesystems without it: ``EINVAL``/``ENOSYS``), the
+documented fallback is the two-rename swap: the old tree is renamed aside,
+then the new one in; a kill between the two leaves the target missing and
+the old tree under a ``.warp-tmp-old-`` name (docs/formats/feature-shard.md).
+Directories are created with the mode the umask gives (``0777 & ~umask``),
+not ``mkdtemp``'s 0700.
 """
 
 from __future__ import annotations
@@ -14,12 +26,127 @@ import contextlib
 import errno
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 TMP_PREFIX = ".warp-tmp-"
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_renameat2 = None  # resolved on first use: the libc function, or False where there is none
+
+
+def _libc_renameat2():
+    global _renameat2
+    if _renameat2 is None:
+        _renameat2 = False
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                fn = libc.renameat2
+            except (OSError, AttributeError):  # glibc < 2.28, other libcs
+                fn = None
+            if fn is not None:
+                fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+                _renameat2 = fn
+    return _renameat2
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Atomically swap the names ``a`` and ``b`` (both must exist); False where the OS cannot.
+
+    ``renameat2(RENAME_EXCHANGE)`` through ctypes (Linux >= 3.15, glibc >= 2.28).
+    Returns False (nothing changed) when the call or the filesystem lacks it;
+    other failures raise OSError.
+    """
+    fn = _libc_renameat2()
+    if not fn:
+        return False
+    import ctypes
+
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _umask_mode(base: int = 0o777) -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return base & ~mask
+
+
+def temp_prefix() -> str:
+    """``.warp-tmp-<pid>-``: cleanup can tell a live writer's temporary from a killed one's."""
+    return f"{TMP_PREFIX}{os.getpid()}-"
+
+
+def _owner_alive(name: str) -> bool:
+    """True when temp ``name`` (``.warp-tmp-<pid>-...``) belongs to a process still running here."""
+    head = name[len(TMP_PREFIX):].split("-", 1)[0]
+    if not head.isdigit():
+        return False
+    pid = int(head)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(dirs: Iterable[str | os.PathLike], *, older_than: float | None = None,
+                       recursive: bool = False, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Remove ``.warp-tmp-*`` files and directories under ``dirs`` last changed before ``older_than``.
+
+    ``older_than`` is a ``time.time()`` value (default: now); a caller that
+    started at T passes T so a concurrent run's fresh temporaries survive.
+    With ``recursive`` every subdirectory is searched too (a store's
+    ``blobs/`` tree); names starting with one of ``exclude`` are left alone
+    (their owner cleans them). Returns the removed paths. Used by ``warp etl`` reruns and
+    by :func:`warpdata.atomic.gc_temps` (the ``warp cache gc`` hook).
+    """
+    cutoff = time.time() if older_than is None else older_than
+    removed: list[str] = []
+    for d in dirs:
+        d = os.fspath(d)
+        if not os.path.isdir(d):
+            continue
+        walker = os.walk(d) if recursive else [(d, [], [])]
+        for root, subdirs, _files in walker:
+            try:
+                entries = list(os.scandir(root))
+            except OSError:
+                continue
+            for e in entries:
+                if not e.name.startswith(TMP_PREFIX) or (exclude and e.name.startswith(exclude)):
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if st.st_mtime >= cutoff or _owner_alive(e.name):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                    if e.name in subdirs:
+                        subdirs.remove(e.name)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
+                removed.append(e.path)
+    return removed
 
 
 class CommitOnSuccess:
@@ -63,7 +190,7 @@ def atomic_file(path: str | os.PathLike, *, fsync: bool = True, mode: int = 0o64
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + target.name, dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + target.name, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -102,7 +229,7 @@ def create_exclusive(path: str | os.PathLike, data: bytes | bytearray | memoryvi
         raise TypeError("create_exclusive needs exactly one of data= or source=")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + target.name, dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + target.name, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             if source is None:
@@ -128,16 +255,26 @@ def create_exclusive(path: str | os.PathLike, data: bytes | bytearray | memoryvi
 def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Path]:
     """Build a directory under a temporary sibling; rename it to ``path`` on success.
 
-    If ``path`` exists: with ``replace`` it is swapped out after the new one
-    is complete (old moved aside, new renamed in, old removed), otherwise
+    If ``path`` exists: with ``replace`` it is exchanged with the new one in
+    one step once the new one is complete (:func:`exchange`; the two-rename
+    fallback elsewhere), then the old tree is removed; otherwise
     FileExistsError is raised before any work starts, and also at the end if
     a concurrent writer created ``path`` meanwhile (its result is kept).
+    Leftovers of killed runs (``.warp-tmp-*-<name>`` siblings older than this
+    call) are removed first. The directory gets ``0777 & ~umask``.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and not replace:
         raise FileExistsError(str(target))
-    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, suffix="-" + target.name, dir=target.parent))
+    started = time.time()
+    for leftover in target.parent.glob(f"{TMP_PREFIX}*-{target.name}"):
+        with contextlib.suppress(OSError):
+            # a live writer's temp (its pid is in the name) survives; so does anything newer than this call
+            if not _owner_alive(leftover.name) and leftover.lstat().st_mtime < started:
+                shutil.rmtree(leftover) if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", suffix="-" + target.name, dir=target.parent))
+    os.chmod(tmp, _umask_mode())
     try:
         yield tmp
         for root, _dirs, files in os.walk(tmp):
@@ -146,10 +283,15 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
                     os.fsync(f.fileno())
             fsync_dir(root)
         if replace and target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-", suffix="-" + target.name, dir=target.parent))
-            os.replace(target, old)  # rename(2) onto the empty placeholder dir
-            os.replace(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
+            if exchange(tmp, target):  # no instant without a target; tmp now names the old tree
+                fsync_dir(target.parent)
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-old-", suffix="-" + target.name,
+                                            dir=target.parent))
+                os.replace(target, old)  # rename(2) onto the empty placeholder dir
+                os.replace(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
         else:
             try:
                 os.rename(tmp, target)  # fails if a racing writer put a non-empty dir there

@@ -95,6 +95,9 @@ def format_size(n: float) -> str:
 
 def normalize_hash(h: str) -> str:
     """Accept ``sha256:<hex>`` or ``<hex>``; return the lowercase hex digest."""
+    if not isinstance(h, str):
+        raise DataError(f"{h!r} ({type(h).__name__}) is not a SHA-256 content hash",
+                        hint="manifests and pointers address blobs as a string of 64 hex digits")
     hexpart = h.split(":", 1)[1] if h.startswith("sha256:") else h
     hexpart = hexpart.lower()
     if not _HEX.match(hexpart):
@@ -258,6 +261,17 @@ class BlobCache:
 
     def put_bytes(self, h: str, data: bytes | memoryview) -> Path:
         return self.fetch(h, lambda f: f.write(data), size=len(data))
+
+    def evict(self, h: str) -> None:
+        """Forget blob ``h`` (a reader found its bytes bad): the next :meth:`fetch` downloads it again.
+
+        Readers of published data call this once when a member fails its own
+        checksum, then fetch the blob again; a second failure is an error
+        naming the store object (docs/formats/registry.md, "Readers").
+        """
+        hx = normalize_hash(h)
+        self._drop(self.path_for(hx))
+        self._verified.pop(hx, None)
 
     def _drop(self, p: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -549,11 +563,15 @@ class BlobCache:
     def get_pointer(self, dataset: str) -> dict | None:
         p = self._dataset_dir(self.pointers_dir, dataset).with_suffix(".json")
         try:
-            return json.loads(p.read_bytes())
+            doc = json.loads(p.read_bytes())
         except FileNotFoundError:
             return None
         except ValueError:
             return None
+        # a damaged pointer is as good as none: the next online open rewrites it
+        if not isinstance(doc, dict) or not isinstance(doc.get("version"), str) or not _HEX.match(doc["version"]):
+            return None
+        return doc
 
     def cached_datasets(self) -> list[str]:
         if not self.pointers_dir.is_dir():

@@ -61,3 +61,22 @@ def sha256_file(path, chunk: int = 1 << 20) -> str:
         while n := f.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
+
+
+CONTENT_HASH_FIELD = "content_sha256"
+
+
+def content_hash(doc: dict, field: str = CONTENT_HASH_FIELD) -> str:
+    """SHA-256 of the canonical JSON of ``doc`` without its ``field`` (a manifest's self-hash).
+
+    Local manifests (tensor warehouse, feature cache) carry this value in
+    ``field`` so a reader can tell an edited or truncated manifest from the one
+    the writer sealed (docs/formats/twh1.md, docs/formats/feature-shard.md).
+    Timings and timestamps are never inside a sealed manifest.
+    """
+    return identity({k: v for k, v in doc.items() if k != field})
+
+
+def seal(doc: dict, field: str = CONTENT_HASH_FIELD) -> dict:
+    """``doc`` with ``field`` set to :func:`content_hash` (a new dict)."""
+    return {**{k: v for k, v in doc.items() if k != field}, field: content_hash(doc, field)}

@@ -332,7 +332,12 @@ class Dataset:
         """The verified local copy of a blob, if this mode may use the cache and has it."""
         if self.cache is None:
             return None
+        had = self.cache.has(s.hash)
         p = self.cache.get(s.hash)
+        if p is None and had and self.mode != "local":
+            # the cached copy failed its hash and was evicted: fetch it again once, as 'warp warm' does
+            # (a bad store copy raises BlobCorruptError naming the object; docs/formats/registry.md)
+            return self.fetch_blob(s)
         return None if p is None else str(p)
 
     def fetch_blob(self, s: ShardRef) -> str:

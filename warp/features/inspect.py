@@ -53,9 +53,20 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
 
 
 def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
+    from warpdata.errors import DataError
+
+    from .manifest import read as read_checked
     from .reader import ShardCache, caption_text
 
     m = read_manifest(root)
+    try:
+        read_checked(root)
+    except DataError as e:
+        if not verify:
+            raise
+        # --verify reports a manifest that fails its schema or content hash as corruption (exit 1)
+        return Report(kind=KIND, target=root, summary={"fingerprint": m.get("fingerprint"), "verified": False},
+                      tables=[], ok=False, problems=[e.message])
     enc = (m.get("fingerprint_inputs") or {}).get("encoder")
     agg = (m.get("quarantine") or {}).get("aggregate", {})
     shards = m.get("shards", [])

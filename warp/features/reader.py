@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from warpdata.errors import DataError, MissingInputError
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
-from warpdata.manifests import read_manifest
 
+from . import manifest as fmanifest
 from .writer import KIND
 
 VERIFY_MODES = ("record", "shard", "none")
@@ -73,12 +73,11 @@ class ShardCache:
             docs: list[dict[str, Any]] = []
 
             def shard_files(doc: dict[str, Any]) -> list[str]:
+                fmanifest.check(doc, f"{path}: manifest.json",
+                                hint=f"rebuild the cache with 'warp etl --clear' and publish it again "
+                                     f"('warp publish {path} --from DIR')")
                 docs.append(doc)
-                try:
-                    return [str(s["path"]) for s in doc["shards"]]
-                except (KeyError, TypeError, ValueError) as e:
-                    raise DataError(f"{path}: published feature-cache manifest is malformed ({e})",
-                                    hint="rebuild the cache with warp etl --clear and publish it again") from None
+                return [str(s["path"]) for s in doc["shards"]]
 
             # verify="shard" re-hashes every shard when it is mapped: no need to hash cached blobs twice
             pub = materialize(str(path), KIND, shard_files, version=version, store=store, mode=mode,
@@ -97,7 +96,7 @@ class ShardCache:
         else:
             self.path = Path(path)
             self._members = None
-            m = read_manifest(self.path)
+            m = fmanifest.read(self.path)
         self.max_resident = max_resident
         self.verify = verify
         if m.get("kind") != KIND:
@@ -195,8 +194,43 @@ class ShardCache:
         return h.hexdigest()
 
     def _open(self, s: int) -> FeatureShardReader:
+        try:
+            return self._open_once(s)
+        except DataError as e:
+            if self.published is None:
+                raise
+            return self._after_refetch(s, e, lambda: self._open_once(s))
+
+    def _after_refetch(self, s: int, first: DataError, again):
+        """A published shard failed a check: evict its tar shard, fetch it again once, retry ``again``.
+
+        docs/formats/registry.md ("Readers"): a second failure means the
+        published bytes are wrong, and the error names the store object.
+        """
+        rel = self.shards[s]["path"]
+        pub = self.published
+        if pub.refetch(rel):
+            self._members = {r: (x.path, x.offset, x.length) for r, x in pub.members.items()}
+            old = self._lru.pop(s, None)
+            if old is not None:
+                old.close()
+            try:
+                return again()
+            except DataError as e:
+                first = e
+        from warpdata.registry.errors import BlobCorruptedError
+
+        obj = pub.store_object(rel)
+        raise BlobCorruptedError(f"{self.path}/{rel}: fails its check in a freshly fetched copy of store "
+                                 f"object {obj} ({first.message})",
+                                 hint="the published bytes are wrong: rebuild the cache ('warp etl --clear') "
+                                      "and publish it again", store_object=obj, member=rel) from None
+
+    def _open_once(self, s: int) -> FeatureShardReader:
         entry = self.shards[s]
         p = self.path / entry["path"]
+        hint = ("rebuild the cache (warp etl --clear)" if self._members is None else
+                "the cached copy is damaged; it is fetched again once")
         if self._members is None and not p.is_file():
             raise MissingInputError(f"{p}: shard {s} of the feature cache is missing",
                                     hint="rebuild the cache (warp etl; a missing shard triggers a rebuild)",
@@ -206,21 +240,31 @@ class ShardCache:
             if got != entry.get("sha256"):
                 raise FeatureShardChecksumError(
                     f"{p}: SHA-256 {got} does not match the manifest's {entry.get('sha256')}",
-                    hint="the shard is corrupt or was replaced; rebuild the cache (warp etl --clear)",
-                    path=str(p), shard=s)
+                    hint="the shard is corrupt or was replaced; " + hint, path=str(p), shard=s)
         r = self._reader(entry["path"])
         if r.fields != self.fields or len(r) != entry["records"]:
             r.close()
             raise DataError(f"{p}: fields or record count differ from the manifest "
                             f"({len(r)} records vs {entry['records']})",
-                            hint="the cache is inconsistent; rebuild it (warp etl --clear)", path=str(p), shard=s)
+                            hint="the cache is inconsistent; " + hint, path=str(p), shard=s)
         return r
 
     def _record(self, index: int):
         s, pos = self.locate(index)
         r = self.shard(s)
         if self.verify == "record":
-            r.verify_record(pos)
+            try:
+                r.verify_record(pos)
+            except DataError as e:
+                if self.published is None:
+                    raise
+
+                def again():
+                    r2 = self._open_once(s)
+                    self._lru[s] = r2
+                    r2.verify_record(pos)
+                    return r2
+                r = self._after_refetch(s, e, again)
         return r.records[pos]
 
     def get(self, index: int, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:

@@ -13,8 +13,11 @@ Contract:
   encoder identity (callable, version, weights hash, dtype, device type) and
   the code versions (warpdata, WFS format, Pillow, torch). A cache whose
   fingerprint matches and whose shards are present is reused untouched;
-  any change rebuilds it. The new cache is built in a temporary sibling and
-  swapped in by rename, so a killed build leaves the old cache (or none).
+  any change rebuilds it. The manifest is sealed by ``content_sha256``
+  (:mod:`.manifest`); an unsealed or damaged one is rebuilt. The new cache is
+  built in a temporary sibling and exchanged with the old one in one step
+  (:func:`warpdata.atomic.atomic_dir`), so a killed build leaves the old cache
+  or the new one, never neither.
 * Quarantine thresholds are checked after the scan (fail fast) and again
   after decoding, before the rename: a failing build leaves nothing behind
   unless ``allow_invalid``.
@@ -45,13 +48,14 @@ from typing import Any
 import numpy as np
 from warpdata import output as out
 from warpdata.atomic import atomic_dir, atomic_file, atomic_write_bytes
-from warpdata.canonical import canonical_json, identity
+from warpdata.canonical import canonical_json, identity, seal
 from warpdata.errors import ConfigError, DataError
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
 from warpdata.manifests import MANIFEST_NAME
 from warpdata.quarantine import Quarantine, RunSummary, Thresholds, evaluate_summaries
 
+from .manifest import MANIFEST_VERSION
 from .scan import MediaItem, scan, source_digest
 from .transform import DecodeFailure, load_image, load_video_frame
 
@@ -203,6 +207,16 @@ def _existing(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _sealed(path: Path) -> dict[str, Any] | None:
+    """The manifest if it passes the schema and its content seal, else None (the cache is rebuilt)."""
+    from .manifest import read
+
+    try:
+        return read(path)
+    except (DataError, OSError):
+        return None
+
+
 def _shards_present(path: Path, manifest: dict[str, Any]) -> bool:
     try:
         return all((path / s["path"]).stat().st_size == s["bytes"] for s in manifest.get("shards", []))
@@ -267,8 +281,9 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                 raise ConfigError(f"{outp} exists and is not a feature cache",
                                   hint="choose another [output] path; warp only replaces its own caches")
             reasons.append("new cache")
-        elif old.get("fingerprint") == fp and not clear and _shards_present(outp, old):
-            return BuildResult("up-to-date", str(outp), old, {"scan_s": round(t_scan, 4)})
+        elif (sealed := _sealed(outp)) is not None and sealed.get("fingerprint") == fp and not clear \
+                and _shards_present(outp, sealed):
+            return BuildResult("up-to-date", str(outp), sealed, {"scan_s": round(t_scan, 4)})
         elif clear:
             reasons.append("--clear")
         elif old.get("fingerprint") != fp:
@@ -276,6 +291,8 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             changed = [k for k in ("dataset", "encoder", "code") if identity(prev.get(k)) != identity(inputs[k])] \
                 if isinstance(prev, dict) else []
             reasons.append("fingerprint changed" + (f" ({', '.join(changed)})" if changed else ""))
+        elif _sealed(outp) is None:
+            reasons.append("manifest unsealed or damaged")
         else:
             reasons.append("shards missing or resized")
     else:
@@ -381,6 +398,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             "kind": KIND,
             "format": "WFS1",
             "format_version": WFS_VERSION,
+            "manifest_version": MANIFEST_VERSION,
             "fingerprint": fp,
             "fingerprint_inputs": inputs,
             "records": writer.records,
@@ -394,6 +412,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             "quarantine": q.summary(),
             "verdict": {"status": verdict.status, "allowed": verdict.allowed, "problems": verdict.problems()},
         }
+        manifest = seal(manifest)  # docs/formats/feature-shard.md: the reader checks it on open
         atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
                            fsync=False)
         _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards)

@@ -85,7 +85,9 @@ def describe_source(path: str | os.PathLike) -> FromSource:
         kind = str(doc["kind"])
         from warpdata.registry.tarpack import list_members
 
-        members = [m[0] for m in list_members(p)]
+        # metrics.json records how a build ran (timings, a timestamp), not what it holds: publishing it
+        # would make every identical rebuild a new version (docs/formats/registry.md)
+        members = [m[0] for m in list_members(p) if m[0] != "metrics.json"]
         tables = {}
         for m in sorted(members):
             if "/" not in m and m.endswith(".parquet") and m != "files.parquet":

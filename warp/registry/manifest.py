@@ -29,7 +29,13 @@ Contract:
 
 * **Identity (I0/M1).** ``version_hash`` = SHA-256 of the canonical JSON
   (:mod:`warpdata.canonical`: sorted keys, no whitespace, UTF-8) of the
-  *hashed part*: every field except ``version_hash`` and ``metadata``.
+  *hashed part*: every field except ``version_hash`` and ``metadata``, plus,
+  in format 3, the read-affecting metadata keys (:data:`READ_METADATA`:
+  ``default_table`` picks the table readers use, ``sources`` the artifact a
+  reader opens by kind) as ``{"metadata": {those keys}}``. Format 3 is
+  written exactly when metadata holds one of them; a format 1 or 2 manifest
+  holding one (written by an older warp, where they were not hashed) is
+  refused with a hint to republish, which uploads no blob again.
   Before hashing, strings are NFC-normalised and integral floats become
   integers, so equal content hashes equally on any machine. ``metadata`` is
   the non-hashed envelope (``created_at``, ``warp_version``, source facts);
@@ -83,8 +89,10 @@ __all__ = [
     "version_hash_of",
 ]
 
-FORMAT_VERSION = 2  # the newest this code writes; 1 when no shard has stats
-FORMAT_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # the newest this code writes: 3 with read-affecting metadata, else 2 with stats, else 1
+FORMAT_VERSIONS = (1, 2, 3)
+# metadata keys that change what a reader returns: hashed (format 3); the rest of metadata is the envelope
+READ_METADATA = ("default_table", "sources")
 INDEX_FORMAT = "warp-tar-index-1"
 REF_TYPES = ("file", "image", "audio", "video")
 ARTIFACT_KINDS = ("tar_shards", "webdataset_shards")
@@ -140,9 +148,18 @@ def normalize(value: Any) -> Any:
                                  hint="use str, int, float, bool, list or dict")
 
 
+def read_metadata(metadata: Any) -> dict[str, Any]:
+    """The read-affecting part of ``metadata`` (:data:`READ_METADATA` keys present)."""
+    return {k: metadata[k] for k in READ_METADATA if k in metadata} if isinstance(metadata, dict) else {}
+
+
 def hashed_part(doc: dict[str, Any]) -> dict[str, Any]:
-    """The fields that define the version: everything but ``version_hash`` and ``metadata``."""
-    return {k: v for k, v in doc.items() if k not in _NON_HASHED}
+    """The fields that define the version: everything but ``version_hash`` and ``metadata``,
+    plus (format 3) the read-affecting metadata keys."""
+    out = {k: v for k, v in doc.items() if k not in _NON_HASHED}
+    if doc.get("format_version") == 3:
+        out["metadata"] = read_metadata(doc.get("metadata"))
+    return out
 
 
 def version_hash_of(doc: dict[str, Any]) -> str:
@@ -273,11 +290,28 @@ def validate_document(doc: Any, source: str = "manifest") -> None:
     check_portable(doc)
     tables = doc.get("tables", {})
     with_stats = any("stats" in s for t in tables.values() for s in t.get("shards", []))
-    if doc.get("format_version") != (2 if with_stats else 1):
+    reads = read_metadata(doc.get("metadata"))
+    if reads and doc.get("format_version") != 3:
+        raise ManifestCorruptedError(
+            f"{source}: format_version {doc.get('format_version')} manifest (an older warp) with "
+            f"metadata.{'/'.join(sorted(reads))}, which its version hash does not cover",
+            hint="republish the dataset with this warp ('warp publish ... --from DIR'): "
+                 "its blobs are already in the store, nothing is uploaded again")
+    if doc.get("format_version") != (3 if reads else 2 if with_stats else 1):
         raise ManifestCorruptedError(
             f"{source}: $.format_version is {doc.get('format_version')}, but shard stats are "
-            f"{'present' if with_stats else 'absent'} (format_version 2 exactly when a table shard has stats)",
+            f"{'present' if with_stats else 'absent'} and read-affecting metadata is "
+            f"{'present' if reads else 'absent'} (format_version 3 exactly with metadata.default_table or "
+            "sources, else 2 exactly when a table shard has stats)",
             hint="republish the dataset with this warp version")
+    if "sources" in reads and (not isinstance(reads["sources"], list)
+                               or not all(isinstance(x, dict) for x in reads["sources"])):
+        raise ManifestCorruptedError(f"{source}: $.metadata.sources must be a list of objects",
+                                     hint="republish the dataset with this warp version")
+    if "default_table" in reads and reads["default_table"] not in tables:
+        raise ManifestCorruptedError(f"{source}: $.metadata.default_table names table "
+                                     f"{reads['default_table']!r}, which the manifest lacks",
+                                     hint=f"tables are: {', '.join(sorted(tables)) or 'none'}")
     for tname, t in tables.items():
         for i, sh in enumerate(t.get("shards", [])):
             st = sh.get("stats")
@@ -470,22 +504,26 @@ class Manifest:
     def content(self) -> dict[str, Any]:
         """The hashed part as a normalised JSON-able dict."""
         with_stats = any(s.stats is not None for t in self.tables.values() for s in t.shards)
-        return normalize({
+        reads = read_metadata(self.metadata)
+        doc = {
             "kind": "dataset",
-            "format_version": 2 if with_stats else 1,
+            "format_version": 3 if reads else 2 if with_stats else 1,
             "dataset_id": self.dataset_id,
             "tables": {k: t.to_dict() for k, t in self.tables.items()},
             "artifacts": {k: a.to_dict() for k, a in self.artifacts.items()},
             "bindings": [b.to_dict() for b in self.bindings],
             "stats": self.stats,
-        })
+        }
+        if reads:
+            doc["metadata"] = reads
+        return normalize(doc)
 
     @functools.cached_property
     def version_hash(self) -> str:
         return version_hash_of(self.content())
 
     def to_dict(self) -> dict[str, Any]:
-        """The full document: hashed part + ``version_hash`` + ``metadata``."""
+        """The full document: hashed part + ``version_hash`` + ``metadata`` (the whole envelope)."""
         return {**self.content(), "version_hash": self.version_hash, "metadata": normalize(self.metadata)}
 
     def to_bytes(self) -> bytes:

@@ -28,7 +28,16 @@ holds every byte once.
 Checksums: a downloaded tar shard is hashed by the blob cache. A cached one is
 hashed again (once per process) unless ``trust_cached=True``, which readers
 pass when they check every member's own SHA-256 against the producer manifest
-on first touch anyway (TWH1 ``checksum_sha256``, WFS1 ``sha256``).
+on first touch anyway (TWH1 ``checksum_sha256``, WFS1 ``sha256``). The tar
+shard holding ``manifest.json`` is always hashed: nothing else vouches for the
+manifest's bytes in the cache.
+
+A member that fails its reader's check (a bad cached copy) is not trusted
+again: :meth:`PublishedArtifact.refetch` evicts its tar shard from the blob
+cache and fetches it again, once; if the fresh copy fails the same check, the
+reader raises :class:`~warpdata.registry.errors.BlobCorruptedError` naming the
+store object (:meth:`PublishedArtifact.store_object`). Same policy as ``warp
+warm`` (docs/formats/registry.md, "Readers").
 """
 
 from __future__ import annotations
@@ -85,6 +94,36 @@ class PublishedArtifact:
     blobs: list[str]  # the pinned tar-shard hashes
     fetched_bytes: int = 0
     _release: Callable[[], None] | None = field(default=None, repr=False)
+    _refetch: Callable[[str], str] | None = field(default=None, repr=False)
+    _objects: dict[str, str] = field(default_factory=dict, repr=False)  # tar shard hash -> store object URL
+    refetched: set[str] = field(default_factory=set)  # tar shards already evicted and fetched again
+
+    def store_object(self, rel: str) -> str:
+        """The store object (URL) of the tar shard holding member ``rel``."""
+        m = self.members[rel]
+        for h, url in self._objects.items():
+            if os.path.basename(m.path) == h:
+                return url
+        return m.path
+
+    def refetch(self, rel: str) -> bool:
+        """Evict the cached tar shard holding ``rel`` and fetch it again (once per shard).
+
+        Returns False when that shard was already fetched again (the caller
+        then raises its typed error naming :meth:`store_object`); on True the
+        members of that shard point at the fresh copy.
+        """
+        if self._refetch is None:
+            return False
+        shard = os.path.basename(self.members[rel].path)
+        if shard in self.refetched:
+            return False
+        self.refetched.add(shard)
+        new = self._refetch(shard)
+        for name, m in list(self.members.items()):
+            if os.path.basename(m.path) == shard:
+                self.members[name] = Member(new, m.offset, m.length, m.name)
+        return True
 
     @property
     def label(self) -> str:
@@ -141,14 +180,24 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
     paths: dict[str, str] = {}
     fetched = 0
 
-    def locate(rel: str) -> Member:
+    refs = dict(reader._refs)
+
+    def refetch(shard: str) -> str:
+        nonlocal fetched
+        bc.evict(shard)
+        p = ds.fetch_blob(refs[shard])  # hash-checked as it lands; a bad store copy raises BlobCorruptError
+        fetched += refs[shard].byte_size
+        paths[shard] = str(p)
+        return str(p)
+
+    def locate(rel: str, verify: bool = not trust_cached) -> Member:
         nonlocal fetched
         shard, off, length = reader.locate(rel)
         if shard not in paths:
             ref = reader._refs[shard]
             bc.pin([shard])  # before the fetch: no other process may evict it between fetch and use
             pinned.append(shard)
-            p = bc.get(shard, verify=not trust_cached)
+            p = bc.get(shard, verify=verify)
             if p is None:
                 p = ds.fetch_blob(ref)  # what 'warp warm' does: the whole tar shard, hash-checked
                 fetched += ref.byte_size
@@ -156,7 +205,7 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
         return Member(paths[shard], off, length, f"{label}/{rel}")
 
     try:
-        members = {"manifest.json": locate("manifest.json")}
+        members = {"manifest.json": locate("manifest.json", verify=True)}
         raw = members["manifest.json"].read()
         try:
             doc = json.loads(raw)
@@ -183,6 +232,7 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
             bc.unpin(pinned)
             raise DataError(f"{m.name}: index says bytes {m.offset}..{m.offset + m.length} but the cached "
                             f"tar shard {m.path} has {size}", hint="run 'warp cache verify' and open it again")
-    out = PublishedArtifact(ds.id, ds.version, aname, members, pinned, fetched)
+    objects = {h: ds.remote.url_of(ds.blob_key(refs[h])) for h in refs}
+    out = PublishedArtifact(ds.id, ds.version, aname, members, pinned, fetched, _refetch=refetch, _objects=objects)
     out._release = weakref.finalize(out, bc.unpin, pinned)  # runs once: on close() or garbage collection
     return out

@@ -68,7 +68,12 @@ from warpdata.registry.manifest import (
     validate_dataset_id,
 )
 from warpdata.registry.store import Store
-from warpdata.registry.tarpack import DEFAULT_TARGET_SIZE, pack_files, scan_members
+from warpdata.registry.tarpack import (
+    DEFAULT_ALONE_SIZE,
+    DEFAULT_TARGET_SIZE,
+    pack_files,
+    scan_members,
+)
 
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
@@ -319,7 +324,8 @@ class _Stager:
         members = scan.members
         if not members:
             raise MissingInputError(f"artifact {name}: {root} holds no files", hint="--artifact NAME=DIR needs files to publish")
-        key = self.cache.key("artifact", self.req.shard_size, scan.fingerprint)
+        # the packing rule is part of the key: a cached result of an older rule would not re-pack the same
+        key = self.cache.key("artifact", self.req.shard_size, f"alone={DEFAULT_ALONE_SIZE}", scan.fingerprint)
         out = self.stage / f"artifact-{name}"
 
         def pack() -> dict[str, Any]:

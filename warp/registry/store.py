@@ -483,6 +483,22 @@ class Store:
         key = blob_key(hash_hex)
         return bool(self._call(self._b.put_if_absent, self.url_of(key), "write", key, bytes(data)))
 
+    def remove_stale_temps(self, older_than: float | None = None) -> list[str]:
+        """Remove ``.warp-tmp-*`` leftovers of killed writers under a local store's ``blobs/`` and ``datasets/``.
+
+        Temporaries of live processes (pid in the name) and anything changed
+        after ``older_than`` (default: now) stay. Remote stores write objects
+        whole and keep nothing to clean: an empty list. The ``warp cache gc``
+        hook (docs/formats/registry.md).
+        """
+        if self.location.protocol != "file":
+            return []
+        from warpdata.atomic import remove_stale_temps
+
+        root = self.location.path
+        return remove_stale_temps([os.path.join(root, "blobs"), os.path.join(root, "datasets")],
+                                  older_than=older_than, recursive=True)
+
     def put_blob_file(self, hash_hex: str, local_path: str | os.PathLike) -> bool:
         """Create-only upload of a local file already known to hash to ``hash_hex``."""
         key = blob_key(hash_hex)

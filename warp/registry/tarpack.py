@@ -9,7 +9,12 @@ Spec: ``docs/formats/registry.md``. Contract:
   mtime 0, uid/gid 0, empty uname/gname, mode 0644, so the same files give
   byte-identical shards on any machine. A shard ends with two zero blocks.
 * A new shard starts when adding the next member would pass
-  ``target_size`` (a member larger than the target gets a shard of its own).
+  ``target_size`` (a member larger than the target gets a shard of its own),
+  and every member of at least ``alone_size`` gets a shard of
+  its own (default 256 KiB). Shards are content-addressed, so a rebuilt artifact in which one
+  large member changed re-uploads that member's shard (plus the shard of the
+  small members around it, and the index), not the whole artifact; an
+  identical rebuild gives identical shards and uploads nothing.
 * Shards are named by the SHA-256 of their bytes (computed while writing).
 * The index blob (format ``warp-tar-index-1``) is canonical JSON::
 
@@ -42,6 +47,9 @@ __all__ = ["ArtifactIndex", "MemberScan", "PackResult", "PackedShard", "list_mem
 
 BLOCK = 512
 DEFAULT_TARGET_SIZE = 256 << 20
+# members this large get a tar shard of their own (docs/formats/registry.md): a changed member then
+# re-uploads itself only; smaller ones (labels, tables, thumbnails) share shards to keep objects few
+DEFAULT_ALONE_SIZE = 256 << 10
 
 
 @dataclass(frozen=True)
@@ -186,7 +194,7 @@ class _ShardWriter:
 
 
 def pack_files(members: Sequence[tuple[str, str, int]], out_dir: str | os.PathLike,
-               target_size: int = DEFAULT_TARGET_SIZE) -> PackResult:
+               target_size: int = DEFAULT_TARGET_SIZE, alone_size: int = DEFAULT_ALONE_SIZE) -> PackResult:
     """Write ``members`` (from :func:`list_members`) as tar shards into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -201,7 +209,8 @@ def pack_files(members: Sequence[tuple[str, str, int]], out_dir: str | os.PathLi
             size = os.fstat(src.fileno()).st_size
             header = _header(name, size)
             entry = len(header) + size + (-size % BLOCK)
-            if w is not None and w.count and w.offset + entry + 2 * BLOCK > target_size:
+            alone = size >= alone_size
+            if w is not None and w.count and (alone or w.offset + entry + 2 * BLOCK > target_size):
                 shards.append(w.finish(out))
                 w = None
             if w is None:
@@ -217,6 +226,9 @@ def pack_files(members: Sequence[tuple[str, str, int]], out_dir: str | os.PathLi
             w.count += 1
             index[name] = [len(shards), start, size]
             payload += size
+            if alone:
+                shards.append(w.finish(out))
+                w = None
     if w is not None:
         shards.append(w.finish(out))
     doc = {"format": INDEX_FORMAT, "shards": [s.hash for s in shards], "members": index}

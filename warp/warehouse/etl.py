@@ -53,8 +53,15 @@ from typing import Any
 
 from warpdata import __version__
 from warpdata import output as out
-from warpdata.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes, fsync_dir
-from warpdata.canonical import canonical_json, identity
+from warpdata.atomic import (
+    TMP_PREFIX,
+    atomic_file,
+    atomic_write_bytes,
+    exchange,
+    fsync_dir,
+    temp_prefix,
+)
+from warpdata.canonical import canonical_json, identity, seal
 from warpdata.directio import BLOCK, AlignedFile
 from warpdata.errors import DataError
 from warpdata.formats import twh1
@@ -147,7 +154,7 @@ def build_shard(task: ShardTask) -> ShardResult:
     # and renamed into place once complete; no fsync here: a background thread syncs each
     # finished shard while the workers go on, and finalize waits for all of them; a torn shard
     # left by a crash fails its checksum when a rerun considers reusing it
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + name, dir=os.path.dirname(task.path))
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + name, dir=os.path.dirname(task.path))
     os.close(fd)
     flushed = direct_bytes = 0
     try:
@@ -444,8 +451,48 @@ def _preload() -> None:
         import pyarrow.parquet  # noqa: F401
 
 
+def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float | None = None) -> list[str]:
+    """Remove what killed ETLs left in output root ``root``; returns the removed paths.
+
+    * build directories ``.warp-tmp-build-<hash12>/`` of other versions whose
+      lock no running ETL holds (the current version's is kept: a rerun resumes
+      from its receipts);
+    * ``.warp-tmp-*`` files and directories (old trees of an interrupted
+      replace, half-written shards) changed before ``older_than`` whose writer
+      is gone.
+
+    Called at the start of every build; a library hook for ``warp cache gc``.
+    """
+    removed: list[str] = []
+    if not root.is_dir():
+        return removed
+    for d in root.glob(f"{BUILD_PREFIX}*"):
+        if not d.is_dir() or d.is_symlink() or d == keep:
+            continue
+        lock = root / f"{d.name}.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # an ETL of that version is running
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
+        finally:
+            os.close(fd)
+    others = [p for p in root.glob(f"{TMP_PREFIX}*") if not p.name.startswith(BUILD_PREFIX)]
+    if others:
+        from warpdata.atomic import remove_stale_temps
+
+        removed += remove_stale_temps([root], older_than=older_than, exclude=(BUILD_PREFIX,))
+    return removed
+
+
 def run(req: EtlRequest) -> EtlResult:
     t_start = time.perf_counter()
+    t_started_wall = time.time()
     phases: dict[str, float] = {}
     cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
                        output_override=req.output, workers_override=req.workers)
@@ -504,10 +551,11 @@ def run(req: EtlRequest) -> EtlResult:
                     return _result(doc, cand, "up-to-date", {}, time.perf_counter() - t_start)
                 out.warn(f"{cand} is incomplete or corrupt: rebuilding it")
         build_dir = root / f"{BUILD_PREFIX}{version[:12]}"
+        remove_leftovers(root, keep=build_dir, older_than=t_started_wall)
         if req.clear and build_dir.exists():
             shutil.rmtree(build_dir)
         build_dir.mkdir(parents=True, exist_ok=True)
-        for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written files of a killed run
+        for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written files of a killed run (we hold the lock)
             leftover.unlink()
         tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
         threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
@@ -546,17 +594,21 @@ def run(req: EtlRequest) -> EtlResult:
         files = _export_summaries(build_dir, q, sources_sorted)
         files["samples"] = _export_samples(build_dir, tasks, results, cfg.root)
         doc = {
-            "kind": wmanifest.KIND, "format": "TWH1", "manifest_version": 1,
+            "kind": wmanifest.KIND, "format": "TWH1", "manifest_version": wmanifest.MANIFEST_VERSION,
             "dataset_root": cfg.dataset_root_text, "source_format": cfg.format,
             "transform": cfg.transform_dict(), "version": version,
             "version_recipe": canonical_json(recipe).decode("utf-8"), "code_version": CODE_VERSION,
             "default_dtype": twh1.MANIFEST_DTYPE[cfg.dtype], "default_shard_version": twh1.SHARD_VERSION,
-            "created_at_ms": int(time.time() * 1000), "thresholds": cfg.thresholds.to_dict(),
+            "thresholds": cfg.thresholds.to_dict(),
             "summary": {**q.summary(), "verdict": verdict.to_dict()}, "shards": shards,
             "classes": ls.classes, "num_samples": first, "box_format": "xyxy-pixels", "files": files,
         }
+        # sealed: no timestamp or timing inside, so the same inputs give the same manifest bytes
+        # wherever and whenever they are built (docs/formats/twh1.md, "Manifest")
+        doc = seal(doc)
         wmanifest.validate_manifest(doc, str(build_dir / wmanifest.MANIFEST_NAME))
         metrics = _metrics(results, phases, workers, cfg, first, truncated_boxes, q, time.perf_counter() - t_start)
+        metrics["created_at_ms"] = int(time.time() * 1000)
         atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
         for r in results:
             with contextlib.suppress(FileNotFoundError):
@@ -568,12 +620,17 @@ def run(req: EtlRequest) -> EtlResult:
         date = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d")
         final = root / wmanifest.version_dir_name(version, date)
         old = None
-        for existing in wmanifest.find_versions(root, version):
-            if existing != final:
-                continue
-            old = root / f"{TMP_PREFIX}old-{os.getpid()}-{existing.name}"
-            os.replace(existing, old)
-        os.replace(build_dir, final)
+        if final.exists():
+            # --clear or a corrupt copy from today: trade places in one step (no instant without a
+            # version directory); the build directory's name then holds the old tree
+            if exchange(build_dir, final):
+                old = build_dir
+            else:  # the two-rename fallback of warpdata.atomic (docs/formats/twh1.md)
+                old = root / f"{temp_prefix()}old-{final.name}"
+                os.replace(final, old)
+                os.replace(build_dir, final)
+        else:
+            os.replace(build_dir, final)
         fsync_dir(root)
         for stale in wmanifest.find_versions(root, version):
             if stale != final:  # --clear or a corrupt copy from another day

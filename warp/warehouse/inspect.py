@@ -69,7 +69,13 @@ def _inspect_shard(target: str, verify: bool, head: int) -> Report:
 
 def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
     base = target if os.path.isdir(target) else os.path.dirname(target) or "."
-    doc = wmanifest.read(base)
+    try:
+        doc = wmanifest.read(base)
+    except DataError as e:
+        if not verify or e.details.get("path") is None:
+            raise
+        # --verify reports a manifest failing its schema, content hash or path rules as corruption (exit 1)
+        return Report("tensor-warehouse", target, {"verified": False}, [], ok=False, problems=[e.message])
     agg = doc["summary"]["aggregate"]
     verdict = doc["summary"]["verdict"]
     t = doc["transform"]
@@ -77,7 +83,7 @@ def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
                "samples": doc["num_samples"], "shards": len(doc["shards"]),
                "bytes": sum(s["size_bytes"] for s in doc["shards"]), "transform": t, "classes": doc["classes"],
                "validation": {"aggregate": agg, "verdict": verdict["status"], "allowed": verdict["allowed"]},
-               "code_version": doc["code_version"], "created_at_ms": doc["created_at_ms"]}
+               "code_version": doc["code_version"]}
     rows = [["version", doc["version"]], ["dataset_root", doc["dataset_root"]],
             ["samples", doc["num_samples"]], ["shards", len(doc["shards"])],
             ["size", f"{t['target_size'][0]}x{t['target_size'][1]} {t['resize_mode']} {t['dtype']}, "

@@ -4,7 +4,13 @@ The schema ships as ``manifest.schema.json`` beside this module (package
 data). :func:`validate_manifest` raises :class:`~warpdata.errors.DataError`
 naming the file and the JSON path of the first violation. Manifests are
 written as canonical JSON (sorted keys, no whitespace; ``warpdata.canonical``)
-so the same content gives the same bytes. Versions live at
+so the same content gives the same bytes, and sealed: ``content_sha256`` is the
+SHA-256 of the canonical JSON of every other field (:func:`warpdata.canonical.content_hash`;
+no timestamps or timings inside, so identical builds give identical manifests).
+:func:`read` refuses a manifest whose hash does not match, one written before
+the seal existed (``manifest_version`` 1: rebuild it, a rerun of ``warp etl``
+does), and any shard path that would resolve outside the warehouse root
+(docs/formats/twh1.md, "Manifest"). Versions live at
 ``<root>/vYYYYMMDD-<version[:12]>/``; :func:`find_versions` finds them by
 the 12-hex suffix whatever the date.
 """
@@ -22,6 +28,8 @@ from warpdata.errors import DataError
 
 MANIFEST_NAME = "manifest.json"
 KIND = "tensor-warehouse"
+MANIFEST_VERSION = 2  # 2: sealed with content_sha256, no created_at_ms (docs/formats/twh1.md)
+REBUILD_HINT = "rebuild it with 'warp etl' (a rerun rewrites a damaged or outdated version)"
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,26 +46,64 @@ def validate_manifest(doc: Any, where: str = "manifest") -> None:
     if err is not None:
         path = "/".join(str(p) for p in err.absolute_path) or "(top level)"
         raise DataError(f"{where}: manifest does not match the tensor-warehouse schema at {path}: {err.message}",
-                        hint="the manifest is damaged or from another tool; rebuild with 'warp etl --clear'",
+                        hint="the manifest is damaged or from another tool; " + REBUILD_HINT,
                         path=where, json_path=path)
+
+
+def check_seal(doc: dict[str, Any], where: str, hint: str = REBUILD_HINT) -> None:
+    """Refuse a manifest without the content hash, or whose content does not hash to it."""
+    from warpdata.canonical import CONTENT_HASH_FIELD, content_hash
+
+    if doc.get("manifest_version") == 1 or CONTENT_HASH_FIELD not in doc:
+        raise DataError(f"{where}: tensor-warehouse manifest without a content hash (manifest_version "
+                        f"{doc.get('manifest_version')!r}, written by an older warp): its fields cannot be checked",
+                        hint=hint, path=where)
+    got = content_hash(doc)
+    if got != doc[CONTENT_HASH_FIELD]:
+        raise DataError(f"{where}: manifest content does not match its content_sha256 "
+                        f"(stored {str(doc[CONTENT_HASH_FIELD])[:16]}…, computed {got[:16]}…): "
+                        "the manifest was edited or damaged", hint=hint, path=where)
+
+
+def check_confined(doc: dict[str, Any], root: Path, where: str) -> None:
+    """Every shard path must resolve (symlinks followed) inside ``root``."""
+    base = root.resolve()
+    for sh in doc["shards"]:
+        rel = sh["relative_path"]
+        p = (base / rel).resolve()
+        if os.path.isabs(rel) or ".." in Path(rel).parts or not p.is_relative_to(base):
+            raise DataError(f"{where}: shard path {rel!r} resolves outside the warehouse root {root}",
+                            hint="the manifest is damaged or hostile; " + REBUILD_HINT, path=where, shard=rel)
+
+
+def parse(raw: bytes, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
+    """Decode, kind-check, schema-validate and seal-check manifest bytes."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{where}: not valid JSON: {e}", hint=hint, path=where) from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise DataError(f"{where}: not a tensor-warehouse manifest (kind={doc.get('kind') if isinstance(doc, dict) else None!r})",
+                        hint="point at a directory written by 'warp etl' with a coco/yolo/jsonl config", path=where)
+    if doc.get("manifest_version") == 1 or "content_sha256" not in doc:
+        check_seal(doc, where, hint)  # the clearer message for an old manifest than a schema path
+    validate_manifest(doc, where)
+    check_seal(doc, where, hint)
+    return doc
 
 
 def read(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     m = p / MANIFEST_NAME if p.is_dir() else p
     try:
-        doc = json.loads(m.read_bytes())
+        raw = m.read_bytes()
     except FileNotFoundError:
         from warpdata.errors import MissingInputError
 
         raise MissingInputError(f"{m} does not exist", hint="point at a warehouse version directory "
                                 "(<root>/vYYYYMMDD-<hash>/) written by 'warp etl'") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{m}: not valid JSON: {e}", hint="rebuild with 'warp etl --clear'", path=str(m)) from None
-    if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        raise DataError(f"{m}: not a tensor-warehouse manifest (kind={doc.get('kind') if isinstance(doc, dict) else None!r})",
-                        hint="point at a directory written by 'warp etl' with a coco/yolo/jsonl config", path=str(m))
-    validate_manifest(doc, str(m))
+    doc = parse(raw, str(m))
+    check_confined(doc, m.parent, str(m))
     return doc
 
 

@@ -119,7 +119,12 @@ class Warehouse:
         docs: list[dict[str, Any]] = []
 
         def shard_files(doc: dict[str, Any]) -> list[str]:
-            wmanifest.validate_manifest(doc, f"{name}: manifest.json")
+            where = f"{name}: manifest.json"
+            hint = f"republish the warehouse ('warp etl', then 'warp publish {name} --from DIR')"
+            if doc.get("manifest_version") == 1 or "content_sha256" not in doc:
+                wmanifest.check_seal(doc, where, hint)
+            wmanifest.validate_manifest(doc, where)
+            wmanifest.check_seal(doc, where, hint)
             docs.append(doc)
             return [s["relative_path"] for s in doc["shards"]]
 
@@ -185,27 +190,70 @@ class Warehouse:
     def _open_shard(self, i: int) -> twh1.TWH1Shard:
         meta = self.manifest["shards"][i]
         t0 = time.perf_counter()
-        s = self._shard_file(meta["relative_path"])
+        s = self._checked(i, verify=self.verify_mode != "none")
         h = s.header
-        want = (meta["samples"], meta["width"], meta["height"], meta["channels"], meta["max_boxes"])
-        got = (h.samples, h.width, h.height, h.channels, h.max_boxes)
-        if want != got or twh1.MANIFEST_DTYPE[h.dtype] != meta["dtype"]:
-            raise DataError(f"{s.name}: header (samples, width, height, channels, max_boxes) = {got}, "
-                            f"dtype {h.dtype} disagrees with the manifest's {want}, {meta['dtype']}",
-                            hint="the shard does not belong to this manifest; rebuild with 'warp etl --clear'")
-        if self.verify_mode != "none":
-            s.verify(meta["checksum_sha256"])
         dt = time.perf_counter() - t0
         self.shard_load_s[i] = dt
         log.info("opened shard %s (%d samples, %.1f MB) in %.1f ms%s", meta["relative_path"], h.samples,
                  meta["size_bytes"] / 1e6, dt * 1000, " incl. sha256" if self.verify_mode != "none" else "")
         return s
 
+    def _check_one(self, i: int, verify: bool) -> twh1.TWH1Shard:
+        meta = self.manifest["shards"][i]
+        s = self._shard_file(meta["relative_path"])
+        try:
+            h = s.header
+            want = (meta["samples"], meta["width"], meta["height"], meta["channels"], meta["max_boxes"])
+            got = (h.samples, h.width, h.height, h.channels, h.max_boxes)
+            if want != got or twh1.MANIFEST_DTYPE[h.dtype] != meta["dtype"]:
+                raise DataError(f"{s.name}: header (samples, width, height, channels, max_boxes) = {got}, "
+                                f"dtype {h.dtype} disagrees with the manifest's {want}, {meta['dtype']}",
+                                hint="the shard does not belong to this manifest; " + wmanifest.REBUILD_HINT)
+            if verify:
+                s.verify(meta["checksum_sha256"])
+        except BaseException:
+            s.close()
+            raise
+        return s
+
+    def _checked(self, i: int, verify: bool) -> twh1.TWH1Shard:
+        """Shard ``i`` mapped, its header (and SHA-256 when ``verify``) checked against the manifest.
+
+        A published shard failing a check is a bad cached copy until shown
+        otherwise: its tar shard is evicted and fetched again, once
+        (docs/formats/registry.md, "Readers"); if the fresh copy fails too the
+        error names the store object.
+        """
+        try:
+            return self._check_one(i, verify)
+        except DataError as e:
+            if self.published is None:
+                raise
+            first = e
+        rel = self.manifest["shards"][i]["relative_path"]
+        pub = self.published
+        if pub.refetch(rel):
+            self._members = {r: (x.path, x.offset, x.length) for r, x in pub.members.items() if r != "manifest.json"}
+            try:
+                return self._check_one(i, verify)
+            except DataError as e:
+                first = e
+        from warpdata.registry.errors import BlobCorruptedError
+
+        obj = pub.store_object(rel)
+        raise BlobCorruptedError(f"{self.path}/{rel}: fails its check in a freshly fetched copy of store "
+                                 f"object {obj} ({first.message})",
+                                 hint="the published bytes are wrong: republish the warehouse "
+                                      "('warp etl', then 'warp publish NAME --from DIR')",
+                                 store_object=obj, member=rel) from None
+
     def verify(self) -> list[str]:
         """Check every shard's SHA-256 against the manifest; returns the checksums."""
         out = []
         for i, meta in enumerate(self.manifest["shards"]):
-            s = self._shards.get(i) or self._shard_file(meta["relative_path"])
+            s = self._shards.get(i)
+            if s is None:
+                s = self._checked(i, verify=True)
             out.append(s.verify(meta["checksum_sha256"]))
             self._shards.setdefault(i, s)
         return out

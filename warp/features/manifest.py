@@ -1,0 +1,89 @@
+"""Feature-cache manifests: JSON Schema validation, the content seal, path confinement.
+
+The schema ships as ``manifest.schema.json`` beside this module. A manifest
+is sealed: ``content_sha256`` is the SHA-256 of the canonical JSON of every
+other field (:func:`warpdata.canonical.content_hash`), so deleting a
+``shards[]`` entry, changing a field table or a record count is caught on
+open. Manifests without the seal (``manifest_version`` absent, written by an
+older warp) are refused with a hint to rebuild; ``warp etl`` rebuilds such a
+cache by itself. Rules: docs/formats/feature-shard.md ("Cache manifest").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from importlib import resources
+from typing import Any
+
+from warpdata.canonical import CONTENT_HASH_FIELD, content_hash
+from warpdata.errors import DataError
+
+KIND = "feature-cache"
+MANIFEST_VERSION = 2  # 2: sealed by content_sha256 (docs/formats/feature-shard.md)
+REBUILD_HINT = "rebuild the cache with 'warp etl --clear'"
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    text = resources.files("warpdata.features").joinpath("manifest.schema.json").read_text("utf-8")
+    return json.loads(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema())
+
+
+def check(doc: Any, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
+    """Schema + seal; returns ``doc`` or raises :class:`DataError` naming ``where``."""
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        raise DataError(f"{where}: manifest kind is {kind!r}, not {KIND!r}",
+                        hint="point at a directory written by `warp etl` with [source] format = \"captions\"",
+                        path=where)
+    if CONTENT_HASH_FIELD not in doc or doc.get("manifest_version") != MANIFEST_VERSION:
+        raise DataError(f"{where}: feature-cache manifest without a content hash (manifest_version "
+                        f"{doc.get('manifest_version')!r}, written by an older warp): its fields cannot be checked",
+                        hint=hint, path=where)
+    err = next(iter(sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))), None)
+    if err is not None:
+        jp = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise DataError(f"{where}: manifest does not match the feature-cache schema at {jp}: {err.message}",
+                        hint=hint, path=where, json_path=jp)
+    got = content_hash(doc)
+    if got != doc[CONTENT_HASH_FIELD]:
+        raise DataError(f"{where}: manifest content does not match its content_sha256 "
+                        f"(stored {doc[CONTENT_HASH_FIELD][:16]}…, computed {got[:16]}…): "
+                        "the manifest was edited or damaged", hint=hint, path=where)
+    total = sum(s["records"] for s in doc["shards"])
+    if total != doc["records"]:
+        raise DataError(f"{where}: shards hold {total} records, the manifest says {doc['records']}",
+                        hint=hint, path=where)
+    return doc
+
+
+def parse(raw: bytes, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{where}: not valid JSON: {e}", hint=hint, path=where) from None
+    return check(doc, where, hint)
+
+
+def read(path: str | os.PathLike) -> dict[str, Any]:
+    """The checked manifest of cache directory ``path`` (or of that manifest file)."""
+    from warpdata.manifests import find_manifest
+
+    m = find_manifest(path)
+    doc = parse(m.read_bytes(), str(m))
+    base = m.parent.resolve()
+    for sh in doc["shards"]:  # the schema pins names to shard-NNNNN.wfs; a symlink must not lead out
+        p = (base / sh["path"]).resolve()
+        if not p.is_relative_to(base):
+            raise DataError(f"{m}: shard {sh['path']!r} resolves outside the cache directory",
+                            hint=REBUILD_HINT, path=str(m), shard=sh["path"])
+    return doc
