@@ -244,7 +244,7 @@ def test_quiet_prints_only_the_version_path(cli, dataset, tmp_path):
     lines = r.out.splitlines()
     assert len(lines) == 1 and Path(lines[0]).is_dir() and Path(lines[0], "manifest.json").is_file()
     r2 = cli("etl", "--config", cfg)
-    assert r2.code == 0 and "up-to-date" in r2.out and r2.out.strip().splitlines()[-1] == lines[0]
+    assert r2.code == 0 and "up-to-date" in r2.err and r2.out.strip().splitlines() == [lines[0]]
 
 
 def test_thresholds_fail_with_exit_65_and_worst_offenders(cli, dataset, tmp_path):
