@@ -545,7 +545,7 @@ class Store:
 
 
 def _file_mode() -> int:
-    from warpdata.tiles.replace import file_mode
+    from warpdata.atomic import file_mode
 
     return file_mode()
 

@@ -513,7 +513,7 @@ def test_output_is_invisible_until_close(tmp_path):
 
 
 def test_replacing_an_output_swaps_it_in_one_step(tmp_path):
-    from warpdata.tiles import replace
+    from warpdata import atomic
 
     path = tmp_path / "a.zarr"
     old, new = _vol((8, 8, 8)), _vol((12, 16, 16))
@@ -521,7 +521,7 @@ def test_replacing_an_output_swaps_it_in_one_step(tmp_path):
         w.write_array(old)
     (path / "stale-object").write_bytes(b"x")  # nothing of the old output may survive
     seen = []
-    real = replace.exchange
+    real = atomic.exchange
 
     def watch(a, b):
         seen.append((os.path.exists(b), os.path.exists(a)))
@@ -529,12 +529,12 @@ def test_replacing_an_output_swaps_it_in_one_step(tmp_path):
         seen.append((os.path.exists(b), os.path.exists(a)))
         return ok
 
-    replace.exchange = watch
+    atomic.exchange = watch
     try:
         with TileWriter(path, new.shape, new.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
             w.write_array(new)
     finally:
-        replace.exchange = real
+        atomic.exchange = real
     if not seen or seen[-1] != (True, True):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not supported on this filesystem: the fallback ran")
     assert seen == [(True, True), (True, True)]  # the final name existed before and after the swap
@@ -543,9 +543,9 @@ def test_replacing_an_output_swaps_it_in_one_step(tmp_path):
 
 
 def test_replace_fallback_without_exchange_still_replaces(tmp_path, monkeypatch):
-    from warpdata.tiles import replace
+    from warpdata import atomic
 
-    monkeypatch.setattr(replace, "_renameat2", lambda: None)  # an OS / libc without renameat2
+    monkeypatch.setattr(atomic, "_renameat2", False)  # an OS / libc without renameat2
     path = tmp_path / "a.zarr"
     for shape in ((8, 8, 8), (12, 16, 16)):
         a = _vol(shape)

@@ -78,10 +78,45 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it (Linux: /proc/self/status), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # not thread-safe for an instant; only where /proc is missing
+    os.umask(old)
+    return old
+
+
 def _umask_mode(base: int = 0o777) -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return base & ~mask
+    return base & ~current_umask()
+
+
+def dir_mode() -> int:
+    """Permissions for a new output directory: 0777 less the umask (``mkdtemp`` alone gives 0700)."""
+    return _umask_mode(0o777)
+
+
+def file_mode() -> int:
+    """Permissions for a new output file: 0666 less the umask."""
+    return _umask_mode(0o666)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` runs on this host (or exists under another user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def temp_prefix() -> str:
@@ -95,15 +130,7 @@ def _owner_alive(name: str) -> bool:
     if not head.isdigit():
         return False
     pid = int(head)
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def remove_stale_temps(dirs: Iterable[str | os.PathLike], *, older_than: float | None = None,

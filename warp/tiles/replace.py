@@ -29,17 +29,13 @@ Only directories that look like array outputs (empty, or holding a
 ``zarr.json`` or ``manifest.json``) are replaced: a path naming anything else
 is a ConfigError before any work starts.
 
-warp/atomic.py's ``atomic_dir`` still renames aside; these helpers could move
-there (see the tiles section of the task report).
+The exchange, the umask modes and the liveness test are warp/atomic.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
-import functools
 import os
 import re
 import shutil
@@ -51,74 +47,10 @@ from warpdata import atomic
 from warpdata.atomic import TMP_PREFIX
 from warpdata.errors import ConfigError
 
-RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it (Linux: /proc/self/status), else by setting and restoring it."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    old = os.umask(0o022)  # not thread-safe for an instant; only where /proc is missing
-    os.umask(old)
-    return old
-
-
-def dir_mode() -> int:
-    return 0o777 & ~current_umask()
-
-
-def file_mode() -> int:
-    return 0o666 & ~current_umask()
-
-
-@functools.lru_cache(maxsize=1)
-def _renameat2():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Atomically swap two existing paths (renameat2 RENAME_EXCHANGE). False: not supported here."""
-    fn = _renameat2()
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-        return False
-    raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
-
 
 def _leftover_re(name: str) -> re.Pattern:
     # .warp-tmp-<pid>-<8 random>-<name>, and the forms without a pid / with "old-" (warp/atomic.py's atomic_dir)
     return re.compile(rf"^{re.escape(TMP_PREFIX)}(?:old-)?(?:(\d+)-)?[a-z0-9_]{{8}}-{re.escape(name)}$")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def clean_leftovers(target: str | os.PathLike, started: float) -> list[str]:
@@ -139,7 +71,7 @@ def clean_leftovers(target: str | os.PathLike, started: float) -> list[str]:
                 continue
         except OSError:
             continue
-        if m.group(1) is not None and _pid_alive(int(m.group(1))):
+        if m.group(1) is not None and (int(m.group(1)) == os.getpid() or atomic.pid_alive(int(m.group(1)))):
             continue
         if e.is_dir(follow_symlinks=False):
             shutil.rmtree(e.path, ignore_errors=True)
@@ -168,7 +100,7 @@ def make_temp_dir(target: str | os.PathLike) -> Path:
     t = Path(target)
     t.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", suffix="-" + t.name, dir=t.parent))
-    os.chmod(tmp, dir_mode())
+    os.chmod(tmp, atomic.dir_mode())
     return tmp
 
 
@@ -182,7 +114,7 @@ def publish_dir(tmp: str | os.PathLike, target: str | os.PathLike, *, fsync: boo
     how = "renamed"
     if os.path.lexists(target):
         check_replaceable(target)
-        if exchange(tmp, target):
+        if atomic.exchange(tmp, target):
             how = "exchanged"
         else:
             old = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}old-{os.getpid()}-", suffix="-" + target.name,
