@@ -46,21 +46,19 @@ def main(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (blobs to upload, bytes, version); change nothing.")] = False,
     store: Annotated[str | None, typer.Option("--store", metavar="URL", help="Store URL or path (default: WARP_STORE).")] = None,
     shard_size: Annotated[str, typer.Option(
-        "--shard-size", metavar="SIZE", help="Target size of artifact tar shards (e.g. 256MiB).")] = "256MiB",
+        "--shard-size", metavar="SIZE", help="Target size of artifact tar shards, with a unit (e.g. 256MiB); a bare number is refused.")] = "256MiB",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel hashing and uploads.")] = 8,
     rehash: Annotated[bool, typer.Option("--rehash", help="Ignore the stat cache: hash and pack every input again.")] = False,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
-    from warpdata.blobcache import format_size, parse_size
+    from warpdata.blobcache import format_size
     from warpdata.errors import UsageError
     from warpdata.registry.publish import PublishRequest, parse_binding, parse_named, publish
+    from warpdata.sizes import parse_size_option
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
                          workers=workers, rehash=rehash, description=description)
-    try:
-        req.shard_size = parse_size(shard_size)
-    except Exception:
-        raise UsageError(f"--shard-size {shard_size!r} is not a size", hint="e.g. --shard-size 256MiB") from None
+    req.shard_size = parse_size_option(shard_size, "--shard-size", "256MiB")
     for spec in table or []:
         name, pattern = parse_named(spec, "--table")
         req.tables.setdefault(name, []).append(pattern)

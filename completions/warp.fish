@@ -43,7 +43,7 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l from -r -F -d 'Publ
 complete -c warp -n '__fish_seen_subcommand_from publish' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l dry-run -d 'Print the plan (blobs to upload, bytes, version); change nothing'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Store URL or path (default: WARP_STORE)'
-complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards (e.g'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards, with a unit (e.g'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l workers -x -d 'Parallel hashing and uploads'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore the stat cache: hash and pack every input again'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
@@ -83,7 +83,7 @@ complete -c warp -n '__fish_seen_subcommand_from warm' -l version -r -F -d 'A ve
 complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from warm' -F
 
-complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE (e.g'
+complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE, with a unit (500GB, 1.5TiB); a bare num...'
 complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clear'
 
 complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams (default: the only table, else main)'

@@ -90,6 +90,28 @@ def test_warm_then_cache_commands(cli, store, tmp_path):
     assert cli("warm", "ws/demo", "--shards", "x").code == 2
 
 
+def test_cache_gc_refuses_a_size_without_a_unit(cli, store, tmp_path):
+    """`--limit 20` used to mean 20 bytes and evict the whole cache."""
+    assert cli("warm", "ws/demo").code == 0
+    before = cli("cache", "stats", "--json").json()
+    assert before["blobs"] > 0
+    for bare in ("20", "0.5", " 3 "):
+        r = cli("cache", "gc", "--limit", bare)
+        assert r.code == 2, r.err
+        assert "has no unit" in r.err and f"say {bare.strip()}GB" in r.err
+    assert cli("cache", "stats", "--json").json() == before  # nothing evicted
+    r = cli("cache", "gc", "--limit", "20 parsecs")
+    assert r.code == 2 and "is not a size" in r.err
+    r = cli("cache", "gc", "--limit", "20GB", "--json")
+    assert r.code == 0 and r.json()["evicted"] == 0 and r.json()["limit_bytes"] == 20 * 10**9
+    assert "bare number is refused" in cli("cache", "--help").out
+
+
+def test_publish_shard_size_needs_a_unit(cli, tmp_path):
+    r = cli("publish", "ws/x", "--table", f"main={tmp_path}/none.parquet", "--shard-size", "4096")
+    assert r.code == 2 and "--shard-size 4096 has no unit" in r.err
+
+
 def test_init_generates_a_loader_whose_smoke_test_runs(cli, store, tmp_path):
     out = tmp_path / "loader.py"
     r = cli("init", "ws/demo", "--out", str(out))
