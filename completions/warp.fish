@@ -61,6 +61,7 @@ complete -c warp -n '__fish_seen_subcommand_from stream' -l format -x -a 'jsonl 
 complete -c warp -n '__fish_seen_subcommand_from stream' -l columns -r -F -d 'Comma-separated columns (default: all)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l filter -r -F -d 'Keep rows matching this DuckDB SQL expression'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l shard -r -F -d 'Stream one rank\'s share: RANK/WORLD or auto'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l pad -d 'With --shard: equal row counts on every rank by repeating rows (default: exac...'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l limit -x -d 'Stop after N rows'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l batch-size -x -d 'Rows per Arrow batch'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l version -r -F -d 'A version hash (default: latest)'

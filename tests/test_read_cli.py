@@ -48,6 +48,30 @@ def test_stream_formats(cli, store):
     assert bad.code == 2 and "no column" in bad.err and bad.out == ""
 
 
+def test_stream_shard_is_exact_unless_pad(cli, store):
+    """500 rows over 8 ranks: 500 rows in all, each once (it used to be 504, silently)."""
+    ids = []
+    for r in range(8):
+        res = cli("stream", "ws/demo", "--columns", "id", "--shard", f"{r}/8")
+        assert res.code == 0, res.err
+        assert "repeat" not in res.err
+        ids += [json.loads(x)["id"] for x in res.out.splitlines()]
+    assert sorted(ids) == list(range(500))
+    padded, notes = [], []
+    for r in range(8):
+        res = cli("stream", "ws/demo", "--columns", "id", "--shard", f"{r}/8", "--pad")
+        assert res.code == 0, res.err
+        rows = [json.loads(x)["id"] for x in res.out.splitlines()]
+        assert len(rows) == 63
+        padded += rows
+        notes.append(res.err)
+    assert len(padded) == 504 and set(padded) == set(range(500))
+    assert "4 of them repeated" in notes[7] and "4 repeats over all ranks" in notes[7]
+    assert "repeated" not in notes[0]
+    r = cli("stream", "ws/demo", "--pad")
+    assert r.code == 2 and "--pad only applies with --shard" in r.err
+
+
 def test_stream_arrow_ipc_to_a_pipe(store, tmp_path):
     env = {**os.environ}
     p = subprocess.run([sys.executable, "-m", "warpdata", "stream", "ws/demo", "--format", "arrow",
