@@ -8,6 +8,12 @@ create-only, then the version manifest, then `latest` moves by
 compare-and-swap. Publishing unchanged content again uploads nothing and
 prints the same version; a killed publish can simply be rerun.
 
+Every value of a --bind column must name a member of the artifact (a path
+relative to the artifact directory); otherwise nothing is published, the
+first missing values are listed and the exit status is 65. --allow-dangling
+publishes anyway and records the number of dangling values in the manifest's
+metadata (dangling_refs).
+
 The store is WARP_STORE (default: a local directory under $XDG_DATA_HOME),
 or --store. S3 credentials come from the usual AWS chain (AWS_PROFILE,
 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, instance roles); endpoint and
@@ -39,6 +45,8 @@ def main(
     bind: Annotated[list[str] | None, typer.Option(
         "--bind", metavar="TABLE.COLUMN=ARTIFACT:TYPE",
         help="Column values are member paths in ARTIFACT, read as TYPE (image, audio, video, file); repeatable.")] = None,
+    allow_dangling: Annotated[bool, typer.Option(
+        "--allow-dangling", help="Publish even if --bind values name no member; the count goes in the manifest.")] = False,
     from_: Annotated[list[str] | None, typer.Option(
         "--from", metavar="PATH", help="Publish a warp artifact (directory with manifest.json, or .tbl); repeatable.")] = None,
     set_latest: Annotated[bool, typer.Option(
@@ -57,7 +65,8 @@ def main(
     from warpdata.sizes import parse_size_option
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
-                         workers=workers, rehash=rehash, description=description)
+                         workers=workers, rehash=rehash, description=description,
+                         allow_dangling=allow_dangling)
     req.shard_size = parse_size_option(shard_size, "--shard-size", "256MiB")
     for spec in table or []:
         name, pattern = parse_named(spec, "--table")
@@ -73,6 +82,8 @@ def main(
     with out.progress("uploading", unit="B") as bar:
         result = publish(req, on_upload=bar.advance)
 
+    for binding, n in sorted(result.dangling_refs.items()):
+        out.warn(f"--allow-dangling: {n} value(s) of {binding} name no member; reads of them will fail")
     if out.options().json:
         out.emit_json({k: v for k, v in result.to_dict().items() if v is not None or k == "latest"})
         return 0
