@@ -1,7 +1,9 @@
 """List the datasets published in a store, from their manifests only.
 
 Shows each dataset's latest version, its tables, rows and bytes. Nothing but
-the `latest` pointers and manifests is read (no shard listing).
+the `latest` pointers and manifests is read (no shard listing). A dataset
+published only with --no-set-latest has no latest version: its version hashes
+are listed instead, for `warp stream NAME --version HASH`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def main(
     rows = []
     for did, ptr in st.iter_latest(ws or None):
         if ptr is None:
-            rows.append({"dataset": did, "version": None, "tables": [], "rows": None, "bytes": None})
+            rows.append({"dataset": did, "version": None, "versions": st.list_versions(did),
+                         "tables": [], "rows": None, "bytes": None})
             continue
         m = st.get_manifest(did, ptr.version_hash)
         rows.append({"dataset": did, "version": ptr.version_hash, "updated_at": ptr.updated_at,
@@ -40,8 +43,21 @@ def main(
         out.emit_json({"store": st.url, "datasets": rows})
         return 0
     out.table(None, ["dataset", "version", "tables", "rows", "size"],
-              [[r["dataset"], (r["version"] or "(no latest)")[:12], ",".join(r["tables"]),
-                r["rows"], format_size(r["bytes"]) if r["bytes"] is not None else ""] for r in rows])
+              [[r["dataset"], r["version"][:12] if r["version"] else _no_latest(r["versions"]),
+                ",".join(r["tables"]), r["rows"], format_size(r["bytes"]) if r["bytes"] is not None else ""]
+               for r in rows])
+    unpointed = [r for r in rows if r["version"] is None and r["versions"]]
+    if unpointed:
+        r = unpointed[0]
+        out.info(f"{len(unpointed)} dataset(s) have versions but no latest pointer; read one with "
+                 f"'warp stream {r['dataset']} --version {r['versions'][0][:12]}'")
     if not rows:
         out.info(f"no datasets in {st.url}" + (f" under {ws}/" if ws else ""))
     return 0
+
+
+def _no_latest(versions: list[str]) -> str:
+    if not versions:
+        return "(no versions)"
+    more = f" (+{len(versions) - 3} more, see --json)" if len(versions) > 3 else ""
+    return "(no latest) " + " ".join(v[:12] for v in versions[:3]) + more

@@ -162,3 +162,28 @@ def test_inspect_dataset(cli, store):
 def test_local_mode_without_warm_fails_fast(cli, store):
     r = cli("stream", "ws/demo", "--mode", "local")
     assert r.code == 66 and "warp warm ws/demo" in r.err
+
+
+def test_dataset_without_latest_is_named_as_such(cli, tmp_path, monkeypatch):
+    """After publish --no-set-latest, `stream` said "did you mean vision/dry?" about vision/dry itself."""
+    import pyarrow.parquet as pq
+
+    url = str(tmp_path / "store2")
+    monkeypatch.setenv("WARP_STORE", url)
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "d.parquet")
+    r = cli("publish", "vision/dry", "--table", f"main={tmp_path / 'd.parquet'}", "--no-set-latest", "--json")
+    assert r.code == 0, r.err
+    vh = r.json()["version_hash"]
+    r = cli("stream", "vision/dry")
+    assert r.code == 66
+    assert "did you mean" not in r.err
+    assert "has 1 version(s)" in r.err and "no latest" in r.err and f"--version {vh[:12]}" in r.err
+    r = cli("stream", "vision/dry", "--version", vh[:12])
+    assert r.code == 0 and len(r.out.splitlines()) == 3
+    r = cli("ls")
+    assert r.code == 0 and "(no latest)" in r.out and vh[:12] in r.out
+    assert f"--version {vh[:12]}" in r.err
+    d = cli("ls", "--json").json()["datasets"]
+    assert d[0]["version"] is None and d[0]["versions"] == [vh]
+    r = cli("stream", "vision/dyr")  # a real typo still gets the suggestion
+    assert r.code == 66 and "did you mean vision/dry?" in r.err
