@@ -24,11 +24,24 @@ def main(
     workspace: Annotated[str | None, typer.Argument(help="WORKSPACE/ (default: every workspace).")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
+    from warpdata import envvars
     from warpdata.blobcache import format_size
+    from warpdata.errors import MissingInputError
     from warpdata.registry.store import Store
+    from warpdata.storage import missing_store_folder
 
     st = Store(store)
     ws = workspace.strip("/") if workspace else None
+    missing = missing_store_folder(st.location)
+    if missing and (store is not None or envvars.get("WARP_STORE")):
+        raise MissingInputError(missing[0], hint=missing[1], store=st.url)
+    if missing:  # the default store of a fresh install: nothing published yet
+        if out.options().json:
+            out.emit_json({"store": st.url, "datasets": []})
+        else:
+            out.info(f"no datasets: nothing has been published to the default store {st.url} yet "
+                     "(set WARP_STORE or pass --store to read another one)")
+        return 0
     rows = []
     for did, ptr in st.iter_latest(ws or None):
         if ptr is None:

@@ -187,3 +187,22 @@ def test_dataset_without_latest_is_named_as_such(cli, tmp_path, monkeypatch):
     assert d[0]["version"] is None and d[0]["versions"] == [vh]
     r = cli("stream", "vision/dyr")  # a real typo still gets the suggestion
     assert r.code == 66 and "did you mean vision/dry?" in r.err
+
+
+def test_store_folder_that_does_not_exist(cli, tmp_path, monkeypatch):
+    """WARP_STORE pointing at a missing folder used to print "no datasets" (exit 0)."""
+    missing = tmp_path / "stroe"
+    monkeypatch.setenv("WARP_STORE", str(missing))
+    r = cli("ls")
+    assert r.code == 66 and f"store folder {missing} does not exist" in r.err and "WARP_STORE" in r.err
+    r = cli("ls", "--store", str(tmp_path / "nope"), "--json")
+    assert r.code == 66 and r.json()["error"] == "missing-input"
+    r = cli("stream", "ws/demo")
+    assert r.code == 66 and "does not exist" in r.err and "did you mean" not in r.err
+    (tmp_path / "afile").write_text("x")
+    r = cli("ls", "--store", str(tmp_path / "afile"))
+    assert r.code == 66 and "is not a folder" in r.err
+    assert not missing.exists()  # reading created nothing
+    monkeypatch.delenv("WARP_STORE")  # the default store of a fresh install is just empty
+    r = cli("ls")
+    assert r.code == 0 and "nothing has been published" in r.err

@@ -170,6 +170,20 @@ def parse_location(url: str | os.PathLike) -> Location:
                       hint="use a local path, file://, s3:// or memory://")
 
 
+def missing_store_folder(loc: Location) -> tuple[str, str] | None:
+    """(cause, hint) when a local store's folder does not exist or is not a folder; else None.
+
+    A store pointed at a folder that is not there is almost always a typo in
+    WARP_STORE / --store; readers say so instead of "no datasets".
+    """
+    if loc.protocol != "file" or os.path.isdir(loc.path):
+        return None
+    hint = "check WARP_STORE or --store for a typo; 'warp publish' creates the store folder"
+    if os.path.exists(loc.path):
+        return f"store {loc.path} is not a folder", hint
+    return f"store folder {loc.path} does not exist", hint
+
+
 def filesystem(loc: Location, config: StorageConfig | None = None):
     """The fsspec filesystem for a location (S3 configured from ``config`` or env)."""
     if loc.protocol == "file":

@@ -583,6 +583,11 @@ class Store:
     def _not_found(self, dataset_id: str) -> DatasetNotFoundError:
         import difflib
 
+        from warpdata.storage import missing_store_folder
+
+        missing = missing_store_folder(self.location)
+        if missing:
+            return DatasetNotFoundError(f"dataset {dataset_id}: {missing[0]}", hint=missing[1])
         versions: list[str] = []
         with contextlib.suppress(Exception):
             versions = self.list_versions(dataset_id)
