@@ -280,7 +280,10 @@ def boto3_client(config: StorageConfig):
     if config.anon:
         kw["signature_version"] = UNSIGNED
     session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
-    return session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw))
+    from warpdata.storage import limit_connect_retries  # refused/DNS: fail in seconds, not 15-20 s
+
+    return limit_connect_retries(
+        session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw)))
 
 
 # -- local lock with stale-holder detection ---------------------------------
