@@ -37,7 +37,7 @@ def main(
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="Stop after N rows.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per Arrow batch.")] = 65536,
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
-    mode: Annotated[str | None, typer.Option("--mode", help="auto, remote, hybrid or local.")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
     import base64

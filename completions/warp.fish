@@ -28,11 +28,11 @@ complete -c warp -n '__fish_seen_subcommand_from etl' -s j -l workers -x -d 'Wor
 complete -c warp -n '__fish_seen_subcommand_from etl' -s i -l input -r -F -d 'Override [source] path; \'-\' reads stdin'
 complete -c warp -n '__fish_seen_subcommand_from etl' -s o -l output -r -F -d 'Override [output] root'
 
-complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -r -F -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -x -a 'auto none lz4 zstd' -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s j -l workers -x -d 'Checksum/compression threads (default: WARP_WORKERS or CPUs)'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l verify -d 'Re-read OUT after writing and check every checksum'
-complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l on-error -x -a 'raise skip warn' -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s f -l force -d 'Replace OUT if it exists'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -F
 
@@ -66,14 +66,14 @@ complete -c warp -n '__fish_seen_subcommand_from stream' -l pad -d 'With --shard
 complete -c warp -n '__fish_seen_subcommand_from stream' -l limit -x -d 'Stop after N rows'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l batch-size -x -d 'Rows per Arrow batch'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l version -r -F -d 'A version hash (default: latest)'
-complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -r -F -d 'auto, remote, hybrid or local'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cat' -l artifact -r -F -d 'Artifact name (see \'warp inspect ws/name\')'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l ref -r -F -d 'Member path inside the artifact'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l version -r -F -d 'A version hash (default: latest)'
-complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -r -F -d 'auto, remote, hybrid or local (default: WARP_MODE or auto)'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from cat' -F
 
@@ -103,10 +103,10 @@ complete -c tar_to_tbl -s v -l verbose -d 'More detail on stderr (-v, -vv)'
 complete -c tar_to_tbl -l color -x -a 'auto always never' -d 'auto, always or never (NO_COLOR and FORCE_COLOR are honoured)'
 complete -c tar_to_tbl -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
 complete -c tar_to_tbl -l version -d 'Print warp\'s version and exit'
-complete -c tar_to_tbl -s c -l compression -r -F -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
+complete -c tar_to_tbl -s c -l compression -x -a 'auto none lz4 zstd' -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
 complete -c tar_to_tbl -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'
 complete -c tar_to_tbl -s j -l workers -x -d 'Checksum/compression threads (default: WARP_WORKERS or CPUs)'
 complete -c tar_to_tbl -l verify -d 'Re-read OUT after writing and check every checksum'
-complete -c tar_to_tbl -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
+complete -c tar_to_tbl -l on-error -x -a 'raise skip warn' -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
 complete -c tar_to_tbl -s f -l force -d 'Replace OUT if it exists'
 complete -c tar_to_tbl -F
