@@ -232,3 +232,20 @@ def test_bash_completion_for_the_tar_to_tbl_alias(scripts):
     offered = set(r.stdout.split())
     tbl_opts = {n for o in docgen.command_tree()[1] if o.name == "tar-to-tbl" for opt in o.options for n in opt.long}
     assert tbl_opts and tbl_opts <= offered
+
+
+def test_twh1_letterbox_example_matches_the_code():
+    """docs/formats/twh1.md's worked letterbox example is what `geometry` computes."""
+    import re
+
+    from warpdata.warehouse.transform import TransformSpec, geometry
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "formats" / "twh1.md").read_text()
+    m = re.search(r"Example: (\d+) × (\d+) into (\d+) × (\d+): .*?`nw = floor\([\d.]+ \+ 0\.5\) = (\d+)`, "
+                  r"`nh = (\d+)`,\s*`px = \(\d+ − \d+\) // 2 = (\d+)`, `py = (\d+)`, `sx = \d+/\d+ ≈ ([\d.]+)`",
+                  text, re.S)
+    assert m, "worked example not found"
+    w, h, W, H, nw, nh, px, py = (int(x) for x in m.groups()[:8])
+    g = geometry(TransformSpec(W, H), w, h)
+    assert (g.nw, g.nh, g.px, g.py) == (nw, nh, px, py)
+    assert abs(g.sx - float(m.group(9))) < 1e-5
