@@ -14,6 +14,10 @@ first missing values are listed and the exit status is 65. --allow-dangling
 publishes anyway and records the number of dangling values in the manifest's
 metadata (dangling_refs).
 
+Inside an --artifact directory, symlinks to files are read through; symlinked
+directories are skipped (and named when that leaves bound values dangling or
+the artifact empty) unless --follow-symlinks.
+
 The store is WARP_STORE (default: a local directory under $XDG_DATA_HOME),
 or --store. S3 credentials come from the usual AWS chain (AWS_PROFILE,
 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, instance roles); endpoint and
@@ -47,6 +51,8 @@ def main(
         help="Column values are member paths in ARTIFACT, read as TYPE (image, audio, video, file); repeatable.")] = None,
     allow_dangling: Annotated[bool, typer.Option(
         "--allow-dangling", help="Publish even if --bind values name no member; the count goes in the manifest.")] = False,
+    follow_symlinks: Annotated[bool, typer.Option(
+        "--follow-symlinks", help="Walk symlinked directories inside --artifact directories (symlinked files are always read).")] = False,
     from_: Annotated[list[str] | None, typer.Option(
         "--from", metavar="PATH", help="Publish a warp artifact (directory with manifest.json, or .tbl); repeatable.")] = None,
     set_latest: Annotated[bool, typer.Option(
@@ -66,7 +72,7 @@ def main(
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
                          workers=workers, rehash=rehash, description=description,
-                         allow_dangling=allow_dangling)
+                         allow_dangling=allow_dangling, follow_symlinks=follow_symlinks)
     req.shard_size = parse_size_option(shard_size, "--shard-size", "256MiB")
     for spec in table or []:
         name, pattern = parse_named(spec, "--table")

@@ -40,6 +40,7 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l table -r -F -d 'Tab
 complete -c warp -n '__fish_seen_subcommand_from publish' -l artifact -r -F -d 'Pack DIR\'s files into tar shards as artifact NAME; repeatable'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l bind -r -F -d 'Column values are member paths in ARTIFACT, read as TYPE (image, audio, video...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l allow-dangling -d 'Publish even if --bind values name no member; the count goes in the manifest'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l follow-symlinks -d 'Walk symlinked directories inside --artifact directories (symlinked files are...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l from -r -F -d 'Publish a warp artifact (directory with manifest.json, or .tbl); repeatable'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l dry-run -d 'Print the plan (blobs to upload, bytes, version); change nothing'

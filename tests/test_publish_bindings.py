@@ -75,3 +75,41 @@ def test_binding_a_non_string_column_is_a_data_error(cli, inputs):
     pq.write_table(pa.table({"image": [1, 2, 3]}), inputs / "n.parquet")
     r = cli(*_args(inputs, f"main={inputs / 'n.parquet'}"))
     assert r.code == 65 and "holds int64, not member paths" in r.err
+
+
+def test_symlinked_directories_are_named_and_followed_on_request(cli, inputs, tmp_path):
+    """A common layout: the artifact directory links to where the images really live."""
+    real = tmp_path / "elsewhere" / "train"
+    real.mkdir(parents=True)
+    for i in range(3):
+        (real / f"{i}.png").write_bytes(bytes([i]) * 50)
+    (inputs / "photos" / "train").symlink_to(real, target_is_directory=True)
+    table = _table(inputs, [f"train/{i}.png" for i in range(3)], "s.parquet")
+    r = cli(*_args(inputs, table))
+    assert r.code == 65
+    assert "symlinked director" in r.err and "'train'" in r.err and "--follow-symlinks" in r.err
+    r = cli(*_args(inputs, table, "--follow-symlinks", "--json"))
+    assert r.code == 0, r.err
+    st = Store(str(inputs / "store"))
+    m = st.get_manifest("ws/b", r.json()["version_hash"])
+    assert m.artifacts["images"].member_count == 23
+
+
+def test_only_symlinked_directories_is_an_empty_artifact_with_a_hint(cli, tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "a.txt").write_text("a")
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    r = cli("publish", "ws/c", "--artifact", f"raw={tmp_path / 'art'}", "--store", str(tmp_path / "store"))
+    assert r.code == 66 and "not followed: link" in r.err and "--follow-symlinks" in r.err
+
+
+def test_a_symlink_cycle_is_a_data_error(cli, tmp_path):
+    (tmp_path / "art" / "sub").mkdir(parents=True)
+    (tmp_path / "art" / "sub" / "a.txt").write_text("a")
+    (tmp_path / "art" / "sub" / "up").symlink_to(tmp_path / "art", target_is_directory=True)
+    r = cli("publish", "ws/c", "--artifact", f"raw={tmp_path / 'art'}", "--store", str(tmp_path / "store"),
+            "--follow-symlinks")
+    assert r.code == 65 and "loops at 'sub/up'" in r.err
+    r = cli("publish", "ws/c", "--artifact", f"raw={tmp_path / 'art'}", "--store", str(tmp_path / "store"))
+    assert r.code == 0, r.err  # not following, the cycle is simply not entered

@@ -105,7 +105,8 @@ def check_binding(binding: str, files: Iterable[str], column: str, member_list: 
 
 
 def check_bindings(checks: Sequence[BindingCheck], members: Mapping[str, Sequence[str]],
-                   artifact_of: Mapping[str, str], *, allow_dangling: bool) -> dict[str, int]:
+                   artifact_of: Mapping[str, str], *, allow_dangling: bool,
+                   skipped_links: Mapping[str, Sequence[str]] | None = None) -> dict[str, int]:
     """Raise on the first binding with dangling values, unless allowed; return ``{binding: missing}``."""
     dangling = {c.binding: c.missing for c in checks if c.missing}
     if not dangling or allow_dangling:
@@ -115,6 +116,11 @@ def check_bindings(checks: Sequence[BindingCheck], members: Mapping[str, Sequenc
     more = "" if c.missing <= len(c.first_missing) else ", ..."
     member_list = members[artifact_of[c.binding]]
     hint = _suggestion(c.first_missing[0], set(member_list), member_list) if c.first_missing else None
+    links = list((skipped_links or {}).get(artifact_of[c.binding], ()))
+    under_link = [v for v in c.first_missing if any(v == ln or v.startswith(ln + "/") for ln in links)]
+    if under_link:
+        hint = (f"{under_link[0]!r} is under {len(links)} symlinked director{'y' if len(links) == 1 else 'ies'} "
+                f"that publish does not follow ({', '.join(map(repr, links[:3]))}): pass --follow-symlinks")
     example = f" (e.g. {member_list[0]!r})" if member_list else ""
     raise DanglingBindingError(
         f"--bind {c.binding}: {c.missing} of {c.values} values name no member of the artifact "

@@ -96,6 +96,7 @@ class PublishRequest:
     rehash: bool = False
     description: str | None = None
     allow_dangling: bool = False  # publish bindings whose values name no member (count kept in metadata)
+    follow_symlinks: bool = False  # walk symlinked directories inside --artifact directories
 
 
 @dataclass
@@ -245,6 +246,7 @@ class _Stager:
         self.blobs: dict[str, _Blob] = {}
         self.table_files: dict[str, list[str]] = {}  # name -> input files (for the binding check)
         self.members: dict[str, list[str]] = {}  # artifact -> member names
+        self.skipped_links: dict[str, tuple[str, ...]] = {}  # artifact -> symlinked dirs left out
 
     def _add(self, b: _Blob) -> None:
         prev = self.blobs.get(b.hash)
@@ -321,10 +323,14 @@ class _Stager:
     # artifacts --------------------------------------------------------------
     def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
         scanned_at = time.time_ns()
-        scan = scan_members(root, files)
+        scan = scan_members(root, files, follow_symlinks=self.req.follow_symlinks)
         members = scan.members
+        self.skipped_links[name] = scan.skipped_dir_links
         if not members:
-            raise MissingInputError(f"artifact {name}: {root} holds no files", hint="--artifact NAME=DIR needs files to publish")
+            raise MissingInputError(f"artifact {name}: {root} holds no files" + (
+                f" (symlinked directories not followed: {', '.join(scan.skipped_dir_links[:3])})"
+                if scan.skipped_dir_links else ""), hint="pass --follow-symlinks to publish what they link to"
+                if scan.skipped_dir_links else "--artifact NAME=DIR needs files to publish")
         self.members[name] = [m[0] for m in members]
         key = self.cache.key("artifact", self.req.shard_size, scan.fingerprint)
         out = self.stage / f"artifact-{name}"
@@ -502,7 +508,8 @@ def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
         key = f"{b.table}.{b.column}={b.artifact}"
         artifact_of[key] = b.artifact
         checks.append(check_binding(key, stager.table_files[b.table], b.column, stager.members[b.artifact]))
-    return check_bindings(checks, stager.members, artifact_of, allow_dangling=req.allow_dangling)
+    return check_bindings(checks, stager.members, artifact_of, allow_dangling=req.allow_dangling,
+                          skipped_links=stager.skipped_links)
 
 
 def publish(req: PublishRequest, *, store: Store | None = None,
