@@ -21,7 +21,8 @@ EXAMPLES = """
 
 
 def main(
-    workspace: Annotated[str | None, typer.Argument(help="WORKSPACE/ (default: every workspace).")] = None,
+    workspace: Annotated[str | None, typer.Argument(
+        help="WORKSPACE/ (default: every workspace), or one dataset WORKSPACE/NAME.")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
     from warpdata import envvars
@@ -42,8 +43,26 @@ def main(
             out.info(f"no datasets: nothing has been published to the default store {st.url} yet "
                      "(set WARP_STORE or pass --store to read another one)")
         return 0
+    only = None
+    if ws and "/" in ws:  # `warp ls ws/name`: that one dataset
+        only = ws
+        ws = ws.split("/", 1)[0]
+    listing = list(st.iter_latest(ws or None))
+    if only is not None:
+        listing = [(d, p) for d, p in listing if d == only]
+    if ws and not listing:
+        import difflib
+
+        known = st.list_datasets()
+        names = [d for d in known if d.startswith(ws + "/")] if only else sorted({d.split("/")[0] for d in known})
+        close = difflib.get_close_matches(only or ws, names, n=3)
+        what = f"dataset {only}" if only else f"workspace {ws}/"
+        raise MissingInputError(f"{what} is not in store {st.url}",
+                                hint=(f"did you mean {', '.join(close)}?" if close else
+                                      f"{'datasets' if only else 'workspaces'}: {', '.join(names[:8]) or 'none'}"),
+                                store=st.url)
     rows = []
-    for did, ptr in st.iter_latest(ws or None):
+    for did, ptr in listing:
         if ptr is None:
             rows.append({"dataset": did, "version": None, "versions": st.list_versions(did),
                          "tables": [], "rows": None, "bytes": None})

@@ -54,7 +54,9 @@ def main(
         raise UsageError("--pad cannot be combined with --filter (a filtered stream splits whole files "
                          "between ranks and never repeats rows)", hint="drop --pad, or filter downstream")
     t = dataset(name, mode=mode, version=version, store=store).table(table)
-    cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+    cols = [c.strip() for c in columns.split(",") if c.strip()] if columns is not None else None
+    if cols == []:
+        raise UsageError(f"--columns {columns!r} names no column", hint="e.g. --columns id,label; leave it out for all")
     if cols:
         t = t.select(cols)
     if filter_:

@@ -181,3 +181,8 @@ def test_missing_local_store_folder_is_a_warning(cli, monkeypatch, tmp_path):
     assert c["status"] == "WARN" and "does not exist" in c["detail"] and "WARP_STORE" in c["remedy"]
     assert c["facts"]["created"] is True
     assert _by_name(cli("doctor", "--json", "--only", "store").json())["store"]["status"] == PASS
+
+
+def test_only_with_an_unknown_group_is_a_usage_error(cli):
+    r = cli("doctor", "--only", "stor")
+    assert r.code == 2 and "'stor' is not a check group" in r.err and "store" in r.err

@@ -206,3 +206,17 @@ def test_store_folder_that_does_not_exist(cli, tmp_path, monkeypatch):
     monkeypatch.delenv("WARP_STORE")  # the default store of a fresh install is just empty
     r = cli("ls")
     assert r.code == 0 and "nothing has been published" in r.err
+
+
+def test_common_mistakes_get_a_cause_and_a_hint(cli, store):
+    """`ls ws/name` listed nothing; `--columns ''` streamed everything; `--shard 0/0` spoke of 0..-1."""
+    r = cli("ls", "ws/demo", "--json")
+    assert r.code == 0 and [d["dataset"] for d in r.json()["datasets"]] == ["ws/demo"]
+    r = cli("ls", "ws/dmeo")
+    assert r.code == 66 and "dataset ws/dmeo is not in store" in r.err and "did you mean ws/demo?" in r.err
+    r = cli("ls", "nows/")
+    assert r.code == 66 and "workspace nows/ is not in store" in r.err and "workspaces: ws" in r.err
+    r = cli("stream", "ws/demo", "--columns", "")
+    assert r.code == 2 and "names no column" in r.err and r.out == ""
+    r = cli("stream", "ws/demo", "--shard", "0/0")
+    assert r.code == 2 and "world size must be at least 1" in r.err

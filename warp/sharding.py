@@ -135,7 +135,10 @@ class ShardPlan:
     num_batches: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.world < 1 or not 0 <= self.rank < self.world:
+        if self.world < 1:
+            raise ShardingError(f"world size must be at least 1, not {self.world}",
+                                hint="pass shard=(rank, world_size), e.g. '0/8' for the first of 8 ranks")
+        if not 0 <= self.rank < self.world:
             raise ShardingError(f"rank {self.rank} is not in 0..{self.world - 1} (world size {self.world})",
                                 hint="pass shard=(rank, world_size) with 0 <= rank < world_size")
         if self.batch_size < 1:
