@@ -215,7 +215,9 @@ def test_common_mistakes_get_a_cause_and_a_hint(cli, store):
     r = cli("ls", "ws/dmeo")
     assert r.code == 66 and "dataset ws/dmeo is not in store" in r.err and "did you mean ws/demo?" in r.err
     r = cli("ls", "nows/")
-    assert r.code == 66 and "workspace nows/ is not in store" in r.err and "workspaces: ws" in r.err
+    assert r.code == 66 and "workspace nows/ is not in store" in r.err and "did you mean ws?" in r.err
+    r = cli("ls", "text/")
+    assert r.code == 66 and "workspaces: ws" in r.err
     r = cli("stream", "ws/demo", "--columns", "")
     assert r.code == 2 and "names no column" in r.err and r.out == ""
     r = cli("stream", "ws/demo", "--shard", "0/0")
