@@ -4,7 +4,9 @@ ACTION is one of:
 
   stats    blobs, bytes used against the cap (WARP_CACHE_SIZE_GB), pins, manifests
   gc       evict least recently used blobs down to --limit (default: the cap),
-           remove leftovers of killed downloads and stale locks
+           remove leftovers of killed downloads and stale locks. --limit needs
+           a unit: 500GB, 1.5TiB, 800MB; a bare number such as 20 is refused
+           (exit 2) rather than read as 20 bytes
   verify   hash every blob; corrupt ones are deleted (exit 1 if any were found)
   clear    delete every cached blob, manifest and pointer
 
@@ -31,13 +33,16 @@ def main(
     action: Annotated[Literal["stats", "gc", "verify", "clear"], typer.Argument(
         help="stats, gc, verify or clear.", metavar="ACTION", show_default=False)],
     limit: Annotated[str | None, typer.Option(
-        "--limit", metavar="SIZE", help="gc: shrink the cache to at most SIZE (e.g. 500GB, 1.5TiB).")] = None,
+        "--limit", metavar="SIZE", help="gc: shrink the cache to at most SIZE, with a unit (500GB, 1.5TiB); a bare number is refused.")] = None,
 ) -> int:
-    from warpdata.blobcache import BlobCache, format_size, parse_size
+    from warpdata.blobcache import BlobCache, format_size
     from warpdata.errors import UsageError
+    from warpdata.sizes import parse_size_option
 
     if limit is not None and action != "gc":
         raise UsageError("--limit only applies to 'warp cache gc'", hint="warp cache gc --limit 500GB")
+    # before the cache is opened: a bad --limit must change nothing
+    target = parse_size_option(limit, "--limit", "500GB") if limit is not None else None
     cache = BlobCache()
     as_json = out.options().json
     if action == "stats":
@@ -56,7 +61,6 @@ def main(
         ])
         return 0
     if action == "gc":
-        target = parse_size(limit) if limit is not None else None
         r = cache.gc(target)
         if as_json:
             out.emit_json({**r.to_dict(), "limit_bytes": cache.cap_bytes if target is None else target})

@@ -21,7 +21,7 @@ def main(
     artifact: Annotated[str, typer.Option("--artifact", help="Artifact name (see 'warp inspect ws/name').")],
     ref: Annotated[str, typer.Option("--ref", metavar="MEMBER", help="Member path inside the artifact.")],
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
-    mode: Annotated[str | None, typer.Option("--mode", help="auto, remote, hybrid or local (default: WARP_MODE or auto).")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
     import sys

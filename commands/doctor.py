@@ -23,8 +23,14 @@ def main(
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only checks in these groups (repeatable).")] = None,
 ) -> int:
     from warpdata.checks import FAIL, WARN, all_checks, run_check
+    from warpdata.errors import UsageError
 
-    checks = [c for c in all_checks() if not only or c.group in only]
+    everything = all_checks()
+    groups = list(dict.fromkeys(c.group for c in everything))
+    unknown = [g for g in only or [] if g not in groups]
+    if unknown:
+        raise UsageError(f"--only {unknown[0]!r} is not a check group", hint=f"groups: {', '.join(groups)}")
+    checks = [c for c in everything if not only or c.group in only]
     results = []
     for c in checks:
         r = run_check(c)

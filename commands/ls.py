@@ -1,7 +1,9 @@
 """List the datasets published in a store, from their manifests only.
 
 Shows each dataset's latest version, its tables, rows and bytes. Nothing but
-the `latest` pointers and manifests is read (no shard listing).
+the `latest` pointers and manifests is read (no shard listing). A dataset
+published only with --no-set-latest has no latest version: its version hashes
+are listed instead, for `warp stream NAME --version HASH`.
 """
 
 from __future__ import annotations
@@ -19,18 +21,51 @@ EXAMPLES = """
 
 
 def main(
-    workspace: Annotated[str | None, typer.Argument(help="WORKSPACE/ (default: every workspace).")] = None,
+    workspace: Annotated[str | None, typer.Argument(
+        help="WORKSPACE/ (default: every workspace), or one dataset WORKSPACE/NAME.")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
+    from warpdata import envvars
     from warpdata.blobcache import format_size
+    from warpdata.errors import MissingInputError
     from warpdata.registry.store import Store
+    from warpdata.storage import missing_store_folder
 
     st = Store(store)
     ws = workspace.strip("/") if workspace else None
+    missing = missing_store_folder(st.location)
+    if missing and (store is not None or envvars.get("WARP_STORE")):
+        raise MissingInputError(missing[0], hint=missing[1], store=st.url)
+    if missing:  # the default store of a fresh install: nothing published yet
+        if out.options().json:
+            out.emit_json({"store": st.url, "datasets": []})
+        else:
+            out.info(f"no datasets: nothing has been published to the default store {st.url} yet "
+                     "(set WARP_STORE or pass --store to read another one)")
+        return 0
+    only = None
+    if ws and "/" in ws:  # `warp ls ws/name`: that one dataset
+        only = ws
+        ws = ws.split("/", 1)[0]
+    listing = list(st.iter_latest(ws or None))
+    if only is not None:
+        listing = [(d, p) for d, p in listing if d == only]
+    if ws and not listing:
+        import difflib
+
+        known = st.list_datasets()
+        names = [d for d in known if d.startswith(ws + "/")] if only else sorted({d.split("/")[0] for d in known})
+        close = difflib.get_close_matches(only or ws, names, n=3)
+        what = f"dataset {only}" if only else f"workspace {ws}/"
+        raise MissingInputError(f"{what} is not in store {st.url}",
+                                hint=(f"did you mean {', '.join(close)}?" if close else
+                                      f"{'datasets' if only else 'workspaces'}: {', '.join(names[:8]) or 'none'}"),
+                                store=st.url)
     rows = []
-    for did, ptr in st.iter_latest(ws or None):
+    for did, ptr in listing:
         if ptr is None:
-            rows.append({"dataset": did, "version": None, "tables": [], "rows": None, "bytes": None})
+            rows.append({"dataset": did, "version": None, "versions": st.list_versions(did),
+                         "tables": [], "rows": None, "bytes": None})
             continue
         m = st.get_manifest(did, ptr.version_hash)
         rows.append({"dataset": did, "version": ptr.version_hash, "updated_at": ptr.updated_at,
@@ -40,8 +75,21 @@ def main(
         out.emit_json({"store": st.url, "datasets": rows})
         return 0
     out.table(None, ["dataset", "version", "tables", "rows", "size"],
-              [[r["dataset"], (r["version"] or "(no latest)")[:12], ",".join(r["tables"]),
-                r["rows"], format_size(r["bytes"]) if r["bytes"] is not None else ""] for r in rows])
+              [[r["dataset"], r["version"][:12] if r["version"] else _no_latest(r["versions"]),
+                ",".join(r["tables"]), r["rows"], format_size(r["bytes"]) if r["bytes"] is not None else ""]
+               for r in rows])
+    unpointed = [r for r in rows if r["version"] is None and r["versions"]]
+    if unpointed:
+        r = unpointed[0]
+        out.info(f"{len(unpointed)} dataset(s) have versions but no latest pointer; read one with "
+                 f"'warp stream {r['dataset']} --version {r['versions'][0][:12]}'")
     if not rows:
         out.info(f"no datasets in {st.url}" + (f" under {ws}/" if ws else ""))
     return 0
+
+
+def _no_latest(versions: list[str]) -> str:
+    if not versions:
+        return "(no versions)"
+    more = f" (+{len(versions) - 3} more, see --json)" if len(versions) > 3 else ""
+    return "(no latest) " + " ".join(v[:12] for v in versions[:3]) + more

@@ -8,6 +8,16 @@ create-only, then the version manifest, then `latest` moves by
 compare-and-swap. Publishing unchanged content again uploads nothing and
 prints the same version; a killed publish can simply be rerun.
 
+Every value of a --bind column must name a member of the artifact (a path
+relative to the artifact directory); otherwise nothing is published, the
+first missing values are listed and the exit status is 65. --allow-dangling
+publishes anyway and records the number of dangling values in the manifest's
+metadata (dangling_refs).
+
+Inside an --artifact directory, symlinks to files are read through; symlinked
+directories are skipped (and named when that leaves bound values dangling or
+the artifact empty) unless --follow-symlinks.
+
 The store is WARP_STORE (default: a local directory under $XDG_DATA_HOME),
 or --store. S3 credentials come from the usual AWS chain (AWS_PROFILE,
 AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, instance roles); endpoint and
@@ -39,6 +49,10 @@ def main(
     bind: Annotated[list[str] | None, typer.Option(
         "--bind", metavar="TABLE.COLUMN=ARTIFACT:TYPE",
         help="Column values are member paths in ARTIFACT, read as TYPE (image, audio, video, file); repeatable.")] = None,
+    allow_dangling: Annotated[bool, typer.Option(
+        "--allow-dangling", help="Publish even if --bind values name no member; the count goes in the manifest.")] = False,
+    follow_symlinks: Annotated[bool, typer.Option(
+        "--follow-symlinks", help="Walk symlinked directories inside --artifact directories (symlinked files are always read).")] = False,
     from_: Annotated[list[str] | None, typer.Option(
         "--from", metavar="PATH", help="Publish a warp artifact (directory with manifest.json, or .tbl); repeatable.")] = None,
     set_latest: Annotated[bool, typer.Option(
@@ -46,21 +60,20 @@ def main(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (blobs to upload, bytes, version); change nothing.")] = False,
     store: Annotated[str | None, typer.Option("--store", metavar="URL", help="Store URL or path (default: WARP_STORE).")] = None,
     shard_size: Annotated[str, typer.Option(
-        "--shard-size", metavar="SIZE", help="Target size of artifact tar shards (e.g. 256MiB).")] = "256MiB",
+        "--shard-size", metavar="SIZE", help="Target size of artifact tar shards, with a unit (e.g. 256MiB); a bare number is refused.")] = "256MiB",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel hashing and uploads.")] = 8,
     rehash: Annotated[bool, typer.Option("--rehash", help="Ignore the stat cache: hash and pack every input again.")] = False,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
-    from warpdata.blobcache import format_size, parse_size
+    from warpdata.blobcache import format_size
     from warpdata.errors import UsageError
     from warpdata.registry.publish import PublishRequest, parse_binding, parse_named, publish
+    from warpdata.sizes import parse_size_option
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
-                         workers=workers, rehash=rehash, description=description)
-    try:
-        req.shard_size = parse_size(shard_size)
-    except Exception:
-        raise UsageError(f"--shard-size {shard_size!r} is not a size", hint="e.g. --shard-size 256MiB") from None
+                         workers=workers, rehash=rehash, description=description,
+                         allow_dangling=allow_dangling, follow_symlinks=follow_symlinks)
+    req.shard_size = parse_size_option(shard_size, "--shard-size", "256MiB")
     for spec in table or []:
         name, pattern = parse_named(spec, "--table")
         req.tables.setdefault(name, []).append(pattern)
@@ -75,6 +88,8 @@ def main(
     with out.progress("uploading", unit="B") as bar:
         result = publish(req, on_upload=bar.advance)
 
+    for binding, n in sorted(result.dangling_refs.items()):
+        out.warn(f"--allow-dangling: {n} value(s) of {binding} name no member; reads of them will fail")
     if out.options().json:
         out.emit_json({k: v for k, v in result.to_dict().items() if v is not None or k == "latest"})
         return 0

@@ -3,7 +3,12 @@
 Formats: jsonl (one JSON object per row; binary values as base64), csv, or
 arrow (an Arrow IPC stream, for `pyarrow.ipc.open_stream(sys.stdin.buffer)`).
 --filter runs a DuckDB SQL expression with projection and predicate pushdown;
---shard RANK/WORLD (or auto: RANK, WORLD_SIZE) streams one rank's share.
+--shard RANK/WORLD (or auto: RANK, WORLD_SIZE) streams one rank's share:
+exactly, by default, so the ranks' outputs together hold every row once (their
+row counts may differ by one). --pad makes every rank stream the same number
+of rows by repeating rows from the start of the table, like PyTorch's
+DistributedSampler (and the library's Table.batches default); it says on
+stderr how many rows it repeated.
 """
 
 from __future__ import annotations
@@ -27,26 +32,44 @@ def main(
     columns: Annotated[str | None, typer.Option("--columns", help="Comma-separated columns (default: all).")] = None,
     filter_: Annotated[str | None, typer.Option("--filter", metavar="SQL", help="Keep rows matching this DuckDB SQL expression.")] = None,
     shard: Annotated[str | None, typer.Option("--shard", metavar="RANK/WORLD", help="Stream one rank's share: RANK/WORLD or auto.")] = None,
+    pad: Annotated[bool, typer.Option(
+        "--pad", help="With --shard: equal row counts on every rank by repeating rows (default: exact, no repeats).")] = False,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="Stop after N rows.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per Arrow batch.")] = 65536,
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
-    mode: Annotated[str | None, typer.Option("--mode", help="auto, remote, hybrid or local.")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
     import base64
     import json
     import sys
 
+    from warpdata import output as out
     from warpdata.dataset import dataset
+    from warpdata.errors import UsageError
 
+    if pad and shard is None:
+        raise UsageError("--pad only applies with --shard", hint="e.g. warp stream NAME --shard 0/8 --pad")
+    if pad and filter_:
+        raise UsageError("--pad cannot be combined with --filter (a filtered stream splits whole files "
+                         "between ranks and never repeats rows)", hint="drop --pad, or filter downstream")
     t = dataset(name, mode=mode, version=version, store=store).table(table)
-    cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
+    cols = [c.strip() for c in columns.split(",") if c.strip()] if columns is not None else None
+    if cols == []:
+        raise UsageError(f"--columns {columns!r} names no column", hint="e.g. --columns id,label; leave it out for all")
     if cols:
         t = t.select(cols)
     if filter_:
         batches = t.filter(filter_).batches(batch_size, shard=shard, limit=limit)
     else:
-        batches = iter(t.batches(batch_size, shard=shard, limit=limit))
+        stream = t.batches(batch_size, shard=shard, limit=limit, policy="pad" if pad else "exact")
+        p = stream.plan
+        repeats = max(0, min(p.rows_per_rank, (p.rank + 1) * p.rows_per_rank - p.total_rows)) if pad else 0
+        if repeats:
+            out.info(f"--pad: rank {p.rank}/{p.world} streams {p.rows_per_rank} rows, {repeats} of them "
+                     f"repeated from the start of the table so every rank gets the same count "
+                     f"({p.pad_rows} repeats over all ranks, {p.total_rows} rows in the table)")
+        batches = iter(stream)
     stdout = sys.stdout.buffer
     sys.stdout.flush()
     if fmt == "arrow":

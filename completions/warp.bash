@@ -22,10 +22,10 @@ _warp_complete_in() {
             ;;
         tar-to-tbl)
             case "$prev" in
-                --compression|-c) _warp_files; return 0;;
+                --compression|-c) _warp_words "auto none lz4 zstd"; return 0;;
                 --level) :; return 0;;
                 --workers|-j) :; return 0;;
-                --on-error) _warp_files; return 0;;
+                --on-error) _warp_words "raise skip warn"; return 0;;
                 --max-member-mb) :; return 0;;
             esac
             if [[ $cur == -* ]]; then _warp_words "--compression -c --level --workers -j --verify --on-error --force -f --max-member-mb --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
@@ -41,7 +41,7 @@ _warp_complete_in() {
                 --workers) :; return 0;;
                 --description) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         ls)
             case "$prev" in
@@ -65,17 +65,17 @@ _warp_complete_in() {
                 --limit) :; return 0;;
                 --batch-size) :; return 0;;
                 --version) _warp_files; return 0;;
-                --mode) _warp_files; return 0;;
+                --mode) _warp_words "auto remote hybrid local"; return 0;;
                 --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --format --columns --filter --shard --limit --batch-size --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --format --columns --filter --shard --pad --limit --batch-size --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         cat)
             case "$prev" in
                 --artifact) _warp_files; return 0;;
                 --ref) _warp_files; return 0;;
                 --version) _warp_files; return 0;;
-                --mode) _warp_files; return 0;;
+                --mode) _warp_words "auto remote hybrid local"; return 0;;
                 --store) _warp_files; return 0;;
             esac
             if [[ $cur == -* ]]; then _warp_words "--artifact --ref --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi

@@ -28,11 +28,11 @@ complete -c warp -n '__fish_seen_subcommand_from etl' -s j -l workers -x -d 'Wor
 complete -c warp -n '__fish_seen_subcommand_from etl' -s i -l input -r -F -d 'Override [source] path; \'-\' reads stdin'
 complete -c warp -n '__fish_seen_subcommand_from etl' -s o -l output -r -F -d 'Override [output] root'
 
-complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -r -F -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -x -a 'auto none lz4 zstd' -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s j -l workers -x -d 'Checksum/compression threads (default: WARP_WORKERS or CPUs)'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l verify -d 'Re-read OUT after writing and check every checksum'
-complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
+complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l on-error -x -a 'raise skip warn' -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s f -l force -d 'Replace OUT if it exists'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l max-member-mb -x -d 'Refuse a tar member declaring more than N MiB (guards against damaged headers...'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -F
@@ -40,11 +40,13 @@ complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -F
 complete -c warp -n '__fish_seen_subcommand_from publish' -l table -r -F -d 'Table NAME from Parquet (or CSV/JSONL) files; repeatable'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l artifact -r -F -d 'Pack DIR\'s files into tar shards as artifact NAME; repeatable'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l bind -r -F -d 'Column values are member paths in ARTIFACT, read as TYPE (image, audio, video...'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l allow-dangling -d 'Publish even if --bind values name no member; the count goes in the manifest'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l follow-symlinks -d 'Walk symlinked directories inside --artifact directories (symlinked files are...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l from -r -F -d 'Publish a warp artifact (directory with manifest.json, or .tbl); repeatable'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l dry-run -d 'Print the plan (blobs to upload, bytes, version); change nothing'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Store URL or path (default: WARP_STORE)'
-complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards (e.g'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards, with a unit (e.g'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l workers -x -d 'Parallel hashing and uploads'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore the stat cache: hash and pack every input again'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
@@ -62,17 +64,18 @@ complete -c warp -n '__fish_seen_subcommand_from stream' -l format -x -a 'jsonl 
 complete -c warp -n '__fish_seen_subcommand_from stream' -l columns -r -F -d 'Comma-separated columns (default: all)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l filter -r -F -d 'Keep rows matching this DuckDB SQL expression'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l shard -r -F -d 'Stream one rank\'s share: RANK/WORLD or auto'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l pad -d 'With --shard: equal row counts on every rank by repeating rows (default: exac...'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l limit -x -d 'Stop after N rows'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l batch-size -x -d 'Rows per Arrow batch'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l version -r -F -d 'A version hash (default: latest)'
-complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -r -F -d 'auto, remote, hybrid or local'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cat' -l artifact -r -F -d 'Artifact name (see \'warp inspect ws/name\')'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l ref -r -F -d 'Member path inside the artifact'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l version -r -F -d 'A version hash (default: latest)'
-complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -r -F -d 'auto, remote, hybrid or local (default: WARP_MODE or auto)'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from cat' -F
 
@@ -84,7 +87,7 @@ complete -c warp -n '__fish_seen_subcommand_from warm' -l version -r -F -d 'A ve
 complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL (default: WARP_STORE)'
 complete -c warp -n '__fish_seen_subcommand_from warm' -F
 
-complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE (e.g'
+complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE, with a unit (500GB, 1.5TiB); a bare num...'
 complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clear'
 
 complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams (default: the only table, else main)'
@@ -102,11 +105,11 @@ complete -c tar_to_tbl -s v -l verbose -d 'More detail on stderr (-v, -vv)'
 complete -c tar_to_tbl -l color -x -a 'auto always never' -d 'auto, always or never (NO_COLOR and FORCE_COLOR are honoured)'
 complete -c tar_to_tbl -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
 complete -c tar_to_tbl -l version -d 'Print warp\'s version and exit'
-complete -c tar_to_tbl -s c -l compression -r -F -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
+complete -c tar_to_tbl -s c -l compression -x -a 'auto none lz4 zstd' -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
 complete -c tar_to_tbl -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'
 complete -c tar_to_tbl -s j -l workers -x -d 'Checksum/compression threads (default: WARP_WORKERS or CPUs)'
 complete -c tar_to_tbl -l verify -d 'Re-read OUT after writing and check every checksum'
-complete -c tar_to_tbl -l on-error -r -F -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
+complete -c tar_to_tbl -l on-error -x -a 'raise skip warn' -d 'A sample whose image header is unreadable: stop (raise), leave it out quietly...'
 complete -c tar_to_tbl -s f -l force -d 'Replace OUT if it exists'
 complete -c tar_to_tbl -l max-member-mb -x -d 'Refuse a tar member declaring more than N MiB (guards against damaged headers...'
 complete -c tar_to_tbl -F

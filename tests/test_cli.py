@@ -390,3 +390,39 @@ def test_a_command_module_that_fails_to_import_is_exit_70(cli, monkeypatch):
     assert "internal error: ModuleNotFoundError" in r.err and "Traceback" not in r.err
     assert "Traceback" in cli("broken", "--debug").err
     assert cli("--help").code == 0  # listing it does not import it
+
+
+# -- the library's top-level namespace ----------------------------------------------
+
+
+def _pyproject_subpackages() -> list[str]:
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    pkgs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    return sorted(p.split(".", 1)[1] for p in pkgs if p.count(".") == 1)
+
+
+@pytest.mark.parametrize("sub", _pyproject_subpackages())
+def test_public_subpackages_resolve_on_attribute_access(sub):
+    """`import warpdata; warpdata.warehouse.open(...)` must not raise AttributeError
+    (a fresh interpreter, so no earlier import has bound the attribute), and plain
+    `import warpdata` still imports nothing heavy."""
+    code = ("import sys, warpdata\n"
+            "heavy = sorted(m for m in ('numpy', 'pyarrow', 'duckdb') if m in sys.modules)\n"
+            f"mod = warpdata.{sub}\n"
+            "print(mod.__name__, ','.join(heavy), sep='|')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"warpdata.{sub}|"
+
+
+def test_documented_entry_points_of_subpackages_resolve():
+    code = ("import warpdata\n"
+            "print(callable(warpdata.warehouse.open), callable(warpdata.tiles.write_array))\n"
+            "print(set(dir(warpdata)) >= {'warehouse', 'tiles', 'registry'})\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "True"]
+    r = subprocess.run([sys.executable, "-c", "import warpdata; warpdata.nope"], capture_output=True, text=True)
+    assert r.returncode == 1 and "has no attribute 'nope'" in r.stderr

@@ -127,6 +127,29 @@ def test_bash_completion(scripts):
     assert sorted(_bash_complete(scripts, "warp inspect ab")) == ["abc.toml", "abd.txt"]
     assert sorted(_bash_complete(scripts, "warp etl --config ab")) == ["abc.toml", "abd.txt"]
     assert _bash_complete(scripts, "warp etl --workers ") == []
+    # str options documented as a|b|c complete their words, never file names
+    assert sorted(_bash_complete(scripts, "warp tar-to-tbl --compression ")) == ["auto", "lz4", "none", "zstd"]
+    assert _bash_complete(scripts, "warp tar-to-tbl -c ab") == []
+    assert sorted(_bash_complete(scripts, "warp tar-to-tbl --on-error ")) == ["raise", "skip", "warn"]
+    assert _bash_complete(scripts, "warp stream ws/x --mode r") == ["remote"]
+
+
+def test_every_option_with_choices_completes_them_in_every_shell(rendered):
+    """Choices come from a Choice/Literal type or an a|b|c metavar; each shell offers exactly them."""
+    root, cmds = docgen.command_tree()
+    bash, zsh, fish = (rendered[f"completions/{n}"] for n in ("warp.bash", "_warp", "warp.fish"))
+    seen = set()
+    for c in cmds:
+        for o in c.options:
+            if not o.takes_value or not o.choices:
+                continue
+            seen.add((c.name, o.long[0]))
+            words = " ".join(o.choices)
+            assert f'{"|".join((*o.long, *o.short))}) _warp_words "{words}"' in bash, (c.name, o.long)
+            assert f":({words})'" in zsh, (c.name, o.long)
+            assert f"-l {o.long[0][2:]} -x -a '{words}'" in fish, (c.name, o.long)
+    assert {("tar-to-tbl", "--compression"), ("tar-to-tbl", "--on-error"), ("stream", "--mode"),
+            ("stream", "--format"), ("cache", "--limit")} - seen == {("cache", "--limit")}
 
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish not installed")
@@ -141,6 +164,8 @@ def test_fish_completion(scripts):
     assert complete("warp --color ") == ["always", "auto", "never"]
     assert "--verify" in complete("warp inspect --")
     assert complete("warp inspect ab") == ["abc.toml", "abd.txt"]
+    assert complete("warp tar-to-tbl --compression ") == ["auto", "lz4", "none", "zstd"]
+    assert complete("warp tar-to-tbl --on-error ") == ["raise", "skip", "warn"]
 
 
 ZSH_CAPTURE = r"""
@@ -194,6 +219,8 @@ def test_zsh_completion(scripts, tmp_path):
     assert complete("warp ins") == {"inspect"}
     assert complete("warp --color ") == {"always", "auto", "never"}
     assert {"--verify", "--verbose"} <= complete("warp inspect --ve")
+    assert complete("warp tar-to-tbl --compression ") == {"auto", "none", "lz4", "zstd"}
+    assert complete("warp tar-to-tbl --on-error ") == {"raise", "skip", "warn"}
 
 
 def test_bash_completion_for_the_tar_to_tbl_alias(scripts):
@@ -205,3 +232,20 @@ def test_bash_completion_for_the_tar_to_tbl_alias(scripts):
     offered = set(r.stdout.split())
     tbl_opts = {n for o in docgen.command_tree()[1] if o.name == "tar-to-tbl" for opt in o.options for n in opt.long}
     assert tbl_opts and tbl_opts <= offered
+
+
+def test_twh1_letterbox_example_matches_the_code():
+    """docs/formats/twh1.md's worked letterbox example is what `geometry` computes."""
+    import re
+
+    from warpdata.warehouse.transform import TransformSpec, geometry
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "formats" / "twh1.md").read_text()
+    m = re.search(r"Example: (\d+) × (\d+) into (\d+) × (\d+): .*?`nw = floor\([\d.]+ \+ 0\.5\) = (\d+)`, "
+                  r"`nh = (\d+)`,\s*`px = \(\d+ − \d+\) // 2 = (\d+)`, `py = (\d+)`, `sx = \d+/\d+ ≈ ([\d.]+)`",
+                  text, re.S)
+    assert m, "worked example not found"
+    w, h, W, H, nw, nh, px, py = (int(x) for x in m.groups()[:8])
+    g = geometry(TransformSpec(W, H), w, h)
+    assert (g.nw, g.nh, g.px, g.py) == (nw, nh, px, py)
+    assert abs(g.sx - float(m.group(9))) < 1e-5

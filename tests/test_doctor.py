@@ -89,8 +89,9 @@ def test_s3_store_missing_bucket_fails(cli, monkeypatch, s3):
     r = cli("doctor", "--json", "--only", "store")
     checks = _by_name(r.json())
     assert r.code == 1
-    assert checks["store"]["status"] == FAIL and "WARP_S3_ENDPOINT" in checks["store"]["remedy"]
-    assert checks["duckdb-parquet"]["status"] == FAIL
+    assert checks["store"]["status"] == FAIL and "bucket" in checks["store"]["detail"]
+    assert checks["duckdb-parquet"]["status"] == "SKIP"  # not the same failure again
+    assert "fix the 'store' check first" in checks["duckdb-parquet"]["remedy"]
 
 
 def test_bad_store_url_fails(cli, monkeypatch):
@@ -126,3 +127,62 @@ def test_direct_io_check_reports_the_working_directory(cli, monkeypatch, tmp_pat
     monkeypatch.setenv("WARP_DIRECT_IO", "0")
     (c,) = [c for c in cli("doctor", "--json", "--only", "cache").json()["checks"] if c["name"] == "direct-io"]
     assert c["status"] == "PASS" and "WARP_DIRECT_IO=0" in c["detail"]
+
+
+def _store_rows(doc) -> list[tuple[str, str]]:
+    return [(c["name"], c["status"]) for c in doc["checks"] if c["group"] == "store"]
+
+
+def test_s3_without_credentials_names_them_first(cli, monkeypatch, tmp_path, moto_server):
+    """It used to lead with the store probe's NoCredentialsError and fail every check after it."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "WARP_S3_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    (tmp_path / "empty").write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "empty"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "empty"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("WARP_S3_ENDPOINT", moto_server.endpoint)
+    monkeypatch.setenv("WARP_STORE", "s3://warp-doctor-nocreds/warp")
+    r = cli("doctor", "--json", "--only", "store")
+    doc = r.json()
+    assert r.code == 1
+    rows = _store_rows(doc)
+    assert rows[0] == ("store-credentials", FAIL)
+    assert all(status == "SKIP" for _, status in rows[1:]), rows
+    first = doc["checks"][[c["name"] for c in doc["checks"]].index("store-credentials")]
+    assert "no AWS credentials" in first["detail"] and "AWS_ACCESS_KEY_ID" in first["remedy"]
+
+
+def test_s3_endpoint_refusing_connections_is_named(cli, monkeypatch, tmp_path):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "fake")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("WARP_S3_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WARP_STORE", "s3://bucket/warp")
+    r = cli("doctor", "--json", "--only", "store")
+    doc = r.json()
+    checks = _by_name(doc)
+    assert r.code == 1
+    assert _store_rows(doc)[:2] == [("store-credentials", PASS), ("store", FAIL)]
+    assert f"127.0.0.1:{port} refuses connections" in checks["store"]["detail"]
+    assert checks["store"]["facts"]["cause"] == "refused"
+    assert {checks[n]["status"] for n in ("duckdb-parquet", "store-create-only", "store-cas")} == {"SKIP"}
+
+
+def test_missing_local_store_folder_is_a_warning(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("WARP_STORE", str(tmp_path / "no-such-store"))
+    c = _by_name(cli("doctor", "--json", "--only", "store").json())["store"]
+    assert c["status"] == "WARN" and "does not exist" in c["detail"] and "WARP_STORE" in c["remedy"]
+    assert c["facts"]["created"] is True
+    assert _by_name(cli("doctor", "--json", "--only", "store").json())["store"]["status"] == PASS
+
+
+def test_only_with_an_unknown_group_is_a_usage_error(cli):
+    r = cli("doctor", "--only", "stor")
+    assert r.code == 2 and "'stor' is not a check group" in r.err and "store" in r.err

@@ -48,6 +48,30 @@ def test_stream_formats(cli, store):
     assert bad.code == 2 and "no column" in bad.err and bad.out == ""
 
 
+def test_stream_shard_is_exact_unless_pad(cli, store):
+    """500 rows over 8 ranks: 500 rows in all, each once (it used to be 504, silently)."""
+    ids = []
+    for r in range(8):
+        res = cli("stream", "ws/demo", "--columns", "id", "--shard", f"{r}/8")
+        assert res.code == 0, res.err
+        assert "repeat" not in res.err
+        ids += [json.loads(x)["id"] for x in res.out.splitlines()]
+    assert sorted(ids) == list(range(500))
+    padded, notes = [], []
+    for r in range(8):
+        res = cli("stream", "ws/demo", "--columns", "id", "--shard", f"{r}/8", "--pad")
+        assert res.code == 0, res.err
+        rows = [json.loads(x)["id"] for x in res.out.splitlines()]
+        assert len(rows) == 63
+        padded += rows
+        notes.append(res.err)
+    assert len(padded) == 504 and set(padded) == set(range(500))
+    assert "4 of them repeated" in notes[7] and "4 repeats over all ranks" in notes[7]
+    assert "repeated" not in notes[0]
+    r = cli("stream", "ws/demo", "--pad")
+    assert r.code == 2 and "--pad only applies with --shard" in r.err
+
+
 def test_stream_arrow_ipc_to_a_pipe(store, tmp_path):
     env = {**os.environ}
     p = subprocess.run([sys.executable, "-m", "warpdata", "stream", "ws/demo", "--format", "arrow",
@@ -90,6 +114,28 @@ def test_warm_then_cache_commands(cli, store, tmp_path):
     assert cli("warm", "ws/demo", "--shards", "x").code == 2
 
 
+def test_cache_gc_refuses_a_size_without_a_unit(cli, store, tmp_path):
+    """`--limit 20` used to mean 20 bytes and evict the whole cache."""
+    assert cli("warm", "ws/demo").code == 0
+    before = cli("cache", "stats", "--json").json()
+    assert before["blobs"] > 0
+    for bare in ("20", "0.5", " 3 "):
+        r = cli("cache", "gc", "--limit", bare)
+        assert r.code == 2, r.err
+        assert "has no unit" in r.err and f"say {bare.strip()}GB" in r.err
+    assert cli("cache", "stats", "--json").json() == before  # nothing evicted
+    r = cli("cache", "gc", "--limit", "20 parsecs")
+    assert r.code == 2 and "is not a size" in r.err
+    r = cli("cache", "gc", "--limit", "20GB", "--json")
+    assert r.code == 0 and r.json()["evicted"] == 0 and r.json()["limit_bytes"] == 20 * 10**9
+    assert "bare number is refused" in cli("cache", "--help").out
+
+
+def test_publish_shard_size_needs_a_unit(cli, tmp_path):
+    r = cli("publish", "ws/x", "--table", f"main={tmp_path}/none.parquet", "--shard-size", "4096")
+    assert r.code == 2 and "--shard-size 4096 has no unit" in r.err
+
+
 def test_init_generates_a_loader_whose_smoke_test_runs(cli, store, tmp_path):
     out = tmp_path / "loader.py"
     r = cli("init", "ws/demo", "--out", str(out))
@@ -116,3 +162,63 @@ def test_inspect_dataset(cli, store):
 def test_local_mode_without_warm_fails_fast(cli, store):
     r = cli("stream", "ws/demo", "--mode", "local")
     assert r.code == 66 and "warp warm ws/demo" in r.err
+
+
+def test_dataset_without_latest_is_named_as_such(cli, tmp_path, monkeypatch):
+    """After publish --no-set-latest, `stream` said "did you mean vision/dry?" about vision/dry itself."""
+    import pyarrow.parquet as pq
+
+    url = str(tmp_path / "store2")
+    monkeypatch.setenv("WARP_STORE", url)
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "d.parquet")
+    r = cli("publish", "vision/dry", "--table", f"main={tmp_path / 'd.parquet'}", "--no-set-latest", "--json")
+    assert r.code == 0, r.err
+    vh = r.json()["version_hash"]
+    r = cli("stream", "vision/dry")
+    assert r.code == 66
+    assert "did you mean" not in r.err
+    assert "has 1 version(s)" in r.err and "no latest" in r.err and f"--version {vh[:12]}" in r.err
+    r = cli("stream", "vision/dry", "--version", vh[:12])
+    assert r.code == 0 and len(r.out.splitlines()) == 3
+    r = cli("ls")
+    assert r.code == 0 and "(no latest)" in r.out and vh[:12] in r.out
+    assert f"--version {vh[:12]}" in r.err
+    d = cli("ls", "--json").json()["datasets"]
+    assert d[0]["version"] is None and d[0]["versions"] == [vh]
+    r = cli("stream", "vision/dyr")  # a real typo still gets the suggestion
+    assert r.code == 66 and "did you mean vision/dry?" in r.err
+
+
+def test_store_folder_that_does_not_exist(cli, tmp_path, monkeypatch):
+    """WARP_STORE pointing at a missing folder used to print "no datasets" (exit 0)."""
+    missing = tmp_path / "stroe"
+    monkeypatch.setenv("WARP_STORE", str(missing))
+    r = cli("ls")
+    assert r.code == 66 and f"store folder {missing} does not exist" in r.err and "WARP_STORE" in r.err
+    r = cli("ls", "--store", str(tmp_path / "nope"), "--json")
+    assert r.code == 66 and r.json()["error"] == "missing-input"
+    r = cli("stream", "ws/demo")
+    assert r.code == 66 and "does not exist" in r.err and "did you mean" not in r.err
+    (tmp_path / "afile").write_text("x")
+    r = cli("ls", "--store", str(tmp_path / "afile"))
+    assert r.code == 66 and "is not a folder" in r.err
+    assert not missing.exists()  # reading created nothing
+    monkeypatch.delenv("WARP_STORE")  # the default store of a fresh install is just empty
+    r = cli("ls")
+    assert r.code == 0 and "nothing has been published" in r.err
+
+
+def test_common_mistakes_get_a_cause_and_a_hint(cli, store):
+    """`ls ws/name` listed nothing; `--columns ''` streamed everything; `--shard 0/0` spoke of 0..-1."""
+    r = cli("ls", "ws/demo", "--json")
+    assert r.code == 0 and [d["dataset"] for d in r.json()["datasets"]] == ["ws/demo"]
+    r = cli("ls", "ws/dmeo")
+    assert r.code == 66 and "dataset ws/dmeo is not in store" in r.err and "did you mean ws/demo?" in r.err
+    r = cli("ls", "nows/")
+    assert r.code == 66 and "workspace nows/ is not in store" in r.err and "did you mean ws?" in r.err
+    r = cli("ls", "text/")
+    assert r.code == 66 and "workspaces: ws" in r.err
+    r = cli("stream", "ws/demo", "--columns", "")
+    assert r.code == 2 and "names no column" in r.err and r.out == ""
+    r = cli("stream", "ws/demo", "--shard", "0/0")
+    assert r.code == 2 and "world size must be at least 1" in r.err

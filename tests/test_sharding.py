@@ -151,3 +151,31 @@ def test_auto_shard():
 
 def test_merge_intervals():
     assert merge_intervals([(5, 7), (0, 2), (2, 3), (6, 9), (4, 4)]) == ((0, 3), (5, 9))
+
+
+@given(unit_rows=st.lists(st.integers(0, 40), min_size=1, max_size=8).filter(lambda u: sum(u) > 0),
+       world=st.integers(1, 9), bs=st.integers(1, 17), shuffle=st.booleans(), seed=st.integers(0, 5))
+def test_exact_policy_reads_every_row_once_and_nothing_else(unit_rows, world, bs, shuffle, seed):
+    """policy='exact' (warp stream --shard's default): no padding, no drops."""
+    n = sum(unit_rows)
+    seen: dict[tuple[int, int], int] = {}
+    sizes = []
+    for r in range(world):
+        p = ShardPlan(unit_rows, rank=r, world=world, batch_size=bs, policy="exact", shuffle=shuffle, seed=seed)
+        assert p.pad_rows == 0 and p.dropped_rows == 0
+        sizes.append(p.rows_per_rank)
+        for j in range(p.num_batches):
+            for s in p.batch_slices(j):
+                for i in range(s.start, s.stop):
+                    seen[(s.unit, i)] = seen.get((s.unit, i), 0) + 1
+    assert sum(sizes) == n and max(sizes) - min(sizes) <= 1
+    assert len(seen) == n and set(seen.values()) == {1}
+
+
+def test_pad_policy_repeats_rows_and_says_how_many():
+    """500 rows over 8 ranks: pad gives 8 x 63 = 504 rows, 4 of them repeats; exact gives 500."""
+    pad = [ShardPlan([500], rank=r, world=8, batch_size=64, policy="pad") for r in range(8)]
+    assert sum(p.rows_per_rank for p in pad) == 504 and pad[0].pad_rows == 4
+    exact = [ShardPlan([500], rank=r, world=8, batch_size=64, policy="exact") for r in range(8)]
+    assert sum(p.rows_per_rank for p in exact) == 500 and exact[0].pad_rows == 0
+    assert ShardPlan([3], rank=0, world=8, policy="exact").num_batches == 0  # fewer rows than ranks

@@ -157,3 +157,131 @@ def test_s3_missing_bucket_raises(s3):
     with pytest.raises((FileNotFoundError, PermissionError, OSError)):
         filesystem(loc, cfg).cat_file(loc.join("k").path)
     assert os.environ["WARP_S3_ENDPOINT"] == s3.endpoint
+
+
+# -- failing fast, naming the cause (no network needed) ----------------------------
+
+
+@pytest.fixture
+def closed_port():
+    """A TCP port on 127.0.0.1 with nothing listening (connections are refused)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def fake_creds_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "fake")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "empty-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "empty-credentials"))
+    for k in ("AWS_PROFILE", "WARP_S3_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def _count_sends(client) -> list[int]:
+    sent: list[int] = []
+    client.meta.events.register("before-send.s3", lambda **_: sent.append(1))
+    return sent
+
+
+def test_refused_connection_is_tried_twice_not_five_times(closed_port, fake_creds_env, monkeypatch):
+    """botocore retried a refused connection 5 times with back-off (15-20 s before any message)."""
+    from warpdata.registry.errors import StoreUnavailableError, translate_storage_error
+    from warpdata.registry.store import boto3_client
+
+    endpoint = f"http://127.0.0.1:{closed_port}"
+    cfg = StorageConfig(endpoint_url=endpoint, path_style=True)
+    assert cfg.retries == 5  # throttling and 5xx keep the full budget
+    fs = cfg.s3fs()
+    client = fs.connect()
+    sent = _count_sends(client)
+    with pytest.raises(Exception) as e:
+        fs.ls(f"bucket-{closed_port}/x")
+    assert len(sent) == 2
+    err = translate_storage_error(e.value, "s3://b/x", "list")
+    assert isinstance(err, StoreUnavailableError) and err.details["cause"] == "refused"
+    assert f"127.0.0.1:{closed_port} refuses connections" in err.message and "WARP_S3_ENDPOINT" in err.hint
+
+    b3 = boto3_client(cfg)  # the client of the `latest` pointer
+    sent = _count_sends(b3)
+    with pytest.raises(Exception) as e:
+        b3.get_object(Bucket="b", Key="k")
+    assert len(sent) == 2
+    assert translate_storage_error(e.value, "s3://b/k", "read").details["cause"] == "refused"
+
+
+def test_connect_timeouts_are_not_retried_and_other_errors_are_left_to_botocore():
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
+    from warpdata.storage import _limit_connect_retries
+
+    with pytest.raises(ConnectTimeoutError):
+        _limit_connect_retries(caught_exception=ConnectTimeoutError(endpoint_url="http://x"), attempts=1)
+    refused = EndpointConnectionError(endpoint_url="http://x")
+    assert _limit_connect_retries(caught_exception=refused, attempts=1) is None  # one retry
+    with pytest.raises(EndpointConnectionError):
+        _limit_connect_retries(caught_exception=refused, attempts=2)
+    # a read timeout or a throttled response is botocore's business
+    assert _limit_connect_retries(caught_exception=ReadTimeoutError(endpoint_url="http://x"), attempts=4) is None
+    assert _limit_connect_retries(caught_exception=None, attempts=4) is None
+
+
+@pytest.mark.parametrize("cmd", [["ls"], ["stream", "ws/x"], ["publish", "ws/x", "--table", "main=T"]])
+def test_commands_name_a_refused_endpoint(cli, closed_port, fake_creds_env, monkeypatch, tmp_path, cmd):
+    (tmp_path / "t.csv").write_text("id\n1\n")
+    monkeypatch.setenv("WARP_S3_ENDPOINT", f"http://127.0.0.1:{closed_port}")
+    monkeypatch.setenv("WARP_STORE", "s3://bucket/warp")
+    r = cli(*[c.replace("T", str(tmp_path / "t.csv")) if c == "main=T" else c for c in cmd])
+    assert r.code == ExitCode.CONFIG, r.err
+    assert f"the S3 endpoint 127.0.0.1:{closed_port} refuses connections" in r.err
+    assert "WARP_S3_ENDPOINT" in r.err
+
+
+def test_unresolvable_host_is_named_as_dns(cli, fake_creds_env, monkeypatch):
+    monkeypatch.setenv("WARP_S3_ENDPOINT", "http://warp-no-such-host.invalid:9000")
+    monkeypatch.setenv("WARP_STORE", "s3://bucket/warp")
+    for cmd in (["ls"], ["stream", "ws/x"]):
+        r = cli(*cmd)
+        assert r.code == ExitCode.CONFIG
+        assert "cannot resolve the S3 host warp-no-such-host.invalid" in r.err, r.err
+
+
+@pytest.fixture
+def no_creds_env(monkeypatch, tmp_path):
+    """No credentials anywhere: env cleared, config files pointed at empty ones, no IMDS."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+              "WARP_S3_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+              "AWS_CONTAINER_CREDENTIALS_FULL_URI", "WARP_S3_ANON"):
+        monkeypatch.delenv(k, raising=False)
+    (tmp_path / "empty").write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "empty"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "empty"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("cmd", [["ls"], ["stream", "ws/x"], ["inspect", "ws/x"], ["warm", "ws/x"]])
+def test_missing_credentials_are_named_not_dns(s3, no_creds_env, monkeypatch, cmd):
+    """pyarrow went anonymous without credentials and reported a DNS/network failure instead."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("WARP_STORE", s3.url("warp"))
+    # a fresh process: in this one, fsspec's instance cache may hold a client with earlier credentials
+    r = subprocess.run([sys.executable, "-m", "warpdata", *cmd], capture_output=True, text=True, timeout=120)
+    assert r.returncode == ExitCode.CONFIG, r.stderr
+    assert "credentials" in r.stderr and "AWS_ACCESS_KEY_ID" in r.stderr
+    assert "resolve" not in r.stderr and "NETWORK" not in r.stderr
+
+
+@pytest.mark.s3
+def test_anonymous_reads_are_opt_in(s3, no_creds_env, monkeypatch):
+    monkeypatch.setenv("WARP_S3_ANON", "1")
+    cfg = StorageConfig.from_env()
+    assert cfg.anon and cfg.pyarrow_s3() is not None

@@ -27,7 +27,19 @@ _LAZY: dict[str, str] = {
 }
 
 
+# Public sub-packages: ``import warpdata; warpdata.warehouse.open(...)`` works
+# without importing each one up front (they pull numpy/pyarrow).
+_SUBPACKAGES: frozenset[str] = frozenset({
+    "commands", "formats", "kernels", "warehouse", "tiles", "registry", "features",
+    "tbl", "sampledata",
+})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        value = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = value
+        return value
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'warpdata' has no attribute {name!r}")
@@ -38,4 +50,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _SUBPACKAGES)

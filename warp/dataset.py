@@ -871,8 +871,14 @@ class Table:
         """Arrow RecordBatches of ``batch_size`` rows for this rank and DataLoader worker.
 
         ``shard``: None (everything), ``(rank, world)``, ``"rank/world"`` or
-        ``"auto"`` (RANK / WORLD_SIZE). Every rank gets the same number of
-        batches (``policy`` "pad" repeats rows, "drop" skips the remainder).
+        ``"auto"`` (RANK / WORLD_SIZE). ``policy`` says what happens when the
+        rows do not split evenly; the library default is ``"pad"``, for DDP:
+        every rank gets the same number of batches and the last ranks repeat
+        rows from the start (``plan.pad_rows`` of them, fewer than ``world``),
+        so over all ranks more rows come out than the table has. ``"drop"``
+        skips the remainder instead; ``"exact"`` reads every row exactly once
+        (ranks may differ by one row), which is what ``warp stream --shard``
+        does unless given ``--pad``. See docs in :mod:`warpdata.sharding`.
         ``resume``: a :class:`ResumeState` (or its JSON) from ``state_dict()``.
         """
         cols = self._check_columns(columns)

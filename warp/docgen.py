@@ -74,12 +74,29 @@ class Cmd:
 _NUMBER_TYPES = {"int", "integer", "int range", "integer range", "float", "float range"}
 
 
+_CHOICE_METAVAR = re.compile(r"^[a-z0-9][a-z0-9_.-]*(?:\|[a-z0-9][a-z0-9_.-]*)+$")
+
+
+def _choices(p) -> tuple[str, ...]:
+    """The values an option or argument takes: a Choice type's, or a metavar spelled ``a|b|c``.
+
+    Options typed ``str`` for their own validation but documented as
+    ``--compression auto|none|lz4|zstd`` complete those words, not file names.
+    """
+    choices = getattr(p.type, "choices", None)
+    if choices:
+        return tuple(map(str, choices))
+    if p.metavar and _CHOICE_METAVAR.match(p.metavar):
+        return tuple(p.metavar.split("|"))
+    return ()
+
+
 def _kind(p) -> str:
     if getattr(p, "count", False):
         return "count"
     if getattr(p, "is_flag", False):
         return "flag"
-    if getattr(p.type, "choices", None):
+    if _choices(p):
         return "choice"
     name = p.type.name.lower()
     if name in _NUMBER_TYPES:
@@ -119,7 +136,7 @@ def _option(p) -> Opt:
         takes_value=kind not in ("flag", "count"),
         metavar=_metavar(p, kind),
         kind=kind,
-        choices=tuple(map(str, getattr(p.type, "choices", None) or ())),
+        choices=_choices(p),
         help=" ".join((p.help or "").split()),
         default=_default(p, kind),
         repeatable=bool(p.multiple) or kind == "count",
@@ -130,7 +147,7 @@ def _option(p) -> Opt:
 def _argument(p) -> Arg:
     return Arg(name=(p.metavar or p.name).upper(), help=" ".join((getattr(p, "help", None) or "").split()),
                required=bool(p.required), variadic=p.nargs == -1,
-               choices=tuple(map(str, getattr(p.type, "choices", None) or ())))
+               choices=_choices(p))
 
 
 def _params(click_cmd) -> tuple[tuple[Opt, ...], tuple[Arg, ...]]:
@@ -198,7 +215,7 @@ def _opt_term(o: Opt) -> str:
 
 def _opt_help(o: Opt) -> str:
     extra = []
-    if o.choices and o.metavar != "{" + "|".join(o.choices) + "}":
+    if o.choices and o.metavar not in ("{" + "|".join(o.choices) + "}", "|".join(o.choices)):
         extra.append("one of: " + ", ".join(o.choices))
     if o.default is not None:
         extra.append(f"default: {o.default}")

@@ -5,6 +5,12 @@ fixes it. The store checks exercise the configured ``WARP_STORE`` through
 :mod:`warpdata.storage` exactly as ``publish`` and the readers do: read,
 write, create-only write (S3), and DuckDB reading a Parquet file *from the
 store* (through s3fs registered in DuckDB for S3).
+
+The store checks name the real cause first: credentials are checked before
+anything is sent, a failed connection says whether the endpoint refused it,
+its host did not resolve or the connect timed out, and once the store cannot
+be reached the checks after it are SKIPped ("fix 'store' first") instead of
+repeating the same failure, each after its own timeouts.
 """
 
 from __future__ import annotations
@@ -172,9 +178,78 @@ def direct_io() -> CheckResult:
     return CheckResult(PASS, f"{path} ({fs}): big writes (warehouse and Zarr shards) use O_DIRECT", facts=facts)
 
 
+# why the store cannot be used, once a store check found out (later store checks SKIP on it)
+_STORE_BLOCKED: dict[str, str] = {}
+
+
+def store_blocker() -> CheckResult | None:
+    """A SKIP naming the earlier failure, when credentials or reachability already failed."""
+    if not _STORE_BLOCKED:
+        return None
+    check_name, _cause = next(iter(_STORE_BLOCKED.items()))
+    return CheckResult(SKIP, f"not run: the '{check_name}' check did not pass", f"fix the '{check_name}' check first")
+
+
+def _block(check_name: str, result: CheckResult) -> CheckResult:
+    if result.status == FAIL:
+        _STORE_BLOCKED.setdefault(check_name, result.detail)
+    return result
+
+
+@check("store-credentials", "store")
+def store_credentials() -> CheckResult:
+    _STORE_BLOCKED.clear()  # a new doctor run
+    return _block("store-credentials", _credentials())
+
+
+def _credentials() -> CheckResult:
+    from .storage import StorageConfig, parse_location
+
+    url = envvars.default_store()
+    try:
+        loc = parse_location(url)
+    except Exception:
+        return CheckResult(SKIP, f"store URL {url!r} is not valid: see the 'store' check")
+    if loc.protocol != "s3":
+        return CheckResult(SKIP, f"store {url} is not on S3: no credentials needed")
+    cfg = StorageConfig.from_env()
+    if cfg.anon:
+        return CheckResult(PASS, "WARP_S3_ANON=1: anonymous reads, no credentials used (publishing needs them)",
+                           facts={"source": "anonymous"})
+    source = cfg.credentials_source()
+    if source == "none found":
+        where = f"profile {cfg.profile!r}" if cfg.profile else \
+            "the environment (AWS_ACCESS_KEY_ID), ~/.aws/credentials, ~/.aws/config or instance metadata"
+        return CheckResult(FAIL, f"no AWS credentials found in {where}",
+                           "set AWS_PROFILE (or WARP_S3_PROFILE), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+                           "WARP_S3_ANON=1 for a public bucket")
+    return CheckResult(PASS, f"credentials from {source}" + (f", endpoint {cfg.endpoint_url}" if cfg.endpoint_url else ""),
+                       facts={"source": source, "endpoint": cfg.endpoint_url, "profile": cfg.profile})
+
+
+def _store_failure(url: str, e: Exception, what: str) -> CheckResult:
+    """One line naming the cause (refused, DNS, timeout, credentials, bucket) and its fix."""
+    from .registry.errors import translate_storage_error
+
+    err = translate_storage_error(e, url, what)
+    hint = getattr(err, "hint", None)
+    if err is e or not hint:
+        return CheckResult(FAIL, f"store {url} not reachable for {what}: {type(e).__name__}: {e}",
+                           "check WARP_S3_ENDPOINT, credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID) and the bucket name")
+    return CheckResult(FAIL, str(err), hint, facts={"error": getattr(err, "code", None),
+                                                    **getattr(err, "details", {})})
+
+
 @check("store", "store")
 def store() -> CheckResult:
-    from .storage import StorageConfig, filesystem, parse_location
+    blocked = store_blocker()
+    if blocked is not None:
+        return blocked
+    return _block("store", _store())
+
+
+def _store() -> CheckResult:
+    from .storage import StorageConfig, filesystem, missing_store_folder, parse_location
 
     url = envvars.default_store()
     try:
@@ -182,7 +257,13 @@ def store() -> CheckResult:
     except Exception as e:
         return CheckResult(FAIL, str(e), "set WARP_STORE to a path, s3://bucket/prefix or memory://name")
     if loc.protocol == "file":
-        return _dir_check(loc.path, "store", "WARP_STORE")
+        missing = missing_store_folder(loc)
+        r = _dir_check(loc.path, "store", "WARP_STORE")
+        if missing and envvars.get("WARP_STORE") and r.status != FAIL:
+            # a typo in WARP_STORE shows up here; the probes below need the folder, so it was made
+            return CheckResult(WARN, f"{missing[0]} (created it to test writing; readers said "
+                               "'does not exist' until now)", missing[1], facts={**r.facts, "created": True})
+        return r
     cfg = StorageConfig.from_env()
     s3_remedy = "check WARP_S3_ENDPOINT, credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID) and the bucket name"
     facts: dict = {"url": url}
@@ -192,7 +273,7 @@ def store() -> CheckResult:
         fs.pipe_file(probe, b"ok")
         got = fs.cat_file(probe)
     except Exception as e:
-        return CheckResult(FAIL, f"store {url} not reachable for read/write: {type(e).__name__}: {e}", s3_remedy)
+        return _store_failure(url, e, "write")
     try:
         if got != b"ok":
             return CheckResult(FAIL, f"store {url} returned different bytes than written", "check the S3 endpoint")
@@ -220,6 +301,9 @@ def store() -> CheckResult:
 @check("duckdb-parquet", "store")
 def duckdb_parquet() -> CheckResult:
     """DuckDB reads a Parquet file from the configured store (s3fs registered in DuckDB for S3)."""
+    blocked = store_blocker()
+    if blocked is not None:
+        return blocked
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq

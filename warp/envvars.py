@@ -26,6 +26,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("WARP_S3_ENDPOINT", "S3 endpoint URL (MinIO, moto, Ceph...); also AWS_ENDPOINT_URL", None),
     EnvVar("WARP_S3_REGION", "S3 region; also AWS_REGION / AWS_DEFAULT_REGION", "us-east-1"),
     EnvVar("WARP_S3_PROFILE", "AWS profile for credentials; also AWS_PROFILE", None),
+    EnvVar("WARP_S3_ANON", "1 reads S3 anonymously, without credentials (public buckets)", "0"),
     EnvVar("WARP_S3_PATH_STYLE", "1 for path-style S3 addressing (most non-AWS endpoints need it)", "0"),
     EnvVar("AWS_ENDPOINT_URL_S3", "S3 endpoint URL when WARP_S3_ENDPOINT is unset (AWS SDK convention)", None),
     EnvVar("AWS_ENDPOINT_URL", "endpoint URL when neither WARP_S3_ENDPOINT nor AWS_ENDPOINT_URL_S3 is set", None),

@@ -8,7 +8,7 @@ locality while giving DistributedSampler's contract:
 
 1. Each epoch the shard order is permuted with ``rng(seed, epoch)`` (the same
    on every rank) and the shards' samples are concatenated in that order.
-2. ``uneven="pad"`` repeats samples from the start of that sequence until its
+2. ``uneven="pad"`` (the default, as in DistributedSampler) repeats samples from the start of that sequence until its
    length is a multiple of ``num_replicas``; ``"drop"`` cuts the tail. Rank
    ``r`` takes the ``r``-th contiguous slice, so every rank yields exactly
    ``len(sampler)`` samples (ceil or floor of N / num_replicas), every sample
@@ -61,7 +61,12 @@ def _dist_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int
 
 
 class ShardAwareSampler:
-    """Per-rank sample order over sharded data; see the module docstring."""
+    """Per-rank sample order over sharded data; see the module docstring.
+
+    ``uneven`` defaults to ``"pad"``: when the samples do not split evenly the
+    last ranks repeat samples from the start, so over all ranks an epoch yields
+    up to ``num_replicas - 1`` samples twice. ``"drop"`` skips the tail instead.
+    """
 
     def __init__(self, shard_sizes: Sequence[int], *, num_replicas: int | None = None,
                  rank: int | None = None, num_workers: int = 1, batch_size: int = 1,

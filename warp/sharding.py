@@ -15,6 +15,11 @@ order), ``rank``/``world``, ``batch_size``, a ``policy`` and ``seed``/``epoch``.
   Either way every rank has exactly R rows and ⌈R/batch_size⌉ batches, so DDP
   never waits on a rank that ran out; every row is read exactly once except
   the documented pad repeats (``pad_rows``) or drops (``dropped_rows``).
+* ``policy="exact"``: rank r takes positions ⌊r·N/world⌋ .. ⌊(r+1)·N/world⌋,
+  so every row is read exactly once, nothing repeats and nothing is dropped;
+  ranks may differ by one row (and one batch), and a rank can get no rows when
+  N < world. It is what ``warp stream --shard`` does unless ``--pad``; DDP
+  training wants ``pad`` or ``drop``, which keep the batch counts equal.
 * Batch ``j`` of a rank is its rows ``[j·bs, min((j+1)·bs, R))``. The batches
   not yet consumed are split into contiguous runs, one per DataLoader worker;
   fewer batches left than workers (some worker would get none) is a
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 from . import envvars
 from .errors import UsageError
 
-POLICIES = ("pad", "drop")
+POLICIES = ("pad", "drop", "exact")
 
 
 class ShardingError(UsageError):
@@ -130,13 +135,16 @@ class ShardPlan:
     num_batches: int = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.world < 1 or not 0 <= self.rank < self.world:
+        if self.world < 1:
+            raise ShardingError(f"world size must be at least 1, not {self.world}",
+                                hint="pass shard=(rank, world_size), e.g. '0/8' for the first of 8 ranks")
+        if not 0 <= self.rank < self.world:
             raise ShardingError(f"rank {self.rank} is not in 0..{self.world - 1} (world size {self.world})",
                                 hint="pass shard=(rank, world_size) with 0 <= rank < world_size")
         if self.batch_size < 1:
             raise ShardingError(f"batch_size must be >= 1, not {self.batch_size}")
         if self.policy not in POLICIES:
-            raise ShardingError(f"unknown uneven-split policy {self.policy!r}", hint="use 'pad' or 'drop'")
+            raise ShardingError(f"unknown uneven-split policy {self.policy!r}", hint="use 'pad', 'drop' or 'exact'")
         if any(r < 0 for r in self.unit_rows):
             raise ShardingError("a unit has a negative row count")
         self.order = list(range(len(self.unit_rows)))
@@ -148,8 +156,13 @@ class ShardPlan:
         n = self.total_rows = self._cum[-1]
         if n == 0:
             raise ShardingError("the table has no rows to shard")
-        self.rows_per_rank = -(-n // self.world) if self.policy == "pad" else n // self.world
-        if self.rows_per_rank == 0:
+        if self.policy == "exact":
+            self._base = self.rank * n // self.world
+            self.rows_per_rank = (self.rank + 1) * n // self.world - self._base
+        else:
+            self.rows_per_rank = -(-n // self.world) if self.policy == "pad" else n // self.world
+            self._base = self.rank * self.rows_per_rank
+        if self.rows_per_rank == 0 and self.policy != "exact":
             raise ShardingError(f"policy 'drop' leaves rank {self.rank} no rows: {n} rows over {self.world} ranks",
                                 hint="use policy 'pad' or fewer ranks")
         self.num_batches = -(-self.rows_per_rank // self.batch_size)
@@ -158,11 +171,13 @@ class ShardPlan:
     # -- facts --------------------------------------------------------------
     @property
     def pad_rows(self) -> int:
-        return max(0, self.rows_per_rank * self.world - self.total_rows)
+        """Rows repeated across all ranks this epoch (``pad`` only)."""
+        return max(0, self.rows_per_rank * self.world - self.total_rows) if self.policy == "pad" else 0
 
     @property
     def dropped_rows(self) -> int:
-        return max(0, self.total_rows - self.rows_per_rank * self.world)
+        """Rows no rank reads this epoch (``drop`` only)."""
+        return max(0, self.total_rows - self.rows_per_rank * self.world) if self.policy == "drop" else 0
 
     def batch_len(self, j: int) -> int:
         return min(self.batch_size, self.rows_per_rank - j * self.batch_size)
@@ -188,7 +203,7 @@ class ShardPlan:
     def batch_slices(self, j: int) -> list[Slice]:
         if not 0 <= j < self.num_batches:
             raise IndexError(j)
-        base = self.rank * self.rows_per_rank
+        base = self._base
         return self._global_slices(base + j * self.batch_size, base + j * self.batch_size + self.batch_len(j))
 
     # -- workers ----------------------------------------------------------------

@@ -9,7 +9,15 @@ where a bucket lives.
 
 s3fs is set up for ranged reads (``default_cache_type="none"``: its default
 50 MiB read-ahead fetched 127 % of a Parquet file for a one-column read) with
-the listings cache left on (DESIGN.md §6).
+the listings cache left on.
+
+Failing fast (docs/formats/registry.md, "Store errors"): a connection that is
+refused or whose host does not resolve is tried twice, a connect that times
+out (after ``connect_timeout``) once, instead of botocore's five attempts with
+exponential back-off (15-20 s before the first error message); throttling and
+server errors keep the full ``retries``. Readers over pyarrow are refused up
+front when no credentials exist (pyarrow would silently go anonymous and
+report a DNS or access error instead).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ class StorageConfig:
     profile: str | None = None
     path_style: bool = False
     anon: bool = False
-    connect_timeout: float = 10.0
+    connect_timeout: float = 5.0
     read_timeout: float = 60.0
     retries: int = 5
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
@@ -41,7 +49,8 @@ class StorageConfig:
         region = envvars.get("WARP_S3_REGION") or envvars.get("AWS_REGION") or envvars.get("AWS_DEFAULT_REGION") or "us-east-1"
         profile = envvars.get("WARP_S3_PROFILE") or envvars.get("AWS_PROFILE")
         path_style = envvars.flag("WARP_S3_PATH_STYLE") or bool(endpoint and "amazonaws.com" not in endpoint)
-        return cls(endpoint_url=endpoint, region=region, profile=profile, path_style=path_style)
+        return cls(endpoint_url=endpoint, region=region, profile=profile, path_style=path_style,
+                   anon=envvars.flag("WARP_S3_ANON"))
 
     # -- clients ---------------------------------------------------------
     def s3fs_kwargs(self) -> dict[str, Any]:
@@ -74,7 +83,7 @@ class StorageConfig:
         except ImportError:
             raise DependencyError("S3 storage needs the 's3fs' package, which is not installed",
                                   hint="pip install 'warpdata[s3]'") from None
-        return s3fs.S3FileSystem(**self.s3fs_kwargs())
+        return _s3fs_class(s3fs)(**self.s3fs_kwargs())
 
     def pyarrow_s3(self):
         from pyarrow import fs as pafs
@@ -89,8 +98,10 @@ class StorageConfig:
             kw["force_virtual_addressing"] = False
         if self.anon:
             kw["anonymous"] = True
-        creds = self._credentials()
-        if creds is not None:
+        else:
+            creds = self._credentials()
+            if creds is None:
+                raise _no_credentials_error(self)
             kw.update(access_key=creds[0], secret_key=creds[1], session_token=creds[2])
         return pafs.S3FileSystem(**kw)
 
@@ -125,6 +136,61 @@ class StorageConfig:
         con = duckdb.connect()
         con.register_filesystem(fs if fs is not None else self.s3fs())
         return con
+
+
+CONNECT_ATTEMPTS = 2  # refused / unresolvable: one retry, then the error
+CONNECT_TIMEOUT_ATTEMPTS = 1  # a connect that timed out already waited connect_timeout
+
+_S3FS: dict[str, type] = {}
+
+
+def _limit_connect_retries(caught_exception: BaseException | None = None, attempts: int = 0, **_: Any) -> None:
+    """botocore ``needs-retry`` hook: stop retrying connection failures early.
+
+    botocore's own retry handler keeps retrying them (5 attempts, exponential
+    back-off); raising the caught exception here ends the request at once.
+    Throttling, 5xx and read timeouts are left to botocore.
+    """
+    if caught_exception is None:
+        return
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import ConnectTimeoutError
+
+    if not isinstance(caught_exception, BotoConnectionError):
+        return
+    limit = CONNECT_TIMEOUT_ATTEMPTS if isinstance(caught_exception, ConnectTimeoutError) else CONNECT_ATTEMPTS
+    if attempts >= limit:
+        raise caught_exception
+
+
+def limit_connect_retries(client: Any) -> Any:
+    """Install the connection-retry limit on a botocore/boto3 S3 client; returns it."""
+    client.meta.events.register("needs-retry.s3", _limit_connect_retries, unique_id="warp-limit-connect-retries")
+    return client
+
+
+def _s3fs_class(s3fs: Any) -> type:
+    """``s3fs.S3FileSystem`` whose client gets :func:`limit_connect_retries` when it is made."""
+    cls = _S3FS.get("cls")
+    if cls is None:
+        class WarpS3FileSystem(s3fs.S3FileSystem):
+            async def set_session(self, refresh: bool = False, kwargs: dict | None = None):
+                client = await super().set_session(refresh, kwargs or {})
+                return limit_connect_retries(client)
+
+        cls = _S3FS["cls"] = WarpS3FileSystem
+    return cls
+
+
+def _no_credentials_error(cfg: StorageConfig) -> Exception:
+    from .registry.errors import AuthenticationError
+
+    where = f"profile {cfg.profile!r}" if cfg.profile else \
+        "the environment, ~/.aws/credentials, ~/.aws/config or instance metadata"
+    return AuthenticationError(
+        f"no S3 credentials found (looked in {where})",
+        hint="set AWS_PROFILE (or WARP_S3_PROFILE), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+             "WARP_S3_ANON=1 reads a public bucket; 'warp doctor --only store' checks the setup")
 
 
 @dataclass(frozen=True)
@@ -168,6 +234,20 @@ def parse_location(url: str | os.PathLike) -> Location:
         return Location("memory", "/" + rest.strip("/"))
     raise ConfigError(f"unsupported storage URL scheme {scheme!r} in {s!r}",
                       hint="use a local path, file://, s3:// or memory://")
+
+
+def missing_store_folder(loc: Location) -> tuple[str, str] | None:
+    """(cause, hint) when a local store's folder does not exist or is not a folder; else None.
+
+    A store pointed at a folder that is not there is almost always a typo in
+    WARP_STORE / --store; readers say so instead of "no datasets".
+    """
+    if loc.protocol != "file" or os.path.isdir(loc.path):
+        return None
+    hint = "check WARP_STORE or --store for a typo; 'warp publish' creates the store folder"
+    if os.path.exists(loc.path):
+        return f"store {loc.path} is not a folder", hint
+    return f"store folder {loc.path} does not exist", hint
 
 
 def filesystem(loc: Location, config: StorageConfig | None = None):

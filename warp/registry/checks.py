@@ -2,7 +2,9 @@
 
 Each probe writes under ``<store>/.warp-doctor/<uuid>/`` and removes what it
 wrote. The checks run against the configured store (``WARP_STORE`` or the
-default local directory) and say how to fix what fails.
+default local directory) and say how to fix what fails. The credentials
+check lives in :mod:`warpdata.doctor_checks` so it runs first; these SKIP
+when an earlier store check already failed.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import hashlib
 import uuid
 
 from warpdata import envvars
-from warpdata.checks import FAIL, PASS, SKIP, WARN, CheckResult, check
+from warpdata.checks import FAIL, PASS, WARN, CheckResult, check
+from warpdata.doctor_checks import store_blocker
 
 
 def _store():
@@ -30,26 +33,12 @@ def _cleanup(store, prefix: str) -> None:
         store.fs.rm(store.location.join(prefix).path, recursive=True)
 
 
-@check("store-credentials", "store")
-def credentials() -> CheckResult:
-    from warpdata.storage import StorageConfig, parse_location
-
-    url = envvars.default_store()
-    loc = parse_location(url)
-    if loc.protocol != "s3":
-        return CheckResult(SKIP, f"store {url} is not on S3: no credentials needed")
-    cfg = StorageConfig.from_env()
-    source = cfg.credentials_source()
-    if source == "none found" and not cfg.anon:
-        return CheckResult(FAIL, "no AWS credentials found in the environment, profile or instance metadata",
-                           "set AWS_PROFILE (or WARP_S3_PROFILE), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    return CheckResult(PASS, f"credentials from {source}" + (f", endpoint {cfg.endpoint_url}" if cfg.endpoint_url else ""),
-                       facts={"source": source, "endpoint": cfg.endpoint_url, "profile": cfg.profile})
-
-
 @check("store-create-only", "store")
 def create_only() -> CheckResult:
     """A create-only write succeeds once and is refused the second time, bytes intact."""
+    blocked = store_blocker()
+    if blocked is not None:
+        return blocked
     store = _store()
     prefix = _probe_prefix()
     data = uuid.uuid4().bytes
@@ -78,6 +67,9 @@ def create_only() -> CheckResult:
 @check("store-cas", "store")
 def compare_and_swap() -> CheckResult:
     """A conditional update of a pointer with a stale token is refused."""
+    blocked = store_blocker()
+    if blocked is not None:
+        return blocked
     store = _store()
     prefix = _probe_prefix()
     key = f"{prefix}/latest.json"

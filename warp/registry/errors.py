@@ -28,6 +28,7 @@ into these classes so no raw ``ClientError`` reaches the user.
 from __future__ import annotations
 
 import builtins
+import re
 
 from warpdata.errors import ConfigError, DataError, MissingInputError, UsageError
 
@@ -105,6 +106,76 @@ _AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "I
                "TokenRefreshRequired", "UnrecognizedClientException", "InvalidClientTokenId"}
 
 
+_CURL = re.compile(r"curlCode: (\d+)")
+_CURL_HOST = re.compile(r"(?:Could not resolve host: |Failed to connect to )([^\s:;]+)(?::(\d+))?")
+
+
+def connection_cause(exc: BaseException) -> tuple[str, str | None] | None:
+    """Why a connection to the store failed: ("refused" | "dns" | "timeout", host or None).
+
+    Looks through botocore's ``EndpointConnectionError`` (its ``error``: the
+    aiohttp/urllib3 error), the exception chain, and pyarrow's OSError text
+    (libcurl codes 6, 7, 28). None when ``exc`` is not a connection failure.
+    """
+    import socket
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    host: str | None = None
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        key = getattr(e, "_conn_key", None) or getattr(e, "conn_key", None)
+        if key is not None and getattr(key, "host", None):
+            host = f"{key.host}:{key.port}" if getattr(key, "port", None) else key.host
+        kw = getattr(e, "kwargs", None)
+        if host is None and isinstance(kw, dict) and kw.get("endpoint_url"):
+            from urllib.parse import urlparse
+
+            host = urlparse(str(kw["endpoint_url"])).netloc or None
+        if isinstance(e, socket.gaierror):
+            return "dns", host
+        if isinstance(e, ConnectionRefusedError):
+            return "refused", host
+        if type(e).__name__ in ("ConnectTimeoutError", "ConnectTimeout"):
+            return "timeout", host
+        text = str(e)
+        m = _CURL.search(text)
+        if m:
+            h = _CURL_HOST.search(text)
+            h_s = (f"{h.group(1)}:{h.group(2)}" if h.group(2) else h.group(1)) if h else None
+            kind = {"6": "dns", "7": "refused", "28": "timeout"}.get(m.group(1))
+            if kind:
+                return kind, h_s
+        if type(e).__name__ in ("NewConnectionError", "NameResolutionError", "EndpointConnectionError",
+                                "ClientConnectorError", "ConnectionError"):
+            # urllib3 keeps the socket error only in its message
+            if "Connection refused" in text:
+                return "refused", host
+            if any(t in text for t in ("Name or service not known", "nodename nor servname",
+                                       "Temporary failure in name resolution", "Failed to resolve")):
+                return "dns", host
+        for nxt in (getattr(e, "kwargs", {}).get("error") if isinstance(getattr(e, "kwargs", None), dict) else None,
+                    getattr(e, "os_error", None), e.__cause__, e.__context__):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+    return None
+
+
+_CAUSE_TEXT = {
+    "refused": ("the S3 endpoint {host} refuses connections (nothing is listening there)",
+                "check WARP_S3_ENDPOINT / AWS_ENDPOINT_URL (scheme, host and port) and that the S3 "
+                "service is running; 'warp doctor --only store' tests it"),
+    "dns": ("cannot resolve the S3 host {host} (DNS lookup failed: offline, or a wrong host name)",
+            "check the network, WARP_S3_ENDPOINT / AWS_ENDPOINT_URL and the bucket name; "
+            "'warp doctor --only store' tests it"),
+    "timeout": ("connecting to the S3 endpoint {host} timed out",
+                "check the network, a firewall or proxy, and WARP_S3_ENDPOINT; 'warp doctor --only store' tests it"),
+}
+
+
 def translate_storage_error(exc: BaseException, url: str, action: str) -> Exception:
     """Map an exception from fsspec/s3fs/botocore to a typed registry error.
 
@@ -134,6 +205,12 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
         return StoreUnavailableError(
             f"bucket for {url} does not exist",
             hint="create the bucket, or set WARP_STORE to an existing s3://BUCKET/PREFIX")
+    cause = connection_cause(exc)
+    if cause is not None:
+        kind, host = cause
+        msg, hint = _CAUSE_TEXT[kind]
+        return StoreUnavailableError(f"cannot {action} {url}: " + msg.format(host=host or "(unknown host)"),
+                                     hint=hint, cause=kind, host=host)
     if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
                 "ConnectionClosedError", "ClientConnectorError", "ServerDisconnectedError") \
             or isinstance(exc, (ConnectionError, TimeoutError)):

@@ -100,6 +100,8 @@ class PublishRequest:
     workers: int = 8
     rehash: bool = False
     description: str | None = None
+    allow_dangling: bool = False  # publish bindings whose values name no member (count kept in metadata)
+    follow_symlinks: bool = False  # walk symlinked directories inside --artifact directories
 
 
 @dataclass
@@ -125,6 +127,7 @@ class PublishResult:
     latest_moved: bool = False
     seconds: float = 0.0
     stat_cache_hits: int = 0
+    dangling_refs: dict[str, int] = field(default_factory=dict)  # with allow_dangling
 
     @property
     def bytes_total(self) -> int:
@@ -144,6 +147,7 @@ class PublishResult:
             "seconds": round(self.seconds, 3),
             "plan": [{"hash": b.hash, "byte_size": b.byte_size, "role": b.role, "upload": b.upload}
                      for b in self.blobs] if self.dry_run else None,
+            "dangling_refs": self.dangling_refs or None,
         }
 
 
@@ -245,6 +249,9 @@ class _Stager:
         self.stage = stage_dir
         self.cache = _StatCache(not req.rehash)
         self.blobs: dict[str, _Blob] = {}
+        self.table_files: dict[str, list[str]] = {}  # name -> input files (for the binding check)
+        self.members: dict[str, list[str]] = {}  # artifact -> member names
+        self.skipped_links: dict[str, tuple[str, ...]] = {}  # artifact -> symlinked dirs left out
 
     def _add(self, b: _Blob) -> None:
         prev = self.blobs.get(b.hash)
@@ -255,6 +262,7 @@ class _Stager:
     def table(self, name: str, files: list[str]) -> Table:
         if not files:
             raise MissingInputError(f"table {name} has no files", hint="--table NAME=GLOB must match Parquet/CSV/JSONL files")
+        self.table_files[name] = list(files)
         # stat-cache hits first, in this thread: an unchanged re-publish then starts no threads
         infos = [self._table_file(f, cached_only=True) for f in files]
         todo = [i for i, info in enumerate(infos) if info is None]
@@ -320,10 +328,15 @@ class _Stager:
     # artifacts --------------------------------------------------------------
     def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
         scanned_at = time.time_ns()
-        scan = scan_members(root, files)
+        scan = scan_members(root, files, follow_symlinks=self.req.follow_symlinks)
         members = scan.members
+        self.skipped_links[name] = scan.skipped_dir_links
         if not members:
-            raise MissingInputError(f"artifact {name}: {root} holds no files", hint="--artifact NAME=DIR needs files to publish")
+            raise MissingInputError(f"artifact {name}: {root} holds no files" + (
+                f" (symlinked directories not followed: {', '.join(scan.skipped_dir_links[:3])})"
+                if scan.skipped_dir_links else ""), hint="pass --follow-symlinks to publish what they link to"
+                if scan.skipped_dir_links else "--artifact NAME=DIR needs files to publish")
+        self.members[name] = [m[0] for m in members]
         # the packing rule is part of the key: a cached result of an older rule would not re-pack the same
         key = self.cache.key("artifact", self.req.shard_size, f"alone={DEFAULT_ALONE_SIZE}", scan.fingerprint)
         out = self.stage / f"artifact-{name}"
@@ -474,10 +487,13 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
         if b.column not in tables[b.table].columns:
             raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
                              hint=f"columns: {', '.join(tables[b.table].columns)}")
+    dangling = _check_bindings(req, stager)
     from warpdata import __version__
 
     metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                 "warp_version": __version__}
+    if dangling:
+        metadata["dangling_refs"] = dangling
     if sources:
         metadata["sources"] = sources
         primary = [t for t in from_artifacts.PRIMARY_TABLES if t in tables]
@@ -487,6 +503,19 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
         metadata["description"] = req.description
     return Manifest(validate_dataset_id(req.dataset_id), tables=tables, artifacts=artifacts,
                     bindings=tuple(bindings), metadata=metadata)
+
+
+def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
+    """Every value of a --bind column must name a member (docs/formats/registry.md, Binding)."""
+    from warpdata.registry.bindings import check_binding, check_bindings
+
+    checks, artifact_of = [], {}
+    for b in req.bindings:  # bindings made by --from list the members themselves
+        key = f"{b.table}.{b.column}={b.artifact}"
+        artifact_of[key] = b.artifact
+        checks.append(check_binding(key, stager.table_files[b.table], b.column, stager.members[b.artifact]))
+    return check_bindings(checks, stager.members, artifact_of, allow_dangling=req.allow_dangling,
+                          skipped_links=stager.skipped_links)
 
 
 def publish(req: PublishRequest, *, store: Store | None = None,
@@ -502,7 +531,8 @@ def publish(req: PublishRequest, *, store: Store | None = None,
         version = manifest.version_hash
         planned = [PlannedBlob(b.hash, b.byte_size, b.role) for b in stager.blobs.values()]
         result = PublishResult(req.dataset_id, version, store.url, req.dry_run, planned,
-                               stat_cache_hits=stager.cache.hits)
+                               stat_cache_hits=stager.cache.hits,
+                               dangling_refs=dict(manifest.metadata.get("dangling_refs", {})))
         before = store.read_latest(req.dataset_id)
         result.latest = before.version_hash if before else None
         if result.latest == version:

@@ -280,7 +280,10 @@ def boto3_client(config: StorageConfig):
     if config.anon:
         kw["signature_version"] = UNSIGNED
     session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
-    return session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw))
+    from warpdata.storage import limit_connect_retries  # refused/DNS: fail in seconds, not 15-20 s
+
+    return limit_connect_retries(
+        session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw)))
 
 
 # -- local lock with stale-holder detection ---------------------------------
@@ -599,10 +602,25 @@ class Store:
     def _not_found(self, dataset_id: str) -> DatasetNotFoundError:
         import difflib
 
+        from warpdata.storage import missing_store_folder
+
+        missing = missing_store_folder(self.location)
+        if missing:
+            return DatasetNotFoundError(f"dataset {dataset_id}: {missing[0]}", hint=missing[1])
+        versions: list[str] = []
+        with contextlib.suppress(Exception):
+            versions = self.list_versions(dataset_id)
+        if versions:  # published with --no-set-latest: it exists, it just has no `latest`
+            shown = ", ".join(v[:12] for v in versions[:3]) + (", ..." if len(versions) > 3 else "")
+            return DatasetNotFoundError(
+                f"dataset {dataset_id} has {len(versions)} version(s) in store {self.url} but no latest "
+                f"pointer (published with --no-set-latest?): {shown}",
+                hint=f"pick one with --version (CLI) or version= (library), e.g. --version {versions[0][:12]}; "
+                     f"'warp ls {dataset_id.split('/')[0]}/' lists them", versions=versions)
         known = []
         with contextlib.suppress(Exception):
             known = self.list_datasets()
-        close = difflib.get_close_matches(dataset_id, known, n=3)
+        close = [d for d in difflib.get_close_matches(dataset_id, known, n=4) if d != dataset_id][:3]
         hint = (f"did you mean {', '.join(close)}?" if close
                 else "check the spelling of workspace/name, or publish it with 'warp publish'")
         return DatasetNotFoundError(f"dataset {dataset_id} is not published in store {self.url} "

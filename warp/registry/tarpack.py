@@ -86,13 +86,18 @@ class MemberScan:
     members: list[tuple[str, str, int]]
     fingerprint: str
     newest_change_ns: int
+    skipped_dir_links: tuple[str, ...] = ()  # symlinks to directories left out (follow_symlinks=False)
 
 
-def scan_members(root: str | os.PathLike, files: Iterable[str] | None = None) -> MemberScan:
+def scan_members(root: str | os.PathLike, files: Iterable[str] | None = None, *,
+                 follow_symlinks: bool = False) -> MemberScan:
     """Walk ``root`` once (one ``stat`` per file): the members to pack and their fingerprint.
 
     ``files`` restricts packing to these paths relative to ``root`` (used when
     a warp manifest lists its files); otherwise every regular file is packed.
+    Symlinks to files are read through; symlinks to directories are left out
+    (and named in ``skipped_dir_links``) unless ``follow_symlinks``, which
+    walks them as if they were directories (a cycle is a DataError).
     """
     base = Path(root)
     if not base.is_dir():
@@ -100,6 +105,7 @@ def scan_members(root: str | os.PathLike, files: Iterable[str] | None = None) ->
     # (name, path, size, mtime_ns, ctime_ns, inode); plain strings and tuples, not pathlib or
     # dicts: this walk is most of an unchanged re-publish
     rows: list[tuple[str, str, int, int, int, int]] = []
+    skipped: list[str] = []
     if files is not None:
         for rel in files:
             name = Path(rel).as_posix()
@@ -114,12 +120,20 @@ def scan_members(root: str | os.PathLike, files: Iterable[str] | None = None) ->
     else:
         stack = [(str(base), "")]
         stat = os.stat
+        ancestors: dict[str, tuple[tuple[int, int], ...]] = {"": ()}  # followed walks only
         while stack:
             d, rel = stack.pop()
             # stat names relative to an open directory fd (fstatat): no resolution of the whole
             # path per file, and no DirEntry stat cache to fill (~15 % of the walk)
             fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
             try:
+                if follow_symlinks:
+                    dst = os.fstat(fd)
+                    ident = (dst.st_dev, dst.st_ino)
+                    if ident in ancestors[rel]:
+                        raise DataError(f"{base}: following symlinks loops at {rel.rstrip('/')!r}",
+                                        hint="remove the symlink cycle, or publish without --follow-symlinks")
+                    chain = (*ancestors.pop(rel), ident)
                 here: list[str] = []
                 with os.scandir(fd) as it:
                     for e in it:
@@ -130,6 +144,13 @@ def scan_members(root: str | os.PathLike, files: Iterable[str] | None = None) ->
                             stack.append((f"{d}/{n}", f"{rel}{n}/"))
                         elif e.is_file():
                             here.append(n)
+                        elif e.is_symlink() and e.is_dir():
+                            if follow_symlinks:
+                                stack.append((f"{d}/{n}", f"{rel}{n}/"))
+                            else:
+                                skipped.append(rel + n)
+                        if follow_symlinks and stack and stack[-1][1] == f"{rel}{n}/":
+                            ancestors[f"{rel}{n}/"] = chain
                 for n in here:
                     st = stat(n, dir_fd=fd)
                     rows.append((rel + n, f"{d}/{n}", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
@@ -152,7 +173,8 @@ def scan_members(root: str | os.PathLike, files: Iterable[str] | None = None) ->
     h.update(names.encode("utf-8", "surrogateescape"))
     h.update(array("Q", [v for r in rows for v in (r[2], r[5])]))
     h.update(times)
-    return MemberScan([r[:3] for r in rows], h.hexdigest(), max(times[1::2], default=0))
+    return MemberScan([r[:3] for r in rows], h.hexdigest(), max(times[1::2], default=0),
+                      tuple(sorted(skipped)))
 
 
 def list_members(root: str | os.PathLike, files: Iterable[str] | None = None) -> list[tuple[str, str, int]]:
