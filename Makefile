@@ -12,7 +12,10 @@ PYTEST_ARGS ?=
 # --no-deps + --require-hashes: the lock is the whole environment; wheels only, so no
 # build step resolves its own unpinned build dependencies.
 LOCKED_INSTALL := $(PIP) install -q --disable-pip-version-check --require-hashes --no-deps --only-binary :all:
-PROJECT_INSTALL := $(PIP) install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+# `warpdata` is the distribution name of another project (and of warp before it was renamed
+# warp-toolchain): both install the module `warpdata`, so the old one goes first.
+PROJECT_INSTALL := { $(PIP) uninstall -q -y warpdata 2>/dev/null || true; } && \
+	$(PIP) install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
 .PHONY: install install-demo test demo bench lint docs docs-check lock clean
 

@@ -18,7 +18,7 @@ Timings on a shared machine drift with other processes' load; interleaving
 the contenders in small blocks makes the drift hit them alike (the ratios
 are the figures to quote). The script prints ``uptime``'s load average.
 
-Real photos come from scikit-image / scikit-learn (`pip install 'warpdata[bench]'`).
+Real photos come from scikit-image / scikit-learn (`pip install 'warp-toolchain[bench]'`).
 """
 
 from __future__ import annotations

@@ -52,8 +52,8 @@ BACKENDS: dict[str, BackendInfo] = {
                        "numpy gather + per-thread zstandard (always available)", None),
     "gpu": BackendInfo("gpu", "warpdata.kernels.gpu:GpuBackend",
                        "CuPy lift/transpose kernel + nvCOMP batched zstd",
-                       "needs a CUDA GPU, cupy and nvidia-nvcomp: pip install 'warpdata[gpu]' (CUDA 12) "
-                       "or 'warpdata[gpu-cu13]' (CUDA 13)"),
+                       "needs a CUDA GPU, cupy and nvidia-nvcomp: pip install 'warp-toolchain[gpu]' (CUDA 12) "
+                       "or 'warp-toolchain[gpu-cu13]' (CUDA 13)"),
 }
 CHOICES = ("auto", *BACKENDS)
 

@@ -7,6 +7,9 @@ Parquet from the store through s3fs.
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 from warpdata.checks import FAIL, PASS, SKIP, WARN, Check, all_checks, run_check
 
@@ -186,3 +189,26 @@ def test_missing_local_store_folder_is_a_warning(cli, monkeypatch, tmp_path):
 def test_only_with_an_unknown_group_is_a_usage_error(cli):
     r = cli("doctor", "--only", "stor")
     assert r.code == 2 and "'stor' is not a check group" in r.err and "store" in r.err
+
+
+def test_doctor_names_the_other_warpdata_distribution(tmp_path):
+    """`warpdata` on the package index is another project that installs the same module and script."""
+    import subprocess
+    import sys
+
+    info = tmp_path / "warpdata-3.0.27.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: warpdata\nVersion: 3.0.27\n")
+    (info / "RECORD").write_text("warpdata/__init__.py,,\nwarpdata-3.0.27.dist-info/METADATA,,\n")
+    (info / "top_level.txt").write_text("warpdata\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "warpdata", "doctor", "--only", "install", "--json"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 1, r.stderr
+    check = next(c for c in json.loads(r.stdout)["checks"] if c["name"].endswith("distribution"))
+    assert check["status"] == "FAIL" and "warpdata" in check["facts"]["providers"]
+    assert "pip uninstall -y warpdata" in check["remedy"]
+    r = subprocess.run([sys.executable, "-m", "warpdata", "doctor", "--only", "install", "--json"],
+                       capture_output=True, text=True)
+    check = next(c for c in json.loads(r.stdout)["checks"] if c["name"].endswith("distribution"))
+    assert check["status"] == "PASS" and check["facts"]["providers"] == ["warp-toolchain"], check

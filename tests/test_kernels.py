@@ -208,11 +208,11 @@ class TestGpuBackend(BackendConformance):
 
 def test_registry_names_and_hints():
     assert set(kernels.BACKENDS) == {"cpu", "gpu"}
-    assert "pip install 'warpdata[gpu]'" in kernels.BACKENDS["gpu"].install
+    assert "pip install 'warp-toolchain[gpu]'" in kernels.BACKENDS["gpu"].install
     avail = kernels.availability()
     assert avail["cpu"] is None
     if avail["gpu"] is not None:
-        assert "warpdata[gpu]" in avail["gpu"]
+        assert "warp-toolchain[gpu]" in avail["gpu"]
 
 
 def test_auto_and_env(monkeypatch):
@@ -230,7 +230,7 @@ def test_auto_and_env(monkeypatch):
 def test_missing_gpu_is_a_dependency_error_with_hint():
     with pytest.raises(DependencyError) as e:
         kernels.get_backend("gpu")
-    assert "warpdata[gpu]" in (e.value.hint or "")
+    assert "warp-toolchain[gpu]" in (e.value.hint or "")
 
 
 def test_importing_the_registry_imports_no_backend():

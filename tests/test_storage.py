@@ -122,7 +122,7 @@ def test_missing_s3fs_is_a_dependency_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_s3fs)
     with pytest.raises(DependencyError) as e:
         StorageConfig().s3fs()
-    assert "warpdata[s3]" in e.value.hint and isinstance(e.value, ImportError)
+    assert "s3fs" in e.value.hint and isinstance(e.value, ImportError)
 
 
 @pytest.mark.s3

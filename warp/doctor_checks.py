@@ -28,13 +28,13 @@ from .checks import FAIL, PASS, SKIP, WARN, CheckResult, check
 
 REQUIRED = ("typer", "rich", "numpy", "lz4", "zstandard", "duckdb", "pyarrow", "fsspec", "pillow",
             "anycrc", "google-crc32c", "simplejpeg", "jsonschema")
-GPU_REMEDY = "pip install 'warpdata[gpu]' (CUDA 12) or 'warpdata[gpu-cu13]' (CUDA 13)"
+GPU_REMEDY = "pip install 'warp-toolchain[gpu]' (CUDA 12) or 'warp-toolchain[gpu-cu13]' (CUDA 13)"
 # check name -> (distributions, any one of which provides it; what it enables; remedy)
 OPTIONAL = {
-    "s3fs": (("s3fs",), "S3 stores", "pip install 'warpdata[s3]'"),
-    "torch": (("torch",), "PyTorch datasets and loaders", "pip install 'warpdata[torch]'"),
-    "zarr": (("zarr",), "reading Zarr output with zarr-python", "pip install 'warpdata[zarr]'"),
-    "tensorstore": (("tensorstore",), "reading Zarr output with tensorstore", "pip install 'warpdata[zarr]'"),
+    "s3fs": (("s3fs",), "S3 stores", "pip install 'warp-toolchain[s3]'"),
+    "torch": (("torch",), "PyTorch datasets and loaders", "pip install 'warp-toolchain[torch]'"),
+    "zarr": (("zarr",), "reading Zarr output with zarr-python", "pip install 'warp-toolchain[zarr]'"),
+    "tensorstore": (("tensorstore",), "reading Zarr output with tensorstore", "pip install 'warp-toolchain[zarr]'"),
     "cupy": (("cupy-cuda12x", "cupy-cuda13x", "cupy"), "the gpu tile-compression backend", GPU_REMEDY),
     "nvcomp": (("nvidia-nvcomp-cu12", "nvidia-nvcomp-cu13"), "GPU zstd in the gpu backend", GPU_REMEDY),
 }
@@ -49,6 +49,26 @@ def python_version() -> CheckResult:
     return CheckResult(PASS, detail)
 
 
+@check("distribution", "install")
+def distribution() -> CheckResult:
+    """The other project named ``warpdata`` on the package index also installs ``warpdata`` and ``warp``."""
+    from .errors import DISTRIBUTION
+
+    providers = sorted(set(md.packages_distributions().get("warpdata", [])))
+    facts = {"providers": providers}
+    others = [p for p in providers if p.lower().replace("_", "-") != DISTRIBUTION]
+    if others:
+        return CheckResult(FAIL, f"the module 'warpdata' is also installed by {', '.join(others)}: "
+                           "the two overwrite each other's files and the `warp` script",
+                           f"pip uninstall -y {' '.join(others)} && pip install --force-reinstall {DISTRIBUTION} "
+                           "(from a clone: pip install --force-reinstall .)", facts=facts)
+    if not providers:
+        return CheckResult(WARN, "warpdata runs from a source tree, not an installed distribution",
+                           "pip install -e .  (man pages, completions and entry points come with the install)",
+                           facts=facts)
+    return CheckResult(PASS, f"{DISTRIBUTION} {md.version(DISTRIBUTION)}", facts=facts)
+
+
 @check("packages", "install")
 def packages() -> CheckResult:
     missing, versions = [], {}
@@ -58,7 +78,7 @@ def packages() -> CheckResult:
         except md.PackageNotFoundError:
             missing.append(name)
     if missing:
-        return CheckResult(FAIL, "missing: " + ", ".join(missing), "pip install warpdata  (reinstall the core dependencies)",
+        return CheckResult(FAIL, "missing: " + ", ".join(missing), "pip install --force-reinstall warp-toolchain  (the core dependencies)",
                            facts=versions)
     typer_v = versions.get("typer", "0")
     if tuple(int(x) for x in typer_v.split(".")[:2] if x.isdigit()) >= (0, 29):

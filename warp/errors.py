@@ -121,6 +121,42 @@ class DependencyError(ConfigError, ImportError):
     code = "missing-dependency"
 
 
+# The distribution's name on the package index: ``warpdata`` there is another project
+# (README "Install"); the import name stays ``warpdata``.
+DISTRIBUTION = "warp-toolchain"
+
+
+def install_hint(extra: str) -> str:
+    """The pip line for an optional extra, spelled as its packages so it works from a clone too.
+
+    The requirements come from the installed distribution's metadata (pyproject.toml is the one
+    source); without metadata (a bare source tree) the extra's name is given instead.
+    """
+    import importlib.metadata as md
+    import re
+
+    try:
+        reqs = md.requires(DISTRIBUTION) or []
+    except md.PackageNotFoundError:
+        reqs = []
+    wanted = []
+    for r in reqs:
+        if not re.search(rf"""extra\s*==\s*["']{re.escape(extra)}["']""", r):
+            continue
+        try:  # evaluate the rest of the marker (python_version) where `packaging` is importable
+            from packaging.requirements import Requirement
+
+            req = Requirement(r)
+            if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+                continue
+            wanted.append(f"{req.name}{req.specifier}")
+        except ImportError:
+            wanted.append(r.split(";")[0].strip())
+    if not wanted:
+        return f"pip install '{DISTRIBUTION}[{extra}]'"
+    return "pip install " + " ".join(f"'{w}'" for w in wanted) + f"  (the [{extra}] extra)"
+
+
 def missing_dependency(feature: str, package: str, extra: str | None = None) -> DependencyError:
-    pip = f"pip install 'warpdata[{extra}]'" if extra else f"pip install {package}"
+    pip = install_hint(extra) if extra else f"pip install {package}"
     return DependencyError(f"{feature} needs the '{package}' package, which is not installed", hint=pip)

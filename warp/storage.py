@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from . import envvars
-from .errors import ConfigError, DependencyError
+from .errors import ConfigError, DependencyError, install_hint
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class StorageConfig:
             import s3fs
         except ImportError:
             raise DependencyError("S3 storage needs the 's3fs' package, which is not installed",
-                                  hint="pip install 'warpdata[s3]'") from None
+                                  hint=install_hint("s3")) from None
         return _s3fs_class(s3fs)(**self.s3fs_kwargs())
 
     def pyarrow_s3(self):

@@ -266,10 +266,10 @@ def boto3_client(config: StorageConfig):
         from botocore import UNSIGNED
         from botocore.config import Config
     except ImportError:
-        from warpdata.errors import DependencyError
+        from warpdata.errors import DependencyError, install_hint
 
         raise DependencyError("S3 stores need the 'boto3' package, which is not installed",
-                              hint="pip install 'warpdata[s3]'") from None
+                              hint=install_hint("s3")) from None
     kw: dict[str, Any] = {
         "connect_timeout": config.connect_timeout,
         "read_timeout": config.read_timeout,

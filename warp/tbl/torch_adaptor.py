@@ -1,4 +1,4 @@
-"""PyTorch adaptors for .tbl files (needs ``torch``; ``pip install 'warpdata[torch]'``).
+"""PyTorch adaptors for .tbl files (needs ``torch``; ``pip install 'warp-toolchain[torch]'``).
 
 Contract:
 

@@ -30,9 +30,9 @@ def tile_backends() -> CheckResult:
     facts = {"backends": avail, "auto": chosen}
     detail = "; ".join(parts) + f"; auto -> {chosen}"
     if avail.get("cpu") is not None:
-        return CheckResult(FAIL, detail, "reinstall warpdata (numpy and zstandard are core dependencies)", facts=facts)
+        return CheckResult(FAIL, detail, "reinstall warp-toolchain (numpy and zstandard are core dependencies)", facts=facts)
     gpu_visible = shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
     if avail.get("gpu") is not None and gpu_visible:
-        return CheckResult(WARN, detail, "pip install 'warpdata[gpu]' (CUDA 12) or 'warpdata[gpu-cu13]' (CUDA 13)",
+        return CheckResult(WARN, detail, "pip install 'warp-toolchain[gpu]' (CUDA 12) or 'warp-toolchain[gpu-cu13]' (CUDA 13)",
                            facts=facts)
     return CheckResult(PASS, detail, facts=facts)
