@@ -13,4 +13,5 @@ GENERATORS: dict[str, str] = {
     "detection": "warpdata.sampledata.detection:generate",
     "wds": "warpdata.sampledata.wds:generate",
     "volume": "warpdata.sampledata.volume:generate",
+    "photos": "warpdata.sampledata.photoset:generate",
 }

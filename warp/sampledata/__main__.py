@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from warpdata.errors import WarpError
 from warpdata.sampledata import GENERATORS
 
 
@@ -23,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = {"seed": a.seed}
     if a.count is not None:
         kwargs["count"] = a.count
-    info = gen(a.out, **kwargs)
+    try:
+        info = gen(a.out, **kwargs)
+    except WarpError as e:
+        sys.stderr.write(f"error: {e.message}\n")
+        return int(e.exit_code)
     json.dump(info, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
     return 0
