@@ -146,7 +146,7 @@ EXPECTED: list[tuple[str, str, str]] = [
     (SECTIONS[4], "warp tar-to-tbl shard.tar", "verified yes"),
     (SECTIONS[5], "images:image$", "uploaded 4 of 4 blobs"),
     (SECTIONS[5], r"--json \| jq", '{"blobs_uploaded":0,"already_published":true}'),
-    (SECTIONS[5], "warp ls", "files,quarantine,reasons,samples,sources,summary 159"),
+    (SECTIONS[5], "warp ls", "files,quarantine,reasons,samples,sources,summary 158"),
     (SECTIONS[5], "warp stream vision/coco", '{"key":"images/img_00000.jpg","n_boxes":5,"class_ids":[2,2,2,1,2]}'),
     (SECTIONS[5], "warp stream vision/coco", '{"key":"images/img_00002.jpg","n_boxes":3,"class_ids":[1,3,2]}'),
     (SECTIONS[6], "warp ls", "main 500"),
