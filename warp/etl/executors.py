@@ -85,7 +85,7 @@ def parse_executor(text: str, *, where: str = "--executor") -> ExecutorSpec:
         if not addr:
             raise ConfigError(f"{where}: {t!r} names no Ray cluster", hint="e.g. ray:auto or ray://HOST:10001")
         return ExecutorSpec("ray", addr, t)
-    raise ConfigError(f"{where}: unknown executor {t!r}", hint="use one of: " + HELP)
+    raise ConfigError(f"{where}: {t!r} is not a known executor", hint="use one of: " + HELP)
 
 
 def resolve_executor(cli: str | None = None, configured: str | None = None, *,
@@ -215,20 +215,23 @@ class DaskRunner(Runner):
 
         window = window or 2 * max(1, self.threads)
         it = iter(tasks)
-        ac = as_completed()
         n = 0
 
-        def submit(task) -> None:
+        def submit(task):
             nonlocal n
-            # pure=False: a rerun after a failure is really recomputed; retries cover exceptions
-            # raised by workers lost mid-task as well (the scheduler reschedules those by itself)
-            ac.add(self.client.submit(fn, task, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}"))
+            # pure=False: every submission is computed (a task lost with its worker is rescheduled
+            # by the scheduler itself, up to distributed.scheduler.allowed-failures times)
             n += 1
+            return self.client.submit(fn, task, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}")
 
+        first = []
         for task in it:
-            submit(task)
+            first.append(submit(task))
             if n >= window:
                 break
+        if not first:
+            return
+        ac = as_completed(first, loop=self.client.loop)
         try:
             for fut in ac:
                 try:
@@ -242,7 +245,7 @@ class DaskRunner(Runner):
                     fut.release()
                 nxt = next(it, None)
                 if nxt is not None:
-                    submit(nxt)
+                    ac.add(submit(nxt))
                 yield res
         except BaseException:
             for f in list(ac.futures):

@@ -626,6 +626,12 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
                     _record(journal, by_index[r.index], r)
                     results[r.index] = r
                     bar.advance(r.samples + len(r.failures))
+    if tasks:
+        # every task is done: temporary files left now are from workers killed mid-shard (their
+        # tasks were rerun elsewhere) and must not reach the version
+        for leftover in Path(tasks[0].path).parent.glob(f"{TMP_PREFIX}*"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
     return [results[i] for i in sorted(results)], cluster
 
 
