@@ -313,3 +313,51 @@ def test_kill_a_dask_worker_mid_run_leaves_the_output_unchanged(cli, dataset, re
     assert proc.returncode == 0, stderr
     res = json.loads(stdout)
     assert artifact(res["path"]) == reference
+
+
+# -- output on object storage -------------------------------------------------
+
+def test_output_on_s3_is_uploaded_create_only_with_the_manifest_last(cli, dataset, reference, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    url = s3.url("wh")
+    s3.reset_counts()
+    res = etl(cli, config(dataset, tmp_path / "unused"), "--output", url, "-j", "2")
+    vdir = res["path"].rsplit("/", 1)[-1]
+    assert res["path"] == f"{url}/{vdir}" and res["upload"]["uploaded"] == len(reference) + 1
+    assert not (tmp_path / "unused").exists()
+    puts = s3.requests("PUT", f"wh/{vdir}/")
+    # one create-only PUT per file, the manifest last
+    assert len(puts) == len(reference) + 1 and puts[-1]["key"].endswith("/manifest.json")
+    assert s3.count("PUT", "wh/latest") == 1
+    got = {}
+    for name in reference:
+        got[name] = s3.client.get_object(Bucket=s3.bucket, Key=f"wh/{vdir}/{name}")["Body"].read()
+    assert artifact_from(got) == reference
+    assert s3.client.get_object(Bucket=s3.bucket, Key="wh/latest")["Body"].read() == (vdir + "\n").encode()
+    # a rerun builds nothing and re-sends nothing
+    s3.reset_counts()
+    again = etl(cli, config(dataset, tmp_path / "unused"), "--output", url)
+    assert again["status"] == "up-to-date" and again["path"] == res["path"]
+    assert again["upload"] == {**again["upload"], "uploaded": 0, "reused": len(reference) + 1}
+    assert s3.count("PUT", f"wh/{vdir}/") == 0
+
+
+def artifact_from(files: dict[str, bytes]) -> dict[str, bytes]:
+    out = {}
+    for name, data in files.items():
+        if name == "manifest.json":
+            m = json.loads(data)
+            m.pop("created_at_ms")
+            data = json.dumps(m, sort_keys=True).encode()
+        out[name] = data
+    return out
+
+
+def test_unreachable_store_is_a_temporary_failure(cli, dataset, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    dead = f"http://127.0.0.1:{_free_port()}"
+    for var in ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL"):
+        monkeypatch.setenv(var, dead)
+    r = cli("etl", "--config", config(dataset, tmp_path / "unused"), "--output", s3.url("wh"))
+    assert r.code == 75, r.err
+    assert "rerun" in r.err and "127.0.0.1" in r.err

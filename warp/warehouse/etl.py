@@ -438,6 +438,40 @@ def _preload() -> None:
 
 
 def run(req: EtlRequest) -> EtlResult:
+    remote = _remote_output(req)
+    if remote is not None:
+        return _run_to_store(req, remote)
+    return _run(req)
+
+
+def _remote_output(req: EtlRequest) -> str | None:
+    """``--output`` or ``[output] root`` when it is an object-store URL (s3://…)."""
+    from warpdata.etl.objectstore import is_url
+
+    text = req.output
+    if text is None:
+        o = req.config.get("output")
+        text = o.get("root") if isinstance(o, dict) and isinstance(o.get("root"), str) else None
+    return text.rstrip("/") if is_url(text) else None
+
+
+def _run_to_store(req: EtlRequest, url: str) -> EtlResult:
+    """Build into a local staging root (resumable from its receipts), then upload create-only, manifest last."""
+    import dataclasses
+
+    from warpdata.etl import objectstore
+
+    objectstore.check_reachable(url)
+    staging = objectstore.staging_root(url)
+    res = _run(dataclasses.replace(req, output=str(staging)))
+    t = time.perf_counter()
+    dest, counts = objectstore.upload_version(Path(res.path), url)
+    summary = {**res.summary, "path": dest, "staging_path": res.path, "upload": {**counts, "s": round(time.perf_counter() - t, 4)}}
+    rows = [r for r in res.rows] + [("uploaded", f"{counts['uploaded']} files ({counts['reused']} already there)")]
+    return EtlResult(kind=res.kind, path=dest, summary=summary, rows=rows, status=res.status, exit_code=res.exit_code)
+
+
+def _run(req: EtlRequest) -> EtlResult:
     t_start = time.perf_counter()
     phases: dict[str, float] = {}
     cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
