@@ -349,16 +349,46 @@ class RayRunner(Runner):
                 self.ray.shutdown()
 
 
-@contextlib.contextmanager
-def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None) -> Iterator[Runner]:
-    """A :class:`Runner` for ``spec`` with ``workers`` workers (own clusters only), closed on exit."""
+def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> Runner:
     if spec.kind == "dask":
-        runner: Runner = DaskRunner(spec, workers, initializer)
-    elif spec.kind == "ray":
-        runner = RayRunner(spec, workers, initializer)
-    else:
-        runner = LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None)
+        return DaskRunner(spec, workers, initializer)
+    if spec.kind == "ray":
+        return RayRunner(spec, workers, initializer)
+    return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None)
+
+
+@contextlib.contextmanager
+def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
+                started: Future | None = None) -> Iterator[Runner]:
+    """A :class:`Runner` for ``spec`` with ``workers`` workers (own clusters only), closed on exit.
+
+    ``started`` (from :func:`start_runner`) hands over a runner started
+    earlier; its owner closes it (:func:`close_started`).
+    """
+    if started is not None:
+        yield started.result()
+        return
+    runner = make_runner(spec, workers, initializer)
     try:
         yield runner
     finally:
         runner.close()
+
+
+def start_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None) -> Future:
+    """Start a runner in the background: a Dask LocalCluster or Ray takes seconds to come up,
+    which then overlaps the driver's scan of the inputs instead of adding to it."""
+    ex = ThreadPoolExecutor(1, thread_name_prefix="warp-etl-cluster")
+    try:
+        return ex.submit(make_runner, spec, workers, initializer)
+    finally:
+        ex.shutdown(wait=False)
+
+
+def close_started(started: Future) -> None:
+    """Close a runner from :func:`start_runner` (waiting for its start if need be)."""
+    try:
+        runner = started.result()
+    except BaseException:  # its failure was reported where it was used, or nobody used it
+        return
+    runner.close()

@@ -46,7 +46,7 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,13 @@ from warpdata.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes, fsync_d
 from warpdata.canonical import canonical_json, identity
 from warpdata.directio import BLOCK, AlignedFile
 from warpdata.errors import DataError
-from warpdata.etl.executors import ExecutorSpec, open_runner, resolve_executor
+from warpdata.etl.executors import (
+    ExecutorSpec,
+    close_started,
+    open_runner,
+    resolve_executor,
+    start_runner,
+)
 from warpdata.etl.receipts import Journal
 from warpdata.etl.workers import resolve_workers
 from warpdata.formats import twh1
@@ -441,7 +447,21 @@ def run(req: EtlRequest) -> EtlResult:
     remote = _remote_output(req)
     if remote is not None:
         return _run_to_store(req, remote)
-    return _run(req)
+    return _run_prestarted(req)
+
+
+def _run_prestarted(req: EtlRequest) -> EtlResult:
+    """A distributed executor is started while the driver scans the inputs (it takes seconds)."""
+    cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
+                       output_override=req.output, workers_override=req.workers)
+    executor = resolve_executor(req.executor, cfg.executor)
+    if not executor.distributed:
+        return _run(req)
+    started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker)
+    try:
+        return _run(req, started)
+    finally:
+        close_started(started)
 
 
 def _remote_output(req: EtlRequest) -> str | None:
@@ -463,7 +483,7 @@ def _run_to_store(req: EtlRequest, url: str) -> EtlResult:
 
     objectstore.check_reachable(url)
     staging = objectstore.staging_root(url)
-    res = _run(dataclasses.replace(req, output=str(staging)))
+    res = _run_prestarted(dataclasses.replace(req, output=str(staging)))
     t = time.perf_counter()
     dest, counts = objectstore.upload_version(Path(res.path), url)
     summary = {**res.summary, "path": dest, "staging_path": res.path, "upload": {**counts, "s": round(time.perf_counter() - t, 4)}}
@@ -471,7 +491,7 @@ def _run_to_store(req: EtlRequest, url: str) -> EtlResult:
     return EtlResult(kind=res.kind, path=dest, summary=summary, rows=rows, status=res.status, exit_code=res.exit_code)
 
 
-def _run(req: EtlRequest) -> EtlResult:
+def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
     t_start = time.perf_counter()
     phases: dict[str, float] = {}
     cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
@@ -543,9 +563,9 @@ def _run(req: EtlRequest) -> EtlResult:
         t = time.perf_counter()
         if cfg.durable:
             with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
-                results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal)
+                results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started)
         else:
-            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal)
+            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started)
         workers = cluster.get("threads") or cluster.get("workers") or workers
         phases["build"] = time.perf_counter() - t
 
@@ -632,7 +652,8 @@ def _fsync_files(paths: list[Path], workers: int) -> None:
 
 
 def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, total: int,
-               syncer: Executor | None, journal: Journal) -> tuple[list[ShardResult], dict[str, Any]]:
+               syncer: Executor | None, journal: Journal,
+               started: Future | None = None) -> tuple[list[ShardResult], dict[str, Any]]:
     """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes."""
     results: dict[int, ShardResult] = {}
     todo = []
@@ -649,7 +670,7 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
         bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
         if todo:
             n = workers if executor.distributed else min(workers, len(todo))
-            with open_runner(executor, n, initializer=_init_process_worker) as runner:
+            with open_runner(executor, n, initializer=_init_process_worker, started=started) as runner:
                 cluster = runner.describe()
                 if executor.distributed:
                     out.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
