@@ -200,6 +200,23 @@ def test_bad_executor_names_the_setting(cli, dataset, tmp_path, spec):
     assert r.code == 78 and f"--executor: {spec!r}" in r.err and "hint: " in r.err
 
 
+def test_warp_executor_env_picks_the_executor_and_the_flag_wins(cli, dataset, reference, tmp_path, monkeypatch):
+    monkeypatch.setenv("WARP_EXECUTOR", "process")
+    res = etl(cli, config(dataset, tmp_path / "a"), "-j", "2")
+    assert res["executor"] == "process" and artifact(res["path"]) == reference
+    res = etl(cli, config(dataset, tmp_path / "b", name="b.toml"), "-j", "2", "--executor", "local")
+    assert res["executor"] == "local"
+
+
+def test_a_missing_extra_names_the_pip_line(dataset, tmp_path):
+    """Without the dask extra installed (its import blocked in a fresh interpreter): exit 78 + pip line."""
+    code = ("import sys; sys.modules['distributed'] = None; from warpdata.cli import main; "
+            f"sys.exit(main(['etl', '--config', {str(config(dataset, tmp_path / 'wh'))!r}, '--executor', 'dask']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 78, r.stderr
+    assert "pip install 'warpdata[dask]'" in r.stderr and not (tmp_path / "wh").exists()
+
+
 def test_bad_warp_executor_env_is_a_config_error(cli, dataset, tmp_path, monkeypatch):
     monkeypatch.setenv("WARP_EXECUTOR", "spark")
     r = cli("etl", "--config", config(dataset, tmp_path / "wh"))

@@ -179,6 +179,10 @@ class DaskRunner(Runner):
                                             scheduler_kwargs={"dashboard": False}, silence_logs=40)
                 self.client = Client(self.cluster, set_as_default=False)
             elif spec.address.startswith("tcp://"):
+                import socket
+
+                host, _, port = spec.address[len("tcp://"):].rpartition(":")
+                socket.create_connection((host, int(port)), timeout=10).close()  # refused: fail now, not in 20 s
                 self.client = Client(spec.address, set_as_default=False, timeout="20s")
             else:
                 if not os.path.isfile(spec.address):
@@ -347,6 +351,19 @@ class RayRunner(Runner):
         if self.own:
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
+
+
+def require(spec: ExecutorSpec) -> None:
+    """Fail now (DependencyError, exit 78) when ``spec`` needs an extra that is not installed."""
+    import importlib
+
+    for mod, pkg, extra in {"dask": [("dask", "dask", "dask"), ("distributed", "distributed", "dask")],
+                            "ray": [("ray", "ray", "ray")]}.get(spec.kind, []):
+        try:
+            if importlib.import_module(mod) is None:
+                raise ImportError(mod)
+        except ImportError:
+            raise missing_dependency(f"--executor {spec.text}", pkg, extra) from None
 
 
 def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> Runner:

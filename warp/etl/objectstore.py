@@ -100,10 +100,14 @@ def upload_version(local: Path, url: str) -> tuple[str, dict[str, int]]:
 
 def check_reachable(url: str) -> None:
     """Fail fast (exit 75) when the store at ``url`` cannot be reached, before any work."""
-    from warpdata.storage import filesystem, parse_location
+    import dataclasses
+
+    from warpdata.storage import StorageConfig, filesystem, parse_location
 
     loc = parse_location(url)
-    fs = filesystem(loc)
+    # one quick attempt: the store is either there or the run stops before any work
+    cfg = dataclasses.replace(StorageConfig.from_env(), retries=1, connect_timeout=5.0) if loc.protocol == "s3" else None
+    fs = filesystem(loc, cfg)
     try:
         fs.ls(loc.path.split("/", 1)[0], refresh=True)
     except FileNotFoundError:

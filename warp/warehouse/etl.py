@@ -61,6 +61,7 @@ from warpdata.etl.executors import (
     ExecutorSpec,
     close_started,
     open_runner,
+    require,
     resolve_executor,
     start_runner,
 )
@@ -457,6 +458,7 @@ def _run_prestarted(req: EtlRequest) -> EtlResult:
     executor = resolve_executor(req.executor, cfg.executor)
     if not executor.distributed:
         return _run(req)
+    require(executor)
     started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker)
     try:
         return _run(req, started)
