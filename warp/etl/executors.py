@@ -295,8 +295,7 @@ class RayRunner(Runner):
         self.own = spec.address is None
         if not ray.is_initialized():
             if self.own:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False, _node_ip_address="127.0.0.1")
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
             else:
                 ray.init(address=spec.address, log_to_driver=False, configure_logging=False)
         else:

@@ -459,6 +459,8 @@ def _run_prestarted(req: EtlRequest) -> EtlResult:
     if not executor.distributed:
         return _run(req)
     require(executor)
+    if executor.kind != "dask":  # Ray must be initialised from the main thread
+        return _run(req)
     started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker)
     try:
         return _run(req, started)
