@@ -20,6 +20,8 @@ EXAMPLES = """
   warp etl -q --config transform.toml | xargs warp publish ws/coco --from
   cat vol.raw | warp etl --config volume.toml --input -  # array from stdin to Zarr
   warp etl --config captions.toml --workers 2 --json   # feature cache
+  warp etl --config transform.toml --executor dask -j 8   # on a local Dask cluster
+  warp etl --config transform.toml --executor dask:/shared/scheduler.json
 """
 
 
@@ -30,6 +32,10 @@ def main(
     workers: Annotated[int | None, typer.Option("--workers", "-j", min=1, help="Worker count (default: WARP_WORKERS or CPUs).")] = None,
     input_: Annotated[str | None, typer.Option("--input", "-i", help="Override [source] path; '-' reads stdin.")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Override [output] root.")] = None,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", "-x", metavar="NAME",
+        help="Where shard tasks run: local (default), process, dask (a LocalCluster), dask://HOST:PORT or "
+             "dask:SCHEDULER_FILE (an existing cluster), ray (also [build] executor, WARP_EXECUTOR).")] = None,
 ) -> int:
     from warpdata import envvars
     from warpdata.config import parse_toml
@@ -39,7 +45,7 @@ def main(
     run = resolve(data, source)
     req = EtlRequest(config_path=config, config=data, source=source,
                      clear=clear or envvars.flag("WAREHOUSE_CLEAR"), allow_invalid=allow_invalid,
-                     workers=workers, input=input_, output=output)
+                     workers=workers, input=input_, output=output, executor=executor)
     result = run(req)
     opts = out.options()
     if opts.json:

@@ -43,15 +43,13 @@ def main(
 ) -> int:
     import os
 
-    from warpdata import envvars
     from warpdata.errors import UsageError
     from warpdata.tbl.converter import ConvertRequest, convert
 
     if workers is None:
-        env = envvars.get("WARP_WORKERS") or "0"
-        if not env.isdigit():
-            raise UsageError(f"WARP_WORKERS={env!r} is not a whole number", hint="set it to e.g. 2, or unset it")
-        workers = int(env)
+        from warpdata.etl.workers import env_workers
+
+        workers = env_workers() or 0  # a malformed WARP_WORKERS is a ConfigError (exit 78), as in every ETL
 
     if os.path.exists(output) and not force:
         raise UsageError(f"{output} already exists", hint="pass --force to replace it, or choose another OUT")

@@ -17,8 +17,9 @@ _warp_complete_in() {
                 --workers|-j) :; return 0;;
                 --input|-i) _warp_files; return 0;;
                 --output|-o) _warp_files; return 0;;
+                --executor|-x) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--config -c --clear --allow-invalid --workers -j --input -i --output -o --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
+            if [[ $cur == -* ]]; then _warp_words "--config -c --clear --allow-invalid --workers -j --input -i --output -o --executor -x --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
         tar-to-tbl)
             case "$prev" in

@@ -27,6 +27,7 @@ complete -c warp -n '__fish_seen_subcommand_from etl' -l allow-invalid -d 'Build
 complete -c warp -n '__fish_seen_subcommand_from etl' -s j -l workers -x -d 'Worker count (default: WARP_WORKERS or CPUs)'
 complete -c warp -n '__fish_seen_subcommand_from etl' -s i -l input -r -F -d 'Override [source] path; \'-\' reads stdin'
 complete -c warp -n '__fish_seen_subcommand_from etl' -s o -l output -r -F -d 'Override [output] root'
+complete -c warp -n '__fish_seen_subcommand_from etl' -s x -l executor -r -F -d 'Where shard tasks run: local (default), process, dask (a LocalCluster), dask:...'
 
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -x -a 'auto none lz4 zstd' -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -l level -x -d 'Compression level (LZ4 >1 = high compression; ZSTD 1-22, default 3)'

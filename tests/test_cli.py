@@ -237,7 +237,8 @@ def test_exit_141_through_a_shell_pipeline():
 
 def test_every_exit_code_is_exercised():
     """The exit codes documented in warp(1) are exactly the ones the tests above cover."""
-    assert sorted(int(c) for c in ExitCode) == [0, 1, 2, 65, 66, 70, 78, 130, 141]
+    # 75 (temporary failure: object store or cluster unreachable) is exercised in tests/test_etl_scale.py
+    assert sorted(int(c) for c in ExitCode) == [0, 1, 2, 65, 66, 70, 75, 78, 130, 141]
 
 
 # -- --json and streams ----------------------------------------------------------

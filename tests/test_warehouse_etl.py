@@ -332,7 +332,7 @@ def test_kill_mid_build_leaves_no_version_and_rerun_reuses_shards(tmp_path):
     root = tmp_path / "wh"
     deadline = time.time() + 60
     while time.time() < deadline:
-        receipts = list(root.glob(".warp-tmp-build-*/shard-*.twh1.json"))
+        receipts = list(root.glob(".warp-tmp-build-*/receipts/shard-*.json"))
         if len(receipts) >= 3 or proc.poll() is not None:
             break
         time.sleep(0.01)

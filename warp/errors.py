@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     DATA = 65  # input data is malformed (EX_DATAERR)
     NO_INPUT = 66  # input missing or unreadable (EX_NOINPUT)
     INTERNAL = 70  # a bug in warp (EX_SOFTWARE)
+    TEMPFAIL = 75  # infrastructure failed (object store unreachable); a rerun resumes (EX_TEMPFAIL)
     CONFIG = 78  # bad configuration (EX_CONFIG)
     INTERRUPTED = 130  # SIGINT
     BROKEN_PIPE = 141  # stdout closed early (SIGPIPE)
@@ -34,6 +35,8 @@ EXIT_CODE_DOCS: dict[ExitCode, str] = {
     ExitCode.DATA: "input data is malformed or failed validation",
     ExitCode.NO_INPUT: "an input file, dataset or version does not exist or cannot be read",
     ExitCode.INTERNAL: "internal error (a bug in warp: please report it with --debug output)",
+    ExitCode.TEMPFAIL: "temporary failure of the infrastructure (object store or cluster unreachable); "
+                       "rerun the same command: it resumes from the finished shards",
     ExitCode.CONFIG: "bad configuration (config file, environment variable or storage settings)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); nothing half-written is left behind",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (e.g. `| head`)",
@@ -60,6 +63,10 @@ class WarpError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self):
+        # keep hint and details when the error crosses a process boundary (a pool or cluster worker)
+        return (_rebuild, (type(self), self.message, self.hint, self.details))
+
     def to_dict(self) -> dict:
         out = {"error": self.code, "message": self.message, "exit_code": int(self.exit_code)}
         if self.hint:
@@ -67,6 +74,10 @@ class WarpError(Exception):
         if self.details:
             out["details"] = {k: _jsonable(v) for k, v in self.details.items()}
         return out
+
+
+def _rebuild(cls: type, message: str, hint: str | None, details: dict) -> WarpError:
+    return cls(message, hint=hint, **details)
 
 
 def _jsonable(v: object) -> object:
@@ -113,6 +124,17 @@ class ConfigError(WarpError, ValueError):
 class InternalError(WarpError, RuntimeError):
     exit_code = ExitCode.INTERNAL
     code = "internal"
+
+
+class InfrastructureError(WarpError, OSError):
+    """The infrastructure failed (object store unreachable, cluster gone), not the data.
+
+    Transient by nature: the finished shards are receipted, so the same
+    command rerun later resumes (docs/formats/receipts.md).
+    """
+
+    exit_code = ExitCode.TEMPFAIL
+    code = "temporary-failure"
 
 
 class DependencyError(ConfigError, ImportError):

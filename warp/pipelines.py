@@ -44,6 +44,7 @@ class EtlRequest:
     clear: bool = False
     allow_invalid: bool = False
     workers: int | None = None
+    executor: str | None = None  # --executor: local, process, dask, dask://HOST:PORT, dask:FILE, ray
     input: str | None = None  # overrides [source] path; "-" is stdin
     output: str | None = None  # overrides [output] root
 

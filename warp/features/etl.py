@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from warpdata import envvars
 from warpdata.config import Field, non_negative, positive, validate
 from warpdata.errors import ConfigError
 from warpdata.pipelines import EtlRequest, EtlResult
@@ -111,13 +110,9 @@ def run(req: EtlRequest) -> EtlResult:
 
     cfg = validate(req.config, SCHEMA, req.source)
     spec = spec_from_config(cfg, Path(req.config_path).parent, req)
-    workers = req.workers
-    if workers is None and envvars.get("WARP_WORKERS"):
-        try:
-            workers = max(1, int(envvars.get("WARP_WORKERS")))
-        except ValueError:
-            raise ConfigError(f"WARP_WORKERS={envvars.get('WARP_WORKERS')!r} is not an integer",
-                              hint="unset it or set a worker count such as 2") from None
+    from warpdata.etl.workers import env_workers
+
+    workers = req.workers or env_workers()  # None: build_cache picks
     res = build_cache(spec, clear=req.clear, allow_invalid=req.allow_invalid, workers=workers)
     m = res.manifest
     agg = m.get("quarantine", {}).get("aggregate", {})

@@ -221,7 +221,9 @@ def run(req: EtlRequest) -> EtlResult:
     shards = tiles["shards"]
     shards = None if shards == "none" else shards
     backend_name = resolve_backend(tiles["backend"])
-    threads = req.workers or (tiles["threads"] or None)
+    from warpdata.etl.workers import env_workers
+
+    threads = req.workers or tiles["threads"] or env_workers()  # None: all cores
 
     inp = _Input(cfg["source"]["format"], src_path, cfg["source"]["shape"], cfg["source"]["dtype"], where)
     try:

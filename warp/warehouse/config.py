@@ -26,7 +26,16 @@ RESIZE_MODES = ("letterbox", "resize")
 DTYPES = ("u8", "f16", "f32")
 OVERFLOW = ("truncate", "reject")
 INTERPOLATIONS = ("linear", "nearest", "area", "cubic")
-EXECUTORS = ("thread", "process")
+
+
+def _executor_check(v: Any) -> str | None:
+    from warpdata.etl.executors import HELP, parse_executor
+
+    try:
+        parse_executor(v)
+    except ConfigError:
+        return "must be one of: " + HELP
+    return None
 
 
 def _size_check(v: Any) -> str | None:
@@ -91,7 +100,9 @@ SCHEMA: dict = {
     "build": {
         "workers": Field(int, 0, "parallel shard builders; 0 = WARP_WORKERS or the CPU count",
                          check=non_negative),
-        "executor": Field(str, "thread", "thread (decoders release the GIL) or process", choices=EXECUTORS),
+        "executor": Field(str, "", "where shard tasks run: thread (decoders release the GIL), process, dask, "
+                          "dask://HOST:PORT, dask:SCHEDULER_FILE or ray; empty = WARP_EXECUTOR or thread",
+                          check=_executor_check),
         "durable": Field(bool, True, "fsync every shard before the version appears (survives power loss); "
                          "false leaves write-back to the OS: a killed process still never leaves a partial "
                          "version, a power cut may"),

@@ -46,7 +46,7 @@ import shutil
 import tempfile
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,16 @@ from warpdata.atomic import (
 from warpdata.canonical import canonical_json, identity, seal
 from warpdata.directio import BLOCK, AlignedFile
 from warpdata.errors import DataError
+from warpdata.etl.executors import (
+    ExecutorSpec,
+    close_started,
+    open_runner,
+    require,
+    resolve_executor,
+    start_runner,
+)
+from warpdata.etl.receipts import Journal
+from warpdata.etl.workers import resolve_workers
 from warpdata.formats import twh1
 from warpdata.pipelines import EtlRequest, EtlResult
 from warpdata.quarantine import Quarantine
@@ -210,23 +220,37 @@ def build_shard(task: ShardTask) -> ShardResult:
                       {"read": read_s, "decode": tr.decode_s, "resize": tr.resize_s,
                        "hash": builder.last_write_s["hash"], "write": builder.last_write_s["write"]},
                       direct_bytes=min(direct_bytes, size))
-    atomic_write_bytes(task.path + ".json", canonical_json(asdict(res)), fsync=False)
     return res
 
 
-def _reuse_receipt(task: ShardTask) -> ShardResult | None:
-    receipt = Path(task.path + ".json")
-    if not receipt.is_file():
+def task_sha256(task: ShardTask) -> str:
+    """What a receipt binds to: the shard id, its transform and every input's content hash."""
+    return identity([task.shard_id, task.capacity, task.max_boxes, asdict(task.spec),
+                     [[s.key, s.sha256] for s in task.samples]])
+
+
+def _record(journal: Journal, task: ShardTask, res: ShardResult) -> None:
+    d = asdict(res)
+    d.pop("timings")
+    d.pop("reused")
+    journal.record(task.shard_id, task_sha256(task), res.sha256, res.size_bytes, d)
+
+
+def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | None) -> ShardResult | None:
+    """The receipted result of ``task`` if its receipt names this task and its shard verifies."""
+    if receipt is None:
         return None
     try:
-        d = json.loads(receipt.read_bytes())
-        res = ShardResult(**d)
+        if receipt["task_sha256"] != task_sha256(task):
+            raise ValueError("receipt of another task")
+        res = ShardResult(**receipt["result"])
         if res.samples:
-            twh1.TWH1Shard(task.path).verify(res.sha256)
-    except (OSError, ValueError, TypeError, DataError):
-        for p in (receipt, Path(task.path)):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+            with twh1.TWH1Shard(task.path) as sh:
+                sh.verify(res.sha256)
+    except (OSError, ValueError, TypeError, KeyError, DataError):
+        journal.forget(task.shard_id)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(task.path)
         return None
     res.reused = True
     res.timings = {}
@@ -258,31 +282,7 @@ def plan(samples: list[ValidSample], per_shard: int, spec: TransformSpec, max_bo
 
 
 def _workers(req: EtlRequest, cfg: wconfig.WarehouseConfig) -> int:
-    from warpdata import envvars
-
-    if req.workers:
-        return req.workers
-    if cfg.workers:
-        return cfg.workers
-    env = envvars.get("WARP_WORKERS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            from warpdata.errors import ConfigError
-
-            raise ConfigError(f"WARP_WORKERS={env!r} is not an integer", hint="set it to a number like 2") from None
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-
-
-def _executor(kind: str, workers: int) -> Executor:
-    if kind == "process":
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                                   initializer=_init_process_worker)
-    return ThreadPoolExecutor(workers, thread_name_prefix="warp-etl")
+    return resolve_workers(req.workers, cfg.workers)
 
 
 def _verify_version(path: Path, version: str, workers: int) -> dict[str, Any] | None:
@@ -491,12 +491,64 @@ def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float 
 
 
 def run(req: EtlRequest) -> EtlResult:
+    remote = _remote_output(req)
+    if remote is not None:
+        return _run_to_store(req, remote)
+    return _run_prestarted(req)
+
+
+def _run_prestarted(req: EtlRequest) -> EtlResult:
+    """A distributed executor is started while the driver scans the inputs (it takes seconds)."""
+    cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
+                       output_override=req.output, workers_override=req.workers)
+    executor = resolve_executor(req.executor, cfg.executor)
+    if not executor.distributed:
+        return _run(req)
+    require(executor)
+    if executor.kind != "dask":  # Ray must be initialised from the main thread
+        return _run(req)
+    started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker)
+    try:
+        return _run(req, started)
+    finally:
+        close_started(started)
+
+
+def _remote_output(req: EtlRequest) -> str | None:
+    """``--output`` or ``[output] root`` when it is an object-store URL (s3://…)."""
+    from warpdata.etl.objectstore import is_url
+
+    text = req.output
+    if text is None:
+        o = req.config.get("output")
+        text = o.get("root") if isinstance(o, dict) and isinstance(o.get("root"), str) else None
+    return text.rstrip("/") if is_url(text) else None
+
+
+def _run_to_store(req: EtlRequest, url: str) -> EtlResult:
+    """Build into a local staging root (resumable from its receipts), then upload create-only, manifest last."""
+    import dataclasses
+
+    from warpdata.etl import objectstore
+
+    objectstore.check_reachable(url)
+    staging = objectstore.staging_root(url)
+    res = _run_prestarted(dataclasses.replace(req, output=str(staging)))
+    t = time.perf_counter()
+    dest, counts = objectstore.upload_version(Path(res.path), url)
+    summary = {**res.summary, "path": dest, "staging_path": res.path, "upload": {**counts, "s": round(time.perf_counter() - t, 4)}}
+    rows = [r for r in res.rows] + [("uploaded", f"{counts['uploaded']} files ({counts['reused']} already there)")]
+    return EtlResult(kind=res.kind, path=dest, summary=summary, rows=rows, status=res.status, exit_code=res.exit_code)
+
+
+def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
     t_start = time.perf_counter()
     t_started_wall = time.time()
     phases: dict[str, float] = {}
     cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
                        output_override=req.output, workers_override=req.workers)
     workers = _workers(req, cfg)
+    executor = resolve_executor(req.executor, cfg.executor)
     import cv2
 
     cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
@@ -557,14 +609,16 @@ def run(req: EtlRequest) -> EtlResult:
         build_dir.mkdir(parents=True, exist_ok=True)
         for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written files of a killed run (we hold the lock)
             leftover.unlink()
+        journal = Journal(str(build_dir))
         tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
         threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
         t = time.perf_counter()
         if cfg.durable:
             with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
-                results = _run_tasks(tasks, cfg.executor, workers, len(kept), syncer)
+                results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started)
         else:
-            results = _run_tasks(tasks, cfg.executor, workers, len(kept), None)
+            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started)
+        workers = cluster.get("threads") or cluster.get("workers") or workers
         phases["build"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -609,10 +663,10 @@ def run(req: EtlRequest) -> EtlResult:
         wmanifest.validate_manifest(doc, str(build_dir / wmanifest.MANIFEST_NAME))
         metrics = _metrics(results, phases, workers, cfg, first, truncated_boxes, q, time.perf_counter() - t_start)
         metrics["created_at_ms"] = int(time.time() * 1000)
+        metrics["executor"] = executor.text
+        metrics["cluster"] = cluster
         atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
-        for r in results:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(build_dir / (r.file_name + ".json"))
+        journal.remove()
         if cfg.durable:
             _fsync_files([build_dir / r.file_name for r in results if r.samples and r.reused], workers)
         atomic_write_bytes(build_dir / wmanifest.MANIFEST_NAME, canonical_json(doc), fsync=cfg.durable)
@@ -658,44 +712,43 @@ def _fsync_files(paths: list[Path], workers: int) -> None:
         list(ex.map(_fsync_path, paths))
 
 
-def _run_tasks(tasks: list[ShardTask], executor: str, workers: int, total: int,
-               syncer: Executor | None) -> list[ShardResult]:
+def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, total: int,
+               syncer: Executor | None, journal: Journal,
+               started: Future | None = None) -> tuple[list[ShardResult], dict[str, Any]]:
+    """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes."""
     results: dict[int, ShardResult] = {}
     todo = []
+    receipts = journal.load_all()
     for task in tasks:
-        r = _reuse_receipt(task)
+        r = _reuse_receipt(task, journal, receipts.get(task.shard_id))
         if r is not None:
             results[task.index] = r
         else:
             todo.append(task)
+    by_index = {t.index: t for t in todo}
+    cluster: dict[str, Any] = {"executor": executor.text, "workers": workers}
     with out.progress("building shards", total=total, unit="img") as bar:
         bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
         if todo:
-            ex = _executor(executor, min(workers, len(todo)))
-            try:
-                pending: set[Future] = set()
-                it = iter(todo)
-                # a bounded queue keeps at most 2 tasks per worker in flight (memory)
-                for task in it:
-                    pending.add(ex.submit(build_shard, task))
-                    if len(pending) >= 2 * workers:
-                        break
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        r = fut.result()
-                        results[r.index] = r
-                        if r.samples and syncer is not None:
-                            syncer.submit(_fsync_path, os.path.join(os.path.dirname(tasks[0].path), r.file_name))
-                        bar.advance(r.samples + len(r.failures))
-                        nxt = next(it, None)
-                        if nxt is not None:
-                            pending.add(ex.submit(build_shard, nxt))
-            except BaseException:
-                ex.shutdown(wait=True, cancel_futures=True)
-                raise
-            ex.shutdown(wait=True)
-    return [results[i] for i in sorted(results)]
+            n = workers if executor.distributed else min(workers, len(todo))
+            with open_runner(executor, n, initializer=_init_process_worker, started=started) as runner:
+                cluster = runner.describe()
+                if executor.distributed:
+                    out.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
+                # a bounded window keeps at most 2 tasks per worker in flight (memory)
+                for r in runner.imap_unordered(build_shard, todo):
+                    if r.samples and syncer is not None:
+                        syncer.submit(_fsync_path, by_index[r.index].path)
+                    _record(journal, by_index[r.index], r)
+                    results[r.index] = r
+                    bar.advance(r.samples + len(r.failures))
+    if tasks:
+        # every task is done: temporary files left now are from workers killed mid-shard (their
+        # tasks were rerun elsewhere) and must not reach the version
+        for leftover in Path(tasks[0].path).parent.glob(f"{TMP_PREFIX}*"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+    return [results[i] for i in sorted(results)], cluster
 
 
 def _metrics(results: list[ShardResult], phases: dict[str, float], workers: int, cfg: wconfig.WarehouseConfig,
@@ -745,6 +798,11 @@ def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any
                "allowed_invalid": verdict["allowed"], "wall_s": round(wall, 4)}
     if metrics:
         summary["rate_samples_per_s"] = metrics.get("build_samples_per_s")
+        summary["shards_reused"] = metrics.get("shards_reused", 0)
+        summary["shards_built"] = metrics.get("shards", 0) - metrics.get("shards_reused", 0)
+        summary["executor"] = metrics.get("executor")
+    else:
+        summary["shards_reused"], summary["shards_built"] = len(doc["shards"]), 0
     rows = [("version", doc["version"][:12] + "…"), ("samples", str(doc["num_samples"])),
             ("shards", str(len(doc["shards"]))),
             ("quarantined", f"{agg['missing']} missing, {agg['invalid']} invalid"),

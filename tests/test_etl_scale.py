@@ -1,0 +1,379 @@
+"""Scale-out of ``warp etl`` (warp/etl/): the same bytes on any executor, receipts, resume, typed failures.
+
+Real components only: a Dask ``LocalCluster`` and a ``dask scheduler`` + 2
+``dask worker`` processes started here on 127.0.0.1, Ray where it installs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from warpdata.sampledata.detection import generate
+
+SMALL = dict(min_side=64, max_side=150)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("scale") / "coco"
+    generate(d, count=24, seed=5, **SMALL)
+    return d
+
+
+def config(d: Path, out: Path, *, build: str = "", name: str = "t.toml") -> Path:
+    p = d / name
+    p.write_text(f"""
+[source]
+format = "coco"
+path = "."
+
+[transform]
+target_size = 64
+max_boxes = 8
+
+[validation]
+max_invalid_fraction = {{ warn = 0.0, fail = 0.3 }}
+max_missing_fraction = {{ warn = 0.0, fail = 0.3 }}
+
+[output]
+root = "{out}"
+shard_samples = 4
+
+[build]
+{build}
+""")
+    return p
+
+
+def etl(cli, cfg, *args):
+    r = cli("etl", "--config", cfg, "--json", *args)
+    assert r.code == 0, r.err
+    return r.json()
+
+
+def artifact(path: str) -> dict[str, bytes]:
+    """Every file of a version except the timing-bearing ones (metrics.json, the manifest's created_at_ms)."""
+    out = {}
+    for p in sorted(Path(path).iterdir()):
+        if p.name == "metrics.json":
+            continue
+        data = p.read_bytes()
+        if p.name == "manifest.json":
+            m = json.loads(data)
+            m.pop("created_at_ms")
+            data = json.dumps(m, sort_keys=True).encode()
+        out[p.name] = data
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(dataset, tmp_path_factory):
+    """The version built by the local executor with one worker: what every other run must equal."""
+    from warpdata.cli import main  # noqa: F401  (imported so the CLI runner below works in-process)
+
+    out = tmp_path_factory.mktemp("ref") / "wh"
+    cfg = config(dataset, out, name="ref.toml")
+    r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", "-j", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["shards"] >= 5 and res["shards_built"] == res["shards"] and res["shards_reused"] == 0
+    return artifact(res["path"])
+
+
+def nshards(ref: dict[str, bytes]) -> int:
+    return sum(name.endswith(".twh1") for name in ref)
+
+
+def _dask():
+    pytest.importorskip("distributed", reason="the dask extra (dask, distributed) is not installed")
+
+
+@pytest.mark.parametrize("args", [["-j", "2"], ["-j", "2", "--executor", "process"]], ids=["threads-2", "process-2"])
+def test_local_executors_give_the_reference_bytes(cli, dataset, reference, tmp_path, args):
+    res = etl(cli, config(dataset, tmp_path / "wh"), *args)
+    assert res["shards_built"] == nshards(reference)
+    assert artifact(res["path"]) == reference
+
+
+def test_dask_local_cluster_gives_the_reference_bytes(cli, dataset, reference, tmp_path):
+    _dask()
+    res = etl(cli, config(dataset, tmp_path / "wh"), "--executor", "dask", "-j", "2")
+    assert res["executor"] == "dask" and res["shards_built"] == nshards(reference)
+    metrics = json.loads((Path(res["path"]) / "metrics.json").read_text())
+    assert metrics["cluster"]["cluster"] == "LocalCluster" and metrics["cluster"]["workers"] == 2
+    assert metrics["cluster"]["scheduler"].startswith("tcp://127.0.0.1:")
+    assert artifact(res["path"]) == reference
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dask_cluster(tmp_path):
+    """``dask scheduler`` + 2 ``dask worker`` processes on 127.0.0.1, stopped (by pid) afterwards."""
+    _dask()
+    sched_file = tmp_path / "scheduler.json"
+    port = _free_port()
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    procs = [subprocess.Popen([str(bindir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard", "--scheduler-file", str(sched_file)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)]
+    try:
+        deadline = time.monotonic() + 60
+        while not sched_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sched_file.exists(), "dask scheduler did not start"
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [str(bindir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1", "--nworkers", "1",
+                 "--host", "127.0.0.1", "--no-dashboard", "--name", f"w{i}", "--local-directory", str(tmp_path / f"w{i}")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+        from distributed import Client
+
+        with Client(f"tcp://127.0.0.1:{port}", timeout="30s") as c:
+            c.wait_for_workers(2, timeout=60)
+        yield {"address": f"127.0.0.1:{port}", "file": sched_file, "procs": procs}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_external_dask_cluster_gives_the_reference_bytes(cli, dataset, reference, tmp_path, dask_cluster):
+    res = etl(cli, config(dataset, tmp_path / "a"), "--executor", f"dask://{dask_cluster['address']}")
+    m = json.loads((Path(res["path"]) / "metrics.json").read_text())
+    assert m["cluster"]["cluster"] == "external" and m["cluster"]["workers"] == 2
+    assert artifact(res["path"]) == reference
+    # the same cluster through its scheduler file, chosen in the config this time
+    res = etl(cli, config(dataset, tmp_path / "b", build=f'executor = "dask:{dask_cluster["file"]}"', name="b.toml"))
+    assert res["executor"] == f"dask:{dask_cluster['file']}"
+    assert artifact(res["path"]) == reference
+
+
+def test_ray_gives_the_reference_bytes(cli, dataset, reference, tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed here (the ray extra)")
+    res = etl(cli, config(dataset, tmp_path / "wh"), "--executor", "ray", "-j", "2")
+    assert artifact(res["path"]) == reference
+
+
+# -- configuration errors ---------------------------------------------------
+
+@pytest.mark.parametrize("bad", ["abc", "0", "-3", "2.5"])
+def test_bad_warp_workers_is_a_config_error_everywhere(cli, dataset, tmp_path, monkeypatch, bad):
+    """One parser: every ETL pipeline and tar-to-tbl exit 78 naming WARP_WORKERS."""
+    from warpdata.sampledata import captions, volume
+
+    volume.generate(tmp_path / "vol", count=2, seed=0)
+    cap = captions.generate(tmp_path / "cap", count=4, seed=0)
+    monkeypatch.setenv("WARP_WORKERS", bad)
+    for cfg in (config(dataset, tmp_path / "wh"), tmp_path / "vol" / "volume.toml", cap["config"]):
+        r = cli("etl", "--config", cfg, "--json")
+        assert r.code == 78 and "WARP_WORKERS" in r.err, (cfg, r.code, r.err)
+    r = cli("tar-to-tbl", tmp_path / "in.tar", tmp_path / "out.tbl")
+    assert r.code == 78 and "WARP_WORKERS" in r.err
+    assert not (tmp_path / "wh").exists() and not (tmp_path / "vol" / "volume.zarr").exists()
+
+
+@pytest.mark.parametrize("spec", ["bogus", "dask://nohost", "dask:", "ray:"])
+def test_bad_executor_names_the_setting(cli, dataset, tmp_path, spec):
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh"), "--executor", spec)
+    assert r.code == 78 and f"--executor: {spec!r}" in r.err and "hint: " in r.err
+
+
+def test_warp_executor_env_picks_the_executor_and_the_flag_wins(cli, dataset, reference, tmp_path, monkeypatch):
+    monkeypatch.setenv("WARP_EXECUTOR", "process")
+    res = etl(cli, config(dataset, tmp_path / "a"), "-j", "2")
+    assert res["executor"] == "process" and artifact(res["path"]) == reference
+    res = etl(cli, config(dataset, tmp_path / "b", name="b.toml"), "-j", "2", "--executor", "local")
+    assert res["executor"] == "local"
+
+
+def test_a_missing_extra_names_the_pip_line(dataset, tmp_path):
+    """Without the dask extra installed (its import blocked in a fresh interpreter): exit 78 + pip line."""
+    code = ("import sys; sys.modules['distributed'] = None; from warpdata.cli import main; "
+            f"sys.exit(main(['etl', '--config', {str(config(dataset, tmp_path / 'wh'))!r}, '--executor', 'dask']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 78, r.stderr
+    assert "pip install 'warpdata[dask]'" in r.stderr and not (tmp_path / "wh").exists()
+
+
+def test_bad_warp_executor_env_is_a_config_error(cli, dataset, tmp_path, monkeypatch):
+    monkeypatch.setenv("WARP_EXECUTOR", "spark")
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh"))
+    assert r.code == 78 and "WARP_EXECUTOR" in r.err
+
+
+def test_bad_config_executor_names_the_key(cli, dataset, tmp_path):
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh", build='executor = "mpi"', name="x.toml"))
+    assert r.code == 78 and "build.executor" in r.err
+
+
+def test_unreachable_dask_scheduler_is_a_temporary_failure(cli, dataset, tmp_path):
+    _dask()
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh"), "--executor", f"dask://127.0.0.1:{_free_port()}")
+    assert r.code == 75 and "rerun" in r.err
+
+
+# -- receipts and resume ----------------------------------------------------
+
+def _spawn_etl(cfg: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _kill_driver_after(cfg: Path, out: Path, receipts: int, *args: str) -> None:
+    proc = _spawn_etl(cfg, *args)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(list(out.glob(".warp-tmp-build-*/receipts/shard-*.json"))) >= receipts:
+                break
+            time.sleep(0.005)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+
+
+def _driver_kill_trial(cli, dataset, reference, out: Path, receipts: int, *args: str) -> dict:
+    cfg = config(dataset, out, name=f"k{receipts}.toml")
+    _kill_driver_after(cfg, out, receipts, *args)
+    assert not list(out.glob("v*")) or len(list(out.glob("v*"))) == 1
+    # killed after `receipts` of the shards' receipts and before the last: no version is visible
+    assert not list(out.glob("v*")), "the build finished before it could be killed"
+    done = len(list(out.glob(".warp-tmp-build-*/receipts/shard-*.json")))
+    assert receipts <= done <= nshards(reference)  # all receipted: killed in finalize, before the manifest
+    res = etl(cli, cfg, *args)
+    assert res["shards_reused"] == done and res["shards_built"] == nshards(reference) - done
+    assert artifact(res["path"]) == reference
+    return res
+
+
+@pytest.mark.parametrize("receipts", [1, 3])
+def test_kill_driver_then_rerun_builds_only_unreceipted_shards(cli, dataset, reference, tmp_path, receipts):
+    _driver_kill_trial(cli, dataset, reference, tmp_path / "wh", receipts, "-j", "1")
+
+
+def test_a_receipt_is_trusted_only_when_its_shard_still_verifies(cli, dataset, reference, tmp_path):
+    """Receipted shards are reused; one whose bytes changed, or whose receipt names another task, is rebuilt."""
+    out = tmp_path / "wh"
+    cfg = config(dataset, out)
+    _kill_driver_after(cfg, out, 5, "-j", "1")
+    if list(out.glob("v*")):
+        pytest.skip("the build finished before it could be killed")
+    build = next(out.glob(".warp-tmp-build-*"))
+    receipts = sorted(build.glob("receipts/shard-*.json"))
+    assert len(receipts) >= 2
+    victim = build / (receipts[0].stem + ".twh1")
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    doc = json.loads(receipts[1].read_text())
+    doc["task_sha256"] = "0" * 64
+    receipts[1].write_text(json.dumps(doc))
+    res = etl(cli, cfg, "-j", "1")
+    assert res["shards_reused"] == len(receipts) - 2 and res["shards_built"] == nshards(reference) - len(receipts) + 2
+    assert artifact(res["path"]) == reference
+    assert not (Path(res["path"]) / "receipts").exists()  # the journal never reaches the version
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(10))
+def test_kill_driver_trials(cli, dataset, reference, tmp_path, trial):
+    _driver_kill_trial(cli, dataset, reference, tmp_path / "wh", 1 + trial % 5, "-j", str(1 + trial % 2))
+
+
+def test_kill_a_dask_worker_mid_run_leaves_the_output_unchanged(cli, dataset, reference, tmp_path, dask_cluster):
+    """kill -9 one of the two workers while it builds: the scheduler reruns its task elsewhere."""
+    import psutil
+
+    cfg = config(dataset, tmp_path / "wh")
+    proc = _spawn_etl(cfg, "--executor", f"dask://{dask_cluster['address']}")
+    try:
+        worker = dask_cluster["procs"][1]
+        # the worker process proper is a child of the nanny started by `dask worker`
+        deadline = time.monotonic() + 60
+        victims = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            victims = psutil.Process(worker.pid).children(recursive=True)
+            if victims and list((tmp_path / "wh").glob(".warp-tmp-build-*/*.twh1")):
+                break
+            time.sleep(0.01)
+        for v in victims:
+            os.kill(v.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    res = json.loads(stdout)
+    assert artifact(res["path"]) == reference
+
+
+# -- output on object storage -------------------------------------------------
+
+def test_output_on_s3_is_uploaded_create_only_with_the_manifest_last(cli, dataset, reference, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    url = s3.url("wh")
+    s3.reset_counts()
+    res = etl(cli, config(dataset, tmp_path / "unused"), "--output", url, "-j", "2")
+    vdir = res["path"].rsplit("/", 1)[-1]
+    assert res["path"] == f"{url}/{vdir}" and res["upload"]["uploaded"] == len(reference) + 1
+    assert not (tmp_path / "unused").exists()
+    puts = s3.requests("PUT", f"wh/{vdir}/")
+    # one create-only PUT per file, the manifest last
+    assert len(puts) == len(reference) + 1 and puts[-1]["key"].endswith("/manifest.json")
+    assert s3.count("PUT", "wh/latest") == 1
+    got = {}
+    for name in reference:
+        got[name] = s3.client.get_object(Bucket=s3.bucket, Key=f"wh/{vdir}/{name}")["Body"].read()
+    assert artifact_from(got) == reference
+    assert s3.client.get_object(Bucket=s3.bucket, Key="wh/latest")["Body"].read() == (vdir + "\n").encode()
+    # a rerun builds nothing and re-sends nothing
+    s3.reset_counts()
+    again = etl(cli, config(dataset, tmp_path / "unused"), "--output", url)
+    assert again["status"] == "up-to-date" and again["path"] == res["path"]
+    assert again["upload"] == {**again["upload"], "uploaded": 0, "reused": len(reference) + 1}
+    assert s3.count("PUT", f"wh/{vdir}/") == 0
+
+
+def artifact_from(files: dict[str, bytes]) -> dict[str, bytes]:
+    out = {}
+    for name, data in files.items():
+        if name == "manifest.json":
+            m = json.loads(data)
+            m.pop("created_at_ms")
+            data = json.dumps(m, sort_keys=True).encode()
+        out[name] = data
+    return out
+
+
+def test_unreachable_store_is_a_temporary_failure(cli, dataset, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    dead = f"http://127.0.0.1:{_free_port()}"
+    for var in ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL"):
+        monkeypatch.setenv(var, dead)
+    r = cli("etl", "--config", config(dataset, tmp_path / "unused"), "--output", s3.url("wh"))
+    assert r.code == 75, r.err
+    assert "rerun" in r.err and "127.0.0.1" in r.err

@@ -1,0 +1,410 @@
+"""Executors by name: where an ETL's shard tasks run.
+
+=============================== ===================================================
+spec (``--executor``,           runs the tasks on
+``[build] executor``,
+``WARP_EXECUTOR``)
+=============================== ===================================================
+``local`` (default), ``thread`` a thread pool in this process (decoders release the GIL)
+``process``                     a process pool on this machine
+``dask``                        a Dask ``LocalCluster`` started for the run: one
+                                single-threaded worker process per worker, bound
+                                to 127.0.0.1, no dashboard
+``dask://HOST:PORT``            an existing Dask scheduler
+``dask:SCHEDULER_FILE``         an existing Dask scheduler, by its scheduler file
+``ray``                         Ray Core tasks on a local Ray started for the run
+``ray://HOST:PORT``, ``ray:auto`` an existing Ray cluster
+=============================== ===================================================
+
+A task is a picklable value and the function a module-level function, so the
+same task gives the same bytes wherever it runs. Results come back in
+completion order (:meth:`Runner.imap_unordered`); callers key them by task
+index, so scheduling never reaches the output. A worker that dies mid-task
+(``kill -9``) has its task rerun by the engine (Dask: the scheduler
+reschedules it; Ray: ``max_retries``). Dask and Ray are optional extras
+(``warpdata[dask]``, ``warpdata[ray]``): a missing one is a
+:class:`~warpdata.errors.DependencyError` with the ``pip install`` line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from warpdata import envvars
+from warpdata.errors import ConfigError, InfrastructureError, missing_dependency
+
+KINDS = ("local", "thread", "process", "dask", "ray")
+HELP = ("local (threads; also 'thread'), process, dask (a LocalCluster), dask://HOST:PORT or "
+        "dask:SCHEDULER_FILE (an existing cluster), ray, ray://HOST:PORT or ray:auto")
+# a killed worker's task is rerun up to this many times before the run fails
+TASK_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    kind: str  # thread | process | dask | ray
+    address: str | None = None  # dask: tcp://host:port or a scheduler file; ray: its address
+    text: str = "local"
+
+    @property
+    def distributed(self) -> bool:
+        return self.kind in ("dask", "ray")
+
+
+def parse_executor(text: str, *, where: str = "--executor") -> ExecutorSpec:
+    """Parse an executor spec; ConfigError (exit 78) naming ``where`` when it is not one."""
+    t = text.strip()
+    low = t.lower()
+    if low in ("", "local", "thread", "threads"):
+        return ExecutorSpec("thread", None, t or "local")
+    if low in ("process", "processes"):
+        return ExecutorSpec("process", None, t)
+    if low == "dask":
+        return ExecutorSpec("dask", None, t)
+    if low.startswith(("dask://", "dask+tcp://")):
+        rest = t.split("://", 1)[1]
+        host, sep, port = rest.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"{where}: {t!r} is not dask://HOST:PORT",
+                              hint="e.g. dask://10.0.0.5:8786 (the address 'dask scheduler' prints)")
+        return ExecutorSpec("dask", f"tcp://{rest}", t)
+    if low.startswith("dask:"):
+        path = t[5:]
+        if not path:
+            raise ConfigError(f"{where}: {t!r} names no scheduler file", hint="e.g. dask:/shared/scheduler.json")
+        return ExecutorSpec("dask", os.path.expanduser(path), t)
+    if low == "ray":
+        return ExecutorSpec("ray", None, t)
+    if low.startswith("ray://") or low.startswith("ray:"):
+        addr = t if low.startswith("ray://") else t[4:]
+        if not addr:
+            raise ConfigError(f"{where}: {t!r} names no Ray cluster", hint="e.g. ray:auto or ray://HOST:10001")
+        return ExecutorSpec("ray", addr, t)
+    raise ConfigError(f"{where}: {t!r} is not a known executor", hint="use one of: " + HELP)
+
+
+def resolve_executor(cli: str | None = None, configured: str | None = None, *,
+                     where_config: str = "[build] executor") -> ExecutorSpec:
+    """``--executor`` > the config's ``[build] executor`` > ``WARP_EXECUTOR`` > local threads."""
+    env = envvars.get("WARP_EXECUTOR")
+    env_spec = parse_executor(env, where="WARP_EXECUTOR") if env else None
+    if cli:
+        return parse_executor(cli)
+    if configured:
+        return parse_executor(configured, where=where_config)
+    return env_spec or ExecutorSpec("thread", None, "local")
+
+
+class Runner:
+    """Runs ``fn(task)`` for each task and yields the results as they finish."""
+
+    kind = "thread"
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": self.kind, "workers": self.workers}
+
+    def imap_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any], *, window: int | None = None) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LocalRunner(Runner):
+    """Today's executor: a thread (or process) pool with at most ``window`` tasks in flight."""
+
+    def __init__(self, workers: int, kind: str = "thread", initializer: Callable[[], None] | None = None) -> None:
+        super().__init__(workers)
+        self.kind = kind
+        if kind == "process":
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
+                                            initializer=initializer)
+        else:
+            self.pool = ThreadPoolExecutor(workers, thread_name_prefix="warp-etl")
+
+    def imap_unordered(self, fn, tasks, *, window=None):
+        window = window or 2 * self.workers
+        it = iter(tasks)
+        pending: set[Future] = set()
+        try:
+            for task in it:
+                pending.add(self.pool.submit(fn, task))
+                if len(pending) >= window:
+                    break
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    res = fut.result()
+                    nxt = next(it, None)
+                    if nxt is not None:
+                        pending.add(self.pool.submit(fn, nxt))
+                    yield res
+        except BaseException:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class DaskRunner(Runner):
+    """Tasks as Dask futures on a ``distributed.Client`` (own LocalCluster or an existing scheduler)."""
+
+    kind = "dask"
+
+    def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> None:
+        super().__init__(workers)
+        try:
+            import dask  # noqa: F401
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise missing_dependency("--executor dask", "distributed", "dask") from None
+        self.cluster = None
+        self.address = spec.address
+        try:
+            if spec.address is None:
+                self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                            host="127.0.0.1", dashboard_address=None,
+                                            scheduler_kwargs={"dashboard": False}, silence_logs=40)
+                self.client = Client(self.cluster, set_as_default=False)
+            elif spec.address.startswith("tcp://"):
+                import socket
+
+                host, _, port = spec.address[len("tcp://"):].rpartition(":")
+                socket.create_connection((host, int(port)), timeout=10).close()  # refused: fail now, not in 20 s
+                self.client = Client(spec.address, set_as_default=False, timeout="20s")
+            else:
+                if not os.path.isfile(spec.address):
+                    raise ConfigError(f"--executor {spec.text}: scheduler file {spec.address} does not exist",
+                                      hint="start 'dask scheduler --scheduler-file FILE' first, on a shared filesystem")
+                self.client = Client(scheduler_file=spec.address, set_as_default=False, timeout="20s")
+        except (OSError, TimeoutError) as e:
+            self.close()
+            raise InfrastructureError(f"could not reach the Dask scheduler {spec.text}: {e}",
+                                      hint="check the scheduler is running and reachable, then rerun") from None
+        if initializer is not None:
+            from distributed.diagnostics.plugin import WorkerPlugin
+
+            class _Init(WorkerPlugin):
+                name = "warp-etl-init"
+
+                def setup(self, worker):  # runs on every worker, including replacements
+                    initializer()
+
+            self.client.register_plugin(_Init(), name="warp-etl-init")
+        info = self.client.scheduler_info(n_workers=-1) if _accepts_n_workers(self.client) else self.client.scheduler_info()
+        self.n_workers = len(info.get("workers", {}))
+        self.threads = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values())
+        self.scheduler = info.get("address", spec.address or "")
+        if spec.address is not None:
+            self.workers = max(1, self.threads)
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": "dask", "scheduler": self.scheduler, "workers": self.n_workers, "threads": self.threads,
+                "cluster": "LocalCluster" if self.cluster is not None else "external"}
+
+    def imap_unordered(self, fn, tasks, *, window=None):
+        from distributed import as_completed
+
+        window = window or 2 * max(1, self.threads)
+        it = iter(tasks)
+        n = 0
+
+        def submit(task):
+            nonlocal n
+            # pure=False: every submission is computed (a task lost with its worker is rescheduled
+            # by the scheduler itself, up to distributed.scheduler.allowed-failures times)
+            n += 1
+            return self.client.submit(fn, task, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}")
+
+        first = []
+        for task in it:
+            first.append(submit(task))
+            if n >= window:
+                break
+        if not first:
+            return
+        ac = as_completed(first, loop=self.client.loop)
+        try:
+            for fut in ac:
+                try:
+                    res = fut.result()
+                except Exception as e:
+                    if _is_infrastructure(e):
+                        raise InfrastructureError(f"the Dask cluster lost the task {fut.key}: {e}",
+                                                  hint="rerun the same command: finished shards are reused") from None
+                    raise
+                finally:
+                    fut.release()
+                nxt = next(it, None)
+                if nxt is not None:
+                    ac.add(submit(nxt))
+                yield res
+        except BaseException:
+            for f in list(ac.futures):
+                f.cancel()
+            raise
+
+    def close(self) -> None:
+        for obj in (getattr(self, "client", None), self.cluster):
+            if obj is not None:
+                with contextlib.suppress(Exception):
+                    obj.close()
+
+
+def _accepts_n_workers(client) -> bool:
+    import inspect
+
+    try:
+        return "n_workers" in inspect.signature(client.scheduler_info).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_infrastructure(e: BaseException) -> bool:
+    try:
+        from distributed.scheduler import KilledWorker
+    except ImportError:
+        return False
+    return isinstance(e, KilledWorker | OSError | TimeoutError) and not hasattr(e, "exit_code")
+
+
+class RayRunner(Runner):
+    """Ray Core tasks; a task whose worker dies is retried (``max_retries``)."""
+
+    kind = "ray"
+
+    def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> None:
+        super().__init__(workers)
+        try:
+            import ray
+        except ImportError:
+            raise missing_dependency("--executor ray", "ray", "ray") from None
+        self.ray = ray
+        self.own = spec.address is None
+        if not ray.is_initialized():
+            if self.own:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(address=spec.address, log_to_driver=False, configure_logging=False)
+        else:
+            self.own = False
+        self.initializer = initializer
+        self.threads = int(ray.cluster_resources().get("CPU", workers))
+        if spec.address is not None:
+            self.workers = max(1, self.threads)
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": "ray", "workers": self.threads, "cluster": "local" if self.own else "external"}
+
+    def imap_unordered(self, fn, tasks, *, window=None):
+        ray = self.ray
+        init = self.initializer
+
+        def call(task):
+            if init is not None:
+                init()
+            return fn(task)
+
+        remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False, num_cpus=1)(call)
+        window = window or 2 * max(1, self.threads)
+        it = iter(tasks)
+        pending = []
+        for task in it:
+            pending.append(remote.remote(task))
+            if len(pending) >= window:
+                break
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                try:
+                    res = ray.get(done[0])
+                except ray.exceptions.RayTaskError as e:
+                    cause = e.as_instanceof_cause()
+                    raise (cause.cause if getattr(cause, "cause", None) is not None else cause) from None
+                except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:
+                    raise InfrastructureError(f"the Ray cluster lost a task: {e}",
+                                              hint="rerun the same command: finished shards are reused") from None
+                nxt = next(it, None)
+                if nxt is not None:
+                    pending.append(remote.remote(nxt))
+                yield res
+        except BaseException:
+            for r in pending:
+                with contextlib.suppress(Exception):
+                    ray.cancel(r)
+            raise
+
+    def close(self) -> None:
+        if self.own:
+            with contextlib.suppress(Exception):
+                self.ray.shutdown()
+
+
+def require(spec: ExecutorSpec) -> None:
+    """Fail now (DependencyError, exit 78) when ``spec`` needs an extra that is not installed."""
+    import importlib
+
+    for mod, pkg, extra in {"dask": [("dask", "dask", "dask"), ("distributed", "distributed", "dask")],
+                            "ray": [("ray", "ray", "ray")]}.get(spec.kind, []):
+        try:
+            if importlib.import_module(mod) is None:
+                raise ImportError(mod)
+        except ImportError:
+            raise missing_dependency(f"--executor {spec.text}", pkg, extra) from None
+
+
+def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> Runner:
+    if spec.kind == "dask":
+        return DaskRunner(spec, workers, initializer)
+    if spec.kind == "ray":
+        return RayRunner(spec, workers, initializer)
+    return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None)
+
+
+@contextlib.contextmanager
+def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
+                started: Future | None = None) -> Iterator[Runner]:
+    """A :class:`Runner` for ``spec`` with ``workers`` workers (own clusters only), closed on exit.
+
+    ``started`` (from :func:`start_runner`) hands over a runner started
+    earlier; its owner closes it (:func:`close_started`).
+    """
+    if started is not None:
+        yield started.result()
+        return
+    runner = make_runner(spec, workers, initializer)
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def start_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None) -> Future:
+    """Start a runner in the background: a Dask LocalCluster or Ray takes seconds to come up,
+    which then overlaps the driver's scan of the inputs instead of adding to it."""
+    ex = ThreadPoolExecutor(1, thread_name_prefix="warp-etl-cluster")
+    try:
+        return ex.submit(make_runner, spec, workers, initializer)
+    finally:
+        ex.shutdown(wait=False)
+
+
+def close_started(started: Future) -> None:
+    """Close a runner from :func:`start_runner` (waiting for its start if need be)."""
+    try:
+        runner = started.result()
+    except BaseException:  # its failure was reported where it was used, or nobody used it
+        return
+    runner.close()

@@ -1,0 +1,118 @@
+"""ETL outputs on object storage (``[output] root = "s3://…"``): staged build, create-only upload.
+
+The pipeline builds the version as it does locally, into a staging root on
+this machine (``$WARP_CACHE_DIR/etl-staging/<hash of the URL>``: a rerun
+after a crash resumes there from the receipts journal), then
+:func:`upload_version` copies it to ``<url>/<version dir>/``:
+
+1. every file but the manifest, sorted, each ``PUT If-None-Match: *``
+   (create-only): an object already there of the same size was uploaded by
+   an earlier, interrupted run and is kept (shards carry their SHA-256 in
+   the manifest, which ``warp inspect --verify`` checks);
+2. ``manifest.json`` last, create-only: the version exists for readers
+   only once it is there, so a killed upload never shows a half version;
+3. ``<url>/latest``: the name of the newest version directory.
+
+An unreachable store is an :class:`~warpdata.errors.InfrastructureError`
+(exit 75); the rerun resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from warpdata.errors import ConfigError, InfrastructureError, InternalError
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+
+
+def is_url(text: str | None) -> bool:
+    return bool(text) and "://" in str(text) and not str(text).startswith("file://")
+
+
+def staging_root(url: str) -> Path:
+    from warpdata import envvars
+
+    h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return Path(envvars.default_cache_dir()) / "etl-staging" / h
+
+
+def _infra(e: BaseException, url: str) -> InfrastructureError:
+    return InfrastructureError(f"could not write {url}: {type(e).__name__}: {e}",
+                               hint="the object store is unreachable or refused the request (check WARP_S3_ENDPOINT "
+                                    "and credentials); rerun the same command: what was built and uploaded is reused")
+
+
+def _is_infra(e: BaseException) -> bool:
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # pragma: no cover - s3fs depends on botocore
+        return isinstance(e, OSError)
+    if isinstance(e, ClientError):
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        return code not in ("AccessDenied", "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+    return isinstance(e, BotoCoreError | OSError | TimeoutError) and not isinstance(e, FileNotFoundError | PermissionError)
+
+
+def upload_version(local: Path, url: str) -> tuple[str, dict[str, int]]:
+    """Upload the finished version directory ``local`` under ``url``; returns its URL and counts."""
+    from warpdata.storage import filesystem, parse_location
+
+    loc = parse_location(url)
+    fs = filesystem(loc)
+    dest = loc.join(local.name)
+    files = sorted(p for p in local.iterdir() if p.is_file() and p.name != MANIFEST)
+    if not (local / MANIFEST).is_file():
+        raise InternalError(f"{local} has no {MANIFEST}: not a finished version")
+    counts = {"uploaded": 0, "reused": 0}
+    try:
+        try:
+            fs.invalidate_cache(dest.path)
+            present = {i["name"].rsplit("/", 1)[-1]: int(i.get("size") or 0)
+                       for i in fs.ls(dest.path, detail=True, refresh=True) if i.get("type") != "directory"}
+        except FileNotFoundError:
+            present = {}
+        for p in [*files, local / MANIFEST]:
+            size = p.stat().st_size
+            if p.name in present:
+                if present[p.name] != size:
+                    raise ConfigError(f"{dest.url}/{p.name} exists with {present[p.name]} bytes, this build made {size}",
+                                      hint=f"another build wrote this version; remove {dest.url}/ and rerun")
+                counts["reused"] += 1
+                continue
+            try:
+                fs.put_file(os.fspath(p), f"{dest.path}/{p.name}", mode="create")
+                counts["uploaded"] += 1
+            except FileExistsError:  # a concurrent driver got there first: same task, same bytes
+                counts["reused"] += 1
+        fs.pipe_file(loc.join(LATEST).path, (local.name + "\n").encode())
+    except (ConfigError, InternalError):
+        raise
+    except Exception as e:
+        if _is_infra(e):
+            raise _infra(e, dest.url) from None
+        raise
+    return dest.url, counts
+
+
+def check_reachable(url: str) -> None:
+    """Fail fast (exit 75) when the store at ``url`` cannot be reached, before any work."""
+    import dataclasses
+
+    from warpdata.storage import StorageConfig, filesystem, parse_location
+
+    loc = parse_location(url)
+    # one quick attempt: the store is either there or the run stops before any work
+    cfg = dataclasses.replace(StorageConfig.from_env(), retries=1, connect_timeout=5.0) if loc.protocol == "s3" else None
+    fs = filesystem(loc, cfg)
+    try:
+        fs.ls(loc.path.split("/", 1)[0], refresh=True)
+    except FileNotFoundError:
+        raise ConfigError(f"{url}: the bucket does not exist", hint="create it, or fix [output] root") from None
+    except Exception as e:
+        if _is_infra(e):
+            raise _infra(e, url) from None
+        raise

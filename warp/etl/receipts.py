@@ -1,0 +1,145 @@
+"""The receipts journal: one create-only receipt per finished shard (docs/formats/receipts.md).
+
+A build directory (local) or build prefix (object store) holds
+``receipts/<shard_id>.json``. The driver writes a shard's receipt once the
+shard's bytes are in place, create-only (``O_EXCL``-style link locally,
+``PUT If-None-Match: *`` on S3), so two drivers never disagree about a
+finished shard. A receipt names the task it finished (``task_sha256``) and
+the shard's content hash; a rerun after a crash reuses a shard only when
+its receipt parses, names the same task and the shard's bytes still hash to
+the receipted value. The manifest is written after every shard has a
+receipt; the journal is removed before the version becomes visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+from warpdata.atomic import create_exclusive
+from warpdata.canonical import canonical_json
+from warpdata.errors import InfrastructureError, InternalError
+
+RECEIPT_VERSION = 1
+DIR = "receipts"
+
+
+def _infra(e: BaseException, what: str) -> InfrastructureError:
+    return InfrastructureError(f"{what}: {e}", hint="the store is unreachable or refused the request; "
+                               "rerun the same command once it is back: finished shards are reused")
+
+
+class Journal:
+    """The receipts under ``base`` (a local directory or an fsspec URL)."""
+
+    def __init__(self, base: str) -> None:
+        from warpdata.storage import filesystem, parse_location
+
+        self.loc = parse_location(base).join(DIR)
+        self.local = self.loc.protocol == "file"
+        self.fs = None if self.local else filesystem(self.loc)
+        if self.local:
+            os.makedirs(self.loc.path, exist_ok=True)
+
+    def path(self, shard_id: str) -> str:
+        return f"{self.loc.path}/{shard_id}.json"
+
+    def load(self, shard_id: str) -> dict[str, Any] | None:
+        """The receipt of ``shard_id``, or None when there is none or it does not parse."""
+        p = self.path(shard_id)
+        try:
+            if self.local:
+                with open(p, "rb") as f:
+                    raw = f.read()
+            else:
+                raw = self.fs.cat_file(p)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if self.local:
+                return None
+            raise _infra(e, f"could not read the receipt {self.loc.protocol}://{p}") from None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict) or doc.get("receipt") != RECEIPT_VERSION or doc.get("shard_id") != shard_id:
+            return None
+        return doc
+
+    def load_all(self) -> dict[str, dict[str, Any]]:
+        """Every parseable receipt, by shard id (one listing, then one read per receipt)."""
+        try:
+            if self.local:
+                names = [n for n in os.listdir(self.loc.path) if n.endswith(".json")]
+            else:
+                self.fs.invalidate_cache(self.loc.path)
+                names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(self.loc.path, detail=False) if p.endswith(".json")]
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            if self.local:
+                return {}
+            raise _infra(e, f"could not list the receipts under {self.loc.url}") from None
+        out = {}
+        for n in sorted(names):
+            sid = n[:-5]
+            doc = self.load(sid)
+            if doc is not None:
+                out[sid] = doc
+        return out
+
+    def record(self, shard_id: str, task_sha256: str, sha256: str | None, size_bytes: int,
+               result: dict[str, Any]) -> dict[str, Any]:
+        """Write the receipt of a finished shard, create-only; returns it.
+
+        If a receipt is already there (another driver finished the same
+        task) it must name the same content hash: the bytes of a task never
+        depend on who built it. A different hash is a bug, not a race.
+        """
+        doc = {"receipt": RECEIPT_VERSION, "shard_id": shard_id, "task_sha256": task_sha256,
+               "sha256": sha256, "size_bytes": size_bytes, "result": result}
+        data = canonical_json(doc)
+        p = self.path(shard_id)
+        if self.local:
+            created = create_exclusive(p, data)
+        else:
+            try:
+                self.fs.pipe_file(p, data, mode="create")
+                created = True
+            except FileExistsError:
+                created = False
+            except OSError as e:
+                if "PreconditionFailed" in str(e) or "412" in str(e):
+                    created = False
+                else:
+                    raise _infra(e, f"could not write the receipt s3://{p}") from None
+        if not created:
+            prev = self.load(shard_id)
+            if prev is None or (prev.get("task_sha256"), prev.get("sha256")) != (task_sha256, sha256):
+                raise InternalError(f"receipt {p} already exists with different content "
+                                    f"(task {prev and prev.get('task_sha256')}, sha256 {prev and prev.get('sha256')}; "
+                                    f"this build: {task_sha256}, {sha256})",
+                                    hint="a shard's bytes must depend only on its task; please report this")
+            return prev
+        return doc
+
+    def forget(self, shard_id: str) -> None:
+        """Drop a receipt that failed verification (its shard is rebuilt)."""
+        with contextlib.suppress(FileNotFoundError):
+            if self.local:
+                os.unlink(self.path(shard_id))
+            else:
+                self.fs.rm_file(self.path(shard_id))
+
+    def remove(self) -> None:
+        """Remove the whole journal (once the manifest is written)."""
+        if self.local:
+            import shutil
+
+            shutil.rmtree(self.loc.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(self.loc.path, recursive=True)

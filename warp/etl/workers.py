@@ -1,0 +1,48 @@
+"""One parser for worker counts: ``--workers`` > config > ``WARP_WORKERS`` > CPUs.
+
+Every ETL and conversion command reads ``WARP_WORKERS`` through
+:func:`resolve_workers`, so a bad value fails the same way everywhere
+(:class:`~warpdata.errors.ConfigError`, exit 78).
+"""
+
+from __future__ import annotations
+
+import os
+
+from warpdata import envvars
+from warpdata.errors import ConfigError
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def env_workers() -> int | None:
+    """``WARP_WORKERS`` as a positive integer, None when unset; ConfigError when malformed."""
+    env = envvars.get("WARP_WORKERS")
+    if env is None:
+        return None
+    text = env.strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"WARP_WORKERS={env!r} is not a positive whole number",
+                          hint="set it to a worker count like 2, or unset it to use every CPU",
+                          key="WARP_WORKERS")
+    return int(text)
+
+
+def resolve_workers(explicit: int | None = None, configured: int | None = None, *,
+                    default: int | None = None) -> int:
+    """The worker count: ``explicit`` (--workers), then ``configured`` (config file, 0 = unset),
+    then ``WARP_WORKERS``, then ``default`` or the CPU count.
+
+    ``WARP_WORKERS`` is validated even when an explicit value wins, so a
+    typo in the environment is reported instead of silently ignored.
+    """
+    env = env_workers()
+    for v in (explicit, configured, env):
+        if v:
+            return max(1, int(v))
+    return default if default is not None else cpu_count()
