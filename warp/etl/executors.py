@@ -22,7 +22,7 @@ completion order (:meth:`Runner.imap_unordered`); callers key them by task
 index, so scheduling never reaches the output. A worker that dies mid-task
 (``kill -9``) has its task rerun by the engine (Dask: the scheduler
 reschedules it; Ray: ``max_retries``). Dask and Ray are optional extras
-(``warpdata[dask]``, ``warpdata[ray]``): a missing one is a
+(``warp-toolchain[dask]``, ``warp-toolchain[ray]``): a missing one is a
 :class:`~warpdata.errors.DependencyError` with the ``pip install`` line.
 """
 
