@@ -1027,8 +1027,11 @@ class Query:
         return parts[0] if len(parts) == 1 else pads.dataset(parts)
 
     def sql(self, limit: int | None = None, what: str | None = None) -> str:
+        from .sqlgate import check_filter, where_sql
+
+        check_filter(self.expr, self.table.schema_names())  # one expression over the columns, or UsageError
         cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
-        sql = f"SELECT {cols} FROM warp_table WHERE {self.expr}"
+        sql = f"SELECT {cols} FROM warp_table WHERE {where_sql(self.expr)}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return sql
@@ -1042,8 +1045,11 @@ class Query:
             dset = self._arrow_dataset(shard)
         if dset is None:
             return None, None
-        con = duckdb.connect()
+        from .sqlgate import connect, lock
+
+        con = connect()
         con.register("warp_table", dset)
+        lock(con)  # no file, network or extension access beyond the registered shards
         try:
             return con, con.sql(sql)
         except duckdb.Error as e:
