@@ -94,8 +94,11 @@ def open_confined(path: str | os.PathLike, *, max_bytes: int, root_real: str | N
         if st.st_size > max_bytes:
             raise UnsafeFile("too-large", f"is {st.st_size} bytes, over the {max_bytes / 1e6:g} MB limit "
                              "(raise it in [limits] of the config)", st.st_size)
-        data = f.read(max_bytes + 1)
-        if len(data) > max_bytes:  # grew since the stat
+        # read(n) allocates n bytes up front: ask for what the stat promised, plus one to see growth
+        data = f.read(st.st_size + 1)
+        if len(data) > st.st_size:  # grew since the stat (or a size-0 pseudo file): the rest, still bounded
+            data += f.read(max_bytes - len(data) + 1)
+        if len(data) > max_bytes:
             raise UnsafeFile("too-large", f"is over the {max_bytes / 1e6:g} MB limit "
                              "(raise it in [limits] of the config)", len(data))
     return data, st
@@ -111,8 +114,11 @@ def escapes(images_dir: str, name: str) -> bool:
 
 @dataclass(slots=True)
 class LabelRecord:
+    """One image's labels. Kept small (slots, no per-record path object, empty box lists shared):
+    a listing of a million images is a million of these."""
+
     key: str
-    image: str  # absolute path (root joined with key)
+    root: str  # the dataset root as given; the image is root/key
     run: str
     boxes: list[list[float]]  # xyxy pixels in the oriented frame, or YOLO cxcywh normalized
     classes: list[int]
@@ -124,6 +130,10 @@ class LabelRecord:
     run_id: str = ""
     root_real: str | None = None  # the dataset root after symlinks: images must stay inside it
 
+    @property
+    def image(self) -> str:
+        return os.path.join(self.root, self.key)
+
 
 @dataclass
 class LabelSet:
@@ -131,6 +141,9 @@ class LabelSet:
     classes: list[dict[str, Any]]  # [{"id": int, "name": str}]
     label_files: list[Path]
     rejects: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+
+
+_NONE: list = []  # the shared box/class list of a record without boxes; never appended to
 
 
 def _num(v: Any) -> bool:
@@ -180,6 +193,7 @@ def _check_box(b: Any, min_size: float) -> tuple[str, str] | None:
 def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: float,
               limits: Limits = Limits()) -> LabelSet:
     root_real = os.path.realpath(root)
+    root_s = str(root)
     records: list[LabelRecord] = []
     rejects: list[tuple[str, str, str, str, str]] = []
     classes: dict[int, str] = {}
@@ -214,7 +228,9 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
             classes[c["id"]] = c["name"]
         by_id: dict[int, LabelRecord] = {}
         bad_ids: set[int] = set()
-        for i, im in enumerate(doc["images"]):
+        images = doc.pop("images")
+        for i in range(len(images)):
+            im, images[i] = images[i], None  # each parsed entry is freed as its record is made
             if not isinstance(im, dict) or not isinstance(im.get("id"), int) or not isinstance(im.get("file_name"), str) \
                     or not im["file_name"] or "\x00" in im["file_name"]:
                 sid = im.get("file_name") if isinstance(im, dict) and isinstance(im.get("file_name"), str) else f"{src}#images[{i}]"
@@ -237,7 +253,7 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
                                 f"images[{i}] repeats image id {im['id']} / file {im['file_name']}"))
                 continue
             seen_keys.add(key)
-            rec = LabelRecord(key=key, image=os.path.join(root, key), run=run, boxes=[], classes=[], source=src,
+            rec = LabelRecord(key=key, root=root_s, run=run, boxes=_NONE, classes=_NONE, source=src,
                               width=w, height=h, root_real=root_real)
             by_id[im["id"]] = rec
         rejected: set[int] = set()
@@ -273,8 +289,10 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
             if problem:
                 rejects.append((run, rec.key, src, problem[0], problem[1]))
                 rejected.add(ann["image_id"])
-                rec.boxes, rec.classes = [], []  # free them now: the sample is out
+                rec.boxes, rec.classes = _NONE, _NONE  # free them now: the sample is out
                 continue
+            if rec.boxes is _NONE:
+                rec.boxes, rec.classes = [], []
             rec.boxes.append([x, y, x + bw, y + bh])
             rec.classes.append(cat)
         records.extend(r for iid, r in by_id.items() if iid not in rejected)
@@ -312,7 +330,7 @@ def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[s
         seen.add(stem)
         lp = labels_dir / (stem + ".txt")
         src = rel_path(root, lp)
-        rec = LabelRecord(key=key, image=str(img), run=run, boxes=[], classes=[], source=src, normalized=True,
+        rec = LabelRecord(key=key, root=str(root), run=run, boxes=[], classes=[], source=src, normalized=True,
                           root_real=root_real)
         problem = None
         if os.path.lexists(lp) and not lp.is_dir():
@@ -464,7 +482,7 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
             continue
         seen.add(key)
         used.update(ids)
-        records.append(LabelRecord(key=key, image=os.path.join(root, key), run=run, root_real=root_real,
+        records.append(LabelRecord(key=key, root=str(root), run=run, root_real=root_real,
                                    boxes=[[float(v) for v in b] for b in boxes], classes=ids, source=src,
                                    width=w, height=h, frame_id=frame_id, run_id=run_id))
     if not names and used:

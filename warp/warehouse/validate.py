@@ -51,7 +51,7 @@ class ValidSample:
         return len(self.boxes) == 0
 
 
-@dataclass
+@dataclass(slots=True)
 class ProbeOutcome:
     sample: ValidSample | None
     reject: tuple[str, str, str, str, str] | None  # (run, sample_id, source, reason, message)
