@@ -905,7 +905,13 @@ class Table:
         return pa.Table.from_batches(list(self.batches(limit=limit)), schema=self.schema())
 
     def filter(self, expr: str) -> Query:
-        """Rows matching SQL boolean ``expr`` (DuckDB dialect), with pushdown."""
+        """Rows matching SQL boolean ``expr`` (DuckDB dialect), with pushdown.
+
+        ``expr`` is one expression over the table's columns: comparisons, AND/OR/NOT,
+        IN, BETWEEN, LIKE, IS NULL, CASE, casts and pure functions
+        (:data:`warpdata.sqlgate.ALLOWED_FUNCTIONS`); anything else (a second
+        statement, a subquery, UNION, file-reading functions) is a UsageError.
+        """
         return Query(self, expr, self.columns)
 
     def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
