@@ -190,3 +190,29 @@ def test_describe_documents_the_schema():
     assert rows["source.path"][1:3] == ("a string", "(required)")
     assert rows["source.format"][1] == "coco | yolo | jsonl"
     assert rows["output.workers"][3].endswith("[env WARP_WORKERS]")
+
+
+@pytest.mark.parametrize("old, new, key, words", [
+    ("scale = 2", "scale = 1e400", "transform.scale", "must be a finite number, got inf"),
+    ("scale = 2", "scale = nan", "transform.scale", "must be a finite number, got nan"),
+    ("scale = 2", "scale = -inf", "transform.scale", "must be a finite number"),
+    ("size = 320", "size = 1000000000000000000000000000000", "transform.size", "too large (31 digits"),
+    ("size = 320", "size = 9223372036854775808", "transform.size", "integers must fit in 64 bits"),
+    ("mean = [0.5, 0.5, 1]", "mean = [0.5, 1e999, 1]", "transform.mean[1]", "finite"),
+])
+def test_numbers_no_setting_can_use_name_the_key(tmp_path, old, new, key, words):
+    """1e400 parses as inf and TOML ints past 64 bits parse in Python: both are config errors (exit 78)."""
+    e = err(tmp_path, GOOD.replace(old, new))
+    assert f"'{key}'" in e.message and words in e.message
+    assert e.message.startswith(f"{tmp_path / 'c.toml'}:")
+
+
+def test_largest_64_bit_integer_is_fine(tmp_path):
+    cfg, _ = load_config(write(tmp_path, GOOD.replace("size = 320", "size = 9223372036854775807")), SCHEMA)
+    assert cfg["transform"]["size"] == 2**63 - 1
+
+
+def test_env_value_must_be_finite(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARP_WORKERS", "1" + "0" * 30)
+    e = err(tmp_path, GOOD)
+    assert "environment variable WARP_WORKERS" in e.message and "64 bits" in e.message

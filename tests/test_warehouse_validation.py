@@ -196,3 +196,76 @@ def test_probe_png_and_non_images():
     with pytest.raises(ProbeError) as ei:
         probe(b"hello world")
     assert ei.value.reason == "decode-error"
+
+
+def test_paths_leaving_the_root_are_quarantined_and_never_sources(tmp_path):
+    rng = np.random.default_rng(7)
+    root = tmp_path / "ds"
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "ok.jpg").write_bytes(_img(rng))
+    (tmp_path / "outside.jpg").write_bytes(_img(rng))  # a valid image whose boxes fit
+    (root / "images" / "link.jpg").symlink_to(tmp_path / "outside.jpg")
+    rows = [{"image": "ok.jpg", "boxes": [], "classes": []},
+            {"image": str(tmp_path / "outside.jpg"), "boxes": [[1, 1, 5, 5]], "classes": [0]},
+            {"image": "../../outside.jpg", "boxes": [[1, 1, 5, 5]], "classes": [0]},
+            {"image": "link.jpg", "boxes": [[1, 1, 5, 5]], "classes": [0]},
+            {"image": "a/../../../outside.jpg", "boxes": [], "classes": []}]
+    (root / "l.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    sc = scan(_cfg(root, '[source]\nformat = "jsonl"\nlabels = "l.jsonl"\nimages = "images"\n'))
+    got = _reasons(sc)
+    assert got == {str(tmp_path / "outside.jpg"): "path-outside-root", "../../outside.jpg": "path-outside-root",
+                   "images/link.jpg": "path-outside-root", "a/../../../outside.jpg": "path-outside-root"}
+    assert [s.key for s in sc.valid] == ["images/ok.jpg"]
+    assert [k for k, *_ in sc.sources] == ["images/ok.jpg"]
+
+
+def test_limits_from_the_config(tmp_path):
+    rng = np.random.default_rng(8)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(_img(rng, 400, 300))
+    (tmp_path / "images" / "b.jpg").write_bytes(_img(rng))
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "b.txt").write_text("70000 0.5 0.5 0.1 0.1\n")
+    small = (tmp_path / "images" / "b.jpg").stat().st_size
+    sc = scan(_cfg(tmp_path, f'[source]\nformat = "yolo"\n[limits]\nmax_image_mb = {(small + 10) / 1e6}\n'))
+    got = {r.sample_id: (r.reason, r.message) for r in sc.quarantine.records}
+    assert got["images/a.jpg"][0] == "too-large" and "raise it in [limits]" in got["images/a.jpg"][1]
+    assert got["images/b.jpg"][0] == "unknown-class" and "max_class_id = 65535" in got["images/b.jpg"][1]
+    assert not sc.valid and sc.labels.classes == []  # no 70,001-entry class table
+    sc = scan(_cfg(tmp_path, '[source]\nformat = "yolo"\n[limits]\nmax_class_id = 70000\n'))
+    assert {s.key for s in sc.valid} == {"images/a.jpg", "images/b.jpg"} and len(sc.labels.classes) == 70001
+
+
+def test_coco_without_categories_is_refused(tmp_path):
+    from warpdata.errors import DataError
+
+    (tmp_path / "images").mkdir()
+    doc = {"images": [{"id": 1, "file_name": "a.jpg"}],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "bbox": [1, 1, 5, 5]}]}
+    (tmp_path / "annotations.json").write_text(json.dumps(doc))
+    with pytest.raises(DataError, match="no 'categories' list"):
+        scan(_cfg(tmp_path, '[source]\nformat = "coco"\n'))
+
+
+def test_missing_image_folder_is_named(tmp_path):
+    from warpdata.errors import MissingInputError
+
+    doc = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in range(64)], "annotations": [],
+           "categories": [{"id": 1, "name": "a"}]}
+    (tmp_path / "annotations.json").write_text(json.dumps(doc))
+    with pytest.raises(MissingInputError, match=r"image folder .*imagez does not exist \(64 labelled"):
+        scan(_cfg(tmp_path, '[source]\nformat = "coco"\nimages = "imagez"\n'))
+
+
+@pytest.mark.parametrize("extra, key", [
+    ("[transform]\nmax_boxes = 1000000000000\n", "transform.max_boxes"),
+    ("[output]\nshard_samples = 1000000000000\n", "output.shard_samples"),
+    ("[output]\nshard_size_mb = 1e12\n", "output.shard_size_mb"),
+])
+def test_declared_sizes_never_drive_allocation(tmp_path, extra, key):
+    from warpdata.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, '[source]\nformat = "coco"\n' + extra)
+    assert key in e.value.message and "max_shard_mb" in e.value.hint
+    _cfg(tmp_path, '[source]\nformat = "coco"\n' + extra + "[limits]\nmax_shard_mb = 1e30\n")  # raised: accepted

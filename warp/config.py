@@ -15,6 +15,7 @@ The same schema documents itself: :func:`describe` renders the key list that
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -101,6 +102,20 @@ def _matches(value: Any, t: type | tuple[type, ...]) -> bool:
         if isinstance(value, x):
             return True
     return False
+
+
+INT_LIMIT = 2**63  # TOML integers are 64-bit; Python's parser accepts more
+
+
+def _number_problem(value: Any) -> str | None:
+    """Numbers no setting can use: beyond 64 bits, NaN or infinite (``1e400`` parses as inf)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+        return f"is too large ({len(str(abs(value)))} digits; integers must fit in 64 bits)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
+    return None
 
 
 def _coerce_env(raw: str, f: Field, name: str) -> Any:
@@ -199,6 +214,9 @@ def validate(data: Mapping[str, Any], schema: Schema, source: ConfigSource, pref
         if not _matches(value, spec.type):
             raise ConfigError(f"{where}: '{dotted}' must be {_type_name(spec.type)}, got {value!r}",
                               hint=spec.help or None, file=source.path, key=dotted)
+        problem = _number_problem(value)
+        if problem:
+            raise ConfigError(f"{where}: '{dotted}' {problem}", hint=spec.help or None, file=source.path, key=dotted)
         if spec.type is float and isinstance(value, int):
             value = float(value)  # TOML `batch = 2` where a number is expected
         if spec.item_type is not None and isinstance(value, list):
@@ -206,6 +224,9 @@ def validate(data: Mapping[str, Any], schema: Schema, source: ConfigSource, pref
                 if not _matches(item, spec.item_type):
                     raise ConfigError(f"{where}: '{dotted}[{i}]' must be {_type_name(spec.item_type)}, got {item!r}",
                                       file=source.path, key=dotted)
+                problem = _number_problem(item)
+                if problem:
+                    raise ConfigError(f"{where}: '{dotted}[{i}]' {problem}", file=source.path, key=dotted)
         if spec.choices is not None and value not in spec.choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in spec.choices], n=1)
             hint = f"did you mean {close[0]!r}?" if close else None

@@ -916,7 +916,13 @@ class Table:
         return pa.Table.from_batches(list(self.batches(limit=limit)), schema=self.schema())
 
     def filter(self, expr: str) -> Query:
-        """Rows matching SQL boolean ``expr`` (DuckDB dialect), with pushdown."""
+        """Rows matching SQL boolean ``expr`` (DuckDB dialect), with pushdown.
+
+        ``expr`` is one expression over the table's columns: comparisons, AND/OR/NOT,
+        IN, BETWEEN, LIKE, IS NULL, CASE, casts and pure functions
+        (:data:`warpdata.sqlgate.ALLOWED_FUNCTIONS`); anything else (a second
+        statement, a subquery, UNION, file-reading functions) is a UsageError.
+        """
         return Query(self, expr, self.columns)
 
     def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
@@ -1038,8 +1044,11 @@ class Query:
         return parts[0] if len(parts) == 1 else pads.dataset(parts)
 
     def sql(self, limit: int | None = None, what: str | None = None) -> str:
+        from .sqlgate import check_filter, where_sql
+
+        check_filter(self.expr, self.table.schema_names())  # one expression over the columns, or UsageError
         cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
-        sql = f"SELECT {cols} FROM warp_table WHERE {self.expr}"
+        sql = f"SELECT {cols} FROM warp_table WHERE {where_sql(self.expr)}"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return sql
@@ -1053,8 +1062,11 @@ class Query:
             dset = self._arrow_dataset(shard)
         if dset is None:
             return None, None
-        con = duckdb.connect()
+        from .sqlgate import connect, lock
+
+        con = connect()
         con.register("warp_table", dset)
+        lock(con)  # no file, network or extension access beyond the registered shards
         try:
             return con, con.sql(sql)
         except duckdb.Error as e:

@@ -346,13 +346,17 @@ def duckdb_parquet() -> CheckResult:
         return CheckResult(FAIL, f"cannot write a Parquet probe to {url}: {type(e).__name__}: {e}",
                            "fix the 'store' check first")
     try:
+        from warpdata.sqlgate import confine, connect
+
         if loc.protocol == "file":
-            con = duckdb.connect()
+            con = connect()
         elif loc.protocol == "s3":
             con = cfg.duckdb_connect(fs)
         else:
-            con = duckdb.connect()
+            con = connect()
             con.register_filesystem(fs)
+        # the probe file and nothing else (DuckDB checks fsspec URLs in both spellings)
+        confine(con, [probe.url] if loc.protocol == "file" else [probe.url, f"{loc.protocol}:///{probe.path.lstrip('/')}"])
         n = con.execute("select sum(x) from read_parquet(?)", [probe.url]).fetchone()[0]
     except Exception as e:
         return CheckResult(FAIL, f"DuckDB {duckdb.__version__} cannot read Parquet from {url}: {type(e).__name__}: {e}",

@@ -131,9 +131,9 @@ class StorageConfig:
 
     def duckdb_connect(self, fs=None):
         """A DuckDB connection whose ``s3://`` reads go through the same s3fs settings."""
-        import duckdb
+        from warpdata.sqlgate import connect
 
-        con = duckdb.connect()
+        con = connect()  # never installs or auto-loads an extension
         con.register_filesystem(fs if fs is not None else self.s3fs())
         return con
 

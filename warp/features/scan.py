@@ -16,8 +16,14 @@ reason             category  when
 ``bad-caption``     invalid  the caption is not UTF-8 text
 ``unsupported-format`` invalid not an image or video extension, or a video
                              when OpenCV (the frame decoder) is not installed
-``unreadable``      missing  the file cannot be read (permissions, I/O)
+``unreadable``      missing  the file cannot be read (permissions, I/O), or is
+                             not a regular file (FIFO, device, socket)
+``path-outside-root`` invalid a symlink (media or caption) leading out of ``root``
+``too-large``       invalid  a caption over :data:`MAX_CAPTION_BYTES`
 ================== ========= ============================================
+
+Nothing outside ``root`` is ever read: directory symlinks are not followed
+and file symlinks must resolve inside ``root``.
 
 Videos become one sample each: their middle frame, decoded with OpenCV's
 FFmpeg backend (``opencv-python-headless``, a core dependency).
@@ -30,6 +36,7 @@ and sizes, so a same-size edit still invalidates the cache.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +50,11 @@ VIDEO_EXTS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm", ".m4v", ".mpg",
 register_reason("missing-caption", "missing", "the media file has no same-name caption (.txt) file")
 register_reason("empty-caption", "invalid", "the caption file is empty or only whitespace")
 register_reason("bad-caption", "invalid", "the caption file is not UTF-8 text")
+# the same codes and texts as the tensor warehouse's (warpdata.warehouse.labels)
+register_reason("path-outside-root", "invalid",
+                "the labels name a file outside the dataset root (absolute, '..' or a symlink leading out)")
+register_reason("too-large", "invalid", "the file is larger than the [limits] allow; it was not read")
+MAX_CAPTION_BYTES = 16 << 20
 register_reason("unsupported-format", "invalid",
                 "the file is not a supported image (videos need a frame decoder that is not installed)")
 
@@ -71,6 +83,23 @@ class ScanResult:
     files_seen: int
 
 
+def _refused(path: str, root_real: str, max_bytes: int | None = None) -> tuple[str, str] | None:
+    """(reason, why) when ``path`` must not be read: a link leading out of the root, or not a regular file."""
+    if os.path.islink(path):
+        real = os.path.realpath(path)
+        if real != root_real and not real.startswith(root_real.rstrip("/") + "/"):
+            return "path-outside-root", f"is a symlink to {real}, outside the source directory"
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return "unreadable", str(e.strerror or e)
+    if not stat.S_ISREG(st.st_mode):
+        return "unreadable", "is not a regular file"
+    if max_bytes is not None and st.st_size > max_bytes:
+        return "too-large", f"is {st.st_size} bytes, over the {max_bytes >> 20} MiB caption limit"
+    return None
+
+
 def _hash_file(path: str, h: xxhash.xxh3_128, buf: bytearray) -> None:
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
@@ -87,6 +116,7 @@ def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str
         raise MissingInputError(f"{rootp}: source directory does not exist",
                                 hint="check [source] path in the config (or --input)")
     caption_ext = caption_ext.lower()
+    root_real = os.path.realpath(rootp)
     media: list[tuple[str, str]] = []
     captions: set[str] = set()
     files_seen = 0
@@ -130,8 +160,21 @@ def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str
                               f"{rel}: no caption file {os.path.basename(stem) + caption_ext} beside it")
             continue
         cap_path = os.path.join(rootp, cap_rel)
+        bad = _refused(path, root_real)
+        if bad is None:
+            bad = _refused(cap_path, root_real, MAX_CAPTION_BYTES)
+            if bad is not None:
+                quarantine.reject(run, rel, cap_path, bad[0], f"{cap_rel}: {bad[1]}")
+                continue
+        else:
+            quarantine.reject(run, rel, path, bad[0], f"{rel}: {bad[1]}")
+            continue
         try:
-            raw = Path(cap_path).read_bytes()
+            with open(cap_path, "rb") as f:
+                raw = f.read(os.fstat(f.fileno()).st_size + 1)  # what the stat promised (read(n) allocates n)
+            if len(raw) > MAX_CAPTION_BYTES:
+                quarantine.reject(run, rel, cap_path, "too-large", f"{cap_rel}: over the caption limit")
+                continue
             text = raw.decode("utf-8-sig").strip()
         except UnicodeDecodeError as e:
             quarantine.reject(run, rel, cap_path, "bad-caption", f"{cap_rel}: not UTF-8 ({e.reason} at byte {e.start})")

@@ -42,7 +42,7 @@ from warpdata.errors import DataError, MissingInputError
 from warpdata.manifests import MANIFEST_NAME, read_manifest
 from warpdata.registry.manifest import NAME_RE
 
-__all__ = ["FromSource", "describe_source"]
+__all__ = ["FromSource", "check_symlinks", "describe_source"]
 
 TBL_MAGIC = b"TBL\x02"
 # per-sample tables written beside a manifest, in order of preference as the dataset's default table
@@ -71,8 +71,42 @@ def _identity(doc: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def describe_source(path: str | os.PathLike) -> FromSource:
-    """Recognise ``path`` and say which files to publish."""
+def check_symlinks(root: str | os.PathLike, *, follow_symlinks: bool = False) -> int:
+    """Refuse symlinks under ``root`` that lead out of it (or nowhere); returns how many links were seen.
+
+    Members are read through symlinks (``docs/formats/registry.md``), so a link
+    to ``/etc/passwd`` or ``~/.ssh`` would publish that file. Unless
+    ``follow_symlinks`` is set, such a link raises :class:`DataError` naming it.
+    Links that stay inside ``root`` are fine. Only symlinks are resolved: the
+    walk reads directory entry types, no per-file stat.
+    """
+    base = os.path.realpath(root)
+    prefix = base.rstrip("/") + "/"
+    links = 0
+    stack = [os.fspath(root)]
+    while stack:
+        d = stack.pop()
+        with os.scandir(d) as it:
+            for e in it:
+                if e.is_symlink():
+                    links += 1
+                    if follow_symlinks:
+                        continue
+                    real = os.path.realpath(e.path)
+                    if real != base and not real.startswith(prefix):
+                        raise DataError(f"{e.path} is a symlink to {real}, outside {root}: publishing it would "
+                                        "copy a file from elsewhere", path=e.path,
+                                        hint="copy the file into the folder, remove the link, or pass "
+                                             "follow_symlinks=True (warp publish --follow-symlinks) if it is meant")
+                    if not os.path.exists(e.path):
+                        raise DataError(f"{e.path} is a broken symlink", path=e.path, hint="remove or fix the link")
+                elif e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+    return links
+
+
+def describe_source(path: str | os.PathLike, *, follow_symlinks: bool = False) -> FromSource:
+    """Recognise ``path`` and say which files to publish (see :func:`check_symlinks`)."""
     p = Path(path)
     if not p.exists():
         raise MissingInputError(f"{p} does not exist", hint="--from takes a directory or file written by a warp command")
@@ -83,6 +117,7 @@ def describe_source(path: str | os.PathLike) -> FromSource:
                                          "or use --artifact NAME=DIR for a plain directory")
         doc = read_manifest(p)
         kind = str(doc["kind"])
+        check_symlinks(p, follow_symlinks=follow_symlinks)
         from warpdata.registry.tarpack import list_members
 
         # metrics.json records how a build ran (timings, a timestamp), not what it holds: publishing it

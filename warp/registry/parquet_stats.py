@@ -178,9 +178,11 @@ class Predicate:
     def parse(cls, expr: str, column_names: list[str]) -> Predicate | None:
         """The predicate of ``WHERE expr``, or None when DuckDB cannot parse it here."""
         import duckdb
+        from warpdata.sqlgate import connect, lock
 
-        con = duckdb.connect()
+        con = connect()
         try:
+            lock(con)  # parsing only: no file, network or extension access
             raw = con.execute("SELECT json_serialize_sql(?)", [f"SELECT * FROM warp_table WHERE {expr}"]).fetchone()[0]
             doc = json.loads(raw)
             if doc.get("error"):

@@ -8,7 +8,21 @@ dataset and its config can move together (and keep their version).
 
 Only the *cacheable* settings live here: everything in ``[source]``,
 ``[transform]`` and the validation tolerances enters the version key;
-``[output]`` and ``[build]`` (where and how fast) do not.
+``[output]``, ``[build]`` (where and how fast) and ``[limits]`` do not.
+
+``[limits]`` bounds what hostile or broken input can make warp allocate or
+read, so declared sizes never drive memory: ``max_image_mb`` (256; a larger
+image file is quarantined ``too-large`` before it is read),
+``max_label_mb`` (1024; a larger label file is a data error),
+``max_class_id`` (65535; a label naming a larger id is quarantined
+``unknown-class``: class ids size the class table), ``max_label_boxes``
+(10000 per sample; more is quarantined ``too-many-boxes`` before the boxes
+are kept) and ``max_shard_mb`` (4096: the in-memory size of one shard being
+built, ``shard_samples`` x (pixels + ``max_boxes`` x 24 bytes), and the
+largest ``shard_size_mb``; a config over it is a config error). Every image
+and label path must stay inside the dataset root after symlinks are
+resolved (else ``path-outside-root``), and only regular files are opened.
+Raise a limit in the config when the machine and the data warrant it.
 """
 
 from __future__ import annotations
@@ -97,6 +111,18 @@ SCHEMA: dict = {
         "min_shards": Field(int, 16, "smaller datasets get smaller shards so at least this many exist "
                             "(workers own whole shards: few shards would idle them)", check=positive),
     },
+    "limits": {
+        "max_image_mb": Field(float, 256.0, "image files larger than this (MB) are quarantined as too-large, unread",
+                              check=positive),
+        "max_label_mb": Field(float, 1024.0, "label files larger than this (MB) are refused (data error)",
+                              check=positive),
+        "max_class_id": Field(int, 65535, "largest class id a label may use (ids size the class table)",
+                              check=lambda v: None if 0 <= v < 2**31 else "must be between 0 and 2147483647"),
+        "max_label_boxes": Field(int, 10000, "samples with more boxes than this in their labels are quarantined",
+                                 check=positive),
+        "max_shard_mb": Field(float, 4096.0, "largest in-memory shard (MB) a build may allocate per worker",
+                              check=positive),
+    },
     "build": {
         "workers": Field(int, 0, "parallel shard builders; 0 = WARP_WORKERS or the CPU count",
                          check=non_negative),
@@ -108,6 +134,21 @@ SCHEMA: dict = {
                          "version, a power cut may"),
     },
 }
+
+
+_DTYPE_BYTES = {"u8": 1, "f16": 2, "f32": 4}
+BOX_BYTES = 24  # upper bound per padded box in a shard being built: 4 coordinates (f32), mask, class id
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Input-size limits (``[limits]``); defaults as documented in the module docstring."""
+
+    max_image_bytes: int = 256_000_000
+    max_label_bytes: int = 1_024_000_000
+    max_class_id: int = 65535
+    max_label_boxes: int = 10000
+    max_shard_bytes: int = 4_096_000_000
 
 
 @dataclass(frozen=True)
@@ -139,6 +180,7 @@ class WarehouseConfig:
     workers: int
     executor: str
     durable: bool
+    limits: Limits = Limits()
 
     def transform_dict(self) -> dict[str, Any]:
         """The cacheable transform config (enters the version key and the manifest)."""
@@ -179,6 +221,11 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
                                            ("max_invalid_fraction", "max_missing_fraction", "max_empty_fraction")})
     except ConfigError as e:
         raise ConfigError(f"{source.where('validation')}: {e.message}", hint=e.hint, file=source.path) from None
+    lim = v["limits"]
+    limits = Limits(max_image_bytes=int(lim["max_image_mb"] * 1e6), max_label_bytes=int(lim["max_label_mb"] * 1e6),
+                    max_class_id=lim["max_class_id"], max_label_boxes=lim["max_label_boxes"],
+                    max_shard_bytes=int(lim["max_shard_mb"] * 1e6))
+    _check_shard_memory(source, w, h, t["dtype"], t["max_boxes"], o["shard_samples"], o["shard_size_mb"], limits)
     out_root = Path(output_override).resolve() if output_override else (base / o["root"]).resolve()
     return WarehouseConfig(
         config_path=Path(config_path), base_dir=base, format=fmt, dataset_root_text=root_text, root=root,
@@ -187,6 +234,30 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         skip_empty=t["skip_empty"], pad_value=t["pad_value"], interpolation=t["interpolation"],
         box_tolerance=float(val["box_tolerance"]), min_box_size=float(val["min_box_size"]),
         thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
-        shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"], durable=b["durable"])
+        shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"], durable=b["durable"],
+        limits=limits)
+
+
+def _check_shard_memory(source: ConfigSource, w: int, h: int, dtype: str, max_boxes: int, shard_samples: int,
+                        shard_size_mb: float, limits: Limits) -> None:
+    """A shard is built in memory (``shard_samples`` preallocated samples): keep it under ``max_shard_mb``."""
+    cap_mb = limits.max_shard_bytes / 1e6
+    raise_it = f"raise [limits] max_shard_mb (now {cap_mb:g}) if the machine has the memory"
+    one = 3 * w * h * _DTYPE_BYTES[dtype] + max_boxes * BOX_BYTES
+    if one > limits.max_shard_bytes:
+        raise ConfigError(f"{source.where('transform.max_boxes')}: one sample of {w}x{h} {dtype} with "
+                          f"transform.max_boxes = {max_boxes} needs {one / 1e6:.6g} MB in memory, over the "
+                          f"{cap_mb:g} MB shard limit", hint=f"lower transform.max_boxes, or {raise_it}",
+                          file=source.path, key="transform.max_boxes")
+    if shard_samples and shard_samples * one > limits.max_shard_bytes:
+        raise ConfigError(f"{source.where('output.shard_samples')}: output.shard_samples = {shard_samples} makes "
+                          f"a shard of {shard_samples * one / 1e6:.6g} MB in memory ({one} bytes a sample), over "
+                          f"the {cap_mb:g} MB shard limit",
+                          hint=f"use at most {limits.max_shard_bytes // one} samples per shard, or {raise_it}",
+                          file=source.path, key="output.shard_samples")
+    if shard_size_mb > cap_mb:
+        raise ConfigError(f"{source.where('output.shard_size_mb')}: output.shard_size_mb = {shard_size_mb:g} is "
+                          f"over the {cap_mb:g} MB shard limit", hint=f"lower it, or {raise_it}",
+                          file=source.path, key="output.shard_size_mb")
 
 

@@ -419,14 +419,14 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1) -> Scan:
     """Phases 2-3: load labels, then read, hash and probe every image."""
     phases = {}
     t = time.perf_counter()
-    ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size)
+    ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
     q = Quarantine()
     for rej in ls.rejects:
         q.reject(*rej)
     phases["labels"] = time.perf_counter() - t
     t = time.perf_counter()
     outcomes = probe_all(ls.records, tolerance=cfg.box_tolerance, min_box=cfg.min_box_size,
-                         max_boxes=cfg.max_boxes, overflow=cfg.overflow, workers=workers)
+                         max_boxes=cfg.max_boxes, overflow=cfg.overflow, workers=workers, limits=cfg.limits)
     valid: list[ValidSample] = []
     sources: list[tuple[str, str, int]] = []
     truncated_boxes = 0

@@ -11,6 +11,17 @@ degenerate boxes, unknown classes, duplicates, orphans. Checks that need the
 image size (bounds, YOLO's normalized boxes) happen after probing
 (:mod:`warpdata.warehouse.validate`).
 
+Hostile input (limits from ``[limits]``, :class:`~warpdata.warehouse.config.Limits`):
+an image path that is absolute or climbs out with ``..`` is quarantined
+``path-outside-root`` here; one that leaves the root through a symlink is
+caught when it is opened (:func:`open_confined`, used by the header pass),
+so a label file can never pull a file from elsewhere into the warehouse.
+Label files must be regular files no larger than ``max_label_mb``; class
+ids above ``max_class_id`` are ``unknown-class`` and samples with more than
+``max_label_boxes`` boxes ``too-many-boxes``, so no declared number sizes an
+allocation. COCO files without a ``categories`` list are refused: their
+class ids could not be named.
+
 Formats:
 
 * COCO: ``{"images": [{id, file_name, width?, height?}], "annotations":
@@ -29,19 +40,85 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import posixpath
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from warpdata.errors import DataError, MissingInputError
+from warpdata.quarantine import register_reason
+
+from .config import Limits
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
+register_reason("path-outside-root", "invalid",
+                "the labels name a file outside the dataset root (absolute, '..' or a symlink leading out)")
+register_reason("too-large", "invalid", "the file is larger than the [limits] allow; it was not read")
 
-@dataclass
+
+class UnsafeFile(Exception):
+    """A file that must not be read: ``reason`` is a quarantine code."""
+
+    def __init__(self, reason: str, message: str, size: int = 0) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.size = reason, message, size
+
+
+def inside(root_real: str, real: str) -> bool:
+    return real == root_real or real.startswith(root_real.rstrip("/") + "/")
+
+
+def open_confined(path: str | os.PathLike, *, max_bytes: int, root_real: str | None = None) -> tuple[bytes, os.stat_result]:
+    """Read a regular file of at most ``max_bytes``, inside ``root_real`` after symlinks.
+
+    The check is made on the opened descriptor (``/proc/self/fd``), so a
+    symlink swapped in between check and open cannot redirect it; FIFOs and
+    devices are opened non-blocking and refused. Raises :class:`UnsafeFile`
+    (``path-outside-root``, ``too-large``, ``unreadable``) or ``OSError``.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as f:
+        if root_real is not None:
+            try:
+                real = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # no procfs: resolve the name (after the open, same answer unless raced)
+                real = os.path.realpath(path)
+            if not inside(root_real, real):
+                raise UnsafeFile("path-outside-root", f"resolves to {real}, outside the dataset root {root_real}")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile("unreadable", "is not a regular file (a device, FIFO or socket is never read)")
+        if st.st_size > max_bytes:
+            raise UnsafeFile("too-large", f"is {st.st_size} bytes, over the {max_bytes / 1e6:g} MB limit "
+                             "(raise it in [limits] of the config)", st.st_size)
+        # read(n) allocates n bytes up front: ask for what the stat promised, plus one to see growth
+        data = f.read(st.st_size + 1)
+        if len(data) > st.st_size:  # grew since the stat (or a size-0 pseudo file): the rest, still bounded
+            data += f.read(max_bytes - len(data) + 1)
+        if len(data) > max_bytes:
+            raise UnsafeFile("too-large", f"is over the {max_bytes / 1e6:g} MB limit "
+                             "(raise it in [limits] of the config)", len(data))
+    return data, st
+
+
+def escapes(images_dir: str, name: str) -> bool:
+    """Whether a label's file name leaves the dataset root without following any link."""
+    if name.startswith(("/", "\\")) or PurePosixPath(name).is_absolute() or (len(name) > 1 and name[1] == ":"):
+        return True
+    norm = posixpath.normpath(posixpath.join(images_dir or ".", name))
+    return norm == ".." or norm.startswith("../") or norm.startswith("/")
+
+
+@dataclass(slots=True)
 class LabelRecord:
+    """One image's labels. Kept small (slots, no per-record path object, empty box lists shared):
+    a listing of a million images is a million of these."""
+
     key: str
-    image: Path
+    root: str  # the dataset root as given; the image is root/key
     run: str
     boxes: list[list[float]]  # xyxy pixels in the oriented frame, or YOLO cxcywh normalized
     classes: list[int]
@@ -51,6 +128,11 @@ class LabelRecord:
     height: int | None = None
     frame_id: int = -1
     run_id: str = ""
+    root_real: str | None = None  # the dataset root after symlinks: images must stay inside it
+
+    @property
+    def image(self) -> str:
+        return os.path.join(self.root, self.key)
 
 
 @dataclass
@@ -59,6 +141,9 @@ class LabelSet:
     classes: list[dict[str, Any]]  # [{"id": int, "name": str}]
     label_files: list[Path]
     rejects: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+
+
+_NONE: list = []  # the shared box/class list of a record without boxes; never appended to
 
 
 def _num(v: Any) -> bool:
@@ -72,13 +157,27 @@ def rel_path(root: Path, p: Path) -> str:
         return p.as_posix()
 
 
-def _read_json(path: Path) -> Any:
+def _read_label_file(path: Path, limits: Limits) -> bytes:
+    """A label file named by the config: a regular file within ``max_label_mb``, else a typed error."""
     try:
-        return json.loads(path.read_bytes())
+        return open_confined(path, max_bytes=limits.max_label_bytes)[0]
     except FileNotFoundError:
         raise MissingInputError(f"label file {path} does not exist",
                                 hint="check [source] labels in the config") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except UnsafeFile as e:
+        raise DataError(f"label file {path} {e.message}", path=str(path),
+                        hint="raise [limits] max_label_mb" if e.reason == "too-large"
+                        else "point [source] labels at a regular file") from None
+    except OSError as e:
+        raise DataError(f"label file {path} cannot be read: {e.strerror or e}", path=str(path),
+                        hint="check its permissions") from None
+
+
+def _read_json(path: Path, limits: Limits) -> Any:
+    raw = _read_label_file(path, limits)
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise DataError(f"{path}: not valid JSON: {e}", hint="fix or regenerate the label file",
                         path=str(path)) from None
 
@@ -91,33 +190,57 @@ def _check_box(b: Any, min_size: float) -> tuple[str, str] | None:
     return None
 
 
-def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: float) -> LabelSet:
+def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: float,
+              limits: Limits = Limits()) -> LabelSet:
+    root_real = os.path.realpath(root)
+    root_s = str(root)
     records: list[LabelRecord] = []
     rejects: list[tuple[str, str, str, str, str]] = []
     classes: dict[int, str] = {}
     seen_keys: set[str] = set()
     for lf in label_files:
-        doc = _read_json(lf)
+        doc = _read_json(lf, limits)
         src = rel_path(root, lf)
         if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
             raise DataError(f"{lf}: not a COCO annotation file (no 'images' list)",
                             hint="[source] format = \"coco\" expects COCO JSON", path=str(lf))
+        if not isinstance(doc.get("categories", []), list):
+            raise DataError(f"{lf}: 'categories' is not a list", hint="fix the COCO file", path=str(lf))
+        if doc.get("annotations") and not doc.get("categories"):
+            raise DataError(f"{lf}: has annotations but no 'categories' list, so their category ids name no class",
+                            hint="add \"categories\": [{\"id\": 1, \"name\": \"...\"}, ...] to the COCO file",
+                            path=str(lf))
+        if not isinstance(doc.get("annotations", []), list):
+            raise DataError(f"{lf}: 'annotations' is not a list", hint="fix the COCO file", path=str(lf))
         run = lf.stem
         for c in doc.get("categories", []):
-            if not isinstance(c, dict) or not isinstance(c.get("id"), int) or not isinstance(c.get("name"), str):
-                raise DataError(f"{lf}: category {c!r} needs an integer 'id' and a string 'name'",
+            if not isinstance(c, dict) or not isinstance(c.get("id"), int) or isinstance(c.get("id"), bool) \
+                    or not isinstance(c.get("name"), str):
+                raise DataError(f"{lf}: category {c!r:.200} needs an integer 'id' and a string 'name'",
                                 hint="fix the categories list", path=str(lf))
+            if not 0 <= c["id"] <= limits.max_class_id:
+                raise DataError(f"{lf}: category id {c['id']} is outside 0..{limits.max_class_id} "
+                                "([limits] max_class_id)", path=str(lf),
+                                hint="renumber the categories, or raise [limits] max_class_id in the config")
             if classes.get(c["id"], c["name"]) != c["name"]:
                 raise DataError(f"{lf}: category id {c['id']} is named both {classes[c['id']]!r} and {c['name']!r}",
                                 hint="use one name per category id across label files", path=str(lf))
             classes[c["id"]] = c["name"]
         by_id: dict[int, LabelRecord] = {}
         bad_ids: set[int] = set()
-        for i, im in enumerate(doc["images"]):
+        images = doc.pop("images")
+        for i in range(len(images)):
+            im, images[i] = images[i], None  # each parsed entry is freed as its record is made
             if not isinstance(im, dict) or not isinstance(im.get("id"), int) or not isinstance(im.get("file_name"), str) \
-                    or not im["file_name"]:
+                    or not im["file_name"] or "\x00" in im["file_name"]:
                 sid = im.get("file_name") if isinstance(im, dict) and isinstance(im.get("file_name"), str) else f"{src}#images[{i}]"
-                rejects.append((run, sid, src, "bad-schema", f"images[{i}] needs an integer 'id' and a 'file_name'"))
+                rejects.append((run, sid.replace("\x00", "\\0"), src, "bad-schema",
+                                f"images[{i}] needs an integer 'id' and a 'file_name'"))
+                continue
+            if escapes(images_dir, im["file_name"]):
+                rejects.append((run, im["file_name"], src, "path-outside-root",
+                                f"images[{i}] file_name {im['file_name']!r} leaves the dataset root"))
+                bad_ids.add(im["id"])
                 continue
             key = str(PurePosixPath(images_dir) / im["file_name"]) if images_dir else im["file_name"]
             w, h = im.get("width"), im.get("height")
@@ -130,10 +253,11 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
                                 f"images[{i}] repeats image id {im['id']} / file {im['file_name']}"))
                 continue
             seen_keys.add(key)
-            rec = LabelRecord(key=key, image=root / key, run=run, boxes=[], classes=[], source=src, width=w, height=h)
+            rec = LabelRecord(key=key, root=root_s, run=run, boxes=_NONE, classes=_NONE, source=src,
+                              width=w, height=h, root_real=root_real)
             by_id[im["id"]] = rec
         rejected: set[int] = set()
-        for j, ann in enumerate(doc.get("annotations", [])):
+        for j, ann in enumerate(doc.get("annotations") or []):
             if not isinstance(ann, dict) or not isinstance(ann.get("image_id"), int):
                 rejects.append((run, f"{src}#annotations[{j}]", src, "bad-schema",
                                 f"annotations[{j}] has no integer image_id"))
@@ -153,23 +277,31 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
             p = _check_box(bbox, min_box)
             if p:
                 problem = p
-            elif not isinstance(cat, int) or (classes and cat not in classes):
+            elif not isinstance(cat, int) or cat not in classes:
                 problem = ("unknown-class", f"annotation {ann.get('id', j)}: category_id {cat!r} is not in categories")
             else:
                 x, y, bw, bh = (float(v) for v in bbox)
                 if bw <= min_box or bh <= min_box:
                     problem = ("box-degenerate", f"annotation {ann.get('id', j)}: bbox {bbox} has width/height <= {min_box}")
+                elif len(rec.boxes) >= limits.max_label_boxes:
+                    problem = ("too-many-boxes", f"more than {limits.max_label_boxes} boxes "
+                               "([limits] max_label_boxes; raise it in the config)")
             if problem:
                 rejects.append((run, rec.key, src, problem[0], problem[1]))
                 rejected.add(ann["image_id"])
+                rec.boxes, rec.classes = _NONE, _NONE  # free them now: the sample is out
                 continue
+            if rec.boxes is _NONE:
+                rec.boxes, rec.classes = [], []
             rec.boxes.append([x, y, x + bw, y + bh])
             rec.classes.append(cat)
         records.extend(r for iid, r in by_id.items() if iid not in rejected)
     return LabelSet(records, [{"id": k, "name": v} for k, v in sorted(classes.items())], list(label_files), rejects)
 
 
-def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[str], min_box: float) -> LabelSet:
+def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[str], min_box: float,
+              limits: Limits = Limits()) -> LabelSet:
+    root_real = os.path.realpath(root)
     img_root = root / images_dir
     if not img_root.is_dir():
         raise MissingInputError(f"image directory {img_root} does not exist", hint="check [source] images")
@@ -198,11 +330,15 @@ def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[s
         seen.add(stem)
         lp = labels_dir / (stem + ".txt")
         src = rel_path(root, lp)
-        rec = LabelRecord(key=key, image=img, run=run, boxes=[], classes=[], source=src, normalized=True)
+        rec = LabelRecord(key=key, root=str(root), run=run, boxes=[], classes=[], source=src, normalized=True,
+                          root_real=root_real)
         problem = None
-        if lp.is_file():
+        if os.path.lexists(lp) and not lp.is_dir():
             try:
-                text = lp.read_text(encoding="utf-8")
+                text = open_confined(lp, max_bytes=limits.max_label_bytes, root_real=root_real)[0].decode("utf-8")
+            except UnsafeFile as e:
+                rejects.append((run, key, src, e.reason, f"{src} {e.message}"))
+                continue
             except (OSError, UnicodeDecodeError) as e:
                 rejects.append((run, key, src, "bad-schema", f"{src}: unreadable: {e}"))
                 continue
@@ -224,6 +360,14 @@ def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[s
                     break
                 if cls < 0 or (class_names and cls >= len(class_names)):
                     problem = ("unknown-class", f"{src}:{ln}: class {cls} is not in [source] classes")
+                    break
+                if cls > limits.max_class_id:
+                    problem = ("unknown-class", f"{src}:{ln}: class {cls} is over [limits] max_class_id = "
+                               f"{limits.max_class_id} (list the classes in [source] classes, or raise the limit)")
+                    break
+                if len(rec.boxes) >= limits.max_label_boxes:
+                    problem = ("too-many-boxes", f"{src}: more than {limits.max_label_boxes} boxes "
+                               "([limits] max_label_boxes; raise it in the config)")
                     break
                 if vals[2] <= 0 or vals[3] <= 0:
                     problem = ("box-degenerate", f"{src}:{ln}: width/height {vals[2]}x{vals[3]} <= 0")
@@ -248,13 +392,12 @@ def _yolo_run(stem: str) -> str:
 
 
 def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names: list[str],
-               min_box: float) -> LabelSet:
+               min_box: float, limits: Limits = Limits()) -> LabelSet:
+    root_real = os.path.realpath(root)
     raw: list[tuple[str, int, dict]] = []
     for lf in label_files:
         try:
-            text = lf.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise MissingInputError(f"label file {lf} does not exist", hint="check [source] labels") from None
+            text = _read_label_file(lf, limits).decode("utf-8")
         except UnicodeDecodeError as e:
             raise DataError(f"{lf}: not UTF-8 text: {e}", hint="JSONL labels must be UTF-8", path=str(lf)) from None
         src = rel_path(root, lf)
@@ -268,7 +411,7 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
         for _src, _ln, line in raw:
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
             if isinstance(obj, dict) and isinstance(obj.get("classes"), list):
                 found.update(c for c in obj["classes"] if isinstance(c, str))
@@ -282,11 +425,16 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
         stem_run = PurePosixPath(src).stem
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             rejects.append((stem_run, f"{src}:{ln}", src, "bad-schema", f"{src}:{ln}: not JSON: {e}"))
             continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("image"), str) or not obj["image"]:
+        if not isinstance(obj, dict) or not isinstance(obj.get("image"), str) or not obj["image"] \
+                or "\x00" in obj["image"]:
             rejects.append((stem_run, f"{src}:{ln}", src, "bad-schema", f"{src}:{ln}: needs a string 'image'"))
+            continue
+        if escapes(images_dir, obj["image"]):
+            rejects.append((stem_run, obj["image"], src, "path-outside-root",
+                            f"{src}:{ln}: image {obj['image']!r} leaves the dataset root"))
             continue
         run_id = obj.get("run_id", "")
         frame_id = obj.get("frame_id", -1)
@@ -300,6 +448,9 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
             problem = ("bad-schema", f"{src}:{ln}: 'boxes' and 'classes' must be lists of equal length")
         elif key in seen:
             problem = ("duplicate", f"{src}:{ln}: image {key} is listed again")
+        elif len(boxes) > limits.max_label_boxes:
+            problem = ("too-many-boxes", f"{src}:{ln}: {len(boxes)} boxes, over [limits] max_label_boxes = "
+                       f"{limits.max_label_boxes} (raise it in the config)")
         else:
             for b in boxes:
                 problem = _check_box(b, min_box)
@@ -314,7 +465,11 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
             for c in classes:
                 cid = name_to_id.get(c) if isinstance(c, str) else (c if isinstance(c, int) and not isinstance(c, bool) else None)
                 if cid is None or cid < 0 or (names and cid >= len(names)):
-                    problem = ("unknown-class", f"{src}:{ln}: class {c!r} is not in [source] classes")
+                    problem = ("unknown-class", f"{src}:{ln}: class {c!r:.60} is not in [source] classes")
+                    break
+                if cid > limits.max_class_id:
+                    problem = ("unknown-class", f"{src}:{ln}: class {cid} is over [limits] max_class_id = "
+                               f"{limits.max_class_id} (list the classes in [source] classes, or raise the limit)")
                     break
                 ids.append(cid)
         w, h = obj.get("width"), obj.get("height")
@@ -327,7 +482,7 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
             continue
         seen.add(key)
         used.update(ids)
-        records.append(LabelRecord(key=key, image=root / key, run=run,
+        records.append(LabelRecord(key=key, root=str(root), run=run, root_real=root_real,
                                    boxes=[[float(v) for v in b] for b in boxes], classes=ids, source=src,
                                    width=w, height=h, frame_id=frame_id, run_id=run_id))
     if not names and used:
@@ -336,13 +491,20 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
 
 
 def load(fmt: str, root: Path, labels: tuple[str, ...], images_dir: str, class_names: tuple[str, ...],
-         min_box: float) -> LabelSet:
+         min_box: float, limits: Limits = Limits()) -> LabelSet:
     if not root.is_dir():
         raise MissingInputError(f"dataset root {root} does not exist or is not a directory",
                                 hint="check [source] path (relative to the config file) or --input")
     files = [root / lf for lf in labels]
     if fmt == "coco":
-        return load_coco(root, files, images_dir, min_box)
-    if fmt == "yolo":
-        return load_yolo(root, files[0], images_dir, list(class_names), min_box)
-    return load_jsonl(root, files, images_dir, list(class_names), min_box)
+        ls = load_coco(root, files, images_dir, min_box, limits)
+    elif fmt == "yolo":
+        ls = load_yolo(root, files[0], images_dir, list(class_names), min_box, limits)
+    else:
+        ls = load_jsonl(root, files, images_dir, list(class_names), min_box, limits)
+    if images_dir and ls.records and not (root / images_dir).is_dir():
+        # every sample would be "missing": say what is missing instead
+        raise MissingInputError(f"image folder {root / images_dir} does not exist "
+                                f"({len(ls.records)} labelled images are listed under it)",
+                                hint="check [source] images (relative to [source] path)", path=str(root / images_dir))
+    return ls

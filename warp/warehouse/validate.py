@@ -10,22 +10,25 @@ or lower than ``min_box_size`` is ``box-degenerate``; label sizes that differ
 from the oriented image are ``bad-size``; more than ``max_boxes`` boxes is
 ``too-many-boxes`` with ``overflow = "reject"`` (else the first ``max_boxes``
 are kept and counted). Missing files are ``missing-file``, unreadable ones
-``unreadable``. Files are read by a thread pool (reads and hashing release
+(and anything but a regular file) ``unreadable``; a file that leaves the
+dataset root through a symlink is ``path-outside-root`` and one over
+``[limits] max_image_mb`` is ``too-large``, both refused before a byte is
+read and never listed among the sources. Files are read by a thread pool (reads and hashing release
 the GIL); results keep the label order.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from .config import Limits
 from .images import ImageProbe, ProbeError, probe
-from .labels import LabelRecord
+from .labels import LabelRecord, UnsafeFile, open_confined
 
 
 @dataclass
@@ -48,7 +51,7 @@ class ValidSample:
         return len(self.boxes) == 0
 
 
-@dataclass
+@dataclass(slots=True)
 class ProbeOutcome:
     sample: ValidSample | None
     reject: tuple[str, str, str, str, str] | None  # (run, sample_id, source, reason, message)
@@ -56,12 +59,13 @@ class ProbeOutcome:
     truncated_boxes: int = 0
 
 
-def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int, overflow: str) -> ProbeOutcome:
+def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int, overflow: str,
+           limits: Limits = Limits()) -> ProbeOutcome:
     key = rec.key
     try:
-        with open(rec.image, "rb") as f:
-            st = os.fstat(f.fileno())
-            data = f.read()
+        data, st = open_confined(rec.image, max_bytes=limits.max_image_bytes, root_real=rec.root_real)
+    except UnsafeFile as e:
+        return ProbeOutcome(None, (rec.run, key, rec.source, e.reason, f"{key}: {e.message}"), None)
     except FileNotFoundError:
         return ProbeOutcome(None, (rec.run, key, rec.source, "missing-file", f"{key}: image file does not exist"),
                             (key, "missing", 0))
@@ -117,11 +121,12 @@ PROBE_BATCH = 64
 
 
 def probe_all(records: Iterable[LabelRecord], *, tolerance: float, min_box: float, max_boxes: int,
-              overflow: str, workers: int) -> list[ProbeOutcome]:
+              overflow: str, workers: int, limits: Limits = Limits()) -> list[ProbeOutcome]:
     records = list(records)
 
     def one(rec: LabelRecord) -> ProbeOutcome:
-        return _check(rec, tolerance=tolerance, min_box=min_box, max_boxes=max_boxes, overflow=overflow)
+        return _check(rec, tolerance=tolerance, min_box=min_box, max_boxes=max_boxes, overflow=overflow,
+                      limits=limits)
 
     if workers <= 1 or len(records) < 16:
         return [one(r) for r in records]

@@ -1,0 +1,296 @@
+"""Hostile input: path escapes, bombs, huge declared sizes and SQL injection.
+
+Each ETL case runs ``warp`` in a subprocess whose address space is capped
+(``RLIMIT_AS``), so a memory bomb shows up as an untyped ``MemoryError``
+(exit 70) instead of swapping the machine; every case must end in its typed
+exit code with a message naming the problem, and the child's peak RSS is
+checked. The reproducers live in ``tests/malformed/warehouse/`` (one folder
+per case, ``expected.json`` says the exit code and what stderr must name);
+symlinks, FIFOs and device files are made at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from test_dataset_support import make_rows, publish
+from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
+
+CORPUS = Path(__file__).parent / "malformed" / "warehouse"
+EXPECTED = json.loads((CORPUS / "expected.json").read_text())
+AS_LIMIT = 1536 << 20  # address space of each capped child (warp etl itself needs ~0.6 GiB of it)
+
+# runs the CLI under the cap and reports its own peak RSS (KiB) on the last line of stderr
+_LAUNCHER = """
+import resource, sys
+lim = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+from warpdata.cli import main
+try:
+    rc = main(sys.argv[2:])
+finally:
+    sys.stderr.write("\\nPEAK_RSS_KIB=%d\\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(rc)
+"""
+
+
+class Capped:
+    def __init__(self, code: int, out: str, err: str, peak_kib: int) -> None:
+        self.code, self.out, self.err, self.peak_kib = code, out, err, peak_kib
+
+
+def run_capped(*args: str, cwd: Path, env: dict | None = None, limit: int = AS_LIMIT, timeout: int = 300) -> Capped:
+    full_env = {**os.environ, "WARP_WORKERS": "1", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1",
+                "OPENBLAS_NUM_THREADS": "1", **(env or {})}
+    p = subprocess.run([sys.executable, "-c", _LAUNCHER, str(limit), *map(str, args)], cwd=cwd, env=full_env,
+                       capture_output=True, text=True, timeout=timeout)
+    err, _, tail = p.stderr.rpartition("PEAK_RSS_KIB=")
+    peak = int(tail.strip()) if tail.strip().isdigit() else -1
+    return Capped(p.returncode, p.stdout, err if peak >= 0 else p.stderr, peak)
+
+
+def _jpeg(seed: int) -> bytes:
+    return encode_jpeg(synthetic_photo(np.random.default_rng(seed), 60, 40))
+
+
+def _case(name: str, tmp_path: Path) -> Path:
+    d = tmp_path / "data" / name
+    shutil.copytree(CORPUS / name, d)
+    for i, img in enumerate(EXPECTED[name]["images"]):
+        (d / "images").mkdir(exist_ok=True)
+        (d / "images" / img).write_bytes(_jpeg(i))
+    return d
+
+
+def _assert_typed(r: Capped, code: int) -> None:
+    assert "internal error" not in r.err and "Traceback" not in r.err, r.err
+    assert r.code == code, (r.code, r.err)
+    assert 0 < r.peak_kib < AS_LIMIT // 1024, r.peak_kib
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_malformed_warehouse_corpus(name, tmp_path):
+    d = _case(name, tmp_path)
+    r = run_capped("etl", "-c", "t.toml", cwd=d)
+    _assert_typed(r, EXPECTED[name]["exit"])
+    for s in EXPECTED[name]["expect"]:
+        assert s in r.err, (s, r.err)
+    assert not list(d.glob("wh/v*")), "nothing is published when the build is refused"
+
+
+def _sources(d: Path) -> list[str]:
+    (v,) = d.glob("wh/v*")
+    return pq.read_table(v / "sources.parquet").column("key").to_pylist()
+
+
+def _quarantine(d: Path) -> dict[str, str]:
+    (v,) = d.glob("wh/v*")
+    t = pq.read_table(v / "quarantine.parquet")
+    return dict(zip(t.column("sample_id").to_pylist(), t.column("reason").to_pylist(), strict=True))
+
+
+def test_label_paths_never_pull_in_outside_files(tmp_path):
+    """Absolute, '..' and symlinked names: quarantined path-outside-root, never read, never a source.
+
+    The outside image is a valid JPEG whose boxes fit, so only the confinement keeps it out."""
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes(_jpeg(99))
+    d = _case("coco_path_escape", tmp_path)
+    doc = json.loads((d / "annotations.json").read_text())
+    links = {"to_secret.jpg": secret, "to_passwd.jpg": Path("/etc/passwd"), "to_zero.jpg": Path("/dev/zero")}
+    for name, target in links.items():
+        (d / "images" / name).symlink_to(target)
+    os.mkfifo(d / "images" / "fifo.jpg")  # opening it blocking would hang the ETL forever
+    (d / "images" / "inside_link.jpg").symlink_to(d / "images" / "ok.jpg")  # a link that stays inside is fine
+    names = [*links, "fifo.jpg", "inside_link.jpg", str(secret), "../../secret.jpg"]
+    doc["images"] += [{"id": 100 + i, "file_name": n} for i, n in enumerate(names)]
+    doc["annotations"] = [{"id": 1, "image_id": 100, "category_id": 1, "bbox": [1, 1, 5, 5]},
+                          {"id": 2, "image_id": 100 + names.index(str(secret)), "category_id": 1, "bbox": [1, 1, 5, 5]}]
+    (d / "annotations.json").write_text(json.dumps(doc))
+
+    r = run_capped("etl", "-c", "t.toml", cwd=d)
+    _assert_typed(r, 65)  # far over the invalid threshold
+    assert "path-outside-root" in r.err
+
+    r = run_capped("etl", "-c", "t.toml", "--allow-invalid", cwd=d)
+    _assert_typed(r, 0)
+    assert _sources(d) == ["images/inside_link.jpg", "images/ok.jpg"]
+    q = _quarantine(d)
+    for name in links:
+        assert q[f"images/{name}"] == "path-outside-root"
+    assert q["images/fifo.jpg"] == "unreadable"
+    for n in ("/etc/passwd", "/dev/zero", str(secret), "../../secret.jpg"):
+        assert q[n] == "path-outside-root", n
+    (v,) = d.glob("wh/v*")
+    secret_bytes = secret.read_bytes()
+    assert not any(secret_bytes[:256] in p.read_bytes() for p in v.iterdir() if p.is_file())
+
+
+def test_label_file_that_is_a_device_is_refused(tmp_path):
+    d = _case("coco_path_escape", tmp_path)
+    (d / "annotations.json").unlink()
+    (d / "annotations.json").symlink_to("/dev/zero")
+    r = run_capped("etl", "-c", "t.toml", cwd=d)
+    _assert_typed(r, 65)
+    assert "annotations.json" in r.err and "not a regular file" in r.err
+
+
+def test_label_file_over_the_limit_is_refused_unread(tmp_path):
+    d = _case("coco_path_escape", tmp_path)
+    with open(d / "annotations.json", "ab") as f:
+        f.truncate(3 << 30)  # sparse: 3 GB declared, over the address-space cap if it were read whole
+    (d / "t.toml").write_text((d / "t.toml").read_text() + "[limits]\nmax_label_mb = 2048\n")
+    r = run_capped("etl", "-c", "t.toml", cwd=d)
+    _assert_typed(r, 65)
+    assert "max_label_mb" in r.err and "2048 MB limit" in r.err
+
+
+def test_image_over_the_limit_is_quarantined_unread(tmp_path):
+    d = _case("coco_path_escape", tmp_path)
+    with open(d / "images" / "big.jpg", "wb") as f:
+        f.truncate(2 << 30)  # sparse 2 GB "image"
+    doc = json.loads((d / "annotations.json").read_text())
+    doc["images"] = [{"id": 1, "file_name": "ok.jpg"}, {"id": 2, "file_name": "big.jpg"}]
+    (d / "annotations.json").write_text(json.dumps(doc))
+    r = run_capped("etl", "-c", "t.toml", "--allow-invalid", cwd=d)
+    _assert_typed(r, 0)
+    assert _quarantine(d) == {"images/big.jpg": "too-large"}
+    assert r.peak_kib < 1 << 20  # far below the file: it was never read
+
+
+def test_a_large_coco_listing_stays_bounded(tmp_path):
+    """150,000 listed images that do not exist: memory follows the entries (~1 KB each), no bomb."""
+    d = tmp_path / "big"
+    (d / "images").mkdir(parents=True)
+    n = 150_000
+    doc = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in range(n)], "annotations": [],
+           "categories": [{"id": 1, "name": "a"}]}
+    (d / "annotations.json").write_text(json.dumps(doc))
+    (d / "t.toml").write_text('[source]\nformat = "coco"\n[output]\nroot = "wh"\n')
+    r = run_capped("etl", "-c", "t.toml", cwd=d)
+    _assert_typed(r, 65)
+    assert f"missing-file x{n}" in r.err
+    assert r.peak_kib < 768 << 10, r.peak_kib
+
+
+# -- --filter is one expression, nothing else ------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    url = str(tmp_path / "store")
+    publish(url, "ws/demo", {"main": [make_rows(300, 0), make_rows(200, 300)]}, tmp_path, row_group_size=100)
+    monkeypatch.setenv("WARP_STORE", url)
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+INJECTIONS = {
+    "1=1; COPY (SELECT 1) TO 'pwned.csv'": "not one SQL expression",
+    "1=1) UNION SELECT * FROM read_text('/etc/passwd') WHERE (1=1": "UNION",
+    "id IN (SELECT 1 FROM read_text('/etc/passwd'))": "subquery",
+    "EXISTS (SELECT * FROM read_csv('/etc/passwd'))": "subquery",
+    "getenv('HOME') <> ''": "getenv()",
+    "id > 1 AND st_aera(label) > 0": "st_aera()",  # a typo must not make DuckDB fetch an extension
+    "id > 1 -- ) OR (1=1": None,  # a comment is only a comment
+    "nope > 3": "no column 'nope'",
+    "id > 1 ORDER BY 1": "not one SQL expression",
+    "repeat(label, 1000000000) = ''": "repeat()",  # output size driven by a literal
+}
+
+
+@pytest.mark.parametrize("expr", sorted(INJECTIONS))
+def test_filter_injection_is_a_usage_error(cli, store, expr):
+    r = cli("stream", "ws/demo", "--columns", "id", "--filter", expr, "--format", "csv")
+    want = INJECTIONS[expr]
+    if want is None:
+        assert r.code == 0, r.err
+        assert len(r.out.splitlines()) == 1 + 498
+        return
+    assert r.code == 2, (r.code, r.err)
+    assert r.out == ""
+    assert want in r.err, r.err
+    assert list(store.iterdir()) == []  # nothing written (pwned.csv)
+
+
+def test_allowed_filters_still_work(cli, store):
+    r = cli("stream", "ws/demo", "--columns", "id", "--format", "csv", "--filter",
+            "lower(label) LIKE 'label-3%' AND id BETWEEN 10 AND 30 AND label IS NOT NULL AND id NOT IN (24)")
+    assert r.code == 0, r.err
+    assert [int(x) for x in r.out.split()[1:]] == [10, 17]
+
+
+def test_filter_injection_capped_subprocess(store):
+    r = run_capped("stream", "ws/demo", "--filter", "1=1; COPY (SELECT 1) TO 'pwned.csv'", cwd=store)
+    _assert_typed(r, 2)
+    assert r.out == "" and not (store / "pwned.csv").exists()
+
+
+def test_every_connection_is_locked_down():
+    import duckdb
+    import pyarrow as pa
+    from warpdata import sqlgate
+
+    con = sqlgate.connect()
+    settings = dict(con.execute("SELECT name, value FROM duckdb_settings() WHERE name IN "
+                                "('autoinstall_known_extensions', 'autoload_known_extensions')").fetchall())
+    assert settings == {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+    con.register("t", pa.table({"x": [1, 2]}))
+    sqlgate.lock(con)
+    assert con.execute("SELECT sum(x) FROM t").fetchone() == (3,)  # what was registered still reads
+    with pytest.raises(duckdb.PermissionException):
+        con.execute("SELECT * FROM read_text('/etc/passwd')").fetchall()
+    with pytest.raises(duckdb.Error):
+        con.execute("SET enable_external_access = true")
+
+
+# -- feature cache and publish: symlinks out of the folder -------------------------------------------
+
+
+def test_feature_scan_reads_nothing_outside_its_root(tmp_path):
+    from warpdata.features.scan import scan
+    from warpdata.quarantine import Quarantine
+
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "a.jpg").write_bytes(_jpeg(1))
+    (root / "a.txt").write_text("a cat")
+    outside = tmp_path / "outside.jpg"
+    outside.write_bytes(_jpeg(2))
+    (root / "b.jpg").symlink_to(outside)
+    (root / "b.txt").write_text("a dog")
+    (root / "c.jpg").write_bytes(_jpeg(3))
+    (root / "c.txt").symlink_to("/etc/hostname")
+    os.mkfifo(root / "d.jpg")
+    (root / "d.txt").write_text("a pipe")
+    q = Quarantine()
+    res = scan(root, q)
+    assert [i.key for i in res.items] == ["a.jpg"]
+    assert {r.sample_id: r.reason for r in q.records} == {"b.jpg": "path-outside-root", "c.jpg": "path-outside-root",
+                                                         "d.jpg": "unreadable"}
+
+
+def test_publish_from_refuses_symlinks_leaving_the_artifact(tmp_path):
+    from warpdata.errors import DataError
+    from warpdata.registry.from_artifacts import check_symlinks, describe_source
+
+    art = tmp_path / "art"
+    (art / "sub").mkdir(parents=True)
+    (art / "manifest.json").write_text(json.dumps({"kind": "demo"}))
+    (art / "sub" / "inside").symlink_to(art / "manifest.json")
+    assert describe_source(art).kind == "demo"  # a link that stays inside is fine
+    (art / "sub" / "key").symlink_to(Path.home())
+    with pytest.raises(DataError, match=r"sub/key is a symlink to .*outside"):
+        describe_source(art)
+    assert check_symlinks(art, follow_symlinks=True) == 2
