@@ -20,6 +20,23 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--config -c --clear --allow-invalid --workers -j --input -i --output -o --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
+        ingest)
+            case "$prev" in
+                --id) _warp_files; return 0;;
+                --pair) _warp_files; return 0;;
+                --file-column) _warp_files; return 0;;
+                --root) _warp_files; return 0;;
+                --type) _warp_files; return 0;;
+                --names) _warp_files; return 0;;
+                --max-file-size) _warp_files; return 0;;
+                --keep) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+                --shard-size) _warp_files; return 0;;
+                --workers) :; return 0;;
+                --description) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--id --pair --file-column --root --type --names --max-file-size --keep --set-latest --no-set-latest --dry-run --store --shard-size --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
         tar-to-tbl)
             case "$prev" in
                 --compression|-c) _warp_files; return 0;;
@@ -111,7 +128,7 @@ _warp_complete_in() {
             if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
             ;;
     esac
 }
@@ -121,7 +138,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

@@ -77,20 +77,26 @@ def walk(root: str, *, skip: frozenset[str] = frozenset()) -> Iterator[str]:
     with '.' (``.DS_Store``, editor droppings) and warp's temporary files are
     not content and are not yielded.
     """
-    stack: list[tuple[str, str]] = [(root, "")]
-    while stack:
-        d, rel = stack.pop()
+    def listing(d: str, rel: str) -> Iterator[tuple[str, str, bool]]:
         with os.scandir(d) as it:
             entries = sorted(((e.name.encode("utf-8", "surrogateescape"), e) for e in it
                               if not e.name.startswith((".", TMP_PREFIX))), key=lambda t: t[0])
-        subdirs: list[tuple[str, str]] = []
         for _, e in entries:
-            if e.is_dir(follow_symlinks=False):
-                if os.path.realpath(e.path) not in skip:
-                    subdirs.append((e.path, f"{rel}{e.name}/"))
-            else:
-                yield rel + e.name
-        stack.extend(reversed(subdirs))  # first name popped first: depth-first in name order
+            is_dir = e.is_dir(follow_symlinks=False)
+            if not (is_dir and os.path.realpath(e.path) in skip):
+                yield e.path, rel + e.name, is_dir
+
+    stack = [listing(root, "")]  # one sorted listing per open directory: depth-first in name order
+    while stack:
+        nxt = next(stack[-1], None)
+        if nxt is None:
+            stack.pop()
+            continue
+        path, rel, is_dir = nxt
+        if is_dir:
+            stack.append(listing(path, rel + "/"))
+        else:
+            yield rel
 
 
 def _image_dims(data: bytes, rel: str) -> tuple[str, int, int]:
@@ -552,6 +558,7 @@ def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], roo
     validate_dataset_id(opts.dataset_id)
     if ref_type not in REF_TYPES:
         raise UsageError(f"--type {ref_type!r} is not one of {', '.join(REF_TYPES)}", hint="e.g. --type image")
+    used: set[str] = set()  # members named by a kept row
     if not file_columns:
         raise UsageError("no --file-column given", hint="name the column(s) holding file paths, e.g. --file-column image")
     root_real = _root(root, "--root")
