@@ -69,8 +69,9 @@ _warp_complete_in() {
         inspect)
             case "$prev" in
                 --head) :; return 0;;
+                --preview) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--verify --head --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--verify --head --preview --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         stream)
             case "$prev" in

@@ -72,6 +72,7 @@ complete -c warp -n '__fish_seen_subcommand_from ls' -F
 
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l head -x -d 'Also show the first N rows/samples where that applies'
+complete -c warp -n '__fish_seen_subcommand_from inspect' -l preview -r -F -d 'Draw the artifact instead (sample grid with boxes, contact sheet, Zarr slices...'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -F
 
 complete -c warp -n '__fish_seen_subcommand_from stream' -l table -r -F -d 'Table to stream (default: the only table, else main)'
