@@ -37,6 +37,16 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--id --pair --file-column --root --type --names --max-file-size --keep --set-latest --no-set-latest --dry-run --store --shard-size --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
+        embeddings)
+            case "$prev" in
+                --column) _warp_files; return 0;;
+                --encoder) _warp_files; return 0;;
+                --name) _warp_files; return 0;;
+                --table) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--column --encoder --name --table --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
         tar-to-tbl)
             case "$prev" in
                 --compression|-c) _warp_files; return 0;;
@@ -129,7 +139,7 @@ _warp_complete_in() {
             if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
             ;;
     esac
 }
@@ -139,7 +149,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|ingest|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|embeddings|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"
