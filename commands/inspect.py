@@ -19,6 +19,8 @@ EXAMPLES = """
   warp inspect --verify data/train.tbl        # exit 1 if any sample is corrupt
   warp inspect warehouse/v20261122-3f2a9c1e0b7d --json
   warp inspect ws/coco-mini --head 5
+  warp inspect warehouse/v20261122-3f2a9c1e0b7d --preview grid.png   # boxes and class names drawn
+  warp inspect warehouse/v20261122-3f2a9c1e0b7d/metrics.json --preview - | display
 """
 
 
@@ -26,9 +28,15 @@ def main(
     target: Annotated[str, typer.Argument(help="A file, directory or published dataset name (ws/name).")],
     verify: Annotated[bool, typer.Option("--verify", help="Check every checksum; exit 1 on corruption.")] = False,
     head: Annotated[int, typer.Option("--head", min=0, help="Also show the first N rows/samples where that applies.")] = 0,
+    preview: Annotated[str | None, typer.Option(
+        "--preview", metavar="PNG", help="Draw the artifact instead (sample grid with boxes, contact sheet, Zarr slices, "
+                                         "ETL metrics chart) into PNG, '-' for stdout; --head N sets the sample count.")] = None,
 ) -> int:
     import os
     import re
+
+    if preview is not None:
+        return _preview(target, preview, head or 16)
 
     from warpdata.inspectors import find_inspector
 
@@ -63,4 +71,27 @@ def main(
             return 1
         raise NegativeResult(f"{target}: verification found {len(report.problems)} problem(s)",
                              hint="rebuild or re-download the artifact")
+    return 0
+
+
+def _preview(target: str, dest: str, n: int) -> int:
+    import sys
+
+    from warpdata.atomic import atomic_write_bytes
+    from warpdata.preview import render, to_png
+
+    pic = render(target, n)
+    png = to_png(pic)
+    if dest == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(png)
+        sys.stdout.buffer.flush()
+        return 0
+    atomic_write_bytes(dest, png, fsync=False)
+    if out.options().json:
+        out.emit_json({"kind": pic.kind, "target": target, "preview": dest, "width": pic.image.width,
+                       "height": pic.image.height, "tiles": len(pic.tiles)})
+    else:
+        out.info(f"{pic.kind} preview: {pic.image.width}x{pic.image.height}, {len(pic.tiles)} tile(s)")
+        out.data(dest)
     return 0

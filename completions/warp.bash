@@ -21,6 +21,33 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--config -c --clear --allow-invalid --workers -j --input -i --output -o --executor -x --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
+        ingest)
+            case "$prev" in
+                --id) _warp_words "stem path hash"; return 0;;
+                --pair) _warp_files; return 0;;
+                --file-column) _warp_files; return 0;;
+                --root) _warp_files; return 0;;
+                --type) _warp_words "image audio video file"; return 0;;
+                --names) _warp_files; return 0;;
+                --max-file-size) _warp_files; return 0;;
+                --keep) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+                --shard-size) _warp_files; return 0;;
+                --workers) :; return 0;;
+                --description) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--id --pair --file-column --root --type --names --max-file-size --keep --set-latest --no-set-latest --dry-run --store --shard-size --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
+        embeddings)
+            case "$prev" in
+                --column) _warp_files; return 0;;
+                --encoder) _warp_files; return 0;;
+                --name) _warp_files; return 0;;
+                --table) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--column --encoder --name --table --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
         tar-to-tbl)
             case "$prev" in
                 --compression|-c) _warp_words "auto none lz4 zstd"; return 0;;
@@ -53,8 +80,9 @@ _warp_complete_in() {
         inspect)
             case "$prev" in
                 --head) :; return 0;;
+                --preview) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--verify --head --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--verify --head --preview --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         stream)
             case "$prev" in
@@ -112,7 +140,7 @@ _warp_complete_in() {
             if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
             ;;
     esac
 }
@@ -122,7 +150,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|embeddings|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

@@ -48,6 +48,8 @@ class CommandSpec:
 COMMANDS: tuple[CommandSpec, ...] = (
     # build
     CommandSpec("etl", "warpdata.commands.etl", "Build a training-ready artifact (tensor warehouse, Zarr array, feature cache) from a TOML config."),
+    CommandSpec("ingest", "warpdata.commands.ingest", "Publish a raw image folder, file list (CSV/JSONL/Parquet) or paired folders as a dataset, with quarantine."),
+    CommandSpec("embeddings", "warpdata.commands.embeddings", "Compute embeddings of a published column with an encoder plugin; list, describe them."),
     CommandSpec("tar-to-tbl", "warpdata.commands.tar_to_tbl", "Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes, checksums."),
     # publish and read
     CommandSpec("publish", "warpdata.commands.publish", "Publish a dataset version (tables, raw artifacts, bindings) to the store: content-addressed, idempotent."),

@@ -319,6 +319,12 @@ class Dataset:
                                     hint=f"see 'warp inspect {self.id}'")
         return ArtifactReader(self, name)
 
+    def embeddings(self, name: str):
+        """Exact nearest-neighbour search over embedding ``name`` (see :mod:`warpdata.embeddings`)."""
+        from .embeddings import open_index
+
+        return open_index(self, name)
+
     # -- blobs -------------------------------------------------------------------
     def blob_key(self, s: ShardRef) -> str:
         from .registry.manifest import blob_key

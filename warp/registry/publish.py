@@ -91,6 +91,8 @@ class PublishRequest:
     dataset_id: str
     tables: dict[str, list[str]] = field(default_factory=dict)  # name -> files or globs
     artifacts: dict[str, str] = field(default_factory=dict)  # name -> directory
+    # name -> the member paths (relative to its directory) to pack; absent: every regular file
+    artifact_files: dict[str, list[str]] = field(default_factory=dict)
     bindings: list[Binding] = field(default_factory=list)
     from_paths: list[str] = field(default_factory=list)
     set_latest: bool = True
@@ -450,7 +452,7 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
     for name, directory in req.artifacts.items():
         if name in artifacts:
             raise UsageError(f"artifact {name} given twice", hint="give each --artifact a distinct name")
-        artifacts[name] = stager.artifact(name, directory)
+        artifacts[name] = stager.artifact(name, directory, req.artifact_files.get(name))
     for path in req.from_paths:
         src = from_artifacts.describe_source(path)
         aname = from_artifacts.artifact_name(src.kind, set(tables) | set(artifacts))
@@ -609,10 +611,15 @@ class DatasetBuilder:
         self.request.tables.setdefault(name, []).extend([files] if isinstance(files, str) else list(map(str, files)))
         return self
 
-    def add_artifact(self, name: str, directory: str | os.PathLike, kind: str = "tar_shards") -> DatasetBuilder:
+    def add_artifact(self, name: str, directory: str | os.PathLike, kind: str = "tar_shards",
+                     files: Iterable[str] | None = None) -> DatasetBuilder:
+        """Pack ``directory`` as artifact ``name``: every regular file, or only ``files``
+        (paths relative to it)."""
         if kind != "tar_shards":
             raise UsageError(f"artifact kind {kind!r} is not supported", hint="use kind='tar_shards'")
         self.request.artifacts[name] = os.fspath(directory)
+        if files is not None:
+            self.request.artifact_files[name] = list(files)
         return self
 
     def add_from(self, path: str | os.PathLike) -> DatasetBuilder:
