@@ -294,3 +294,17 @@ def test_publish_from_refuses_symlinks_leaving_the_artifact(tmp_path):
     with pytest.raises(DataError, match=r"sub/key is a symlink to .*outside"):
         describe_source(art)
     assert check_symlinks(art, follow_symlinks=True) == 2
+
+
+def test_publish_artifact_refuses_a_link_out_of_the_folder(cli, tmp_path, monkeypatch):
+    """`warp publish --artifact NAME=DIR` with a link to /etc/passwd: exit 65, nothing published."""
+    monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "a.txt").write_text("hi\n")
+    (art / "p.txt").symlink_to("/etc/passwd")
+    r = cli("publish", "demo/art", "--artifact", f"files={art}")
+    assert r.code == 65 and "p.txt is a symlink to /etc/passwd" in r.err and "--follow-symlinks" in r.err
+    assert r.out == "" and not list((tmp_path / "store").rglob("latest*"))
+    r = cli("publish", "demo/art", "--artifact", f"files={art}", "--follow-symlinks", "-q")
+    assert r.code == 0, r.err

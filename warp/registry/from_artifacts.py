@@ -71,14 +71,16 @@ def _identity(doc: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def check_symlinks(root: str | os.PathLike, *, follow_symlinks: bool = False) -> int:
+def check_symlinks(root: str | os.PathLike, *, follow_symlinks: bool = False, dir_links_skipped: bool = False) -> int:
     """Refuse symlinks under ``root`` that lead out of it (or nowhere); returns how many links were seen.
 
     Members are read through symlinks (``docs/formats/registry.md``), so a link
     to ``/etc/passwd`` or ``~/.ssh`` would publish that file. Unless
     ``follow_symlinks`` is set, such a link raises :class:`DataError` naming it.
     Links that stay inside ``root`` are fine. Only symlinks are resolved: the
-    walk reads directory entry types, no per-file stat.
+    walk reads directory entry types, no per-file stat. ``dir_links_skipped``:
+    the caller leaves directory links out (``warp publish --artifact``), so only
+    file links are checked.
     """
     base = os.path.realpath(root)
     prefix = base.rstrip("/") + "/"
@@ -90,7 +92,7 @@ def check_symlinks(root: str | os.PathLike, *, follow_symlinks: bool = False) ->
             for e in it:
                 if e.is_symlink():
                     links += 1
-                    if follow_symlinks:
+                    if follow_symlinks or (dir_links_skipped and e.is_dir()):
                         continue
                     real = os.path.realpath(e.path)
                     if real != base and not real.startswith(prefix):

@@ -330,6 +330,10 @@ class _Stager:
     # artifacts --------------------------------------------------------------
     def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
         scanned_at = time.time_ns()
+        if files is None and os.path.isdir(root):  # no file link may pull in a file from outside the folder
+            from warpdata.registry.from_artifacts import check_symlinks
+
+            check_symlinks(root, follow_symlinks=self.req.follow_symlinks, dir_links_skipped=True)
         scan = scan_members(root, files, follow_symlinks=self.req.follow_symlinks)
         members = scan.members
         self.skipped_links[name] = scan.skipped_dir_links
