@@ -77,6 +77,11 @@ demo: install-demo
 	$(PY) -m warpdata.sampledata volume $(DEMO)/volume --count 64 >/dev/null
 	$(DEMO_ENV) $(WARP) etl --config $(DEMO)/volume/volume.toml
 	$(DEMO_ENV) $(WARP) inspect --verify $(DEMO)/volume/volume.zarr
+	@echo "== 5. a folder of images -> a published dataset in one command; pictures of the artifacts"
+	$(PY) -m warpdata.sampledata photos $(DEMO)/photos >/dev/null
+	$(DEMO_ENV) $(WARP) ingest imagefolder $(DEMO)/photos/imgs demo/photos
+	$(DEMO_ENV) $(WARP) inspect demo/photos --preview $(DEMO)/photos.png
+	$(DEMO_ENV) $(WARP) inspect "$$(cat $(DEMO)/warehouse.path)" --preview $(DEMO)/warehouse.png
 
 bench: install
 	$(PIP) install -q -c constraints.txt -e '.[bench]'

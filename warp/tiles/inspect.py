@@ -220,7 +220,7 @@ def _check_manifest_layout(manifest: dict, layout, where: str, problems: list[st
 
 def _verification_rows(checked: dict, layouts: list, input_crc: str | None, manifest: dict | None,
                        group: dict | None, problems: list[str]) -> list[list[str]]:
-    zarr_ok = "zarr-python's metadata parser" if _has_zarr() else "warp's strict zarr.json parser"
+    parsers = "warp's strict parser and zarr-python's metadata parser" if _has_zarr() else "warp's strict parser (zarr-python is not installed)"
     all_crc = all(lay.checksum for lay in layouts)
     rows = [
         ["levels", f"{checked['levels']} of {len(layouts)} read"],
@@ -230,7 +230,7 @@ def _verification_rows(checked: dict, layouts: list, input_crc: str | None, mani
          f"{checked['chunk_crcs']} CRC-32C matched; levels written without per-chunk checksums were checked "
          "by decoding only"],
         ["shard index checksums", f"{checked['index_crcs']} CRC-32C matched"],
-        ["metadata", f"{checked['metadata']} zarr.json checked by warp's parser and {zarr_ok}"
+        ["metadata", f"{checked['metadata']} zarr.json checked by {parsers}"
          + (" (group + levels)" if group is not None else "")],
     ]
     if input_crc is not None and manifest is not None:
