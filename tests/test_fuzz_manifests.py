@@ -175,7 +175,7 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def test_fuzz_tensor_warehouse(tmp_path):
+def test_fuzz_tensor_warehouse(tmp_path, record_property):
     import warpdata.warehouse as wh
     from warpdata.cli import main
     from warpdata.sampledata.detection import generate
@@ -195,10 +195,11 @@ def test_fuzz_tensor_warehouse(tmp_path):
 
     files = ["manifest.json"] + sorted(p.name for p in root.glob("*.twh1"))
     got = _fuzz(random.Random(1234), root, files, read_all)
+    record_property("outcomes", got)  # the fuzz table (--junitxml)
     assert got["typed"] > CASES_PER_FORMAT * 0.9, got
 
 
-def test_fuzz_feature_cache(tmp_path):
+def test_fuzz_feature_cache(tmp_path, record_property):
     from warpdata.features.reader import ShardCache
     from warpdata.features.writer import CacheSpec, build_cache
     from warpdata.sampledata.captions import generate
@@ -214,4 +215,5 @@ def test_fuzz_feature_cache(tmp_path):
 
     files = ["manifest.json"] + sorted(p.name for p in root.glob("*.wfs"))
     got = _fuzz(random.Random(4321), root, files, read_all)
+    record_property("outcomes", got)  # the fuzz table (--junitxml)
     assert got["typed"] > CASES_PER_FORMAT * 0.9, got

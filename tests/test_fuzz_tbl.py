@@ -86,7 +86,7 @@ def _outcome(path: Path, reference: tuple, *, verify: bool) -> str:
 
 
 @pytest.mark.parametrize("base", BASES)
-def test_random_mutations_are_caught_or_harmless(tmp_path, base):
+def test_random_mutations_are_caught_or_harmless(tmp_path, base, record_property):
     src = (GOLDEN / base).read_bytes()
     with tbl.TblReader(GOLDEN / base) as r:
         reference = _snapshot(r)
@@ -103,6 +103,7 @@ def test_random_mutations_are_caught_or_harmless(tmp_path, base):
                 pytest.fail(f"{base} case {case} ({what}, verify={verify}): untyped {type(e).__name__}: {e}")
             assert got != "changed", f"{base} case {case} ({what}, verify={verify}): silent corruption"
         counts[got] += 1
+    record_property("outcomes", counts)  # the fuzz table (--junitxml)
     # the mutations really hit checked bytes: most are caught, a few (appended bytes) are harmless
     assert counts["error"] > 150 and counts["error"] + counts["intact"] == 200
 

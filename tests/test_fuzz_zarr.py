@@ -84,9 +84,10 @@ def workdirs(tmp_path_factory):
     return out
 
 
-def test_mutations_are_typed_errors_or_intact(workdirs):
+def test_mutations_are_typed_errors_or_intact(workdirs, record_property):
     rng = random.Random(SEED)
     caught_chunks = 0
+    counts = {"typed": 0, "intact": 0}
     for case in range(CASES):
         root, originals = workdirs[case % len(workdirs)]
         files = _files(root)
@@ -103,11 +104,13 @@ def test_mutations_are_typed_errors_or_intact(workdirs):
                                  f"{type(e).__name__}: {e}") from e
         finally:
             target.write_bytes(good)
+        counts["intact" if intact and passed else "typed"] += 1
         where = f"case {case}: {kind} of {target.relative_to(root.parent)}"
         assert intact or not passed, f"{where}: --verify passed although the data no longer reads back"
         if target.name != zarr_v3.ZARR_JSON:  # chunk/shard bytes: always caught by both
             assert not intact and not passed, f"{where}: a damaged chunk object went unnoticed"
             caught_chunks += 1
+    record_property("outcomes", counts)  # the fuzz table (--junitxml)
     assert caught_chunks > CASES // 3
 
 
