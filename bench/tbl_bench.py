@@ -123,6 +123,25 @@ def build_photo_tar(path: Path, count: int) -> dict:
     return write_tar(path, gen())
 
 
+def build_large_tar(path: Path, count: int, unique: int = 500) -> dict:
+    """~125 KB real-photo JPEGs (800-1050 px sides, q88-92) + .json/.cls sidecars.
+
+    ``unique`` distinct photos are cycled: the converter never decodes, so
+    repeats cost it the same as new photos, and the corpus builds in ~40 s.
+    """
+    from warpdata.sampledata.photos import real_photo_corpus
+    from warpdata.sampledata.wds import write_tar
+
+    pool = list(real_photo_corpus(min(unique, count), seed=1, min_side=800, max_side=1050, quality=(88, 92)))
+
+    def gen():
+        for i in range(count):
+            jpg, w, h = pool[i % len(pool)]
+            yield f"s{i:07d}", {"jpg": jpg, "json": json.dumps({"w": w, "h": h}).encode(),
+                                "cls": str(i % 10).encode()}
+    return write_tar(path, gen())
+
+
 def build_small_tar(path: Path, count: int) -> dict:
     import numpy as np
     from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
