@@ -47,7 +47,9 @@ from warpdata.tbl.tarstream import (
     TarFormatError,
     group_samples,
     iter_members,
+    member_data,
     open_input,
+    read_member_into,
 )
 
 ON_ERROR = ("raise", "skip", "warn")
@@ -56,6 +58,7 @@ MAX_SKIP_EXAMPLES = 50  # skipped members listed by name; the rest are only coun
 # into its own bytes (one copy); with 1 MiB every payload was copied twice and a fresh process spent
 # ~2x the time reading (BENCHMARKS.md, TBL section)
 _READ_BUFFER = 16 << 10
+_DEFER_ABOVE = 16 << 10  # members bigger than this are read when needed, where they are needed
 
 
 @dataclass
@@ -145,10 +148,11 @@ def _sidecar_metadata(sample: Sample, payload_at: int, on_skip) -> tuple[bytes, 
         if ext in text or ext in binary or ext == ext0:
             on_skip(m.name, f"a second '.{ext}' member in sample {key!r}")
             continue
+        data = member_data(m)
         try:
-            text[ext] = m.data.decode("utf-8")  # type: ignore[union-attr]
+            text[ext] = data.decode("utf-8")
         except UnicodeDecodeError:
-            binary[ext] = base64.b64encode(m.data).decode("ascii")  # type: ignore[arg-type]
+            binary[ext] = base64.b64encode(data).decode("ascii")
     meta: dict[str, Any] = {"key": key, "name": m0.name}
     if text:
         meta["sidecars"] = text
@@ -220,11 +224,7 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
     pending: deque = deque()
     window = 4 * workers
 
-    def tell() -> int:
-        try:
-            return f.tell()
-        except (OSError, AttributeError):
-            return 0
+    read_to = [0]  # tar bytes read so far (uncompressed), for progress
 
     def drain(limit: int) -> None:
         while len(pending) > limit:
@@ -232,14 +232,17 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
             writer.add_encoded(fut.result() if isinstance(fut, Future) else fut)
             res.samples += 1
             if progress:
-                progress(res.samples, tell())
+                progress(res.samples, read_to[0])
 
     try:
-        members = iter_members(f, max_member=req.max_member_bytes)
+        # big members of a plain file are read only once known to be a payload, straight into the
+        # writer's staging buffer where it offers one (TblWriter.payload_slot): no copy in between
+        members = iter_members(f, max_member=req.max_member_bytes, defer_above=_DEFER_ABOVE)
 
         def counted():
             for m in members:
                 res.members += 1
+                read_to[0] = m.offset + m.size
                 yield m
 
         for sample in group_samples(counted(), on_skip):
@@ -250,8 +253,17 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
                     on_skip(m.name, f"sample {sample.key!r} has no image member ({names})")
                 continue
             ext, m = sample.members[at]
+            data, in_place = m.data, False
+            if m.deferred:
+                drain(0)  # the slot is where the next payload goes: everything before it is written
+                slot = writer.payload_slot(m.size)
+                if slot is not None:
+                    read_member_into(m, slot)
+                    data, in_place = slot, True
+                else:
+                    data = member_data(m)
             try:
-                info = image_info(m.data, name=m.name)
+                info = image_info(data, name=m.name)
             except DataError as e:
                 if req.on_error == "raise":
                     raise DataError(f"{req.input}: {e.message}",
@@ -267,11 +279,14 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
             formats[info.format] += 1
             kwargs = dict(format=info.format, width=info.width, height=info.height,
                           compression=req.compression, level=req.level, trailer=True, metadata=meta)
-            if pool and resolve_compression(req.compression, info.format) != "none":
-                pending.append(pool.submit(encode_sample, m.data, **kwargs))
+            stored_as_is = resolve_compression(req.compression, info.format) == "none"
+            if in_place and not stored_as_is:
+                data = bytes(data)  # compressed bytes go elsewhere: the slot is only lent until the next write
+            if pool and not stored_as_is:
+                pending.append(pool.submit(encode_sample, data, **kwargs))
             else:  # checksums only: ~25 us of C per 120 KB photo, less than handing it to a thread
-                pending.append(encode_sample(m.data, **kwargs))
-            drain(window)
+                pending.append(encode_sample(data, **kwargs))
+            drain(0 if in_place and stored_as_is else window)
         drain(0)
         if not res.samples:
             raise DataError(_no_samples_message(req.input, res, reasons), **_no_samples_hint(res))
