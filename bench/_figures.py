@@ -13,7 +13,8 @@ which writes ``bench/out/<bench>.figures.json``. Format (``"format": "warp-bench
       "bench": "tbl_bench",                 # the script's name, without .py
       "command": "python bench/tbl_bench.py --runs 3",   # how it was run (sys.argv by default)
       "finished": "2026-11-23T22:40:00+00:00",           # UTC
-      "load": [2.1, 3.4],                   # 1-minute load average at the start and at the end
+      "load": {"start": 2.1,                # 1-minute load average when the run began (null if not known)
+               "end": [3.4, 3.0, 2.8]},     # 1-, 5- and 15-minute load averages when it ended
       "machine": "2 CPUs, Python 3.11.7",
       "figures": [
         {"name": "conversion, 2 workers, vs turboloader",   # one line of the summary table
@@ -45,7 +46,6 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent / "out"
 FORMAT = "warp-bench-figures/1"
 SUFFIX = ".figures.json"
-_LOAD_AT_IMPORT = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
 def figure(name: str, value: float | None, unit: str = "", *, target: float | None = None, op: str = ">=",
@@ -69,13 +69,13 @@ def emit(bench: str, figures: list[dict], *, plots: list[str] = (), command: str
          load_start: float | None = None) -> Path:
     """Write ``bench/out/<bench>.figures.json``; returns its path."""
     OUT.mkdir(parents=True, exist_ok=True)
-    load_end = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load_end = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     doc = {
         "format": FORMAT,
         "bench": bench,
         "command": command or "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0])] + sys.argv[1:]),
         "finished": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
-        "load": [load_start if load_start is not None else _LOAD_AT_IMPORT, load_end],
+        "load": {"start": load_start, "end": load_end},
         "machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
         "figures": figures,
         "plots": list(plots),

@@ -83,9 +83,11 @@ def render(docs: list[dict], problems: list[str], out: Path) -> str:
             lines.append(f"| {_cell(d['bench'])} | {_cell(name)} | {value} | {target} | {_num(f.get('ratio'))} | {ok} |")
     lines += ["", "## Runs", ""]
     for d in docs:
-        ld = d.get("load") or [None, None]
-        lines.append(f"- **{d['bench']}**: `{d.get('command', '?')}`, finished {d.get('finished', '?')}, "
-                     f"load average {_num(ld[0])} → {_num(ld[1])}, {d.get('machine', '')}")
+        ld = d.get("load") if isinstance(d.get("load"), dict) else {}
+        end = ld.get("end") or []
+        start = "" if ld.get("start") is None else f"{_num(ld['start'])} at the start, "
+        lines.append(f"- **{d['bench']}**: `{d.get('command', '?')}`, finished {d.get('finished', '?')}; load average "
+                     f"{start}{' / '.join(_num(x) for x in end) or '?'} (1/5/15 min) at the end; {d.get('machine', '')}")
     plots = [(d["bench"], p) for d in docs for p in d.get("plots") or [] if (out / p).exists()]
     if plots:
         lines += ["", "## Plots", ""]
