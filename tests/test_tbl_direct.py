@@ -157,3 +157,46 @@ def test_pipes_and_gzip_never_defer(tmp_path):
     for stream in (io.BytesIO(raw), gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(raw)))):
         (m,) = iter_members(stream, defer_above=10)
         assert not m.deferred and len(m.data) == 30_000
+
+
+def _full_count(path):
+    from warpdata.tbl.tarstream import group_samples, open_input
+
+    f, _size = open_input(path)
+    try:
+        return sum(conv.choose_payload(s) is not None
+                   for s in group_samples(iter_members(f, with_data=False), lambda _n, _r: None))
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_fast_count_agrees_with_the_parser(tmp_path, fmt):
+    """The header-only count gives the parser's count, or None (then the parser counts)."""
+    jpg = encode_jpeg(synthetic_photo(np.random.default_rng(1), 16, 16))
+    deep = "d" * 90 + "/" + "e" * 60  # > 100 characters: a ustar prefix, a GNU long name or a PAX path
+    entries = [("a.jpg", jpg), ("a.txt", b"x"), ("dir/", None), ("b.txt", b"no image"), ("noext", b"?"),
+               ("c.PNG", jpg), ("c.json", b"{}"), (f"{deep}/k.jpg", jpg), ("a.jpg", jpg), ("z.webp", jpg)]
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for name, data in entries:
+            ti = tarfile.TarInfo(name.rstrip("/"))
+            ti.mtime = 0
+            if data is None:
+                ti.type = tarfile.DIRTYPE
+                tf.addfile(ti)
+            else:
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    full = _full_count(path)
+    assert full == 5  # a, c, k, a again (a new run of the key), z
+    fast = conv._count_plain(str(path), 1 << 30)
+    assert fast in (None, full)
+    if fmt == tarfile.USTAR_FORMAT:
+        assert fast == full  # plain ustar, prefix included, takes the fast path
+    assert conv.count_samples(str(path)) == full
+    assert conv._count_plain(str(path), 100) is None  # a member over the limit: the parser raises it
+    raw = path.read_bytes()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(raw[:700])  # a cut inside the first member
+    assert conv._count_plain(str(cut), 1 << 30) is None

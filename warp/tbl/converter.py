@@ -42,7 +42,9 @@ from warpdata.formats.tbl import (
     resolve_compression,
 )
 from warpdata.tbl.tarstream import (
+    BLOCK,
     DEFAULT_MAX_MEMBER,
+    ZERO_BLOCK,
     Sample,
     TarFormatError,
     group_samples,
@@ -119,10 +121,88 @@ def choose_payload(sample: Sample) -> int | None:
     return None
 
 
+_IMAGE_EXT: dict[bytes, bool] = {}
+_EXTENDED_TYPES = frozenset(b"LKxg")
+_REGULAR_TYPES = frozenset(b"0\x007")
+
+
+def _is_image_ext(ext: bytes) -> bool:
+    got = _IMAGE_EXT.get(ext)
+    if got is None:
+        e = ext.decode("utf-8", "surrogateescape")
+        got = e.lower() in EXTENSION_FORMATS or _ext_format(e) is not None
+        if len(_IMAGE_EXT) < 1024:
+            _IMAGE_EXT[ext] = got
+    return got
+
+
+def _count_plain(path: str, max_member: int) -> int | None:
+    """:func:`count_samples` for the common archive, at ~2 us a member; None to ask the full parser.
+
+    Reads only the 512-byte headers, with pread, and groups keys as bytes.
+    Anything beyond plain ustar/GNU regular files and directories (PAX or
+    GNU long-name records, base-256 sizes, a member over the limit, a cut)
+    returns None and the full parser decides, raising its typed errors. The count only places the payloads: were it ever wrong,
+    the writer moves them at close (TblWriter ``expected_samples``), so the
+    output is the same either way.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        end = os.fstat(fd).st_size
+        if os.pread(fd, 2, 0) == b"\x1f\x8b":
+            return None
+        pread = os.pread
+        pos = n = 0
+        key: bytes | None = None
+        image = False
+        while pos + BLOCK <= end:
+            hdr = pread(fd, BLOCK, pos)
+            if len(hdr) < BLOCK:
+                return None
+            typ = hdr[156]
+            if typ in _EXTENDED_TYPES or hdr[124] & 0x80:
+                return None
+            if hdr == ZERO_BLOCK:
+                break
+            try:  # no checksum test: the conversion pass checks every header and stops at a bad one
+                size = int(hdr[124:136].split(b"\0", 1)[0].strip(b" ") or b"0", 8)
+            except ValueError:
+                return None
+            pos += BLOCK + ((size + BLOCK - 1) & -BLOCK)
+            if pos > end or size < 0:
+                return None
+            if typ not in _REGULAR_TYPES:
+                continue  # directories, links...: skipped, and they do not end a sample
+            if size > max_member:
+                return None
+            name = hdr[:100].split(b"\0", 1)[0]
+            if hdr[345] and hdr[257:263] == b"ustar\0":
+                name = hdr[345:500].split(b"\0", 1)[0] + b"/" + name
+            slash = name.rfind(b"/")
+            dot = name.find(b".", slash + 1)
+            if dot <= slash + 1:
+                continue  # no WebDataset key: skipped
+            if name[:dot] != key:
+                n += image
+                key, image = name[:dot], False
+            image = image or _is_image_ext(name[dot + 1:])
+        if pos < end and pos + BLOCK > end:
+            return None  # a cut header: the full parser names it
+        return n + image
+    finally:
+        os.close(fd)
+
+
 def count_samples(path: str, max_member: int = DEFAULT_MAX_MEMBER) -> int | None:
     """How many samples a seekable, uncompressed tar holds (headers only), else None."""
     if path == "-":
         return None
+    fast = _count_plain(path, max_member)
+    if fast is not None:
+        return fast
     # header reads + seeks: a small buffer serves the next header of small
     # members without a syscall and costs one 16 KiB read after a big one
     f, size = open_input(path, buffering=16 << 10)
