@@ -46,6 +46,9 @@ REGULAR_TYPES = (b"0", b"\0", b"7")
 DEFAULT_MAX_MEMBER = 1 << 30  # bytes; tar-to-tbl --max-member-mb raises it
 MAX_EXTENDED_HEADER = 16 << 20  # PAX / GNU long-name records: names and a few attributes
 _CHUNK = 16 << 20  # stream reads: memory follows the bytes that arrive, not the declared size
+# plain files: a header read takes this much, so a WebDataset sample's small sidecars and the
+# headers between them come with it (one pread per sample instead of one per header and member)
+_READ_AHEAD = 4096
 _OCTAL = b"01234567"
 
 
@@ -171,6 +174,7 @@ class _Reader:
         # no copy through the stream's buffer (the stream is re-positioned by sync())
         self.fd: int | None = None
         self.base = 0
+        self._ra, self._ra_at = b"", 0  # pread mode: bytes read ahead, and their file offset
         if self.end is not None:
             try:
                 self.fd, self.base = f.fileno(), f.tell()
@@ -203,6 +207,17 @@ class _Reader:
         if n <= 0:
             return b""
         at = self.base + self.pos
+        ra = at - self._ra_at
+        if ra >= 0 and ra + n <= len(self._ra):  # a header or small member already read ahead
+            self.pos += n
+            return self._ra[ra:ra + n]
+        if n <= _READ_AHEAD // 2:
+            # a header: read on, so the small members that follow (and their headers) cost no syscall
+            self._ra = os.pread(self.fd, min(_READ_AHEAD, self.end - self.pos), at)  # type: ignore[arg-type]
+            self._ra_at = at
+            if len(self._ra) >= n:
+                self.pos += n
+                return self._ra[:n]
         b = os.pread(self.fd, n, at)  # type: ignore[arg-type]
         if 0 < len(b) < n:  # a regular file returns all of it unless it shrank (or a signal came)
             parts = [b]
