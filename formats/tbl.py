@@ -468,6 +468,13 @@ class _DirectPayloads:
                 self._submit()
             return
         self._slot = None
+        if isinstance(data, bytes) and len(data) <= self.CHUNK - self._fill:  # trailers, small payloads
+            end = self._fill + len(data)
+            self._mv[self._fill:end] = data
+            self._fill = end
+            if end == self.CHUNK:
+                self._submit()
+            return
         with memoryview(data) as src:
             src = src.cast("B") if src.format != "B" or src.ndim != 1 else src
             n, done = len(src), 0
