@@ -56,9 +56,8 @@ from warpdata.tbl.tarstream import (
 
 ON_ERROR = ("raise", "skip", "warn")
 MAX_SKIP_EXAMPLES = 50  # skipped members listed by name; the rest are only counted
-# a small read buffer: headers and small sidecars come from it, a bigger member is read straight
-# into its own bytes (one copy); with 1 MiB every payload was copied twice and a fresh process spent
-# ~2x the time reading (BENCHMARKS.md, TBL section)
+# a plain file is read with pread (tarstream), past any buffer; this one serves gzip input and pipes,
+# where a bigger member is read straight into its own bytes (with 1 MiB every payload was copied twice)
 _READ_BUFFER = 16 << 10
 _DEFER_ABOVE = 16 << 10  # members bigger than this are read when needed, where they are needed
 
@@ -137,14 +136,15 @@ def _is_image_ext(ext: bytes) -> bool:
 
 
 def _count_plain(path: str, max_member: int) -> int | None:
-    """:func:`count_samples` for the common archive, at ~2 us a member; None to ask the full parser.
+    """:func:`count_samples` for the common archive, at a few us a member; None to ask the full parser.
 
-    Reads only the 512-byte headers, with pread, and groups keys as bytes.
-    Anything beyond plain ustar/GNU regular files and directories (PAX or
-    GNU long-name records, base-256 sizes, a member over the limit, a cut)
-    returns None and the full parser decides, raising its typed errors. The count only places the payloads: were it ever wrong,
-    the writer moves them at close (TblWriter ``expected_samples``), so the
-    output is the same either way.
+    Reads only the 512-byte headers, with pread, and groups keys as bytes
+    (half the time of the full parser here). Anything beyond plain ustar/GNU
+    regular files and directories (PAX or GNU long-name records, base-256
+    sizes, a member over the limit, a cut) returns None and the full parser
+    decides, raising its typed errors. The count only places the payloads:
+    were it ever wrong, the writer moves them at close (TblWriter
+    ``expected_samples``), so the output is the same either way.
     """
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -12,6 +12,13 @@ give the same result: a cut anywhere inside a member, its padding or a
 header is an error either way (only a cut exactly between two members, where
 the end-of-archive blocks are missing, is tolerated, as tar(1) does).
 
+A plain file is read with ``pread`` at known offsets (one syscall a
+header, with a 4 KiB read-ahead that brings a sample's small sidecars
+along; none to skip); with ``defer_above`` its big members are not read
+at all until the caller asks, into a buffer of its choice
+(:func:`read_member_into`): the converter reads a payload straight into
+its output staging buffer.
+
 Declared sizes never drive allocation: a member is read in bounded chunks
 (or only as far as a file's real size), and one declaring more than
 ``max_member`` bytes (:data:`DEFAULT_MAX_MEMBER`) raises
