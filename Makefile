@@ -17,7 +17,7 @@ LOCKED_INSTALL := $(PIP) install -q --disable-pip-version-check --require-hashes
 PROJECT_INSTALL := { $(PIP) uninstall -q -y warpdata 2>/dev/null || true; } && \
 	$(PIP) install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-.PHONY: install install-demo test demo bench lint docs docs-check lock clean
+.PHONY: install install-demo test demo bench bench-summary lint docs docs-check lock clean
 
 install: $(VENV)/.installed
 
@@ -92,6 +92,11 @@ bench: install
 	$(PY) bench/tiles_write.py
 	$(PY) bench/tbl_bench.py
 	$(PIP) install -q -c constraints.txt --no-deps litdata mosaicml-streaming webdataset lightning-utilities braceexpand Brotli python-snappy zstd tqdm catalogue cramjam && $(PY) bench/warehouse_etl.py && $(PY) bench/warehouse_reader.py  # peers --no-deps: they pull CUDA torch/torchvision (DESIGN.md §8)
+	$(PY) bench/summary.py
+
+# the summary table of whatever bench/out/*.figures.json the last runs left
+bench-summary:
+	$(PY) bench/summary.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -60,6 +60,10 @@ def main() -> int:
               f"{r['write_ms']:15.1f} {100 * r['encoder_busy']:12.0f}%")
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "features_build.json").write_text(json.dumps(rows, indent=1))
+    from _figures import emit, figure  # for bench/summary.py (the build has no targets)
+
+    emit("features_build", [figure(f"build, encoder {r['encoder']}, {r['threads']} decode thread(s)", r["rate"],
+                                   "rec/s", note=f"encoder busy {100 * r['encoder_busy']:.0f} %") for r in rows])
     return 0
 
 

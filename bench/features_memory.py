@@ -96,6 +96,11 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "features_memory.json").write_text(json.dumps({"series": series, "epoch_end": epoch_end,
                                                           "growth": growth}, indent=1))
+    from _figures import emit, figure  # the summary's figures (bench/summary.py)
+
+    emit("features_memory", [figure(f"{k} growth of the per-epoch peak, epoch 1 -> {EPOCHS}", 100 * v, "%",
+                                    target=5, op="<=") for k, v in growth.items() if k.endswith(".pss")],
+         plots=["features_memory.png"])
     import matplotlib
 
     matplotlib.use("Agg")

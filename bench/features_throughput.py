@@ -123,6 +123,10 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "features_throughput.json").write_text(json.dumps(
         {"rows": rows, "ratios": ratios}, indent=1, default=float))
+    from _figures import emit, figure  # the summary's figures (bench/summary.py)
+
+    emit("features_throughput", [figure(k, v, "x", target=20 if "global" in k else 0.8, note=f"medians of {RUNS}")
+                                 for k, v in ratios.items()])
     return 0
 
 

@@ -130,6 +130,12 @@ def main() -> None:
               f"S3 requests per re-publish: {max(again_requests)}, stat-cache hits: {min(again_hits)}")
         print("re-publish / first publish per run: "
               + ", ".join(f"{100 * a / f:.1f} %" for a, f in zip(again, first, strict=True)))
+        from _figures import emit, figure  # the summary's figures (bench/summary.py)
+
+        emit("publish_registry", [
+            figure("warp publish throughput / s3fs.put", mp / mf, "x", target=0.8, note=f"{mb:.1f} MB, moto S3"),
+            figure("unchanged re-publish / first publish", 100 * ma / mf, "%", target=5, op="<="),
+            figure("blobs uploaded on an unchanged re-publish", max(again_uploads), "", target=0, op="<=")])
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

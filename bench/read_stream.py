@@ -176,6 +176,16 @@ def run(server, a, s3_env) -> None:
     for name, wv, pv, ratio in rows:
         print(f"{name.ljust(w)}  {wv:<28}  {pv:<48}  {'' if ratio is None else f'{ratio:.2f}x'}")
     print(f"\nselective filter fetched {fetched / total * 100:.2f} % of the stored bytes (target <= 10 %)")
+    from _figures import emit, figure  # the summary's figures (bench/summary.py)
+
+    emit("read_stream", [
+        figure("stream 1M rows / 10 shards vs pyarrow.dataset", w_rate / pa_rate, "x", target=0.8,
+               note=f"{w_rate / 1e6:.2f} M rows/s"),
+        figure("time to first batch / pyarrow.dataset", w_first / pa_first, "x", target=1.5, op="<=",
+               note=f"{w_first * 1000:.0f} ms"),
+        figure("warm-cache epoch vs pyarrow on local Parquet", ww_rate / loc_rate, "x"),
+        figure("ranged ref reads vs s3fs.cat_file", wr / sr, "x"),
+        figure("selective filter: share of stored bytes fetched", fetched / total * 100, "%", target=10, op="<=")])
 
 
 if __name__ == "__main__":

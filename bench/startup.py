@@ -103,6 +103,11 @@ def main() -> int:
     base = results[0]["median_ms"]
     for r in results:
         r["x_python"] = r["median_ms"] / base
+    from _figures import emit, figure  # bench/out/startup.figures.json, for bench/summary.py
+
+    emit("startup", [figure(f"{r['case']}, wall median", r["median_ms"], "ms", target=150, op="<=",
+                            note=f"{a.runs} runs, CPU {r['cpu_median_ms']:.0f} ms")
+                     for r in results if r["case"] == "warp --help" or r["case"].startswith("TAB:")])
     if a.json:
         json.dump(results, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -214,6 +214,14 @@ def main(argv: list[str] | None = None) -> int:
               "of_ceiling": {s: per_round(s, "ceiling") for s in systems},
               "of_ceiling_cpu": {s: per_round(s, "ceiling", cpu=True) for s in systems},
               "warp_over": {s: per_round("warp", s) for s in systems}}
+    from _figures import emit, figure  # the summary's figures (bench/summary.py)
+
+    wall, cpu = result["of_ceiling"].get("warp"), result["of_ceiling_cpu"].get("warp")
+    emit("warehouse_etl", [figure("warp ETL, % of the decode-bound ceiling (wall)", wall and 100 * wall, "%", target=85,
+                                  note=f"{a.n} JPEGs, {a.workers} workers; per CPU-s: "
+                                       f"{'-' if cpu is None else f'{100 * cpu:.0f} %'}")]
+         + [figure(f"warp ETL / {s}", v, "x", target=2) for s, v in result["warp_over"].items()
+            if v and s in PEER_MODULES])
     if a.json:
         print(json.dumps(result, indent=2))
         return 0

@@ -187,6 +187,16 @@ def main(argv: list[str] | None = None) -> int:
             errors[s] = rs[-1].get("error")
     doc = {"n": a.n, "batch": a.batch, "workers": a.workers, "runs": a.runs, "samples_per_s": rates,
            "gb_per_s": gbs, "versions": versions, "errors": errors}
+    from _figures import emit, figure  # the summary's figures (bench/summary.py)
+
+    figs = []
+    if gbs.get("warp-batch") and gbs.get("memcpy"):
+        figs.append(figure("batched random reads, % of memcpy", 100 * gbs["warp-batch"] / gbs["memcpy"], "%", target=50))
+    peers = [r for s, r in rates.items() if r and s not in ("warp-loader", "warp-batch", "memcpy")]
+    if rates.get("warp-loader") and peers:
+        figs.append(figure(f"DataLoader {a.workers} workers / best peer reader", rates["warp-loader"] / max(peers), "x",
+                           target=1, note=f"{rates['warp-loader']:.0f} samples/s"))
+    emit("warehouse_reader", figs)
     if a.json:
         print(json.dumps(doc, indent=2))
         return 0

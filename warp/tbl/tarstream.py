@@ -12,6 +12,13 @@ give the same result: a cut anywhere inside a member, its padding or a
 header is an error either way (only a cut exactly between two members, where
 the end-of-archive blocks are missing, is tolerated, as tar(1) does).
 
+A plain file is read with ``pread`` at known offsets (one syscall a
+header, with a 4 KiB read-ahead that brings a sample's small sidecars
+along; none to skip); with ``defer_above`` its big members are not read
+at all until the caller asks, into a buffer of its choice
+(:func:`read_member_into`): the converter reads a payload straight into
+its output staging buffer.
+
 Declared sizes never drive allocation: a member is read in bounded chunks
 (or only as far as a file's real size), and one declaring more than
 ``max_member`` bytes (:data:`DEFAULT_MAX_MEMBER`) raises
@@ -28,6 +35,7 @@ key form one sample.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
@@ -45,6 +53,9 @@ REGULAR_TYPES = (b"0", b"\0", b"7")
 DEFAULT_MAX_MEMBER = 1 << 30  # bytes; tar-to-tbl --max-member-mb raises it
 MAX_EXTENDED_HEADER = 16 << 20  # PAX / GNU long-name records: names and a few attributes
 _CHUNK = 16 << 20  # stream reads: memory follows the bytes that arrive, not the declared size
+# plain files: a header read takes this much, so a WebDataset sample's small sidecars and the
+# headers between them come with it (one pread per sample instead of one per header and member)
+_READ_AHEAD = 4096
 _OCTAL = b"01234567"
 
 
@@ -67,6 +78,13 @@ class TarMember:
     type: str  # "file", "dir", "symlink", "hardlink", "other"
     offset: int  # byte offset of the member's data in the (uncompressed) archive
     data: bytes | None = None  # regular files only
+    # deferred data (iter_members(defer_above=...)): read it with member_data() or read_member_into()
+    fd: int | None = None
+    file_offset: int = 0  # where the data starts in the file behind ``fd``
+
+    @property
+    def deferred(self) -> bool:
+        return self.data is None and self.fd is not None
 
 
 @dataclass
@@ -159,6 +177,16 @@ class _Reader:
         self.pos = 0
         left = _bytes_left(f)
         self.end = None if left is None else left  # position of the end of the input, if known
+        # a plain file is read with pread at known offsets: one syscall per read, none per skip,
+        # no copy through the stream's buffer (the stream is re-positioned by sync())
+        self.fd: int | None = None
+        self.base = 0
+        self._ra, self._ra_at = b"", 0  # pread mode: bytes read ahead, and their file offset
+        if self.end is not None:
+            try:
+                self.fd, self.base = f.fileno(), f.tell()
+            except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+                self.fd = None
 
     def read(self, n: int) -> bytes:
         try:
@@ -175,7 +203,45 @@ class _Reader:
             while self.read(1 << 20):
                 pass
 
+    def sync(self) -> None:
+        """Leave the stream positioned after what was read (pread does not move it)."""
+        if self.fd is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.f.seek(self.base + self.pos, io.SEEK_SET)
+
+    def _pread(self, n: int) -> bytes:
+        n = min(n, self.end - self.pos)  # type: ignore[operator]
+        if n <= 0:
+            return b""
+        at = self.base + self.pos
+        ra = at - self._ra_at
+        if ra >= 0 and ra + n <= len(self._ra):  # a header or small member already read ahead
+            self.pos += n
+            return self._ra[ra:ra + n]
+        if n <= _READ_AHEAD // 2:
+            # a header: read on, so the small members that follow (and their headers) cost no syscall
+            self._ra = os.pread(self.fd, min(_READ_AHEAD, self.end - self.pos), at)  # type: ignore[arg-type]
+            self._ra_at = at
+            if len(self._ra) >= n:
+                self.pos += n
+                return self._ra[:n]
+        b = os.pread(self.fd, n, at)  # type: ignore[arg-type]
+        if 0 < len(b) < n:  # a regular file returns all of it unless it shrank (or a signal came)
+            parts = [b]
+            got = len(b)
+            while got < n:
+                more = os.pread(self.fd, n - got, at + got)  # type: ignore[arg-type]
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            b = b"".join(parts)
+        self.pos += len(b)
+        return b
+
     def _read(self, n: int) -> bytes:
+        if self.fd is not None:
+            return self._pread(n)
         if self.end is not None:
             n = min(n, self.end - self.pos)
             first = n
@@ -197,16 +263,24 @@ class _Reader:
         self.pos += len(b)
         return b
 
-    def skip(self, n: int, what: str) -> None:
-        """Skip ``n`` bytes of ``what``; a cut inside them is an error, from a file or a pipe alike."""
+    def skip(self, n: int, what: str, *args: object) -> None:
+        """Skip ``n`` bytes of ``what % args``; a cut inside them is an error, from a file or a pipe alike.
+
+        (``what`` is formatted only for the error: skips run twice per member.)
+        """
         if n <= 0:
             return
+        if self.fd is not None and self.pos + n <= self.end:  # type: ignore[operator]
+            self.pos += n
+            return
+        what = what % args if args else what
         if self.end is not None:
             if self.pos + n > self.end:
                 self.pos = self.end
                 raise TarFormatError(f"tar archive ends inside {what} at byte {self.end}",
                                      hint="the archive is truncated: copy or download it again")
-            self.f.seek(n, io.SEEK_CUR)
+            if self.fd is None:
+                self.f.seek(n, io.SEEK_CUR)
             self.pos += n
             return
         while n > 0:
@@ -217,21 +291,64 @@ class _Reader:
             n -= got
 
 
-def iter_members(f: BinaryIO, *, with_data: bool = True,
-                 max_member: int = DEFAULT_MAX_MEMBER) -> Iterator[TarMember]:
+def iter_members(f: BinaryIO, *, with_data: bool = True, max_member: int = DEFAULT_MAX_MEMBER,
+                 defer_above: int | None = None) -> Iterator[TarMember]:
     """Yield the archive's members in order; regular files carry their bytes if ``with_data``.
 
     A regular file declaring more than ``max_member`` bytes raises
     :class:`MemberTooLarge` before any of it is read. An empty input, or
     one shorter than a tar header, raises :class:`TarFormatError`.
+
+    ``defer_above``: on a plain file (not a pipe, not gzip), a regular
+    member bigger than this many bytes is not read: it comes with ``data``
+    None and :attr:`TarMember.deferred` set, for the caller to read with
+    :func:`member_data` or :func:`read_member_into` (straight into a buffer
+    of its own, without an intermediate copy) while ``f`` is open. Its
+    bytes are known to lie inside the file.
     """
     r = _Reader(f)
+    try:
+        yield from _members(r, with_data, max_member, defer_above if r.fd is not None else None)
+    finally:
+        r.sync()
+
+
+def _cut_member(m: TarMember, got: int) -> TarFormatError:
+    return TarFormatError(f"tar archive ends inside member {m.name!r} at byte {m.offset + got} "
+                          f"({got} of its {m.size} bytes; the file shrank while it was read)",
+                          hint="the archive is truncated: copy or download it again")
+
+
+def read_member_into(m: TarMember, buf) -> None:
+    """Read a deferred member's bytes into the writable buffer ``buf`` (exactly ``m.size`` bytes)."""
+    with memoryview(buf) as mv:
+        got = 0
+        while got < m.size:
+            n = os.preadv(m.fd, [mv[got:m.size]], m.file_offset + got)  # type: ignore[arg-type]
+            if n <= 0:
+                raise _cut_member(m, got)
+            got += n
+
+
+def member_data(m: TarMember) -> bytes:
+    """A member's bytes: read now if deferred (:func:`iter_members` ``defer_above``)."""
+    if m.data is not None or m.fd is None:
+        return m.data if m.data is not None else b""
+    b = os.pread(m.fd, m.size, m.file_offset)
+    if len(b) < m.size:
+        raise _cut_member(m, len(b))
+    return b
+
+
+def _members(r: _Reader, with_data: bool, max_member: int, defer_above: int | None) -> Iterator[TarMember]:
+    """:func:`iter_members` over a :class:`_Reader`."""
+    read = r._pread if r.fd is not None else r.read  # a plain file: no gzip errors to translate
     long_name: str | None = None
     pax: dict[str, str] = {}
     gpax: dict[str, str] = {}
     while True:
         at = r.pos
-        hdr = r.read(BLOCK)
+        hdr = read(BLOCK)
         if not hdr:
             if at == 0:
                 raise TarFormatError("the input is empty (0 bytes), not a tar archive",
@@ -276,7 +393,7 @@ def iter_members(f: BinaryIO, *, with_data: bool = True,
             if len(body) < size:
                 raise TarFormatError(f"tar archive ends inside an extended header at byte {at}",
                                      hint="the archive is truncated: copy or download it again")
-            r.skip(padded - size, f"the padding of the extended header at byte {at}")
+            r.skip(padded - size, "the padding of the extended header at byte %d", at)
             if typ == b"L":
                 long_name = _decode_name(body)
             elif typ == b"x":
@@ -285,22 +402,24 @@ def iter_members(f: BinaryIO, *, with_data: bool = True,
                 gpax.update(_parse_pax(body, at))
             continue  # K (long link name) only matters for links, which carry no data
         name = _decode_name(hdr[0:100])
-        if hdr[257:263] == b"ustar\0":  # POSIX ustar: 155-byte prefix
+        if hdr[345] and hdr[257:263] == b"ustar\0":  # POSIX ustar: 155-byte prefix (usually empty)
             prefix = _decode_name(hdr[345:500])
             if prefix:
                 name = prefix + "/" + name
         if long_name is not None:
             name = long_name
-        merged = {**gpax, **pax}
-        if "path" in merged:
-            name = merged["path"]
-        if "size" in merged:
-            if not merged["size"].isascii() or not merged["size"].isdigit():
-                raise TarFormatError(f"PAX header at byte {at}: size {merged['size']!r} is not a whole number",
-                                     hint="the archive is damaged")
-            size = int(merged["size"])
-            padded = (size + BLOCK - 1) // BLOCK * BLOCK
-        long_name, pax = None, {}
+        if gpax or pax:
+            merged = {**gpax, **pax}
+            if "path" in merged:
+                name = merged["path"]
+            if "size" in merged:
+                if not merged["size"].isascii() or not merged["size"].isdigit():
+                    raise TarFormatError(f"PAX header at byte {at}: size {merged['size']!r} is not a whole number",
+                                         hint="the archive is damaged")
+                size = int(merged["size"])
+                padded = (size + BLOCK - 1) // BLOCK * BLOCK
+            pax = {}
+        long_name = None
         kind = ("file" if typ in REGULAR_TYPES else "dir" if typ == b"5" else
                 "symlink" if typ == b"2" else "hardlink" if typ == b"1" else "other")
         data_at = r.pos
@@ -312,15 +431,20 @@ def iter_members(f: BinaryIO, *, with_data: bool = True,
                 hint="a damaged header or a decompression bomb; if the archive really holds members that "
                      "large, raise the limit with 'warp tar-to-tbl --max-member-mb N'",
                 member=name, size=size, limit=max_member)
+        if kind == "file" and defer_above is not None and size > defer_above and with_data:
+            r.skip(size, "member %r", name)  # checks that all of it lies inside the file
+            r.skip(padded - size, "the padding of member %r", name)
+            yield TarMember(name, size, kind, data_at, None, r.fd, r.base + data_at)
+            continue
         if kind == "file" and with_data:
-            data = r.read(size)
+            data = read(size)
             if len(data) < size:
                 raise TarFormatError(f"tar archive ends inside member {name!r} at byte {r.pos} "
                                      f"({len(data)} of its {size} bytes)",
                                      hint="the archive is truncated: copy or download it again")
         else:
-            r.skip(size, f"member {name!r}")
-        r.skip(padded - size, f"the padding of member {name!r}")
+            r.skip(size, "member %r", name)
+        r.skip(padded - size, "the padding of member %r", name)
         yield TarMember(name, size, kind, data_at, data)
 
 
