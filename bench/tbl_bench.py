@@ -21,13 +21,9 @@ Timings on a shared machine drift with other processes' load; interleaving
 the contenders in small blocks makes the drift hit them alike (the ratios
 are the figures to quote). The script prints ``uptime``'s load average.
 
-<<<<<<< HEAD
 Real photos come from scikit-image / scikit-learn (`pip install 'warp-toolchain[bench]'`).
-=======
-Real photos come from scikit-image / scikit-learn (`pip install 'warpdata[bench]'`).
 The headline figures go to bench/out/tbl_bench.figures.json (bench/summary.py
 collects them) and the disk section's per-run plot to bench/out/tbl_disk.png.
->>>>>>> h-perf
 """
 
 from __future__ import annotations
