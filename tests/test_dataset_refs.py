@@ -105,3 +105,24 @@ def test_batch_dicts_can_read_refs_in_parallel(s3, published, tmp_path):
     n = s3.count("GET", "warp/blobs/")
     assert [r.read_bytes() for r in d["image"]] == [(tmp_path / "media" / m).read_bytes() for m in _members()]
     assert s3.count("GET", "warp/blobs/") == n  # bytes were read with the batch: nothing more
+
+
+def test_a_version_is_parsed_once_per_process_but_local_mode_still_needs_it_cached(s3, published, tmp_path,
+                                                                                    monkeypatch):
+    from warpdata.errors import MissingInputError
+    from warpdata.registry.manifest import Manifest
+
+    calls = []
+    real = Manifest.from_bytes.__func__
+
+    def counting(cls, *a, **kw):
+        calls.append(1)
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(Manifest, "from_bytes", classmethod(counting))
+    v = warpdata.dataset("ws/refs").version
+    n = len(calls)
+    assert warpdata.dataset("ws/refs", version=v).version == v and len(calls) == n  # parsed and verified once
+    other = BlobCache(tmp_path / "other")
+    with pytest.raises(MissingInputError):  # the memo is no cache: local mode reads its own cache only
+        warpdata.dataset("ws/refs", mode="local", version=v, cache=other)

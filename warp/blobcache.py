@@ -588,6 +588,9 @@ class BlobCache:
         if not p.exists():
             atomic_write_bytes(p, data, fsync=False)
 
+    def has_manifest(self, dataset: str, version: str) -> bool:
+        return (self._dataset_dir(self.manifests_dir, dataset) / f"{normalize_hash(version)}.json").is_file()
+
     def get_manifest(self, dataset: str, version: str) -> bytes | None:
         p = self._dataset_dir(self.manifests_dir, dataset) / f"{normalize_hash(version)}.json"
         try:
