@@ -77,7 +77,7 @@ class Remote:
         self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
         self.config = StorageConfig.from_env()
         if self.loc.protocol == "s3":
-            self.fs = self.config.pyarrow_s3()
+            self.fs = _pyarrow_s3(self.config)
         elif self.loc.protocol == "file":
             self.fs = pafs.LocalFileSystem()
         else:
@@ -155,6 +155,31 @@ class Remote:
             raise self._wrap(e, key) from e
         finally:
             f.close()
+
+
+_S3_FS: dict[tuple, tuple[float, Any]] = {}
+_S3_FS_TTL = 300.0  # seconds a filesystem (and the credentials resolved into it) is reused
+_CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+             "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED")
+
+
+def _pyarrow_s3(config):
+    """One pyarrow S3 filesystem per configuration and credential environment, reused for a few
+    minutes: building one resolves credentials through botocore (~50 ms), which every
+    ``Dataset`` open would otherwise pay again."""
+    import os
+    import time
+
+    key = (config, tuple(os.environ.get(k) for k in _CRED_ENV))
+    now = time.monotonic()
+    hit = _S3_FS.get(key)
+    if hit is not None and now - hit[0] < _S3_FS_TTL:
+        return hit[1]
+    fs = config.pyarrow_s3()
+    if len(_S3_FS) >= 16:
+        _S3_FS.clear()
+    _S3_FS[key] = (now, fs)
+    return fs
 
 
 def _is_not_found(e: Exception) -> bool:
@@ -698,6 +723,8 @@ class BatchStream:
                     if self.limit is not None and self.rows >= self.limit:
                         return
         finally:
+            if groups:
+                groups.close()
             if opener:
                 opener.close()
             if pre:
@@ -720,51 +747,87 @@ class BatchStream:
 
 
 class _RowGroupBatcher:
-    """Reads up to ``width`` upcoming row groups of one shard per call, in the order taken.
+    """Reads the row groups the stream will use, up to ``width`` of one shard per call, ``ahead``
+    calls in advance on a background thread, across shard boundaries.
 
-    Only row groups the stream will use are read; each is handed out as a slice of
-    the table read for it (zero-copy).
+    So the next shard's ranged GETs (or page-cache reads) and its decoding (pyarrow, GIL
+    released, columns in parallel) overlap the consumer's work on the current batch; each row
+    group is handed out as a slice of the table read for it (zero-copy). Memory: at most
+    ``ahead + 1`` calls' tables.
     """
 
     def __init__(self, files: _ShardFiles, keys: Iterator[tuple[int, int]], columns, bounds_of,
-                 width: int = 4) -> None:
-        self._files, self._keys, self._cols, self._bounds_of, self._width = files, keys, columns, bounds_of, width
-        self._pending: tuple[int, int] | None = None  # a key read from `keys` but not yet loaded
+                 width: int = 4, ahead: int = 2) -> None:
+        self._files, self._cols, self._bounds_of, self._width, self._ahead = files, columns, bounds_of, width, ahead
+        self._chunks = self._chunked(keys)
+        self._inflight: list[tuple[list[tuple[int, int]], Any]] = []  # (keys, future), in stream order
         self._ready: dict[tuple[int, int], Any] = {}
+        self._pool = None
+        if ahead:
+            from concurrent.futures import ThreadPoolExecutor
 
-    def _next_key(self) -> tuple[int, int] | None:
-        if self._pending is not None:
-            k, self._pending = self._pending, None
-            return k
-        return next(self._keys, None)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="warp-rowgroups")
+
+    def _chunked(self, keys: Iterator[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+        chunk: list[tuple[int, int]] = []
+        for k in keys:
+            if chunk and (k[0] != chunk[0][0] or len(chunk) >= self._width):
+                yield chunk
+                chunk = []
+            chunk.append(k)
+        if chunk:
+            yield chunk
+
+    def _load(self, chunk: list[tuple[int, int]]):
+        return self._files.get(chunk[0][0]).read_row_groups([g for _, g in chunk], columns=self._cols,
+                                                             use_threads=True)
+
+    def _fill(self) -> None:
+        from concurrent.futures import Future
+
+        while len(self._inflight) < max(1, self._ahead):
+            c = next(self._chunks, None)
+            if c is None:
+                return
+            if self._pool is not None:
+                fut = self._pool.submit(self._load, c)
+            else:
+                fut = Future()
+                fut.set_result(None)  # loaded when taken
+            self._inflight.append((c, fut))
 
     def take(self, key: tuple[int, int]):
         tab = self._ready.pop(key, None)
         if tab is not None:
             return tab
         self._ready.clear()
-        first = self._next_key()
-        while first is not None and first != key:  # the consumer skipped ahead: follow it
-            first = self._next_key()
-        if first is None:
-            return self._files.get(key[0]).read_row_group(key[1], columns=self._cols, use_threads=True)
-        batch = [key[1]]
-        while len(batch) < self._width:
-            k = self._next_key()
-            if k is None:
-                break
-            if k[0] != key[0]:
-                self._pending = k
-                break
-            batch.append(k[1])
-        tab = self._files.get(key[0]).read_row_groups(batch, columns=self._cols, use_threads=True)
-        b = self._bounds_of(key[0])
-        at = 0
-        for g in batch:
-            n = b[g + 1] - b[g]
-            self._ready[(key[0], g)] = tab.slice(at, n)
-            at += n
-        return self._ready.pop(key)
+        while True:
+            self._fill()
+            if not self._inflight:  # past the planned keys: read it alone
+                return self._files.get(key[0]).read_row_group(key[1], columns=self._cols, use_threads=True)
+            chunk, fut = self._inflight.pop(0)
+            if key not in chunk:  # the consumer skipped ahead: follow it
+                fut.cancel()
+                continue
+            tab = fut.result()
+            if tab is None:
+                tab = self._load(chunk)
+            self._fill()  # the next reads start before this table is handed out
+            b = self._bounds_of(key[0])
+            at = 0
+            for _, g in chunk:
+                n = b[g + 1] - b[g]
+                self._ready[(key[0], g)] = tab.slice(at, n)
+                at += n
+            return self._ready.pop(key)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for _, fut in self._inflight:
+                fut.cancel()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._inflight.clear()
+        self._ready.clear()
 
 
 class _ShardOpener:
