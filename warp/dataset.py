@@ -479,16 +479,27 @@ class _ShardFiles:
         self.shards = shards
         self._open: dict[int, Any] = {}
         self._local: dict[int, bool] = {}
+        self._opening: dict[int, threading.Lock] = {}
         self._mu = threading.Lock()
 
     def get(self, i: int):
-        import pyarrow.parquet as pq
-
         with self._mu:
             pf = self._open.get(i)
             # a shard first opened remotely switches to its cached copy once prefetch finished it
             if pf is not None and (self._local[i] or self.ds.cache is None or not self.ds.cache.has(self.shards[i].hash)):
                 return pf
+            lock = self._opening.setdefault(i, threading.Lock())
+        with lock:  # the opener and the row-group reader threads open a shard once (one HEAD, one footer GET)
+            with self._mu:
+                pf = self._open.get(i)
+                if pf is not None and (self._local[i] or self.ds.cache is None
+                                       or not self.ds.cache.has(self.shards[i].hash)):
+                    return pf
+            return self._open_shard(i)
+
+    def _open_shard(self, i: int):
+        import pyarrow.parquet as pq
+
         s = self.shards[i]
         local = self.ds.cached_path(s)
         src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
