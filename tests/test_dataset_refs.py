@@ -126,3 +126,13 @@ def test_a_version_is_parsed_once_per_process_but_local_mode_still_needs_it_cach
     other = BlobCache(tmp_path / "other")
     with pytest.raises(MissingInputError):  # the memo is no cache: local mode reads its own cache only
         warpdata.dataset("ws/refs", mode="local", version=v, cache=other)
+
+
+def test_to_torch_can_read_bound_columns_as_bytes(s3, published, tmp_path):
+    pytest.importorskip("torch")
+    t = warpdata.dataset("ws/refs").table("main")
+    got = []
+    for b in t.to_torch(batch_size=16, columns=["id", "image"], shard=None, read_refs=True):
+        got += list(zip(b["id"].tolist(), b["image"], strict=True))
+    assert len(got) == 80
+    assert all(data == (tmp_path / "media" / f"img/{i % 40:04d}.png").read_bytes() for i, data in got)

@@ -1015,9 +1015,16 @@ class Table:
         return Query(self, expr, self.columns)
 
     def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
-                 num_workers: int = 0, shard: Any = "auto", **kw: Any) -> TorchLoader:
-        """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches)."""
-        return TorchLoader(self, batch_size, self._check_columns(columns), num_workers, shard, kw)
+                 num_workers: int = 0, shard: Any = "auto", read_refs: bool = False, **kw: Any) -> TorchLoader:
+        """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches).
+
+        ``read_refs``: columns bound to an artifact come as lists of the members' bytes, read
+        with their batch in parallel (cached shards by pread, the rest by coalesced ranged
+        GETs), instead of lists of member paths.
+        """
+        loader = TorchLoader(self, batch_size, self._check_columns(columns), num_workers, shard, kw)
+        loader.read_refs = read_refs
+        return loader
 
     def warm(self, shards: slice | None = None, max_bytes: int | str | None = None) -> WarmResult:
         return self.ds.warm(tables=[self.name], shards=shards, max_bytes=max_bytes, artifacts=False)
@@ -1224,6 +1231,7 @@ class TorchLoader:
             raise missing_dependency("to_torch()", "torch", "torch") from None
         self.table, self.batch_size, self.columns = table, batch_size, columns
         self.num_workers, self.shard, self.kw = num_workers, shard, kw
+        self.read_refs = False
         self.consumed = 0
         self._probe = table.batches(batch_size, columns, shard=shard, worker=(0, 1), **kw)
         # fail now, in the main process, if some worker would get nothing
@@ -1243,7 +1251,7 @@ class TorchLoader:
 
         ds = _make_torch_iterable((self.table.ds.id, self.table.ds.version, self.table.ds.mode,
                                    self.table.ds.remote.url, self.table.name, self.batch_size, self.columns,
-                                   self.shard, self.kw))
+                                   self.shard, self.kw, self.read_refs))
         self.consumed = 0
         for b in DataLoader(ds, batch_size=None, num_workers=self.num_workers,
                             persistent_workers=False):
@@ -1282,10 +1290,22 @@ def _make_torch_iterable(args: tuple) -> Any:
                 return (_make_torch_iterable, (self.args,))
 
             def __iter__(self):
-                dataset_id, version, mode, store, table, batch_size, columns, shard, kw = self.args
+                dataset_id, version, mode, store, table, batch_size, columns, shard, kw, read_refs = self.args
                 ds = Dataset(dataset_id, mode=mode, version=version, store=store)
-                for b in ds.table(table).batches(batch_size, columns, shard=shard, **kw):
-                    yield _to_torch_batch(b)
+                t = ds.table(table)
+                readers = {}
+                if read_refs:
+                    from .refs import ArtifactReader
+
+                    readers = {c: ArtifactReader(ds, b.artifact) for c, b in t.bindings.items()}
+                for b in t.batches(batch_size, columns, shard=shard, **kw):
+                    d = _to_torch_batch(b)
+                    for c, reader in readers.items():
+                        if c in d:
+                            vals = d[c]
+                            got = iter(reader.read_many([v for v in vals if v is not None]))
+                            d[c] = [None if v is None else next(got) for v in vals]
+                    yield d
 
         _TORCH_ITERABLE = WarpTableIterable
     return _TORCH_ITERABLE(args)
