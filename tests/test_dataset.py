@@ -295,3 +295,26 @@ def test_a_batch_inside_one_row_group_is_a_zero_copy_slice(s3, published):
     # two batches of one row group share its buffers: no concatenate-and-copy
     a, b = bs[0].column("x"), bs[1].column("x")
     assert a.buffers()[1].address == b.buffers()[1].address and (a.offset, b.offset) == (0, 150)
+
+
+def test_row_group_counts_in_the_manifest_that_lie_are_a_data_error(s3, published):
+    """Hostile manifest: per-row-group row counts that sum right but do not match the shard."""
+    import dataclasses
+
+    from warpdata.errors import DataError
+    from warpdata.registry.store import Store
+
+    s0 = published.tables["main"].shards[0]
+    rgs = [dict(r) for r in s0.stats["row_groups"]]
+    rgs[0]["row_count"], rgs[1]["row_count"] = rgs[0]["row_count"] + 100, rgs[1]["row_count"] - 100
+    bad = dataclasses.replace(s0, stats={**s0.stats, "row_groups": rgs})
+    table = dataclasses.replace(published.tables["main"], shards=(bad, *published.tables["main"].shards[1:]))
+    m = dataclasses.replace(published, tables={"main": table})
+    store = Store(s3.url())
+    store.put_manifest(m)
+    store.set_latest("ws/demo", m.version_hash)
+    t = warpdata.dataset("ws/demo", mode="remote").table("main")
+    with pytest.raises(DataError, match="manifest says"):  # a limited read plans by row group
+        list(t.batches(100, limit=1000))
+    # a full stream reads the shard's row groups in one call: the rows come out exact regardless
+    assert [i for b in t.batches(100) for i in b.column("id").to_pylist()] == list(range(2700))

@@ -58,6 +58,10 @@ _MANIFESTS: dict[tuple[str, str], Manifest] = {}
 _MANIFESTS_MU = threading.Lock()
 PREFETCH_DEPTH = {"auto": 2, "hybrid": 8, "remote": 0, "local": 0}
 DEFAULT_BATCH = 65536
+# stream read-ahead: row-group reads (up to 4 row groups of one shard each) in flight, and threads
+# running them (each read's ranged GETs and decoding release the GIL)
+ROWGROUP_AHEAD = 3
+ROWGROUP_THREADS = 2
 
 
 def dataset(name: str, mode: str | None = None, version: str | None = None, *,
@@ -517,6 +521,14 @@ class _ShardFiles:
         return pf
 
     def row_groups(self, i: int) -> list[int]:
+        """Rows per row group: from the manifest's shard statistics when it has them (format 2;
+        docs/formats/registry.md), so planning reads opens no shard; else from the footer."""
+        s = self.shards[i]
+        rgs = (s.stats or {}).get("row_groups")
+        if rgs and all(isinstance(r.get("row_count"), int) for r in rgs):
+            counts = [r["row_count"] for r in rgs]
+            if sum(counts) == s.row_count:
+                return counts
         md = self.get(i).metadata
         return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
 
@@ -717,8 +729,11 @@ class BatchStream:
                     while start < s.stop:
                         g = _bisect_right(b, start) - 1
                         if cur != (s.unit, g):
-                            cur_tab = groups.take((s.unit, g)) if groups else \
-                                files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                            if groups:
+                                cur_tab = groups.take((s.unit, g))
+                            else:
+                                cur_tab = files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                                _check_rows(files, s.unit, [g], cur_tab.num_rows, b[g + 1] - b[g])
                             cur = (s.unit, g)
                         take = min(s.stop, b[g + 1]) - start
                         parts.append(cur_tab.slice(start - b[g], take))
@@ -768,7 +783,9 @@ class _RowGroupBatcher:
     """
 
     def __init__(self, files: _ShardFiles, keys: Iterator[tuple[int, int]], columns, bounds_of,
-                 width: int = 4, ahead: int = 2) -> None:
+                 width: int = 4, ahead: int | None = None, threads: int | None = None) -> None:
+        ahead = ROWGROUP_AHEAD if ahead is None else ahead
+        threads = ROWGROUP_THREADS if threads is None else threads
         self._files, self._cols, self._bounds_of, self._width, self._ahead = files, columns, bounds_of, width, ahead
         self._chunks = self._chunked(keys)
         self._inflight: list[tuple[list[tuple[int, int]], Any]] = []  # (keys, future), in stream order
@@ -777,7 +794,7 @@ class _RowGroupBatcher:
         if ahead:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="warp-rowgroups")
+            self._pool = ThreadPoolExecutor(max(1, min(threads, ahead)), thread_name_prefix="warp-rowgroups")
 
     def _chunked(self, keys: Iterator[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
         chunk: list[tuple[int, int]] = []
@@ -825,6 +842,8 @@ class _RowGroupBatcher:
                 tab = self._load(chunk)
             self._fill()  # the next reads start before this table is handed out
             b = self._bounds_of(key[0])
+            _check_rows(self._files, key[0], [g for _, g in chunk], tab.num_rows,
+                        sum(b[g + 1] - b[g] for _, g in chunk))
             at = 0
             for _, g in chunk:
                 n = b[g + 1] - b[g]
@@ -839,6 +858,17 @@ class _RowGroupBatcher:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._inflight.clear()
         self._ready.clear()
+
+
+def _check_rows(files: _ShardFiles, unit: int, groups: list[int], got: int, want: int) -> None:
+    """Row groups read must hold the rows planned from the manifest's statistics."""
+    if got != want:
+        from .errors import DataError
+
+        ds, s = files.ds, files.shards[unit]
+        raise DataError(f"{ds.remote.url_of(ds.blob_key(s))}: row groups {groups} hold {got} rows, "
+                        f"the manifest says {want}",
+                        hint="the manifest's shard statistics are wrong; republish the dataset")
 
 
 class _ShardOpener:
