@@ -80,6 +80,7 @@ def main() -> None:
         from warpdata.storage import StorageConfig
 
         first, peer, again, again_uploads, again_requests, again_hits = [], [], [], [], [], []
+        first_requests, first_blobs = [], []
         for run in range(args.runs):
             bw, bp = f"bench-warp-{uuid.uuid4().hex[:8]}", f"bench-s3fs-{uuid.uuid4().hex[:8]}"
             client.create_bucket(Bucket=bw)
@@ -88,9 +89,13 @@ def main() -> None:
             req = PublishRequest("bench/publish", tables={"main": tables}, artifacts={"files": str(files_dir)},
                                  shard_size=64 << 20)
             store = Store(f"s3://{bw}/warp")
+            server.reset()
             t = time.perf_counter()
             r1 = publish(req, store=store)
             first.append(time.perf_counter() - t)
+            reqs = [r for r in server.requests() if r["bucket"] == bw]
+            first_requests.append(reqs)
+            first_blobs.append(r1.blobs_uploaded)
             server.reset()
             t = time.perf_counter()
             r2 = publish(req, store=store)
@@ -128,6 +133,16 @@ def main() -> None:
         print(f"re-publish / first publish: {100 * ma / mf:.1f} % (target <= 5 %), "
               f"blobs uploaded on re-publish: {max(again_uploads)} (target 0), "
               f"S3 requests per re-publish: {max(again_requests)}, stat-cache hits: {min(again_hits)}")
+        from collections import Counter
+
+        kinds = Counter()
+        for r in first_requests[-1]:
+            listing = r["method"] == "GET" and r["key"] == "" and "list-type" in r["query"]
+            kinds["LIST" if listing else r["method"]] += 1
+        extra = [len(q) - b for q, b in zip(first_requests, first_blobs, strict=True)]
+        print(f"first publish requests: {len(first_requests[-1])} for {first_blobs[-1]} blobs uploaded "
+              f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}); requests - blobs per run: {extra} "
+              "(target: a constant)")
         print("re-publish / first publish per run: "
               + ", ".join(f"{100 * a / f:.1f} %" for a, f in zip(again, first, strict=True)))
         from _figures import emit, figure  # the summary's figures (bench/summary.py)

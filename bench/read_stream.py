@@ -8,6 +8,9 @@
 4. Ranged ref reads/s (ImageRef.read_bytes) vs s3fs.cat_file(start, end) on
    the same members.
 
+Pairs of measures run alternately (median of --runs); the remote stream's requests and bytes are
+counted by the server against the column chunks it needs.
+
 Run: .venv/bin/python bench/read_stream.py [--rows 1000000] [--runs 3]
 """
 
@@ -118,11 +121,48 @@ def run(server, a, s3_env) -> None:
         rs = [fn() for _ in range(a.runs)]
         return statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
 
-    pa_first, pa_rate = med(pyarrow_s3)
-    w_first, w_rate = med(warp_remote)
+    def alternating(fa, fb):
+        """Medians of fa and fb run in turns (a, b, a, b, ...), after one warm-up of each."""
+        fa(), fb()
+        ra, rb = [], []
+        for _ in range(a.runs):
+            ra.append(fa())
+            rb.append(fb())
+        return ((statistics.median(r[0] for r in ra), statistics.median(r[1] for r in ra)),
+                (statistics.median(r[0] for r in rb), statistics.median(r[1] for r in rb)))
+
+    (pa_first, pa_rate), (w_first, w_rate) = alternating(pyarrow_s3, warp_remote)
+
+    # requests and bytes of one remote stream, against the column chunks it needs (+ footers)
+    def needed_bytes(columns=None) -> int:
+        total = 0
+        for p in local_dir.glob("*.parquet"):
+            md = pq.read_metadata(p)
+            names = [md.schema.column(c).name for c in range(md.num_columns)]
+            for g in range(md.num_row_groups):
+                rg = md.row_group(g)
+                total += sum(rg.column(c).total_compressed_size for c in range(rg.num_columns)
+                             if columns is None or names[c] in columns)
+        return total + sum(s.stats["footer_size"] for s in m.tables["main"].shards)
+
+    def stream_traffic(fn):
+        server.reset()
+        fn()
+        reqs = [r for r in server.requests() if "/blobs/" in r["key"]]
+        return len(reqs), sum(r["method"] == "HEAD" for r in reqs), range_bytes(reqs)
+
+    w_req, w_head, w_bytes = stream_traffic(warp_remote)
+    p_req, p_head, p_bytes = stream_traffic(pyarrow_s3)
+    need = needed_bytes()
+
+    def warp_projected():
+        t = warpdata.dataset("bench/stream", mode="remote").table("main")
+        return sum(b.num_rows for b in t.batches(B, columns=["id", "x"]))
+
+    wp_req, _, wp_bytes = stream_traffic(warp_projected)
+    need_p = needed_bytes({"id", "x"})
     warpdata.dataset("bench/stream").warm()
-    loc_t, loc_rate = med(pyarrow_local)
-    ww_t, ww_rate = med(warp_warm)
+    (loc_t, loc_rate), (ww_t, ww_rate) = alternating(pyarrow_local, warp_warm)
 
     # filter bytes
     server.reset()
@@ -175,6 +215,12 @@ def run(server, a, s3_env) -> None:
     print(f"{'measure'.ljust(w)}  {'warp':<28}  {'peer':<48}  ratio")
     for name, wv, pv, ratio in rows:
         print(f"{name.ljust(w)}  {wv:<28}  {pv:<48}  {'' if ratio is None else f'{ratio:.2f}x'}")
+    print(f"\nremote stream traffic (blobs): warp {w_req} requests ({w_head} HEAD), {w_bytes / 1e6:.2f} MB = "
+          f"{w_bytes / need:.3f}x the column chunks + footers it needs ({need / 1e6:.2f} MB); "
+          f"pyarrow.dataset {p_req} requests ({p_head} HEAD), {p_bytes / 1e6:.2f} MB = {p_bytes / need:.3f}x")
+    print(f"projected stream (id, x): warp {wp_req} requests, {wp_bytes / 1e6:.2f} MB = {wp_bytes / need_p:.3f}x "
+          f"the needed {need_p / 1e6:.2f} MB (target <= 1.05x)")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"\nselective filter fetched {fetched / total * 100:.2f} % of the stored bytes (target <= 10 %)")
     from _figures import emit, figure  # the summary's figures (bench/summary.py)
 

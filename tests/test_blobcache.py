@@ -102,8 +102,8 @@ def test_lru_eviction_under_cap(tmp_path):
     c = BlobCache(tmp_path, cap_bytes=3000)
     blobs = [bytes([i]) * 1000 for i in range(3)]
     for i, b in enumerate(blobs):
-        p = c.put_bytes(h(b), b)
-        os.utime(p, (1000 + i, 1000 + i))
+        c.put_bytes(h(b), b)
+        os.utime(c.stamp_path(h(b)), (1000 + i, 1000 + i))  # the sidecar's mtime is the LRU use stamp
     c.get(h(blobs[0]))  # blob 0 is now the most recently used
     new = b"n" * 1000
     c.put_bytes(h(new), new)
@@ -231,7 +231,8 @@ def test_gc_verify_clear_stats(tmp_path):
     c = BlobCache(tmp_path, cap_bytes=10**6)
     items = [os.urandom(1000) for _ in range(5)]
     for i, b in enumerate(items):
-        os.utime(c.put_bytes(h(b), b), (100 + i, 100 + i))
+        c.put_bytes(h(b), b)
+        os.utime(c.stamp_path(h(b)), (100 + i, 100 + i))
     s = c.stats()
     assert (s.blobs, s.bytes) == (5, 5000)
     r = c.gc(2500)
@@ -289,3 +290,54 @@ def test_parse_size_rejects():
         with pytest.raises(UsageError):
             parse_size(bad)
     assert parse_size("1.5GiB") == int(1.5 * (1 << 30))
+
+
+def _count_hashes(monkeypatch) -> list[str]:
+    """Record each full hash of a blob file (the real function still runs)."""
+    import warpdata.blobcache as bc
+
+    seen: list[str] = []
+    real = bc._sha256_path
+
+    def counting(p):
+        seen.append(os.path.basename(p))
+        return real(p)
+
+    monkeypatch.setattr(bc, "_sha256_path", counting)
+    return seen
+
+
+def test_stamp_spares_a_new_instance_the_hash_of_an_unchanged_blob(tmp_path, monkeypatch):
+    data = os.urandom(5000)
+    BlobCache(tmp_path).put_bytes(h(data), data)
+    hashed = _count_hashes(monkeypatch)
+    assert BlobCache(tmp_path).read_bytes(h(data)) == data
+    assert hashed == []  # hashed as it entered the cache; the file still matches that stamp
+    assert BlobCache(tmp_path, verify="full").read_bytes(h(data)) == data
+    assert hashed == [normalize_hash(h(data))]  # full: every new instance hashes it once
+
+
+def test_stamp_change_rehashes_and_a_corrupt_blob_is_dropped_and_fetched_again(tmp_path, monkeypatch):
+    data = os.urandom(5000)
+    c = BlobCache(tmp_path)
+    p = c.put_bytes(h(data), data)
+    hashed = _count_hashes(monkeypatch)
+    os.utime(p, (1, 1))  # a touch changes the stamp (ctime): hashed again, still good
+    assert BlobCache(tmp_path).get(h(data)) == p and len(hashed) == 1
+    assert BlobCache(tmp_path).get(h(data)) == p and len(hashed) == 1  # the new stamp was recorded
+    with open(p, "r+b") as f:  # same size, same inode: only the bytes (and ctime) change
+        f.seek(100)
+        f.write(bytes([data[100] ^ 1]))
+    c2 = BlobCache(tmp_path)
+    assert c2.get(h(data)) is None and not p.exists() and not c2.stamp_path(h(data)).exists()
+    calls = []
+    c2.fetch(h(data), lambda f: (calls.append(1), f.write(data)))
+    assert calls == [1] and BlobCache(tmp_path).read_bytes(h(data)) == data
+
+
+def test_verify_mode_is_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_VERIFY", "sometimes")
+    with pytest.raises(ConfigError):
+        BlobCache(tmp_path)
+    monkeypatch.setenv("WARP_CACHE_VERIFY", "full")
+    assert BlobCache(tmp_path).verify_mode == "full"

@@ -8,8 +8,16 @@ Contract
 * Writes are atomic: bytes stream to a temporary sibling while being hashed;
   only a blob whose hash matches is renamed into place. A killed download
   leaves a ``.warp-tmp-*`` file and never a half blob.
-* The hash is verified on use, once per :class:`BlobCache` instance and blob
-  file: a corrupted blob is deleted and fetched again.
+* Integrity (``verify=``, or ``WARP_CACHE_VERIFY``; docs/formats/registry.md,
+  "Cache verification"): a blob's SHA-256 is checked in full as it enters the
+  cache, and a stamp of the file that passed — ``(inode, size, mtime_ns,
+  ctime_ns)`` — is kept in a sidecar ``<root>/stamps/<hh>/<hex>``. ``stamp`` (the
+  default) hashes a blob again in full whenever its file no longer matches
+  the stamp (any write, truncation, replacement or ``touch`` changes ctime),
+  so a corrupted blob is detected, deleted and fetched again once. ``full``
+  hashes every blob on first use by each :class:`BlobCache` instance, as
+  before. The LRU use stamp is the sidecar's mtime, so using a blob never
+  changes the blob file itself.
 * One fetcher per blob: a lock file ``<root>/locks/<hex>.lock`` created with
   ``O_EXCL`` holds ``{"pid", "host", "since"}``. Waiters poll; a holder whose
   pid no longer exists on this host (or, on another host, whose lock is older
@@ -50,6 +58,7 @@ from .errors import ConfigError, DataError, InternalError, UsageError
 
 GB = 1_000_000_000
 _HEX = re.compile(r"^[0-9a-f]{64}$")
+VERIFY_MODES = ("stamp", "full")
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "p": 10**15, "pb": 10**15, "kib": 1 << 10, "mib": 1 << 20,
@@ -168,9 +177,13 @@ class BlobCache:
     """A content-addressed cache directory (see module docstring)."""
 
     def __init__(self, root: str | os.PathLike | None = None, cap_bytes: int | None = None, *,
-                 stale_after: float = 600.0, lock_timeout: float = 600.0) -> None:
+                 stale_after: float = 600.0, lock_timeout: float = 600.0, verify: str | None = None) -> None:
         self.root = Path(root if root is not None else envvars.default_cache_dir())
         self.cap_bytes = int(cap_bytes) if cap_bytes is not None else default_cap_bytes()
+        self.verify_mode = (verify or envvars.get("WARP_CACHE_VERIFY") or "stamp").lower()
+        if self.verify_mode not in VERIFY_MODES:
+            raise ConfigError(f"cache verification {self.verify_mode!r} is not one of {', '.join(VERIFY_MODES)}",
+                              hint="set WARP_CACHE_VERIFY to stamp (the default) or full")
         self.stale_after = stale_after
         self.lock_timeout = lock_timeout
         self.blobs_dir = self.root / "blobs"
@@ -178,7 +191,8 @@ class BlobCache:
         self.pins_dir = self.root / "pins"
         self.manifests_dir = self.root / "manifests"
         self.pointers_dir = self.root / "pointers"
-        self._verified: dict[str, tuple[int, int]] = {}  # hex -> (inode, size) hashed OK
+        self.stamps_dir = self.root / "stamps"
+        self._verified: dict[str, tuple[int, int, int, int]] = {}  # hex -> stamp of the file hashed OK
         self._pins: dict[str, int] = {}
         self._mu = threading.RLock()
         # one pin file per instance: two caches in one process must not overwrite each other's pins
@@ -197,10 +211,17 @@ class BlobCache:
     def has(self, h: str) -> bool:
         return self.path_for(h).is_file()
 
+    def stamp_path(self, h: str) -> Path:
+        """The sidecar holding the stamp of blob ``h``'s verified file (its mtime: the LRU use stamp)."""
+        hx = normalize_hash(h)
+        return self.stamps_dir / hx[:2] / hx
+
     def get(self, h: str, *, verify: bool = True) -> Path | None:
         """The cached blob's path (use stamp refreshed), or None if absent or corrupt.
 
         A blob that fails verification is deleted so the next fetch replaces it.
+        In ``stamp`` mode a blob whose file still matches the stamp recorded when
+        it was last hashed is not hashed again (module docstring).
         """
         hx = normalize_hash(h)
         p = self.path_for(hx)
@@ -208,14 +229,23 @@ class BlobCache:
             st = p.stat()
         except FileNotFoundError:
             return None
-        if verify and self._verified.get(hx) != (st.st_ino, st.st_size):
-            if _sha256_path(p) != hx:
-                self._drop(p)
-                self._verified.pop(hx, None)
-                return None
-            self._verified[hx] = (st.st_ino, st.st_size)
-        with contextlib.suppress(OSError):
-            os.utime(p)  # LRU use stamp
+        stamp = _stamp(st)
+        side = self.stamps_dir / hx[:2] / hx
+        if verify and self._verified.get(hx) != stamp:
+            if not (self.verify_mode == "stamp" and _read_stamp(side) == stamp):
+                if _sha256_path(p) != hx:
+                    self._drop(p)
+                    self._verified.pop(hx, None)
+                    return None
+                _write_stamp(side, stamp)
+            self._verified[hx] = stamp
+        try:
+            os.utime(side)  # LRU use stamp (the blob file itself is left alone: its stamp must not move)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                os.utime(p)  # a blob without a sidecar (verify=False, older caches): its own mtime
+        except OSError:
+            pass
         return p
 
     def read_bytes(self, h: str) -> bytes | None:
@@ -253,8 +283,9 @@ class BlobCache:
                             f"{source or 'blob'}: downloaded bytes hash to {got}, expected {hx}",
                             hint="the remote object changed or was corrupted in transit; retry, "
                                  "or republish the dataset", expected=hx, got=got, source=source)
-                st = target.stat()
-                self._verified[hx] = (st.st_ino, st.st_size)
+                stamp = _stamp(target.stat())
+                _write_stamp(self.stamps_dir / hx[:2] / hx, stamp)  # hashed as it landed
+                self._verified[hx] = stamp
                 if size is None:
                     self._make_room(hx, 0)
             return target
@@ -276,6 +307,8 @@ class BlobCache:
     def _drop(self, p: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (self.stamps_dir / p.parent.name / p.name).unlink()
 
     # -- pins -------------------------------------------------------------
     @contextlib.contextmanager
@@ -405,21 +438,28 @@ class BlobCache:
 
     # -- eviction -----------------------------------------------------------
     def _scan(self) -> list[tuple[float, int, str, Path]]:
-        """(mtime, size, hex, path) of every blob."""
+        """(use stamp, size, hex, path) of every blob; the use stamp is its sidecar's mtime if any."""
         out = []
         if not self.blobs_dir.is_dir():
             return out
         for sub in os.scandir(self.blobs_dir):
             if not sub.is_dir():
                 continue
+            blobs, used = [], {}
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for e in os.scandir(self.stamps_dir / sub.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        used[e.name] = e.stat().st_mtime
             for e in os.scandir(sub.path):
-                if e.name.startswith(TMP_PREFIX) or not _HEX.match(e.name):
+                name = e.name
+                if name.startswith(TMP_PREFIX) or not _HEX.match(name):
                     continue
                 try:
                     st = e.stat()
                 except FileNotFoundError:
                     continue
-                out.append((st.st_mtime, st.st_size, e.name, Path(e.path)))
+                blobs.append((st.st_mtime, st.st_size, name, Path(e.path)))
+            out += [(used.get(hx, mt), size, hx, p) for mt, size, hx, p in blobs]
         return out
 
     def _locked(self) -> set[str]:
@@ -516,7 +556,7 @@ class BlobCache:
     def clear(self) -> int:
         """Remove every blob, cached manifest and pointer; returns bytes freed."""
         freed = sum(s for _, s, _, _ in self._scan())
-        for d in (self.blobs_dir, self.manifests_dir, self.pointers_dir, self.locks_dir):
+        for d in (self.blobs_dir, self.stamps_dir, self.manifests_dir, self.pointers_dir, self.locks_dir):
             shutil.rmtree(d, ignore_errors=True)
         self._verified.clear()
         return freed
@@ -547,6 +587,9 @@ class BlobCache:
         p = self._dataset_dir(self.manifests_dir, dataset) / f"{normalize_hash(version)}.json"
         if not p.exists():
             atomic_write_bytes(p, data, fsync=False)
+
+    def has_manifest(self, dataset: str, version: str) -> bool:
+        return (self._dataset_dir(self.manifests_dir, dataset) / f"{normalize_hash(version)}.json").is_file()
 
     def get_manifest(self, dataset: str, version: str) -> bytes | None:
         p = self._dataset_dir(self.manifests_dir, dataset) / f"{normalize_hash(version)}.json"
@@ -601,6 +644,22 @@ class _HashingWriter:
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_stamp(side: Path) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in side.read_bytes().split())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_stamp(side: Path, stamp: tuple[int, int, int, int]) -> None:
+    with contextlib.suppress(OSError):  # without a sidecar the blob is hashed again on next use: safe
+        atomic_write_bytes(side, " ".join(map(str, stamp)).encode(), fsync=False)
 
 
 def _sha256_path(p: Path) -> str:

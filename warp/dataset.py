@@ -52,8 +52,16 @@ if TYPE_CHECKING:
     from .registry.manifest import Manifest, ShardRef
 
 MODES = ("auto", "remote", "hybrid", "local")
+# Manifests parsed and verified against their version hash in this process, by (dataset, version):
+# a version is immutable, so a second open of it skips the schema check and the hash (~30-60 ms)
+_MANIFESTS: dict[tuple[str, str], Manifest] = {}
+_MANIFESTS_MU = threading.Lock()
 PREFETCH_DEPTH = {"auto": 2, "hybrid": 8, "remote": 0, "local": 0}
 DEFAULT_BATCH = 65536
+# stream read-ahead: row-group reads (up to 4 row groups of one shard each) in flight, and threads
+# running them (each read's ranged GETs and decoding release the GIL)
+ROWGROUP_AHEAD = 3
+ROWGROUP_THREADS = 2
 
 
 def dataset(name: str, mode: str | None = None, version: str | None = None, *,
@@ -73,7 +81,7 @@ class Remote:
         self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
         self.config = StorageConfig.from_env()
         if self.loc.protocol == "s3":
-            self.fs = self.config.pyarrow_s3()
+            self.fs = _pyarrow_s3(self.config)
         elif self.loc.protocol == "file":
             self.fs = pafs.LocalFileSystem()
         else:
@@ -151,6 +159,31 @@ class Remote:
             raise self._wrap(e, key) from e
         finally:
             f.close()
+
+
+_S3_FS: dict[tuple, tuple[float, Any]] = {}
+_S3_FS_TTL = 300.0  # seconds a filesystem (and the credentials resolved into it) is reused
+_CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+             "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED")
+
+
+def _pyarrow_s3(config):
+    """One pyarrow S3 filesystem per configuration and credential environment, reused for a few
+    minutes: building one resolves credentials through botocore (~50 ms), which every
+    ``Dataset`` open would otherwise pay again."""
+    import os
+    import time
+
+    key = (config, tuple(os.environ.get(k) for k in _CRED_ENV))
+    now = time.monotonic()
+    hit = _S3_FS.get(key)
+    if hit is not None and now - hit[0] < _S3_FS_TTL:
+        return hit[1]
+    fs = config.pyarrow_s3()
+    if len(_S3_FS) >= 16:
+        _S3_FS.clear()
+    _S3_FS[key] = (now, fs)
+    return fs
 
 
 def _is_not_found(e: Exception) -> bool:
@@ -238,6 +271,18 @@ class Dataset:
         return vh, self._manifest(vh)
 
     def _manifest(self, vh: str) -> Manifest:
+        memo = _MANIFESTS.get((self.id, vh))
+        # only where this dataset's cache (if any) holds it too: local mode must find it there later
+        if memo is not None and (self.cache is None or self.cache.has_manifest(self.id, vh)):
+            return memo
+        m = self._load_manifest(vh)
+        with _MANIFESTS_MU:
+            if len(_MANIFESTS) >= 64:
+                _MANIFESTS.pop(next(iter(_MANIFESTS)))
+            _MANIFESTS[(self.id, vh)] = m
+        return m
+
+    def _load_manifest(self, vh: str) -> Manifest:
         from .registry.manifest import Manifest
         from .registry.store import Store
 
@@ -444,16 +489,27 @@ class _ShardFiles:
         self.shards = shards
         self._open: dict[int, Any] = {}
         self._local: dict[int, bool] = {}
+        self._opening: dict[int, threading.Lock] = {}
         self._mu = threading.Lock()
 
     def get(self, i: int):
-        import pyarrow.parquet as pq
-
         with self._mu:
             pf = self._open.get(i)
             # a shard first opened remotely switches to its cached copy once prefetch finished it
             if pf is not None and (self._local[i] or self.ds.cache is None or not self.ds.cache.has(self.shards[i].hash)):
                 return pf
+            lock = self._opening.setdefault(i, threading.Lock())
+        with lock:  # the opener and the row-group reader threads open a shard once (one HEAD, one footer GET)
+            with self._mu:
+                pf = self._open.get(i)
+                if pf is not None and (self._local[i] or self.ds.cache is None
+                                       or not self.ds.cache.has(self.shards[i].hash)):
+                    return pf
+            return self._open_shard(i)
+
+    def _open_shard(self, i: int):
+        import pyarrow.parquet as pq
+
         s = self.shards[i]
         local = self.ds.cached_path(s)
         src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
@@ -471,6 +527,14 @@ class _ShardFiles:
         return pf
 
     def row_groups(self, i: int) -> list[int]:
+        """Rows per row group: from the manifest's shard statistics when it has them (format 2;
+        docs/formats/registry.md), so planning reads opens no shard; else from the footer."""
+        s = self.shards[i]
+        rgs = (s.stats or {}).get("row_groups")
+        if rgs and all(isinstance(r.get("row_count"), int) for r in rgs):
+            counts = [r["row_count"] for r in rgs]
+            if sum(counts) == s.row_count:
+                return counts
         md = self.get(i).metadata
         return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
 
@@ -671,8 +735,11 @@ class BatchStream:
                     while start < s.stop:
                         g = _bisect_right(b, start) - 1
                         if cur != (s.unit, g):
-                            cur_tab = groups.take((s.unit, g)) if groups else \
-                                files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                            if groups:
+                                cur_tab = groups.take((s.unit, g))
+                            else:
+                                cur_tab = files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                                _check_rows(files, s.unit, [g], cur_tab.num_rows, b[g + 1] - b[g])
                             cur = (s.unit, g)
                         take = min(s.stop, b[g + 1]) - start
                         parts.append(cur_tab.slice(start - b[g], take))
@@ -688,6 +755,8 @@ class BatchStream:
                     if self.limit is not None and self.rows >= self.limit:
                         return
         finally:
+            if groups:
+                groups.close()
             if opener:
                 opener.close()
             if pre:
@@ -710,51 +779,102 @@ class BatchStream:
 
 
 class _RowGroupBatcher:
-    """Reads up to ``width`` upcoming row groups of one shard per call, in the order taken.
+    """Reads the row groups the stream will use, up to ``width`` of one shard per call, ``ahead``
+    calls in advance on a background thread, across shard boundaries.
 
-    Only row groups the stream will use are read; each is handed out as a slice of
-    the table read for it (zero-copy).
+    So the next shard's ranged GETs (or page-cache reads) and its decoding (pyarrow, GIL
+    released, columns in parallel) overlap the consumer's work on the current batch; each row
+    group is handed out as a slice of the table read for it (zero-copy). Memory: at most
+    ``ahead + 1`` calls' tables.
     """
 
     def __init__(self, files: _ShardFiles, keys: Iterator[tuple[int, int]], columns, bounds_of,
-                 width: int = 4) -> None:
-        self._files, self._keys, self._cols, self._bounds_of, self._width = files, keys, columns, bounds_of, width
-        self._pending: tuple[int, int] | None = None  # a key read from `keys` but not yet loaded
+                 width: int = 4, ahead: int | None = None, threads: int | None = None) -> None:
+        ahead = ROWGROUP_AHEAD if ahead is None else ahead
+        threads = ROWGROUP_THREADS if threads is None else threads
+        self._files, self._cols, self._bounds_of, self._width, self._ahead = files, columns, bounds_of, width, ahead
+        self._chunks = self._chunked(keys)
+        self._inflight: list[tuple[list[tuple[int, int]], Any]] = []  # (keys, future), in stream order
         self._ready: dict[tuple[int, int], Any] = {}
+        self._pool = None
+        if ahead:
+            from concurrent.futures import ThreadPoolExecutor
 
-    def _next_key(self) -> tuple[int, int] | None:
-        if self._pending is not None:
-            k, self._pending = self._pending, None
-            return k
-        return next(self._keys, None)
+            self._pool = ThreadPoolExecutor(max(1, min(threads, ahead)), thread_name_prefix="warp-rowgroups")
+
+    def _chunked(self, keys: Iterator[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+        chunk: list[tuple[int, int]] = []
+        for k in keys:
+            if chunk and (k[0] != chunk[0][0] or len(chunk) >= self._width):
+                yield chunk
+                chunk = []
+            chunk.append(k)
+        if chunk:
+            yield chunk
+
+    def _load(self, chunk: list[tuple[int, int]]):
+        return self._files.get(chunk[0][0]).read_row_groups([g for _, g in chunk], columns=self._cols,
+                                                             use_threads=True)
+
+    def _fill(self) -> None:
+        from concurrent.futures import Future
+
+        while len(self._inflight) < max(1, self._ahead):
+            c = next(self._chunks, None)
+            if c is None:
+                return
+            if self._pool is not None:
+                fut = self._pool.submit(self._load, c)
+            else:
+                fut = Future()
+                fut.set_result(None)  # loaded when taken
+            self._inflight.append((c, fut))
 
     def take(self, key: tuple[int, int]):
         tab = self._ready.pop(key, None)
         if tab is not None:
             return tab
         self._ready.clear()
-        first = self._next_key()
-        while first is not None and first != key:  # the consumer skipped ahead: follow it
-            first = self._next_key()
-        if first is None:
-            return self._files.get(key[0]).read_row_group(key[1], columns=self._cols, use_threads=True)
-        batch = [key[1]]
-        while len(batch) < self._width:
-            k = self._next_key()
-            if k is None:
-                break
-            if k[0] != key[0]:
-                self._pending = k
-                break
-            batch.append(k[1])
-        tab = self._files.get(key[0]).read_row_groups(batch, columns=self._cols, use_threads=True)
-        b = self._bounds_of(key[0])
-        at = 0
-        for g in batch:
-            n = b[g + 1] - b[g]
-            self._ready[(key[0], g)] = tab.slice(at, n)
-            at += n
-        return self._ready.pop(key)
+        while True:
+            self._fill()
+            if not self._inflight:  # past the planned keys: read it alone
+                return self._files.get(key[0]).read_row_group(key[1], columns=self._cols, use_threads=True)
+            chunk, fut = self._inflight.pop(0)
+            if key not in chunk:  # the consumer skipped ahead: follow it
+                fut.cancel()
+                continue
+            tab = fut.result()
+            if tab is None:
+                tab = self._load(chunk)
+            self._fill()  # the next reads start before this table is handed out
+            b = self._bounds_of(key[0])
+            _check_rows(self._files, key[0], [g for _, g in chunk], tab.num_rows,
+                        sum(b[g + 1] - b[g] for _, g in chunk))
+            at = 0
+            for _, g in chunk:
+                n = b[g + 1] - b[g]
+                self._ready[(key[0], g)] = tab.slice(at, n)
+                at += n
+            return self._ready.pop(key)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for _, fut in self._inflight:
+                fut.cancel()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._inflight.clear()
+        self._ready.clear()
+
+
+def _check_rows(files: _ShardFiles, unit: int, groups: list[int], got: int, want: int) -> None:
+    """Row groups read must hold the rows planned from the manifest's statistics."""
+    if got != want:
+        from .errors import DataError
+
+        ds, s = files.ds, files.shards[unit]
+        raise DataError(f"{ds.remote.url_of(ds.blob_key(s))}: row groups {groups} hold {got} rows, "
+                        f"the manifest says {want}",
+                        hint="the manifest's shard statistics are wrong; republish the dataset")
 
 
 class _ShardOpener:
@@ -904,16 +1024,21 @@ class Table:
         return BatchStream(self, plan, ids, cols, limit, _prefetch_depth(prefetch, self.ds.mode), num_workers=nw)
 
     def batch_dicts(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
-                    **kw: Any) -> Iterator[dict[str, list]]:
-        """dict-of-lists batches; columns bound to an artifact hold typed refs."""
-        from .refs import ref_factory
+                    read_refs: bool = False, **kw: Any) -> Iterator[dict[str, list]]:
+        """dict-of-lists batches; columns bound to an artifact hold typed refs.
 
-        bound = {c: ref_factory(self.ds, b) for c, b in self.bindings.items()}
+        ``read_refs``: read every ref's bytes with its batch, in parallel (cached
+        shards by pread, the rest by coalesced ranged GETs), so ``read_bytes()``
+        and the decoders cost no request.
+        """
+        from .refs import make_refs
+
+        bound = {c: make_refs(self.ds, b, read_refs) for c, b in self.bindings.items()}
         for batch in self.batches(batch_size, columns, **kw):
             d = batch.to_pydict()
             for c, make in bound.items():
                 if c in d:
-                    d[c] = [None if v is None else make(v) for v in d[c]]
+                    d[c] = make(d[c])
             yield d
 
     def to_arrow(self, limit: int | None = None) -> pa.Table:
@@ -932,9 +1057,16 @@ class Table:
         return Query(self, expr, self.columns)
 
     def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
-                 num_workers: int = 0, shard: Any = "auto", **kw: Any) -> TorchLoader:
-        """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches)."""
-        return TorchLoader(self, batch_size, self._check_columns(columns), num_workers, shard, kw)
+                 num_workers: int = 0, shard: Any = "auto", read_refs: bool = False, **kw: Any) -> TorchLoader:
+        """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches).
+
+        ``read_refs``: columns bound to an artifact come as lists of the members' bytes, read
+        with their batch in parallel (cached shards by pread, the rest by coalesced ranged
+        GETs), instead of lists of member paths.
+        """
+        loader = TorchLoader(self, batch_size, self._check_columns(columns), num_workers, shard, kw)
+        loader.read_refs = read_refs
+        return loader
 
     def warm(self, shards: slice | None = None, max_bytes: int | str | None = None) -> WarmResult:
         return self.ds.warm(tables=[self.name], shards=shards, max_bytes=max_bytes, artifacts=False)
@@ -1147,6 +1279,7 @@ class TorchLoader:
             raise missing_dependency("to_torch()", "torch", "torch") from None
         self.table, self.batch_size, self.columns = table, batch_size, columns
         self.num_workers, self.shard, self.kw = num_workers, shard, kw
+        self.read_refs = False
         self.consumed = 0
         self._probe = table.batches(batch_size, columns, shard=shard, worker=(0, 1), **kw)
         # fail now, in the main process, if some worker would get nothing
@@ -1166,7 +1299,7 @@ class TorchLoader:
 
         ds = _make_torch_iterable((self.table.ds.id, self.table.ds.version, self.table.ds.mode,
                                    self.table.ds.remote.url, self.table.name, self.batch_size, self.columns,
-                                   self.shard, self.kw))
+                                   self.shard, self.kw, self.read_refs))
         self.consumed = 0
         for b in DataLoader(ds, batch_size=None, num_workers=self.num_workers,
                             persistent_workers=False):
@@ -1205,10 +1338,22 @@ def _make_torch_iterable(args: tuple) -> Any:
                 return (_make_torch_iterable, (self.args,))
 
             def __iter__(self):
-                dataset_id, version, mode, store, table, batch_size, columns, shard, kw = self.args
+                dataset_id, version, mode, store, table, batch_size, columns, shard, kw, read_refs = self.args
                 ds = Dataset(dataset_id, mode=mode, version=version, store=store)
-                for b in ds.table(table).batches(batch_size, columns, shard=shard, **kw):
-                    yield _to_torch_batch(b)
+                t = ds.table(table)
+                readers = {}
+                if read_refs:
+                    from .refs import ArtifactReader
+
+                    readers = {c: ArtifactReader(ds, b.artifact) for c, b in t.bindings.items()}
+                for b in t.batches(batch_size, columns, shard=shard, **kw):
+                    d = _to_torch_batch(b)
+                    for c, reader in readers.items():
+                        if c in d:
+                            vals = d[c]
+                            got = iter(reader.read_many([v for v in vals if v is not None]))
+                            d[c] = [None if v is None else next(got) for v in vals]
+                    yield d
 
         _TORCH_ITERABLE = WarpTableIterable
     return _TORCH_ITERABLE(args)

@@ -23,6 +23,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("WARP_STORE", "URL or path of the dataset store `publish` writes to and reads resolve from (local dir, s3://bucket/prefix, memory://name)", "$XDG_DATA_HOME/warp/store"),
     EnvVar("WARP_CACHE_DIR", "directory of the content-addressed blob cache", "$XDG_CACHE_HOME/warp"),
     EnvVar("WARP_CACHE_SIZE_GB", "size cap of the blob cache in GB; least recently used blobs are evicted past it", "50"),
+    EnvVar("WARP_CACHE_VERIFY", "how cached blobs are checked: stamp (hash on entry and whenever the file changed) or full (hash on first use by every process)", "stamp"),
     EnvVar("WARP_S3_ENDPOINT", "S3 endpoint URL (MinIO, moto, Ceph...); also AWS_ENDPOINT_URL", None),
     EnvVar("WARP_S3_REGION", "S3 region; also AWS_REGION / AWS_DEFAULT_REGION", "us-east-1"),
     EnvVar("WARP_S3_PROFILE", "AWS profile for credentials; also AWS_PROFILE", None),

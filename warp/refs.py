@@ -8,8 +8,12 @@ Contract
   (``warp-tar-index-1``, ``docs/formats/registry.md``) gives
   ``(shard hash, offset, length)``, and the bytes come from the shard's
   cached copy when the blob cache holds it, else from one ranged GET of
-  ``[offset, offset + length)``. Archives are never extracted and shards are
-  never downloaded whole for a ref (``warp warm`` does that on purpose).
+  ``[offset, offset + length)`` (no HEAD: one open handle per shard).
+  Archives are never extracted. In ``auto``/``hybrid`` mode the first touch
+  of an uncached shard starts a background download of the whole shard into
+  the cache (hash-checked, under ``WARP_CACHE_SIZE_GB``); reads never wait
+  for it and switch to the cached copy once it is there. ``remote`` mode
+  never downloads a shard whole.
 * The index blob itself is small: it is fetched once, verified against its
   hash and cached (except in ``remote`` mode, which keeps nothing locally).
 * ``local_path()`` materialises one member as a content-addressed blob in the
@@ -39,8 +43,24 @@ if TYPE_CHECKING:
     from .registry.manifest import Binding
 
 
+# remote reads of members: runs of members closer than this are read by one ranged GET
+# (tar headers and padding sit between adjacent members), up to this many bytes a GET
+COALESCE_GAP = 64 << 10
+COALESCE_MAX = 16 << 20
+FETCH_THREADS = 2  # background whole-shard fetches at once, per reader
+
+
 class ArtifactReader:
-    """Member reads for one artifact of a dataset version."""
+    """Member reads for one artifact of a dataset version.
+
+    In ``auto``/``hybrid`` mode the first read touching a tar shard that is not
+    cached starts a background download of the whole shard into the blob cache
+    (hash-checked as it lands, under the cache cap); reads go on by ranged GETs
+    until it arrives, then pread the cached copy. ``remote`` mode never keeps a
+    shard: one ranged GET per member (adjacent members coalesced in
+    :meth:`read_many`). Remote reads use one open handle per shard, so the
+    object's size (known from the manifest) costs no request per member.
+    """
 
     def __init__(self, ds: Dataset, name: str) -> None:
         self.ds = ds
@@ -49,6 +69,14 @@ class ArtifactReader:
         self._index = None
         self._mu = threading.Lock()
         self._fds: dict[str, int] = {}
+        self._handles: dict[str, Any] = {}  # shard -> open remote file (size known: no HEAD per read)
+        self._touched: set[str] = set()  # shards whose cache state was looked at (and fetch started)
+        self._fetching: set[str] = set()
+        self._fetch_q: list[str] = []
+        self._fetchers = 0
+        self._fetch_stopped: BaseException | None = None
+        self.background = ds.cache is not None and ds.mode in ("auto", "hybrid")
+        self.stats = {"remote_reads": 0, "local_reads": 0, "shards_fetched": 0}
         self._sizes = {s.hash: s.byte_size for s in self.meta.shards}
         self._refs = {s.hash: s for s in self.meta.shards}
 
@@ -90,45 +118,168 @@ class ArtifactReader:
                                     hint=f"did you mean {close[0]!r}?" if close else
                                     f"list members with 'warp inspect {self.ds.id}'") from None
 
+    # -- where a shard's bytes come from ------------------------------------------
     def _local_fd(self, shard_hash: str) -> int | None:
         fd = self._fds.get(shard_hash)
         if fd is not None:
-            return fd
-        if self.ds.cache is None:
-            return None
-        p = self.ds.cache.get(shard_hash)
-        if p is None:
+            if os.fstat(fd).st_nlink:
+                return fd
+            self._forget_fd(shard_hash, fd)  # evicted from the cache under us: fetch it again
+        if shard_hash in self._touched or self.ds.cache is None:
             return None
         with self._mu:
-            if shard_hash not in self._fds:
-                self._fds[shard_hash] = os.open(p, os.O_RDONLY)
-            return self._fds[shard_hash]
+            if shard_hash in self._touched:
+                return self._fds.get(shard_hash)
+            self._touched.add(shard_hash)
+        p = self.ds.cache.get(shard_hash)  # a corrupt copy is dropped here; the fetch below replaces it
+        if p is not None:
+            return self._open_fd(shard_hash, p)
+        if self.background:
+            self._start_fetch(shard_hash)
+        return None
+
+    def _open_fd(self, shard_hash: str, p: Path | str) -> int:
+        fd = os.open(p, os.O_RDONLY)
+        with self._mu:
+            old = self._fds.get(shard_hash)
+            if old is not None:
+                os.close(fd)
+                return old
+            self._fds[shard_hash] = fd
+            return fd
+
+    def _forget_fd(self, shard_hash: str, fd: int) -> None:
+        with self._mu:
+            if self._fds.get(shard_hash) == fd:
+                del self._fds[shard_hash]
+                os.close(fd)
+            self._touched.discard(shard_hash)
+
+    def _start_fetch(self, shard_hash: str) -> None:
+        with self._mu:
+            if self._fetch_stopped is not None or shard_hash in self._fetching:
+                return
+            self._fetching.add(shard_hash)
+            self._fetch_q.append(shard_hash)
+            if self._fetchers >= FETCH_THREADS:
+                return
+            self._fetchers += 1
+        # daemon threads: a half-done background fetch never holds up interpreter exit
+        # (the cache writes through a temporary file, so a killed fetch leaves no blob)
+        threading.Thread(target=self._fetch_loop, name="warp-shard-fetch", daemon=True).start()
+
+    def _fetch_loop(self) -> None:
+        from .blobcache import CacheTooSmallError
+
+        while True:
+            with self._mu:
+                if not self._fetch_q or self._fetch_stopped is not None:
+                    self._fetching.difference_update(self._fetch_q)  # stopped: what is queued never starts
+                    self._fetch_q.clear()
+                    self._fetchers -= 1
+                    return
+                h = self._fetch_q.pop(0)
+            try:
+                p = self.ds.fetch_blob(self._refs[h])  # hash-checked as it lands (BlobCache.fetch)
+                self._open_fd(h, p)
+                self.stats["shards_fetched"] += 1
+            except CacheTooSmallError as e:  # the cap leaves no room: read the rest remotely
+                with self._mu:
+                    self._fetch_stopped = e
+            except Exception as e:  # an optimisation only: reads go on by ranged GETs
+                with self._mu:
+                    self._fetch_stopped = e
+            finally:
+                with self._mu:
+                    self._fetching.discard(h)
+
+    def wait_fetches(self, timeout: float = 60.0) -> bool:
+        """Wait until background shard fetches finished (tests, benchmarks); True if none is left."""
+        import time
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self._mu:
+                if not self._fetching:
+                    return True
+            time.sleep(0.005)
+        return False
+
+    def _handle(self, shard: str):
+        f = self._handles.get(shard)
+        if f is None:
+            f = self.ds.remote.open(self.ds.blob_key(self._refs[shard]), self._sizes.get(shard))
+            with self._mu:
+                old = self._handles.setdefault(shard, f)
+            if old is not f:
+                f.close()
+                f = old
+        return f
+
+    def _remote_read(self, shard: str, off: int, length: int) -> bytes:
+        if self.ds.mode == "local":
+            raise MissingInputError(f"shard {shard[:12]} of artifact {self.name} ({self.ds.id}) is not in "
+                                    "the cache (local mode)", hint=f"run 'warp warm {self.ds.id}' while online")
+        f = self._handle(shard)
+        try:
+            data = f.read_at(length, off)
+        except Exception as e:
+            raise self.ds.remote._wrap(e, self.ds.blob_key(self._refs[shard])) from e
+        self.stats["remote_reads"] += 1
+        return data
+
+    def _check(self, member: str, data: bytes, length: int) -> bytes:
+        if len(data) != length:
+            raise DataError(f"member {member!r} of artifact {self.name}: read {len(data)} bytes, index says {length}",
+                            hint="the shard is truncated; run 'warp cache verify' or republish")
+        return data
 
     def read(self, member: str) -> bytes:
         """The member's bytes: a local pread of a cached shard, or one ranged GET."""
         shard, off, length = self.locate(member)
         fd = self._local_fd(shard)
         if fd is not None:
-            data = os.pread(fd, length, off)
-        else:
-            if self.ds.mode == "local":
-                raise MissingInputError(f"shard {shard[:12]} of artifact {self.name} ({self.ds.id}) is not in "
-                                        "the cache (local mode)", hint=f"run 'warp warm {self.ds.id}' while online")
-            data = self.ds.remote.read_range(self.ds.blob_key(self._refs[shard]), off, length, self._sizes.get(shard))
-        if len(data) != length:
-            raise DataError(f"member {member!r} of artifact {self.name}: read {len(data)} bytes, index says {length}",
-                            hint="the shard is truncated; run 'warp cache verify' or republish")
-        return data
+            self.stats["local_reads"] += 1
+            return self._check(member, os.pread(fd, length, off), length)
+        return self._check(member, self._remote_read(shard, off, length), length)
 
     def read_many(self, members: Iterable[str], threads: int = 16) -> list[bytes]:
-        """Several members at once (parallel ranged GETs; they release the GIL)."""
+        """Several members at once: cached shards by pread, the rest by parallel ranged GETs.
+
+        Members of one shard lying within ``COALESCE_GAP`` of each other are read
+        by one GET of up to ``COALESCE_MAX`` bytes and sliced (the GETs release the GIL).
+        """
         ms = list(members)
         if len(ms) < 2:
             return [self.read(m) for m in ms]
-        from concurrent.futures import ThreadPoolExecutor
+        out: list[bytes | None] = [None] * len(ms)
+        remote: list[tuple[str, int, int, int]] = []  # (shard, offset, length, position)
+        for i, m in enumerate(ms):
+            shard, off, length = self.locate(m)
+            fd = self._local_fd(shard)
+            if fd is not None:
+                self.stats["local_reads"] += 1
+                out[i] = self._check(m, os.pread(fd, length, off), length)
+            else:
+                remote.append((shard, off, length, i))
+        if remote:
+            runs = _coalesce(remote)
+            if len(runs) == 1:
+                self._read_run(runs[0], ms, out)
+            else:
+                from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=min(threads, len(ms))) as ex:
-            return list(ex.map(self.read, ms))
+                with ThreadPoolExecutor(max_workers=min(threads, len(runs))) as ex:
+                    list(ex.map(lambda r: self._read_run(r, ms, out), runs))
+        return out  # type: ignore[return-value]
+
+    def _read_run(self, run: list[tuple[str, int, int, int]], ms: list[str], out: list) -> None:
+        shard, start = run[0][0], run[0][1]
+        end = max(o + n for _, o, n, _ in run)
+        data = self._remote_read(shard, start, end - start)
+        view = memoryview(data)
+        for _, off, length, i in run:
+            out[i] = self._check(ms[i], bytes(view[off - start:off - start + length]), length)
 
     def local_path(self, member: str) -> Path:
         """A local file holding exactly the member's bytes (a content-addressed cache blob)."""
@@ -158,9 +309,15 @@ class ArtifactReader:
 
     def close(self) -> None:
         with self._mu:
+            self._fetching.difference_update(self._fetch_q)
+            self._fetch_q.clear()
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            for f in self._handles.values():
+                with contextlib.suppress(Exception):
+                    f.close()
+            self._handles.clear()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -170,11 +327,12 @@ class ArtifactReader:
 class FileRef:
     """A member of an artifact: ``open()``, ``read_bytes()``, ``local_path()``."""
 
-    __slots__ = ("member", "reader")
+    __slots__ = ("_data", "member", "reader")
 
-    def __init__(self, reader: ArtifactReader, member: str) -> None:
+    def __init__(self, reader: ArtifactReader, member: str, data: bytes | None = None) -> None:
         self.reader = reader
         self.member = member
+        self._data = data  # bytes read ahead with the batch (batch_dicts(read_refs=True))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.reader.ds.id}:{self.reader.name}/{self.member})"
@@ -195,7 +353,7 @@ class FileRef:
         return self.reader.locate(self.member)[2]
 
     def read_bytes(self) -> bytes:
-        return self.reader.read(self.member)
+        return self._data if self._data is not None else self.reader.read(self.member)
 
     def open(self) -> IO[bytes]:
         return io.BytesIO(self.read_bytes())
@@ -291,6 +449,22 @@ class AudioRef(FileRef):
         return self._decode()[1]
 
 
+def _coalesce(reads: list[tuple[str, int, int, int]]) -> list[list[tuple[str, int, int, int]]]:
+    """Group (shard, offset, length, position) reads into runs one ranged GET can serve."""
+    runs: list[list[tuple[str, int, int, int]]] = []
+    end = 0
+    for r in sorted(reads):
+        if runs:
+            last = runs[-1]
+            if r[0] == last[0][0] and r[1] - end <= COALESCE_GAP and max(end, r[1] + r[2]) - last[0][1] <= COALESCE_MAX:
+                last.append(r)
+                end = max(end, r[1] + r[2])
+                continue
+        runs.append([r])
+        end = r[1] + r[2]
+    return runs
+
+
 REF_TYPES: dict[str, type[FileRef]] = {"file": FileRef, "image": ImageRef, "audio": AudioRef, "video": FileRef}
 
 
@@ -299,3 +473,22 @@ def ref_factory(ds: Dataset, binding: Binding) -> Callable[[str], FileRef]:
     reader = ArtifactReader(ds, binding.artifact)
     cls = REF_TYPES.get(binding.ref_type, FileRef)
     return lambda member: cls(reader, member)
+
+
+def make_refs(ds: Dataset, binding: Binding, read: bool = False) -> Callable[[list], list]:
+    """A column's member paths -> typed refs (None stays None), sharing one reader per binding.
+
+    ``read``: fetch every ref's bytes now, in parallel (:meth:`ArtifactReader.read_many`:
+    cached shards by pread, the rest by coalesced ranged GETs on threads).
+    """
+    reader = ArtifactReader(ds, binding.artifact)
+    cls = REF_TYPES.get(binding.ref_type, FileRef)
+
+    def make(values: list) -> list:
+        if not read:
+            return [None if v is None else cls(reader, v) for v in values]
+        present = [v for v in values if v is not None]
+        data = iter(reader.read_many(present))
+        return [None if v is None else cls(reader, v, next(data)) for v in values]
+
+    return make

@@ -204,8 +204,34 @@ class _S3Backend(_Backend):
     # from its listings cache; another process may have written since that
     # listing, so point lookups drop the cached entry first.
     def exists(self, key: str) -> bool:
-        self.fs.invalidate_cache(self.path(key))
-        return super().exists(key)
+        """One HEAD of the object (s3fs's exists() LISTs the key as a "directory" after a 404)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as e:
+            status = str(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if status == "404" or e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise
+        return True
+
+    def list_keys(self, prefix: str, max_pages: int) -> set[str] | None:
+        """Every key under ``prefix`` (relative to the store root), or None past ``max_pages`` LIST pages."""
+        out: set[str] = set()
+        token = None
+        base = self._key(prefix)
+        strip = len(self._key(""))
+        for _ in range(max_pages):
+            kw = {"Bucket": self.bucket, "Prefix": base, "MaxKeys": 1000}
+            if token:
+                kw["ContinuationToken"] = token
+            r = self.client.list_objects_v2(**kw)
+            out.update(o["Key"][strip:] for o in r.get("Contents", ()))
+            if not r.get("IsTruncated"):
+                return out
+            token = r.get("NextContinuationToken")
+        return None
 
     def get(self, key: str) -> bytes:
         self.fs.invalidate_cache(self.path(key))
@@ -474,6 +500,15 @@ class Store:
         hs = list(dict.fromkeys(hashes))
         if self.location.protocol != "s3" or len(hs) < 2:
             return [h for h in hs if not self.has_blob(h)]
+        # A LIST page names up to 1,000 blobs: when the store's blobs fit in a few pages, listing
+        # them costs far fewer requests than one HEAD per blob (a first publish: one request).
+        # Past len(hs) // 8 pages it gives up and checks each blob by HEAD.
+        try:
+            listed = self._b.list_keys("blobs/", max(1, len(hs) // 8))  # type: ignore[attr-defined]
+        except Exception:  # e.g. credentials without s3:ListBucket: the HEADs below say what is wrong
+            listed = None
+        if listed is not None:
+            return [h for h in hs if blob_key(h) not in listed]
         with ThreadPoolExecutor(max_workers=min(workers, len(hs))) as ex:
             present = list(ex.map(self.has_blob, hs))
         return [h for h, p in zip(hs, present, strict=True) if not p]
