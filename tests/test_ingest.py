@@ -85,7 +85,7 @@ def test_bad_files_are_quarantined_with_reasons(cli, tmp_path):
     assert {p: x["reason"] for p, x in q.items()} == {
         "cat/cut.jpg": "truncated", "cat/garbage.jpg": "decode-error", "cat/text.jpg": "decode-error",
         "cat/empty.png": "empty-content", "cat/big.png": "too-large", "dog/notes.txt": "unsupported-extension",
-        "dog/escape.jpg": "outside-root", "dog/dangling.jpg": "missing-file", "dog/pipe.jpg": "not-regular-file",
+        "dog/escape.jpg": "path-outside-root", "dog/dangling.jpg": "missing-file", "dog/pipe.jpg": "not-regular-file",
     }
     assert str(tmp_path / "outside.jpg") in q["dog/escape.jpg"]["message"]
     assert doc["quarantined"] == 9 and doc["reasons"]["decode-error"] == 2
@@ -197,7 +197,7 @@ def test_table_with_file_columns(cli, tmp_path, fmt):
     assert r.code == 0, r.err
     assert rows_of("ws/cap") == [{"image": rels[i], "caption": f"c{i}"} for i in range(3)]
     q = {x["source"]: x["reason"] for x in rows_of("ws/cap", "quarantine")}
-    assert q == {"row 3": "outside-root", "row 4": "missing-file", "row 5": "missing-file"}
+    assert q == {"row 3": "path-outside-root", "row 4": "missing-file", "row 5": "missing-file"}
     ds = warpdata.dataset("ws/cap")
     assert sorted(ds.artifact("images").members()) == rels[:3]
     r = cli("ingest", "csv", src, "ws/cap", "--file-column", "path", "--root", photos)

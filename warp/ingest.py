@@ -10,7 +10,7 @@ other entry (files, symlinks, FIFOs, sockets) is yielded so that
 :func:`check_file` accepts a file only when
 
 * its path, after resolving symlinks, stays inside the root (a link out of
-  the folder is ``outside-root``),
+  the folder is ``path-outside-root``),
 * it is a regular file (``not-regular-file``),
 * it is not empty (``empty-content``) and at most ``max_bytes``
   (``too-large``),
@@ -41,9 +41,6 @@ __all__ = ["IMAGE_EXTENSIONS", "FileInfo", "IngestOptions", "IngestResult", "Rej
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "jpe", "png", "webp", "bmp", "dib", "tif", "tiff", "gif"})
 
 for _code, _cat, _help in (
-    ("outside-root", "invalid", "the path leaves the ingested folder (a symlink or '..' pointing elsewhere)"),
-    ("not-regular-file", "invalid", "the entry is a directory link, FIFO, socket or device, not a regular file"),
-    ("too-large", "invalid", "the file is larger than the ingest size cap (--max-file-size)"),
     ("unsupported-extension", "invalid", "the file's extension is not one of the accepted image types"),
     ("unpaired", "missing", "a paired layout has this stem on one side only"),
 ):
@@ -132,10 +129,10 @@ def check_file(root_real: str, rel: str, *, max_bytes: int, image: bool = True,
     """Check ``rel`` under the real path ``root_real``; raise :class:`Rejected` with a reason."""
     parts = rel.split("/")
     if rel.startswith("/") or ".." in parts or "" in parts:
-        raise Rejected("outside-root", f"{rel!r} is not a relative path inside {root_real}")
+        raise Rejected("path-outside-root", f"{rel!r} is not a relative path inside {root_real}")
     real = os.path.realpath(os.path.join(root_real, rel))
     if not real.startswith(root_real.rstrip("/") + "/"):
-        raise Rejected("outside-root", f"resolves to {real}, outside {root_real}")
+        raise Rejected("path-outside-root", f"resolves to {real}, outside {root_real}")
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -580,7 +577,7 @@ def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], roo
                 ra = os.path.abspath(root)
                 if rp.startswith(ra + "/"):
                     return rp[len(ra) + 1:]
-                return p  # check_file reports it as outside-root
+                return p  # check_file reports it as path-outside-root
             while p.startswith("./"):
                 p = p[2:]
             return p

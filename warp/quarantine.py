@@ -82,6 +82,11 @@ for _code, _cat, _help in (
     ("too-many-boxes", "invalid", "more boxes than max_boxes with overflow = \"reject\""),
     ("bad-size", "invalid", "the image size in the labels differs from the decoded image"),
     ("empty-content", "invalid", "the sample's payload (text, caption, media) is empty"),
+    # confinement and size caps (docs/formats/twh1.md; README "warp etl", "warp ingest")
+    ("path-outside-root", "invalid", "the path leaves the dataset root (absolute, '..' or a symlink leading out)"),
+    ("not-regular-file", "invalid", "the entry is a directory link, FIFO, socket or device, not a regular file"),
+    ("too-large", "invalid", "the file is larger than the size cap ([limits] for etl, --max-file-size for "
+                             "ingest); it was not read"),
 ):
     register_reason(_code, _cat, _help)
 

@@ -51,9 +51,6 @@ register_reason("missing-caption", "missing", "the media file has no same-name c
 register_reason("empty-caption", "invalid", "the caption file is empty or only whitespace")
 register_reason("bad-caption", "invalid", "the caption file is not UTF-8 text")
 # the same codes and texts as the tensor warehouse's (warpdata.warehouse.labels)
-register_reason("path-outside-root", "invalid",
-                "the labels name a file outside the dataset root (absolute, '..' or a symlink leading out)")
-register_reason("too-large", "invalid", "the file is larger than the [limits] allow; it was not read")
 MAX_CAPTION_BYTES = 16 << 20
 register_reason("unsupported-format", "invalid",
                 "the file is not a supported image (videos need a frame decoder that is not installed)")

@@ -48,15 +48,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from warpdata.errors import DataError, MissingInputError
-from warpdata.quarantine import register_reason
 
 from .config import Limits
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
-register_reason("path-outside-root", "invalid",
-                "the labels name a file outside the dataset root (absolute, '..' or a symlink leading out)")
-register_reason("too-large", "invalid", "the file is larger than the [limits] allow; it was not read")
 
 
 class UnsafeFile(Exception):
