@@ -360,3 +360,95 @@ def test_unreachable_store_is_a_temporary_failure(cli, dataset, tmp_path, s3, mo
     r = cli("etl", "--config", config(dataset, tmp_path / "unused"), "--output", s3.url("wh"))
     assert r.code == 75, r.err
     assert "rerun" in r.err and "127.0.0.1" in r.err
+
+
+# -- source on object storage ---------------------------------------------------
+
+def _upload_source(s3, dataset: Path, prefix: str) -> int:
+    """The dataset's labels and images under s3://bucket/<prefix>/; returns the image count."""
+    n = 0
+    for p in sorted(dataset.rglob("*")):
+        rel = p.relative_to(dataset).as_posix()
+        if p.is_file() and (rel == "annotations.json" or rel.startswith("images/")):
+            s3.client.put_object(Bucket=s3.bucket, Key=f"{prefix}/{rel}", Body=p.read_bytes())
+            n += rel.startswith("images/")
+    return n
+
+
+def _same_build(got: dict[str, bytes], ref: dict[str, bytes]) -> None:
+    """Same shards, samples and summaries; manifests equal but for the source named and the version key."""
+    assert sorted(got) == sorted(ref)
+    for name in ref:
+        if name != "manifest.json":
+            assert got[name] == ref[name], name
+    a, b = json.loads(got["manifest.json"]), json.loads(ref["manifest.json"])
+    for k in ("dataset_root", "version", "version_recipe", "content_sha256"):
+        a.pop(k, None)
+        b.pop(k, None)
+    assert a == b
+
+
+@pytest.mark.parametrize("args", [["-j", "2"], ["-j", "2", "--executor", "process"]], ids=["threads-2", "process-2"])
+def test_source_on_s3_reads_each_image_once_and_gives_the_local_bytes(cli, dataset, reference, tmp_path, s3,
+                                                                     monkeypatch, args):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    n_images = _upload_source(s3, dataset, "src")
+    cfg = config(dataset, tmp_path / "wh", name="s3src.toml")
+    s3.reset_counts()
+    res = etl(cli, cfg, "--input", s3.url("src"), *args)
+    gets = s3.count("GET", "src/images/")
+    assert 0 < gets <= 1.05 * n_images, (gets, n_images)
+    assert s3.count("HEAD", "src/images/") == 0
+    _same_build(artifact(res["path"]), reference)
+    recipe = json.loads(json.loads(artifact(res["path"])["manifest.json"])["version_recipe"])
+    assert recipe["dataset_root"] == s3.url("src")
+    # the spool of read bytes is gone once the version is built
+    assert not list((tmp_path / "cache").rglob(".spool/*"))
+    # a rerun reads every image once more (content hashes), builds nothing
+    s3.reset_counts()
+    again = etl(cli, cfg, "--input", s3.url("src"), *args)
+    assert again["status"] == "up-to-date" and s3.count("GET", "src/images/") <= 1.05 * n_images
+
+
+def test_source_on_s3_changed_image_changes_the_version(cli, dataset, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    _upload_source(s3, dataset, "src")
+    cfg = config(dataset, tmp_path / "wh", name="s3src2.toml")
+    first = etl(cli, cfg, "--input", s3.url("src"), "-j", "2")
+    key = sorted(o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="src/images/")["Contents"])[0]
+    body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body + b"\0")  # same pixels, other bytes
+    second = etl(cli, cfg, "--input", s3.url("src"), "-j", "2")
+    assert second["version"] != first["version"] and second["status"] == "built"
+
+
+def test_source_on_s3_missing_images_are_quarantined_without_a_get(cli, dataset, reference, tmp_path, s3,
+                                                                   monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    n = _upload_source(s3, dataset, "src")
+    keys = sorted(o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="src/images/")["Contents"])
+    s3.client.delete_object(Bucket=s3.bucket, Key=keys[0])
+    s3.reset_counts()
+    res = etl(cli, config(dataset, tmp_path / "wh", name="s3src3.toml"), "--input", s3.url("src"), "-j", "2")
+    assert res["counts"]["missing"] == json.loads(reference["manifest.json"])["summary"]["aggregate"]["missing"] + 1
+    assert not any(r["key"] == keys[0] for r in s3.requests("GET"))
+    assert s3.count("GET", "src/images/") <= 1.05 * (n - 1)
+
+
+def test_source_on_s3_missing_labels_is_a_missing_input(cli, dataset, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh", name="s3src4.toml"), "--input", s3.url("nothing"))
+    assert r.code == 66, r.err
+    assert "annotations.json" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.slow
+def test_source_on_s3_on_a_dask_cluster_gives_the_local_bytes(cli, dataset, reference, tmp_path, s3, monkeypatch):
+    _dask()
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    n_images = _upload_source(s3, dataset, "src")
+    s3.reset_counts()
+    res = etl(cli, config(dataset, tmp_path / "wh", name="s3src5.toml"), "--input", s3.url("src"),
+              "-j", "2", "--executor", "dask")
+    assert s3.count("GET", "src/images/") <= 1.05 * n_images
+    _same_build(artifact(res["path"]), reference)

@@ -173,15 +173,22 @@ def build_shard(task: ShardTask) -> ShardResult:
             for s in task.samples:
                 t0 = time.perf_counter()
                 try:
-                    with open(s.image, "rb") as f:
-                        st = os.fstat(f.fileno())
-                        data = f.read()
+                    if s.url is not None and not (s.local and os.path.exists(s.local)):
+                        # a worker without the header pass's spool: one more GET, checked against its hash
+                        from .remote import read_source
+
+                        data = read_source(s.url, s.sha256)
+                        st = None
+                    else:
+                        with open(s.local or s.image, "rb") as f:
+                            st = os.fstat(f.fileno())
+                            data = f.read()
                 except OSError as e:
                     raise DataError(f"{s.key}: could not be read during the build: {e}",
                                     hint="the source changed while the ETL ran; rerun 'warp etl'",
                                     path=s.image) from None
                 # the header pass hashed this file; re-hash only if it was touched since (size, mtime, inode)
-                if (st.st_size, st.st_mtime_ns, st.st_ino) != s.stat_key and \
+                if st is not None and (st.st_size, st.st_mtime_ns, st.st_ino) != s.stat_key and \
                         hashlib.sha256(data).hexdigest() != s.sha256:
                     raise DataError(f"{s.key}: changed while the ETL ran (content hash differs from the header pass)",
                                     hint="rerun 'warp etl' once the dataset is no longer being written",
@@ -415,18 +422,32 @@ class Scan:
         return [s for s in self.valid if not (skip_empty and s.empty)]
 
 
-def scan(cfg: wconfig.WarehouseConfig, workers: int = 1) -> Scan:
-    """Phases 2-3: load labels, then read, hash and probe every image."""
+def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> Scan:
+    """Phases 2-3: load labels, then read, hash and probe every image.
+
+    A source on object storage (``cfg.remote_root``) is probed on ``runner``'s
+    workers (one GET per image, the bytes spooled for the build:
+    warehouse/remote.py); without a runner, on a local thread pool.
+    """
     phases = {}
     t = time.perf_counter()
+    sizes: dict[str, int] = {}
+    if cfg.remote_root:
+        from . import remote
+
+        _root, sizes = remote.prepare(cfg.remote_root, cfg.labels, cfg.images, cfg.format)
     ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
     q = Quarantine()
     for rej in ls.rejects:
         q.reject(*rej)
     phases["labels"] = time.perf_counter() - t
     t = time.perf_counter()
-    outcomes = probe_all(ls.records, tolerance=cfg.box_tolerance, min_box=cfg.min_box_size,
-                         max_boxes=cfg.max_boxes, overflow=cfg.overflow, workers=workers, limits=cfg.limits)
+    params = dict(tolerance=cfg.box_tolerance, min_box=cfg.min_box_size, max_boxes=cfg.max_boxes,
+                  overflow=cfg.overflow)
+    if cfg.remote_root:
+        outcomes = _probe_remote(cfg, ls.records, sizes, params, workers, runner)
+    else:
+        outcomes = probe_all(ls.records, workers=workers, limits=cfg.limits, **params)
     valid: list[ValidSample] = []
     sources: list[tuple[str, str, int]] = []
     truncated_boxes = 0
@@ -440,6 +461,33 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1) -> Scan:
             truncated_boxes += o.truncated_boxes
     phases["probe"] = time.perf_counter() - t
     return Scan(ls, q, valid, sources, truncated_boxes, phases)
+
+
+REMOTE_PROBE_BATCH = 64
+
+
+def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, int], params: dict[str, Any],
+                  workers: int, runner: Any) -> list:
+    from warpdata.etl import cut
+    from warpdata.etl.executors import LocalRunner
+
+    from . import remote
+
+    batches = [remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
+                                 {os.path.relpath(r.image, cfg.root).replace(os.sep, "/"):
+                                  sizes[k] for r in part
+                                  if (k := os.path.relpath(r.image, cfg.root).replace(os.sep, "/")) in sizes},
+                                 params, cfg.limits)
+               for i, part in enumerate(cut(records, REMOTE_PROBE_BATCH))]
+    own = runner is None
+    if own:
+        runner = LocalRunner(max(1, min(workers, len(batches) or 1)))
+    try:
+        parts = dict(runner.imap_unordered(remote.probe_batch, batches))
+    finally:
+        if own:
+            runner.close()
+    return [o for i in range(len(batches)) for o in parts[i]]
 
 
 def _preload() -> None:
@@ -553,7 +601,26 @@ def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
 
     cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
 
-    sc = scan(cfg, workers)
+    if cfg.remote_root and (started is not None or executor.kind != "thread"):
+        # the header pass of a source on object storage runs on the executor's workers
+        if started is not None:
+            sc = scan(cfg, workers, started.result())
+        else:
+            with open_runner(executor, workers, initializer=_init_process_worker) as r:
+                sc = scan(cfg, workers, r)
+    else:
+        sc = scan(cfg, workers)
+    try:
+        return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started)
+    finally:
+        if cfg.remote_root:
+            from .remote import remove_spool
+
+            remove_spool(cfg.root)
+
+
+def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int, executor: ExecutorSpec,
+           phases: dict[str, float], t_start: float, t_started_wall: float, started: Future | None) -> EtlResult:
     ls, q, valid, sources, truncated_boxes = sc.labels, sc.quarantine, sc.valid, sc.sources, sc.truncated_boxes
     phases.update(sc.phases)
 
