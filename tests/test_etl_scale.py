@@ -452,3 +452,50 @@ def test_source_on_s3_on_a_dask_cluster_gives_the_local_bytes(cli, dataset, refe
               "-j", "2", "--executor", "dask")
     assert s3.count("GET", "src/images/") <= 1.05 * n_images
     _same_build(artifact(res["path"]), reference)
+
+
+def test_kill_driver_with_output_on_s3_resumes_from_the_store_alone(cli, dataset, reference, tmp_path, s3,
+                                                                     monkeypatch):
+    """Shards and receipts go to the store as they finish: a rerun on an empty cache re-sends none of them."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WARP_CACHE_DIR", str(cache))
+    url = s3.url("wh")
+    cfg = config(dataset, tmp_path / "unused", name="s3kill.toml")
+
+    def receipts() -> list[str]:
+        got = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="wh/.warp-tmp-build-").get("Contents", [])
+        return [o["Key"] for o in got if "/receipts/" in o["Key"]]
+
+    env = {**os.environ, **s3.env, "WARP_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", "-j", "1",
+                             "--output", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and len(receipts()) < 2:
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    if s3.count("PUT", "wh/latest"):
+        pytest.skip("the build finished before it could be killed")
+    done = len(receipts())
+    assert done >= 2
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="wh/v").get("Contents", [])
+    assert not any(o["Key"].endswith("/manifest.json") for o in listed)
+    import shutil
+
+    shutil.rmtree(cache)  # nothing local survives: the store alone is the journal
+    s3.reset_counts()
+    res = etl(cli, cfg, "--output", url, "-j", "2")
+    vdir = res["path"].rsplit("/", 1)[-1]
+    assert res["shards_reused"] == done and res["shards_built"] == nshards(reference) - done
+    shard_puts = [r for r in s3.requests("PUT", f"wh/{vdir}/") if r["key"].endswith(".twh1")]
+    assert len(shard_puts) == nshards(reference) - done
+    puts = s3.requests("PUT", f"wh/{vdir}/")
+    assert puts[-1]["key"].endswith("/manifest.json")
+    got = {name: s3.client.get_object(Bucket=s3.bucket, Key=f"wh/{vdir}/{name}")["Body"].read() for name in reference}
+    assert got == reference
+    # the store's receipts are gone once the manifest is there
+    assert not receipts()
