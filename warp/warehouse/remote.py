@@ -66,10 +66,14 @@ def _get(fs, path: str) -> bytes:
 
 
 def _infra(e: BaseException, url: str):
-    from warpdata.etl.objectstore import _infra as infra
+    from warpdata.errors import InfrastructureError
     from warpdata.etl.objectstore import _is_infra
 
-    return infra(e, url) if _is_infra(e) else None
+    if not _is_infra(e):
+        return None
+    return InfrastructureError(f"could not read {url}: {type(e).__name__}: {e}",
+                               hint="the object store is unreachable or refused the request (check "
+                                    "WARP_S3_ENDPOINT and credentials); rerun the same command")
 
 
 def prepare(url: str, labels: tuple[str, ...], images: str, fmt: str) -> tuple[Path, dict[str, int]]:
