@@ -582,10 +582,11 @@ def _upload(store: Store, blobs: list[_Blob], workers: int, result: PublishResul
 
     def one(b: _Blob) -> tuple[bool, int]:
         if b.byte_size >= MULTIPART_MIN and _s3_backend(store) is not None:
+            # the progress bar advances part by part
             wrote = store._call(_put_multipart, store.url_of(blob_key(b.hash)), "write", store, b.hash,
-                                b.path, b.byte_size, concurrency)
-        else:
-            wrote = store.put_blob_file(b.hash, b.path)  # type: ignore[arg-type]
+                                b.path, b.byte_size, concurrency, on_upload)
+            return wrote, b.byte_size
+        wrote = store.put_blob_file(b.hash, b.path)  # type: ignore[arg-type]
         if on_upload:
             on_upload(b.byte_size)
         return wrote, b.byte_size
@@ -631,7 +632,8 @@ def part_size(size: int) -> int:
     return max(PART_SIZE, -(-size // MAX_PARTS))
 
 
-def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrency: int) -> bool:
+def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrency: int,
+                   on_part: Callable[[int], None] | None = None) -> bool:
     """Create-only multipart upload of one blob, ``concurrency`` parts at a time.
 
     An upload of the same key left unfinished by a killed publish is
@@ -666,10 +668,12 @@ def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrenc
             off = (i - 1) * psize
             chunk = os.pread(fd, min(psize, size - off), off)
             etag = f'"{hashlib.md5(chunk, usedforsecurity=False).hexdigest()}"'
-            if have.get(i) == (etag, len(chunk)):
-                return {"PartNumber": i, "ETag": etag}
-            r = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=i, Body=chunk)
-            return {"PartNumber": i, "ETag": r["ETag"]}
+            if have.get(i) != (etag, len(chunk)):
+                etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=i,
+                                          Body=chunk)["ETag"]
+            if on_part:
+                on_part(len(chunk))
+            return {"PartNumber": i, "ETag": etag}
 
         with ThreadPoolExecutor(max(1, min(concurrency, n)), thread_name_prefix="warp-part") as ex:
             parts = list(ex.map(send, range(1, n + 1)))

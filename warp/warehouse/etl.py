@@ -500,8 +500,12 @@ def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, 
     own = runner is None
     if own:
         runner = LocalRunner(max(1, min(workers, len(batches) or 1)))
+    parts = {}
     try:
-        parts = dict(runner.imap_unordered(remote.probe_batch, batches))
+        with out.progress("reading images", total=len(records), unit="img") as bar:
+            for i, part in runner.imap_unordered(remote.probe_batch, batches):
+                parts[i] = part
+                bar.advance(len(part))
     finally:
         if own:
             runner.close()
