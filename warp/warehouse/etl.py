@@ -453,7 +453,7 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     if cfg.remote_root:
         from . import remote
 
-        _root, sizes = remote.prepare(cfg.remote_root, cfg.labels, cfg.images, cfg.format)
+        _root, sizes = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
     ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
     q = Quarantine()
     for rej in ls.rejects:
@@ -639,9 +639,9 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
         return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started, store)
     finally:
         if cfg.remote_root:
-            from .remote import remove_spool
+            from .remote import remove_mirror
 
-            remove_spool(cfg.root)
+            remove_mirror(cfg.root)
 
 
 def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int, executor: ExecutorSpec,

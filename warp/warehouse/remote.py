@@ -4,7 +4,7 @@ docs/formats/receipts.md ("Sources on object storage") describes the
 contract; in short:
 
 * The label files (small) are copied into a local mirror of the source,
-  ``$WARP_CACHE_DIR/etl-source/<hash of the URL>/``, and parsed there as a
+  ``$WARP_CACHE_DIR/etl-source/<hash of the URL>/run-<id>/`` (one per run), and parsed there as a
   local dataset would be. The image folder is *listed* once (one LIST per
   1,000 objects): missing images and images over ``[limits] max_image_mb``
   are decided from the listing, before any GET; YOLO, which pairs labels
@@ -15,7 +15,7 @@ contract; in short:
   ``<mirror>/.spool/<sha256>``. The build then reads the spool: the same
   bytes, no second GET. A build worker that cannot see the spool (another
   machine) GETs the object again and checks it against the hash.
-* The spool is removed once the version is built.
+* The mirror, spool included, is removed once the version is built.
 """
 
 from __future__ import annotations
@@ -44,10 +44,14 @@ def is_remote(text: str | None) -> bool:
 
 
 def mirror_root(url: str) -> Path:
+    """A mirror of its own for this run (two runs over the same URL never share a spool)."""
+    import time
+    import uuid
+
     from warpdata import envvars
 
     h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-    return Path(envvars.default_cache_dir()) / "etl-source" / h
+    return Path(envvars.default_cache_dir()) / "etl-source" / h / f"run-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
 def _fs(url: str):
@@ -76,15 +80,15 @@ def _infra(e: BaseException, url: str):
                                     "WARP_S3_ENDPOINT and credentials); rerun the same command")
 
 
-def prepare(url: str, labels: tuple[str, ...], images: str, fmt: str) -> tuple[Path, dict[str, int]]:
-    """Mirror the label files of the source at ``url`` locally; list its image folder.
+def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str) -> tuple[Path, dict[str, int]]:
+    """Mirror the label files of the source at ``url`` into ``root`` (from :func:`mirror_root`);
+    list its image folder.
 
     Returns the mirror root and ``{key: size}`` of every object under the
     image folder (keys relative to the source root, as labels name them).
     """
     url = url.rstrip("/")
     fs, base = _fs(url)
-    root = mirror_root(url)
     try:
         if root.exists():
             shutil.rmtree(root)
@@ -215,6 +219,7 @@ def read_source(url: str, sha256: str) -> bytes:
     return data
 
 
-def remove_spool(mirror: Path) -> None:
+def remove_mirror(mirror: Path) -> None:
+    """Drop a run's mirror (labels, placeholders, spooled image bytes) once its version is built."""
     with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(mirror / SPOOL)
+        shutil.rmtree(mirror)
