@@ -43,7 +43,7 @@ IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "jpe", "png", "webp", "bmp", "dib",
 for _code, _cat, _help in (
     ("outside-root", "invalid", "the path leaves the ingested folder (a symlink or '..' pointing elsewhere)"),
     ("not-regular-file", "invalid", "the entry is a directory link, FIFO, socket or device, not a regular file"),
-    ("too-large", "invalid", "the file is larger than the ingest size cap (--max-file-size)"),
+    ("too-large", "invalid", "the file is larger than the size limit ([limits] of an ETL config, --max-file-size of ingest); it was not read"),
     ("unsupported-extension", "invalid", "the file's extension is not one of the accepted image types"),
     ("unpaired", "missing", "a paired layout has this stem on one side only"),
 ):

@@ -53,7 +53,9 @@ register_reason("bad-caption", "invalid", "the caption file is not UTF-8 text")
 # the same codes and texts as the tensor warehouse's (warpdata.warehouse.labels)
 register_reason("path-outside-root", "invalid",
                 "the labels name a file outside the dataset root (absolute, '..' or a symlink leading out)")
-register_reason("too-large", "invalid", "the file is larger than the [limits] allow; it was not read")
+# one text for every pipeline: registering a code twice with two texts fails at import
+register_reason("too-large", "invalid",
+                "the file is larger than the size limit ([limits] of an ETL config, --max-file-size of ingest); it was not read")
 MAX_CAPTION_BYTES = 16 << 20
 register_reason("unsupported-format", "invalid",
                 "the file is not a supported image (videos need a frame decoder that is not installed)")

@@ -56,7 +56,9 @@ IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 register_reason("path-outside-root", "invalid",
                 "the labels name a file outside the dataset root (absolute, '..' or a symlink leading out)")
-register_reason("too-large", "invalid", "the file is larger than the [limits] allow; it was not read")
+# one text for every pipeline: registering a code twice with two texts fails at import
+register_reason("too-large", "invalid",
+                "the file is larger than the size limit ([limits] of an ETL config, --max-file-size of ingest); it was not read")
 
 
 class UnsafeFile(Exception):
