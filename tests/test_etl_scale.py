@@ -457,8 +457,13 @@ def test_source_on_s3_on_a_dask_cluster_gives_the_local_bytes(cli, dataset, refe
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
     n_images = _upload_source(s3, dataset, "src")
     s3.reset_counts()
-    res = etl(cli, config(dataset, tmp_path / "wh", name="s3src5.toml"), "--input", s3.url("src"),
-              "-j", "2", "--executor", "dask")
+    # a process of its own, whose cluster starts with the store's environment
+    r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config",
+                        str(config(dataset, tmp_path / "wh", name="s3src5.toml")), "--json", "--input", s3.url("src"),
+                        "-j", "2", "--executor", "dask"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **s3.env, "WARP_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
     assert s3.count("GET", "src/images/") <= 1.05 * n_images
     _same_build(artifact(res["path"]), reference)
 
