@@ -360,3 +360,197 @@ def test_unreachable_store_is_a_temporary_failure(cli, dataset, tmp_path, s3, mo
     r = cli("etl", "--config", config(dataset, tmp_path / "unused"), "--output", s3.url("wh"))
     assert r.code == 75, r.err
     assert "rerun" in r.err and "127.0.0.1" in r.err
+
+
+# -- source on object storage ---------------------------------------------------
+
+def _upload_source(s3, dataset: Path, prefix: str) -> int:
+    """The dataset's labels and images under s3://bucket/<prefix>/; returns the image count."""
+    n = 0
+    for p in sorted(dataset.rglob("*")):
+        rel = p.relative_to(dataset).as_posix()
+        if p.is_file() and (rel == "annotations.json" or rel.startswith("images/")):
+            s3.client.put_object(Bucket=s3.bucket, Key=f"{prefix}/{rel}", Body=p.read_bytes())
+            n += rel.startswith("images/")
+    return n
+
+
+def _same_build(got: dict[str, bytes], ref: dict[str, bytes]) -> None:
+    """Same shards, samples and summaries; manifests equal but for the source named and the version key."""
+    assert sorted(got) == sorted(ref)
+    for name in ref:
+        if name != "manifest.json":
+            assert got[name] == ref[name], name
+    a, b = json.loads(got["manifest.json"]), json.loads(ref["manifest.json"])
+    for k in ("dataset_root", "version", "version_recipe", "content_sha256"):
+        a.pop(k, None)
+        b.pop(k, None)
+    assert a == b
+
+
+@pytest.mark.parametrize("args", [["-j", "2"], ["-j", "2", "--executor", "process"]], ids=["threads-2", "process-2"])
+def test_source_on_s3_reads_each_image_once_and_gives_the_local_bytes(cli, dataset, reference, tmp_path, s3,
+                                                                     monkeypatch, args):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    n_images = _upload_source(s3, dataset, "src")
+    cfg = config(dataset, tmp_path / "wh", name="s3src.toml")
+    s3.reset_counts()
+
+    def run() -> dict:
+        # a process of its own: a process pool's forkserver keeps the environment it was started with
+        r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json",
+                            "--input", s3.url("src"), *args], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **s3.env, "WARP_CACHE_DIR": str(tmp_path / "cache")})
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    res = run()
+    gets = s3.count("GET", "src/images/")
+    assert 0 < gets <= 1.05 * n_images, (gets, n_images)
+    assert s3.count("HEAD", "src/images/") == 0
+    _same_build(artifact(res["path"]), reference)
+    recipe = json.loads(json.loads(artifact(res["path"])["manifest.json"])["version_recipe"])
+    assert recipe["dataset_root"] == s3.url("src")
+    # the spool of read bytes is gone once the version is built
+    assert not list((tmp_path / "cache").rglob("run-*"))
+    # a rerun reads every image once more (content hashes), builds nothing
+    s3.reset_counts()
+    again = run()
+    assert again["status"] == "up-to-date" and s3.count("GET", "src/images/") <= 1.05 * n_images
+
+
+def test_source_on_s3_changed_image_changes_the_version(cli, dataset, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    _upload_source(s3, dataset, "src")
+    cfg = config(dataset, tmp_path / "wh", name="s3src2.toml")
+    first = etl(cli, cfg, "--input", s3.url("src"), "-j", "2")
+    key = sorted(o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="src/images/")["Contents"])[0]
+    body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body + b"\0")  # same pixels, other bytes
+    second = etl(cli, cfg, "--input", s3.url("src"), "-j", "2")
+    assert second["version"] != first["version"] and second["status"] == "built"
+
+
+def test_source_on_s3_missing_images_are_quarantined_without_a_get(cli, dataset, reference, tmp_path, s3,
+                                                                   monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    n = _upload_source(s3, dataset, "src")
+    keys = sorted(o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="src/images/")["Contents"])
+    s3.client.delete_object(Bucket=s3.bucket, Key=keys[0])
+    s3.reset_counts()
+    res = etl(cli, config(dataset, tmp_path / "wh", name="s3src3.toml"), "--input", s3.url("src"), "-j", "2")
+    assert res["counts"]["missing"] == json.loads(reference["manifest.json"])["summary"]["aggregate"]["missing"] + 1
+    assert not any(r["key"] == keys[0] for r in s3.requests("GET"))
+    assert s3.count("GET", "src/images/") <= 1.05 * (n - 1)
+
+
+def test_source_on_s3_missing_labels_is_a_missing_input(cli, dataset, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh", name="s3src4.toml"), "--input", s3.url("nothing"))
+    assert r.code == 66, r.err
+    assert "annotations.json" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.slow
+def test_source_on_s3_on_a_dask_cluster_gives_the_local_bytes(cli, dataset, reference, tmp_path, s3, monkeypatch):
+    _dask()
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    n_images = _upload_source(s3, dataset, "src")
+    s3.reset_counts()
+    # a process of its own, whose cluster starts with the store's environment
+    r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config",
+                        str(config(dataset, tmp_path / "wh", name="s3src5.toml")), "--json", "--input", s3.url("src"),
+                        "-j", "2", "--executor", "dask"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **s3.env, "WARP_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert s3.count("GET", "src/images/") <= 1.05 * n_images
+    _same_build(artifact(res["path"]), reference)
+
+
+def test_kill_driver_with_output_on_s3_resumes_from_the_store_alone(cli, dataset, reference, tmp_path, s3,
+                                                                     monkeypatch):
+    """Shards and receipts go to the store as they finish: a rerun on an empty cache re-sends none of them."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WARP_CACHE_DIR", str(cache))
+    url = s3.url("wh")
+    cfg = config(dataset, tmp_path / "unused", name="s3kill.toml")
+
+    def receipts() -> list[str]:
+        got = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="wh/.warp-tmp-build-").get("Contents", [])
+        return [o["Key"] for o in got if "/receipts/" in o["Key"]]
+
+    env = {**os.environ, **s3.env, "WARP_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", "-j", "1",
+                             "--output", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and len(receipts()) < 2:
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    if s3.count("PUT", "wh/latest"):
+        pytest.skip("the build finished before it could be killed")
+    done = len(receipts())
+    assert done >= 2
+    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="wh/v").get("Contents", [])
+    assert not any(o["Key"].endswith("/manifest.json") for o in listed)
+    import shutil
+
+    shutil.rmtree(cache)  # nothing local survives: the store alone is the journal
+    s3.reset_counts()
+    res = etl(cli, cfg, "--output", url, "-j", "2")
+    vdir = res["path"].rsplit("/", 1)[-1]
+    assert res["shards_reused"] == done and res["shards_built"] == nshards(reference) - done
+    shard_puts = [r for r in s3.requests("PUT", f"wh/{vdir}/") if r["key"].endswith(".twh1")]
+    assert len(shard_puts) == nshards(reference) - done
+    puts = s3.requests("PUT", f"wh/{vdir}/")
+    assert puts[-1]["key"].endswith("/manifest.json")
+    got = {name: s3.client.get_object(Bucket=s3.bucket, Key=f"wh/{vdir}/{name}")["Body"].read() for name in reference}
+    assert got == reference
+    # the store's receipts are gone once the manifest is there
+    assert not receipts()
+
+
+def test_unreachable_source_store_is_a_temporary_failure(cli, dataset, tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    dead = f"http://127.0.0.1:{_free_port()}"
+    for var in ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL"):
+        monkeypatch.setenv(var, dead)
+    monkeypatch.setenv("WARP_S3_RETRIES", "1")
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh", name="s3dead.toml"), "--input", s3.url("src"))
+    assert r.code == 75, r.err
+    assert "could not read" in r.err and "rerun" in r.err and "Traceback" not in r.err
+    assert not (tmp_path / "wh").exists()
+
+
+def test_live_loader_reads_an_s3_source_from_its_spool(dataset, tmp_path, s3, monkeypatch):
+    """The live loader over an object-storage source: the same tensors as over the local folder."""
+    import numpy as np
+    from warpdata.warehouse.live import LiveDataset
+
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    _upload_source(s3, dataset, "src")
+    cfg = config(dataset, tmp_path / "wh", name="s3live.toml")
+    local = LiveDataset(cfg)
+    s3.reset_counts()
+    remote = LiveDataset(cfg, input_override=s3.url("src"))
+    assert len(remote) == len(local) > 0
+    from warpdata.errors import DataError
+
+    def get(ds, i):
+        try:
+            return ds[i]
+        except DataError as e:  # the dataset has a truncated JPEG on purpose: the same error both ways
+            return e.message
+
+    for i in range(len(local)):
+        a, b = get(local, i), get(remote, i)
+        if isinstance(a, str):
+            assert a == b
+            continue
+        assert a["key"] == b["key"] and np.array_equal(a["image"], b["image"]) and np.array_equal(a["boxes"], b["boxes"])
+    assert s3.count("GET", "src/images/") <= 1.05 * len(list((dataset / "images").iterdir()))

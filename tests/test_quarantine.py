@@ -141,3 +141,17 @@ def test_merge_and_json_round_trip_preserve_everything(evs):
     agg = whole.summary()["aggregate"]
     assert agg["total"] == agg["non_empty"] + agg["empty"] + agg["missing"] + agg["invalid"]
     assert agg["kept"] + agg["skipped"] == agg["non_empty"] + agg["empty"]
+
+
+def test_every_pipeline_registers_shared_reason_codes_identically():
+    """Importing the warehouse, feature and ingest pipelines into one process in any order works: a code
+    they share ("too-large") is registered with one text (two texts raised ValueError at import)."""
+    import itertools
+    import subprocess
+    import sys
+
+    mods = ["warpdata.warehouse.labels", "warpdata.features.scan", "warpdata.ingest"]
+    for order in itertools.permutations(mods):
+        code = "; ".join(f"import {m}" for m in order)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (order, r.stderr[-500:])

@@ -37,6 +37,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("WARP_DEBUG", "1 prints tracebacks for errors (same as --debug)", "0"),
     EnvVar("WARP_CONFIG_DIR", "where warp looks for its user config file `config.toml`", "$XDG_CONFIG_HOME/warp"),
     EnvVar("WARP_WORKERS", "default worker count for ETL and conversion commands", "number of CPUs"),
+    EnvVar("WARP_UPLOAD_CONCURRENCY", "parts of one large blob (64 MB and over) that `warp publish` uploads at once, as an S3 multipart upload", "8"),
     EnvVar("WARP_EXECUTOR", "where `warp etl` runs its shard tasks: local (threads), process, dask (a LocalCluster), dask://HOST:PORT or dask:SCHEDULER_FILE (an existing Dask cluster), ray or ray://HOST:PORT; --executor and [build] executor take precedence", "local"),
     EnvVar("WARP_BACKEND", "default tile-compression backend: auto, cpu or gpu", "auto"),
     EnvVar("WARP_DIRECT_IO", "large local writes (warehouse shards, Zarr shards, tar-to-tbl payloads when fsync is on) bypass the page cache with O_DIRECT: auto (on ext4/xfs), 1 (wherever the filesystem accepts it) or 0 (never)", "auto"),

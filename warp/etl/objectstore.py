@@ -116,3 +116,80 @@ def check_reachable(url: str) -> None:
         if _is_infra(e):
             raise _infra(e, url) from None
         raise
+
+
+def _call(url: str, fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (ConfigError, InternalError, FileNotFoundError, FileExistsError):
+        raise
+    except Exception as e:
+        if _is_infra(e):
+            raise _infra(e, url) from None
+        raise
+
+
+def find_version_dir(url: str, version: str) -> tuple[str | None, bool]:
+    """The version directory of ``version`` under ``url`` (one listing): ``(name, complete)``.
+
+    ``complete`` when its ``manifest.json`` is there; an incomplete one is
+    the version a killed run was writing (its shards are reused); ``None``
+    when there is none.
+    """
+    from warpdata.storage import filesystem, parse_location
+
+    loc = parse_location(url)
+    fs = filesystem(loc)
+    tail = "-" + version[:12]
+    try:
+        fs.invalidate_cache(loc.path)
+        names = sorted(p.rsplit("/", 1)[-1] for p in _call(url, fs.ls, loc.path, detail=False, refresh=True))
+    except FileNotFoundError:
+        return None, False
+    cands = [n for n in names if n.startswith("v") and n.endswith(tail)]
+    for n in cands:
+        if _call(url, fs.exists, f"{loc.path}/{n}/{MANIFEST}"):
+            return n, True
+    return (cands[-1], False) if cands else (None, False)
+
+
+def list_sizes(url: str) -> dict[str, int]:
+    """``{name: size}`` of the objects directly under ``url`` (one listing; empty when absent)."""
+    from warpdata.storage import filesystem, parse_location
+
+    loc = parse_location(url)
+    fs = filesystem(loc)
+    try:
+        fs.invalidate_cache(loc.path)
+        items = _call(url, fs.ls, loc.path, detail=True, refresh=True)
+    except FileNotFoundError:
+        return {}
+    return {i["name"].rsplit("/", 1)[-1]: int(i.get("size") or 0) for i in items if i.get("type") != "directory"}
+
+
+def put_create_only(local: str, url: str) -> bool:
+    """Upload one file create-only (``PUT If-None-Match: *``); False when the object was there already.
+
+    Called by the worker that built the file, so shard bytes go to the store
+    from where they were made; a killed driver's rerun finds them there.
+    """
+    from warpdata.storage import filesystem, parse_location
+
+    loc = parse_location(url)
+    fs = filesystem(loc)
+    try:
+        _call(url, fs.put_file, local, loc.path, mode="create")
+        return True
+    except FileExistsError:  # the same task uploaded by an earlier or concurrent run: same bytes
+        return False
+    except OSError as e:
+        if "PreconditionFailed" in str(e) or "412" in str(e):
+            return False
+        raise
+
+
+def read_manifest(url: str) -> bytes:
+    from warpdata.storage import filesystem, parse_location
+
+    loc = parse_location(url)
+    return _call(url, filesystem(loc).cat_file, f"{loc.path}/{MANIFEST}")

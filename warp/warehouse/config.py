@@ -33,6 +33,7 @@ from typing import Any
 
 from warpdata.config import ConfigSource, Field, non_negative, positive, validate
 from warpdata.errors import ConfigError
+from warpdata.etl.objectstore import is_url
 from warpdata.quarantine import Thresholds
 
 FORMATS = ("coco", "yolo", "jsonl")
@@ -181,6 +182,8 @@ class WarehouseConfig:
     executor: str
     durable: bool
     limits: Limits = Limits()
+    # [source] path on object storage (s3://…): ``root`` is then its local mirror (warehouse/remote.py)
+    remote_root: str | None = None
 
     def transform_dict(self) -> dict[str, Any]:
         """The cacheable transform config (enters the version key and the manifest)."""
@@ -206,7 +209,14 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         raise ConfigError("a tensor warehouse cannot be built from stdin (--input -)",
                           hint="pass the dataset directory with --input DIR")
     root_text = input_override if input_override is not None else s["path"]
-    root = (base / root_text).resolve() if input_override is None else Path(input_override).resolve()
+    remote_root = None
+    if is_url(root_text):
+        from .remote import mirror_root
+
+        remote_root = root_text.rstrip("/")
+        root = mirror_root(remote_root)
+    else:
+        root = (base / root_text).resolve() if input_override is None else Path(input_override).resolve()
     labels = s["labels"]
     if isinstance(labels, str):
         labels = [labels] if labels else []
@@ -235,7 +245,7 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         box_tolerance=float(val["box_tolerance"]), min_box_size=float(val["min_box_size"]),
         thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
         shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"], durable=b["durable"],
-        limits=limits)
+        limits=limits, remote_root=remote_root)
 
 
 def _check_shard_memory(source: ConfigSource, w: int, h: int, dtype: str, max_boxes: int, shard_samples: int,

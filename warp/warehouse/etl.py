@@ -99,6 +99,9 @@ class ShardTask:
     max_boxes: int
     capacity: int
     samples: list[ValidSample]
+    # an output on object storage: the worker uploads the finished shard here, create-only, and
+    # drops its local copy (docs/formats/receipts.md, "Object storage")
+    upload: str | None = None
 
 
 @dataclass
@@ -173,15 +176,22 @@ def build_shard(task: ShardTask) -> ShardResult:
             for s in task.samples:
                 t0 = time.perf_counter()
                 try:
-                    with open(s.image, "rb") as f:
-                        st = os.fstat(f.fileno())
-                        data = f.read()
+                    if s.url is not None and not (s.local and os.path.exists(s.local)):
+                        # a worker without the header pass's spool: one more GET, checked against its hash
+                        from .remote import read_source
+
+                        data = read_source(s.url, s.sha256)
+                        st = None
+                    else:
+                        with open(s.local or s.image, "rb") as f:
+                            st = os.fstat(f.fileno())
+                            data = f.read()
                 except OSError as e:
                     raise DataError(f"{s.key}: could not be read during the build: {e}",
                                     hint="the source changed while the ETL ran; rerun 'warp etl'",
                                     path=s.image) from None
                 # the header pass hashed this file; re-hash only if it was touched since (size, mtime, inode)
-                if (st.st_size, st.st_mtime_ns, st.st_ino) != s.stat_key and \
+                if st is not None and (st.st_size, st.st_mtime_ns, st.st_ino) != s.stat_key and \
                         hashlib.sha256(data).hexdigest() != s.sha256:
                     raise DataError(f"{s.key}: changed while the ETL ran (content hash differs from the header pass)",
                                     hint="rerun 'warp etl' once the dataset is no longer being written",
@@ -210,6 +220,11 @@ def build_shard(task: ShardTask) -> ShardResult:
             os.chmod(tmp, 0o644)
             os.replace(tmp, task.path)
             size = os.path.getsize(task.path)
+            if task.upload is not None:
+                from warpdata.etl.objectstore import put_create_only
+
+                put_create_only(task.path, task.upload)
+                os.unlink(task.path)
         else:
             os.unlink(tmp)
     except BaseException:
@@ -236,15 +251,25 @@ def _record(journal: Journal, task: ShardTask, res: ShardResult) -> None:
     journal.record(task.shard_id, task_sha256(task), res.sha256, res.size_bytes, d)
 
 
-def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | None) -> ShardResult | None:
-    """The receipted result of ``task`` if its receipt names this task and its shard verifies."""
+def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | None,
+                   store_sizes: dict[str, int] | None = None) -> ShardResult | None:
+    """The receipted result of ``task`` if its receipt names this task and its shard verifies.
+
+    A shard on object storage verifies by its listed size (its SHA-256 is in
+    the manifest, checked by ``warp inspect --verify``): reading every shard
+    back would cost what building it did.
+    """
     if receipt is None:
         return None
     try:
         if receipt["task_sha256"] != task_sha256(task):
             raise ValueError("receipt of another task")
         res = ShardResult(**receipt["result"])
-        if res.samples:
+        if task.upload is not None:
+            if res.samples and (store_sizes or {}).get(res.file_name) != res.size_bytes:
+                journal.forget(task.shard_id)
+                return None
+        elif res.samples:
             with twh1.TWH1Shard(task.path) as sh:
                 sh.verify(res.sha256)
     except (OSError, ValueError, TypeError, KeyError, DataError):
@@ -415,18 +440,32 @@ class Scan:
         return [s for s in self.valid if not (skip_empty and s.empty)]
 
 
-def scan(cfg: wconfig.WarehouseConfig, workers: int = 1) -> Scan:
-    """Phases 2-3: load labels, then read, hash and probe every image."""
+def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> Scan:
+    """Phases 2-3: load labels, then read, hash and probe every image.
+
+    A source on object storage (``cfg.remote_root``) is probed on ``runner``'s
+    workers (one GET per image, the bytes spooled for the build:
+    warehouse/remote.py); without a runner, on a local thread pool.
+    """
     phases = {}
     t = time.perf_counter()
+    sizes: dict[str, int] = {}
+    if cfg.remote_root:
+        from . import remote
+
+        _root, sizes = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
     ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
     q = Quarantine()
     for rej in ls.rejects:
         q.reject(*rej)
     phases["labels"] = time.perf_counter() - t
     t = time.perf_counter()
-    outcomes = probe_all(ls.records, tolerance=cfg.box_tolerance, min_box=cfg.min_box_size,
-                         max_boxes=cfg.max_boxes, overflow=cfg.overflow, workers=workers, limits=cfg.limits)
+    params = dict(tolerance=cfg.box_tolerance, min_box=cfg.min_box_size, max_boxes=cfg.max_boxes,
+                  overflow=cfg.overflow)
+    if cfg.remote_root:
+        outcomes = _probe_remote(cfg, ls.records, sizes, params, workers, runner)
+    else:
+        outcomes = probe_all(ls.records, workers=workers, limits=cfg.limits, **params)
     valid: list[ValidSample] = []
     sources: list[tuple[str, str, int]] = []
     truncated_boxes = 0
@@ -440,6 +479,37 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1) -> Scan:
             truncated_boxes += o.truncated_boxes
     phases["probe"] = time.perf_counter() - t
     return Scan(ls, q, valid, sources, truncated_boxes, phases)
+
+
+REMOTE_PROBE_BATCH = 64
+
+
+def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, int], params: dict[str, Any],
+                  workers: int, runner: Any) -> list:
+    from warpdata.etl import cut
+    from warpdata.etl.executors import LocalRunner
+
+    from . import remote
+
+    batches = [remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
+                                 {os.path.relpath(r.image, cfg.root).replace(os.sep, "/"):
+                                  sizes[k] for r in part
+                                  if (k := os.path.relpath(r.image, cfg.root).replace(os.sep, "/")) in sizes},
+                                 params, cfg.limits)
+               for i, part in enumerate(cut(records, REMOTE_PROBE_BATCH))]
+    own = runner is None
+    if own:
+        runner = LocalRunner(max(1, min(workers, len(batches) or 1)))
+    parts = {}
+    try:
+        with out.progress("reading images", total=len(records), unit="img") as bar:
+            for i, part in runner.imap_unordered(remote.probe_batch, batches):
+                parts[i] = part
+                bar.advance(len(part))
+    finally:
+        if own:
+            runner.close()
+    return [o for i in range(len(batches)) for o in parts[i]]
 
 
 def _preload() -> None:
@@ -497,19 +567,19 @@ def run(req: EtlRequest) -> EtlResult:
     return _run_prestarted(req)
 
 
-def _run_prestarted(req: EtlRequest) -> EtlResult:
+def _run_prestarted(req: EtlRequest, store: str | None = None) -> EtlResult:
     """A distributed executor is started while the driver scans the inputs (it takes seconds)."""
     cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
                        output_override=req.output, workers_override=req.workers)
     executor = resolve_executor(req.executor, cfg.executor)
     if not executor.distributed:
-        return _run(req)
+        return _run(req, store=store)
     require(executor)
     if executor.kind != "dask":  # Ray must be initialised from the main thread
-        return _run(req)
+        return _run(req, store=store)
     started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker)
     try:
-        return _run(req, started)
+        return _run(req, started, store=store)
     finally:
         close_started(started)
 
@@ -526,22 +596,25 @@ def _remote_output(req: EtlRequest) -> str | None:
 
 
 def _run_to_store(req: EtlRequest, url: str) -> EtlResult:
-    """Build into a local staging root (resumable from its receipts), then upload create-only, manifest last."""
+    """Shards go to the store from the workers that built them, create-only, each receipted in the
+    store; the driver uploads the summaries, then the manifest, then ``latest``. A killed driver's
+    rerun resumes from the store alone (docs/formats/receipts.md, "Object storage")."""
     import dataclasses
 
     from warpdata.etl import objectstore
 
     objectstore.check_reachable(url)
     staging = objectstore.staging_root(url)
-    res = _run_prestarted(dataclasses.replace(req, output=str(staging)))
-    t = time.perf_counter()
-    dest, counts = objectstore.upload_version(Path(res.path), url)
-    summary = {**res.summary, "path": dest, "staging_path": res.path, "upload": {**counts, "s": round(time.perf_counter() - t, 4)}}
+    return _run_prestarted(dataclasses.replace(req, output=str(staging)), store=url)
+
+
+def _store_result(res: EtlResult, dest: str, counts: dict[str, int], upload_s: float) -> EtlResult:
+    summary = {**res.summary, "path": dest, "upload": {**counts, "s": round(upload_s, 4)}}
     rows = [r for r in res.rows] + [("uploaded", f"{counts['uploaded']} files ({counts['reused']} already there)")]
     return EtlResult(kind=res.kind, path=dest, summary=summary, rows=rows, status=res.status, exit_code=res.exit_code)
 
 
-def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
+def _run(req: EtlRequest, started: Future | None = None, store: str | None = None) -> EtlResult:
     t_start = time.perf_counter()
     t_started_wall = time.time()
     phases: dict[str, float] = {}
@@ -553,7 +626,27 @@ def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
 
     cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
 
-    sc = scan(cfg, workers)
+    if cfg.remote_root and (started is not None or executor.kind != "thread"):
+        # the header pass of a source on object storage runs on the executor's workers
+        if started is not None:
+            sc = scan(cfg, workers, started.result())
+        else:
+            with open_runner(executor, workers, initializer=_init_process_worker) as r:
+                sc = scan(cfg, workers, r)
+    else:
+        sc = scan(cfg, workers)
+    try:
+        return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started, store)
+    finally:
+        if cfg.remote_root:
+            from .remote import remove_mirror
+
+            remove_mirror(cfg.root)
+
+
+def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int, executor: ExecutorSpec,
+           phases: dict[str, float], t_start: float, t_started_wall: float, started: Future | None,
+           store: str | None = None) -> EtlResult:
     ls, q, valid, sources, truncated_boxes = sc.labels, sc.quarantine, sc.valid, sc.sources, sc.truncated_boxes
     phases.update(sc.phases)
 
@@ -589,8 +682,22 @@ def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
     version = identity(recipe)
     root = cfg.output_root
 
+    store_vdir = None
+    if store is not None:
+        from warpdata.etl import objectstore
+
+        store_vdir, complete = objectstore.find_version_dir(store, version)
+        if complete and not req.clear:
+            dest = f"{store}/{store_vdir}"
+            doc = wmanifest.parse(objectstore.read_manifest(dest), f"{dest}/{wmanifest.MANIFEST_NAME}")
+            _check_existing_verdict(doc, req, cfg, store_vdir)
+            present = objectstore.list_sizes(dest)
+            return _store_result(_result(doc, Path(store_vdir), "up-to-date", {}, time.perf_counter() - t_start),
+                                 dest, {"uploaded": 0, "reused": len(present)}, 0.0)
+        if store_vdir is None or complete:
+            store_vdir = wmanifest.version_dir_name(version, _dt.datetime.now(_dt.UTC).strftime("%Y%m%d"))
     with _build_lock(root, version):
-        if not req.clear:
+        if not req.clear and store is None:
             for cand in wmanifest.find_versions(root, version):
                 doc = _verify_version(cand, version, workers)
                 if doc is not None:
@@ -609,15 +716,25 @@ def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
         build_dir.mkdir(parents=True, exist_ok=True)
         for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written files of a killed run (we hold the lock)
             leftover.unlink()
-        journal = Journal(str(build_dir))
+        store_sizes = None
+        if store is not None:
+            # receipts live in the store, beside the version, so a rerun needs nothing local
+            journal = Journal(f"{store}/{BUILD_PREFIX}{version[:12]}")
+            store_sizes = objectstore.list_sizes(f"{store}/{store_vdir}")
+        else:
+            journal = Journal(str(build_dir))
         tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
+        if store is not None:
+            for task in tasks:
+                task.upload = f"{store}/{store_vdir}/{os.path.basename(task.path)}"
         threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
         t = time.perf_counter()
         if cfg.durable:
             with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
-                results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started)
+                results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started,
+                                              store_sizes)
         else:
-            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started)
+            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started, store_sizes)
         workers = cluster.get("threads") or cluster.get("workers") or workers
         phases["build"] = time.perf_counter() - t
 
@@ -666,6 +783,9 @@ def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
         metrics["executor"] = executor.text
         metrics["cluster"] = cluster
         atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
+        if store is not None:
+            return _finish_in_store(store, store_vdir, build_dir, doc, metrics, results, journal, phases, t,
+                                    t_start, root)
         journal.remove()
         if cfg.durable:
             _fsync_files([build_dir / r.file_name for r in results if r.samples and r.reused], workers)
@@ -699,6 +819,41 @@ def _run(req: EtlRequest, started: Future | None = None) -> EtlResult:
     return _result(doc, final, "built", metrics, metrics["wall_s"])
 
 
+def _check_existing_verdict(doc: dict[str, Any], req: EtlRequest, cfg: wconfig.WarehouseConfig, name: str) -> None:
+    if doc["summary"]["verdict"]["status"] == "fail" and not req.allow_invalid:
+        from warpdata.quarantine import Check, Verdict
+
+        v = doc["summary"]["verdict"]
+        Verdict("fail", [Check(**c) for c in v["checks"]], v["worst_offenders"]).raise_for_status(
+            what=f"{cfg.root} (existing {name}, built with --allow-invalid)")
+
+
+def _finish_in_store(store: str, vdir: str, build_dir: Path, doc: dict[str, Any], metrics: dict[str, Any],
+                     results: list[ShardResult], journal: Journal, phases: dict[str, float], t: float,
+                     t_start: float, root: Path) -> EtlResult:
+    """The shards are in the store already: upload the rest, the manifest last, then ``latest``,
+    then drop the store's receipts and the local staging copy."""
+    from warpdata.etl import objectstore
+
+    atomic_write_bytes(build_dir / wmanifest.MANIFEST_NAME, canonical_json(doc))
+    local = root / vdir
+    if local.exists():
+        shutil.rmtree(local)
+    os.replace(build_dir, local)
+    t_up = time.perf_counter()
+    dest, counts = objectstore.upload_version(local, store)
+    built = sum(1 for r in results if r.samples and not r.reused)
+    counts = {"uploaded": counts["uploaded"] + built, "reused": counts["reused"] - built}
+    journal.remove()
+    shutil.rmtree(local, ignore_errors=True)
+    phases["finalize"] = time.perf_counter() - t
+    metrics["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
+    metrics["wall_s"] = round(time.perf_counter() - t_start, 4)
+    _print_metrics(metrics)
+    res = _result(doc, Path(vdir), "built", metrics, metrics["wall_s"])
+    return _store_result(res, dest, counts, time.perf_counter() - t_up)
+
+
 def _fsync_path(p: str | Path) -> None:
     fd = os.open(p, os.O_RDONLY)
     try:
@@ -714,13 +869,14 @@ def _fsync_files(paths: list[Path], workers: int) -> None:
 
 def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, total: int,
                syncer: Executor | None, journal: Journal,
-               started: Future | None = None) -> tuple[list[ShardResult], dict[str, Any]]:
+               started: Future | None = None,
+               store_sizes: dict[str, int] | None = None) -> tuple[list[ShardResult], dict[str, Any]]:
     """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes."""
     results: dict[int, ShardResult] = {}
     todo = []
     receipts = journal.load_all()
     for task in tasks:
-        r = _reuse_receipt(task, journal, receipts.get(task.shard_id))
+        r = _reuse_receipt(task, journal, receipts.get(task.shard_id), store_sizes)
         if r is not None:
             results[task.index] = r
         else:
@@ -737,7 +893,7 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
                     out.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
                 # a bounded window keeps at most 2 tasks per worker in flight (memory)
                 for r in runner.imap_unordered(build_shard, todo):
-                    if r.samples and syncer is not None:
+                    if r.samples and syncer is not None and by_index[r.index].upload is None:
                         syncer.submit(_fsync_path, by_index[r.index].path)
                     _record(journal, by_index[r.index], r)
                     results[r.index] = r

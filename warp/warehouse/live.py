@@ -50,8 +50,14 @@ class LiveDataset:
         spec, mb = self.spec, self.config.max_boxes
         dt = {"u8": np.uint8, "f16": np.float16, "f32": np.float32}[spec.dtype]
         image = np.empty((3, spec.height, spec.width), dt)
-        with open(s.image, "rb") as f:
-            data = f.read()
+        if s.url is not None and not (s.local and os.path.exists(s.local)):
+            from .remote import read_source
+
+            data = read_source(s.url, s.sha256)
+        else:
+            # a source on object storage: the header pass's spooled copy (warehouse/remote.py)
+            with open(s.local or s.image, "rb") as f:
+                data = f.read()
         try:
             g = self._tr(data, s.probe, image)
         except DecodeError as e:

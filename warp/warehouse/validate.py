@@ -45,6 +45,10 @@ class ValidSample:
     sha256: str
     nbytes: int
     stat_key: tuple[int, int, int] = (0, 0, 0)  # (size, mtime_ns, inode) when hashed
+    # a source on object storage (docs/formats/receipts.md, "Sources on object storage"): the
+    # object's URL and the spooled copy of the bytes the header pass read, which the build reads
+    url: str | None = None
+    local: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -72,6 +76,14 @@ def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int
     except OSError as e:
         return ProbeOutcome(None, (rec.run, key, rec.source, "unreadable", f"{key}: cannot read: {e}"),
                             (key, "unreadable", 0))
+    return check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), tolerance=tolerance, min_box=min_box,
+                       max_boxes=max_boxes, overflow=overflow)
+
+
+def check_bytes(rec: LabelRecord, data: bytes, stat_key: tuple[int, int, int], *, tolerance: float, min_box: float,
+                max_boxes: int, overflow: str, url: str | None = None, local: str | None = None) -> ProbeOutcome:
+    """Hash, probe and check the boxes of one image whose bytes were read already."""
+    key = rec.key
     digest = hashlib.sha256(data).hexdigest()
     src_hash = (key, digest, len(data))
 
@@ -113,7 +125,7 @@ def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int
         truncated = len(boxes) - max_boxes
         boxes, classes = boxes[:max_boxes], classes[:max_boxes]
     return ProbeOutcome(ValidSample(key, str(rec.image), rec.run, rec.source, boxes, classes, rec.frame_id,
-                                    rec.run_id, pr, digest, len(data), (st.st_size, st.st_mtime_ns, st.st_ino)),
+                                    rec.run_id, pr, digest, len(data), stat_key, url, local),
                         None, src_hash, truncated)
 
 

@@ -1,0 +1,225 @@
+"""A warehouse source on object storage: ``[source] path = "s3://bucket/prefix"`` (any fsspec URL).
+
+docs/formats/receipts.md ("Sources on object storage") describes the
+contract; in short:
+
+* The label files (small) are copied into a local mirror of the source,
+  ``$WARP_CACHE_DIR/etl-source/<hash of the URL>/run-<id>/`` (one per run), and parsed there as a
+  local dataset would be. The image folder is *listed* once (one LIST per
+  1,000 objects): missing images and images over ``[limits] max_image_mb``
+  are decided from the listing, before any GET; YOLO, which pairs labels
+  with images by listing the folder, gets empty placeholders there.
+* The header pass runs on the executor's workers, in batches of records:
+  a worker reads each image with **one** GET, hashes it (the hash feeds the
+  version key), probes its header, and spools the bytes to
+  ``<mirror>/.spool/<sha256>``. The build then reads the spool: the same
+  bytes, no second GET. A build worker that cannot see the spool (another
+  machine) GETs the object again and checks it against the hash.
+* The mirror, spool included, is removed once the version is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from warpdata.errors import DataError, MissingInputError
+
+from .config import Limits
+from .labels import LabelRecord
+from .validate import ProbeOutcome, check_bytes
+
+SPOOL = ".spool"
+
+
+def is_remote(text: str | None) -> bool:
+    from warpdata.etl.objectstore import is_url
+
+    return is_url(text)
+
+
+def mirror_root(url: str) -> Path:
+    """A mirror of its own for this run (two runs over the same URL never share a spool)."""
+    import time
+    import uuid
+
+    from warpdata import envvars
+
+    h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return Path(envvars.default_cache_dir()) / "etl-source" / h / f"run-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
+
+
+def _fs(url: str):
+    from warpdata.storage import filesystem, parse_location
+
+    loc = parse_location(url)
+    return filesystem(loc), loc.path
+
+
+def _get(fs, path: str) -> bytes:
+    """The whole object in one GET: s3fs asks for the size first (a HEAD) when it may split the
+    read into concurrent ranges, unless its listing cache has it; one stream never does."""
+    if getattr(fs, "protocol", None) in ("s3", ("s3", "s3a")) or "s3" in tuple(getattr(fs, "protocol", ()) or ()):
+        return fs.cat_file(path, max_concurrency=1)
+    return fs.cat_file(path)
+
+
+def _infra(e: BaseException, url: str):
+    from warpdata.errors import InfrastructureError
+    from warpdata.etl.objectstore import _is_infra
+
+    if not _is_infra(e):
+        return None
+    return InfrastructureError(f"could not read {url}: {type(e).__name__}: {e}",
+                               hint="the object store is unreachable or refused the request (check "
+                                    "WARP_S3_ENDPOINT and credentials); rerun the same command")
+
+
+def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str) -> tuple[Path, dict[str, int]]:
+    """Mirror the label files of the source at ``url`` into ``root`` (from :func:`mirror_root`);
+    list its image folder.
+
+    Returns the mirror root and ``{key: size}`` of every object under the
+    image folder (keys relative to the source root, as labels name them).
+    """
+    url = url.rstrip("/")
+    fs, base = _fs(url)
+    try:
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        for lf in labels:
+            src = f"{base}/{lf.strip('/')}"
+            dst = root / lf
+            if fmt == "yolo":
+                try:
+                    found = fs.find(src)
+                except FileNotFoundError:
+                    found = []
+                if not found:
+                    raise MissingInputError(f"label directory {url}/{lf} does not exist or is empty",
+                                            hint="check [source] labels")
+                for p in found:
+                    rel = p[len(src):].lstrip("/")
+                    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+                    fs.get_file(p, os.fspath(dst / rel))
+            else:
+                try:
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    fs.get_file(src, os.fspath(dst))
+                except FileNotFoundError:
+                    raise MissingInputError(f"label file {url}/{lf} does not exist",
+                                            hint="check [source] labels") from None
+        img = f"{base}/{images.strip('/')}" if images else base
+        try:
+            listing = fs.find(img, detail=True)
+        except FileNotFoundError:
+            listing = {}
+        sizes: dict[str, int] = {}
+        prefix = base + "/"
+        for p, info in listing.items():
+            if info.get("type") == "directory" or not p.startswith(prefix):
+                continue
+            sizes[p[len(prefix):]] = int(info.get("size") or 0)
+    except (MissingInputError, DataError):
+        raise
+    except Exception as e:
+        err = _infra(e, url)
+        if err is not None:
+            raise err from None
+        raise
+    if images:
+        (root / images).mkdir(parents=True, exist_ok=True)
+    if fmt == "yolo":  # YOLO pairs labels with images by listing the folder
+        for key in sizes:
+            p = root / key
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.touch()
+    (root / SPOOL).mkdir(exist_ok=True)
+    return root, sizes
+
+
+@dataclass
+class ProbeBatch:
+    """Records to probe on one worker: a pure, picklable task."""
+
+    index: int
+    url: str  # the source root URL
+    mirror: str  # the local mirror root (the records' root); the spool is under it
+    records: list[LabelRecord]
+    sizes: dict[str, int]  # listed size of each record's object (absent = missing)
+    params: dict[str, Any]
+    limits: Limits
+
+
+def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome]]:
+    """One GET per image: hash, probe, spool the bytes for the build."""
+    fs, base = _fs(batch.url)
+    spool = os.path.join(batch.mirror, SPOOL)
+    out: list[ProbeOutcome] = []
+    for rec in batch.records:
+        key = rec.key
+        rel = os.path.relpath(rec.image, batch.mirror).replace(os.sep, "/")
+        obj_url = f"{batch.url}/{rel}"
+        size = batch.sizes.get(rel)
+        if size is None or rel.startswith("../"):
+            # the same record as a local source's, so the quarantine tables match byte for byte
+            out.append(ProbeOutcome(None, (rec.run, key, rec.source, "missing-file",
+                                           f"{key}: image file does not exist"), (key, "missing", 0)))
+            continue
+        if size > batch.limits.max_image_bytes:
+            out.append(ProbeOutcome(None, (rec.run, key, rec.source, "too-large",
+                                           f"{key}: is {size} bytes, over the {batch.limits.max_image_bytes / 1e6:g} MB limit "
+                                           "(raise it in [limits] of the config)"), None))
+            continue
+        try:
+            data = _get(fs, f"{base}/{rel}")
+        except FileNotFoundError:
+            out.append(ProbeOutcome(None, (rec.run, key, rec.source, "missing-file",
+                                           f"{key}: image object {obj_url} disappeared during the header pass"),
+                                    (key, "missing", 0)))
+            continue
+        except Exception as e:
+            err = _infra(e, obj_url)
+            if err is not None:
+                raise err from None
+            raise
+        digest = hashlib.sha256(data).hexdigest()
+        local = os.path.join(spool, digest)
+        if not os.path.exists(local):
+            tmp = f"{local}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, local)
+        st = os.stat(local)
+        out.append(check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), url=obj_url, local=local,
+                               **batch.params))
+    return batch.index, out
+
+
+def read_source(url: str, sha256: str) -> bytes:
+    """The object at ``url`` (a build worker without the spool), checked against the header pass's hash."""
+    fs, path = _fs(url)
+    try:
+        data = _get(fs, path)
+    except Exception as e:
+        err = _infra(e, url)
+        if err is not None:
+            raise err from None
+        raise DataError(f"{url}: could not be read during the build: {e}",
+                        hint="the source changed while the ETL ran; rerun 'warp etl'", path=url) from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise DataError(f"{url}: changed while the ETL ran (content hash differs from the header pass)",
+                        hint="rerun 'warp etl' once the dataset is no longer being written", path=url)
+    return data
+
+
+def remove_mirror(mirror: Path) -> None:
+    """Drop a run's mirror (labels, placeholders, spooled image bytes) once its version is built."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(mirror)
