@@ -190,8 +190,11 @@ def test_exit_130_sigint_to_a_real_process(tmp_path):
     """SIGINT while `warp etl` blocks reading its config from a FIFO."""
     fifo = tmp_path / "config.toml"
     os.mkfifo(fifo)
+    # A child inherits an *ignored* SIGINT (Python then installs no handler of its own), and a
+    # cluster test that ran earlier in this worker process may have left it ignored: restore it.
     p = subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(fifo)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     writer = None
     while writer is None:  # opening the FIFO for writing succeeds once warp has it open for reading
