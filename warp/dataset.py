@@ -1315,7 +1315,10 @@ def _to_torch_batch(batch) -> dict[str, Any]:
     for name, col in zip(batch.schema.names, batch.columns, strict=True):
         t = col.type
         if (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) and col.null_count == 0:
-            outd[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False))
+            arr = col.to_numpy(zero_copy_only=False)
+            # a zero-copy view of Arrow's immutable buffer: a tensor over it could be written
+            # in place (undefined behaviour), so it gets its own writable copy
+            outd[name] = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
         else:
             outd[name] = col.to_pylist()
     return outd
