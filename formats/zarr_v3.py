@@ -40,8 +40,7 @@ from typing import Any
 import google_crc32c
 import numpy as np
 from warpdata.errors import DataError, MissingInputError
-
-from .tiling import SUPPORTED_DTYPES, normalize_dtype, tile_counts
+from warpdata.formats.tiling import SUPPORTED_DTYPES, normalize_dtype, tile_counts
 
 ZARR_JSON = "zarr.json"
 EMPTY = 2**64 - 1
@@ -61,7 +60,7 @@ MAX_JSON_BYTES = 1 << 20  # size of a zarr.json
 
 def chunk_crc(frame: Any) -> bytes:
     """The ``crc32c`` codec's suffix for ``frame``: its CRC-32C, u32 little-endian."""
-    from . import crc
+    from warpdata.formats import crc
 
     return crc.extend(0, frame).to_bytes(CRC_SIZE, "little")
 
@@ -729,7 +728,7 @@ def _check_against_manifest(store: Store, layout: ArrayLayout, data: np.ndarray)
         raise DataError(f"{where}: data_type {layout.dtype.name} differs from the {m.get('dtype')} in manifest.json",
                         hint="the metadata is damaged; rewrite the array", path=where)
     if lv.get("path", "") == m.get("array", "") and isinstance(m.get("input_crc32c"), str):
-        from . import crc
+        from warpdata.formats import crc
 
         got = f"{crc.extend(0, data):08x}"
         if got != m["input_crc32c"]:

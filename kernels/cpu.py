@@ -43,8 +43,7 @@ from warpdata.errors import InternalError
 from warpdata.formats import crc as crc32c
 from warpdata.formats.tiling import SlabPlan, gather_tile
 from warpdata.formats.zarr_v3 import CRC_SIZE, chunk_crc
-
-from . import TileBackend
+from warpdata.kernels import TileBackend
 
 try:  # the libzstd bundled in zstandard, through cffi (needs the ``cffi`` runtime)
     from zstandard import _cffi as _zc

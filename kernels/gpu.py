@@ -41,8 +41,7 @@ from warpdata.formats import crc as crc32c
 from warpdata.formats.tiling import SlabPlan
 from warpdata.formats.zarr_v3 import CRC_SIZE, chunk_crc
 from warpdata.formats.zstdframe import content_size, with_content_size
-
-from . import TileBackend
+from warpdata.kernels import TileBackend
 
 _UINT_FOR_SIZE = {1: ("unsigned char", np.uint8), 2: ("unsigned short", np.uint16),
                   4: ("unsigned int", np.uint32), 8: ("unsigned long long", np.uint64)}

@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import typer
-
-from . import __version__, envvars
-from . import output as out
-from .errors import EXIT_CODE_DOCS, ExitCode, InternalError, WarpError
+from warpdata import __version__, envvars
+from warpdata import output as out
+from warpdata.errors import EXIT_CODE_DOCS, ExitCode, InternalError, WarpError
 
 
 @dataclass(frozen=True)

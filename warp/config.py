@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import envvars
-from .errors import ConfigError, MissingInputError
+from warpdata import envvars
+from warpdata.errors import ConfigError, MissingInputError
 
 _MISSING = object()
 

@@ -40,16 +40,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import envvars
-from . import output as out
-from .blobcache import BlobCache, CacheTooSmallError, normalize_hash
-from .errors import MissingInputError, UsageError
-from .sharding import ResumeState, ShardingError, ShardPlan, auto_shard
+from warpdata import envvars
+from warpdata import output as out
+from warpdata.blobcache import BlobCache, CacheTooSmallError, normalize_hash
+from warpdata.errors import MissingInputError, UsageError
+from warpdata.sharding import ResumeState, ShardingError, ShardPlan, auto_shard
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from .registry.manifest import Manifest, ShardRef
+    from warpdata.registry.manifest import Manifest, ShardRef
 
 MODES = ("auto", "remote", "hybrid", "local")
 # Manifests parsed and verified against their version hash in this process, by (dataset, version):
@@ -75,8 +74,7 @@ class Remote:
 
     def __init__(self, store_url: str | None = None) -> None:
         from pyarrow import fs as pafs
-
-        from .storage import StorageConfig, filesystem, parse_location
+        from warpdata.storage import StorageConfig, filesystem, parse_location
 
         self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
         self.config = StorageConfig.from_env()
@@ -99,7 +97,7 @@ class Remote:
         return self.path(key) if self.loc.protocol == "file" else f"{self.loc.protocol}://{self.path(key).lstrip('/')}"
 
     def _wrap(self, e: Exception, key: str, action: str = "read") -> Exception:
-        from .registry.errors import StoreUnavailableError, translate_storage_error
+        from warpdata.registry.errors import StoreUnavailableError, translate_storage_error
 
         t = translate_storage_error(e, self.url_of(key), action)
         if t is e and isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
@@ -125,7 +123,7 @@ class Remote:
             return self.fs.open_input_file(self.path(key))
         except Exception as e:
             if isinstance(e, FileNotFoundError) or _is_not_found(e):
-                from .registry.errors import BlobNotFoundError
+                from warpdata.registry.errors import BlobNotFoundError
 
                 raise BlobNotFoundError(f"{self.url_of(key)} is missing from the store",
                                         hint="the version was published incompletely; republish it") from None
@@ -152,7 +150,7 @@ class Remote:
                     break
                 dst.write(view[:n])
         except Exception as e:
-            from .errors import WarpError
+            from warpdata.errors import WarpError
 
             if isinstance(e, WarpError):
                 raise
@@ -211,7 +209,7 @@ class Dataset:
 
     def __init__(self, name: str, *, mode: str | None = None, version: str | None = None,
                  store: str | None = None, cache: BlobCache | None = None) -> None:
-        from .registry.manifest import validate_dataset_id
+        from warpdata.registry.manifest import validate_dataset_id
 
         self.id = validate_dataset_id(name)
         self.mode = (mode or envvars.get("WARP_MODE") or "auto").lower()
@@ -227,8 +225,8 @@ class Dataset:
 
     # -- resolution -----------------------------------------------------------
     def _resolve(self, version: str | None) -> tuple[str, Manifest]:
-        from .registry.errors import DatasetNotFoundError, StoreUnavailableError
-        from .registry.store import Store
+        from warpdata.registry.errors import DatasetNotFoundError, StoreUnavailableError
+        from warpdata.registry.store import Store
 
         if version not in (None, "latest"):
             vh = version.lower()
@@ -283,8 +281,8 @@ class Dataset:
         return m
 
     def _load_manifest(self, vh: str) -> Manifest:
-        from .registry.manifest import Manifest
-        from .registry.store import Store
+        from warpdata.registry.manifest import Manifest
+        from warpdata.registry.store import Store
 
         key = Store.manifest_key(self.id, vh)
         src = self.remote.url_of(key)
@@ -302,7 +300,7 @@ class Dataset:
                                     hint=f"run 'warp warm {self.id}' while online")
         data = self.remote.get(key)
         if data is None:
-            from .registry.errors import DatasetNotFoundError
+            from warpdata.registry.errors import DatasetNotFoundError
 
             raise DatasetNotFoundError(f"version {vh} of {self.id} is not in store {self.remote.url}",
                                        hint="check the version hash; omit it to read latest")
@@ -357,7 +355,7 @@ class Dataset:
         return Table(self, name)
 
     def artifact(self, name: str):
-        from .refs import ArtifactReader
+        from warpdata.refs import ArtifactReader
 
         if name not in self.manifest.artifacts:
             raise MissingInputError(f"{self.id} has no artifact {name!r} (artifacts: {', '.join(self.artifacts) or 'none'})",
@@ -366,13 +364,13 @@ class Dataset:
 
     def embeddings(self, name: str):
         """Exact nearest-neighbour search over embedding ``name`` (see :mod:`warpdata.embeddings`)."""
-        from .embeddings import open_index
+        from warpdata.embeddings import open_index
 
         return open_index(self, name)
 
     # -- blobs -------------------------------------------------------------------
     def blob_key(self, s: ShardRef) -> str:
-        from .registry.manifest import blob_key
+        from warpdata.registry.manifest import blob_key
 
         if "://" in s.uri:
             raise UsageError(f"{s.uri}: shards outside the store are not supported by this reader",
@@ -426,7 +424,7 @@ class Dataset:
         ``max_bytes`` caps what is newly downloaded. Already-cached blobs cost
         one local hash check and no network.
         """
-        from .blobcache import parse_size
+        from warpdata.blobcache import parse_size
 
         if self.cache is None or self.mode == "local":
             raise UsageError(f"warm needs a cache and a store; mode {self.mode!r} has {'no cache' if self.cache is None else 'no store'}",
@@ -466,7 +464,7 @@ class Dataset:
 
 
 def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:
-    from .registry.errors import ManifestCorruptedError
+    from warpdata.registry.errors import ManifestCorruptedError
 
     try:
         doc = json.loads(raw)
@@ -517,7 +515,7 @@ class _ShardFiles:
         try:
             pf = pq.ParquetFile(src, pre_buffer=not local, metadata=md)
         except Exception as e:
-            from .errors import DataError
+            from warpdata.errors import DataError
 
             raise DataError(f"{self.ds.remote.url_of(self.ds.blob_key(s))}: not a readable Parquet shard: {e}",
                             hint="the store copy is damaged; republish the dataset") from None
@@ -548,8 +546,8 @@ def _read_footer(ds: Dataset, s: ShardRef, src: Any):
     size = (s.stats or {}).get("footer_size")
     if not size or size > s.byte_size:
         return None
-    from .registry.errors import ManifestCorruptedError
-    from .registry.parquet_stats import parse_footer
+    from warpdata.registry.errors import ManifestCorruptedError
+    from warpdata.registry.parquet_stats import parse_footer
 
     try:
         data = src.read_at(size, s.byte_size - size)
@@ -869,7 +867,7 @@ class _RowGroupBatcher:
 def _check_rows(files: _ShardFiles, unit: int, groups: list[int], got: int, want: int) -> None:
     """Row groups read must hold the rows planned from the manifest's statistics."""
     if got != want:
-        from .errors import DataError
+        from warpdata.errors import DataError
 
         ds, s = files.ds, files.shards[unit]
         raise DataError(f"{ds.remote.url_of(ds.blob_key(s))}: row groups {groups} hold {got} rows, "
@@ -1031,7 +1029,7 @@ class Table:
         shards by pread, the rest by coalesced ranged GETs), so ``read_bytes()``
         and the decoders cost no request.
         """
-        from .refs import make_refs
+        from warpdata.refs import make_refs
 
         bound = {c: make_refs(self.ds, b, read_refs) for c, b in self.bindings.items()}
         for batch in self.batches(batch_size, columns, **kw):
@@ -1099,8 +1097,7 @@ class Query:
         columns (None: all; [] for ``count(*)``).
         """
         import pyarrow as pa
-
-        from .registry.parquet_stats import Predicate, shard_stats
+        from warpdata.registry.parquet_stats import Predicate, shard_stats
 
         ds = self.table.ds
         names = self.table.schema_names()
@@ -1182,7 +1179,7 @@ class Query:
         return parts[0] if len(parts) == 1 else pads.dataset(parts)
 
     def sql(self, limit: int | None = None, what: str | None = None) -> str:
-        from .sqlgate import check_filter, where_sql
+        from warpdata.sqlgate import check_filter, where_sql
 
         check_filter(self.expr, self.table.schema_names())  # one expression over the columns, or UsageError
         cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
@@ -1200,7 +1197,7 @@ class Query:
             dset = self._arrow_dataset(shard)
         if dset is None:
             return None, None
-        from .sqlgate import connect, lock
+        from warpdata.sqlgate import connect, lock
 
         con = connect()
         con.register("warp_table", dset)
@@ -1274,7 +1271,7 @@ class TorchLoader:
         try:
             import torch  # noqa: F401
         except ImportError:
-            from .errors import missing_dependency
+            from warpdata.errors import missing_dependency
 
             raise missing_dependency("to_torch()", "torch", "torch") from None
         self.table, self.batch_size, self.columns = table, batch_size, columns
@@ -1346,7 +1343,7 @@ def _make_torch_iterable(args: tuple) -> Any:
                 t = ds.table(table)
                 readers = {}
                 if read_refs:
-                    from .refs import ArtifactReader
+                    from warpdata.refs import ArtifactReader
 
                     readers = {c: ArtifactReader(ds, b.artifact) for c, b in t.bindings.items()}
                 for b in t.batches(batch_size, columns, shard=shard, **kw):

@@ -23,8 +23,8 @@ import sys
 import tempfile
 import uuid
 
-from . import envvars
-from .checks import FAIL, PASS, SKIP, WARN, CheckResult, check
+from warpdata import envvars
+from warpdata.checks import FAIL, PASS, SKIP, WARN, CheckResult, check
 
 REQUIRED = ("typer", "rich", "numpy", "lz4", "zstandard", "duckdb", "pyarrow", "fsspec", "pillow",
             "anycrc", "google-crc32c", "simplejpeg", "jsonschema")
@@ -52,7 +52,7 @@ def python_version() -> CheckResult:
 @check("distribution", "install")
 def distribution() -> CheckResult:
     """The other project named ``warpdata`` on the package index also installs ``warpdata`` and ``warp``."""
-    from .errors import DISTRIBUTION
+    from warpdata.errors import DISTRIBUTION
 
     providers = sorted(set(md.packages_distributions().get("warpdata", [])))
     facts = {"providers": providers}
@@ -158,7 +158,7 @@ def cache_dir() -> CheckResult:
 @check("direct-io", "cache")
 def direct_io() -> CheckResult:
     """Where ETL output goes by default (the working directory): will big writes skip the page cache?"""
-    from .directio import (
+    from warpdata.directio import (
         BLOCK,
         DIRECT_FILESYSTEMS,
         AlignedFile,
@@ -223,7 +223,7 @@ def store_credentials() -> CheckResult:
 
 
 def _credentials() -> CheckResult:
-    from .storage import StorageConfig, parse_location
+    from warpdata.storage import StorageConfig, parse_location
 
     url = envvars.default_store()
     try:
@@ -249,7 +249,7 @@ def _credentials() -> CheckResult:
 
 def _store_failure(url: str, e: Exception, what: str) -> CheckResult:
     """One line naming the cause (refused, DNS, timeout, credentials, bucket) and its fix."""
-    from .registry.errors import translate_storage_error
+    from warpdata.registry.errors import translate_storage_error
 
     err = translate_storage_error(e, url, what)
     hint = getattr(err, "hint", None)
@@ -269,7 +269,7 @@ def store() -> CheckResult:
 
 
 def _store() -> CheckResult:
-    from .storage import StorageConfig, filesystem, missing_store_folder, parse_location
+    from warpdata.storage import StorageConfig, filesystem, missing_store_folder, parse_location
 
     url = envvars.default_store()
     try:
@@ -327,8 +327,7 @@ def duckdb_parquet() -> CheckResult:
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from .storage import StorageConfig, filesystem, parse_location
+    from warpdata.storage import StorageConfig, filesystem, parse_location
 
     url = envvars.default_store()
     try:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ConfigSource
-from .errors import ConfigError
+from warpdata.config import ConfigSource
+from warpdata.errors import ConfigError
 
 PIPELINES: dict[str, str] = {
     "captions": "warpdata.features.etl:run",

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError, DataError
+from warpdata.errors import ConfigError, DataError
 
 CATEGORIES = ("missing", "invalid")
 METRICS = ("invalid_fraction", "missing_fraction", "empty_fraction")

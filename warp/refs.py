@@ -34,13 +34,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from .errors import DataError, MissingInputError, UsageError
+from warpdata.errors import DataError, MissingInputError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from .dataset import Dataset
-    from .registry.manifest import Binding
+    from warpdata.dataset import Dataset
+    from warpdata.registry.manifest import Binding
 
 
 # remote reads of members: runs of members closer than this are read by one ranged GET
@@ -82,7 +81,7 @@ class ArtifactReader:
 
     @property
     def index(self):
-        from .registry.tarpack import ArtifactIndex
+        from warpdata.registry.tarpack import ArtifactIndex
 
         if self._index is None:
             with self._mu:
@@ -97,7 +96,7 @@ class ArtifactReader:
                     else:
                         data = self.ds.remote.get(self.ds.blob_key(idx))
                         if data is None or hashlib.sha256(data).hexdigest() != idx.hash:
-                            from .registry.errors import BlobCorruptedError
+                            from warpdata.registry.errors import BlobCorruptedError
 
                             raise BlobCorruptedError(f"{src}: member index missing or not matching its hash",
                                                      hint="republish the dataset")
@@ -169,7 +168,7 @@ class ArtifactReader:
         threading.Thread(target=self._fetch_loop, name="warp-shard-fetch", daemon=True).start()
 
     def _fetch_loop(self) -> None:
-        from .blobcache import CacheTooSmallError
+        from warpdata.blobcache import CacheTooSmallError
 
         while True:
             with self._mu:
@@ -299,7 +298,7 @@ class ArtifactReader:
         data = self.read(member)
         h = hashlib.sha256(data).hexdigest()
         p = cache.put_bytes(h, data)
-        from .atomic import atomic_write_text
+        from warpdata.atomic import atomic_write_text
 
         atomic_write_text(pointer, h, fsync=False)
         return p
@@ -371,7 +370,7 @@ class ImageRef(FileRef):
         try:
             from PIL import Image
         except ImportError:
-            from .errors import missing_dependency
+            from warpdata.errors import missing_dependency
 
             raise missing_dependency("ImageRef.as_pil()", "pillow") from None
         data = self.read_bytes()
@@ -426,7 +425,7 @@ class AudioRef(FileRef):
         try:
             import soundfile
         except ImportError:
-            from .errors import missing_dependency
+            from warpdata.errors import missing_dependency
 
             raise missing_dependency(f"decoding {self.member} (not PCM WAV)", "soundfile") from None
         arr, rate = soundfile.read(io.BytesIO(data), dtype="float32")

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import re
 
-from .errors import UsageError
+from warpdata.errors import UsageError
 
 _BARE = re.compile(r"^\s*[0-9]*\.?[0-9]+\s*$")
 
 
 def parse_size_option(text: str, option: str, example: str = "20GB") -> int:
     """Bytes for ``text`` given to ``option``; a bare number is a usage error (exit 2)."""
-    from .blobcache import parse_size
+    from warpdata.blobcache import parse_size
 
     if _BARE.match(text):
         num = text.strip()

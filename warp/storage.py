@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from . import envvars
-from .errors import ConfigError, DependencyError, install_hint
+from warpdata import envvars
+from warpdata.errors import ConfigError, DependencyError, install_hint
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def _s3fs_class(s3fs: Any) -> type:
 
 
 def _no_credentials_error(cfg: StorageConfig) -> Exception:
-    from .registry.errors import AuthenticationError
+    from warpdata.registry.errors import AuthenticationError
 
     where = f"profile {cfg.profile!r}" if cfg.profile else \
         "the environment, ~/.aws/credentials, ~/.aws/config or instance metadata"

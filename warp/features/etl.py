@@ -16,10 +16,9 @@ from typing import Any
 
 from warpdata.config import Field, non_negative, positive, validate
 from warpdata.errors import ConfigError
+from warpdata.features.transform import INTERPOLATIONS, target_size
 from warpdata.pipelines import EtlRequest, EtlResult
 from warpdata.quarantine import Thresholds
-
-from .transform import INTERPOLATIONS, target_size
 
 
 def _fraction(v: Any) -> str | None:
@@ -70,7 +69,7 @@ _DEFAULT_THRESHOLDS = Thresholds()
 
 
 def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = None):
-    from .writer import CacheSpec
+    from warpdata.features.writer import CacheSpec
 
     src = cfg["source"]
     source_path = (req.input if req and req.input else None) or src["path"]
@@ -106,7 +105,7 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
 
 
 def run(req: EtlRequest) -> EtlResult:
-    from .writer import build_cache
+    from warpdata.features.writer import build_cache
 
     cfg = validate(req.config, SCHEMA, req.source)
     spec = spec_from_config(cfg, Path(req.config_path).parent, req)

@@ -54,9 +54,8 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
 
 def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
     from warpdata.errors import DataError
-
-    from .manifest import read as read_checked
-    from .reader import ShardCache, caption_text
+    from warpdata.features.manifest import read as read_checked
+    from warpdata.features.reader import ShardCache, caption_text
 
     m = read_manifest(root)
     try:

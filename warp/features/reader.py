@@ -43,10 +43,9 @@ from typing import Any
 
 import numpy as np
 from warpdata.errors import DataError, MissingInputError
+from warpdata.features import manifest as fmanifest
+from warpdata.features.writer import KIND
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
-
-from . import manifest as fmanifest
-from .writer import KIND
 
 VERIFY_MODES = ("record", "shard", "none")
 

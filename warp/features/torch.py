@@ -32,9 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+from warpdata.features.reader import ShardCache, caption_text
 from warpdata.sampling import ShardAwareSampler
-
-from .reader import ShardCache, caption_text
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "int16": torch.int16,
                  "uint32": torch.uint32, "int32": torch.int32, "uint64": torch.uint64, "int64": torch.int64,

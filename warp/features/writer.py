@@ -50,14 +50,13 @@ from warpdata import output as out
 from warpdata.atomic import atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.canonical import canonical_json, identity, seal
 from warpdata.errors import ConfigError, DataError
+from warpdata.features.manifest import MANIFEST_VERSION
+from warpdata.features.scan import MediaItem, scan, source_digest
+from warpdata.features.transform import DecodeFailure, load_image, load_video_frame
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
 from warpdata.manifests import MANIFEST_NAME
 from warpdata.quarantine import Quarantine, RunSummary, Thresholds, evaluate_summaries
-
-from .manifest import MANIFEST_VERSION
-from .scan import MediaItem, scan, source_digest
-from .transform import DecodeFailure, load_image, load_video_frame
 
 KIND = "feature-cache"
 SHARD_PATTERN = "shard-{:05d}.wfs"
@@ -209,7 +208,7 @@ def _existing(path: Path) -> dict[str, Any] | None:
 
 def _sealed(path: Path) -> dict[str, Any] | None:
     """The manifest if it passes the schema and its content seal, else None (the cache is rebuilt)."""
-    from .manifest import read
+    from warpdata.features.manifest import read
 
     try:
         return read(path)
@@ -241,7 +240,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     enc = batch_encoder = None
     device = None
     if spec.encoder:
-        from .encoders import BatchEncoder, load_encoder, resolve_device
+        from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
 
         device = resolve_device(spec.caching_device)
         enc = load_encoder(spec.encoder, device=device, dtype=spec.encoder_dtype, options=spec.encoder_options)

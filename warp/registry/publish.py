@@ -626,7 +626,7 @@ def upload_concurrency() -> int:
 
 
 def _s3_backend(store: Store):
-    from .store import _S3Backend
+    from warpdata.registry.store import _S3Backend
 
     b = getattr(store, "_b", None)
     return b if isinstance(b, _S3Backend) else None

@@ -27,8 +27,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from .photos import synthetic_photo
+from warpdata.sampledata.photos import synthetic_photo
 
 CLASSES = [(1, "person", (230, 40, 40)), (2, "car", (40, 200, 60)), (3, "dog", (40, 80, 230))]
 

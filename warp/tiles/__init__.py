@@ -18,7 +18,7 @@ from typing import Any
 
 def write_array(url, array, tile, **kwargs: Any):
     """Write an in-memory array as Zarr v3 at ``url``; returns the WriteResult."""
-    from .writer import TileWriter
+    from warpdata.tiles.writer import TileWriter
 
     with TileWriter(url, array.shape, array.dtype, tile, **kwargs) as w:
         w.write_array(array)

@@ -30,8 +30,7 @@ from warpdata import output as out
 from warpdata.config import Field, validate
 from warpdata.errors import ConfigError, DataError, MissingInputError
 from warpdata.pipelines import EtlRequest, EtlResult
-
-from .pyramid import METHODS
+from warpdata.tiles.pyramid import METHODS
 
 RECIPE_VERSION = 1
 
@@ -270,7 +269,7 @@ def run(req: EtlRequest) -> EtlResult:
 
 
 def _write(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool):
-    from .writer import TileWriter
+    from warpdata.tiles.writer import TileWriter
 
     w = TileWriter(url, inp.shape, inp.dtype, chunks, fsync=fsync, **kwargs)
     try:

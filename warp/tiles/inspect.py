@@ -109,8 +109,7 @@ def _objects(store: zarr_v3.Store) -> list[tuple[str, int]]:
 
 def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
     from warpdata.formats import crc as crc32c
-
-    from .ome import describe_group
+    from warpdata.tiles.ome import describe_group
 
     root = os.path.dirname(target) if os.path.isfile(target) else target
     manifest = _read_json(os.path.join(root, MANIFEST_NAME))

@@ -44,8 +44,7 @@ from warpdata.formats import crc as crc32c
 from warpdata.formats import zarr_v3
 from warpdata.formats.tiling import SlabPlan, TileGeometry
 from warpdata.kernels import TileBackend, get_backend
-
-from .pyramid import METHODS, Downsampler, downsampled_shape
+from warpdata.tiles.pyramid import METHODS, Downsampler, downsampled_shape
 
 SHARD_CAP_BYTES = 64 << 20
 MANIFEST_NAME = "manifest.json"
@@ -180,7 +179,7 @@ class TileWriter(CommitOnSuccess):
             final = zarr_v3.Store(url, fsync=fsync, config=storage_config)
             self.url = final.url
             if final.local:
-                from . import replace
+                from warpdata.tiles import replace
 
                 # nothing half-written is ever visible under the final name (docs/formats/zarr-tiles.md,
                 # "Writing and replacing"): build in a temporary sibling, rename on success
@@ -600,7 +599,7 @@ class TileWriter(CommitOnSuccess):
         if self._top:
             try:
                 if self.levels > 1:
-                    from .ome import group_attributes
+                    from warpdata.tiles.ome import group_attributes
 
                     scales = []
                     fac = [2.0 if a.get("type") == "space" else 1.0 for a in self.axes]
@@ -616,7 +615,7 @@ class TileWriter(CommitOnSuccess):
 
                 self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
                 if self._tmp is not None:
-                    from .replace import publish_dir
+                    from warpdata.tiles.replace import publish_dir
 
                     publish_dir(self._tmp, self._final, fsync=self._fsync)
                     self._tmp = None

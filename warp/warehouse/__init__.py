@@ -19,7 +19,7 @@ def open(path, *, allow_invalid: bool = False, verify: str = "lazy", version: st
     See :func:`warpdata.warehouse.reader.open`; ``version=``/``store=``
     pick the published version and store (default: latest in WARP_STORE).
     """
-    from .reader import open as _open
+    from warpdata.warehouse.reader import open as _open
 
     return _open(path, allow_invalid=allow_invalid, verify=verify, version=version, store=store, mode=mode,
                  artifact=artifact)

@@ -77,12 +77,17 @@ from warpdata.etl.workers import resolve_workers
 from warpdata.formats import twh1
 from warpdata.pipelines import EtlRequest, EtlResult
 from warpdata.quarantine import Quarantine
-
-from . import config as wconfig
-from . import labels as wlabels
-from . import manifest as wmanifest
-from .transform import DecodeError, Transformer, TransformSpec, library_versions, transform_boxes
-from .validate import ValidSample, probe_all
+from warpdata.warehouse import config as wconfig
+from warpdata.warehouse import labels as wlabels
+from warpdata.warehouse import manifest as wmanifest
+from warpdata.warehouse.transform import (
+    DecodeError,
+    Transformer,
+    TransformSpec,
+    library_versions,
+    transform_boxes,
+)
+from warpdata.warehouse.validate import ValidSample, probe_all
 
 CODE_VERSION = f"warpdata {__version__}; twh1/{twh1.SHARD_VERSION}; warehouse-etl/1"
 BUILD_PREFIX = f"{TMP_PREFIX}build-"
@@ -178,7 +183,7 @@ def build_shard(task: ShardTask) -> ShardResult:
                 try:
                     if s.url is not None and not (s.local and os.path.exists(s.local)):
                         # a worker without the header pass's spool: one more GET, checked against its hash
-                        from .remote import read_source
+                        from warpdata.warehouse.remote import read_source
 
                         data = read_source(s.url, s.sha256)
                         st = None
@@ -451,7 +456,7 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     t = time.perf_counter()
     sizes: dict[str, int] = {}
     if cfg.remote_root:
-        from . import remote
+        from warpdata.warehouse import remote
 
         _root, sizes = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
     ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
@@ -488,8 +493,7 @@ def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, 
                   workers: int, runner: Any) -> list:
     from warpdata.etl import cut
     from warpdata.etl.executors import LocalRunner
-
-    from . import remote
+    from warpdata.warehouse import remote
 
     batches = [remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
                                  {os.path.relpath(r.image, cfg.root).replace(os.sep, "/"):
@@ -639,7 +643,7 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
         return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started, store)
     finally:
         if cfg.remote_root:
-            from .remote import remove_mirror
+            from warpdata.warehouse.remote import remove_mirror
 
             remove_mirror(cfg.root)
 

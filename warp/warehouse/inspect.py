@@ -18,8 +18,7 @@ import os
 from warpdata.errors import DataError
 from warpdata.formats import twh1
 from warpdata.inspectors import Report
-
-from . import manifest as wmanifest
+from warpdata.warehouse import manifest as wmanifest
 
 
 def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:

@@ -48,8 +48,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from warpdata.errors import DataError, MissingInputError
-
-from .config import Limits
+from warpdata.warehouse.config import Limits
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 

@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 from warpdata.config import parse_toml
 from warpdata.errors import DataError
-
-from . import config as wconfig
-from .etl import scan
-from .transform import DecodeError, Transformer, TransformSpec, transform_boxes
+from warpdata.warehouse import config as wconfig
+from warpdata.warehouse.etl import scan
+from warpdata.warehouse.transform import DecodeError, Transformer, TransformSpec, transform_boxes
 
 
 class LiveDataset:
@@ -51,7 +50,7 @@ class LiveDataset:
         dt = {"u8": np.uint8, "f16": np.float16, "f32": np.float32}[spec.dtype]
         image = np.empty((3, spec.height, spec.width), dt)
         if s.url is not None and not (s.local and os.path.exists(s.local)):
-            from .remote import read_source
+            from warpdata.warehouse.remote import read_source
 
             data = read_source(s.url, s.sha256)
         else:

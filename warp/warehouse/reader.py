@@ -47,8 +47,7 @@ from typing import Any
 import numpy as np
 from warpdata.errors import ConfigError, DataError
 from warpdata.formats import twh1
-
-from . import manifest as wmanifest
+from warpdata.warehouse import manifest as wmanifest
 
 log = logging.getLogger("warpdata.warehouse")
 VERIFY_MODES = ("lazy", "all", "none")

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from warpdata.errors import DataError, MissingInputError
-
-from .config import Limits
-from .labels import LabelRecord
-from .validate import ProbeOutcome, check_bytes
+from warpdata.warehouse.config import Limits
+from warpdata.warehouse.labels import LabelRecord
+from warpdata.warehouse.validate import ProbeOutcome, check_bytes
 
 SPOOL = ".spool"
 

@@ -26,8 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from warpdata.sampling import ShardAwareSampler
-
-from .reader import Warehouse
+from warpdata.warehouse.reader import Warehouse
 
 _TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float16): torch.float16,
                 np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32,

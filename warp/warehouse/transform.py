@@ -29,8 +29,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-
-from .images import JPEG_SOI, ImageProbe
+from warpdata.warehouse.images import JPEG_SOI, ImageProbe
 
 
 class DecodeError(Exception):

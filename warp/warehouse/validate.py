@@ -25,10 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-
-from .config import Limits
-from .images import ImageProbe, ProbeError, probe
-from .labels import LabelRecord, UnsafeFile, open_confined
+from warpdata.warehouse.config import Limits
+from warpdata.warehouse.images import ImageProbe, ProbeError, probe
+from warpdata.warehouse.labels import LabelRecord, UnsafeFile, open_confined
 
 
 @dataclass
