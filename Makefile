@@ -102,10 +102,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 docs: install
-	$(PY) -m warpdata.docgen write
+	$(PY) -m warpdata.cli.docgen write
 
 docs-check: install
-	$(PY) -m warpdata.docgen check
+	$(PY) -m warpdata.cli.docgen check
 
 clean:
 	rm -rf $(VENV) $(LOCK_VENV) $(DEMO) build dist *.egg-info .pytest_cache .ruff_cache bench/out

@@ -51,7 +51,7 @@ def read(epochs: int, batch: int, parquet: str) -> None:
     import pyarrow.parquet as pq
     import warpdata as wd
     from warpdata.artifacts.resolver import ArtifactResolver
-    from warpdata.refs.factory import create_ref
+    from warpdata.read.refs.factory import create_ref
 
     members = pq.read_table(parquet, columns=["image"]).column(0).to_pylist()
     rates = []

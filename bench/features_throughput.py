@@ -39,7 +39,7 @@ BUDGET_S = 6.0
 
 def orders(cache) -> dict[str, np.ndarray]:
     from torch.utils.data import DistributedSampler
-    from warpdata.sampling import ShardAwareSampler
+    from warpdata.partition.sampler import ShardAwareSampler
 
     ds = ShardAwareSampler(cache.shard_sizes, num_replicas=1, rank=0, batch_size=BATCH, window=SHARD, seed=0)
     glob = DistributedSampler(range(len(cache)), num_replicas=1, rank=0, shuffle=True, seed=0)

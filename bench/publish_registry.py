@@ -77,7 +77,7 @@ def main() -> None:
         client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
         from warpdata.registry.publish import PublishRequest, publish
         from warpdata.registry.store import Store
-        from warpdata.storage import StorageConfig
+        from warpdata.storage.locations import StorageConfig
 
         first, peer, again, again_uploads, again_requests, again_hits = [], [], [], [], [], []
         first_requests, first_blobs = [], []

@@ -48,13 +48,13 @@ def make_media(root: Path, n: int) -> None:
 
 def warp_epochs(mode: str, cache: Path, read_refs: bool, batch: int, server) -> dict:
     import warpdata
-    from warpdata.blobcache import BlobCache
+    from warpdata.storage.blobcache import BlobCache
 
     out = {}
     for epoch in ("cold", "epoch2"):
         server.reset()
         t0 = time.perf_counter()
-        ds = warpdata.dataset("bench/refs", mode=mode, cache=None if mode == "remote" else BlobCache(cache))
+        ds = warpdata.read.dataset("bench/refs", mode=mode, cache=None if mode == "remote" else BlobCache(cache))
         n = 0
         kw = {"read_refs": True} if read_refs else {}
         for d in ds.table("main").batch_dicts(batch, columns=["id", "image"], **kw):
@@ -137,7 +137,7 @@ def run(a, server, s3_env, tmp: Path) -> None:
         shutil.rmtree(ws, ignore_errors=True)
         return {"cold": ep[0], "epoch2": ep[1]}
 
-    from warpdata.dataset import Table
+    from warpdata.read.dataset import Table
 
     variants = [("auto", "auto", False), ("auto+read_refs", "auto", True), ("remote", "remote", False)]
     if "read_refs" not in Table.batch_dicts.__code__.co_varnames:

@@ -21,7 +21,7 @@ compression ratio of what it stored. Writers run round-robin so drifting
 load from other processes hits each alike; the load average is printed. Output goes to a
 tmpfs (``/dev/shm``) by default so the disk's noise stays out of it; ``--dir
 /some/disk/dir`` measures the realistic case, where writing the files is part
-of the job (warp writes big shards with O_DIRECT there, warp/directio.py).
+of the job (warp writes big shards with O_DIRECT there, warp/core/directio.py).
 Each writer keeps its default durability: warp fsyncs every object and
 tensorstore's file driver syncs its writes (``file_io_sync``), zarr-python
 does not sync. Every output is read back and compared with the input once.

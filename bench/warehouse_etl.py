@@ -114,9 +114,9 @@ def _child(system: str, corpus: Path, out: Path, workers: int, size: int) -> dic
             os.fsync(f.fileno())
         return {"seconds": time.perf_counter() - t0, "n": n}
     if system in ("warp", "warp-nosync"):
-        from warpdata import output
-        from warpdata.config import parse_toml
-        from warpdata.pipelines import EtlRequest
+        from warpdata.cli import output
+        from warpdata.core.config import parse_toml
+        from warpdata.etl.pipelines import EtlRequest
         from warpdata.warehouse.etl import run
 
         output.configure(quiet=1)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp cache stats
@@ -35,9 +35,9 @@ def main(
     limit: Annotated[str | None, typer.Option(
         "--limit", metavar="SIZE", help="gc: shrink the cache to at most SIZE, with a unit (500GB, 1.5TiB); a bare number is refused.")] = None,
 ) -> int:
-    from warpdata.blobcache import BlobCache, format_size
-    from warpdata.errors import UsageError
-    from warpdata.sizes import parse_size_option
+    from warpdata.core.errors import UsageError
+    from warpdata.core.sizes import parse_size_option
+    from warpdata.storage.blobcache import BlobCache, format_size
 
     if limit is not None and action != "gc":
         raise UsageError("--limit only applies to 'warp cache gc'", hint="warp cache gc --limit 500GB")

@@ -26,7 +26,7 @@ def main(
 ) -> int:
     import sys
 
-    from warpdata.dataset import dataset
+    from warpdata.read.dataset import dataset
 
     data = dataset(name, mode=mode, version=version, store=store).artifact(artifact).read(ref)
     sys.stdout.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp doctor                      # human-readable report
@@ -22,8 +22,8 @@ EXAMPLES = """
 def main(
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only checks in these groups (repeatable).")] = None,
 ) -> int:
-    from warpdata.checks import FAIL, WARN, all_checks, run_check
-    from warpdata.errors import UsageError
+    from warpdata.core.errors import UsageError
+    from warpdata.doctor.registry import FAIL, WARN, all_checks, run_check
 
     everything = all_checks()
     groups = list(dict.fromkeys(c.group for c in everything))

@@ -10,7 +10,7 @@
 Encoders are plugins found like the feature cache's: a built-in name
 (color-hist for images, hash-text for text; both weight-free), a
 package.module:function, or a warpdata.encoders entry point. Search from Python:
-warpdata.dataset("ws/name").embeddings("NAME").search(row_or_vector, k).
+warpdata.read.dataset("ws/name").embeddings("NAME").search(row_or_vector, k).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp embeddings add vision/pets --column image --encoder color-hist
@@ -39,13 +39,12 @@ def main(
     table: Annotated[str | None, typer.Option("--table", metavar="TABLE", help="add: the table (default: the dataset's default).")] = None,
     store: Annotated[str | None, typer.Option("--store", metavar="URL", help="Store URL or path (default: WARP_STORE).")] = None,
 ) -> int:
-    from warpdata.errors import UsageError
+    from warpdata.core.errors import UsageError
 
     if action not in ("add", "list", "info"):
         raise UsageError(f"unknown action {action!r}", hint="use add, list or info")
     import warpdata
-    from warpdata import embeddings as emb
-
+    from warpdata.registry import embeddings as emb
     if action == "add":
         if not column or not encoder:
             raise UsageError("embeddings add needs --column and --encoder", hint="e.g. --column image --encoder color-hist")
@@ -57,7 +56,7 @@ def main(
                      f"uploaded {res.blobs_uploaded} of {res.blobs_total} new blobs")
             out.data(res.version_hash)
         return 0
-    ds = warpdata.dataset(dataset, store=store)
+    ds = warpdata.read.dataset(dataset, store=store)
     if action == "list":
         found = emb.list_embeddings(ds)
         if out.options().json:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp etl --config examples/transform.toml            # tensor warehouse
@@ -37,9 +37,9 @@ def main(
         help="Where shard tasks run: local (default), process, dask (a LocalCluster), dask://HOST:PORT or "
              "dask:SCHEDULER_FILE (an existing cluster), ray (also [build] executor, WARP_EXECUTOR).")] = None,
 ) -> int:
-    from warpdata import envvars
-    from warpdata.config import parse_toml
-    from warpdata.pipelines import EtlRequest, resolve
+    from warpdata.core import envvars
+    from warpdata.core.config import parse_toml
+    from warpdata.etl.pipelines import EtlRequest, resolve
 
     data, source = parse_toml(config)
     run = resolve(data, source)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp ingest imagefolder photos/ vision/pets
@@ -62,9 +62,14 @@ def main(
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel file checks, hashing and uploads.")] = 8,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
-    from warpdata.blobcache import format_size, parse_size
-    from warpdata.errors import UsageError
-    from warpdata.ingest import IngestOptions, ingest_imagefolder, ingest_paired, ingest_table
+    from warpdata.core.errors import UsageError
+    from warpdata.registry.ingest import (
+        IngestOptions,
+        ingest_imagefolder,
+        ingest_paired,
+        ingest_table,
+    )
+    from warpdata.storage.blobcache import format_size, parse_size
 
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", hint="use imagefolder, csv or paired")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp init vision/coco-mini                 # writes vision_coco_mini_loader.py
@@ -69,9 +69,9 @@ def main(
     import os
     import re
 
-    from warpdata.atomic import atomic_write_text
-    from warpdata.dataset import dataset
-    from warpdata.errors import UsageError
+    from warpdata.core.atomic import atomic_write_text
+    from warpdata.core.errors import UsageError
+    from warpdata.read.dataset import dataset
 
     ds = dataset(name, store=store)
     t = ds.table(table)

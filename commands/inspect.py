@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
-from warpdata.errors import MissingInputError, NegativeResult
+from warpdata.cli import output as out
+from warpdata.core.errors import MissingInputError, NegativeResult
 
 EXAMPLES = """
   warp inspect data/train.tbl
@@ -38,7 +38,7 @@ def main(
     if preview is not None:
         return _preview(target, preview, head or 16)
 
-    from warpdata.inspectors import find_inspector
+    from warpdata.artifacts.inspect import find_inspector
 
     try:
         mod = find_inspector(target)
@@ -52,7 +52,7 @@ def main(
                                     hint="check the path, or run 'warp doctor' to check the store")
         if not os.path.exists(target):
             raise MissingInputError(f"{target} does not exist", hint="give a path to a warp artifact or ws/name")
-        from warpdata.errors import DataError
+        from warpdata.core.errors import DataError
 
         raise DataError(f"{target}: not a warp artifact (unknown magic bytes and no manifest)",
                         hint="warp inspect understands .tbl, TWH1 shards, Zarr arrays, and directories with a manifest.json")
@@ -77,8 +77,8 @@ def main(
 def _preview(target: str, dest: str, n: int) -> int:
     import sys
 
-    from warpdata.atomic import atomic_write_bytes
-    from warpdata.preview import render, to_png
+    from warpdata.artifacts.preview import render, to_png
+    from warpdata.core.atomic import atomic_write_bytes
 
     pic = render(target, n)
     png = to_png(pic)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp ls                 # every workspace
@@ -25,11 +25,11 @@ def main(
         help="WORKSPACE/ (default: every workspace), or one dataset WORKSPACE/NAME.")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
-    from warpdata import envvars
-    from warpdata.blobcache import format_size
-    from warpdata.errors import MissingInputError
+    from warpdata.core import envvars
+    from warpdata.core.errors import MissingInputError
     from warpdata.registry.store import Store
-    from warpdata.storage import missing_store_folder
+    from warpdata.storage.blobcache import format_size
+    from warpdata.storage.locations import missing_store_folder
 
     st = Store(store)
     ws = workspace.strip("/") if workspace else None

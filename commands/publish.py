@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp publish vision/coco-mini --table main='data/*.parquet' --artifact images=photos/ \\
@@ -65,10 +65,10 @@ def main(
     rehash: Annotated[bool, typer.Option("--rehash", help="Ignore the stat cache: hash and pack every input again.")] = False,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
-    from warpdata.blobcache import format_size
-    from warpdata.errors import UsageError
+    from warpdata.core.errors import UsageError
+    from warpdata.core.sizes import parse_size_option
     from warpdata.registry.publish import PublishRequest, parse_binding, parse_named, publish
-    from warpdata.sizes import parse_size_option
+    from warpdata.storage.blobcache import format_size
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
                          workers=workers, rehash=rehash, description=description,

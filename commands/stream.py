@@ -44,9 +44,9 @@ def main(
     import json
     import sys
 
-    from warpdata import output as out
-    from warpdata.dataset import dataset
-    from warpdata.errors import UsageError
+    from warpdata.cli import output as out
+    from warpdata.core.errors import UsageError
+    from warpdata.read.dataset import dataset
 
     if pad and shard is None:
         raise UsageError("--pad only applies with --shard", hint="e.g. warp stream NAME --shard 0/8 --pad")

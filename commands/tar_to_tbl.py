@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp tar-to-tbl shard-000000.tar train.tbl
@@ -43,7 +43,7 @@ def main(
 ) -> int:
     import os
 
-    from warpdata.errors import UsageError
+    from warpdata.core.errors import UsageError
     from warpdata.tbl.converter import ConvertRequest, convert
 
     if workers is None:

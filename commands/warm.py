@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from warpdata import output as out
+from warpdata.cli import output as out
 
 EXAMPLES = """
   warp warm vision/coco-mini
@@ -21,7 +21,7 @@ EXAMPLES = """
 
 
 def parse_shards(spec: str | None) -> slice | None:
-    from warpdata.errors import UsageError
+    from warpdata.core.errors import UsageError
 
     if spec is None:
         return None
@@ -44,8 +44,8 @@ def main(
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
-    from warpdata.blobcache import format_size
-    from warpdata.dataset import dataset
+    from warpdata.read.dataset import dataset
+    from warpdata.storage.blobcache import format_size
 
     ds = dataset(name, mode="auto", version=version, store=store)
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None

@@ -58,7 +58,7 @@ def to_input(image: torch.Tensor) -> torch.Tensor:
 
 
 def live_batches(config: str, batch_size: int, seed: int):
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
     from warpdata.warehouse.live import LiveDataset
 
     ds = LiveDataset(config)

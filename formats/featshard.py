@@ -6,7 +6,7 @@ codec. A shard is ``[header 64][field table F×96][meta JSON][pad to 64]
 
 * Safe: nothing is unpickled or executed; every offset and size is checked
   against the file before it is used, and each broken invariant raises one
-  :class:`FeatureShardError` (a :class:`~warpdata.errors.DataError`) naming the
+  :class:`FeatureShardError` (a :class:`~warpdata.core.errors.DataError`) naming the
   file, the byte offset and what to do.
 * Append-only: :class:`FeatureShardWriter` never seeks back. The record count
   lives in the trailer, so a shard can be streamed (to a pipe or object store)
@@ -34,8 +34,8 @@ from typing import Any
 
 import anycrc
 import numpy as np
-from warpdata.atomic import CommitOnSuccess
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.atomic import CommitOnSuccess
+from warpdata.core.errors import DataError, MissingInputError
 
 MAGIC = b"WFS1"
 TRAILER_MAGIC = b"WFSE"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from warpdata.errors import DataError
+from warpdata.core.errors import DataError
 
 __all__ = ["ImageHeaderError", "ImageInfo", "UnknownImageFormat", "image_info", "sniff_format",
            "EXTENSION_FORMATS"]

@@ -25,7 +25,7 @@ Contract:
   before its first parse, and each block against its own CRC when read. Broken invariants raise one typed error each
   (:class:`BadMagic`, :class:`UnsupportedVersion`, :class:`TruncatedFile`,
   :class:`CorruptIndex`, :class:`ChecksumMismatch`, :class:`CorruptMetadata`,
-  :class:`DecompressionError`), all :class:`~warpdata.errors.DataError`\\ s
+  :class:`DecompressionError`), all :class:`~warpdata.core.errors.DataError`\\ s
   naming the file, the sample and the offset.
 """
 
@@ -48,8 +48,8 @@ from typing import Any
 import fastcrc
 import numpy as np
 from isal.isal_zlib import crc32 as _isal_crc32
-from warpdata.atomic import TMP_PREFIX, CommitOnSuccess, fsync_dir
-from warpdata.errors import DataError, MissingInputError, UsageError, WarpError
+from warpdata.core.atomic import TMP_PREFIX, CommitOnSuccess, fsync_dir
+from warpdata.core.errors import DataError, MissingInputError, UsageError, WarpError
 
 # ---------------------------------------------------------------- layout ----
 MAGIC = b"TBL\x02"
@@ -400,7 +400,7 @@ class _DirectPayloads:
     are copied into page-aligned staging buffers of :data:`CHUNK` bytes that
     cover the file from ``start`` rounded down to a page; each full buffer goes
     to the disk from :data:`IO_THREADS` I/O threads while the caller fills the
-    next (:class:`~warpdata.directio.AlignedFile`), and an ``fdatasync`` every
+    next (:class:`~warpdata.core.directio.AlignedFile`), and an ``fdatasync`` every
     :data:`SYNC_EVERY` bytes runs in a thread of its own. The bytes between the rounded-down
     start and ``start`` are written as zeros (the writer fills that part of the
     index at close). :meth:`flush` writes the last, partial buffer (its
@@ -429,7 +429,7 @@ class _DirectPayloads:
     def __init__(self, path: str, start: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from warpdata.directio import BLOCK, AlignedFile, aligned_empty
+        from warpdata.core.directio import BLOCK, AlignedFile, aligned_empty
 
         self._io = ThreadPoolExecutor(self.IO_THREADS, thread_name_prefix="tbl-direct")
         self._sync = ThreadPoolExecutor(1, thread_name_prefix="tbl-sync")
@@ -507,7 +507,7 @@ class _DirectPayloads:
 
     def flush(self) -> None:
         """Write what is staged (aligned part direct, the tail buffered) and wait for the disk."""
-        from warpdata.directio import BLOCK
+        from warpdata.core.directio import BLOCK
 
         if self._closed:
             return
@@ -617,12 +617,12 @@ class TblWriter(CommitOnSuccess):
         self._n_buf = 0
 
     def _direct_payloads(self) -> _DirectPayloads | None:
-        """An O_DIRECT payload sink when the output is fsync'd and its filesystem suits (warp/directio.py).
+        """An O_DIRECT payload sink when the output is fsync'd and its filesystem suits (warp/core/directio.py).
 
         Without fsync the page cache is the faster place to leave the bytes:
         the caller returns before the disk has them either way.
         """
-        from warpdata.directio import wants_direct
+        from warpdata.core.directio import wants_direct
 
         if not self.fsync or not wants_direct(self.path.parent):
             return None

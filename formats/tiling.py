@@ -30,7 +30,7 @@ from itertools import product
 from typing import Any
 
 import numpy as np
-from warpdata.errors import ConfigError, DataError
+from warpdata.core.errors import ConfigError, DataError
 
 MAX_DIMS = 64
 

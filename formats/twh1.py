@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-from warpdata.directio import aligned_empty
-from warpdata.errors import DataError
+from warpdata.core.directio import aligned_empty
+from warpdata.core.errors import DataError
 
 if TYPE_CHECKING:
-    from warpdata.directio import AlignedFile
+    from warpdata.core.directio import AlignedFile
 
 MAGIC = b"TWH1"
 META_MAGIC = b"TWHM"
@@ -290,7 +290,7 @@ class ShardBuilder:
         return digest.hex()
 
     def write_direct(self, out: AlignedFile, *, written: int = 0) -> str:
-        """Write the shard through ``out`` (an :class:`~warpdata.directio.AlignedFile` on an
+        """Write the shard through ``out`` (an :class:`~warpdata.core.directio.AlignedFile` on an
         empty file) and return the SHA-256 hex; same bytes as :meth:`write`.
 
         The first ``written`` bytes of :meth:`image_bytes` must already be at their
@@ -300,7 +300,7 @@ class ShardBuilder:
         to the device without a page-cache copy; the header page is written last,
         after everything else, so a torn file never carries a valid header.
         """
-        from warpdata.directio import BLOCK, pack_into
+        from warpdata.core.directio import BLOCK, pack_into
 
         clock = time.perf_counter
         lay = self.layout()
@@ -385,7 +385,7 @@ class TWH1Shard:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            from warpdata.errors import MissingInputError
+            from warpdata.core.errors import MissingInputError
 
             raise MissingInputError(f"{self.path}: shard file does not exist",
                                     hint="the warehouse is incomplete; rebuild it with 'warp etl --clear'") from None

@@ -39,7 +39,7 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.formats.tiling import SUPPORTED_DTYPES, normalize_dtype, tile_counts
 
 ZARR_JSON = "zarr.json"
@@ -410,7 +410,7 @@ def split_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) ->
 # -- stores --------------------------------------------------------------------
 
 class Store:
-    """Key → bytes under a root URL, through warp's storage layer (warp/storage.py).
+    """Key → bytes under a root URL, through warp's storage layer (warp/storage/locations.py).
 
     ``put`` is atomic per object: locally a temporary sibling written with
     one ``writev`` (the parts of a shard go to the kernel without being
@@ -421,7 +421,7 @@ class Store:
     """
 
     def __init__(self, url: str | os.PathLike, *, fsync: bool = True, config=None) -> None:
-        from warpdata.storage import filesystem, parse_location
+        from warpdata.storage.locations import filesystem, parse_location
 
         self.location = parse_location(url)
         self.url = self.location.url
@@ -465,7 +465,7 @@ class Store:
     def _put_local(self, path: str, parts: Sequence, sync_dir: bool) -> int:
         import tempfile
 
-        from warpdata.atomic import TMP_PREFIX, fsync_dir
+        from warpdata.core.atomic import TMP_PREFIX, fsync_dir
 
         parent, name = os.path.split(path)
         if parent not in self._dirs:
@@ -500,14 +500,14 @@ class Store:
 
     def _direct(self, parent: str) -> bool:
         if self._direct_ok is None:
-            from warpdata.directio import wants_direct
+            from warpdata.core.directio import wants_direct
 
             self._direct_ok = wants_direct(parent)
         return self._direct_ok
 
     def sync_dirs(self) -> None:
         """fsync every directory that got an object through ``put(..., sync_dir=False)``."""
-        from warpdata.atomic import fsync_dir
+        from warpdata.core.atomic import fsync_dir
 
         while self._unsynced:
             fsync_dir(self._unsynced.pop())
@@ -544,7 +544,7 @@ class Store:
 
 
 def _file_mode() -> int:
-    from warpdata.atomic import file_mode
+    from warpdata.core.atomic import file_mode
 
     return file_mode()
 
@@ -552,7 +552,7 @@ def _file_mode() -> int:
 IOV_BATCH = 1024  # Linux's IOV_MAX
 
 
-# objects at least this big are written with O_DIRECT where the filesystem suits it (warp/directio.py):
+# objects at least this big are written with O_DIRECT where the filesystem suits it (warp/core/directio.py):
 # copying a shard's frames into one reused, page-aligned buffer costs ~0.1 s of CPU per GB, the page
 # cache's allocation + copy + writeback 0.4-2.7 s per GB here
 DIRECT_MIN_BYTES = 256 << 10
@@ -560,7 +560,7 @@ DIRECT_MIN_BYTES = 256 << 10
 
 def _write_direct(path: str, parts: Sequence, total: int) -> int:
     """Write ``parts`` to the empty file at ``path`` via one page-aligned bounce buffer."""
-    from warpdata.directio import BLOCK, AlignedFile, give_aligned, pack_into, take_aligned
+    from warpdata.core.directio import BLOCK, AlignedFile, give_aligned, pack_into, take_aligned
 
     padded = -(-total // BLOCK) * BLOCK
     buf = take_aligned(padded)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from warpdata.errors import DataError
+from warpdata.core.errors import DataError
 
 MAGIC = b"\x28\xb5\x2f\xfd"
 _DID_BYTES = (0, 1, 2, 4)

@@ -35,8 +35,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from warpdata import envvars
-from warpdata.errors import ConfigError, DependencyError
+from warpdata.core import envvars
+from warpdata.core.errors import ConfigError, DependencyError
 
 
 @dataclass(frozen=True)

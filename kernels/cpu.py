@@ -39,7 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import zstandard
-from warpdata.errors import InternalError
+from warpdata.core.errors import InternalError
 from warpdata.formats import crc as crc32c
 from warpdata.formats.tiling import SlabPlan, gather_tile
 from warpdata.formats.zarr_v3 import CRC_SIZE, chunk_crc
@@ -91,8 +91,7 @@ def give_buffer(buf: np.ndarray) -> None:
 
 
 def default_threads() -> int:
-    from warpdata import envvars
-
+    from warpdata.core import envvars
     env = envvars.get("WARP_WORKERS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)

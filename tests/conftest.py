@@ -39,7 +39,7 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def cli(capfd):
     """Run ``warp ARGS...`` in-process; returns exit code, stdout and stderr."""
-    from warpdata.cli import main
+    from warpdata.cli.app import main
 
     def run(*args: str, stdin: bytes | None = None) -> CliResult:
         capfd.readouterr()

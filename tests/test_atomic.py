@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from warpdata.atomic import (
+from warpdata.core.atomic import (
     TMP_PREFIX,
     atomic_dir,
     atomic_file,
@@ -50,7 +50,7 @@ def test_atomic_file_exception_keeps_old_content(tmp_path):
 
 KILLED_WRITER = textwrap.dedent("""
     import sys, time
-    from warpdata.atomic import atomic_file, atomic_dir
+    from warpdata.core.atomic import atomic_file, atomic_dir
     target, kind = sys.argv[1], sys.argv[2]
     if kind == "file":
         with atomic_file(target) as f:
@@ -161,7 +161,7 @@ def test_atomic_dir_loses_a_race_cleanly(tmp_path):
 
 
 def test_exchange_swaps_two_directories_in_one_step(tmp_path):
-    from warpdata.atomic import exchange
+    from warpdata.core.atomic import exchange
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
@@ -180,7 +180,7 @@ def test_atomic_dir_replace_leaves_no_temp_and_sweeps_killed_runs_leftovers(tmp_
     import sys
     import time
 
-    from warpdata.atomic import atomic_dir
+    from warpdata.core.atomic import atomic_dir
 
     target = tmp_path / "cache"
     with atomic_dir(target) as d:
@@ -207,7 +207,7 @@ def test_remove_stale_temps_recursive_keeps_fresh_and_live(tmp_path):
     import os
     import time
 
-    from warpdata.atomic import remove_stale_temps
+    from warpdata.core.atomic import remove_stale_temps
 
     sub = tmp_path / "blobs" / "sha256" / "ab"
     sub.mkdir(parents=True)

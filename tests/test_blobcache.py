@@ -14,7 +14,8 @@ import time
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.blobcache import (
+from warpdata.core.errors import ConfigError, DataError, UsageError
+from warpdata.storage.blobcache import (
     GB,
     BlobCache,
     BlobCorruptError,
@@ -23,7 +24,6 @@ from warpdata.blobcache import (
     normalize_hash,
     parse_size,
 )
-from warpdata.errors import ConfigError, DataError, UsageError
 
 
 def h(b: bytes) -> str:
@@ -294,7 +294,7 @@ def test_parse_size_rejects():
 
 def _count_hashes(monkeypatch) -> list[str]:
     """Record each full hash of a blob file (the real function still runs)."""
-    import warpdata.blobcache as bc
+    import warpdata.storage.blobcache as bc
 
     seen: list[str] = []
     real = bc._sha256_path

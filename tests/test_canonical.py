@@ -9,7 +9,13 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.canonical import CanonicalJSONError, canonical_json, identity, sha256_file, sha256_hex
+from warpdata.core.canonical import (
+    CanonicalJSONError,
+    canonical_json,
+    identity,
+    sha256_file,
+    sha256_hex,
+)
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),

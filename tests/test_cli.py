@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from warpdata import __version__
-from warpdata import output as out
-from warpdata.cli import COMMANDS, chosen_command, hoist_global_options, tar_to_tbl_main
-from warpdata.errors import ExitCode
+from warpdata.cli import output as out
+from warpdata.cli.app import COMMANDS, chosen_command, hoist_global_options, tar_to_tbl_main
+from warpdata.core.errors import ExitCode
 
 BIN = Path(sys.executable).parent
 ESC = "\x1b["
@@ -78,7 +78,7 @@ def test_no_arguments_prints_help_and_is_usage_error(cli):
 
 def test_help_imports_no_command_module_and_no_rich():
     """Start-up cost: `warp --help` lists commands from COMMANDS without importing them."""
-    code = ("import sys\nfrom warpdata.cli import main\nrc = main(sys.argv[1:])\n"
+    code = ("import sys\nfrom warpdata.cli.app import main\nrc = main(sys.argv[1:])\n"
             "mods = sorted(m for m in sys.modules if m.startswith(('warpdata.commands.', 'rich', 'numpy')))\n"
             "sys.stderr.write('MODS=' + ','.join(mods))\n")
     r = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True)
@@ -145,9 +145,9 @@ def _explode(*a, **k):
 
 
 def test_exit_70_internal_error_without_traceback(cli, monkeypatch, tmp_path):
-    import warpdata.inspectors
+    import warpdata.artifacts.inspect
 
-    monkeypatch.setattr(warpdata.inspectors, "find_inspector", _explode)
+    monkeypatch.setattr(warpdata.artifacts.inspect, "find_inspector", _explode)
     r = cli("inspect", tmp_path)
     assert r.code == ExitCode.INTERNAL and r.out == ""
     assert "internal error: KeyError" in r.err and "--debug" in r.err
@@ -156,9 +156,9 @@ def test_exit_70_internal_error_without_traceback(cli, monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("how", ["flag", "flag-after", "env"])
 def test_debug_shows_traceback(cli, monkeypatch, tmp_path, how):
-    import warpdata.inspectors
+    import warpdata.artifacts.inspect
 
-    monkeypatch.setattr(warpdata.inspectors, "find_inspector", _explode)
+    monkeypatch.setattr(warpdata.artifacts.inspect, "find_inspector", _explode)
     if how == "env":
         monkeypatch.setenv("WARP_DEBUG", "1")
         r = cli("inspect", tmp_path)
@@ -176,12 +176,12 @@ def test_debug_traceback_for_expected_errors_only_when_asked(cli, junk):
 
 
 def test_exit_130_keyboard_interrupt_in_process(cli, monkeypatch, tmp_path):
-    import warpdata.inspectors
+    import warpdata.artifacts.inspect
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(warpdata.inspectors, "find_inspector", interrupted)
+    monkeypatch.setattr(warpdata.artifacts.inspect, "find_inspector", interrupted)
     r = cli("inspect", tmp_path)
     assert r.code == ExitCode.INTERRUPTED and "interrupted" in r.err
 
@@ -367,7 +367,7 @@ def test_tar_to_tbl_alias(capfd):
 def test_no_command_redefines_a_global_option():
     """Global options are hoisted from anywhere on the line, so a command must not reuse their names."""
     import typer
-    from warpdata.cli import GLOBAL_FLAGS, GLOBAL_VALUED, build_app
+    from warpdata.cli.app import GLOBAL_FLAGS, GLOBAL_VALUED, build_app
 
     group = typer.main.get_command(build_app())
     reserved = GLOBAL_FLAGS | GLOBAL_VALUED
@@ -385,7 +385,7 @@ def test_json_usage_error_is_one_document(cli):
 
 
 def test_a_command_module_that_fails_to_import_is_exit_70(cli, monkeypatch):
-    import warpdata.cli as cli_mod
+    import warpdata.cli.app as cli_mod
 
     monkeypatch.setattr(cli_mod, "COMMANDS", (*cli_mod.COMMANDS,
                                               cli_mod.CommandSpec("broken", "warpdata.no_such_module", "A broken entry.")))

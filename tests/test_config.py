@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from warpdata.config import (
+from warpdata.core.config import (
     Field,
     KeyLocator,
     describe,
@@ -12,7 +12,7 @@ from warpdata.config import (
     parse_toml,
     positive,
 )
-from warpdata.errors import ConfigError, ExitCode, MissingInputError
+from warpdata.core.errors import ConfigError, ExitCode, MissingInputError
 
 SCHEMA = {
     "source": {
@@ -168,7 +168,7 @@ def test_bad_env_value_names_the_variable(tmp_path, monkeypatch):
 def test_unregistered_env_var_is_a_bug():
     schema = {"x": Field(int, 1, env="WARP_NOT_REGISTERED")}
     with pytest.raises(KeyError, match="not in warp's registry"):
-        from warpdata.config import ConfigSource, validate
+        from warpdata.core.config import ConfigSource, validate
 
         validate({}, schema, ConfigSource("t.toml", ""))
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from warpdata.directio import BLOCK, AlignedFile, aligned_empty
+from warpdata.core.directio import BLOCK, AlignedFile, aligned_empty
 
 
 def test_aligned_empty_is_aligned_zeroed_and_sized():
@@ -75,7 +75,7 @@ def test_truncate_sets_the_final_size(tmp_path):
 
 
 def test_filesystem_type_and_the_direct_io_switch(tmp_path, monkeypatch):
-    from warpdata.directio import DIRECT_FILESYSTEMS, filesystem_type, wants_direct
+    from warpdata.core.directio import DIRECT_FILESYSTEMS, filesystem_type, wants_direct
 
     fs = filesystem_type(tmp_path)
     assert fs  # this suite runs on Linux with /proc
@@ -91,8 +91,8 @@ def test_filesystem_type_and_the_direct_io_switch(tmp_path, monkeypatch):
 
 
 def test_aligned_buffers_are_pooled_and_reused(monkeypatch):
-    from warpdata import directio
-    from warpdata.directio import give_aligned, take_aligned
+    from warpdata.core import directio
+    from warpdata.core.directio import give_aligned, take_aligned
 
     monkeypatch.setattr(directio, "_POOL", [])  # other tests in this process may have pooled some
 
@@ -114,8 +114,7 @@ def test_aligned_buffers_are_pooled_and_reused(monkeypatch):
 
 def test_filesystem_type_falls_back_to_the_longest_mount_point(tmp_path, monkeypatch):
     """btrfs subvolumes report st_dev values that mountinfo does not list: match by mount point."""
-    from warpdata import directio
-
+    from warpdata.core import directio
     table = ({}, [(str(tmp_path / "sub"), "xfs"), (str(tmp_path), "btrfs"), ("/", "ext4")])
     monkeypatch.setattr(directio, "_mounts", lambda: table)
     (tmp_path / "sub" / "deeper").mkdir(parents=True)

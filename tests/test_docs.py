@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from warpdata import docgen
-from warpdata.cli import COMMANDS
-from warpdata.envvars import ENV_VARS
-from warpdata.errors import ExitCode
+from warpdata.cli.app import COMMANDS, docgen
+from warpdata.core.envvars import ENV_VARS
+from warpdata.core.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +28,7 @@ def rendered() -> dict[str, str]:
 
 
 def test_committed_docs_are_fresh():
-    r = subprocess.run([sys.executable, "-m", "warpdata.docgen", "check", "--root", str(ROOT)],
+    r = subprocess.run([sys.executable, "-m", "warpdata.cli.docgen", "check", "--root", str(ROOT)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -41,7 +40,7 @@ def test_check_names_stale_and_leftover_files(tmp_path, rendered):
     (tmp_path / "man" / "warp-removed.1").write_text("gone command\n")
     (tmp_path / "completions" / "warp.fish").unlink()
     assert sorted(docgen.stale(tmp_path)) == ["completions/warp.fish", "man/warp-doctor.1", "man/warp-removed.1"]
-    r = subprocess.run([sys.executable, "-m", "warpdata.docgen", "check", "--root", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "warpdata.cli.docgen", "check", "--root", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "man/warp-doctor.1" in r.stderr
     assert sorted(docgen.write(tmp_path)) == ["completions/warp.fish", "man/warp-doctor.1", "man/warp-removed.1"]

@@ -11,7 +11,7 @@ import json
 import os
 
 import pytest
-from warpdata.checks import FAIL, PASS, SKIP, WARN, Check, all_checks, run_check
+from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, Check, all_checks, run_check
 
 STATUSES = {PASS, WARN, FAIL, SKIP}
 
@@ -118,7 +118,7 @@ def test_a_crashing_check_is_a_failure_not_a_crash():
 
 
 def test_direct_io_check_reports_the_working_directory(cli, monkeypatch, tmp_path):
-    from warpdata.directio import filesystem_type, wants_direct
+    from warpdata.core.directio import filesystem_type, wants_direct
 
     monkeypatch.chdir(tmp_path)
     r = cli("doctor", "--json", "--only", "cache")

@@ -67,7 +67,7 @@ def artifact(path: str) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def reference(dataset, tmp_path_factory):
     """The version built by the local executor with one worker: what every other run must equal."""
-    from warpdata.cli import main  # noqa: F401  (imported so the CLI runner below works in-process)
+    from warpdata.cli.app import main  # noqa: F401  (imported so the CLI runner below works in-process)
 
     out = tmp_path_factory.mktemp("ref") / "wh"
     cfg = config(dataset, out, name="ref.toml")
@@ -201,7 +201,7 @@ def test_warp_executor_env_picks_the_executor_and_the_flag_wins(cli, dataset, re
 
 def test_a_missing_extra_names_the_pip_line(dataset, tmp_path):
     """Without the dask extra installed (its import blocked in a fresh interpreter): exit 78 + pip line."""
-    code = ("import sys; sys.modules['distributed'] = None; from warpdata.cli import main; "
+    code = ("import sys; sys.modules['distributed'] = None; from warpdata.cli.app import main; "
             f"sys.exit(main(['etl', '--config', {str(config(dataset, tmp_path / 'wh'))!r}, '--executor', 'dask']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 78, r.stderr
@@ -545,7 +545,7 @@ def test_live_loader_reads_an_s3_source_from_its_spool(dataset, tmp_path, s3, mo
     s3.reset_counts()
     remote = LiveDataset(cfg, input_override=s3.url("src"))
     assert len(remote) == len(local) > 0
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
 
     def get(ds, i):
         try:

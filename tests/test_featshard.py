@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.formats.featshard import (
     DTYPE_CODES,
     FeatureShardChecksumError,
@@ -158,7 +158,7 @@ def test_batches_append_across_calls_and_info(tmp_path):
         w.append_batch({"v": np.full((k + 1, 3), k, np.float32), "i": np.arange(k + 1)})
     info = w.close()
     assert info.records == 10 and info.bytes == (tmp_path / "a.wfs").stat().st_size
-    from warpdata.canonical import sha256_file
+    from warpdata.core.canonical import sha256_file
 
     assert info.sha256 == sha256_file(tmp_path / "a.wfs")
     r = FeatureShardReader(tmp_path / "a.wfs")

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from warpdata.errors import ConfigError, DataError
+from warpdata.core.errors import ConfigError, DataError
+from warpdata.etl.quarantine import Quarantine, Threshold, Thresholds
 from warpdata.features.reader import ShardCache, caption_text
 from warpdata.features.scan import scan
 from warpdata.features.transform import crop_box, load_image, load_video_frame, round16, target_size
 from warpdata.features.writer import CacheSpec, build_cache
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader
-from warpdata.quarantine import Quarantine, Threshold, Thresholds
 
 LOOSE = Thresholds(max_invalid_fraction=Threshold(fail=0.9), max_missing_fraction=Threshold(fail=0.9))
 
@@ -515,7 +515,7 @@ def test_shard_cache_rejects_other_manifests(tmp_path):
 
 
 def test_missing_shard_is_a_missing_input_error(small_cache):
-    from warpdata.errors import MissingInputError
+    from warpdata.core.errors import MissingInputError
 
     m = json.loads((small_cache / "manifest.json").read_text())
     (small_cache / m["shards"][2]["path"]).unlink()
@@ -569,7 +569,7 @@ def test_unsealed_cache_is_refused_then_rebuilt_by_etl(small_cache, tmp_path):
 
 
 def test_wrong_types_in_the_manifest_are_typed_errors(small_cache):
-    from warpdata.canonical import seal
+    from warpdata.core.canonical import seal
 
     m = json.loads((small_cache / "manifest.json").read_text())
     m["shards"][0]["records"] = "3"

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from warpdata.etl.quarantine import Threshold, Thresholds
 from warpdata.features.reader import ShardCache
 from warpdata.features.torch import BigBatchLoader, FeatureCacheDataset, decode_caption, split_batch
 from warpdata.features.writer import CacheSpec, build_cache
-from warpdata.quarantine import Threshold, Thresholds
 
 N = 37
 SHARD = 5
@@ -140,7 +140,7 @@ def test_resume_mid_epoch_continues_where_training_stopped(cache, num_workers):
 
 
 def test_resume_state_from_other_settings_is_refused(cache):
-    from warpdata.errors import ConfigError
+    from warpdata.core.errors import ConfigError
 
     a = BigBatchLoader(cache, micro_batch_size=2, num_workers=0)
     b = BigBatchLoader(cache, micro_batch_size=3, num_workers=0)

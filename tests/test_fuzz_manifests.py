@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warpdata.errors import ExitCode, WarpError
+from warpdata.core.errors import ExitCode, WarpError
 
 CORPUS = Path(__file__).parent / "malformed" / "manifests"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
@@ -28,7 +28,7 @@ def _open_corpus_case(name: str, tmp_path: Path) -> None:
     raw = (CORPUS / name).read_bytes()
     kind = name.split("/")[0]
     if kind == "latest":
-        from warpdata.dataset import _parse_latest
+        from warpdata.read.dataset import _parse_latest
         from warpdata.registry.store import Store
 
         with pytest.raises(WarpError) as ei:
@@ -62,7 +62,7 @@ def test_malformed_manifest_corpus_raises_typed_errors(name, tmp_path):
 
 
 def test_cached_latest_pointer_with_a_bad_hash_is_ignored(tmp_path):
-    from warpdata.blobcache import BlobCache
+    from warpdata.storage.blobcache import BlobCache
 
     bc = BlobCache(tmp_path / "c")
     bc.put_pointer("ws/name", "ab" * 32, None)
@@ -177,7 +177,7 @@ def _same(a, b) -> bool:
 
 def test_fuzz_tensor_warehouse(tmp_path, record_property):
     import warpdata.warehouse as wh
-    from warpdata.cli import main
+    from warpdata.cli.app import main
     from warpdata.sampledata.detection import generate
 
     d = tmp_path / "coco"

@@ -1,7 +1,7 @@
 """Seeded mutation fuzzing of the TBL reader and of tar-to-tbl.
 
 Every mutated .tbl must end in exactly one of two ways: a typed warp error
-(a :class:`~warpdata.errors.WarpError`), or a read that is identical to the
+(a :class:`~warpdata.core.errors.WarpError`), or a read that is identical to the
 original's (samples, infos, metadata). With the metadata CRC extension
 (docs/formats/tbl-v2.md) every byte a reader uses is under a CRC, so a
 changed byte may never come back as changed data, neither through a
@@ -24,7 +24,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from warpdata.errors import WarpError
+from warpdata.core.errors import WarpError
 from warpdata.formats import tbl
 
 HERE = Path(__file__).parent

@@ -5,7 +5,7 @@ Fixed seed, 600 cases over the golden sharded, unsharded and pyramid arrays
 ``zarr.json`` — by a bit flip, a random byte, a truncation, an extension or a
 zeroed run, then reads it through warp's reader (``read_array`` of every
 level) and ``warp inspect --verify`` (in-process). Allowed outcomes: a
-:class:`~warpdata.errors.WarpError` (typed, exit 65/66/...), a verify report
+:class:`~warpdata.core.errors.WarpError` (typed, exit 65/66/...), a verify report
 with ``ok=False``, or data identical to the original. A damaged chunk byte
 must always be caught (the crc32c codec, docs/formats/zarr-tiles.md).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warpdata.errors import WarpError
+from warpdata.core.errors import WarpError
 from warpdata.formats import zarr_v3
 from warpdata.tiles import inspect as zinspect
 

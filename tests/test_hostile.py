@@ -33,7 +33,7 @@ _LAUNCHER = """
 import resource, sys
 lim = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-from warpdata.cli import main
+from warpdata.cli.app import main
 try:
     rc = main(sys.argv[2:])
 finally:
@@ -240,8 +240,7 @@ def test_filter_injection_capped_subprocess(store):
 def test_every_connection_is_locked_down():
     import duckdb
     import pyarrow as pa
-    from warpdata import sqlgate
-
+    from warpdata.core import sqlgate
     con = sqlgate.connect()
     settings = dict(con.execute("SELECT name, value FROM duckdb_settings() WHERE name IN "
                                 "('autoinstall_known_extensions', 'autoload_known_extensions')").fetchall())
@@ -259,8 +258,8 @@ def test_every_connection_is_locked_down():
 
 
 def test_feature_scan_reads_nothing_outside_its_root(tmp_path):
+    from warpdata.etl.quarantine import Quarantine
     from warpdata.features.scan import scan
-    from warpdata.quarantine import Quarantine
 
     root = tmp_path / "src"
     root.mkdir()
@@ -282,7 +281,7 @@ def test_feature_scan_reads_nothing_outside_its_root(tmp_path):
 
 
 def test_publish_from_refuses_symlinks_leaving_the_artifact(tmp_path):
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
     from warpdata.registry.from_artifacts import check_symlinks, describe_source
 
     art = tmp_path / "art"

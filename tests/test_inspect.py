@@ -6,8 +6,8 @@ import importlib
 import json
 
 import pytest
-from warpdata.errors import ExitCode
-from warpdata.inspectors import INSPECTORS, Report, find_inspector, read_head
+from warpdata.artifacts.inspect import INSPECTORS, Report, find_inspector, read_head
+from warpdata.core.errors import ExitCode
 
 # a kind no richer inspector claims, so the generic manifest inspector describes it
 MANIFEST = {"kind": "test-artifact", "version": "v1-abc", "samples": 12, "shards": [{"n": 6}, {"n": 6}],
@@ -96,7 +96,7 @@ def test_read_head_and_find_inspector(tmp_path, artifact):
     assert read_head(str(tmp_path / "f")) == (b"A" * 4096, False)
     assert read_head(str(tmp_path)) == (None, True)
     assert read_head(str(tmp_path / "none")) == (None, False)
-    assert find_inspector(str(artifact)).__name__ == "warpdata.inspect_manifest"
+    assert find_inspector(str(artifact)).__name__ == "warpdata.artifacts.inspect_manifest"
     assert find_inspector(str(tmp_path / "f")) is None
 
 

@@ -12,8 +12,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from warpdata.dataset import dataset
-from warpdata.errors import MissingInputError
+from warpdata.core.errors import MissingInputError
+from warpdata.read.dataset import dataset
 from warpdata.registry.publish import DatasetBuilder
 
 
@@ -89,11 +89,11 @@ def test_stream_default_on_s3(cli, s3, tmp_path, monkeypatch):
 
 
 def test_wd_dataset_callable_after_submodule_import(local_store):
-    """Importing warpdata.dataset as a module must not hide wd.dataset(...)."""
+    """Importing warpdata.read.dataset as a module must not hide wd.dataset(...)."""
     import subprocess
     import sys
 
-    code = ("import warpdata.dataset\nfrom warpdata.dataset import Dataset\nimport warpdata as wd\n"
+    code = ("import warpdata.read.dataset\nfrom warpdata.read.dataset import Dataset\nimport warpdata as wd\n"
             "d = wd.dataset('ws/one')\nassert isinstance(d, Dataset)\nprint(d.table().num_rows)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

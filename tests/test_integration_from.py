@@ -14,9 +14,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from integration_support import warehouse_config
-from warpdata.dataset import dataset
+from warpdata.etl.quarantine import Thresholds
 from warpdata.features.writer import CacheSpec, build_cache
-from warpdata.quarantine import Thresholds
+from warpdata.read.dataset import dataset
 from warpdata.registry.store import Store
 from warpdata.sampledata.detection import generate
 from warpdata.warehouse.reader import Warehouse

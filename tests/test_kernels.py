@@ -16,7 +16,7 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 from warpdata import kernels
-from warpdata.errors import ConfigError, DependencyError
+from warpdata.core.errors import ConfigError, DependencyError
 from warpdata.formats.tiling import SlabPlan, TileGeometry, lift_transpose
 from warpdata.kernels import gpu as gpu_mod
 

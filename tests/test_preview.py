@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from warpdata.preview import CAPTION_H, PAD, TILE, class_color
+from warpdata.artifacts.preview import CAPTION_H, PAD, TILE, class_color
 
 
 def decode(png: bytes) -> np.ndarray:
@@ -21,7 +21,7 @@ def decode(png: bytes) -> np.ndarray:
 @pytest.fixture(scope="module")
 def warehouse(tmp_path_factory):
     """A real tensor warehouse from the synthetic detection set (warp etl)."""
-    from warpdata.cli import main
+    from warpdata.cli.app import main
     from warpdata.sampledata.detection import generate
 
     d = tmp_path_factory.mktemp("det") / "coco"
@@ -156,7 +156,7 @@ def test_etl_metrics_bar_chart(cli, tmp_path):
     (tmp_path / "metrics.json").write_text(json.dumps(m))
     r = cli("inspect", tmp_path / "metrics.json", "--preview", tmp_path / "m.png", "--json")
     assert r.code == 0, r.err
-    from warpdata.preview import metrics_chart
+    from warpdata.artifacts.preview import metrics_chart
 
     p = metrics_chart(str(tmp_path / "metrics.json"))
     lengths = [t[2] for t in p.tiles]
@@ -167,8 +167,8 @@ def test_etl_metrics_bar_chart(cli, tmp_path):
 
 
 def test_feature_cache_pixels_with_captions(cli, tmp_path):
+    from warpdata.etl.quarantine import Thresholds
     from warpdata.features.writer import CacheSpec, build_cache
-    from warpdata.quarantine import Thresholds
 
     src = tmp_path / "src"
     src.mkdir()

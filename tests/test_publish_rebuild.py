@@ -80,7 +80,7 @@ def _corrupt_cached_member(cache_root: Path, member_bytes: bytes, old: bytes, ne
 def test_published_warehouse_with_a_tampered_cache_is_fetched_again(cli, coco, tmp_path, monkeypatch):
     """Issue #4: a same-length class-name edit in the cached tar gave wrong names on every open."""
     import warpdata.warehouse as wh
-    from warpdata.blobcache import BlobCache
+    from warpdata.storage.blobcache import BlobCache
 
     monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
@@ -105,8 +105,8 @@ def test_published_warehouse_with_a_tampered_cache_is_fetched_again(cli, coco, t
 
 def test_bad_store_copy_is_a_typed_error_naming_the_store_object(cli, coco, tmp_path, monkeypatch):
     import warpdata.warehouse as wh
-    from warpdata.blobcache import BlobCorruptError
     from warpdata.registry.errors import BlobCorruptedError
+    from warpdata.storage.blobcache import BlobCorruptError
 
     monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
@@ -124,10 +124,10 @@ def test_bad_store_copy_is_a_typed_error_naming_the_store_object(cli, coco, tmp_
 def test_published_feature_cache_member_failing_its_sha256_is_fetched_again(tmp_path, monkeypatch):
     """Shards of >= 256 KiB lie in tar shards of their own: the member check (not the manifest's tar
     hash) finds the damage, evicts that tar shard and fetches it again once."""
-    from warpdata.blobcache import BlobCache
     from warpdata.features.reader import ShardCache
     from warpdata.features.writer import CacheSpec, build_cache
     from warpdata.sampledata.captions import generate as captions
+    from warpdata.storage.blobcache import BlobCache
 
     monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))

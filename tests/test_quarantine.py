@@ -7,8 +7,8 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import ConfigError, DataError, ExitCode
-from warpdata.quarantine import REASONS, Quarantine, Threshold, Thresholds, register_reason
+from warpdata.core.errors import ConfigError, DataError, ExitCode
+from warpdata.etl.quarantine import REASONS, Quarantine, Threshold, Thresholds, register_reason
 
 
 def _q() -> Quarantine:
@@ -150,7 +150,7 @@ def test_every_pipeline_registers_shared_reason_codes_identically():
     import subprocess
     import sys
 
-    mods = ["warpdata.warehouse.labels", "warpdata.features.scan", "warpdata.ingest"]
+    mods = ["warpdata.warehouse.labels", "warpdata.features.scan", "warpdata.registry.ingest"]
     for order in itertools.permutations(mods):
         code = "; ".join(f"import {m}" for m in order)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.canonical import canonical_json
-from warpdata.errors import DataError, UsageError
+from warpdata.core.canonical import canonical_json
+from warpdata.core.errors import DataError, UsageError
 from warpdata.registry.errors import LocalPathError, ManifestCorruptedError
 from warpdata.registry.manifest import (
     Artifact,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import ConfigError
-from warpdata.sampling import ShardAwareSampler, torch_sampler
+from warpdata.core.errors import ConfigError
+from warpdata.partition.sampler import ShardAwareSampler, torch_sampler
 
 shard_lists = st.lists(st.integers(0, 40), min_size=0, max_size=12)
 

@@ -7,7 +7,13 @@ from collections import Counter
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.sharding import ResumeState, ShardingError, ShardPlan, auto_shard, merge_intervals
+from warpdata.partition.plan import (
+    ResumeState,
+    ShardingError,
+    ShardPlan,
+    auto_shard,
+    merge_intervals,
+)
 
 
 def rows_of(plan: ShardPlan, batches) -> list[tuple[int, int]]:

@@ -11,8 +11,8 @@ import os
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import ConfigError, DependencyError, ExitCode
-from warpdata.storage import Location, StorageConfig, filesystem, open_url, parse_location
+from warpdata.core.errors import ConfigError, DependencyError, ExitCode
+from warpdata.storage.locations import Location, StorageConfig, filesystem, open_url, parse_location
 
 
 @pytest.mark.parametrize(("url", "protocol", "path"), [
@@ -219,7 +219,7 @@ def test_refused_connection_is_tried_twice_not_five_times(closed_port, fake_cred
 
 def test_connect_timeouts_are_not_retried_and_other_errors_are_left_to_botocore():
     from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
-    from warpdata.storage import _limit_connect_retries
+    from warpdata.storage.locations import _limit_connect_retries
 
     with pytest.raises(ConnectTimeoutError):
         _limit_connect_retries(caught_exception=ConnectTimeoutError(endpoint_url="http://x"), attempts=1)

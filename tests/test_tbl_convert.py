@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warpdata.errors import DataError, UsageError
+from warpdata.core.errors import DataError, UsageError
 from warpdata.formats import tbl
 from warpdata.sampledata.photos import encode_jpeg, encode_png, synthetic_photo
 from warpdata.sampledata.wds import generate, write_tar
@@ -258,7 +258,7 @@ def test_cli_errors(cli, tmp_path):
 
 def test_stdin_pipeline_and_console_script(tmp_path, wds_tar):
     out = tmp_path / "o.tbl"
-    code = "import sys; from warpdata.cli import tar_to_tbl_main; sys.exit(tar_to_tbl_main())"
+    code = "import sys; from warpdata.cli.app import tar_to_tbl_main; sys.exit(tar_to_tbl_main())"
     with open(wds_tar, "rb") as f:
         p = subprocess.run([sys.executable, "-c", code, "-", str(out), "--json"], stdin=f,
                            capture_output=True, timeout=120)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warpdata.directio import wants_direct
+from warpdata.core.directio import wants_direct
 from warpdata.formats import tbl
 from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
 from warpdata.tbl import converter as conv

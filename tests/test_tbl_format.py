@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import DataError, ExitCode, MissingInputError
+from warpdata.core.errors import DataError, ExitCode, MissingInputError
 from warpdata.formats import tbl
 from warpdata.formats.imageinfo import (
     ImageHeaderError,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from warpdata.errors import DataError, ExitCode
+from warpdata.core.errors import DataError, ExitCode
 from warpdata.formats import tbl
 from warpdata.tbl.converter import ConvertRequest, convert
 from warpdata.tbl.tarstream import MemberTooLarge, TarFormatError, iter_members
@@ -59,7 +59,7 @@ def test_malformed_tar_exits_65_with_its_reason_and_writes_nothing(cli, tmp_path
 def test_stdin_and_file_agree(tmp_path, name):
     """The same bytes through a pipe (not seekable) give the same exit code and message as the file."""
     out = tmp_path / "o.tbl"
-    code = "import sys; from warpdata.cli import tar_to_tbl_main; sys.exit(tar_to_tbl_main())"
+    code = "import sys; from warpdata.cli.app import tar_to_tbl_main; sys.exit(tar_to_tbl_main())"
     p = subprocess.run([sys.executable, "-c", code, "-", str(out)], input=(CASES / name).read_bytes(),
                        capture_output=True, timeout=120)
     assert p.returncode == ExitCode.DATA, p.stderr

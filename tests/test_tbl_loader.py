@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import DataError, UsageError
+from warpdata.core.errors import DataError, UsageError
 from warpdata.formats import tbl
 from warpdata.sampledata.photos import encode_jpeg, encode_png, synthetic_photo
 from warpdata.tbl.loader import ImageDecoder, TblLoader, plan_batches

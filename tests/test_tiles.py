@@ -15,7 +15,7 @@ import pytest
 import zarr
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import ConfigError, DataError, InternalError
+from warpdata.core.errors import ConfigError, DataError, InternalError
 from warpdata.kernels.cpu import CpuBackend
 from warpdata.sampledata.volume import generate, photo_like_volume
 from warpdata.tiles.pyramid import Downsampler, reduce_block
@@ -361,8 +361,7 @@ def test_writev_all_resumes_partial_writes(tmp_path, monkeypatch):
 
 
 def test_durable_write_syncs_each_directory_once_before_metadata(tmp_path, monkeypatch):
-    from warpdata import atomic
-
+    from warpdata.core import atomic
     events = []
     real_sync = atomic.fsync_dir
     real_fsync = os.fsync
@@ -415,7 +414,7 @@ def test_big_shards_written_with_o_direct_are_the_same_files(tmp_path, monkeypat
     """Shards >= 256 KiB go through an aligned bounce buffer with O_DIRECT (WARP_DIRECT_IO=1): the same
     files as buffered writes (WARP_DIRECT_IO=0), and zarr-python and tensorstore read them bit-exact."""
     import tensorstore as ts
-    from warpdata.directio import wants_direct
+    from warpdata.core.directio import wants_direct
     from warpdata.formats import zarr_v3
 
     a = photo_like_volume((64, 160, 200), "uint16", seed=3)
@@ -513,8 +512,7 @@ def test_output_is_invisible_until_close(tmp_path):
 
 
 def test_replacing_an_output_swaps_it_in_one_step(tmp_path):
-    from warpdata import atomic
-
+    from warpdata.core import atomic
     path = tmp_path / "a.zarr"
     old, new = _vol((8, 8, 8)), _vol((12, 16, 16))
     with TileWriter(path, old.shape, old.dtype, (4, 8, 8), backend="cpu", fsync=False) as w:
@@ -543,8 +541,7 @@ def test_replacing_an_output_swaps_it_in_one_step(tmp_path):
 
 
 def test_replace_fallback_without_exchange_still_replaces(tmp_path, monkeypatch):
-    from warpdata import atomic
-
+    from warpdata.core import atomic
     monkeypatch.setattr(atomic, "_renameat2", False)  # an OS / libc without renameat2
     path = tmp_path / "a.zarr"
     for shape in ((8, 8, 8), (12, 16, 16)):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import ConfigError, DataError
+from warpdata.core.errors import ConfigError, DataError
 from warpdata.formats.tiling import (
     MAX_DIMS,
     SlabPlan,

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory):
-    from warpdata.cli import main
+    from warpdata.cli.app import main
 
     d = tmp_path_factory.mktemp("cli") / "coco"
     generate(d, count=12, seed=2, min_side=64, max_side=120)
@@ -95,7 +95,7 @@ def test_sampledata_is_deterministic(tmp_path):
 def test_example_config_is_valid_and_documents_every_key():
     import tomllib
 
-    from warpdata.config import ConfigSource, describe
+    from warpdata.core.config import ConfigSource, describe
     from warpdata.warehouse import config as wconfig
 
     path = ROOT / "examples" / "transform.toml"

@@ -89,7 +89,7 @@ def test_coco_build_counts_reasons_and_manifest(cli, dataset, tmp_path):
     assert m["classes"] == [{"id": cid, "name": n} for cid, n, _ in CLASSES]
     recipe = json.loads(m["version_recipe"])
     assert recipe["libraries"]["simplejpeg"] and recipe["sources_sha256"]
-    from warpdata.canonical import identity
+    from warpdata.core.canonical import identity
 
     assert identity(recipe) == m["version"]
     for sh in m["shards"]:
@@ -263,7 +263,7 @@ def test_thresholds_fail_with_exit_65_and_worst_offenders(cli, dataset, tmp_path
     res = ok.json()
     assert res["verdict"] == "fail" and res["allowed_invalid"] is True
     import warpdata.warehouse as wh
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
 
     with pytest.raises(DataError, match="failed its validation thresholds"):
         wh.open(res["path"])
@@ -392,7 +392,7 @@ def test_pixels_written_while_the_shard_fills_give_the_same_shards(cli, dataset,
 
 
 def test_metrics_say_how_shards_reached_the_disk(cli, dataset, tmp_path, monkeypatch):
-    from warpdata.directio import wants_direct
+    from warpdata.core.directio import wants_direct
 
     d, _ = dataset
     monkeypatch.setenv("WARP_DIRECT_IO", "0")

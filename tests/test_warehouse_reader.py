@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warpdata.errors import DataError
+from warpdata.core.errors import DataError
 from warpdata.formats import twh1
 from warpdata.sampledata.detection import generate
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from warpdata.cli import main
+    from warpdata.cli.app import main
 
     d = tmp_path_factory.mktemp("rd") / "coco"
     generate(d, count=26, seed=21, min_side=64, max_side=150)
@@ -100,7 +100,7 @@ def test_manifest_shard_mismatch_and_schema_errors(built, tmp_path):
     _, path = built
     copy = tmp_path / "c"
     shutil.copytree(path, copy)
-    from warpdata.canonical import seal
+    from warpdata.core.canonical import seal
 
     m = json.loads((copy / "manifest.json").read_text())
     m["shards"][0]["samples"] = 3
@@ -167,7 +167,7 @@ def test_shard_paths_outside_the_root_are_refused(built, tmp_path, rel):
     import shutil
 
     import warpdata.warehouse as wh
-    from warpdata.canonical import seal
+    from warpdata.core.canonical import seal
 
     _, path = built
     copy = tmp_path / "a" / "b" / "c"

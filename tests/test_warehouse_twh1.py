@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.errors import DataError, ExitCode
+from warpdata.core.errors import DataError, ExitCode
 from warpdata.formats import twh1
 
 GOLDEN = Path(__file__).parent / "golden" / "twh1"
@@ -180,7 +180,7 @@ def _filled_builder(dtype: str, w: int, h: int, n: int, capacity: int = 9) -> tw
 def test_write_direct_gives_the_same_bytes_as_write(tmp_path, direct, dtype, w, h, n):
     """O_DIRECT writing (pixels flushed early, header page last) is byte-identical to the streaming writer,
     for image sizes that are and are not whole pages, with and without pages written before the end."""
-    from warpdata.directio import BLOCK, AlignedFile
+    from warpdata.core.directio import BLOCK, AlignedFile
 
     b = _filled_builder(dtype, w, h, n)
     ref = tmp_path / "ref.twh1"
@@ -199,7 +199,7 @@ def test_write_direct_gives_the_same_bytes_as_write(tmp_path, direct, dtype, w, 
 
 
 def test_write_direct_rejects_a_partial_page_already_written(tmp_path):
-    from warpdata.directio import AlignedFile
+    from warpdata.core.directio import AlignedFile
 
     b = _filled_builder("u8", 64, 64, 2)
     (tmp_path / "x").touch()

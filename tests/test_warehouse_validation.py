@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warpdata.config import ConfigSource
+from warpdata.core.config import ConfigSource
 from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
 from warpdata.warehouse import config as wconfig
 from warpdata.warehouse.etl import scan
@@ -131,7 +131,7 @@ def test_coco_orphans_duplicates_schema_and_unknown_category(tmp_path):
 
 def test_coco_file_that_is_not_coco_is_a_data_error(tmp_path):
     (tmp_path / "annotations.json").write_text("[1, 2]")
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
 
     with pytest.raises(DataError, match="not a COCO annotation file"):
         scan(_cfg(tmp_path, '[source]\nformat = "coco"\n'))
@@ -237,7 +237,7 @@ def test_limits_from_the_config(tmp_path):
 
 
 def test_coco_without_categories_is_refused(tmp_path):
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
 
     (tmp_path / "images").mkdir()
     doc = {"images": [{"id": 1, "file_name": "a.jpg"}],
@@ -248,7 +248,7 @@ def test_coco_without_categories_is_refused(tmp_path):
 
 
 def test_missing_image_folder_is_named(tmp_path):
-    from warpdata.errors import MissingInputError
+    from warpdata.core.errors import MissingInputError
 
     doc = {"images": [{"id": i, "file_name": f"{i}.jpg"} for i in range(64)], "annotations": [],
            "categories": [{"id": 1, "name": "a"}]}
@@ -263,7 +263,7 @@ def test_missing_image_folder_is_named(tmp_path):
     ("[output]\nshard_size_mb = 1e12\n", "output.shard_size_mb"),
 ])
 def test_declared_sizes_never_drive_allocation(tmp_path, extra, key):
-    from warpdata.errors import ConfigError
+    from warpdata.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
         _cfg(tmp_path, '[source]\nformat = "coco"\n' + extra)

@@ -14,7 +14,7 @@ import tensorstore as ts
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from warpdata.errors import DataError
+from warpdata.core.errors import DataError
 from warpdata.formats import zarr_v3
 from warpdata.tiles.writer import TileWriter
 

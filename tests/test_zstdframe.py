@@ -7,7 +7,7 @@ import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from warpdata.errors import DataError
+from warpdata.core.errors import DataError
 from warpdata.formats import zstdframe
 
 

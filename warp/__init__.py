@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 # name -> "module:attribute"; filled in as the systems land.
 _LAZY: dict[str, str] = {
     "TblReader": "warpdata.formats.tbl:TblReader",
-    "dataset": "warpdata.dataset:dataset",
+    "dataset": "warpdata.read.dataset:dataset",
     "Store": "warpdata.registry.store:Store",
     "Manifest": "warpdata.registry.manifest:Manifest",
     "DatasetBuilder": "warpdata.registry.publish:DatasetBuilder",

@@ -2,6 +2,6 @@
 
 import sys
 
-from warpdata.cli import main
+from warpdata.cli.app import main
 
 sys.exit(main())

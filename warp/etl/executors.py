@@ -23,7 +23,7 @@ index, so scheduling never reaches the output. A worker that dies mid-task
 (``kill -9``) has its task rerun by the engine (Dask: the scheduler
 reschedules it; Ray: ``max_retries``). Dask and Ray are optional extras
 (``warp-toolchain[dask]``, ``warp-toolchain[ray]``): a missing one is a
-:class:`~warpdata.errors.DependencyError` with the ``pip install`` line.
+:class:`~warpdata.core.errors.DependencyError` with the ``pip install`` line.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from warpdata import envvars
-from warpdata.errors import ConfigError, InfrastructureError, missing_dependency
+from warpdata.core import envvars
+from warpdata.core.errors import ConfigError, InfrastructureError, missing_dependency
 
 KINDS = ("local", "thread", "process", "dask", "ray")
 HELP = ("local (threads; also 'thread'), process, dask (a LocalCluster), dask://HOST:PORT or "

@@ -13,7 +13,7 @@ after a crash resumes there from the receipts journal), then
    only once it is there, so a killed upload never shows a half version;
 3. ``<url>/latest``: the name of the newest version directory.
 
-An unreachable store is an :class:`~warpdata.errors.InfrastructureError`
+An unreachable store is an :class:`~warpdata.core.errors.InfrastructureError`
 (exit 75); the rerun resumes.
 """
 
@@ -23,7 +23,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from warpdata.errors import ConfigError, InfrastructureError, InternalError
+from warpdata.core.errors import ConfigError, InfrastructureError, InternalError
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -34,8 +34,7 @@ def is_url(text: str | None) -> bool:
 
 
 def staging_root(url: str) -> Path:
-    from warpdata import envvars
-
+    from warpdata.core import envvars
     h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     return Path(envvars.default_cache_dir()) / "etl-staging" / h
 
@@ -59,7 +58,7 @@ def _is_infra(e: BaseException) -> bool:
 
 def upload_version(local: Path, url: str) -> tuple[str, dict[str, int]]:
     """Upload the finished version directory ``local`` under ``url``; returns its URL and counts."""
-    from warpdata.storage import filesystem, parse_location
+    from warpdata.storage.locations import filesystem, parse_location
 
     loc = parse_location(url)
     fs = filesystem(loc)
@@ -102,7 +101,7 @@ def check_reachable(url: str) -> None:
     """Fail fast (exit 75) when the store at ``url`` cannot be reached, before any work."""
     import dataclasses
 
-    from warpdata.storage import StorageConfig, filesystem, parse_location
+    from warpdata.storage.locations import StorageConfig, filesystem, parse_location
 
     loc = parse_location(url)
     # one quick attempt: the store is either there or the run stops before any work
@@ -136,7 +135,7 @@ def find_version_dir(url: str, version: str) -> tuple[str | None, bool]:
     the version a killed run was writing (its shards are reused); ``None``
     when there is none.
     """
-    from warpdata.storage import filesystem, parse_location
+    from warpdata.storage.locations import filesystem, parse_location
 
     loc = parse_location(url)
     fs = filesystem(loc)
@@ -155,7 +154,7 @@ def find_version_dir(url: str, version: str) -> tuple[str | None, bool]:
 
 def list_sizes(url: str) -> dict[str, int]:
     """``{name: size}`` of the objects directly under ``url`` (one listing; empty when absent)."""
-    from warpdata.storage import filesystem, parse_location
+    from warpdata.storage.locations import filesystem, parse_location
 
     loc = parse_location(url)
     fs = filesystem(loc)
@@ -173,7 +172,7 @@ def put_create_only(local: str, url: str) -> bool:
     Called by the worker that built the file, so shard bytes go to the store
     from where they were made; a killed driver's rerun finds them there.
     """
-    from warpdata.storage import filesystem, parse_location
+    from warpdata.storage.locations import filesystem, parse_location
 
     loc = parse_location(url)
     fs = filesystem(loc)
@@ -189,7 +188,7 @@ def put_create_only(local: str, url: str) -> bool:
 
 
 def read_manifest(url: str) -> bytes:
-    from warpdata.storage import filesystem, parse_location
+    from warpdata.storage.locations import filesystem, parse_location
 
     loc = parse_location(url)
     return _call(url, filesystem(loc).cat_file, f"{loc.path}/{MANIFEST}")

@@ -18,9 +18,9 @@ import json
 import os
 from typing import Any
 
-from warpdata.atomic import create_exclusive
-from warpdata.canonical import canonical_json
-from warpdata.errors import InfrastructureError, InternalError
+from warpdata.core.atomic import create_exclusive
+from warpdata.core.canonical import canonical_json
+from warpdata.core.errors import InfrastructureError, InternalError
 
 RECEIPT_VERSION = 1
 DIR = "receipts"
@@ -35,7 +35,7 @@ class Journal:
     """The receipts under ``base`` (a local directory or an fsspec URL)."""
 
     def __init__(self, base: str) -> None:
-        from warpdata.storage import filesystem, parse_location
+        from warpdata.storage.locations import filesystem, parse_location
 
         self.loc = parse_location(base).join(DIR)
         self.local = self.loc.protocol == "file"

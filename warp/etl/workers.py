@@ -2,15 +2,15 @@
 
 Every ETL and conversion command reads ``WARP_WORKERS`` through
 :func:`resolve_workers`, so a bad value fails the same way everywhere
-(:class:`~warpdata.errors.ConfigError`, exit 78).
+(:class:`~warpdata.core.errors.ConfigError`, exit 78).
 """
 
 from __future__ import annotations
 
 import os
 
-from warpdata import envvars
-from warpdata.errors import ConfigError
+from warpdata.core import envvars
+from warpdata.core.errors import ConfigError
 
 
 def cpu_count() -> int:

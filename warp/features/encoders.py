@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from warpdata.errors import ConfigError, DataError, missing_dependency
+from warpdata.core.errors import ConfigError, DataError, missing_dependency
 from warpdata.formats.featshard import FieldSpec
 
 ENTRY_POINT_GROUP = "warpdata.encoders"

@@ -14,11 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from warpdata.config import Field, non_negative, positive, validate
-from warpdata.errors import ConfigError
+from warpdata.core.config import Field, non_negative, positive, validate
+from warpdata.core.errors import ConfigError
+from warpdata.etl.pipelines import EtlRequest, EtlResult
+from warpdata.etl.quarantine import Thresholds
 from warpdata.features.transform import INTERPOLATIONS, target_size
-from warpdata.pipelines import EtlRequest, EtlResult
-from warpdata.quarantine import Thresholds
 
 
 def _fraction(v: Any) -> str | None:

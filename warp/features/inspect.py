@@ -15,8 +15,8 @@ import json
 import os
 from typing import Any
 
-from warpdata.inspectors import Report
-from warpdata.manifests import MANIFEST_NAME, read_manifest
+from warpdata.artifacts.inspect import Report
+from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
 
 KIND = "feature-cache"
 
@@ -53,7 +53,7 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
 
 
 def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
     from warpdata.features.manifest import read as read_checked
     from warpdata.features.reader import ShardCache, caption_text
 
@@ -123,7 +123,7 @@ def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
 
 
 def _inspect_shard(path: str, *, verify: bool, head: int) -> Report:
-    from warpdata.errors import DataError
+    from warpdata.core.errors import DataError
     from warpdata.formats.featshard import FeatureShardReader
 
     problems: list[str] = []

@@ -2,7 +2,7 @@
 
 The schema ships as ``manifest.schema.json`` beside this module. A manifest
 is sealed: ``content_sha256`` is the SHA-256 of the canonical JSON of every
-other field (:func:`warpdata.canonical.content_hash`), so deleting a
+other field (:func:`warpdata.core.canonical.content_hash`), so deleting a
 ``shards[]`` entry, changing a field table or a record count is caught on
 open. Manifests without the seal (``manifest_version`` absent, written by an
 older warp) are refused with a hint to rebuild; ``warp etl`` rebuilds such a
@@ -17,8 +17,8 @@ import os
 from importlib import resources
 from typing import Any
 
-from warpdata.canonical import CONTENT_HASH_FIELD, content_hash
-from warpdata.errors import DataError
+from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
+from warpdata.core.errors import DataError
 
 KIND = "feature-cache"
 MANIFEST_VERSION = 2  # 2: sealed by content_sha256 (docs/formats/feature-shard.md)
@@ -76,7 +76,7 @@ def parse(raw: bytes, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
 
 def read(path: str | os.PathLike) -> dict[str, Any]:
     """The checked manifest of cache directory ``path`` (or of that manifest file)."""
-    from warpdata.manifests import find_manifest
+    from warpdata.artifacts.manifests import find_manifest
 
     m = find_manifest(path)
     doc = parse(m.read_bytes(), str(m))

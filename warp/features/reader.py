@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.features import manifest as fmanifest
 from warpdata.features.writer import KIND
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
@@ -88,7 +88,7 @@ class ShardCache:
                 rel: (x.path, x.offset, x.length) for rel, x in pub.members.items()}
             m = docs[0]
         elif version is not None or store is not None or artifact is not None:
-            from warpdata.errors import UsageError
+            from warpdata.core.errors import UsageError
 
             raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a local path",
                              hint="pass the dataset name (workspace/name) to open a published feature cache")

@@ -5,7 +5,7 @@ and directories skipped) and returns the usable :class:`MediaItem` list in
 relative-path order. A media file's caption is the same-name ``.txt`` file
 beside it (``cat.jpg`` → ``cat.txt``), stripped, with an optional prefix.
 Every media file is either returned or quarantined in the given
-:class:`~warpdata.quarantine.Quarantine` under the run named by its first
+:class:`~warpdata.etl.quarantine.Quarantine` under the run named by its first
 directory level (``"."`` for files directly under ``root``):
 
 ================== ========= ============================================
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
-from warpdata.errors import MissingInputError
-from warpdata.quarantine import Quarantine, register_reason
+from warpdata.core.errors import MissingInputError
+from warpdata.etl.quarantine import Quarantine, register_reason
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 VIDEO_EXTS = frozenset({".mp4", ".mov", ".avi", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".flv"})

@@ -10,7 +10,7 @@ Contract:
   the main process without another copy); faster than per-item
   ``__getitem__`` + default collate (DESIGN.md §4).
 * :class:`BigBatchLoader` is a ``DataLoader`` over that dataset whose
-  sampler is :class:`warpdata.sampling.ShardAwareSampler` with
+  sampler is :class:`warpdata.partition.sampler.ShardAwareSampler` with
   ``batch_size = micro_batch_size × accumulation_steps``: every step fetches
   one "big batch" and yields it as a :class:`Step` with its micro-batches
   (tensor views, no copies). The sampler hands each DataLoader worker its own
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from warpdata.features.reader import ShardCache, caption_text
-from warpdata.sampling import ShardAwareSampler
+from warpdata.partition.sampler import ShardAwareSampler
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "int16": torch.int16,
                  "uint32": torch.uint32, "int32": torch.int32, "uint64": torch.uint64, "int64": torch.int64,

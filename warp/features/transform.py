@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image, ImageOps
-from warpdata.errors import ConfigError
+from warpdata.core.errors import ConfigError
 
 INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,

@@ -16,7 +16,7 @@ Contract:
   any change rebuilds it. The manifest is sealed by ``content_sha256``
   (:mod:`.manifest`); an unsealed or damaged one is rebuilt. The new cache is
   built in a temporary sibling and exchanged with the old one in one step
-  (:func:`warpdata.atomic.atomic_dir`), so a killed build leaves the old cache
+  (:func:`warpdata.core.atomic.atomic_dir`), so a killed build leaves the old cache
   or the new one, never neither.
 * Quarantine thresholds are checked after the scan (fail fast) and again
   after decoding, before the rename: a failing build leaves nothing behind
@@ -46,17 +46,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata import output as out
-from warpdata.atomic import atomic_dir, atomic_file, atomic_write_bytes
-from warpdata.canonical import canonical_json, identity, seal
-from warpdata.errors import ConfigError, DataError
+from warpdata.artifacts.manifests import MANIFEST_NAME
+from warpdata.cli import output as out
+from warpdata.core.atomic import atomic_dir, atomic_file, atomic_write_bytes
+from warpdata.core.canonical import canonical_json, identity, seal
+from warpdata.core.errors import ConfigError, DataError
+from warpdata.etl.quarantine import Quarantine, RunSummary, Thresholds, evaluate_summaries
 from warpdata.features.manifest import MANIFEST_VERSION
 from warpdata.features.scan import MediaItem, scan, source_digest
 from warpdata.features.transform import DecodeFailure, load_image, load_video_frame
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
-from warpdata.manifests import MANIFEST_NAME
-from warpdata.quarantine import Quarantine, RunSummary, Thresholds, evaluate_summaries
 
 KIND = "feature-cache"
 SHARD_PATTERN = "shard-{:05d}.wfs"

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from warpdata.errors import DataError
+from warpdata.core.errors import DataError
 
 SHOW_MISSING = 5
 

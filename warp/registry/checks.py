@@ -3,7 +3,7 @@
 Each probe writes under ``<store>/.warp-doctor/<uuid>/`` and removes what it
 wrote. The checks run against the configured store (``WARP_STORE`` or the
 default local directory) and say how to fix what fails. The credentials
-check lives in :mod:`warpdata.doctor_checks` so it runs first; these SKIP
+check lives in :mod:`warpdata.doctor.checks` so it runs first; these SKIP
 when an earlier store check already failed.
 """
 
@@ -13,9 +13,9 @@ import contextlib
 import hashlib
 import uuid
 
-from warpdata import envvars
-from warpdata.checks import FAIL, PASS, WARN, CheckResult, check
-from warpdata.doctor_checks import store_blocker
+from warpdata.core import envvars
+from warpdata.doctor.checks import store_blocker
+from warpdata.doctor.registry import FAIL, PASS, WARN, CheckResult, check
 
 
 def _store():

@@ -1,7 +1,7 @@
 """Typed errors of the dataset registry (seed 002 §10, table X0).
 
 Each class carries the cause in one line and the remedy in ``hint``, maps to
-an exit code of :class:`warpdata.errors.ExitCode` through its warp base
+an exit code of :class:`warpdata.core.errors.ExitCode` through its warp base
 class, and also inherits the builtin a library caller would naturally catch:
 
 ========================== ===================== ======== =========================
@@ -30,7 +30,7 @@ from __future__ import annotations
 import builtins
 import re
 
-from warpdata.errors import ConfigError, DataError, MissingInputError, UsageError
+from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError
 
 __all__ = [
     "AuthenticationError",
@@ -183,7 +183,7 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
     ("read", "write", "list"). Exceptions that are already warp errors, and
     ones this function does not recognise, are returned unchanged.
     """
-    from warpdata.errors import WarpError
+    from warpdata.core.errors import WarpError
 
     if isinstance(exc, WarpError):
         return exc  # type: ignore[return-value]

@@ -1,7 +1,7 @@
 """``warp publish --from PATH``: turn anything a warp command wrote into dataset parts.
 
 Commands hand work to each other only through manifests on disk
-(:mod:`warpdata.manifests`). This module reads them *generically*, so a new
+(:mod:`warpdata.artifacts.manifests`). This module reads them *generically*, so a new
 producer publishes without changes here:
 
 * a directory holding ``manifest.json`` with a ``"kind"`` (tensor warehouse,
@@ -22,7 +22,7 @@ Beside the artifact come tables:
 
 When the version has no ``main`` table, ``metadata.default_table`` names the
 per-sample table (``samples``, else ``records``) that readers use when no
-table is named (:attr:`warpdata.dataset.Dataset.default_table`).
+table is named (:attr:`warpdata.read.dataset.Dataset.default_table`).
 
 A table name already taken (by ``--table`` or an earlier ``--from``) gets the
 artifact name as prefix (``<artifact>_files``). ``metadata.sources`` records each source's kind and the
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdata.errors import DataError, MissingInputError
-from warpdata.manifests import MANIFEST_NAME, read_manifest
+from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.registry.manifest import NAME_RE
 
 __all__ = ["FromSource", "check_symlinks", "describe_source"]

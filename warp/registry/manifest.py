@@ -28,7 +28,7 @@ Contract:
   older readers still read it. Readers accept both.
 
 * **Identity (I0/M1).** ``version_hash`` = SHA-256 of the canonical JSON
-  (:mod:`warpdata.canonical`: sorted keys, no whitespace, UTF-8) of the
+  (:mod:`warpdata.core.canonical`: sorted keys, no whitespace, UTF-8) of the
   *hashed part*: every field except ``version_hash`` and ``metadata``, plus,
   in format 3, the read-affecting metadata keys (:data:`READ_METADATA`:
   ``default_table`` picks the table readers use, ``sources`` the artifact a
@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from warpdata.canonical import CanonicalJSONError, canonical_json, sha256_hex
+from warpdata.core.canonical import CanonicalJSONError, canonical_json, sha256_hex
 from warpdata.registry.errors import InvalidDatasetIdError, LocalPathError, ManifestCorruptedError
 
 __all__ = [

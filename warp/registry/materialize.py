@@ -7,13 +7,13 @@ shards, the feature cache's WFS1 shards) map each member straight out of the
 cached tar shard: :func:`materialize` never copies a member, and the cache
 holds every byte once.
 
-* The dataset is resolved as usual (:func:`warpdata.dataset.dataset`:
+* The dataset is resolved as usual (:func:`warpdata.read.dataset.dataset`:
   ``latest`` or ``version=``, ``store=``, cached manifest).
 * The artifact is the one whose ``metadata.sources`` kind is ``kind`` (or the
   one named ``artifact=``); its member index (a small cached blob) says which
   tar shards hold ``manifest.json`` and the data files the manifest lists.
 * Those tar shards are pinned, then taken from the blob cache or fetched
-  into it whole through :meth:`~warpdata.dataset.Dataset.fetch_blob`, exactly
+  into it whole through :meth:`~warpdata.read.dataset.Dataset.fetch_blob`, exactly
   as ``warp warm`` fetches them: the same content-addressed blobs, so a warmed
   dataset opens with zero data GETs and zero extra bytes, and an unwarmed one
   fetches each needed tar shard once (SHA-256 checked by the blob cache as it
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from warpdata.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import DataError, MissingInputError, UsageError
 
 __all__ = ["Member", "PublishedArtifact", "looks_like_dataset", "materialize"]
 
@@ -166,7 +166,7 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
     ``files(manifest_doc)`` names the data files the reader needs (paths
     relative to the artifact root); ``manifest.json`` always comes along.
     """
-    from warpdata.dataset import Dataset
+    from warpdata.read.dataset import Dataset
 
     ds = Dataset(target, mode=mode, version=version, store=store, cache=cache)
     if ds.cache is None:

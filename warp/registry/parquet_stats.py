@@ -178,7 +178,7 @@ class Predicate:
     def parse(cls, expr: str, column_names: list[str]) -> Predicate | None:
         """The predicate of ``WHERE expr``, or None when DuckDB cannot parse it here."""
         import duckdb
-        from warpdata.sqlgate import connect, lock
+        from warpdata.core.sqlgate import connect, lock
 
         con = connect()
         try:

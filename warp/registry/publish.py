@@ -52,10 +52,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from warpdata import envvars
-from warpdata.atomic import atomic_write_bytes
-from warpdata.canonical import sha256_file
-from warpdata.errors import DataError, MissingInputError, UsageError
+from warpdata.core import envvars
+from warpdata.core.atomic import atomic_write_bytes
+from warpdata.core.canonical import sha256_file
+from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -496,7 +496,6 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
                              hint=f"columns: {', '.join(tables[b.table].columns)}")
     dangling = _check_bindings(req, stager)
     from warpdata import __version__
-
     metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                 "warp_version": __version__}
     if dangling:
@@ -613,7 +612,7 @@ MAX_PARTS = 10_000
 
 def upload_concurrency() -> int:
     """``WARP_UPLOAD_CONCURRENCY``: parts of one large blob in flight at once (default 8)."""
-    from warpdata.errors import ConfigError
+    from warpdata.core.errors import ConfigError
 
     text = envvars.get("WARP_UPLOAD_CONCURRENCY")
     if text is None:

@@ -1,7 +1,7 @@
 """Dataset stores: content-addressed blobs, immutable manifests, a mutable ``latest``.
 
 A :class:`Store` is a root URL (local directory, ``s3://bucket/prefix`` or
-``memory://name``; default :func:`warpdata.envvars.default_store`, i.e.
+``memory://name``; default :func:`warpdata.core.envvars.default_store`, i.e.
 ``WARP_STORE`` or ``$XDG_DATA_HOME/warp/store``) with this layout::
 
     blobs/sha256/<h[:2]>/<h>                          immutable, create-only
@@ -49,9 +49,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from warpdata import envvars
-from warpdata.atomic import create_exclusive
-from warpdata.canonical import canonical_json
+from warpdata.core import envvars
+from warpdata.core.atomic import create_exclusive
+from warpdata.core.canonical import canonical_json
 from warpdata.registry.errors import (
     BlobCorruptedError,
     BlobNotFoundError,
@@ -61,7 +61,7 @@ from warpdata.registry.errors import (
     translate_storage_error,
 )
 from warpdata.registry.manifest import HASH_RE, Manifest, blob_key, validate_dataset_id
-from warpdata.storage import Location, StorageConfig, filesystem, parse_location
+from warpdata.storage.locations import Location, StorageConfig, filesystem, parse_location
 
 __all__ = ["FileLock", "LatestPointer", "Store", "open_store"]
 
@@ -144,7 +144,7 @@ class _LocalBackend(_Backend):
         return create_exclusive(self.path(key), source=local)
 
     def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
-        from warpdata.atomic import atomic_write_bytes
+        from warpdata.core.atomic import atomic_write_bytes
 
         path = self.path(key)
         with FileLock(path + ".lock", stale_after=self.stale_after):
@@ -292,7 +292,7 @@ def boto3_client(config: StorageConfig):
         from botocore import UNSIGNED
         from botocore.config import Config
     except ImportError:
-        from warpdata.errors import DependencyError, install_hint
+        from warpdata.core.errors import DependencyError, install_hint
 
         raise DependencyError("S3 stores need the 'boto3' package, which is not installed",
                               hint=install_hint("s3")) from None
@@ -306,7 +306,9 @@ def boto3_client(config: StorageConfig):
     if config.anon:
         kw["signature_version"] = UNSIGNED
     session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
-    from warpdata.storage import limit_connect_retries  # refused/DNS: fail in seconds, not 15-20 s
+    from warpdata.storage.locations import (
+        limit_connect_retries,  # refused/DNS: fail in seconds, not 15-20 s
+    )
 
     return limit_connect_retries(
         session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw)))
@@ -531,7 +533,7 @@ class Store:
         """
         if self.location.protocol != "file":
             return []
-        from warpdata.atomic import remove_stale_temps
+        from warpdata.core.atomic import remove_stale_temps
 
         root = self.location.path
         return remove_stale_temps([os.path.join(root, "blobs"), os.path.join(root, "datasets")],
@@ -637,7 +639,7 @@ class Store:
     def _not_found(self, dataset_id: str) -> DatasetNotFoundError:
         import difflib
 
-        from warpdata.storage import missing_store_folder
+        from warpdata.storage.locations import missing_store_folder
 
         missing = missing_store_folder(self.location)
         if missing:

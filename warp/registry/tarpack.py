@@ -37,9 +37,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from warpdata.atomic import TMP_PREFIX
-from warpdata.canonical import canonical_json
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.atomic import TMP_PREFIX
+from warpdata.core.canonical import canonical_json
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.registry.errors import ManifestCorruptedError
 from warpdata.registry.manifest import HASH_RE, INDEX_FORMAT
 

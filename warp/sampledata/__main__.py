@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from warpdata.errors import WarpError
+from warpdata.core.errors import WarpError
 from warpdata.sampledata import GENERATORS
 
 

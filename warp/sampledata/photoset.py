@@ -46,8 +46,8 @@ def _wav(seed: int) -> bytes:
 def generate(out: Path, count: int = 500, seed: int = 0) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from warpdata.atomic import atomic_file, atomic_write_bytes
-    from warpdata.errors import UsageError
+    from warpdata.core.atomic import atomic_file, atomic_write_bytes
+    from warpdata.core.errors import UsageError
 
     out = Path(out)
     count = int(count)

@@ -101,7 +101,7 @@ def generate(out: Path, count: int = 64, seed: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     shape = (int(count), 256, 256)
     vol = photo_like_volume(shape, "uint16", seed)
-    from warpdata.atomic import atomic_file, atomic_write_bytes, atomic_write_text
+    from warpdata.core.atomic import atomic_file, atomic_write_bytes, atomic_write_text
 
     atomic_write_bytes(out / "volume.raw", vol.tobytes())
     with atomic_file(out / "volume.npy") as f:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdata.errors import DataError, UsageError
+from warpdata.core.errors import DataError, UsageError
 from warpdata.formats.imageinfo import EXTENSION_FORMATS, image_info
 from warpdata.formats.tbl import (
     COMPRESSIONS,
@@ -260,7 +260,7 @@ def convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = N
     """Convert ``req.input`` to ``req.output``; ``progress(samples, tar_bytes_read)``.
 
     A damaged or non-tar input raises :class:`TarFormatError` naming the input;
-    an input that yields no sample raises :class:`~warpdata.errors.DataError`.
+    an input that yields no sample raises :class:`~warpdata.core.errors.DataError`.
     Either way no ``OUT`` is written.
     """
     try:

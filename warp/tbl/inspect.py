@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from warpdata.artifacts.inspect import Report
 from warpdata.formats.tbl import (
     F_INDEX_CRC32,
     F_META_CRC32,
@@ -22,7 +23,6 @@ from warpdata.formats.tbl import (
     TblReader,
     entry_codec,
 )
-from warpdata.inspectors import Report
 
 # dimension histogram buckets by the longer side
 _BUCKETS = (0, 1, 64, 128, 256, 512, 1024, 2048, 4096, 65536)

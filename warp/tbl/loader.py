@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from warpdata.errors import DataError, UsageError
+from warpdata.core.errors import DataError, UsageError
 from warpdata.formats.tbl import FORMAT_CODES, SampleInfo, TblReader
 
 
@@ -58,8 +58,7 @@ class Batch:
 
 def dist_from_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """(rank, world_size), defaulting to the RANK / WORLD_SIZE environment variables."""
-    from warpdata import envvars
-
+    from warpdata.core import envvars
     def env_int(name: str, default: int) -> int:
         v = envvars.get(name)
         if v is None:

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)

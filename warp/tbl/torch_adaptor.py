@@ -26,7 +26,7 @@ try:
     import torch
     from torch.utils.data import Dataset, IterableDataset, get_worker_info
 except ImportError as e:  # pragma: no cover - exercised only without torch
-    from warpdata.errors import missing_dependency
+    from warpdata.core.errors import missing_dependency
 
     raise missing_dependency("the PyTorch adaptor for .tbl files", "torch", "torch") from e
 

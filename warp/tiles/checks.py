@@ -9,7 +9,7 @@ is a WARN, since ``auto`` silently falls back to the CPU.
 
 from __future__ import annotations
 
-from warpdata.checks import FAIL, PASS, WARN, CheckResult, check
+from warpdata.doctor.registry import FAIL, PASS, WARN, CheckResult, check
 
 
 @check("tile-backends", "backends")
@@ -17,7 +17,7 @@ def tile_backends() -> CheckResult:
     import os
     import shutil
 
-    from warpdata.errors import WarpError
+    from warpdata.core.errors import WarpError
     from warpdata.kernels import availability, resolve
 
     avail = availability()

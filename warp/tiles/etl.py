@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from warpdata import output as out
-from warpdata.config import Field, validate
-from warpdata.errors import ConfigError, DataError, MissingInputError
-from warpdata.pipelines import EtlRequest, EtlResult
+from warpdata.cli import output as out
+from warpdata.core.config import Field, validate
+from warpdata.core.errors import ConfigError, DataError, MissingInputError
+from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.tiles.pyramid import METHODS
 
 RECIPE_VERSION = 1
@@ -198,9 +198,9 @@ def _input_crc(path: str) -> str:
 
 
 def run(req: EtlRequest) -> EtlResult:
-    from warpdata.canonical import identity
+    from warpdata.core.canonical import identity
     from warpdata.kernels import resolve as resolve_backend
-    from warpdata.storage import filesystem, parse_location
+    from warpdata.storage.locations import filesystem, parse_location
 
     cfg = validate(req.config, SCHEMA, req.source)
     where = req.source.where

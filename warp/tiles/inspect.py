@@ -16,10 +16,10 @@ import json
 import math
 import os
 
-from warpdata.errors import DataError, MissingInputError
+from warpdata.artifacts.inspect import Report
+from warpdata.artifacts.manifests import MANIFEST_NAME
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.formats import zarr_v3
-from warpdata.inspectors import Report
-from warpdata.manifests import MANIFEST_NAME
 
 
 def _read_json(path: str) -> dict | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from warpdata.errors import ConfigError
+from warpdata.core.errors import ConfigError
 
 METHODS = ("median", "mean", "nearest")
 MAX_PYRAMID_DIMS = 16

@@ -29,7 +29,7 @@ Only directories that look like array outputs (empty, or holding a
 ``zarr.json`` or ``manifest.json``) are replaced: a path naming anything else
 is a ConfigError before any work starts.
 
-The exchange, the umask modes and the liveness test are warp/atomic.py's.
+The exchange, the umask modes and the liveness test are warp/core/atomic.py's.
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from warpdata import atomic
-from warpdata.atomic import TMP_PREFIX
-from warpdata.errors import ConfigError
+from warpdata.core import atomic
+from warpdata.core.atomic import TMP_PREFIX
+from warpdata.core.errors import ConfigError
 
 
 def _leftover_re(name: str) -> re.Pattern:
-    # .warp-tmp-<pid>-<8 random>-<name>, and the forms without a pid / with "old-" (warp/atomic.py's atomic_dir)
+    # .warp-tmp-<pid>-<8 random>-<name>, and the forms without a pid / with "old-" (warp/core/atomic.py's atomic_dir)
     return re.compile(rf"^{re.escape(TMP_PREFIX)}(?:old-)?(?:(\d+)-)?[a-z0-9_]{{8}}-{re.escape(name)}$")
 
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from warpdata.atomic import CommitOnSuccess
-from warpdata.errors import ConfigError, DataError, InternalError
+from warpdata.core.atomic import CommitOnSuccess
+from warpdata.core.errors import ConfigError, DataError, InternalError
 from warpdata.formats import crc as crc32c
 from warpdata.formats import zarr_v3
 from warpdata.formats.tiling import SlabPlan, TileGeometry
@@ -611,7 +611,7 @@ class TileWriter(CommitOnSuccess):
                     attrs.update(self.attributes)
                     self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
                 result.manifest = self._manifest(result)
-                from warpdata.canonical import canonical_json
+                from warpdata.core.canonical import canonical_json
 
                 self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
                 if self._tmp is not None:

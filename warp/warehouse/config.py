@@ -1,7 +1,7 @@
 """The ``warp etl`` config for tensor warehouses: schema and typed view.
 
 The TOML file (commented example: ``examples/transform.toml``) is checked
-against :data:`SCHEMA` with :mod:`warpdata.config`, so a bad key or value is
+against :data:`SCHEMA` with :mod:`warpdata.core.config`, so a bad key or value is
 reported as ``file:line: 'dotted.key' must be ...`` with a did-you-mean.
 Relative paths are resolved against the config file's directory, so a
 dataset and its config can move together (and keep their version).
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warpdata.config import ConfigSource, Field, non_negative, positive, validate
-from warpdata.errors import ConfigError
+from warpdata.core.config import ConfigSource, Field, non_negative, positive, validate
+from warpdata.core.errors import ConfigError
 from warpdata.etl.objectstore import is_url
-from warpdata.quarantine import Thresholds
+from warpdata.etl.quarantine import Thresholds
 
 FORMATS = ("coco", "yolo", "jsonl")
 RESIZE_MODES = ("letterbox", "resize")

@@ -6,7 +6,7 @@ Phases (each timed into ``metrics.json``):
 2. **labels** — :mod:`~warpdata.warehouse.labels` loads and checks records.
 3. **probe** — :mod:`~warpdata.warehouse.validate` reads and SHA-256s every
    image, probes headers and checks boxes in the EXIF-oriented frame. The
-   :class:`~warpdata.quarantine.Quarantine` verdict is checked *before any
+   :class:`~warpdata.etl.quarantine.Quarantine` verdict is checked *before any
    transform*: over a ``fail`` threshold the ETL stops with exit 65 and the
    worst offenders, unless ``--allow-invalid``.
 4. **version** — SHA-256 of the canonical recipe: transform, validation and
@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from warpdata import __version__
-from warpdata import output as out
-from warpdata.atomic import (
+from warpdata.cli import output as out
+from warpdata.core.atomic import (
     TMP_PREFIX,
     atomic_file,
     atomic_write_bytes,
@@ -61,9 +61,9 @@ from warpdata.atomic import (
     fsync_dir,
     temp_prefix,
 )
-from warpdata.canonical import canonical_json, identity, seal
-from warpdata.directio import BLOCK, AlignedFile
-from warpdata.errors import DataError
+from warpdata.core.canonical import canonical_json, identity, seal
+from warpdata.core.directio import BLOCK, AlignedFile
+from warpdata.core.errors import DataError
 from warpdata.etl.executors import (
     ExecutorSpec,
     close_started,
@@ -72,11 +72,11 @@ from warpdata.etl.executors import (
     resolve_executor,
     start_runner,
 )
+from warpdata.etl.pipelines import EtlRequest, EtlResult
+from warpdata.etl.quarantine import Quarantine
 from warpdata.etl.receipts import Journal
 from warpdata.etl.workers import resolve_workers
 from warpdata.formats import twh1
-from warpdata.pipelines import EtlRequest, EtlResult
-from warpdata.quarantine import Quarantine
 from warpdata.warehouse import config as wconfig
 from warpdata.warehouse import labels as wlabels
 from warpdata.warehouse import manifest as wmanifest
@@ -558,7 +558,7 @@ def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float 
             os.close(fd)
     others = [p for p in root.glob(f"{TMP_PREFIX}*") if not p.name.startswith(BUILD_PREFIX)]
     if others:
-        from warpdata.atomic import remove_stale_temps
+        from warpdata.core.atomic import remove_stale_temps
 
         removed += remove_stale_temps([root], older_than=older_than, exclude=(BUILD_PREFIX,))
     return removed
@@ -669,7 +669,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
     per_shard = samples_per_shard(cfg, len(kept))
     spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation)
     label_hashes = []
-    from warpdata.canonical import sha256_file
+    from warpdata.core.canonical import sha256_file
 
     for lf in sorted(ls.label_files):
         label_hashes.append([wlabels.rel_path(cfg.root, lf), sha256_file(lf) if lf.is_file() else "missing"])
@@ -706,7 +706,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
                 doc = _verify_version(cand, version, workers)
                 if doc is not None:
                     if doc["summary"]["verdict"]["status"] == "fail" and not req.allow_invalid:
-                        from warpdata.quarantine import Check, Verdict
+                        from warpdata.etl.quarantine import Check, Verdict
 
                         v = doc["summary"]["verdict"]
                         Verdict("fail", [Check(**c) for c in v["checks"]], v["worst_offenders"]).raise_for_status(
@@ -803,7 +803,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
             # version directory); the build directory's name then holds the old tree
             if exchange(build_dir, final):
                 old = build_dir
-            else:  # the two-rename fallback of warpdata.atomic (docs/formats/twh1.md)
+            else:  # the two-rename fallback of warpdata.core.atomic (docs/formats/twh1.md)
                 old = root / f"{temp_prefix()}old-{final.name}"
                 os.replace(final, old)
                 os.replace(build_dir, final)
@@ -825,7 +825,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
 
 def _check_existing_verdict(doc: dict[str, Any], req: EtlRequest, cfg: wconfig.WarehouseConfig, name: str) -> None:
     if doc["summary"]["verdict"]["status"] == "fail" and not req.allow_invalid:
-        from warpdata.quarantine import Check, Verdict
+        from warpdata.etl.quarantine import Check, Verdict
 
         v = doc["summary"]["verdict"]
         Verdict("fail", [Check(**c) for c in v["checks"]], v["worst_offenders"]).raise_for_status(

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import os
 
-from warpdata.errors import DataError
+from warpdata.artifacts.inspect import Report
+from warpdata.core.errors import DataError
 from warpdata.formats import twh1
-from warpdata.inspectors import Report
 from warpdata.warehouse import manifest as wmanifest
 
 

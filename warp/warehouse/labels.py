@@ -5,7 +5,7 @@ Each loader returns a :class:`LabelSet`: one :class:`LabelRecord` per image
 table (ids and names kept as the source has them), the label files read,
 and the label-level rejections ``(run, sample_id, source, reason, message)``
 for the quarantine. A label *file* that cannot be parsed at all raises
-:class:`~warpdata.errors.DataError` naming it; a bad *record* only rejects
+:class:`~warpdata.core.errors.DataError` naming it; a bad *record* only rejects
 its sample. Checks done here (no image needed): schema, finite numbers,
 degenerate boxes, unknown classes, duplicates, orphans. Checks that need the
 image size (bounds, YOLO's normalized boxes) happen after probing
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.warehouse.config import Limits
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")

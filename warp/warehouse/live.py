@@ -6,7 +6,7 @@ transforms each sample with the same :class:`~.transform.Transformer` and
 box code, so ``live[i]`` equals the warehouse sample with the same key byte
 for byte (a test proves it). It is a fallback for development: it pays the
 decode on every read, which is exactly what the warehouse exists to avoid.
-Samples whose full decode fails raise :class:`~warpdata.errors.DataError`
+Samples whose full decode fails raise :class:`~warpdata.core.errors.DataError`
 (the ETL would have quarantined them).
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.config import parse_toml
-from warpdata.errors import DataError
+from warpdata.core.config import parse_toml
+from warpdata.core.errors import DataError
 from warpdata.warehouse import config as wconfig
 from warpdata.warehouse.etl import scan
 from warpdata.warehouse.transform import DecodeError, Transformer, TransformSpec, transform_boxes

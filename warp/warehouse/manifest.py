@@ -1,11 +1,11 @@
 """Tensor-warehouse manifests: JSON Schema validation, canonical writing, lookup.
 
 The schema ships as ``manifest.schema.json`` beside this module (package
-data). :func:`validate_manifest` raises :class:`~warpdata.errors.DataError`
+data). :func:`validate_manifest` raises :class:`~warpdata.core.errors.DataError`
 naming the file and the JSON path of the first violation. Manifests are
-written as canonical JSON (sorted keys, no whitespace; ``warpdata.canonical``)
+written as canonical JSON (sorted keys, no whitespace; ``warpdata.core.canonical``)
 so the same content gives the same bytes, and sealed: ``content_sha256`` is the
-SHA-256 of the canonical JSON of every other field (:func:`warpdata.canonical.content_hash`;
+SHA-256 of the canonical JSON of every other field (:func:`warpdata.core.canonical.content_hash`;
 no timestamps or timings inside, so identical builds give identical manifests).
 :func:`read` refuses a manifest whose hash does not match, one written before
 the seal existed (``manifest_version`` 1: rebuild it, a rerun of ``warp etl``
@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from warpdata.errors import DataError
+from warpdata.core.errors import DataError
 
 MANIFEST_NAME = "manifest.json"
 KIND = "tensor-warehouse"
@@ -52,7 +52,7 @@ def validate_manifest(doc: Any, where: str = "manifest") -> None:
 
 def check_seal(doc: dict[str, Any], where: str, hint: str = REBUILD_HINT) -> None:
     """Refuse a manifest without the content hash, or whose content does not hash to it."""
-    from warpdata.canonical import CONTENT_HASH_FIELD, content_hash
+    from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
 
     if doc.get("manifest_version") == 1 or CONTENT_HASH_FIELD not in doc:
         raise DataError(f"{where}: tensor-warehouse manifest without a content hash (manifest_version "
@@ -98,7 +98,7 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     try:
         raw = m.read_bytes()
     except FileNotFoundError:
-        from warpdata.errors import MissingInputError
+        from warpdata.core.errors import MissingInputError
 
         raise MissingInputError(f"{m} does not exist", hint="point at a warehouse version directory "
                                 "(<root>/vYYYYMMDD-<hash>/) written by 'warp etl'") from None

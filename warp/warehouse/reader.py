@@ -15,7 +15,7 @@ in :attr:`Warehouse.shard_load_s`.
 * ``wh.batch(indices, out=)`` copies a batch into preallocated arrays
   (:meth:`Warehouse.alloc_batch`), one ``np.copyto`` per sample: batched
   copies beat per-item ``__getitem__`` + collate by 2–4× (DESIGN.md §4).
-* ``wh.sampler(...)`` is a :class:`~warpdata.sampling.ShardAwareSampler`
+* ``wh.sampler(...)`` is a :class:`~warpdata.partition.sampler.ShardAwareSampler`
   over the shard sizes.
 
 ``open("ws/name")`` (a published dataset instead of a path; ``version=``,
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.errors import ConfigError, DataError
+from warpdata.core.errors import ConfigError, DataError
 from warpdata.formats import twh1
 from warpdata.warehouse import manifest as wmanifest
 
@@ -132,7 +132,7 @@ class Warehouse:
             m = materialize(name, wmanifest.KIND, shard_files, version=version, store=store, mode=mode,
                             artifact=artifact, cache=cache, trust_cached=verify != "none")
         except DatasetNotFoundError as e:
-            from warpdata.errors import MissingInputError
+            from warpdata.core.errors import MissingInputError
 
             raise MissingInputError(f"{name} is not a local directory, and {e.message}",
                                     hint="pass a warehouse version directory written by 'warp etl', or the "
@@ -319,8 +319,8 @@ class Warehouse:
         return {k: v[:n] for k, v in out.items()}
 
     def sampler(self, **kwargs: Any):
-        """A :class:`~warpdata.sampling.ShardAwareSampler` over this warehouse's shards."""
-        from warpdata.sampling import ShardAwareSampler
+        """A :class:`~warpdata.partition.sampler.ShardAwareSampler` over this warehouse's shards."""
+        from warpdata.partition.sampler import ShardAwareSampler
 
         return ShardAwareSampler(self.shard_sizes.tolist(), **kwargs)
 
@@ -352,7 +352,7 @@ def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = 
         return Warehouse.from_published(str(path), version=version, store=store, mode=mode, artifact=artifact,
                                         allow_invalid=allow_invalid, verify=verify)
     if version is not None or store is not None or artifact is not None:
-        from warpdata.errors import UsageError
+        from warpdata.core.errors import UsageError
 
         raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a local path",
                          hint="pass the dataset name (workspace/name) to open a published warehouse")

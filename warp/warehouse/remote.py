@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.warehouse.config import Limits
 from warpdata.warehouse.labels import LabelRecord
 from warpdata.warehouse.validate import ProbeOutcome, check_bytes
@@ -47,14 +47,13 @@ def mirror_root(url: str) -> Path:
     import time
     import uuid
 
-    from warpdata import envvars
-
+    from warpdata.core import envvars
     h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     return Path(envvars.default_cache_dir()) / "etl-source" / h / f"run-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
 def _fs(url: str):
-    from warpdata.storage import filesystem, parse_location
+    from warpdata.storage.locations import filesystem, parse_location
 
     loc = parse_location(url)
     return filesystem(loc), loc.path
@@ -69,7 +68,7 @@ def _get(fs, path: str) -> bytes:
 
 
 def _infra(e: BaseException, url: str):
-    from warpdata.errors import InfrastructureError
+    from warpdata.core.errors import InfrastructureError
     from warpdata.etl.objectstore import _is_infra
 
     if not _is_infra(e):

@@ -10,7 +10,7 @@ allocated in shared memory, as ``default_collate`` does, so the hand-over to
 the main process costs no extra copy).
 
 :func:`make_loader` builds a DataLoader driven by the shard-aware sampler
-(:mod:`warpdata.sampling`): each worker reads its own shards, every rank gets
+(:mod:`warpdata.partition.sampler`): each worker reads its own shards, every rank gets
 the same number of batches, ``set_epoch`` reshuffles, and
 ``loader.batch_sampler_state()``-style resume goes through the sampler's
 ``state_dict``/``load_state_dict``.
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
-from warpdata.sampling import ShardAwareSampler
+from warpdata.partition.sampler import ShardAwareSampler
 from warpdata.warehouse.reader import Warehouse
 
 _TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float16): torch.float16,

@@ -18,7 +18,7 @@ HEX = "ab" * 32
 
 
 def _warehouse(tmp: Path) -> dict:
-    from warpdata.cli import main
+    from warpdata.cli.app import main
     from warpdata.sampledata.detection import generate
 
     d = tmp / "coco"
@@ -41,7 +41,7 @@ def _features(tmp: Path) -> dict:
 
 
 def main() -> None:
-    from warpdata.canonical import seal
+    from warpdata.core.canonical import seal
 
     cases: dict[str, tuple[object, str]] = {}
     with tempfile.TemporaryDirectory() as t:

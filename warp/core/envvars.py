@@ -60,7 +60,7 @@ _BY_NAME = {v.name: v for v in ENV_VARS}
 def get(name: str, default: str | None = None) -> str | None:
     """Read a registered environment variable (KeyError for unregistered names)."""
     if name not in _BY_NAME:
-        raise KeyError(f"environment variable {name} is not in warp's registry (warp/envvars.py)")
+        raise KeyError(f"environment variable {name} is not in warp's registry (warp/core/envvars.py)")
     value = os.environ.get(name)
     return value if value not in (None, "") else default
 

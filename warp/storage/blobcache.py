@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from warpdata import envvars
-from warpdata.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes
-from warpdata.errors import ConfigError, DataError, InternalError, UsageError
+from warpdata.core import envvars
+from warpdata.core.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes
+from warpdata.core.errors import ConfigError, DataError, InternalError, UsageError
 
 GB = 1_000_000_000
 _HEX = re.compile(r"^[0-9a-f]{64}$")

@@ -2,7 +2,7 @@
 
 Each check returns PASS / WARN / FAIL / SKIP with the command or setting that
 fixes it. The store checks exercise the configured ``WARP_STORE`` through
-:mod:`warpdata.storage` exactly as ``publish`` and the readers do: read,
+:mod:`warpdata.storage.locations` exactly as ``publish`` and the readers do: read,
 write, create-only write (S3), and DuckDB reading a Parquet file *from the
 store* (through s3fs registered in DuckDB for S3).
 
@@ -23,8 +23,8 @@ import sys
 import tempfile
 import uuid
 
-from warpdata import envvars
-from warpdata.checks import FAIL, PASS, SKIP, WARN, CheckResult, check
+from warpdata.core import envvars
+from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult, check
 
 REQUIRED = ("typer", "rich", "numpy", "lz4", "zstandard", "duckdb", "pyarrow", "fsspec", "pillow",
             "anycrc", "google-crc32c", "simplejpeg", "jsonschema")
@@ -52,7 +52,7 @@ def python_version() -> CheckResult:
 @check("distribution", "install")
 def distribution() -> CheckResult:
     """The other project named ``warpdata`` on the package index also installs ``warpdata`` and ``warp``."""
-    from warpdata.errors import DISTRIBUTION
+    from warpdata.core.errors import DISTRIBUTION
 
     providers = sorted(set(md.packages_distributions().get("warpdata", [])))
     facts = {"providers": providers}
@@ -158,7 +158,7 @@ def cache_dir() -> CheckResult:
 @check("direct-io", "cache")
 def direct_io() -> CheckResult:
     """Where ETL output goes by default (the working directory): will big writes skip the page cache?"""
-    from warpdata.directio import (
+    from warpdata.core.directio import (
         BLOCK,
         DIRECT_FILESYSTEMS,
         AlignedFile,
@@ -223,7 +223,7 @@ def store_credentials() -> CheckResult:
 
 
 def _credentials() -> CheckResult:
-    from warpdata.storage import StorageConfig, parse_location
+    from warpdata.storage.locations import StorageConfig, parse_location
 
     url = envvars.default_store()
     try:
@@ -269,7 +269,12 @@ def store() -> CheckResult:
 
 
 def _store() -> CheckResult:
-    from warpdata.storage import StorageConfig, filesystem, missing_store_folder, parse_location
+    from warpdata.storage.locations import (
+        StorageConfig,
+        filesystem,
+        missing_store_folder,
+        parse_location,
+    )
 
     url = envvars.default_store()
     try:
@@ -327,7 +332,7 @@ def duckdb_parquet() -> CheckResult:
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from warpdata.storage import StorageConfig, filesystem, parse_location
+    from warpdata.storage.locations import StorageConfig, filesystem, parse_location
 
     url = envvars.default_store()
     try:
@@ -345,7 +350,7 @@ def duckdb_parquet() -> CheckResult:
         return CheckResult(FAIL, f"cannot write a Parquet probe to {url}: {type(e).__name__}: {e}",
                            "fix the 'store' check first")
     try:
-        from warpdata.sqlgate import confine, connect
+        from warpdata.core.sqlgate import confine, connect
 
         if loc.protocol == "file":
             con = connect()

@@ -3,7 +3,7 @@
 ``warp cache gc --limit 20`` used to mean 20 *bytes* and evicted the whole
 cache. On the command line a bare number is ambiguous (bytes? GB, like
 WARP_CACHE_SIZE_GB?), so options that take a SIZE refuse it and ask for a
-unit; the library's :func:`warpdata.blobcache.parse_size` still reads bare
+unit; the library's :func:`warpdata.storage.blobcache.parse_size` still reads bare
 numbers as bytes for callers that pass ints.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import re
 
-from warpdata.errors import UsageError
+from warpdata.core.errors import UsageError
 
 _BARE = re.compile(r"^\s*[0-9]*\.?[0-9]+\s*$")
 
 
 def parse_size_option(text: str, option: str, example: str = "20GB") -> int:
     """Bytes for ``text`` given to ``option``; a bare number is a usage error (exit 2)."""
-    from warpdata.blobcache import parse_size
+    from warpdata.storage.blobcache import parse_size
 
     if _BARE.match(text):
         num = text.strip()

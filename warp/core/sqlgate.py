@@ -11,7 +11,7 @@ clause beyond the fixed ``SELECT * FROM warp_table`` is the ``WHERE``, and
 in it only column references to the table's columns, literals, comparisons,
 ``AND``/``OR``/``NOT``, ``IN``, ``BETWEEN``, ``LIKE``/``ILIKE``/``GLOB``,
 ``IS [NOT] NULL``, ``CASE``, casts, arithmetic and the pure functions in
-:data:`ALLOWED_FUNCTIONS`. Anything else is a :class:`~warpdata.errors.UsageError`
+:data:`ALLOWED_FUNCTIONS`. Anything else is a :class:`~warpdata.core.errors.UsageError`
 (exit 2) naming the construct; nothing runs.
 
 :func:`connect` is how warp opens every DuckDB connection: extensions are
@@ -28,7 +28,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from warpdata.errors import UsageError
+from warpdata.core.errors import UsageError
 
 __all__ = ["ALLOWED_FUNCTIONS", "SAFE_CONFIG", "check_filter", "confine", "connect", "lock", "where_sql"]
 

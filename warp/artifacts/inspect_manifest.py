@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 
-from warpdata.inspectors import Report
-from warpdata.manifests import MANIFEST_NAME, read_manifest
+from warpdata.artifacts.inspect import Report
+from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
 
 
 def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:

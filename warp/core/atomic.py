@@ -142,7 +142,7 @@ def remove_stale_temps(dirs: Iterable[str | os.PathLike], *, older_than: float |
     With ``recursive`` every subdirectory is searched too (a store's
     ``blobs/`` tree); names starting with one of ``exclude`` are left alone
     (their owner cleans them). Returns the removed paths. Used by ``warp etl`` reruns and
-    by :func:`warpdata.atomic.gc_temps` (the ``warp cache gc`` hook).
+    by :func:`warpdata.core.atomic.gc_temps` (the ``warp cache gc`` hook).
     """
     cutoff = time.time() if older_than is None else older_than
     removed: list[str] = []

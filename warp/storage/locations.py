@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from warpdata import envvars
-from warpdata.errors import ConfigError, DependencyError, install_hint
+from warpdata.core import envvars
+from warpdata.core.errors import ConfigError, DependencyError, install_hint
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class StorageConfig:
 
     def duckdb_connect(self, fs=None):
         """A DuckDB connection whose ``s3://`` reads go through the same s3fs settings."""
-        from warpdata.sqlgate import connect
+        from warpdata.core.sqlgate import connect
 
         con = connect()  # never installs or auto-loads an extension
         con.register_filesystem(fs if fs is not None else self.s3fs())

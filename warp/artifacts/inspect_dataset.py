@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 
-from warpdata.inspectors import Report
+from warpdata.artifacts.inspect import Report
 
 _ID = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+$")
 
@@ -22,7 +22,7 @@ def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
 
 
 def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
-    from warpdata.dataset import dataset
+    from warpdata.read.dataset import dataset
 
     ds = dataset(target)
     m = ds.manifest
@@ -45,7 +45,7 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
                "stats": m.stats, "tables_count": len(ds.tables), "artifacts_count": len(ds.artifacts)}
     problems: list[str] = []
     if verify:
-        from warpdata.blobcache import BlobCorruptError
+        from warpdata.storage.blobcache import BlobCorruptError
 
         for s in m.blobs():
             try:

@@ -17,7 +17,7 @@ other entry (files, symlinks, FIFOs, sockets) is yielded so that
 * for images: its header parses (``formats/imageinfo.py``; Pillow for
   formats it does not know) and a JPEG/PNG is not cut short (``truncated``).
 
-Reason codes are the quarantine vocabulary of :mod:`warpdata.quarantine`.
+Reason codes are the quarantine vocabulary of :mod:`warpdata.etl.quarantine`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from warpdata.atomic import TMP_PREFIX
-from warpdata.errors import DataError, MissingInputError, UsageError
-from warpdata.quarantine import register_reason
+from warpdata.core.atomic import TMP_PREFIX
+from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.etl.quarantine import register_reason
 from warpdata.registry.manifest import validate_dataset_id
 
 __all__ = ["IMAGE_EXTENSIONS", "FileInfo", "IngestOptions", "IngestResult", "Rejected", "check_file",

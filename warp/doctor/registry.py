@@ -34,7 +34,7 @@ class Check:
 _REGISTRY: dict[str, Check] = {}
 
 CHECK_MODULES: tuple[str, ...] = (
-    "warpdata.doctor_checks",
+    "warpdata.doctor.checks",
     "warpdata.registry.checks",
     "warpdata.tiles.checks",
 )

@@ -23,7 +23,7 @@ and ``empty_fraction`` (fractions of ``total``), each with an optional
 ``warn`` and ``fail`` level. :meth:`Quarantine.evaluate` checks the aggregate
 and every run and returns a :class:`Verdict` (``ok``/``warn``/``fail``) with
 the worst offenders (reason codes by count, with example samples);
-:meth:`Verdict.raise_for_status` raises :class:`~warpdata.errors.DataError`
+:meth:`Verdict.raise_for_status` raises :class:`~warpdata.core.errors.DataError`
 (exit 65) on ``fail`` unless ``allow_invalid``. Everything is JSON-able via
 ``to_dict``/``from_dict``; output is deterministic (sorted keys, records in
 recording order).
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from warpdata.errors import ConfigError, DataError
+from warpdata.core.errors import ConfigError, DataError
 
 CATEGORIES = ("missing", "invalid")
 METRICS = ("invalid_fraction", "missing_fraction", "empty_fraction")
@@ -96,7 +96,7 @@ def reason(code: str) -> Reason:
         return REASONS[code]
     except KeyError:
         raise ValueError(f"unknown quarantine reason code {code!r}; register it with "
-                         "warpdata.quarantine.register_reason") from None
+                         "warpdata.etl.quarantine.register_reason") from None
 
 
 @dataclass(frozen=True)

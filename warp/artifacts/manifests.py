@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from warpdata.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError
 
 MANIFEST_NAME = "manifest.json"
 KINDS = ("tensor-warehouse", "zarr-array", "feature-cache", "dataset")

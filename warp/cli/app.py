@@ -15,7 +15,7 @@ imports only the module of the subcommand being run; the others are listed
 in ``warp --help`` from their ``COMMANDS`` summary without being imported.
 Help is Click's plain formatter (``rich_markup_mode=None``): Typer's Rich
 help imports rich.markdown and markdown-it, ~90 ms per call here.
-Expected failures are :class:`~warpdata.errors.WarpError` and print one line
+Expected failures are :class:`~warpdata.core.errors.WarpError` and print one line
 of cause plus a hint, with the documented exit code; anything else is a bug
 (exit 70), with a traceback only under ``--debug`` / ``WARP_DEBUG=1``.
 """
@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import typer
-from warpdata import __version__, envvars
-from warpdata import output as out
-from warpdata.errors import EXIT_CODE_DOCS, ExitCode, InternalError, WarpError
+from warpdata import __version__
+from warpdata.cli import output as out
+from warpdata.core import envvars
+from warpdata.core.errors import EXIT_CODE_DOCS, ExitCode, InternalError, WarpError
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ INSPECTORS: tuple[tuple[str, str], ...] = (
     ("tbl", "warpdata.tbl.inspect"),
     ("tensor-warehouse", "warpdata.warehouse.inspect"),
     ("zarr-array", "warpdata.tiles.inspect"),
-    ("manifest", "warpdata.inspect_manifest"),
-    ("dataset", "warpdata.inspect_dataset"),
+    ("manifest", "warpdata.artifacts.inspect_manifest"),
+    ("dataset", "warpdata.artifacts.inspect_dataset"),
 )
 
 

@@ -1,4 +1,4 @@
-"""Remote-first read API: ``warpdata.dataset("ws/name")`` and its tables.
+"""Remote-first read API: ``warpdata.read.dataset("ws/name")`` and its tables.
 
 Contract
 --------
@@ -23,11 +23,11 @@ Contract
   ``head(n)`` fetch footers and the row groups they need, never whole shards;
   ``filter(sql)`` runs in DuckDB with projection and predicate pushdown;
   ``batches()`` yields Arrow RecordBatches planned by
-  :mod:`warpdata.sharding` (rank × DataLoader worker, equal batch counts,
+  :mod:`warpdata.partition.plan` (rank × DataLoader worker, equal batch counts,
   resumable). Columns bound to an artifact come back as typed refs
-  (:mod:`warpdata.refs`) from ``batch_dicts()``.
+  (:mod:`warpdata.read.refs`) from ``batch_dicts()``.
 * S3 reads go through pyarrow's native S3 filesystem built from the one
-  :class:`~warpdata.storage.StorageConfig` (timeouts, AWS SDK retries with
+  :class:`~warpdata.storage.locations.StorageConfig` (timeouts, AWS SDK retries with
   jittered backoff); DuckDB gets the same settings through s3fs.
 """
 
@@ -40,11 +40,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from warpdata import envvars
-from warpdata import output as out
-from warpdata.blobcache import BlobCache, CacheTooSmallError, normalize_hash
-from warpdata.errors import MissingInputError, UsageError
-from warpdata.sharding import ResumeState, ShardingError, ShardPlan, auto_shard
+from warpdata.cli import output as out
+from warpdata.core import envvars
+from warpdata.core.errors import MissingInputError, UsageError
+from warpdata.partition.plan import ResumeState, ShardingError, ShardPlan, auto_shard
+from warpdata.storage.blobcache import BlobCache, CacheTooSmallError, normalize_hash
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,7 +74,7 @@ class Remote:
 
     def __init__(self, store_url: str | None = None) -> None:
         from pyarrow import fs as pafs
-        from warpdata.storage import StorageConfig, filesystem, parse_location
+        from warpdata.storage.locations import StorageConfig, filesystem, parse_location
 
         self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
         self.config = StorageConfig.from_env()
@@ -150,7 +150,7 @@ class Remote:
                     break
                 dst.write(view[:n])
         except Exception as e:
-            from warpdata.errors import WarpError
+            from warpdata.core.errors import WarpError
 
             if isinstance(e, WarpError):
                 raise
@@ -355,7 +355,7 @@ class Dataset:
         return Table(self, name)
 
     def artifact(self, name: str):
-        from warpdata.refs import ArtifactReader
+        from warpdata.read.refs import ArtifactReader
 
         if name not in self.manifest.artifacts:
             raise MissingInputError(f"{self.id} has no artifact {name!r} (artifacts: {', '.join(self.artifacts) or 'none'})",
@@ -363,8 +363,8 @@ class Dataset:
         return ArtifactReader(self, name)
 
     def embeddings(self, name: str):
-        """Exact nearest-neighbour search over embedding ``name`` (see :mod:`warpdata.embeddings`)."""
-        from warpdata.embeddings import open_index
+        """Exact nearest-neighbour search over embedding ``name`` (see :mod:`warpdata.registry.embeddings`)."""
+        from warpdata.registry.embeddings import open_index
 
         return open_index(self, name)
 
@@ -424,7 +424,7 @@ class Dataset:
         ``max_bytes`` caps what is newly downloaded. Already-cached blobs cost
         one local hash check and no network.
         """
-        from warpdata.blobcache import parse_size
+        from warpdata.storage.blobcache import parse_size
 
         if self.cache is None or self.mode == "local":
             raise UsageError(f"warm needs a cache and a store; mode {self.mode!r} has {'no cache' if self.cache is None else 'no store'}",
@@ -515,7 +515,7 @@ class _ShardFiles:
         try:
             pf = pq.ParquetFile(src, pre_buffer=not local, metadata=md)
         except Exception as e:
-            from warpdata.errors import DataError
+            from warpdata.core.errors import DataError
 
             raise DataError(f"{self.ds.remote.url_of(self.ds.blob_key(s))}: not a readable Parquet shard: {e}",
                             hint="the store copy is damaged; republish the dataset") from None
@@ -867,7 +867,7 @@ class _RowGroupBatcher:
 def _check_rows(files: _ShardFiles, unit: int, groups: list[int], got: int, want: int) -> None:
     """Row groups read must hold the rows planned from the manifest's statistics."""
     if got != want:
-        from warpdata.errors import DataError
+        from warpdata.core.errors import DataError
 
         ds, s = files.ds, files.shards[unit]
         raise DataError(f"{ds.remote.url_of(ds.blob_key(s))}: row groups {groups} hold {got} rows, "
@@ -1002,7 +1002,7 @@ class Table:
         so over all ranks more rows come out than the table has. ``"drop"``
         skips the remainder instead; ``"exact"`` reads every row exactly once
         (ranks may differ by one row), which is what ``warp stream --shard``
-        does unless given ``--pad``. See docs in :mod:`warpdata.sharding`.
+        does unless given ``--pad``. See docs in :mod:`warpdata.partition.plan`.
         ``resume``: a :class:`ResumeState` (or its JSON) from ``state_dict()``.
         """
         cols = self._check_columns(columns)
@@ -1029,7 +1029,7 @@ class Table:
         shards by pread, the rest by coalesced ranged GETs), so ``read_bytes()``
         and the decoders cost no request.
         """
-        from warpdata.refs import make_refs
+        from warpdata.read.refs import make_refs
 
         bound = {c: make_refs(self.ds, b, read_refs) for c, b in self.bindings.items()}
         for batch in self.batches(batch_size, columns, **kw):
@@ -1049,7 +1049,7 @@ class Table:
 
         ``expr`` is one expression over the table's columns: comparisons, AND/OR/NOT,
         IN, BETWEEN, LIKE, IS NULL, CASE, casts and pure functions
-        (:data:`warpdata.sqlgate.ALLOWED_FUNCTIONS`); anything else (a second
+        (:data:`warpdata.core.sqlgate.ALLOWED_FUNCTIONS`); anything else (a second
         statement, a subquery, UNION, file-reading functions) is a UsageError.
         """
         return Query(self, expr, self.columns)
@@ -1179,7 +1179,7 @@ class Query:
         return parts[0] if len(parts) == 1 else pads.dataset(parts)
 
     def sql(self, limit: int | None = None, what: str | None = None) -> str:
-        from warpdata.sqlgate import check_filter, where_sql
+        from warpdata.core.sqlgate import check_filter, where_sql
 
         check_filter(self.expr, self.table.schema_names())  # one expression over the columns, or UsageError
         cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
@@ -1197,7 +1197,7 @@ class Query:
             dset = self._arrow_dataset(shard)
         if dset is None:
             return None, None
-        from warpdata.sqlgate import connect, lock
+        from warpdata.core.sqlgate import connect, lock
 
         con = connect()
         con.register("warp_table", dset)
@@ -1271,7 +1271,7 @@ class TorchLoader:
         try:
             import torch  # noqa: F401
         except ImportError:
-            from warpdata.errors import missing_dependency
+            from warpdata.core.errors import missing_dependency
 
             raise missing_dependency("to_torch()", "torch", "torch") from None
         self.table, self.batch_size, self.columns = table, batch_size, columns
@@ -1343,7 +1343,7 @@ def _make_torch_iterable(args: tuple) -> Any:
                 t = ds.table(table)
                 readers = {}
                 if read_refs:
-                    from warpdata.refs import ArtifactReader
+                    from warpdata.read.refs import ArtifactReader
 
                     readers = {c: ArtifactReader(ds, b.artifact) for c, b in t.bindings.items()}
                 for b in t.batches(batch_size, columns, shard=shard, **kw):
@@ -1360,10 +1360,10 @@ def _make_torch_iterable(args: tuple) -> Any:
 
 
 class _CallableModule(type(sys)):
-    """``warpdata.dataset`` is both this module and the :func:`dataset` function.
+    """``warpdata.read.dataset`` is both this module and the :func:`dataset` function.
 
-    Importing the submodule (``from warpdata.dataset import Dataset``) makes
-    the import system set the package attribute ``warpdata.dataset`` to the
+    Importing the submodule (``from warpdata.read.dataset import Dataset``) makes
+    the import system set the package attribute ``warpdata.read.dataset`` to the
     module, hiding the lazy function: ``wd.dataset("ws/name")`` must still
     work, so the module itself is callable.
     """

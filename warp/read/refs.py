@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from warpdata.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import DataError, MissingInputError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
-    from warpdata.dataset import Dataset
+    from warpdata.read.dataset import Dataset
     from warpdata.registry.manifest import Binding
 
 
@@ -168,7 +168,7 @@ class ArtifactReader:
         threading.Thread(target=self._fetch_loop, name="warp-shard-fetch", daemon=True).start()
 
     def _fetch_loop(self) -> None:
-        from warpdata.blobcache import CacheTooSmallError
+        from warpdata.storage.blobcache import CacheTooSmallError
 
         while True:
             with self._mu:
@@ -298,7 +298,7 @@ class ArtifactReader:
         data = self.read(member)
         h = hashlib.sha256(data).hexdigest()
         p = cache.put_bytes(h, data)
-        from warpdata.atomic import atomic_write_text
+        from warpdata.core.atomic import atomic_write_text
 
         atomic_write_text(pointer, h, fsync=False)
         return p
@@ -370,7 +370,7 @@ class ImageRef(FileRef):
         try:
             from PIL import Image
         except ImportError:
-            from warpdata.errors import missing_dependency
+            from warpdata.core.errors import missing_dependency
 
             raise missing_dependency("ImageRef.as_pil()", "pillow") from None
         data = self.read_bytes()
@@ -425,7 +425,7 @@ class AudioRef(FileRef):
         try:
             import soundfile
         except ImportError:
-            from warpdata.errors import missing_dependency
+            from warpdata.core.errors import missing_dependency
 
             raise missing_dependency(f"decoding {self.member} (not PCM WAV)", "soundfile") from None
         arr, rate = soundfile.read(io.BytesIO(data), dtype="float32")

@@ -37,7 +37,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warpdata.errors import ConfigError, DataError, MissingInputError, UsageError
+from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,8 +47,8 @@ __all__ = ["ColorHistEncoder", "EmbeddingIndex", "HashTextEncoder", "add", "info
 
 INDEX_FORMAT = "warp-exact-index-1"
 BUILTIN: dict[str, str] = {
-    "color-hist": "warpdata.embeddings:ColorHistEncoder",
-    "hash-text": "warpdata.embeddings:HashTextEncoder",
+    "color-hist": "warpdata.registry.embeddings:ColorHistEncoder",
+    "hash-text": "warpdata.registry.embeddings:HashTextEncoder",
 }
 NAME_RE = re.compile(r"^[a-z0-9_]{1,64}$")
 BATCH = 256
@@ -172,7 +172,7 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     name = name or re.sub(r"[^a-z0-9_]", "_", encoder.rsplit(":", 1)[-1].lower())[:64]
     if not NAME_RE.match(name):
         raise UsageError(f"embedding name {name!r} must be lowercase letters, digits and '_'", hint="e.g. --name clip")
-    ds = warpdata.dataset(dataset_id, store=store)
+    ds = warpdata.read.dataset(dataset_id, store=store)
     tname = table or ds.default_table
     if column not in ds.table(tname).schema_names():
         raise UsageError(f"{dataset_id}: table {tname} has no column {column!r}",

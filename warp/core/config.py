@@ -2,7 +2,7 @@
 
 A config is declared as a schema: nested dicts of :class:`Field` (a leaf) or
 dicts (a table). :func:`load_config` parses the file with ``tomllib`` and
-checks it against the schema, raising :class:`~warpdata.errors.ConfigError`
+checks it against the schema, raising :class:`~warpdata.core.errors.ConfigError`
 that names the file, the line, the dotted key and what was expected; unknown
 keys are rejected with a did-you-mean. Defaults fill missing keys; a field
 may name a registered environment variable (``env=``) that overrides the
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdata import envvars
-from warpdata.errors import ConfigError, MissingInputError
+from warpdata.core import envvars
+from warpdata.core.errors import ConfigError, MissingInputError
 
 _MISSING = object()
 

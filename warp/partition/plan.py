@@ -41,8 +41,8 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warpdata import envvars
-from warpdata.errors import UsageError
+from warpdata.core import envvars
+from warpdata.core.errors import UsageError
 
 POLICIES = ("pad", "drop", "exact")
 

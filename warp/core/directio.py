@@ -77,8 +77,7 @@ def filesystem_type(path: str | os.PathLike) -> str | None:
 
 def wants_direct(path: str | os.PathLike) -> bool:
     """Whether large writes under ``path`` should use O_DIRECT (``WARP_DIRECT_IO``: auto, 1, 0)."""
-    from warpdata import envvars
-
+    from warpdata.core import envvars
     if not hasattr(os, "O_DIRECT"):
         return False
     mode = (envvars.get("WARP_DIRECT_IO") or "auto").strip().lower()

@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from warpdata.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import DataError, MissingInputError, UsageError
 
 __all__ = ["PAD", "Preview", "class_color", "render", "to_png"]
 
@@ -188,7 +188,7 @@ def tbl(path: str, n: int = 16) -> Preview:
 def published(name: str, n: int = 16) -> Preview:
     import warpdata
 
-    ds = warpdata.dataset(name)
+    ds = warpdata.read.dataset(name)
     for b in ds.manifest.bindings:
         if b.ref_type == "image":
             rows = ds.table(b.table).select([b.column]).head(n).column(b.column).to_pylist()
@@ -263,7 +263,7 @@ def zarr_array(path: str, max_side: int = 384) -> Preview:
     import numpy as np
     import zarr
     from PIL import Image, ImageDraw
-    from warpdata.manifests import MANIFEST_NAME
+    from warpdata.artifacts.manifests import MANIFEST_NAME
     from warpdata.tiles.inspect import _levels
 
     manifest = None
@@ -360,7 +360,7 @@ def metrics_chart(path: str) -> Preview:
 
 def render(target: str, n: int = 16) -> Preview:
     """The picture for ``target`` (see the module docstring)."""
-    from warpdata.inspectors import find_inspector
+    from warpdata.artifacts.inspect import find_inspector
 
     if os.path.isfile(target) and target.endswith(".json"):
         try:
@@ -380,7 +380,7 @@ def render(target: str, n: int = 16) -> Preview:
         return zarr_array(target)
     if name == "warpdata.features.inspect":
         return feature_cache(target, n)
-    if name == "warpdata.inspect_dataset":
+    if name == "warpdata.artifacts.inspect_dataset":
         return published(target, n)
     if mod is None and not os.path.exists(target):
         raise MissingInputError(f"{target} does not exist", hint="give a warp artifact, a metrics.json or ws/name")

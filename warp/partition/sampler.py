@@ -39,7 +39,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from warpdata.errors import ConfigError
+from warpdata.core.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np

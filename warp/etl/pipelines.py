@@ -11,8 +11,8 @@ One ``etl`` command builds three kinds of artifact; the config says which:
 =============================== ========================= =====================
 
 A pipeline is ``run(request: EtlRequest) -> EtlResult`` in its own module; it
-validates the whole config against its own schema (``warpdata.config``) and
-raises :class:`~warpdata.errors.WarpError` subclasses on failure.
+validates the whole config against its own schema (``warpdata.core.config``) and
+raises :class:`~warpdata.core.errors.WarpError` subclasses on failure.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdata.config import ConfigSource
-from warpdata.errors import ConfigError
+from warpdata.core.config import ConfigSource
+from warpdata.core.errors import ConfigError
 
 PIPELINES: dict[str, str] = {
     "captions": "warpdata.features.etl:run",

@@ -1,0 +1,1 @@
+"""warpdata.storage.locations."""
