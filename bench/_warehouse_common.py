@@ -2,7 +2,7 @@
 
 * :func:`corpus` writes a cached, deterministic photo-like corpus (real photos
   from scikit-image/scikit-learn when installed: random crops, rescales,
-  jitter; DESIGN.md §7) with COCO labels, under ``bench/out/``.
+  jitter; docs/design.md §7) with COCO labels, under ``bench/out/``.
 * :func:`peer_transform` is the transform every peer runs: warp's own
   decode + letterbox code (simplejpeg + OpenCV), so all systems do the same
   work and differ only in how they parallelise and write.

@@ -5,7 +5,7 @@ epochs through ``BigBatchLoader`` (micro-batch 16 × 4 accumulation steps,
 2 persistent workers, LRU of 2 shards per worker). Every 4 steps it samples,
 for the main process and each worker: RSS, PSS and USS (private) from psutil
 and ``Anonymous`` from /proc/PID/smaps_rollup. RSS of mmap readers grows with
-the page cache by design (DESIGN.md §4); PSS, private and anonymous memory
+the page cache by design (docs/design.md §4); PSS, private and anonymous memory
 are the honest figures. Prints the growth of each process's per-epoch peak
 from epoch 1 to epoch 10 and saves bench/out/features_memory.png.
 

@@ -7,7 +7,7 @@ shards in two LRU modes:
 * ``mmap``  (verify="record"): a miss maps the shard; each record's CRC-32C
   is checked as it is read;
 * ``load``  (verify="shard"): a miss reads and hashes the whole shard (the
-  seed's "load a .pt shard into an LRU" design: a miss costs a full shard);
+  design's "load a .pt shard into an LRU" design: a miss costs a full shard);
 
 and three orders: sequential; warp's ShardAwareSampler (seeded shard
 permutation, shuffle inside a one-shard window); torch's DistributedSampler

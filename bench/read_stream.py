@@ -97,7 +97,7 @@ def run(server, a, s3_env) -> None:
 
     def warp_remote():
         t0 = time.perf_counter()
-        t = warpdata.read.dataset("bench/stream", mode="remote").table("main")
+        t = warpdata.dataset("bench/stream", mode="remote").table("main")
         first, n = None, 0
         for b in t.batches(B):
             if first is None:
@@ -112,7 +112,7 @@ def run(server, a, s3_env) -> None:
 
     def warp_warm():
         t0 = time.perf_counter()
-        t = warpdata.read.dataset("bench/stream").table("main")
+        t = warpdata.dataset("bench/stream").table("main")
         n = sum(b.num_rows for b in t.batches(B, prefetch="off"))
         return time.perf_counter() - t0, n / (time.perf_counter() - t0)
 
@@ -156,17 +156,17 @@ def run(server, a, s3_env) -> None:
     need = needed_bytes()
 
     def warp_projected():
-        t = warpdata.read.dataset("bench/stream", mode="remote").table("main")
+        t = warpdata.dataset("bench/stream", mode="remote").table("main")
         return sum(b.num_rows for b in t.batches(B, columns=["id", "x"]))
 
     wp_req, _, wp_bytes = stream_traffic(warp_projected)
     need_p = needed_bytes({"id", "x"})
-    warpdata.read.dataset("bench/stream").warm()
+    warpdata.dataset("bench/stream").warm()
     (loc_t, loc_rate), (ww_t, ww_rate) = alternating(pyarrow_local, warp_warm)
 
     # filter bytes
     server.reset()
-    q = warpdata.read.dataset("bench/stream", mode="remote").table("main").filter("id BETWEEN 123456 AND 123999")
+    q = warpdata.dataset("bench/stream", mode="remote").table("main").filter("id BETWEEN 123456 AND 123999")
     got = q.select(["id", "x"]).to_arrow().num_rows
     blob_reqs = [r for r in server.requests() if "/blobs/" in r["key"]]
     fetched = range_bytes(blob_reqs)
@@ -174,7 +174,7 @@ def run(server, a, s3_env) -> None:
     total = sum(s.byte_size for s in m.tables["main"].shards)
 
     # refs
-    ds = warpdata.read.dataset("bench/stream", mode="remote")
+    ds = warpdata.dataset("bench/stream", mode="remote")
     art = ds.artifact("media")
     members = [f"img/{i:04d}.png" for i in range(min(a.refs, 400))]
     art.read(members[0])

@@ -54,7 +54,7 @@ def warp_epochs(mode: str, cache: Path, read_refs: bool, batch: int, server) -> 
     for epoch in ("cold", "epoch2"):
         server.reset()
         t0 = time.perf_counter()
-        ds = warpdata.read.dataset("bench/refs", mode=mode, cache=None if mode == "remote" else BlobCache(cache))
+        ds = warpdata.dataset("bench/refs", mode=mode, cache=None if mode == "remote" else BlobCache(cache))
         n = 0
         kw = {"read_refs": True} if read_refs else {}
         for d in ds.table("main").batch_dicts(batch, columns=["id", "image"], **kw):

@@ -1,7 +1,7 @@
 """Start-up cost of `warp` and of a TAB completion, hyperfine-style.
 
 Every `warp` call and every TAB press pays interpreter + import start-up, so
-DESIGN.md §2 sets a 150 ms wall budget for `warp --help` and completion.
+docs/design.md §2 sets a 150 ms wall budget for `warp --help` and completion.
 This runs each command N times (after warm-up runs) as a fresh process and
 prints the median and min wall time, and the ratio to `python -c pass`
 measured in the same run. Reference rows: the bare interpreter, `import

@@ -12,9 +12,9 @@ level 1 without checksum. warp also ends every chunk with its CRC-32C (the
 to the same round-robin, to measure what the checksum costs. The ceiling is measured in the same run (before
 and after the writers, the faster kept): one thread compressing the
 already-tiled volume with zstd level 1, times the cores available (the
-seed's "physical limit"; zstd is ~88 % of the work).
+design's "physical limit"; zstd is ~88 % of the work).
 
-Reported per writer: best wall time (the seed's benchmarking doctrine) and
+Reported per writer: best wall time (docs/design.md §9) and
 the median of ``--runs``, as GB/s, plus GB per CPU-second (process CPU time,
 all threads, median run) — the fairest figure on a shared machine — and the
 compression ratio of what it stored. Writers run round-robin so drifting

@@ -10,7 +10,7 @@
 Encoders are plugins found like the feature cache's: a built-in name
 (color-hist for images, hash-text for text; both weight-free), a
 package.module:function, or a warpdata.encoders entry point. Search from Python:
-warpdata.read.dataset("ws/name").embeddings("NAME").search(row_or_vector, k).
+warpdata.dataset("ws/name").embeddings("NAME").search(row_or_vector, k).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(
                      f"uploaded {res.blobs_uploaded} of {res.blobs_total} new blobs")
             out.data(res.version_hash)
         return 0
-    ds = warpdata.read.dataset(dataset, store=store)
+    ds = warpdata.dataset(dataset, store=store)
     if action == "list":
         found = emb.list_embeddings(ds)
         if out.options().json:

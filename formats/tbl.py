@@ -1,7 +1,7 @@
 """TBL v2 container: layout, codecs, a streaming writer and an mmap reader.
 
 The byte layout is specified in ``docs/formats/tbl-v2.md`` and is the one
-``turboloader`` 2.39 writes and reads (DESIGN.md §3)::
+``turboloader`` 2.39 writes and reads (docs/design.md §3)::
 
     [header 64 B][index N x 24 B][payloads (+ CRC-32 trailers)][metadata blocks]
 
@@ -93,7 +93,7 @@ E_ZSTD = 1 << 2  # written as E_ZSTD | E_LZ4: a TurboLoader reader then fails in
 FORMATS = {0: "unknown", 1: "jpeg", 2: "png", 3: "webp", 4: "bmp", 5: "tiff", 6: "mp4", 7: "avi",
            8: "raw_u8"}
 FORMAT_CODES = {v: k for k, v in FORMATS.items()}
-# formats whose bytes are already entropy-coded: compression saves ~0 % (DESIGN.md §3)
+# formats whose bytes are already entropy-coded: compression saves ~0 % (docs/design.md §3)
 PRECOMPRESSED = frozenset({"jpeg", "png", "webp", "gif", "mp4", "avi"})
 
 # metadata block types (TurboLoader's MetadataType enum)
@@ -1292,7 +1292,7 @@ class TblReader:
 
     def __getstate__(self) -> dict:
         # an mmap cannot be pickled (and copying it would copy the file):
-        # workers reopen by path (DESIGN.md §4)
+        # workers reopen by path (docs/design.md §4)
         return {"path": self.path, "verify": self.verify}
 
     def __setstate__(self, state: dict) -> None:

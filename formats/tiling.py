@@ -1,6 +1,6 @@
-"""Tiling math for N-D arrays: the seed's lift → transpose → per-tile layout.
+"""Tiling math for N-D arrays: the lift → transpose → per-tile layout.
 
-Contract (seed 003, "Mathematical Foundation"; numpy C order, dimension 0 is
+Contract (docs/formats/zarr-tiles.md; numpy C order, dimension 0 is
 the slowest):
 
 * an array of shape ``(s_0, …, s_{D-1})`` (``D ≤ 64``) is cut into tiles of

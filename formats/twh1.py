@@ -12,7 +12,7 @@ and a meta region with class ids and per-sample ids. Layout, little-endian::
     [checksum 32 B: SHA-256 of every byte before it]
 
 Regions start at 64-byte aligned offsets (the image region at 4096) and the
-gaps are zero bytes. dtype codes: 0 = f32, 1 = f16 (the seed's), 2 = u8 (an
+gaps are zero bytes. dtype codes: 0 = f32, 1 = f16 (docs/formats/twh1.md), 2 = u8 (an
 extension: float16 of x/255 round-trips to the same uint8, so u8 loses
 nothing and halves the bytes). Boxes use f32 for u8 and f32 shards and f16
 for f16 shards; the mask uses the image dtype.
@@ -59,7 +59,7 @@ CHECKSUM_SIZE = 32
 DTYPES: dict[int, str] = {0: "f32", 1: "f16", 2: "u8"}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 _NP = {"f32": np.float32, "f16": np.float16, "u8": np.uint8}
-# The manifest spells dtypes the seed's way.
+# The manifest spells dtypes as docs/formats/twh1.md does.
 MANIFEST_DTYPE = {"f32": "F32", "f16": "F16", "u8": "U8"}
 
 

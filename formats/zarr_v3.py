@@ -1,6 +1,6 @@
 """Zarr v3 arrays as warp writes them: metadata, shards, chunk keys, a store.
 
-The subset (docs/formats/zarr-tiles.md; DESIGN.md §5) that zarr-python 3.1
+The subset (docs/formats/zarr-tiles.md; docs/design.md §5) that zarr-python 3.1
 and tensorstore read back bit-exact:
 
 * ``zarr.json``: ``zarr_format`` 3, ``node_type`` array, regular chunk grid,

@@ -2,7 +2,7 @@
 
 Each worker thread owns one tile-shaped buffer and one zstd compression
 context (contexts are not thread-safe). A task gathers a run of tiles from
-the slab into that buffer (``gather_tile``: the per-tile form of the seed's
+the slab into that buffer (``gather_tile``: the per-tile form of the
 lift/transpose, padding edge tiles with the fill value) and compresses it
 while it is still in cache, at level ``level`` with no checksum and the
 content size in the frame header — byte-for-byte the frame that
@@ -26,7 +26,7 @@ the same worker right after compressing, while the frame is still in cache
 
 Without cffi the backend falls back to ``compress()`` (bytes per chunk).
 numpy copies and zstd both release the GIL, so throughput scales with
-threads; zstd is ~88 % of the CPU time (DESIGN.md §5). Slab buffers are
+threads; zstd is ~88 % of the CPU time (docs/design.md §5). Slab buffers are
 pre-faulted once and recycled through a small process-wide pool.
 """
 

@@ -1,6 +1,6 @@
 """GPU tile backend: CuPy lift/transpose kernel + nvCOMP batched zstd (RAW frames).
 
-Per slab (seed 003, "Streaming Architecture"):
+Per slab (docs/formats/zarr-tiles.md):
 
 1. the caller fills a **pinned** host slab buffer (two of them: double
    buffering, one per CUDA stream);

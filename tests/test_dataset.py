@@ -37,7 +37,7 @@ def shard_size(m, i=0):
 
 
 def test_remote_schema_no_pull(s3, published):
-    ds = warpdata.read.dataset("ws/demo", mode="remote")
+    ds = warpdata.dataset("ws/demo", mode="remote")
     assert ds.version == published.version_hash
     s3.reset_counts()
     sch = ds.table("main").schema()
@@ -51,7 +51,7 @@ def test_remote_schema_no_pull(s3, published):
 
 
 def test_head_reads_only_needed_row_groups(s3, published):
-    t = warpdata.read.dataset("ws/demo", mode="remote").table("main")
+    t = warpdata.dataset("ws/demo", mode="remote").table("main")
     s3.reset_counts()
     h = t.head(5)
     assert h.column("id").to_pylist() == [0, 1, 2, 3, 4]
@@ -59,7 +59,7 @@ def test_head_reads_only_needed_row_groups(s3, published):
 
 
 def test_remote_stream_all_rows_once_over_ranks(s3, published):
-    t = warpdata.read.dataset("ws/demo", mode="remote").table("main")
+    t = warpdata.dataset("ws/demo", mode="remote").table("main")
     seen: Counter = Counter()
     counts = []
     for rank in range(3):
@@ -76,7 +76,7 @@ def test_remote_stream_all_rows_once_over_ranks(s3, published):
 
 
 def test_filter_pushdown_fetches_little(s3, published):
-    t = warpdata.read.dataset("ws/demo", mode="remote").table("main")
+    t = warpdata.dataset("ws/demo", mode="remote").table("main")
     s3.reset_counts()
     got = t.filter("id BETWEEN 100 AND 120").select(["id", "label"]).to_arrow()
     assert got.column("id").to_pylist() == list(range(100, 121))
@@ -88,7 +88,7 @@ def test_filter_pushdown_fetches_little(s3, published):
 
 
 def test_ref_open_remote_reads_exact_member(s3, published, tmp_path):
-    ds = warpdata.read.dataset("ws/demo", mode="remote")
+    ds = warpdata.dataset("ws/demo", mode="remote")
     d = next(iter(ds.table("main").batch_dicts(4)))
     d["image"][0].read_bytes()  # loads the member index (one small GET)
     s3.reset_counts()
@@ -106,11 +106,11 @@ def test_ref_open_remote_reads_exact_member(s3, published, tmp_path):
 
 
 def test_cache_no_redownload(s3, published):
-    ds = warpdata.read.dataset("ws/demo")
+    ds = warpdata.dataset("ws/demo")
     res = ds.warm()
     assert res.fetched == res.blobs and res.fetched_bytes > 0
     s3.reset_counts()
-    ds2 = warpdata.read.dataset("ws/demo")
+    ds2 = warpdata.dataset("ws/demo")
     assert s3.count("GET") == 1  # latest.json only: the manifest is cached by hash
     rows = sum(b.num_rows for b in ds2.table("main").batches(500))
     refs = next(iter(ds2.table("main").batch_dicts(12)))
@@ -121,7 +121,7 @@ def test_cache_no_redownload(s3, published):
 
 
 def test_auto_mode_prefetch_warms_cache(s3, published):
-    t = warpdata.read.dataset("ws/demo").table("main")
+    t = warpdata.dataset("ws/demo").table("main")
     ids = [i for b in t.batches(100, columns=["id"], prefetch=2) for i in b.column(0).to_pylist()]
     assert ids == list(range(2700))
     cache = BlobCache()
@@ -133,18 +133,18 @@ def test_eviction_under_cap_and_too_small(s3, published, monkeypatch):
     shards = published.tables["main"].shards
     cap = shards[0].byte_size + shards[1].byte_size + 10
     cache = BlobCache(cap_bytes=cap)
-    ds = warpdata.read.dataset("ws/demo", cache=cache)
+    ds = warpdata.dataset("ws/demo", cache=cache)
     ds.warm(artifacts=False)
     assert cache.stats().bytes <= cap
     assert cache.has(shards[2].hash) and not cache.has(shards[0].hash)  # LRU went first
     tiny = BlobCache(cache.root.parent / "tiny", cap_bytes=100)
     with pytest.raises(CacheTooSmallError) as ei:
-        warpdata.read.dataset("ws/demo", cache=tiny).warm(artifacts=False)
+        warpdata.dataset("ws/demo", cache=tiny).warm(artifacts=False)
     assert "100 B" in str(ei.value) and "working set" in str(ei.value)
 
 
 def test_corrupt_cached_blob_is_refetched(s3, published):
-    ds = warpdata.read.dataset("ws/demo")
+    ds = warpdata.dataset("ws/demo")
     ds.warm(artifacts=False)
     s0 = published.tables["main"].shards[0]
     p = BlobCache().path_for(s0.hash)
@@ -152,7 +152,7 @@ def test_corrupt_cached_blob_is_refetched(s3, published):
     raw[len(raw) // 2] ^= 0xFF
     p.write_bytes(bytes(raw))
     s3.reset_counts()
-    t = warpdata.read.dataset("ws/demo").table("main")
+    t = warpdata.dataset("ws/demo").table("main")
     ids = [i for b in t.batches(1000, columns=["id"], prefetch="off") for i in b.column(0).to_pylist()]
     assert ids == list(range(2700))
     assert any(s0.hash in r["key"] for r in blob_gets(s3))  # read again from the store
@@ -168,40 +168,40 @@ def _dead_endpoint() -> str:
 
 
 def test_offline_fallback_and_local_mode(s3, published, monkeypatch, capfd):
-    warpdata.read.dataset("ws/demo").warm()
+    warpdata.dataset("ws/demo").warm()
     dead = _dead_endpoint()
     for var in ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL"):
         monkeypatch.setenv(var, dead)
     capfd.readouterr()
-    ds = warpdata.read.dataset("ws/demo")  # store unreachable: last known latest, with a warning
+    ds = warpdata.dataset("ws/demo")  # store unreachable: last known latest, with a warning
     assert ds.offline_fallback and ds.version == published.version_hash
     assert "store unreachable" in capfd.readouterr().err
     assert sum(b.num_rows for b in ds.table("main").batches(1000)) == 2700
-    local = warpdata.read.dataset("ws/demo", mode="local")
+    local = warpdata.dataset("ws/demo", mode="local")
     d = next(iter(local.table("main").batch_dicts(2)))
     assert d["image"][1].read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(MissingInputError, match="never been read"):
-        warpdata.read.dataset("ws/other", mode="local")
+        warpdata.dataset("ws/other", mode="local")
 
 
 def test_local_mode_missing_blob_fails_fast(s3, published):
-    warpdata.read.dataset("ws/demo").table("main").head(1)  # caches pointer + manifest only
-    t = warpdata.read.dataset("ws/demo", mode="local").table("main")
+    warpdata.dataset("ws/demo").table("main").head(1)  # caches pointer + manifest only
+    t = warpdata.dataset("ws/demo", mode="local").table("main")
     with pytest.raises(MissingInputError, match="not in the cache") as ei:
         list(t.batches(100))
     assert "warp warm ws/demo" in ei.value.hint
 
 
 def test_latest_moves_and_pinned_version(s3, published, tmp_path):
-    first = warpdata.read.dataset("ws/demo").version
+    first = warpdata.dataset("ws/demo").version
     m2 = publish(s3.url(), "ws/demo", {"main": [make_rows(10)]}, tmp_path / "v2")
-    assert warpdata.read.dataset("ws/demo").version == m2.version_hash  # pointer revalidated
-    assert warpdata.read.dataset("ws/demo", version=first).table("main").num_rows == 2700
-    assert warpdata.read.dataset("ws/demo", version=first[:10]).version == first
+    assert warpdata.dataset("ws/demo").version == m2.version_hash  # pointer revalidated
+    assert warpdata.dataset("ws/demo", version=first).table("main").num_rows == 2700
+    assert warpdata.dataset("ws/demo", version=first[:10]).version == first
 
 
 def test_resume_mid_epoch_with_other_worker_count(s3, published):
-    t = warpdata.read.dataset("ws/demo").table("main")
+    t = warpdata.dataset("ws/demo").table("main")
     stream = t.batches(200, columns=["id"], shard=(0, 2), shuffle=True, seed=5)
     got = []
     for i, b in enumerate(stream):
@@ -217,7 +217,7 @@ def test_resume_mid_epoch_with_other_worker_count(s3, published):
 
 def test_to_torch_with_workers(s3, published):
     pytest.importorskip("torch")
-    t = warpdata.read.dataset("ws/demo").table("main")
+    t = warpdata.dataset("ws/demo").table("main")
     seen = []
     for rank in range(2):
         loader = t.to_torch(batch_size=128, columns=["id", "x", "label"], num_workers=2, shard=(rank, 2))
@@ -233,7 +233,7 @@ def test_to_torch_with_workers(s3, published):
 
 
 def test_errors_name_what_is_wrong(s3, published):
-    ds = warpdata.read.dataset("ws/demo")
+    ds = warpdata.dataset("ws/demo")
     with pytest.raises(MissingInputError, match="no table 'mian'") as ei:
         ds.table("mian")
     assert "main" in (ei.value.hint or "")
@@ -242,14 +242,14 @@ def test_errors_name_what_is_wrong(s3, published):
     with pytest.raises(MissingInputError, match="no member"):
         ds.artifact("media").read("img/nope.png")
     with pytest.raises(FileNotFoundError):
-        warpdata.read.dataset("ws/missing")
+        warpdata.dataset("ws/missing")
     with pytest.raises(UsageError):
-        warpdata.read.dataset("ws/demo", mode="turbo")
+        warpdata.dataset("ws/demo", mode="turbo")
 
 
 def test_corrupt_cached_table_shard_is_fetched_again_once(s3, published):
     """Issue #4: a table read dropped a corrupt cached blob and read remotely from then on, never re-caching it."""
-    ds = warpdata.read.dataset("ws/demo")
+    ds = warpdata.dataset("ws/demo")
     ds.warm(artifacts=False)
     shard = published.tables["main"].shards[0]
     p = BlobCache().path_for(shard.hash)
@@ -258,7 +258,7 @@ def test_corrupt_cached_table_shard_is_fetched_again_once(s3, published):
     p.chmod(0o644)
     p.write_bytes(bytes(data))
     s3.reset_counts()
-    ds2 = warpdata.read.dataset("ws/demo")
+    ds2 = warpdata.dataset("ws/demo")
     rows = sum(b.num_rows for b in ds2.table("main").batches(500))
     assert rows == 2700
     assert p.is_file() and BlobCache().get(shard.hash) is not None  # cached again, verified
@@ -269,7 +269,7 @@ def test_corrupt_cached_table_shard_is_fetched_again_once(s3, published):
 def test_stream_reads_the_next_shard_ahead_while_the_current_batch_is_used(s3, published):
     import time
 
-    t = warpdata.read.dataset("ws/demo", mode="remote").table("main")
+    t = warpdata.dataset("ws/demo", mode="remote").table("main")
     s1 = published.tables["main"].shards[1]
     footer = s1.stats["footer_size"]
     it = iter(t.batches(300))
@@ -289,7 +289,7 @@ def test_stream_reads_the_next_shard_ahead_while_the_current_batch_is_used(s3, p
 
 
 def test_a_batch_inside_one_row_group_is_a_zero_copy_slice(s3, published):
-    t = warpdata.read.dataset("ws/demo", mode="remote").table("main")
+    t = warpdata.dataset("ws/demo", mode="remote").table("main")
     bs = list(t.batches(150, columns=["id", "x"]))
     assert [b.num_rows for b in bs] == [150] * 18
     # two batches of one row group share its buffers: no concatenate-and-copy
@@ -313,7 +313,7 @@ def test_row_group_counts_in_the_manifest_that_lie_are_a_data_error(s3, publishe
     store = Store(s3.url())
     store.put_manifest(m)
     store.set_latest("ws/demo", m.version_hash)
-    t = warpdata.read.dataset("ws/demo", mode="remote").table("main")
+    t = warpdata.dataset("ws/demo", mode="remote").table("main")
     with pytest.raises(DataError, match="manifest says"):  # a limited read plans by row group
         list(t.batches(100, limit=1000))
     # a full stream reads the shard's row groups in one call: the rows come out exact regardless

@@ -41,18 +41,18 @@ def _blob_requests(s3):
 
 def test_manifest_carries_stats(stores):
     m, plain = stores
-    doc = json.loads(warpdata.read.dataset("ws/stats", mode="remote").manifest.to_bytes())
+    doc = json.loads(warpdata.dataset("ws/stats", mode="remote").manifest.to_bytes())
     assert doc["format_version"] == 2
     s0 = doc["tables"]["main"]["shards"][0]["stats"]
     assert s0["columns"]["id"] == {"min": 0, "max": 399, "null_count": 0}
     assert [rg["columns"]["id"]["min"] for rg in s0["row_groups"]] == [0, 100, 200, 300]
     assert "min" not in s0["columns"]["x"]  # floats: no min/max (NaN semantics)
-    assert json.loads(warpdata.read.dataset("ws/plain", mode="remote").manifest.to_bytes())["format_version"] == 1
+    assert json.loads(warpdata.dataset("ws/plain", mode="remote").manifest.to_bytes())["format_version"] == 1
 
 
 def test_pruned_shards_cost_zero_requests(s3, stores):
     m, _ = stores
-    t = warpdata.read.dataset("ws/stats", mode="remote").table("main")
+    t = warpdata.dataset("ws/stats", mode="remote").table("main")
     s3.reset_counts()
     got = t.filter("id BETWEEN 450 AND 460").select(["id", "label"]).to_arrow()
     assert got.column("id").to_pylist() == list(range(450, 461))
@@ -71,7 +71,7 @@ def test_pruned_shards_cost_zero_requests(s3, stores):
 
 
 def test_fully_pruned_filter_sends_nothing(s3, stores):
-    t = warpdata.read.dataset("ws/stats", mode="remote").table("main")
+    t = warpdata.dataset("ws/stats", mode="remote").table("main")
     s3.reset_counts()
     q = t.filter("id > 100000 OR label = 'nope'")
     assert q.count() == 0 and list(q.batches()) == []
@@ -83,8 +83,8 @@ def test_fully_pruned_filter_sends_nothing(s3, stores):
     "NOT (id < 1550)", "x > 700.0", "id IS NULL", "label > 'label-5' OR id < 3", "1 = 1",
 ])
 def test_pruned_results_equal_unpruned(s3, stores, expr):
-    ds_stats = warpdata.read.dataset("ws/stats", mode="remote").table("main")
-    ds_plain = warpdata.read.dataset("ws/plain", mode="remote").table("main")
+    ds_stats = warpdata.dataset("ws/stats", mode="remote").table("main")
+    ds_plain = warpdata.dataset("ws/plain", mode="remote").table("main")
     a = ds_stats.filter(expr).select(["id", "label"]).to_arrow()
     b = ds_plain.filter(expr).select(["id", "label"]).to_arrow()
     assert sorted(a.column("id").to_pylist()) == sorted(b.column("id").to_pylist())
@@ -95,7 +95,7 @@ def test_pruned_results_equal_unpruned(s3, stores, expr):
 
 
 def test_filter_errors_and_sharding(s3, stores):
-    t = warpdata.read.dataset("ws/stats", mode="remote").table("main")
+    t = warpdata.dataset("ws/stats", mode="remote").table("main")
     with pytest.raises(UsageError, match="filter"):
         t.filter("no_such_column > 3").to_arrow()
     with pytest.raises(UsageError, match="filter"):
@@ -108,9 +108,9 @@ def test_filter_errors_and_sharding(s3, stores):
 
 def test_local_mode_needs_only_the_shards_that_may_match(s3, stores, tmp_path):
     m, _ = stores
-    ds = warpdata.read.dataset("ws/stats")
+    ds = warpdata.dataset("ws/stats")
     ds.warm(shards=slice(2, 3), artifacts=False)  # only shard 2 (ids 800-1199) in the cache
-    local = warpdata.read.dataset("ws/stats", mode="local").table("main")
+    local = warpdata.dataset("ws/stats", mode="local").table("main")
     assert local.filter("id BETWEEN 900 AND 905").count() == 6  # shards 0, 1, 3 pruned: not needed
     with pytest.raises(MissingInputError, match="not in the cache"):
         local.filter("id BETWEEN 100 AND 105").count()
@@ -118,7 +118,7 @@ def test_local_mode_needs_only_the_shards_that_may_match(s3, stores, tmp_path):
 
 def test_streaming_reads_footer_exactly(s3, stores):
     m, _ = stores
-    t = warpdata.read.dataset("ws/stats", mode="remote").table("main")
+    t = warpdata.dataset("ws/stats", mode="remote").table("main")
     s3.reset_counts()
     assert t.schema().names == ["id", "x", "label", "payload"]
     gets = [r for r in _blob_requests(s3) if r["method"] == "GET"]

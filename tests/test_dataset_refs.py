@@ -29,7 +29,7 @@ def _shard_of(art, member):
 
 
 def test_auto_mode_fetches_a_touched_shard_in_the_background_then_reads_it_locally(s3, published, tmp_path):
-    ds = warpdata.read.dataset("ws/refs")
+    ds = warpdata.dataset("ws/refs")
     art = ds.artifact("media")
     art.index  # noqa: B018  (the member index: one small GET, cached)
     shards = {_shard_of(art, m) for m in _members()}
@@ -51,14 +51,14 @@ def test_auto_mode_fetches_a_touched_shard_in_the_background_then_reads_it_local
         assert art.read(m) == (tmp_path / "media" / m).read_bytes()
     assert s3.count() == 0 and art.stats["local_reads"] >= len(same)
     # a new Dataset finds it in the cache: still no request for its members
-    art2 = warpdata.read.dataset("ws/refs").artifact("media")
+    art2 = warpdata.dataset("ws/refs").artifact("media")
     s3.reset_counts()
     assert [art2.read(m) for m in same] == [(tmp_path / "media" / m).read_bytes() for m in same]
     assert s3.count("GET", "warp/blobs/") == 0 and s3.count("HEAD") == 0
 
 
 def test_remote_mode_sends_no_head_per_read_and_keeps_nothing(s3, published, tmp_path):
-    ds = warpdata.read.dataset("ws/refs", mode="remote")
+    ds = warpdata.dataset("ws/refs", mode="remote")
     art = ds.artifact("media")
     art.index  # noqa: B018
     shards = {_shard_of(art, m) for m in _members()}
@@ -73,7 +73,7 @@ def test_remote_mode_sends_no_head_per_read_and_keeps_nothing(s3, published, tmp
 
 
 def test_remote_read_many_coalesces_adjacent_members(s3, published, tmp_path):
-    art = warpdata.read.dataset("ws/refs", mode="remote").artifact("media")
+    art = warpdata.dataset("ws/refs", mode="remote").artifact("media")
     art.index  # noqa: B018
     ms = _members()
     shards = {_shard_of(art, m) for m in ms}
@@ -87,10 +87,10 @@ def test_remote_read_many_coalesces_adjacent_members(s3, published, tmp_path):
 
 
 def test_background_fetch_respects_the_cache_cap(s3, published, tmp_path):
-    art0 = warpdata.read.dataset("ws/refs", mode="remote").artifact("media")
+    art0 = warpdata.dataset("ws/refs", mode="remote").artifact("media")
     smallest = min(s.byte_size for s in art0.meta.shards)
     cache = BlobCache(tmp_path / "small", cap_bytes=art0.meta.index.byte_size + smallest // 2)  # the index, no shard
-    ds = warpdata.read.dataset("ws/refs", cache=cache)
+    ds = warpdata.dataset("ws/refs", cache=cache)
     art = ds.artifact("media")
     assert art.read_many(_members()) == [(tmp_path / "media" / m).read_bytes() for m in _members()]
     art.wait_fetches(30)
@@ -99,7 +99,7 @@ def test_background_fetch_respects_the_cache_cap(s3, published, tmp_path):
 
 
 def test_batch_dicts_can_read_refs_in_parallel(s3, published, tmp_path):
-    t = warpdata.read.dataset("ws/refs", mode="remote").table("main")
+    t = warpdata.dataset("ws/refs", mode="remote").table("main")
     s3.reset_counts()
     d = next(iter(t.batch_dicts(40, columns=["id", "image"], read_refs=True)))
     n = s3.count("GET", "warp/blobs/")
@@ -120,17 +120,17 @@ def test_a_version_is_parsed_once_per_process_but_local_mode_still_needs_it_cach
         return real(cls, *a, **kw)
 
     monkeypatch.setattr(Manifest, "from_bytes", classmethod(counting))
-    v = warpdata.read.dataset("ws/refs").version
+    v = warpdata.dataset("ws/refs").version
     n = len(calls)
-    assert warpdata.read.dataset("ws/refs", version=v).version == v and len(calls) == n  # parsed and verified once
+    assert warpdata.dataset("ws/refs", version=v).version == v and len(calls) == n  # parsed and verified once
     other = BlobCache(tmp_path / "other")
     with pytest.raises(MissingInputError):  # the memo is no cache: local mode reads its own cache only
-        warpdata.read.dataset("ws/refs", mode="local", version=v, cache=other)
+        warpdata.dataset("ws/refs", mode="local", version=v, cache=other)
 
 
 def test_to_torch_can_read_bound_columns_as_bytes(s3, published, tmp_path):
     pytest.importorskip("torch")
-    t = warpdata.read.dataset("ws/refs").table("main")
+    t = warpdata.dataset("ws/refs").table("main")
     got = []
     for b in t.to_torch(batch_size=16, columns=["id", "image"], shard=None, read_refs=True):
         got += list(zip(b["id"].tolist(), b["image"], strict=True))

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from warpdata.cli.app import COMMANDS, docgen
+from warpdata.cli import docgen
+from warpdata.cli.app import COMMANDS
 from warpdata.core.envvars import ENV_VARS
 from warpdata.core.errors import ExitCode
 

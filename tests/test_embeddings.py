@@ -28,11 +28,11 @@ def test_add_list_info_and_search(cli, pets):
     assert r.code == 0, r.err
     doc = r.json()
     assert doc["rows"] == 9 and doc["dim"] == 128 and doc["version_hash"] != pets
-    ds = warpdata.read.dataset("ws/pets")
+    ds = warpdata.dataset("ws/pets")
     assert ds.manifest.version_hash == doc["version_hash"]
     assert {"main", "emb_color_hist"} <= set(ds.tables) and "emb_color_hist_index" in ds.artifacts
     # the new version keeps the old tables and artifacts, blob for blob
-    old = warpdata.read.dataset("ws/pets", version=pets).manifest
+    old = warpdata.dataset("ws/pets", version=pets).manifest
     assert ds.manifest.tables["main"] == old.tables["main"] and ds.manifest.artifacts["images"] == old.artifacts["images"]
     lst = cli("embeddings", "list", "ws/pets", "--json").json()
     assert list(lst["embeddings"]) == ["color_hist"] and lst["embeddings"]["color_hist"]["count"] == 9
@@ -65,7 +65,7 @@ def test_text_column_plugin_by_module_path(cli, tmp_path):
     r = cli("embeddings", "add", "ws/text", "--column", "caption", "--encoder",
             "warpdata.registry.embeddings:HashTextEncoder", "--name", "words", "--json")
     assert r.code == 0, r.err
-    hits = warpdata.read.dataset("ws/text").embeddings("words").search("a", k=2)
+    hits = warpdata.dataset("ws/text").embeddings("words").search("a", k=2)
     assert [h["id"] for h in hits] == ["a", "b"]
 
 
@@ -79,4 +79,4 @@ def test_errors_are_typed(cli, pets):
     from warpdata.core.errors import UsageError
 
     with pytest.raises(UsageError, match="dimensions"):
-        warpdata.read.dataset("ws/pets").embeddings("color_hist").search(np.zeros(3), k=1)
+        warpdata.dataset("ws/pets").embeddings("color_hist").search(np.zeros(3), k=1)

@@ -39,7 +39,7 @@ def make_folder(root, per_class=3):
 
 
 def rows_of(ds_id, table="main"):
-    return warpdata.read.dataset(ds_id).table(table).to_arrow().to_pylist()
+    return warpdata.dataset(ds_id).table(table).to_arrow().to_pylist()
 
 
 def test_imagefolder_table_artifact_binding(cli, tmp_path):
@@ -53,7 +53,7 @@ def test_imagefolder_table_artifact_binding(cli, tmp_path):
     assert rows[0] == {"id": "cat0", "label": "cat", "image": "cat/cat0.jpg", "width": 10, "height": 20,
                        "bytes": len(files["cat/cat0.jpg"])}
     assert {x["label"] for x in rows} == {"cat", "dog"}
-    ds = warpdata.read.dataset("ws/pets")
+    ds = warpdata.dataset("ws/pets")
     assert ds.tables == ["main"]  # no quarantine table when nothing was quarantined
     b = ds.manifest.bindings[0]
     assert (b.table, b.column, b.artifact, b.ref_type) == ("main", "image", "images", "image")
@@ -89,7 +89,7 @@ def test_bad_files_are_quarantined_with_reasons(cli, tmp_path):
     }
     assert str(tmp_path / "outside.jpg") in q["dog/escape.jpg"]["message"]
     assert doc["quarantined"] == 9 and doc["reasons"]["decode-error"] == 2
-    members = warpdata.read.dataset("ws/pets").artifact("images").members()
+    members = warpdata.dataset("ws/pets").artifact("images").members()
     assert "dog/inside.jpg" in members and not any(m in members for m in q)
 
 
@@ -153,7 +153,7 @@ def test_paired_masks(cli, tmp_path):
                                                         ("dog/dog0.jpg", "dog/dog0.png")]
     (q,) = rows_of("ws/seg", "quarantine")
     assert (q["path"], q["reason"]) == ("dog/dog1.jpg", "unpaired")
-    ds = warpdata.read.dataset("ws/seg")
+    ds = warpdata.dataset("ws/seg")
     assert ds.artifact("masks").read("dog/dog0.png") == (masks / "dog/dog0.png").read_bytes()
 
 
@@ -172,7 +172,7 @@ def test_paired_folders(cli, tmp_path):
                                                                                 ("1", "1.jpg", "1.png")]
     q = {(x["source"], x["path"]): x["reason"] for x in rows_of("ws/pairs", "quarantine")}
     assert q == {("mask", "2.png"): "decode-error", ("image", "3.jpg"): "unpaired", ("mask", "9.png"): "unpaired"}
-    ds = warpdata.read.dataset("ws/pairs")
+    ds = warpdata.dataset("ws/pairs")
     assert sorted(ds.artifacts) == ["image", "mask"]
     r = cli("ingest", "paired", a, b, "ws/pairs", "--names", "x,x")
     assert r.code == 2 and "twice" in r.err
@@ -198,7 +198,7 @@ def test_table_with_file_columns(cli, tmp_path, fmt):
     assert rows_of("ws/cap") == [{"image": rels[i], "caption": f"c{i}"} for i in range(3)]
     q = {x["source"]: x["reason"] for x in rows_of("ws/cap", "quarantine")}
     assert q == {"row 3": "path-outside-root", "row 4": "missing-file", "row 5": "missing-file"}
-    ds = warpdata.read.dataset("ws/cap")
+    ds = warpdata.dataset("ws/cap")
     assert sorted(ds.artifact("images").members()) == rels[:3]
     r = cli("ingest", "csv", src, "ws/cap", "--file-column", "path", "--root", photos)
     assert r.code == 2 and "no column 'path'" in r.err
@@ -263,5 +263,5 @@ def test_ingest_to_s3_twice_uploads_nothing(cli, s3, tmp_path, monkeypatch):
     second = cli("ingest", "imagefolder", tmp_path / "pets", "ws/pets", "--json")
     assert second.json()["version_hash"] == first.json()["version_hash"]
     assert second.json()["blobs_uploaded"] == 0 and s3.count("PUT") == 0
-    ds = warpdata.read.dataset("ws/pets", mode="remote")
+    ds = warpdata.dataset("ws/pets", mode="remote")
     assert ds.artifact("images").read("cat/cat1.jpg") == (tmp_path / "pets" / "cat" / "cat1.jpg").read_bytes()

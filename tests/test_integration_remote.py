@@ -53,7 +53,7 @@ def assert_same(a: Warehouse, b: Warehouse) -> None:
 
 def published_blobs(name: str) -> dict[str, int]:
     """hash -> bytes of every blob the published version holds (what 'warp warm' caches)."""
-    m = warpdata.read.dataset(name).manifest
+    m = warpdata.dataset(name).manifest
     out = {}
     for t in m.tables.values():
         out.update({s.hash: s.byte_size for s in t.shards})
@@ -91,7 +91,7 @@ def test_open_published_warehouse_from_s3(s3, published, tmp_path):
     assert_same(remote, local)
     assert remote.verify() == [s["checksum_sha256"] for s in local.manifest["shards"]]
     # the needed tar shards came whole, each once (as 'warp warm' fetches them), nothing else was copied
-    art = warpdata.read.dataset("vision/coco").manifest.artifacts[remote.published.artifact]
+    art = warpdata.dataset("vision/coco").manifest.artifacts[remote.published.artifact]
     sizes = {s.hash: s.byte_size for s in art.shards}
     got = blob_gets_by_key(s3)
     tar_gets = {k.rsplit("/", 1)[-1]: n for k, n in got.items() if k.rsplit("/", 1)[-1] in sizes}

@@ -24,7 +24,7 @@ def test_synthetic_photo_same_seed_same_pixels_and_bytes():
 
 
 def test_synthetic_photo_is_photo_like():
-    """Enough texture and noise that JPEG cannot squeeze it like a flat drawing (DESIGN.md §7)."""
+    """Enough texture and noise that JPEG cannot squeeze it like a flat drawing (docs/design.md §7)."""
     from PIL import Image
 
     img = synthetic_photo(np.random.default_rng(1), 320, 240)

@@ -25,7 +25,7 @@ DTYPES = ["uint8", "uint16", "uint32", "float32", "float64"]
 
 
 def reference(a: np.ndarray, tile, fill) -> np.ndarray:
-    """The seed's formula verbatim: pad, lift to (t0,n0,t1,n1,…), transpose to (t…, n…)."""
+    """The formula of docs/formats/zarr-tiles.md verbatim: pad, lift to (t0,n0,t1,n1,…), transpose to (t…, n…)."""
     counts = tile_counts(a.shape, tile)
     padded = np.pad(a, [(0, c * n - s) for s, c, n in zip(a.shape, counts, tile, strict=True)],
                     constant_values=fill)

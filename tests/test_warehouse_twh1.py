@@ -55,7 +55,7 @@ def test_reader_decodes_golden(dtype):
         if dtype == "u8":
             assert (s.images[0] == first).all()
         else:
-            # x/255 in f16 round-trips to the same uint8 (DESIGN.md §4)
+            # x/255 in f16 round-trips to the same uint8 (docs/design.md §4)
             assert (np.rint(s.images[0].astype(np.float64) * 255) == first).all()
 
 

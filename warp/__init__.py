@@ -31,7 +31,8 @@ _LAZY: dict[str, str] = {
 # without importing each one up front (they pull numpy/pyarrow).
 _SUBPACKAGES: frozenset[str] = frozenset({
     "commands", "formats", "kernels", "warehouse", "tiles", "registry", "features",
-    "tbl", "sampledata",
+    "tbl", "sampledata", "etl", "cli", "core", "storage", "artifacts", "doctor", "read",
+    "partition",
 })
 
 

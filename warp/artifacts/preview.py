@@ -188,7 +188,7 @@ def tbl(path: str, n: int = 16) -> Preview:
 def published(name: str, n: int = 16) -> Preview:
     import warpdata
 
-    ds = warpdata.read.dataset(name)
+    ds = warpdata.dataset(name)
     for b in ds.manifest.bindings:
         if b.ref_type == "image":
             rows = ds.table(b.table).select([b.column]).head(n).column(b.column).to_pylist()

@@ -12,7 +12,7 @@ exits 1 and names the stale files when the committed ones differ from what
 ``write`` would produce.
 
 Everything comes from one walk of ``typer.main.get_command(build_app())``
-(click-man writes empty pages for Typer apps; DESIGN.md §2), the command
+(click-man writes empty pages for Typer apps; docs/design.md §2), the command
 modules' ``EXAMPLES``, :data:`warpdata.core.errors.EXIT_CODE_DOCS` and
 :data:`warpdata.core.envvars.ENV_VARS`. Output is deterministic: no dates, no
 absolute paths, command order from ``COMMANDS``, option order as declared.

@@ -8,7 +8,7 @@ Contract:
   batch as tensors, copied once from the mapped shards into the tensors'
   storage (shared memory inside a DataLoader worker, so the batch crosses to
   the main process without another copy); faster than per-item
-  ``__getitem__`` + default collate (DESIGN.md §4).
+  ``__getitem__`` + default collate (docs/design.md §4).
 * :class:`BigBatchLoader` is a ``DataLoader`` over that dataset whose
   sampler is :class:`warpdata.partition.sampler.ShardAwareSampler` with
   ``batch_size = micro_batch_size × accumulation_steps``: every step fetches

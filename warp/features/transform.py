@@ -11,7 +11,7 @@ is deterministic for a given Pillow version, which is part of the cache
 fingerprint.
 
 JPEGs use libjpeg's DCT-domain downscaling (``Image.draft``) when the image
-is at least twice the target: decode dominates the build (DESIGN.md §4) and
+is at least twice the target: decode dominates the build (docs/design.md §4) and
 this is where it pays. :func:`load_video_frame` does the same for the middle
 frame of a video (OpenCV's FFmpeg backend). Decode failures raise :class:`DecodeFailure` with a
 quarantine reason (``decode-error`` or ``truncated``).

@@ -3,7 +3,7 @@
 Samples live in shards (``shard_sizes[i]`` samples in shard ``i``; global
 index = shard offset + position). A plain global permutation makes every
 reader touch every shard all the time, which collapses shard caches
-(DESIGN.md §4: 10.6 samples/s vs 350–640 shard-aware). This sampler keeps
+(docs/design.md §4: 10.6 samples/s vs 350–640 shard-aware). This sampler keeps
 locality while giving DistributedSampler's contract:
 
 1. Each epoch the shard order is permuted with ``rng(seed, epoch)`` (the same

@@ -1,4 +1,4 @@
-"""Remote-first read API: ``warpdata.read.dataset("ws/name")`` and its tables.
+"""Remote-first read API: ``warpdata.dataset("ws/name")`` and its tables.
 
 Contract
 --------

@@ -172,7 +172,7 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     name = name or re.sub(r"[^a-z0-9_]", "_", encoder.rsplit(":", 1)[-1].lower())[:64]
     if not NAME_RE.match(name):
         raise UsageError(f"embedding name {name!r} must be lowercase letters, digits and '_'", hint="e.g. --name clip")
-    ds = warpdata.read.dataset(dataset_id, store=store)
+    ds = warpdata.dataset(dataset_id, store=store)
     tname = table or ds.default_table
     if column not in ds.table(tname).schema_names():
         raise UsageError(f"{dataset_id}: table {tname} has no column {column!r}",

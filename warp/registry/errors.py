@@ -1,4 +1,4 @@
-"""Typed errors of the dataset registry (seed 002 §10, table X0).
+"""Typed errors of the dataset registry (docs/design.md §10, table X0).
 
 Each class carries the cause in one line and the remedy in ``hint``, maps to
 an exit code of :class:`warpdata.core.errors.ExitCode` through its warp base
@@ -53,7 +53,7 @@ class AuthenticationError(ConfigError):
     code = "auth"
 
 
-class PermissionError(ConfigError, builtins.PermissionError):  # the seed's name (seed 002 §10)
+class PermissionError(ConfigError, builtins.PermissionError):  # the seed's name (docs/design.md §10)
     """Credentials were accepted but the store refused the operation."""
 
     code = "permission-denied"

@@ -1,6 +1,6 @@
 """Dataset manifests: the immutable, content-addressed description of a version.
 
-A manifest (seed 002 §4, JSON Schema in ``manifest.schema.json`` beside this
+A manifest (docs/formats/registry.md, JSON Schema in ``manifest.schema.json`` beside this
 module) is a JSON object::
 
     {"kind": "dataset", "format_version": 1 | 2,

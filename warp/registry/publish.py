@@ -2,7 +2,7 @@
 
 :func:`publish` takes a :class:`PublishRequest` (tables of Parquet/CSV/JSONL
 files, artifact directories, ``--from`` warp artifacts, bindings) and runs,
-in this order (seed 002 §8):
+in this order (docs/design.md §10):
 
 1. **Stage.** Parquet files are hashed in place; CSV/JSONL are converted to
    Parquet; directories are packed into deterministic tar shards plus a
@@ -696,7 +696,7 @@ def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrenc
 # -- library API ---------------------------------------------------------------
 
 class DatasetBuilder:
-    """The seed's builder API over :func:`publish`::
+    """The builder API over :func:`publish`::
 
         b = DatasetBuilder("ws/name")
         b.add_table("main", ["data/part-0.parquet"])

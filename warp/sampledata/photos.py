@@ -3,7 +3,7 @@
 ``synthetic_photo`` draws smooth illumination, soft-edged blobs, a
 high-frequency texture and sensor noise, so JPEG encodes it with realistic
 entropy (drawn flat shapes decode several times faster than photos and make
-speed claims dishonest; DESIGN.md §7). ``real_photo_corpus`` uses the real
+speed claims dishonest; docs/design.md §7). ``real_photo_corpus`` uses the real
 photographs that scikit-image / scikit-learn ship when either is installed
 (random crops, rescales, jitter) and falls back to the synthetic generator.
 """

@@ -16,7 +16,7 @@ list) together with the samples' indices (and keys/metadata on request).
 * Decoding runs in ``threads`` threads (simplejpeg and Pillow release the
   GIL), ``prefetch`` batches ahead. JPEGs are decoded with DCT-domain
   downscaling when the target is at least 2x smaller, so only the needed
-  resolution is ever reconstructed (DESIGN.md §3: decode is the bottleneck);
+  resolution is ever reconstructed (docs/design.md §3: decode is the bottleneck);
   a bilinear resize then gives the exact size.
 * Memory: each batch's images live in one buffer. A buffer is handed out
   again only once nothing outside the loader references it (no image, view

@@ -13,7 +13,7 @@ Contract:
   ranks and workers, and every rank yields the same number of batches.
 
 Both reopen the file by path in each worker process (an mmap is never
-pickled: DESIGN.md §4).
+pickled: docs/design.md §4).
 """
 
 from __future__ import annotations

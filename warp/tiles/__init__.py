@@ -1,7 +1,7 @@
 """Tiled tensor compression: N-D arrays streamed, tiled and zstd-compressed into Zarr v3.
 
 * :class:`~warpdata.tiles.writer.TileWriter` – the streaming writer (the
-  seed's non-blocking ``write(buf) -> int``), sharded or unsharded, with
+  design's non-blocking ``write(buf) -> int``), sharded or unsharded, with
   optional multiscale pyramids;
 * :func:`write_array` – one call for an in-memory array;
 * ``etl.run`` – the ``warp etl`` pipeline for ``[source] format = "raw" | "npy"``;

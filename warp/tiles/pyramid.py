@@ -5,7 +5,7 @@ Each level halves every downsampled dimension (``ceil(s/2)``) by reducing
 
 * ``median`` (default): the lower median (the ``(W-1)//2``-th order
   statistic of the ``W`` window values) — an exact value of the input, so
-  integer data stays integer and no new intensities appear (the seed's
+  integer data stays integer and no new intensities appear (the
   "median (order statistic) filtering");
 * ``mean``: arithmetic mean, rounded to nearest for integer dtypes;
 * ``nearest``: the window's first element (plain 2× subsampling).

@@ -1,6 +1,6 @@
 """TileWriter: a row-major byte stream in, a Zarr v3 array (or pyramid) out.
 
-The seed's writer contract (seed 003, "Writer Interface"):
+The writer contract (docs/formats/zarr-tiles.md):
 
 * ``write(buf) -> int`` consumes as much of ``buf`` as fits and returns the
   count; when both slab buffers are busy it returns **0 without blocking** —
@@ -75,7 +75,7 @@ def check_shards(shape: Sequence[int], tile: Sequence[int], shards: Sequence[int
                               hint="make every shard size a multiple of the tile size")
         if d == geo.kept[0] and sh != n:
             raise ConfigError(f"shard size {sh} in dimension {d} (the slowest) must equal the tile size {n}",
-                              hint="streamed writes complete one tile-height of shards at a time (DESIGN.md §5)")
+                              hint="streamed writes complete one tile-height of shards at a time (docs/design.md §5)")
         out.append(sh)
     return tuple(out)
 

@@ -14,7 +14,7 @@ in :attr:`Warehouse.shard_load_s`.
   and run id strings — no copy.
 * ``wh.batch(indices, out=)`` copies a batch into preallocated arrays
   (:meth:`Warehouse.alloc_batch`), one ``np.copyto`` per sample: batched
-  copies beat per-item ``__getitem__`` + collate by 2–4× (DESIGN.md §4).
+  copies beat per-item ``__getitem__`` + collate by 2–4× (docs/design.md §4).
 * ``wh.sampler(...)`` is a :class:`~warpdata.partition.sampler.ShardAwareSampler`
   over the shard sizes.
 

@@ -126,7 +126,7 @@ class Transformer:
         self._planes = np.empty((3, spec.height, spec.width), np.uint8) if spec.dtype != "u8" else None
         self._lut = None
         if spec.dtype != "u8":
-            # x/255 through a LUT: one gather instead of an astype chain (DESIGN.md §4)
+            # x/255 through a LUT: one gather instead of an astype chain (docs/design.md §4)
             self._lut = (np.arange(256, dtype=np.float64) / 255.0).astype(np.float16 if spec.dtype == "f16" else np.float32)
         self._last_geom: Geometry | None = None
         self.decode_s = 0.0
