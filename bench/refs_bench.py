@@ -137,7 +137,7 @@ def run(a, server, s3_env, tmp: Path) -> None:
         shutil.rmtree(ws, ignore_errors=True)
         return {"cold": ep[0], "epoch2": ep[1]}
 
-    from warpdata.read.dataset import Table
+    from warpdata.read.table import Table
 
     variants = [("auto", "auto", False), ("auto+read_refs", "auto", True), ("remote", "remote", False)]
     if "read_refs" not in Table.batch_dicts.__code__.co_varnames:

@@ -10,7 +10,7 @@ name and renamed when complete; an identical existing version is reused.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from warpdata.cli import output as out
@@ -53,6 +53,20 @@ def main(
     elif opts.quiet:
         out.data(result.path)
     else:
+        if result.metrics.get("phases_s") and result.metrics.get("cpu_s") is not None:
+            _render_phases(result.metrics)
         out.table(f"{result.kind} {result.status}: {result.path}", ["", ""], result.rows, to_stderr=True)
         out.data(result.path)
     return result.exit_code
+
+
+def _render_phases(m: dict[str, Any]) -> None:
+    """The build's phase timings (a warehouse's metrics.json) as a table on stderr."""
+    rows = [[k, f"{v:.3f}", ""] for k, v in m["phases_s"].items()]
+    rows += [[f"cpu:{k}", f"{v:.3f}", f"{m['cpu_ms_per_sample'].get(k, 0):.2f} ms/img"] for k, v in m["cpu_s"].items()]
+    if m.get("build_samples_per_s"):
+        rows.append(["rate", f"{m['build_samples_per_s']:.1f} img/s", f"{m['build_mb_per_s']:.1f} MB/s"])
+        rows.append(["writes", f"{100 * m.get('direct_io_fraction', 0):.0f} % O_DIRECT", "WARP_DIRECT_IO"])
+    for code, n in sorted(m["skip_reasons"].items()):
+        rows.append([f"skip:{code}", str(n), ""])
+    out.table("etl phases (seconds)", ["phase", "time", "per sample"], rows, to_stderr=True)

@@ -63,13 +63,13 @@ def main(
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
+    from warpdata.core.sizes import format_size, parse_size
     from warpdata.registry.ingest import (
         IngestOptions,
         ingest_imagefolder,
         ingest_paired,
         ingest_table,
     )
-    from warpdata.storage.blobcache import format_size, parse_size
 
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", hint="use imagefolder, csv or paired")

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from warpdata.core.errors import WarpError
 from warpdata.formats import zarr_v3
+from warpdata.storage import zarr_store
 from warpdata.tiles import inspect as zinspect
 
 GOLDEN = Path(__file__).parent / "golden" / "zarr"
@@ -59,7 +60,7 @@ def _outcome(root: Path, originals: dict[Path, np.ndarray]) -> tuple[bool, bool]
     intact = True
     for arr, want in originals.items():
         try:
-            got = zarr_v3.read_array(arr)
+            got = zarr_store.read_array(arr)
         except WarpError:
             intact = False
             continue
@@ -80,7 +81,7 @@ def workdirs(tmp_path_factory):
     for name in ("sharded.zarr", "unsharded.zarr", "pyramid.zarr"):
         shutil.copytree(GOLDEN / name, base / name)
         root = base / name
-        out.append((root, {a: zarr_v3.read_array(a) for a in _arrays(root)}))
+        out.append((root, {a: zarr_store.read_array(a) for a in _arrays(root)}))
     return out
 
 
@@ -124,7 +125,7 @@ def test_malformed_zarr_json_corpus(cli):
     assert expected
     for name, needle in expected.items():
         with pytest.raises(WarpError, match=needle):
-            zarr_v3.read_array(corpus / name)
+            zarr_store.read_array(corpus / name)
         r = cli("inspect", "--verify", str(corpus / name))
         assert r.code == 65, (name, r.code, r.err)
         assert needle.replace("\\", "") in r.err, (name, r.err)

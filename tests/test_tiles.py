@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from warpdata.core.errors import ConfigError, DataError, InternalError
 from warpdata.kernels.cpu import CpuBackend
 from warpdata.sampledata.volume import generate, photo_like_volume
+from warpdata.storage import zarr_store
 from warpdata.tiles.pyramid import Downsampler, reduce_block
 from warpdata.tiles.writer import TileWriter, auto_shards
 
@@ -342,21 +343,20 @@ def test_top_level_write_array(tmp_path):
 # -- object writes ------------------------------------------------------------------
 
 def test_writev_all_resumes_partial_writes(tmp_path, monkeypatch):
-    from warpdata.formats import zarr_v3
 
     parts = [bytes([i % 256]) * (i * 7 % 23) for i in range(1500)]  # > IOV_MAX buffers, some empty
     real = os.writev
     # a kernel that writes at most 5 bytes of the first buffer per call
     monkeypatch.setattr(os, "writev", lambda fd, bufs: real(fd, [bytes(bufs[0])[:5]]))
     with open(tmp_path / "a", "wb") as f:
-        assert zarr_v3.writev_all(f.fileno(), parts) == sum(map(len, parts))
+        assert zarr_store.writev_all(f.fileno(), parts) == sum(map(len, parts))
     assert (tmp_path / "a").read_bytes() == b"".join(parts)
     monkeypatch.setattr(os, "writev", lambda fd, bufs: 0)
     with open(tmp_path / "c", "wb") as f, pytest.raises(OSError):  # no progress is an error, not a loop
-        zarr_v3.writev_all(f.fileno(), [b"abc"])
+        zarr_store.writev_all(f.fileno(), [b"abc"])
     monkeypatch.setattr(os, "writev", real)
     with open(tmp_path / "b", "wb") as f:
-        zarr_v3.writev_all(f.fileno(), [memoryview(p) for p in parts])
+        zarr_store.writev_all(f.fileno(), [memoryview(p) for p in parts])
     assert (tmp_path / "b").read_bytes() == b"".join(parts)
 
 
@@ -415,7 +415,6 @@ def test_big_shards_written_with_o_direct_are_the_same_files(tmp_path, monkeypat
     files as buffered writes (WARP_DIRECT_IO=0), and zarr-python and tensorstore read them bit-exact."""
     import tensorstore as ts
     from warpdata.core.directio import wants_direct
-    from warpdata.formats import zarr_v3
 
     a = photo_like_volume((64, 160, 200), "uint16", seed=3)
     trees = {}
@@ -428,7 +427,7 @@ def test_big_shards_written_with_o_direct_are_the_same_files(tmp_path, monkeypat
             w.write_array(a)
         files = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*")
                  if p.is_file() and p.name not in ("manifest.json",)}
-        assert max(len(v) for v in files.values()) >= zarr_v3.DIRECT_MIN_BYTES  # the O_DIRECT path ran
+        assert max(len(v) for v in files.values()) >= zarr_store.DIRECT_MIN_BYTES  # the O_DIRECT path ran
         assert not [p for p in path.rglob(".warp-tmp-*")]
         trees[mode] = files
         np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], a)

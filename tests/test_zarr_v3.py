@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from warpdata.core.errors import DataError
 from warpdata.formats import zarr_v3
+from warpdata.storage import zarr_store
 from warpdata.tiles.writer import TileWriter
 
 GOLDEN = Path(__file__).parent / "golden" / "zarr"
@@ -55,7 +56,7 @@ def test_zarr_python_and_tensorstore_read_bit_exact(tmp_path, dtype, shards, sha
     got = z[...]
     assert got.tobytes() == a.tobytes()  # bit-exact, NaN payloads included
     assert _tensorstore(path).tobytes() == a.tobytes()
-    assert zarr_v3.read_array(path).tobytes() == a.tobytes()
+    assert zarr_store.read_array(path).tobytes() == a.tobytes()
 
 
 @pytest.mark.parametrize("shards", [None, "auto"], ids=["unsharded", "sharded"])
@@ -80,7 +81,7 @@ def test_every_chunk_carries_a_crc32c_that_zarr_python_and_tensorstore_check(tmp
         with pytest.raises(ValueError, match="Digest mismatch|ZSTD_decompress"):  # streamed: zstd may fail first
             _tensorstore(path)
         with pytest.raises(DataError, match="chunk CRC-32C mismatch"):
-            zarr_v3.read_array(path)
+            zarr_store.read_array(path)
     key.write_bytes(good)
 
 
@@ -90,8 +91,8 @@ def test_checksum_off_writes_the_older_layout_which_warp_still_reads(tmp_path):
     _write(path, a, (4, 4, 4), shards="auto", checksum=False)
     inner = json.loads((path / "zarr.json").read_text())["codecs"][0]["configuration"]["codecs"]
     assert [c["name"] for c in inner] == ["bytes", "zstd"]
-    assert zarr_v3.read_layout(zarr_v3.Store(path)).checksum is False
-    np.testing.assert_array_equal(zarr_v3.read_array(path), a)
+    assert zarr_v3.read_layout(zarr_store.Store(path)).checksum is False
+    np.testing.assert_array_equal(zarr_store.read_array(path), a)
     np.testing.assert_array_equal(zarr.open_array(str(path), mode="r")[...], a)
 
 
@@ -140,7 +141,7 @@ def test_round_trip_property(tmp_path_factory, data):
     a = _data(shape, dtype, data.draw(st.integers(0, 1000)))
     path = tmp_path_factory.mktemp("rt") / "a.zarr"
     _write(path, a, tile, shards=shards)
-    assert zarr_v3.read_array(path).tobytes() == a.tobytes()
+    assert zarr_store.read_array(path).tobytes() == a.tobytes()
     assert zarr.open_array(str(path), mode="r")[...].tobytes() == a.tobytes()
 
 
@@ -243,7 +244,7 @@ def test_s3_output_reads_back(s3):
     store = zarr.storage.FsspecStore.from_url(
         url, read_only=True, storage_options={"endpoint_url": s3.endpoint, "key": "testing", "secret": "testing"})
     np.testing.assert_array_equal(zarr.open_array(store, mode="r")[...], a)
-    assert zarr_v3.read_array(url).tobytes() == a.tobytes()
+    assert zarr_store.read_array(url).tobytes() == a.tobytes()
 
 
 @pytest.mark.s3
@@ -256,7 +257,7 @@ def test_etl_to_s3_needs_clear_to_replace(cli, s3, tmp_path):
     assert r.code == 0, r.err
     assert r.json()["path"] == url
     a = np.fromfile(tmp_path / "volume.raw", dtype="<u2").reshape(8, 256, 256)
-    assert zarr_v3.read_array(url + "/0").tobytes() == a.tobytes()
+    assert zarr_store.read_array(url + "/0").tobytes() == a.tobytes()
     again = cli("etl", "--config", tmp_path / "volume.toml", "--output", url)
     assert again.code == 78 and "--clear" in again.err
     assert cli("etl", "--config", tmp_path / "volume.toml", "--output", url, "--clear", "-q").code == 0

@@ -96,6 +96,7 @@ def _root(
 ) -> None:
     out.configure(json=json_, quiet=quiet, verbose=verbose, color=color,
                   debug=debug or envvars.flag("WARP_DEBUG"))
+    out.attach_library()
 
 
 def report_error(err: WarpError) -> None:

@@ -17,6 +17,7 @@ Rich is imported lazily: it costs start-up time on every call.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -187,3 +188,35 @@ def progress(description: str, total: float | None = None, unit: str = "it") -> 
             MofNCompleteColumn(), TimeRemainingColumn()]
     with Progress(*cols, console=console(), transient=True) as p:
         yield _RichProgress(p, p.add_task(description, total=total))
+
+
+class _LibraryLog(logging.Handler):
+    """Renders the library's log records (logger ``warpdata``) the CLI's way, on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if record.levelno >= logging.WARNING:
+                warn(msg)
+            elif record.levelno >= logging.INFO:
+                info(msg)
+            else:
+                detail(msg, 2)
+        except Exception:  # a broken stderr must not turn a log line into a crash
+            self.handleError(record)
+
+
+def attach_library() -> None:
+    """Route the library's logging and progress through this module (once per process).
+
+    The library never prints (docs/design.md §2): it logs under ``warpdata`` and reports
+    progress through :mod:`warpdata.core.progress`; the CLI renders both.
+    """
+    from warpdata.core import progress as lib_progress
+
+    lib_progress.set_progress_factory(progress)
+    logger = logging.getLogger("warpdata")
+    if not any(isinstance(h, _LibraryLog) for h in logger.handlers):
+        logger.addHandler(_LibraryLog())
+    logger.setLevel(logging.DEBUG if _opts.verbose >= 2 else logging.INFO)
+    logger.propagate = False

@@ -57,6 +57,8 @@ class EtlResult:
     rows: list[tuple[str, str]] = field(default_factory=list)  # human summary
     status: str = "built"  # built | up-to-date
     exit_code: int = 0
+    # timings and counts of a build (metrics.json); commands render them, pipelines never print
+    metrics: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve(config: dict[str, Any], source: ConfigSource):

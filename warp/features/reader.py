@@ -20,7 +20,7 @@ cache, not to the process. Records are returned as *copies* (``get``,
 
 ``ShardCache("ws/name")`` (a published dataset instead of a path; ``version=``,
 ``store=``) opens the published cache in place
-(:mod:`warpdata.registry.materialize`): the tar shards holding its manifest
+(:mod:`warpdata.read.materialize`): the tar shards holding its manifest
 and WFS1 shards come from the blob cache (or are fetched into it whole, as
 ``warp warm`` does) and each WFS1 shard is mapped at its offset inside its
 cached tar shard, so the cache holds every byte once. The tar shards stay
@@ -65,7 +65,7 @@ class ShardCache:
             raise ValueError(f"max_resident must be >= 1, got {max_resident}")
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
-        from warpdata.registry.materialize import looks_like_dataset, materialize
+        from warpdata.read.materialize import looks_like_dataset, materialize
 
         self.published: Any = None
         if looks_like_dataset(path):

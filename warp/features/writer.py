@@ -37,6 +37,7 @@ batch the build records the time the main thread waited for decoded pixels
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 from warpdata.artifacts.manifests import MANIFEST_NAME
-from warpdata.cli import output as out
+from warpdata.core import progress as _progress
 from warpdata.core.atomic import atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal
 from warpdata.core.errors import ConfigError, DataError
@@ -57,6 +58,8 @@ from warpdata.features.scan import MediaItem, scan, source_digest
 from warpdata.features.transform import DecodeFailure, load_image, load_video_frame
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
+
+log = logging.getLogger(__name__)
 
 KIND = "feature-cache"
 SHARD_PATTERN = "shard-{:05d}.wfs"
@@ -330,7 +333,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
         inflight = {ci: submit(ci) for ci in range(min(nbuf - 1, len(chunks)))}
         try:
-            with out.progress("caching", total=len(items), unit="img") as bar:
+            with _progress.progress("caching", total=len(items), unit="img") as bar:
                 for ci, chunk in enumerate(chunks):
                     t0 = time.perf_counter()
                     results = [f.result() for f in inflight.pop(ci)]
@@ -389,9 +392,9 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         verdict = q.evaluate(spec.thresholds)
         verdict.raise_for_status(allow_invalid=allow_invalid, what=f"{spec.source}")
         for problem in verdict.problems():
-            out.warn(problem + (" (--allow-invalid)" if verdict.allowed else ""))
+            log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
         if truncated:
-            out.warn(f"{truncated} caption(s) longer than max_caption_bytes={spec.max_caption_bytes} were "
+            log.warning(f"{truncated} caption(s) longer than max_caption_bytes={spec.max_caption_bytes} were "
                      "truncated in the stored text (encoders saw the full caption)")
         manifest = {
             "kind": KIND,

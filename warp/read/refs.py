@@ -38,8 +38,9 @@ from warpdata.core.errors import DataError, MissingInputError, UsageError
 
 if TYPE_CHECKING:
     import numpy as np
-    from warpdata.read.dataset import Dataset
+    from warpdata.read.source import BlobSource
     from warpdata.registry.manifest import Binding
+
 
 
 # remote reads of members: runs of members closer than this are read by one ranged GET
@@ -61,7 +62,7 @@ class ArtifactReader:
     object's size (known from the manifest) costs no request per member.
     """
 
-    def __init__(self, ds: Dataset, name: str) -> None:
+    def __init__(self, ds: BlobSource, name: str) -> None:
         self.ds = ds
         self.name = name
         self.meta = ds.manifest.artifacts[name]
@@ -467,14 +468,14 @@ def _coalesce(reads: list[tuple[str, int, int, int]]) -> list[list[tuple[str, in
 REF_TYPES: dict[str, type[FileRef]] = {"file": FileRef, "image": ImageRef, "audio": AudioRef, "video": FileRef}
 
 
-def ref_factory(ds: Dataset, binding: Binding) -> Callable[[str], FileRef]:
+def ref_factory(ds: BlobSource, binding: Binding) -> Callable[[str], FileRef]:
     """member path -> typed ref, sharing one reader (and its index) per binding."""
     reader = ArtifactReader(ds, binding.artifact)
     cls = REF_TYPES.get(binding.ref_type, FileRef)
     return lambda member: cls(reader, member)
 
 
-def make_refs(ds: Dataset, binding: Binding, read: bool = False) -> Callable[[list], list]:
+def make_refs(ds: BlobSource, binding: Binding, read: bool = False) -> Callable[[list], list]:
     """A column's member paths -> typed refs (None stays None), sharing one reader per binding.
 
     ``read``: fetch every ref's bytes now, in parallel (:meth:`ArtifactReader.read_many`:

@@ -55,16 +55,11 @@ from typing import BinaryIO
 from warpdata.core import envvars
 from warpdata.core.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes
 from warpdata.core.errors import ConfigError, DataError, InternalError, UsageError
+from warpdata.core.sizes import format_size
 
 GB = 1_000_000_000
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 VERIFY_MODES = ("stamp", "full")
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "p": 10**15, "pb": 10**15, "kib": 1 << 10, "mib": 1 << 20,
-          "gib": 1 << 30, "tib": 1 << 40, "pib": 1 << 50, "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30,
-          "ti": 1 << 40, "pi": 1 << 50}
-
 
 class CacheTooSmallError(ConfigError):
     """The blobs a reader needs at once do not fit under the cache cap."""
@@ -80,26 +75,6 @@ class BlobCorruptError(DataError):
 
 class CacheLockTimeout(InternalError, TimeoutError):
     code = "cache-lock-timeout"
-
-
-def parse_size(text: str | int | float) -> int:
-    """'200GB' → 200e9, '1.5GiB' → 1.5·2³⁰, '4096' → 4096 bytes."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    m = _SIZE.match(text)
-    if not m or (m.group(2) or "").lower() not in _UNITS:
-        raise UsageError(f"cannot read size {text!r}", hint="write a size like 500MB, 200GB or 1.5TiB")
-    from fractions import Fraction  # exact: 36893489TB must not round through a float
-
-    return int(Fraction(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
-
-
-def format_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def normalize_hash(h: str) -> str:

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from warpdata.cli import output as out
+from warpdata.core import progress as _progress
 from warpdata.core.config import Field, validate
 from warpdata.core.errors import ConfigError, DataError, MissingInputError
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.tiles.pyramid import METHODS
+
+log = logging.getLogger(__name__)
 
 RECIPE_VERSION = 1
 
@@ -273,7 +276,7 @@ def _write(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool):
 
     w = TileWriter(url, inp.shape, inp.dtype, chunks, fsync=fsync, **kwargs)
     try:
-        with out.progress(f"tiling {inp.name}", total=inp.expected, unit="B") as bar:
+        with _progress.progress(f"tiling {inp.name}", total=inp.expected, unit="B") as bar:
             _stream(inp, w, bar)
         return w.close()
     except BaseException:

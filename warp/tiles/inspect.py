@@ -20,6 +20,7 @@ from warpdata.artifacts.inspect import Report
 from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.formats import zarr_v3
+from warpdata.storage import zarr_store
 
 
 def _read_json(path: str) -> dict | None:
@@ -43,7 +44,7 @@ def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
 
 def _group_levels(root: str) -> tuple[list[str] | None, dict | None]:
     """(level paths, group document) from the root ``zarr.json`` when it is a group, else (None, None)."""
-    store = zarr_v3.Store(root)
+    store = zarr_store.Store(root)
     try:
         z = zarr_v3.read_metadata(store)
     except MissingInputError:
@@ -94,7 +95,7 @@ def _zarr_python_check(doc: dict, where: str, group: bool) -> str | None:
     return None
 
 
-def _objects(store: zarr_v3.Store) -> list[tuple[str, int]]:
+def _objects(store: zarr_store.Store) -> list[tuple[str, int]]:
     base = os.path.join(store.location.path, "c")
     found = []
     for dirpath, _dirs, files in os.walk(base):
@@ -116,7 +117,7 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
     if manifest is not None and manifest.get("kind") != "zarr-array":
         manifest = None
     paths, group = _levels(root, manifest)
-    store = zarr_v3.Store(root)
+    store = zarr_store.Store(root)
     rows, problems, level_rows = [], [], []
     total_raw = total_stored = total_objects = 0
     first = None

@@ -44,6 +44,7 @@ from warpdata.formats import crc as crc32c
 from warpdata.formats import zarr_v3
 from warpdata.formats.tiling import SlabPlan, TileGeometry
 from warpdata.kernels import TileBackend, get_backend
+from warpdata.storage import zarr_store
 from warpdata.tiles.pyramid import METHODS, Downsampler, downsampled_shape
 
 SHARD_CAP_BYTES = 64 << 20
@@ -139,7 +140,7 @@ class TileWriter(CommitOnSuccess):
                  backend: str | TileBackend | None = None, threads: int | None = None,
                  levels: int = 1, method: str = "median", axes: Sequence[str] | None = None,
                  attributes: dict | None = None, fsync: bool = True, storage_config=None, checksum: bool = True,
-                 manifest_extra: dict | None = None, _store: zarr_v3.Store | None = None,
+                 manifest_extra: dict | None = None, _store: zarr_store.Store | None = None,
                  _level_index: int = 0) -> None:
         self.geometry = TileGeometry.create(shape, tile, dtype)
         if levels < 1:
@@ -176,7 +177,7 @@ class TileWriter(CommitOnSuccess):
         self._tmp: str | None = None  # local top-level output: built here, renamed to _final on success
         self._final: str | None = None
         if _store is None:
-            final = zarr_v3.Store(url, fsync=fsync, config=storage_config)
+            final = zarr_store.Store(url, fsync=fsync, config=storage_config)
             self.url = final.url
             if final.local:
                 from warpdata.tiles import replace
@@ -187,7 +188,7 @@ class TileWriter(CommitOnSuccess):
                 replace.clean_leftovers(final.location.path, replace.run_started())
                 self._final = final.location.path
                 self._tmp = str(replace.make_temp_dir(self._final))
-                root = zarr_v3.Store(self._tmp, fsync=fsync, config=storage_config)
+                root = zarr_store.Store(self._tmp, fsync=fsync, config=storage_config)
             else:
                 root = final
                 root.track_writes()  # an object store has no rename: abort() deletes what was put

@@ -41,6 +41,7 @@ import contextlib
 import datetime as _dt
 import fcntl
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from warpdata import __version__
-from warpdata.cli import output as out
+from warpdata.core import progress as _progress
 from warpdata.core.atomic import (
     TMP_PREFIX,
     atomic_file,
@@ -88,6 +89,8 @@ from warpdata.warehouse.transform import (
     transform_boxes,
 )
 from warpdata.warehouse.validate import ValidSample, probe_all
+
+log = logging.getLogger(__name__)
 
 CODE_VERSION = f"warpdata {__version__}; twh1/{twh1.SHARD_VERSION}; warehouse-etl/1"
 BUILD_PREFIX = f"{TMP_PREFIX}build-"
@@ -348,7 +351,7 @@ def _build_lock(root: Path, version: str):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            out.info(f"waiting for another 'warp etl' building version {version[:12]} in {root}")
+            log.info(f"waiting for another 'warp etl' building version {version[:12]} in {root}")
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
         # everyone re-checks for the finished version after locking, so unlinking is safe
@@ -506,7 +509,7 @@ def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, 
         runner = LocalRunner(max(1, min(workers, len(batches) or 1)))
     parts = {}
     try:
-        with out.progress("reading images", total=len(records), unit="img") as bar:
+        with _progress.progress("reading images", total=len(records), unit="img") as bar:
             for i, part in runner.imap_unordered(remote.probe_batch, batches):
                 parts[i] = part
                 bar.advance(len(part))
@@ -615,7 +618,8 @@ def _run_to_store(req: EtlRequest, url: str) -> EtlResult:
 def _store_result(res: EtlResult, dest: str, counts: dict[str, int], upload_s: float) -> EtlResult:
     summary = {**res.summary, "path": dest, "upload": {**counts, "s": round(upload_s, 4)}}
     rows = [r for r in res.rows] + [("uploaded", f"{counts['uploaded']} files ({counts['reused']} already there)")]
-    return EtlResult(kind=res.kind, path=dest, summary=summary, rows=rows, status=res.status, exit_code=res.exit_code)
+    return EtlResult(kind=res.kind, path=dest, summary=summary, rows=rows, status=res.status, exit_code=res.exit_code,
+                     metrics=res.metrics)
 
 
 def _run(req: EtlRequest, started: Future | None = None, store: str | None = None) -> EtlResult:
@@ -712,7 +716,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
                         Verdict("fail", [Check(**c) for c in v["checks"]], v["worst_offenders"]).raise_for_status(
                             what=f"{cfg.root} (existing {cand.name}, built with --allow-invalid)")
                     return _result(doc, cand, "up-to-date", {}, time.perf_counter() - t_start)
-                out.warn(f"{cand} is incomplete or corrupt: rebuilding it")
+                log.warning(f"{cand} is incomplete or corrupt: rebuilding it")
         build_dir = root / f"{BUILD_PREFIX}{version[:12]}"
         remove_leftovers(root, keep=build_dir, older_than=t_started_wall)
         if req.clear and build_dir.exists():
@@ -819,7 +823,6 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         metrics["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
         metrics["wall_s"] = round(time.perf_counter() - t_start, 4)
         atomic_write_bytes(final / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
-    _print_metrics(metrics)
     return _result(doc, final, "built", metrics, metrics["wall_s"])
 
 
@@ -853,7 +856,6 @@ def _finish_in_store(store: str, vdir: str, build_dir: Path, doc: dict[str, Any]
     phases["finalize"] = time.perf_counter() - t
     metrics["phases_s"] = {k: round(v, 4) for k, v in phases.items()}
     metrics["wall_s"] = round(time.perf_counter() - t_start, 4)
-    _print_metrics(metrics)
     res = _result(doc, Path(vdir), "built", metrics, metrics["wall_s"])
     return _store_result(res, dest, counts, time.perf_counter() - t_up)
 
@@ -887,14 +889,14 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
             todo.append(task)
     by_index = {t.index: t for t in todo}
     cluster: dict[str, Any] = {"executor": executor.text, "workers": workers}
-    with out.progress("building shards", total=total, unit="img") as bar:
+    with _progress.progress("building shards", total=total, unit="img") as bar:
         bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
         if todo:
             n = workers if executor.distributed else min(workers, len(todo))
             with open_runner(executor, n, initializer=_init_process_worker, started=started) as runner:
                 cluster = runner.describe()
                 if executor.distributed:
-                    out.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
+                    log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
                 # a bounded window keeps at most 2 tasks per worker in flight (memory)
                 for r in runner.imap_unordered(build_shard, todo):
                     if r.samples and syncer is not None and by_index[r.index].upload is None:
@@ -936,20 +938,6 @@ def _metrics(results: list[ShardResult], phases: dict[str, float], workers: int,
     }
 
 
-def _print_metrics(m: dict[str, Any]) -> None:
-    opts = out.options()
-    if opts.json or opts.quiet:
-        return
-    rows = [[k, f"{v:.3f}", ""] for k, v in m["phases_s"].items()]
-    rows += [[f"cpu:{k}", f"{v:.3f}", f"{m['cpu_ms_per_sample'].get(k, 0):.2f} ms/img"] for k, v in m["cpu_s"].items()]
-    if m.get("build_samples_per_s"):
-        rows.append(["rate", f"{m['build_samples_per_s']:.1f} img/s", f"{m['build_mb_per_s']:.1f} MB/s"])
-        rows.append(["writes", f"{100 * m.get('direct_io_fraction', 0):.0f} % O_DIRECT", "WARP_DIRECT_IO"])
-    for code, n in sorted(m["skip_reasons"].items()):
-        rows.append([f"skip:{code}", str(n), ""])
-    out.table("etl phases (seconds)", ["phase", "time", "per sample"], rows, to_stderr=True)
-
-
 def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any], wall: float) -> EtlResult:
     agg = doc["summary"]["aggregate"]
     verdict = doc["summary"]["verdict"]
@@ -969,5 +957,6 @@ def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any
             ("empty", f"{agg['empty']} ({agg['skipped']} skipped)"), ("validation", verdict["status"])]
     if verdict["status"] != "ok":
         for p in [c for c in verdict["checks"] if c["status"] != "ok"][:3]:
-            out.warn(f"{p['scope']}: {p['metric']} = {p['value']:.4f} over the {p['status']} limit")
-    return EtlResult(kind=wmanifest.KIND, path=str(path), summary=summary, rows=rows, status=status)
+            log.warning(f"{p['scope']}: {p['metric']} = {p['value']:.4f} over the {p['status']} limit")
+    return EtlResult(kind=wmanifest.KIND, path=str(path), summary=summary, rows=rows, status=status,
+                     metrics=metrics)

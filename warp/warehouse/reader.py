@@ -20,7 +20,7 @@ in :attr:`Warehouse.shard_load_s`.
 
 ``open("ws/name")`` (a published dataset instead of a path; ``version=``,
 ``store=``) opens the published warehouse in place
-(:mod:`warpdata.registry.materialize`): the tar shards holding its manifest
+(:mod:`warpdata.read.materialize`): the tar shards holding its manifest
 and TWH1 shards are taken from the blob cache (or fetched into it whole, as
 ``warp warm`` does), and each TWH1 shard is memory-mapped at its offset inside
 its cached tar shard, so the cache holds every byte once. Each shard's
@@ -101,7 +101,7 @@ class Warehouse:
         self.shard_load_s: dict[int, float] = {}
         self._shards: dict[int, twh1.TWH1Shard] = {}
         self._lock = threading.Lock()
-        self.published: Any = None  # a warpdata.registry.materialize.PublishedArtifact when opened by name
+        self.published: Any = None  # a warpdata.read.materialize.PublishedArtifact when opened by name
         if verify == "all":
             self.verify()
 
@@ -110,8 +110,8 @@ class Warehouse:
                        mode: str | None = None, artifact: str | None = None, allow_invalid: bool = False,
                        verify: str = "lazy", cache: Any = None) -> Warehouse:
         """Open the tensor warehouse published as dataset ``name`` (see the module docstring)."""
+        from warpdata.read.materialize import materialize
         from warpdata.registry.errors import DatasetNotFoundError
-        from warpdata.registry.materialize import materialize
 
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -346,7 +346,7 @@ def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = 
          version: str | None = None, store: str | None = None, mode: str | None = None,
          artifact: str | None = None) -> Warehouse:
     """Open a warehouse version directory (or its manifest.json), or a published dataset ``ws/name``."""
-    from warpdata.registry.materialize import looks_like_dataset
+    from warpdata.read.materialize import looks_like_dataset
 
     if looks_like_dataset(path):
         return Warehouse.from_published(str(path), version=version, store=store, mode=mode, artifact=artifact,

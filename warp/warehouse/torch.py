@@ -38,7 +38,7 @@ class WarehouseDataset(Dataset):
 
     def __init__(self, path: str | os.PathLike | Warehouse, *, allow_invalid: bool = False,
                  verify: str = "lazy") -> None:
-        from warpdata.registry.materialize import looks_like_dataset
+        from warpdata.read.materialize import looks_like_dataset
 
         opened = path if isinstance(path, Warehouse) else None
         if opened is None and looks_like_dataset(path):

@@ -1,0 +1,476 @@
+"""Record batches from a table's Parquet shards: the read path behind ``Table.batches()``.
+
+:class:`BatchStream` walks the row groups a :class:`~warpdata.partition.plan.ShardPlan`
+gives this rank and DataLoader worker and cuts exact-size batches. Shards open through
+:class:`_ShardFiles` (the blob cache when a shard is there, ranged reads otherwise); the next
+shards are prefetched into the cache in the background and the next row groups are read
+ahead on threads (their ranged GETs and decoding release the GIL).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from warpdata.core import envvars
+from warpdata.core.errors import UsageError
+from warpdata.partition.plan import ResumeState, ShardingError, ShardPlan, auto_shard
+from warpdata.storage.blobcache import CacheTooSmallError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from warpdata.read.source import BlobSource, TableSource
+    from warpdata.registry.manifest import ShardRef
+
+
+log = logging.getLogger(__name__)
+
+PREFETCH_DEPTH = {"auto": 2, "hybrid": 8, "remote": 0, "local": 0}
+DEFAULT_BATCH = 65536
+# stream read-ahead: row-group reads (up to 4 row groups of one shard each) in flight, and threads
+# running them (each read's ranged GETs and decoding release the GIL)
+ROWGROUP_AHEAD = 3
+ROWGROUP_THREADS = 2
+
+
+class _ShardFiles:
+    """Open ParquetFile per shard (footer read once), preferring cached copies."""
+
+    def __init__(self, ds: BlobSource, shards: Sequence[ShardRef]) -> None:
+        self.ds = ds
+        self.shards = shards
+        self._open: dict[int, Any] = {}
+        self._local: dict[int, bool] = {}
+        self._opening: dict[int, threading.Lock] = {}
+        self._mu = threading.Lock()
+
+    def get(self, i: int):
+        with self._mu:
+            pf = self._open.get(i)
+            # a shard first opened remotely switches to its cached copy once prefetch finished it
+            if pf is not None and (self._local[i] or self.ds.cache is None or not self.ds.cache.has(self.shards[i].hash)):
+                return pf
+            lock = self._opening.setdefault(i, threading.Lock())
+        with lock:  # the opener and the row-group reader threads open a shard once (one HEAD, one footer GET)
+            with self._mu:
+                pf = self._open.get(i)
+                if pf is not None and (self._local[i] or self.ds.cache is None
+                                       or not self.ds.cache.has(self.shards[i].hash)):
+                    return pf
+            return self._open_shard(i)
+
+    def _open_shard(self, i: int):
+        import pyarrow.parquet as pq
+
+        s = self.shards[i]
+        local = self.ds.cached_path(s)
+        src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
+        md = None if local else _read_footer(self.ds, s, src)
+        try:
+            pf = pq.ParquetFile(src, pre_buffer=not local, metadata=md)
+        except Exception as e:
+            from warpdata.core.errors import DataError
+
+            raise DataError(f"{self.ds.remote.url_of(self.ds.blob_key(s))}: not a readable Parquet shard: {e}",
+                            hint="the store copy is damaged; republish the dataset") from None
+        with self._mu:
+            self._open[i] = pf
+            self._local[i] = bool(local)
+        return pf
+
+    def row_groups(self, i: int) -> list[int]:
+        """Rows per row group: from the manifest's shard statistics when it has them (format 2;
+        docs/formats/registry.md), so planning reads opens no shard; else from the footer."""
+        s = self.shards[i]
+        rgs = (s.stats or {}).get("row_groups")
+        if rgs and all(isinstance(r.get("row_count"), int) for r in rgs):
+            counts = [r["row_count"] for r in rgs]
+            if sum(counts) == s.row_count:
+                return counts
+        md = self.get(i).metadata
+        return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+
+
+def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
+    """The shard's footer metadata by one ranged GET of exactly its recorded length, or None.
+
+    Without the length (format-1 manifests) pyarrow reads the file's last 64 KiB
+    on the chance that the footer fits; with it, no byte beyond the footer moves.
+    """
+    size = (s.stats or {}).get("footer_size")
+    if not size or size > s.byte_size:
+        return None
+    from warpdata.registry.errors import ManifestCorruptedError
+    from warpdata.registry.parquet_stats import parse_footer
+
+    try:
+        data = src.read_at(size, s.byte_size - size)
+    except Exception as e:
+        raise ds.remote._wrap(e, ds.blob_key(s)) from e
+    try:
+        return parse_footer(data)
+    except (ValueError, OSError) as e:
+        raise ManifestCorruptedError(
+            f"{ds.remote.url_of(ds.blob_key(s))}: the manifest's footer_size {size} does not match the shard ({e})",
+            hint="the manifest's shard statistics are wrong; republish the dataset") from None
+
+
+class _Prefetcher:
+    """Downloads upcoming shards into the blob cache on one background thread.
+
+    At most ``depth`` shards ahead of the reader's position; nothing starts
+    before the reader asks for its first shard, so the first batch never waits.
+    Blobs of the window are pinned so a gc or another reader cannot evict them.
+    """
+
+    def __init__(self, ds: BlobSource, shards: Sequence[ShardRef], order: list[int], depth: int) -> None:
+        self.ds, self.shards, self.order, self.depth = ds, shards, order, depth
+        self.pos = 0
+        self.cv = threading.Condition()
+        self.stop = False
+        self.error: BaseException | None = None
+        self.done: set[int] = set()
+        self.pinned: list[str] = []
+        self.thread = threading.Thread(target=self._run, name="warp-prefetch", daemon=True)
+        self.thread.start()
+
+    def advance(self, pos: int) -> None:
+        with self.cv:
+            self.pos = pos
+            self.cv.notify_all()
+
+    def _run(self) -> None:
+        cache = self.ds.cache
+        for k, i in enumerate(self.order):
+            with self.cv:
+                while not self.stop and k > self.pos + self.depth:
+                    self.cv.wait(0.5)
+                if self.stop:
+                    return
+                if k <= self.pos:
+                    continue  # the reader is already on it, by ranged reads
+            s = self.shards[i]
+            try:
+                cache.pin([s.hash])
+                self.pinned.append(s.hash)
+                if not cache.has(s.hash):
+                    self.ds.fetch_blob(s)
+                self.done.add(i)
+            except CacheTooSmallError as e:
+                self.error = e
+                log.warning(f"prefetch stopped: {e.message}; reading remotely")
+                return
+            except Exception as e:  # prefetch is an optimisation: the reader falls back to ranged reads
+                self.error = e
+                return
+
+    def close(self) -> None:
+        with self.cv:
+            self.stop = True
+            self.cv.notify_all()
+        self.thread.join(timeout=60)
+        if self.pinned:
+            self.ds.cache.unpin(self.pinned)
+            self.pinned = []
+
+
+def _worker_info() -> tuple[int, int]:
+    """(id, count) of the PyTorch DataLoader worker running us; (0, 1) in the main process."""
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None:
+        info = torch_data.get_worker_info()
+        if info is not None:
+            return info.id, info.num_workers
+    return 0, 1
+
+
+def _parse_shard(shard: Any) -> tuple[int, int]:
+    if shard is None:
+        return 0, 1
+    if shard == "auto":
+        return auto_shard()
+    if isinstance(shard, str) and "/" in shard:
+        a, _, b = shard.partition("/")
+        try:
+            return int(a), int(b)
+        except ValueError:
+            pass
+    if isinstance(shard, (tuple, list)) and len(shard) == 2:
+        return int(shard[0]), int(shard[1])
+    raise ShardingError(f"shard={shard!r} is not (rank, world_size), 'RANK/WORLD' or 'auto'",
+                        hint="e.g. shard=(0, 8), shard='0/8' or shard='auto' (reads RANK and WORLD_SIZE)")
+
+
+def _prefetch_depth(prefetch: Any, mode: str) -> int:
+    if prefetch in (None, "auto"):
+        prefetch = envvars.get("WARP_PREFETCH") or "auto"
+    if prefetch == "auto":
+        return PREFETCH_DEPTH[mode]
+    if prefetch in (False, "off", "0", 0):
+        return 0
+    try:
+        return max(0, int(prefetch))
+    except (TypeError, ValueError):
+        raise UsageError(f"prefetch={prefetch!r} is not auto, off or a number of shards",
+                         hint="e.g. prefetch='auto', prefetch=4 or prefetch='off'") from None
+
+
+@dataclass
+class BatchStream:
+    """An iterable of RecordBatches for one (rank, worker), with resume state."""
+
+    table: TableSource
+    plan: ShardPlan
+    batch_ids: list[int]
+    columns: list[str] | None
+    limit: int | None
+    depth: int
+    num_workers: int = 1
+    yielded: int = 0
+    rows: int = 0
+    _files: _ShardFiles | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.batch_ids)
+
+    def state_dict(self, batches_consumed: int | None = None, num_workers: int | None = None) -> ResumeState:
+        """Resume state after ``batches_consumed`` (default: what this stream yielded)."""
+        n = self.yielded if batches_consumed is None else batches_consumed
+        return self.plan.state_after(n, num_workers or self.num_workers, manifest=self.table.ds.version,
+                                     table=self.table.name)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        ds, shards = self.table.ds, self.table.shards
+        files = self._files = _ShardFiles(ds, shards)
+        order: list[int] = []
+        for j in self.batch_ids:
+            for s in self.plan.batch_slices(j):
+                if not order or order[-1] != s.unit:
+                    order.append(s.unit)
+        pre = _Prefetcher(ds, shards, order, self.depth) if self.depth and ds.cache is not None and ds.mode != "local" else None
+        # Opening a remote shard costs round trips (size, footer): open the next few on
+        # threads while this one is read, as pyarrow.dataset's fragment readahead does.
+        # Not for limited reads (head): they must not fetch footers they never use.
+        opener = _ShardOpener(files, order) if self.limit is None and ds.mode != "local" and len(order) > 1 else None
+        cols = self.columns
+        cur: tuple[int, int] | None = None  # (shard, row group) of the table held in `cur_tab`
+        cur_tab = None
+        bounds: dict[int, list[int]] = {}
+
+        def bounds_of(unit: int) -> list[int]:
+            b = bounds.get(unit)
+            if b is None:
+                b = bounds[unit] = [0]
+                for n in files.row_groups(unit):
+                    b.append(b[-1] + n)
+            return b
+
+        # Unlimited reads decode the next few row groups of a shard in one call, so
+        # pyarrow decodes them in parallel (one row group at a time keeps one core busy).
+        groups = _RowGroupBatcher(files, self._row_group_keys(bounds_of), cols, bounds_of) \
+            if self.limit is None else None
+        pos = 0
+        try:
+            for j in self.batch_ids:
+                parts = []
+                for s in self.plan.batch_slices(j):
+                    if order[pos] != s.unit:
+                        pos = order.index(s.unit, pos)
+                        if pre:
+                            pre.advance(pos)
+                    if opener:
+                        opener.advance(pos)
+                    b = bounds_of(s.unit)
+                    start = s.start
+                    while start < s.stop:
+                        g = _bisect_right(b, start) - 1
+                        if cur != (s.unit, g):
+                            if groups:
+                                cur_tab = groups.take((s.unit, g))
+                            else:
+                                cur_tab = files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                                _check_rows(files, s.unit, [g], cur_tab.num_rows, b[g + 1] - b[g])
+                            cur = (s.unit, g)
+                        take = min(s.stop, b[g + 1]) - start
+                        parts.append(cur_tab.slice(start - b[g], take))
+                        start += take
+                tab = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+                for batch in _one_batch(tab):
+                    if self.limit is not None and self.rows + batch.num_rows > self.limit:
+                        batch = batch.slice(0, self.limit - self.rows)
+                    self.rows += batch.num_rows
+                    self.yielded += 1
+                    if batch.num_rows:
+                        yield batch
+                    if self.limit is not None and self.rows >= self.limit:
+                        return
+        finally:
+            if groups:
+                groups.close()
+            if opener:
+                opener.close()
+            if pre:
+                pre.close()
+
+
+    def _row_group_keys(self, bounds_of) -> Iterator[tuple[int, int]]:
+        """The (shard, row group) pairs this stream reads, in order, without repeats in a row."""
+        last = None
+        for j in self.batch_ids:
+            for s in self.plan.batch_slices(j):
+                b = bounds_of(s.unit)
+                start = s.start
+                while start < s.stop:
+                    g = _bisect_right(b, start) - 1
+                    if (s.unit, g) != last:
+                        last = (s.unit, g)
+                        yield last
+                    start = min(s.stop, b[g + 1])
+
+
+class _RowGroupBatcher:
+    """Reads the row groups the stream will use, up to ``width`` of one shard per call, ``ahead``
+    calls in advance on a background thread, across shard boundaries.
+
+    So the next shard's ranged GETs (or page-cache reads) and its decoding (pyarrow, GIL
+    released, columns in parallel) overlap the consumer's work on the current batch; each row
+    group is handed out as a slice of the table read for it (zero-copy). Memory: at most
+    ``ahead + 1`` calls' tables.
+    """
+
+    def __init__(self, files: _ShardFiles, keys: Iterator[tuple[int, int]], columns, bounds_of,
+                 width: int = 4, ahead: int | None = None, threads: int | None = None) -> None:
+        ahead = ROWGROUP_AHEAD if ahead is None else ahead
+        threads = ROWGROUP_THREADS if threads is None else threads
+        self._files, self._cols, self._bounds_of, self._width, self._ahead = files, columns, bounds_of, width, ahead
+        self._chunks = self._chunked(keys)
+        self._inflight: list[tuple[list[tuple[int, int]], Any]] = []  # (keys, future), in stream order
+        self._ready: dict[tuple[int, int], Any] = {}
+        self._pool = None
+        if ahead:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max(1, min(threads, ahead)), thread_name_prefix="warp-rowgroups")
+
+    def _chunked(self, keys: Iterator[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+        chunk: list[tuple[int, int]] = []
+        for k in keys:
+            if chunk and (k[0] != chunk[0][0] or len(chunk) >= self._width):
+                yield chunk
+                chunk = []
+            chunk.append(k)
+        if chunk:
+            yield chunk
+
+    def _load(self, chunk: list[tuple[int, int]]):
+        return self._files.get(chunk[0][0]).read_row_groups([g for _, g in chunk], columns=self._cols,
+                                                             use_threads=True)
+
+    def _fill(self) -> None:
+        from concurrent.futures import Future
+
+        while len(self._inflight) < max(1, self._ahead):
+            c = next(self._chunks, None)
+            if c is None:
+                return
+            if self._pool is not None:
+                fut = self._pool.submit(self._load, c)
+            else:
+                fut = Future()
+                fut.set_result(None)  # loaded when taken
+            self._inflight.append((c, fut))
+
+    def take(self, key: tuple[int, int]):
+        tab = self._ready.pop(key, None)
+        if tab is not None:
+            return tab
+        self._ready.clear()
+        while True:
+            self._fill()
+            if not self._inflight:  # past the planned keys: read it alone
+                return self._files.get(key[0]).read_row_group(key[1], columns=self._cols, use_threads=True)
+            chunk, fut = self._inflight.pop(0)
+            if key not in chunk:  # the consumer skipped ahead: follow it
+                fut.cancel()
+                continue
+            tab = fut.result()
+            if tab is None:
+                tab = self._load(chunk)
+            self._fill()  # the next reads start before this table is handed out
+            b = self._bounds_of(key[0])
+            _check_rows(self._files, key[0], [g for _, g in chunk], tab.num_rows,
+                        sum(b[g + 1] - b[g] for _, g in chunk))
+            at = 0
+            for _, g in chunk:
+                n = b[g + 1] - b[g]
+                self._ready[(key[0], g)] = tab.slice(at, n)
+                at += n
+            return self._ready.pop(key)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for _, fut in self._inflight:
+                fut.cancel()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._inflight.clear()
+        self._ready.clear()
+
+
+def _check_rows(files: _ShardFiles, unit: int, groups: list[int], got: int, want: int) -> None:
+    """Row groups read must hold the rows planned from the manifest's statistics."""
+    if got != want:
+        from warpdata.core.errors import DataError
+
+        ds, s = files.ds, files.shards[unit]
+        raise DataError(f"{ds.remote.url_of(ds.blob_key(s))}: row groups {groups} hold {got} rows, "
+                        f"the manifest says {want}",
+                        hint="the manifest's shard statistics are wrong; republish the dataset")
+
+
+class _ShardOpener:
+    """Opens the shards after the reader's position on background threads (footers only)."""
+
+    def __init__(self, files: _ShardFiles, order: list[int], ahead: int = 3) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._files, self._order, self._ahead = files, order, ahead
+        self._next = 1  # index in order of the next shard to open
+        self._pool = ThreadPoolExecutor(ahead, thread_name_prefix="warp-open")
+
+    def _open(self, unit: int) -> None:
+        import contextlib
+
+        with contextlib.suppress(Exception):  # the reader opens it again and reports the error itself
+            self._files.get(unit)
+
+    def advance(self, pos: int) -> None:
+        while self._next < len(self._order) and self._next <= pos + self._ahead:
+            self._pool.submit(self._open, self._order[self._next])
+            self._next += 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _bisect_right(a: list[int], x: int) -> int:
+    import bisect
+
+    return bisect.bisect_right(a, x)
+
+
+def _one_batch(tab):
+    """A table slice as exactly one RecordBatch (zero-copy when it is one chunk)."""
+    batches = tab.to_batches()
+    if len(batches) == 1:
+        return batches
+    if not batches:
+        import pyarrow as pa
+
+        return [pa.RecordBatch.from_pylist([], schema=tab.schema)]
+    return tab.combine_chunks().to_batches()[:1] or batches

@@ -1,0 +1,370 @@
+"""One table of a dataset version (:class:`Table`) and SQL filters over it (:class:`Query`).
+
+A table reads its Parquet shards by ranged reads only: ``schema()`` and ``head(n)`` fetch
+footers and the row groups they need; ``filter(sql)`` runs in DuckDB behind the SQL gate
+(:mod:`warpdata.core.sqlgate`) with projection and predicate pushdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from warpdata.core.errors import MissingInputError, UsageError
+from warpdata.partition.plan import ResumeState, ShardPlan
+from warpdata.read.batches import (
+    DEFAULT_BATCH,
+    BatchStream,
+    _parse_shard,
+    _prefetch_depth,
+    _ShardFiles,
+    _worker_info,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from warpdata.read.source import BlobSource, WarmResult
+    from warpdata.read.torch import TorchLoader
+    from warpdata.registry.manifest import ShardRef
+
+
+class Table:
+    """A table of a dataset version: Parquet shards read by ranges."""
+
+    def __init__(self, ds: BlobSource, name: str, columns: list[str] | None = None) -> None:
+        self.ds = ds
+        self.name = name
+        self.meta = ds.manifest.tables[name]
+        self.shards = list(self.meta.shards)
+        self.columns = columns
+
+    def __repr__(self) -> str:
+        return f"Table({self.ds.id!r}, {self.name!r}, rows={self.num_rows})"
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self._row_counts())
+
+    @property
+    def bindings(self) -> dict:
+        return self.ds.manifest.bindings_for(self.name)
+
+    def _row_counts(self) -> list[int]:
+        counts = [s.row_count for s in self.shards]
+        if any(c is None for c in counts):
+            files = _ShardFiles(self.ds, self.shards)
+            counts = [c if c is not None else files.get(i).metadata.num_rows for i, c in enumerate(counts)]
+        return counts  # type: ignore[return-value]
+
+    # -- metadata --------------------------------------------------------------
+    def schema(self) -> pa.Schema:
+        """The Arrow schema, from the first shard's footer (a ranged read, no data)."""
+        if not self.shards:
+            raise MissingInputError(f"table {self.name} of {self.ds.id} has no shards")
+        sch = _ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow
+        if self.columns:
+            sch = __import__("pyarrow").schema([sch.field(c) for c in self.columns])
+        return sch
+
+    def _check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        if columns is None:
+            return self.columns
+        cols = [c.strip() for c in (columns.split(",") if isinstance(columns, str) else columns) if c.strip()]
+        names = self.schema_names()
+        bad = [c for c in cols if c not in names]
+        if bad:
+            import difflib
+
+            close = difflib.get_close_matches(bad[0], names, n=1)
+            raise UsageError(f"table {self.name} of {self.ds.id} has no column {bad[0]!r} "
+                             f"(columns: {', '.join(names)})", hint=f"did you mean {close[0]!r}?" if close else None)
+        return cols
+
+    def schema_names(self) -> list[str]:
+        if self.meta.schema:
+            return [f["name"] for f in self.meta.schema["fields"]]
+        return list(_ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow.names)
+
+    def select(self, columns: Sequence[str] | str) -> Table:
+        return Table(self.ds, self.name, self._check_columns(columns))
+
+    # -- reading ---------------------------------------------------------------
+    def head(self, n: int = 5) -> pa.Table:
+        """The first ``n`` rows, reading only the row groups that hold them."""
+        import pyarrow as pa
+
+        got = list(self.batches(batch_size=max(1, min(n, DEFAULT_BATCH)), limit=n, prefetch="off")) if n else []
+        if not got:
+            return self.schema().empty_table()
+        return pa.Table.from_batches(got)
+
+    def batches(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
+                shard: Any = None, limit: int | None = None, prefetch: Any = "auto", *,
+                policy: str = "pad", shuffle: bool = False, seed: int = 0, epoch: int = 0,
+                resume: ResumeState | str | None = None, worker: tuple[int, int] | None = None) -> BatchStream:
+        """Arrow RecordBatches of ``batch_size`` rows for this rank and DataLoader worker.
+
+        ``shard``: None (everything), ``(rank, world)``, ``"rank/world"`` or
+        ``"auto"`` (RANK / WORLD_SIZE). ``policy`` says what happens when the
+        rows do not split evenly; the library default is ``"pad"``, for DDP:
+        every rank gets the same number of batches and the last ranks repeat
+        rows from the start (``plan.pad_rows`` of them, fewer than ``world``),
+        so over all ranks more rows come out than the table has. ``"drop"``
+        skips the remainder instead; ``"exact"`` reads every row exactly once
+        (ranks may differ by one row), which is what ``warp stream --shard``
+        does unless given ``--pad``. See docs in :mod:`warpdata.partition.plan`.
+        ``resume``: a :class:`ResumeState` (or its JSON) from ``state_dict()``.
+        """
+        cols = self._check_columns(columns)
+        if limit is not None and limit < 0:
+            raise UsageError(f"limit must be >= 0, not {limit}")
+        wid, nw = worker if worker is not None else _worker_info()
+        counts = self._row_counts()
+        if resume is not None:
+            state = ResumeState.from_json(resume) if isinstance(resume, (str, bytes)) else resume
+            rank, world = _parse_shard(shard) if shard is not None else (state.rank, state.world)
+            plan = ShardPlan.resume(counts, state, manifest=self.ds.version, table=self.name, rank=rank, world=world)
+        else:
+            rank, world = _parse_shard(shard)
+            plan = ShardPlan(counts, rank=rank, world=world, batch_size=batch_size, policy=policy,
+                             seed=seed, epoch=epoch, shuffle=shuffle)
+        ids = plan.worker_batches(wid, nw) if plan.remaining() else []
+        return BatchStream(self, plan, ids, cols, limit, _prefetch_depth(prefetch, self.ds.mode), num_workers=nw)
+
+    def batch_dicts(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
+                    read_refs: bool = False, **kw: Any) -> Iterator[dict[str, list]]:
+        """dict-of-lists batches; columns bound to an artifact hold typed refs.
+
+        ``read_refs``: read every ref's bytes with its batch, in parallel (cached
+        shards by pread, the rest by coalesced ranged GETs), so ``read_bytes()``
+        and the decoders cost no request.
+        """
+        from warpdata.read.refs import make_refs
+
+        bound = {c: make_refs(self.ds, b, read_refs) for c, b in self.bindings.items()}
+        for batch in self.batches(batch_size, columns, **kw):
+            d = batch.to_pydict()
+            for c, make in bound.items():
+                if c in d:
+                    d[c] = make(d[c])
+            yield d
+
+    def to_arrow(self, limit: int | None = None) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.Table.from_batches(list(self.batches(limit=limit)), schema=self.schema())
+
+    def filter(self, expr: str) -> Query:
+        """Rows matching SQL boolean ``expr`` (DuckDB dialect), with pushdown.
+
+        ``expr`` is one expression over the table's columns: comparisons, AND/OR/NOT,
+        IN, BETWEEN, LIKE, IS NULL, CASE, casts and pure functions
+        (:data:`warpdata.core.sqlgate.ALLOWED_FUNCTIONS`); anything else (a second
+        statement, a subquery, UNION, file-reading functions) is a UsageError.
+        """
+        return Query(self, expr, self.columns)
+
+    def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
+                 num_workers: int = 0, shard: Any = "auto", read_refs: bool = False, **kw: Any) -> TorchLoader:
+        """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches).
+
+        ``read_refs``: columns bound to an artifact come as lists of the members' bytes, read
+        with their batch in parallel (cached shards by pread, the rest by coalesced ranged
+        GETs), instead of lists of member paths.
+        """
+        from warpdata.read.torch import TorchLoader
+
+        loader = TorchLoader(self, batch_size, self._check_columns(columns), num_workers, shard, kw)
+        loader.read_refs = read_refs
+        return loader
+
+    def warm(self, shards: slice | None = None, max_bytes: int | str | None = None) -> WarmResult:
+        return self.ds.warm(tables=[self.name], shards=shards, max_bytes=max_bytes, artifacts=False)
+
+
+class Query:
+    """A filtered view of a table, executed by DuckDB over the shard URLs."""
+
+    def __init__(self, table: Table, expr: str, columns: list[str] | None) -> None:
+        self.table, self.expr, self.columns = table, expr, columns
+
+    def select(self, columns: Sequence[str] | str) -> Query:
+        return Query(self.table, self.expr, self.table._check_columns(columns))
+
+    def _picked(self, shard: Any) -> list[ShardRef]:
+        """This rank's and DataLoader worker's shards (whole files, round-robin)."""
+        rank, world = _parse_shard(shard)
+        wid, nw = _worker_info()
+        picked = [s for i, s in enumerate(self.table.shards) if i % world == rank]
+        return [s for i, s in enumerate(picked) if i % nw == wid]
+
+    def _pruned_reader(self, shard: Any, columns: list[str] | None):
+        """A RecordBatchReader over the row groups the filter may match, or None if none can.
+
+        Format-2 manifests record each shard's column min/max (and per row group):
+        a shard or row group whose statistics rule the filter out is never opened,
+        so it costs no request at all. The rest are opened with one exact footer
+        read and read by row group with only the columns the query uses; DuckDB
+        then applies the filter to those rows. ``columns``: the query's output
+        columns (None: all; [] for ``count(*)``).
+        """
+        import pyarrow as pa
+        from warpdata.registry.parquet_stats import Predicate, shard_stats
+
+        ds = self.table.ds
+        names = self.table.schema_names()
+        pred = Predicate.parse(self.expr, names)
+        plan: list[tuple[ShardRef, list[int] | None]] = []
+        for s in self._picked(shard):
+            st = s.stats or {}
+            if pred is not None and not pred.may_match(st.get("columns"), s.row_count):
+                continue
+            rgs = None
+            if pred is not None and "row_groups" in st:
+                rgs = [g for g, rg in enumerate(st["row_groups"]) if pred.may_match(rg["columns"], rg["row_count"])]
+                if not rgs:
+                    continue
+            plan.append((s, rgs))
+        if not plan:
+            return None
+        if pred is None or pred.referenced is None or columns is None:
+            needed = None
+        else:
+            wanted = set(columns) | pred.referenced
+            needed = [n for n in names if n in wanted] or names[:1]  # count(*) of a constant filter: one column
+        files = _ShardFiles(ds, [s for s, _ in plan])
+        first = files.get(0).schema_arrow
+        schema = first if needed is None else pa.schema([first.field(n) for n in needed])
+
+        def row_groups(k: int, rgs: list[int] | None, pf) -> list[int]:
+            if rgs is not None:
+                return rgs
+            md = pf.metadata  # no row-group stats in the manifest: the footer's, same rules
+            st = shard_stats(md, max_row_groups=None) if pred is not None else None
+            if st is None:
+                return list(range(md.num_row_groups))
+            return [g for g, rg in enumerate(st["row_groups"]) if pred.may_match(rg["columns"], rg["row_count"])]
+
+        def gen() -> Iterator[pa.RecordBatch]:
+            for k, (_s, rgs) in enumerate(plan):
+                pf = files.get(k)
+                todo = row_groups(k, rgs, pf)
+                # up to 4 row groups per call: pyarrow coalesces their ranges and decodes in parallel
+                for j in range(0, len(todo), 4):
+                    tab = pf.read_row_groups(todo[j:j + 4], columns=needed, use_threads=True)
+                    yield from tab.select(schema.names).to_batches()
+
+        return pa.RecordBatchReader.from_batches(schema, gen())
+
+    def _arrow_dataset(self, shard: Any):
+        """A pyarrow dataset over this rank's shards: cached copies locally, the rest by ranged reads.
+
+        DuckDB scans it with projection and filter pushdown into pyarrow's
+        scanner, which prunes row groups by their statistics, so only the
+        matching row groups' column chunks are fetched.
+        """
+        import pyarrow.dataset as pads
+        from pyarrow import fs as pafs
+
+        ds = self.table.ds
+        picked = self._picked(shard)
+        local, remote = [], []
+        for s in picked:
+            p = ds.cached_path(s)
+            if p is None and ds.mode == "local":
+                raise MissingInputError(f"shard {s.hash[:12]} of {ds.id} is not in the cache (local mode)",
+                                        hint=f"run 'warp warm {ds.id}' while online")
+            if p is not None:
+                local.append(p)
+            else:
+                remote.append(ds.remote.path(ds.blob_key(s)))
+        schema = self.table.schema() if self.table.columns is None else \
+            _ShardFiles(ds, self.table.shards[:1]).get(0).schema_arrow
+        parts = []
+        if local:
+            parts.append(pads.dataset(local, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem()))
+        if remote:
+            fmt = pads.ParquetFileFormat(default_fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
+            parts.append(pads.dataset(remote, schema=schema, format=fmt, filesystem=ds.remote.fs))
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else pads.dataset(parts)
+
+    def sql(self, limit: int | None = None, what: str | None = None) -> str:
+        from warpdata.core.sqlgate import check_filter, where_sql
+
+        check_filter(self.expr, self.table.schema_names())  # one expression over the columns, or UsageError
+        cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
+        sql = f"SELECT {cols} FROM warp_table WHERE {where_sql(self.expr)}"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return sql
+
+    def _run(self, sql: str, shard: Any, columns: list[str] | None = None):
+        import duckdb
+
+        if any(s.stats is not None for s in self.table.shards):
+            dset = self._pruned_reader(shard, columns)
+        else:  # format-1 manifest: no statistics to prune with; pyarrow's scanner reads every footer
+            dset = self._arrow_dataset(shard)
+        if dset is None:
+            return None, None
+        from warpdata.core.sqlgate import connect, lock
+
+        con = connect()
+        con.register("warp_table", dset)
+        lock(con)  # no file, network or extension access beyond the registered shards
+        try:
+            return con, con.sql(sql)
+        except duckdb.Error as e:
+            con.close()
+            raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
+                             hint=f"write a DuckDB SQL boolean expression over the columns "
+                                  f"{', '.join(self.table.schema_names())}") from None
+
+    def batches(self, batch_size: int = DEFAULT_BATCH, shard: Any = None, limit: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Matching rows as RecordBatches; with ``shard`` each rank scans whole shard files round-robin
+        (a filter's per-rank row counts are data dependent, so batch counts may differ)."""
+        import duckdb
+
+        con, rel = self._run(self.sql(limit), shard, self.columns)
+        if rel is None:
+            return
+        try:
+            try:
+                # a relation streams (DuckDB 2.x: to_arrow_reader; 1.x: fetch_arrow_reader)
+                reader = (rel.to_arrow_reader(batch_size) if hasattr(rel, "to_arrow_reader")
+                          else rel.fetch_arrow_reader(batch_size))
+                for b in reader:
+                    if b.num_rows:
+                        yield b
+            except duckdb.Error as e:
+                raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
+                                 hint=f"write a DuckDB SQL boolean expression over the columns "
+                                      f"{', '.join(self.table.schema_names())}") from None
+        finally:
+            con.close()
+
+    def to_arrow(self, limit: int | None = None) -> pa.Table:
+        import pyarrow as pa
+
+        got = list(self.batches(limit=limit))
+        if not got:
+            sch = self.table.schema()
+            if self.columns:
+                sch = pa.schema([sch.field(c) for c in self.columns])
+            return sch.empty_table()
+        return pa.Table.from_batches(got)
+
+    def count(self) -> int:
+        con, rel = self._run(self.sql(what="count(*)"), None, [])
+        if rel is None:
+            return 0
+        try:
+            return int(rel.fetchall()[0][0])
+        finally:
+            con.close()
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
