@@ -36,8 +36,8 @@ def main(
         "--limit", metavar="SIZE", help="gc: shrink the cache to at most SIZE, with a unit (500GB, 1.5TiB); a bare number is refused.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
-    from warpdata.core.sizes import parse_size_option
-    from warpdata.storage.blobcache import BlobCache, format_size
+    from warpdata.core.sizes import format_size, parse_size_option
+    from warpdata.storage.blobcache import BlobCache
 
     if limit is not None and action != "gc":
         raise UsageError("--limit only applies to 'warp cache gc'", hint="warp cache gc --limit 500GB")

@@ -27,8 +27,8 @@ def main(
 ) -> int:
     from warpdata.core import envvars
     from warpdata.core.errors import MissingInputError
+    from warpdata.core.sizes import format_size
     from warpdata.registry.store import Store
-    from warpdata.storage.blobcache import format_size
     from warpdata.storage.locations import missing_store_folder
 
     st = Store(store)

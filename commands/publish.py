@@ -66,9 +66,8 @@ def main(
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
-    from warpdata.core.sizes import parse_size_option
+    from warpdata.core.sizes import format_size, parse_size_option
     from warpdata.registry.publish import PublishRequest, parse_binding, parse_named, publish
-    from warpdata.storage.blobcache import format_size
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
                          workers=workers, rehash=rehash, description=description,

@@ -44,8 +44,8 @@ def main(
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
 ) -> int:
+    from warpdata.core.sizes import format_size
     from warpdata.read.dataset import dataset
-    from warpdata.storage.blobcache import format_size
 
     ds = dataset(name, mode="auto", version=version, store=store)
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None

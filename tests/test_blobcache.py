@@ -14,16 +14,15 @@ import time
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.core.errors import ConfigError, DataError, UsageError
-from warpdata.storage.blobcache import (
-    GB,
-    BlobCache,
-    BlobCorruptError,
+from warpdata.core.errors import (
+    BlobCorruptedError,
     CacheTooSmallError,
-    format_size,
-    normalize_hash,
-    parse_size,
+    ConfigError,
+    DataError,
+    UsageError,
 )
+from warpdata.core.sizes import format_size, parse_size
+from warpdata.storage.blobcache import GB, BlobCache, normalize_hash
 
 
 def h(b: bytes) -> str:
@@ -62,7 +61,7 @@ def test_fetch_downloads_once(tmp_path):
 def test_hash_mismatch_leaves_nothing(tmp_path):
     c = BlobCache(tmp_path, cap_bytes=10_000)
     want = h(b"right bytes")
-    with pytest.raises(BlobCorruptError) as ei:
+    with pytest.raises(BlobCorruptedError) as ei:
         c.fetch(want, lambda f: f.write(b"wrong bytes"), source="s3://b/x")
     assert "s3://b/x" in str(ei.value) and isinstance(ei.value, DataError)
     assert not c.has(want)

@@ -105,8 +105,7 @@ def test_published_warehouse_with_a_tampered_cache_is_fetched_again(cli, coco, t
 
 def test_bad_store_copy_is_a_typed_error_naming_the_store_object(cli, coco, tmp_path, monkeypatch):
     import warpdata.warehouse as wh
-    from warpdata.registry.errors import BlobCorruptedError
-    from warpdata.storage.blobcache import BlobCorruptError
+    from warpdata.core.errors import BlobCorruptedError
 
     monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
@@ -116,7 +115,7 @@ def test_bad_store_copy_is_a_typed_error_naming_the_store_object(cli, coco, tmp_
     store_blob = _corrupt_cached_member(tmp_path / "store", shard[4096:4096 + 64], shard[8192:8192 + 16],
                                         b"\xff" * 16)
     # raised on the download (or on first touch of a cached copy)
-    with pytest.raises((BlobCorruptError, BlobCorruptedError)) as ei, wh.open("ws/wh") as w:
+    with pytest.raises((BlobCorruptedError, BlobCorruptedError)) as ei, wh.open("ws/wh") as w:
         w.verify()
     assert ei.value.exit_code == 65 and store_blob.name in ei.value.message
 

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from warpdata.core.canonical import canonical_json
-from warpdata.core.errors import DataError, UsageError
-from warpdata.registry.errors import LocalPathError, ManifestCorruptedError
+from warpdata.core.errors import DataError, LocalPathError, ManifestCorruptedError, UsageError
 from warpdata.registry.manifest import (
     Artifact,
     Binding,

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from warpdata.registry.errors import ManifestCorruptedError
+from warpdata.core.errors import ManifestCorruptedError
 from warpdata.registry.manifest import Manifest, ShardRef, Table, version_hash_of
 from warpdata.registry.parquet_stats import (
     MAX_STRING_STAT,

@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from warpdata.registry.errors import (
+from warpdata.core.errors import (
     BlobCorruptedError,
     BlobNotFoundError,
     DatasetNotFoundError,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.registry.errors import ManifestCorruptedError
+from warpdata.core.errors import ManifestCorruptedError
 from warpdata.registry.tarpack import ArtifactIndex, list_members, pack_files, read_member_from_tar
 
 

@@ -45,12 +45,12 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
                "stats": m.stats, "tables_count": len(ds.tables), "artifacts_count": len(ds.artifacts)}
     problems: list[str] = []
     if verify:
-        from warpdata.storage.blobcache import BlobCorruptError
+        from warpdata.core.errors import BlobCorruptedError
 
         for s in m.blobs():
             try:
                 ds.fetch_blob(s)
-            except BlobCorruptError as e:
+            except BlobCorruptedError as e:
                 problems.append(e.message)
     tables = [("tables", ["table", "shards", "rows", "bytes"], tables_rows)]
     if schema_rows:

@@ -7,7 +7,29 @@ about) and a ``hint`` (the command or setting to try next), and maps to an
 can catch them naturally (``except FileNotFoundError`` catches
 :class:`MissingInputError`).
 
-The table of exit codes is documented in ``warp(1)`` (EXIT STATUS).
+The table of exit codes is documented in ``warp(1)`` (EXIT STATUS). This is the
+one module of shared error classes; a format's own invariants (``TblError``,
+``TWH1FormatError``, ...) subclass :class:`DataError` beside their codec in
+``formats/``. The store and dataset errors:
+
+========================== ===================== ==== ==========================
+class                      warp base             exit builtin
+========================== ===================== ==== ==========================
+``AuthenticationError``    ``ConfigError``       78   ``ValueError``
+``StorePermissionError``   ``ConfigError``       78   ``PermissionError``
+``StoreUnavailableError``  ``ConfigError``       78   ``ConnectionError``
+``LockTimeoutError``       ``InfrastructureError`` 75 ``TimeoutError``
+``DatasetNotFoundError``   ``MissingInputError`` 66   ``FileNotFoundError``
+``BlobNotFoundError``      ``MissingInputError`` 66   ``FileNotFoundError``
+``ManifestCorruptedError`` ``DataError``         65   ``ValueError``
+``BlobCorruptedError``     ``DataError``         65   ``ValueError``
+``LocalPathError``         ``DataError``         65   ``ValueError``
+``InvalidDatasetIdError``  ``UsageError``        2    ``ValueError``
+``CacheTooSmallError``     ``ConfigError``       78   ``ValueError``
+========================== ===================== ==== ==========================
+
+Store clients' own exceptions are translated into these by
+:func:`warpdata.storage.errors.translate_storage_error`.
 """
 
 from __future__ import annotations
@@ -182,3 +204,76 @@ def install_hint(extra: str) -> str:
 def missing_dependency(feature: str, package: str, extra: str | None = None) -> DependencyError:
     pip = install_hint(extra) if extra else f"pip install {package}"
     return DependencyError(f"{feature} needs the '{package}' package, which is not installed", hint=pip)
+
+
+# -- stores and datasets (docs/design.md §10) ------------------------------------------------
+
+
+class AuthenticationError(ConfigError):
+    """No usable credentials for the store."""
+
+    code = "auth"
+
+
+class StorePermissionError(ConfigError, PermissionError):
+    """Credentials were accepted but the store refused the operation."""
+
+    code = "permission-denied"
+
+
+class StoreUnavailableError(ConfigError, ConnectionError):
+    """The store could not be reached (endpoint down, DNS, timeout, no bucket)."""
+
+    code = "store-unavailable"
+
+
+class LockTimeoutError(InfrastructureError, TimeoutError):
+    """A lock stayed held by a live process past its timeout (a dataset's ``latest``, a cache blob)."""
+
+    code = "lock-timeout"
+
+
+class DatasetNotFoundError(MissingInputError):
+    """No such dataset (or version) in the store."""
+
+    code = "dataset-not-found"
+
+
+class BlobNotFoundError(MissingInputError):
+    """A manifest references a blob the store does not hold."""
+
+    code = "blob-not-found"
+
+
+class ManifestCorruptedError(DataError):
+    """A manifest or blob failed its schema or hash check."""
+
+    code = "manifest-corrupted"
+
+
+class BlobCorruptedError(ManifestCorruptedError):
+    """A blob's bytes do not hash to the name it is stored under."""
+
+    code = "blob-corrupted"
+
+
+class LocalPathError(DataError):
+    """A manifest would hold a machine-local path (invariant I1)."""
+
+    code = "local-path-in-manifest"
+
+
+class InvalidDatasetIdError(UsageError):
+    code = "bad-dataset-id"
+
+
+class CacheTooSmallError(ConfigError):
+    """The blobs a reader needs at once do not fit under the cache cap."""
+
+    code = "cache-too-small"
+
+
+# Old names, kept importable for one release: BlobCorruptError (the blob cache's twin of
+# BlobCorruptedError) and CacheLockTimeout (the cache's twin of LockTimeoutError).
+BlobCorruptError = BlobCorruptedError
+CacheLockTimeout = LockTimeoutError

@@ -249,7 +249,7 @@ def _credentials() -> CheckResult:
 
 def _store_failure(url: str, e: Exception, what: str) -> CheckResult:
     """One line naming the cause (refused, DNS, timeout, credentials, bucket) and its fix."""
-    from warpdata.registry.errors import translate_storage_error
+    from warpdata.storage.errors import translate_storage_error
 
     err = translate_storage_error(e, url, what)
     hint = getattr(err, "hint", None)

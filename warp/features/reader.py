@@ -217,7 +217,7 @@ class ShardCache:
                 return again()
             except DataError as e:
                 first = e
-        from warpdata.registry.errors import BlobCorruptedError
+        from warpdata.core.errors import BlobCorruptedError
 
         obj = pub.store_object(rel)
         raise BlobCorruptedError(f"{self.path}/{rel}: fails its check in a freshly fetched copy of store "

@@ -104,7 +104,7 @@ def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
     size = (s.stats or {}).get("footer_size")
     if not size or size > s.byte_size:
         return None
-    from warpdata.registry.errors import ManifestCorruptedError
+    from warpdata.core.errors import ManifestCorruptedError
     from warpdata.registry.parquet_stats import parse_footer
 
     try:

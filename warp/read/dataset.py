@@ -83,7 +83,7 @@ class Dataset:
 
     # -- resolution -----------------------------------------------------------
     def _resolve(self, version: str | None) -> tuple[str, Manifest]:
-        from warpdata.registry.errors import DatasetNotFoundError, StoreUnavailableError
+        from warpdata.core.errors import DatasetNotFoundError, StoreUnavailableError
         from warpdata.registry.store import Store
 
         if version not in (None, "latest"):
@@ -158,7 +158,7 @@ class Dataset:
                                     hint=f"run 'warp warm {self.id}' while online")
         data = self.remote.get(key)
         if data is None:
-            from warpdata.registry.errors import DatasetNotFoundError
+            from warpdata.core.errors import DatasetNotFoundError
 
             raise DatasetNotFoundError(f"version {vh} of {self.id} is not in store {self.remote.url}",
                                        hint="check the version hash; omit it to read latest")
@@ -245,7 +245,7 @@ class Dataset:
         p = self.cache.get(s.hash)
         if p is None and had and self.mode != "local":
             # the cached copy failed its hash and was evicted: fetch it again once, as 'warp warm' does
-            # (a bad store copy raises BlobCorruptError naming the object; docs/formats/registry.md)
+            # (a bad store copy raises BlobCorruptedError naming the object; docs/formats/registry.md)
             return self.fetch_blob(s)
         return None if p is None else str(p)
 
@@ -324,7 +324,7 @@ class Dataset:
 
 
 def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:
-    from warpdata.registry.errors import ManifestCorruptedError
+    from warpdata.core.errors import ManifestCorruptedError
 
     try:
         doc = json.loads(raw)

@@ -35,7 +35,7 @@ manifest's bytes in the cache.
 A member that fails its reader's check (a bad cached copy) is not trusted
 again: :meth:`PublishedArtifact.refetch` evicts its tar shard from the blob
 cache and fetches it again, once; if the fresh copy fails the same check, the
-reader raises :class:`~warpdata.registry.errors.BlobCorruptedError` naming the
+reader raises :class:`~warpdata.core.errors.BlobCorruptedError` naming the
 store object (:meth:`PublishedArtifact.store_object`). Same policy as ``warp
 warm`` (docs/formats/registry.md, "Readers").
 """
@@ -185,7 +185,7 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
     def refetch(shard: str) -> str:
         nonlocal fetched
         bc.evict(shard)
-        p = ds.fetch_blob(refs[shard])  # hash-checked as it lands; a bad store copy raises BlobCorruptError
+        p = ds.fetch_blob(refs[shard])  # hash-checked as it lands; a bad store copy raises BlobCorruptedError
         fetched += refs[shard].byte_size
         paths[shard] = str(p)
         return str(p)

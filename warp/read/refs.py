@@ -97,7 +97,7 @@ class ArtifactReader:
                     else:
                         data = self.ds.remote.get(self.ds.blob_key(idx))
                         if data is None or hashlib.sha256(data).hexdigest() != idx.hash:
-                            from warpdata.registry.errors import BlobCorruptedError
+                            from warpdata.core.errors import BlobCorruptedError
 
                             raise BlobCorruptedError(f"{src}: member index missing or not matching its hash",
                                                      hint="republish the dataset")

@@ -48,7 +48,7 @@ def create_only() -> CheckResult:
         second = store._b.put_if_absent(key, b"other bytes")
         got = store._b.get(key)
     except Exception as e:
-        from warpdata.registry.errors import translate_storage_error
+        from warpdata.storage.errors import translate_storage_error
 
         err = translate_storage_error(e, store.url, "write")
         return CheckResult(FAIL, f"store {store.url}: create-only write failed: {err}",

@@ -47,12 +47,12 @@ Contract:
 * **Portability (I1).** No string anywhere in a manifest may be a local path:
   ``file:`` URLs, absolute POSIX paths, ``~`` paths, Windows drive paths,
   ``..`` segments and backslashes in URIs are rejected with
-  :class:`~warpdata.registry.errors.LocalPathError` naming the JSON path.
+  :class:`~warpdata.core.errors.LocalPathError` naming the JSON path.
 * **Validation.** :meth:`Manifest.to_bytes` and :meth:`Manifest.from_bytes`
   both validate against the schema, the I1 rule and referential integrity
   (bindings name existing tables and artifacts); ``from_bytes`` also
   recomputes the hash and raises
-  :class:`~warpdata.registry.errors.ManifestCorruptedError` on mismatch.
+  :class:`~warpdata.core.errors.ManifestCorruptedError` on mismatch.
 
 Tar-shard artifacts and their member index are specified in
 ``docs/formats/registry.md`` and built by :mod:`warpdata.registry.tarpack`.
@@ -69,7 +69,7 @@ from importlib import resources
 from typing import Any
 
 from warpdata.core.canonical import CanonicalJSONError, canonical_json, sha256_hex
-from warpdata.registry.errors import InvalidDatasetIdError, LocalPathError, ManifestCorruptedError
+from warpdata.core.errors import InvalidDatasetIdError, LocalPathError, ManifestCorruptedError
 
 __all__ = [
     "FORMAT_VERSION",

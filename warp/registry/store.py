@@ -26,7 +26,7 @@ Guarantees, per backend:
   read; :meth:`Store.get_manifest` validates schema and hash
   (:class:`~warpdata.registry.manifest.Manifest.from_bytes`).
 * Storage failures surface as the typed errors of
-  :mod:`warpdata.registry.errors` (auth, permission, unreachable, not found).
+  :mod:`warpdata.core.errors` (auth, permission, unreachable, not found).
 
 Readers that stream Parquet or ranges use :meth:`Store.blob_url` (a URL
 DuckDB/pyarrow/fsspec understand) or :meth:`Store.read_range`; the fsspec
@@ -52,15 +52,15 @@ from typing import Any
 from warpdata.core import envvars
 from warpdata.core.atomic import create_exclusive
 from warpdata.core.canonical import canonical_json
-from warpdata.registry.errors import (
+from warpdata.core.errors import (
     BlobCorruptedError,
     BlobNotFoundError,
     DatasetNotFoundError,
     LockTimeoutError,
     ManifestCorruptedError,
-    translate_storage_error,
 )
 from warpdata.registry.manifest import HASH_RE, Manifest, blob_key, validate_dataset_id
+from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.locations import Location, StorageConfig, filesystem, parse_location
 
 __all__ = ["FileLock", "LatestPointer", "Store", "open_store"]

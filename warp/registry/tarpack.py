@@ -39,8 +39,7 @@ from pathlib import Path
 
 from warpdata.core.atomic import TMP_PREFIX
 from warpdata.core.canonical import canonical_json
-from warpdata.core.errors import DataError, MissingInputError
-from warpdata.registry.errors import ManifestCorruptedError
+from warpdata.core.errors import DataError, ManifestCorruptedError, MissingInputError
 from warpdata.registry.manifest import HASH_RE, INDEX_FORMAT
 
 __all__ = ["ArtifactIndex", "MemberScan", "PackResult", "PackedShard", "list_members", "pack_files", "scan_members"]

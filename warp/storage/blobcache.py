@@ -54,27 +54,24 @@ from typing import BinaryIO
 
 from warpdata.core import envvars
 from warpdata.core.atomic import TMP_PREFIX, atomic_file, atomic_write_bytes
-from warpdata.core.errors import ConfigError, DataError, InternalError, UsageError
+from warpdata.core.errors import (
+    BlobCorruptedError,
+    CacheTooSmallError,
+    ConfigError,
+    DataError,
+    LockTimeoutError,
+    UsageError,
+)
 from warpdata.core.sizes import format_size
 
 GB = 1_000_000_000
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 VERIFY_MODES = ("stamp", "full")
 
-class CacheTooSmallError(ConfigError):
-    """The blobs a reader needs at once do not fit under the cache cap."""
-
-    code = "cache-too-small"
 
 
-class BlobCorruptError(DataError):
-    """Downloaded bytes do not hash to the blob's content address."""
-
-    code = "blob-corrupt"
 
 
-class CacheLockTimeout(InternalError, TimeoutError):
-    code = "cache-lock-timeout"
 
 
 def normalize_hash(h: str) -> str:
@@ -254,7 +251,7 @@ class BlobCache:
                     writer(hf)
                     got = hf.hexdigest()
                     if got != hx:
-                        raise BlobCorruptError(
+                        raise BlobCorruptedError(
                             f"{source or 'blob'}: downloaded bytes hash to {got}, expected {hx}",
                             hint="the remote object changed or was corrupted in transit; retry, "
                                  "or republish the dataset", expected=hx, got=got, source=source)
@@ -361,7 +358,7 @@ class BlobCache:
                 return
             self._break_if_stale(lock)
             if time.monotonic() > deadline:
-                raise CacheLockTimeout(f"{lock}: waited {self.lock_timeout:.0f}s for another fetch of blob {hx}",
+                raise LockTimeoutError(f"{lock}: waited {self.lock_timeout:.0f}s for another fetch of blob {hx}",
                                        hint=f"if no warp process is running, delete {lock}")
             time.sleep(delay)
             delay = min(delay * 2, 0.2)

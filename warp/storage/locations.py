@@ -183,7 +183,7 @@ def _s3fs_class(s3fs: Any) -> type:
 
 
 def _no_credentials_error(cfg: StorageConfig) -> Exception:
-    from warpdata.registry.errors import AuthenticationError
+    from warpdata.core.errors import AuthenticationError
 
     where = f"profile {cfg.profile!r}" if cfg.profile else \
         "the environment, ~/.aws/credentials, ~/.aws/config or instance metadata"

@@ -42,7 +42,8 @@ class Remote:
         return self.path(key) if self.loc.protocol == "file" else f"{self.loc.protocol}://{self.path(key).lstrip('/')}"
 
     def _wrap(self, e: Exception, key: str, action: str = "read") -> Exception:
-        from warpdata.registry.errors import StoreUnavailableError, translate_storage_error
+        from warpdata.core.errors import StoreUnavailableError
+        from warpdata.storage.errors import translate_storage_error
 
         t = translate_storage_error(e, self.url_of(key), action)
         if t is e and isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
@@ -68,7 +69,7 @@ class Remote:
             return self.fs.open_input_file(self.path(key))
         except Exception as e:
             if isinstance(e, FileNotFoundError) or _is_not_found(e):
-                from warpdata.registry.errors import BlobNotFoundError
+                from warpdata.core.errors import BlobNotFoundError
 
                 raise BlobNotFoundError(f"{self.url_of(key)} is missing from the store",
                                         hint="the version was published incompletely; republish it") from None

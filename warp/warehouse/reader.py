@@ -110,8 +110,8 @@ class Warehouse:
                        mode: str | None = None, artifact: str | None = None, allow_invalid: bool = False,
                        verify: str = "lazy", cache: Any = None) -> Warehouse:
         """Open the tensor warehouse published as dataset ``name`` (see the module docstring)."""
+        from warpdata.core.errors import DatasetNotFoundError
         from warpdata.read.materialize import materialize
-        from warpdata.registry.errors import DatasetNotFoundError
 
         if verify not in VERIFY_MODES:
             raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -237,7 +237,7 @@ class Warehouse:
                 return self._check_one(i, verify)
             except DataError as e:
                 first = e
-        from warpdata.registry.errors import BlobCorruptedError
+        from warpdata.core.errors import BlobCorruptedError
 
         obj = pub.store_object(rel)
         raise BlobCorruptedError(f"{self.path}/{rel}: fails its check in a freshly fetched copy of store "

@@ -1,96 +1,38 @@
-"""Typed errors of the dataset registry (docs/design.md §10, table X0).
+"""Store failures (fsspec, s3fs, botocore, pyarrow) translated into warp's typed errors.
 
-Each class carries the cause in one line and the remedy in ``hint``, maps to
-an exit code of :class:`warpdata.core.errors.ExitCode` through its warp base
-class, and also inherits the builtin a library caller would naturally catch:
-
-========================== ===================== ======== =========================
-class                      warp base             exit     builtin
-========================== ===================== ======== =========================
-``AuthenticationError``    ``ConfigError``       78       ``ValueError``
-``PermissionError``        ``ConfigError``       78       ``builtins.PermissionError``
-``StoreUnavailableError``  ``ConfigError``       78       ``ConnectionError``
-``DatasetNotFoundError``   ``MissingInputError`` 66       ``FileNotFoundError``
-``BlobNotFoundError``      ``MissingInputError`` 66       ``FileNotFoundError``
-``ManifestCorruptedError`` ``DataError``         65       ``ValueError``
-``BlobCorruptedError``     ``DataError``         65       ``ValueError``
-``LockTimeoutError``       ``ConfigError``       78       ``ConnectionError``
-``LocalPathError``         ``DataError``         65       ``ValueError``
-``InvalidDatasetIdError``  ``UsageError``        2        ``ValueError``
-========================== ===================== ======== =========================
-
-``PermissionError`` deliberately has the seed's name; inside this module the
-builtin is reached as ``builtins.PermissionError``.
-:func:`translate_storage_error` turns exceptions raised by fsspec/s3fs/botocore
-into these classes so no raw ``ClientError`` reaches the user.
+:func:`translate_storage_error` turns what a storage client raises into the store errors
+of :mod:`warpdata.core.errors` (their table of classes, exit codes and builtins is there),
+so no raw ``ClientError`` reaches the user; :func:`connection_cause` says why a connection
+failed (refused, DNS, timeout) and to which host.
 """
 
 from __future__ import annotations
 
-import builtins
 import re
 
-from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError
+from warpdata.core.errors import (
+    AuthenticationError,
+    StorePermissionError,
+    StoreUnavailableError,
+)
 
-__all__ = [
-    "AuthenticationError",
-    "BlobCorruptedError",
-    "BlobNotFoundError",
-    "DatasetNotFoundError",
-    "InvalidDatasetIdError",
-    "LocalPathError",
-    "LockTimeoutError",
-    "ManifestCorruptedError",
-    "PermissionError",
-    "StoreUnavailableError",
-    "translate_storage_error",
-]
+__all__ = ["connection_cause", "translate_storage_error"]
 
 
-class AuthenticationError(ConfigError):
-    """No usable credentials for the store."""
-
-    code = "auth"
 
 
-class PermissionError(ConfigError, builtins.PermissionError):  # the seed's name (docs/design.md §10)
-    """Credentials were accepted but the store refused the operation."""
-
-    code = "permission-denied"
 
 
-class StoreUnavailableError(ConfigError, ConnectionError):
-    """The store could not be reached (endpoint down, DNS, timeout, no bucket)."""
-
-    code = "store-unavailable"
 
 
-class DatasetNotFoundError(MissingInputError):
-    """No such dataset (or version) in the store."""
-
-    code = "dataset-not-found"
 
 
-class BlobNotFoundError(MissingInputError):
-    """A manifest references a blob the store does not hold."""
-
-    code = "blob-not-found"
 
 
-class ManifestCorruptedError(DataError):
-    """A manifest or blob failed its schema or hash check."""
-
-    code = "manifest-corrupted"
 
 
-class LocalPathError(DataError):
-    """A manifest would hold a machine-local path (invariant I1)."""
-
-    code = "local-path-in-manifest"
 
 
-class InvalidDatasetIdError(UsageError):
-    code = "bad-dataset-id"
 
 
 def _error_code(exc: BaseException) -> str | None:
@@ -196,9 +138,9 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
             f"S3 credentials not found or rejected while trying to {action} {url}: {text}",
             hint="set AWS_PROFILE (or WARP_S3_PROFILE), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
                  "then run 'warp doctor --only store'")
-    if isinstance(exc, builtins.PermissionError) or code in ("AccessDenied", "AllAccessDisabled", "403"):
+    if isinstance(exc, PermissionError) or code in ("AccessDenied", "AllAccessDisabled", "403"):
         verb = {"read": "GetObject", "write": "PutObject", "list": "ListBucket"}.get(action, action)
-        return PermissionError(
+        return StorePermissionError(
             f"the store refused to {action} {url} (bucket policy forbids {verb})",
             hint="ask the workspace admin for access, or check the profile with 'warp doctor --only store'")
     if code in ("NoSuchBucket",) or "NoSuchBucket" in text:
@@ -220,13 +162,4 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
     return exc  # type: ignore[return-value]
 
 
-class BlobCorruptedError(ManifestCorruptedError):
-    """A blob's bytes do not hash to the name it is stored under."""
 
-    code = "blob-corrupted"
-
-
-class LockTimeoutError(StoreUnavailableError):
-    """A lock on a dataset's ``latest`` pointer stayed held by a live process."""
-
-    code = "lock-timeout"
