@@ -280,6 +280,43 @@ def test_feature_scan_reads_nothing_outside_its_root(tmp_path):
                                                          "d.jpg": "unreadable"}
 
 
+@pytest.mark.parametrize("forge,where", [
+    (lambda s: s[1].update(first_record=s[1]["first_record"] + 1), "sources/1"),  # a gap between folders
+    (lambda s: s[0].update(records=s[0]["records"] + 1, first_record=0) or s[1].update(
+        first_record=s[1]["first_record"] + 1), "sources"),  # ranges past the last record
+    (lambda s: s[0].update(name="d7"), "sources/0"),
+    (lambda s: s[0].update(num_repeats=10**9), "sources/0/num_repeats"),  # an epoch of 10^9 samples
+    (lambda s: s[0].update(num_repeats=0), "sources/0/num_repeats"),
+    (lambda s: s[0].update(path="/etc"), "sources/0"),  # no field outside the schema
+    (lambda s: s.clear(), "sources"),
+])
+def test_forged_feature_cache_sources_are_refused_even_when_resealed(tmp_path, forge, where):
+    """A manifest's `sources` decides how often a loader samples each record: a resealed forgery
+    that leaves records unweighted, double-counts them or asks for a huge epoch is refused."""
+    from warpdata.core.canonical import seal
+    from warpdata.core.errors import DataError
+    from warpdata.features.reader import ShardCache
+    from warpdata.features.writer import CacheSpec, SourceDir, build_cache
+
+    dirs = []
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        for i in range(2):
+            (tmp_path / d / f"{i}.jpg").write_bytes(_jpeg(i))
+            (tmp_path / d / f"{i}.txt").write_text(f"{d} {i}")
+        dirs.append(SourceDir(str(tmp_path / d), 2))
+    build_cache(CacheSpec(source="", output=str(tmp_path / "cache"), size=(16, 16), sources=dirs))
+    mp = tmp_path / "cache" / "manifest.json"
+    doc = json.loads(mp.read_text())
+    doc.pop("content_sha256")
+    forge(doc["sources"])
+    mp.write_text(json.dumps(seal(doc)))
+    with pytest.raises(DataError) as ei:
+        ShardCache(tmp_path / "cache")
+    assert ei.value.exit_code == 65 and "manifest.json" in ei.value.message
+    assert where in ei.value.message or ei.value.details.get("json_path", "").startswith(where)
+
+
 def test_publish_from_refuses_symlinks_leaving_the_artifact(tmp_path):
     from warpdata.core.errors import DataError
     from warpdata.registry.from_artifacts import check_symlinks, describe_source

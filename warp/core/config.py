@@ -58,20 +58,31 @@ class KeyLocator:
 
     @classmethod
     def from_text(cls, text: str) -> KeyLocator:
+        """Also indexes arrays of tables: the k-th ``[[name]]`` as ``name[k]``, its keys as ``name[k].key``."""
         loc = cls()
         table = ""
-        header = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+        elem = ""  # "name[k]" inside the k-th [[name]], else ""
+        arrays: dict[str, int] = {}
+        header = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
         keyline = re.compile(r'^\s*("[^"]*"|\'[^\']*\'|[A-Za-z0-9_.\-]+)\s*=')
         for no, line in enumerate(text.splitlines(), start=1):
             m = header.match(line)
             if m:
-                table = ".".join(p.strip().strip("\"'") for p in m.group(1).split("."))
+                table = ".".join(p.strip().strip("\"'") for p in m.group(2).split("."))
                 loc.lines.setdefault(table, no)
+                elem = ""
+                if m.group(1) == "[[":
+                    k = arrays.get(table, 0)
+                    arrays[table] = k + 1
+                    elem = f"{table}[{k}]"
+                    loc.lines.setdefault(elem, no)
                 continue
             m = keyline.match(line)
             if m:
                 key = ".".join(p.strip().strip("\"'") for p in m.group(1).split("."))
                 loc.lines.setdefault(f"{table}.{key}" if table else key, no)
+                if elem:
+                    loc.lines.setdefault(f"{elem}.{key}", no)
         return loc
 
     def line(self, dotted: str) -> int | None:

@@ -1,8 +1,15 @@
 """``warp etl`` for ``[source] format = "captions"``: build a feature cache.
 
 Contract: ``run(EtlRequest) -> EtlResult``. The config (documented in
-``examples/captions.toml``) is validated against :data:`SCHEMA` with line
-numbers; ``--input`` overrides ``[source] path`` and ``--output`` the cache
+``examples/captions.toml`` and ``examples/captions-multi.toml``; the design's
+names are mapped in ``docs/features-config.md``) is validated against
+:data:`SCHEMA` with line numbers, each ``[[directory]]`` table against
+:data:`DIRECTORY_SCHEMA`; an unknown key is an error naming it (exit 78).
+The sources are ``[source] path`` (one folder) or ``[[directory]]`` tables
+(several, each with ``num_repeats`` and an optional ``caption_prefix``), never
+both; the size is ``[transform] resolution`` or ``resolutions`` (the design's
+spelling: ``[256]`` or ``[[256, 256]]``), never both. ``--input`` overrides
+``[source] path`` (not ``[[directory]]``) and ``--output`` the cache
 path; ``--clear`` rebuilds; ``--allow-invalid`` builds past failed
 thresholds; ``--workers`` (or ``WARP_WORKERS``) sets the decode threads. The result is
 ``built`` or ``up-to-date`` (the fingerprint matched); its summary is the
@@ -11,18 +18,25 @@ thresholds; ``--workers`` (or ``WARP_WORKERS``) sets the decode threads. The res
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from warpdata.core.config import Field, non_negative, positive, validate
-from warpdata.core.errors import ConfigError
+from warpdata.core.config import ConfigSource, Field, non_negative, positive, validate
+from warpdata.core.errors import ConfigError, UsageError
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.etl.quarantine import Thresholds
 from warpdata.features.transform import INTERPOLATIONS, target_size
 
+MAX_REPEATS = 1_000_000  # the manifest schema's bound too (warp/features/manifest.schema.json)
+
 
 def _fraction(v: Any) -> str | None:
     return None if 0 <= v <= 1 else "must be a fraction between 0 and 1"
+
+
+def _repeats(v: Any) -> str | None:
+    return None if 1 <= v <= MAX_REPEATS else f"must be an integer from 1 to {MAX_REPEATS}"
 
 
 def _threshold() -> dict[str, Field]:
@@ -30,15 +44,28 @@ def _threshold() -> dict[str, Field]:
             "fail": Field((float, int), None, "fraction above which the build fails (exit 65)", check=_fraction)}
 
 
+DIRECTORY_SCHEMA: dict[str, Any] = {
+    "path": Field(str, help="directory tree of images/videos with same-name captions"),
+    "num_repeats": Field(int, 1, "times the loader yields each of its records per epoch (stored once)",
+                         check=_repeats),
+    "caption_prefix": Field(str, None, "text prepended to its captions (default: [source] caption_prefix)"),
+}
+
 SCHEMA: dict[str, Any] = {
+    "directory": Field(list, [], "source folders, one [[directory]] table each (path, num_repeats, "
+                                 "caption_prefix), instead of [source] path", item_type=dict),
     "source": {
         "format": Field(str, help="must be \"captions\"", choices=("captions",)),
-        "path": Field(str, help="directory tree of images/videos with same-name .txt captions"),
+        "path": Field(str, None, "directory tree of images/videos with same-name .txt captions "
+                                 "(or [[directory]] tables)"),
         "caption_prefix": Field(str, "", "text prepended to every caption"),
         "caption_ext": Field(str, ".txt", "extension of caption files"),
     },
     "transform": {
-        "resolution": Field((int, list), help="target size: 256 or [height, width]; sides rounded to a multiple of 16"),
+        "resolution": Field((int, list), None, "target size: 256 or [height, width]; sides rounded to a "
+                                               "multiple of 16"),
+        "resolutions": Field(list, None, "the design's spelling of resolution: [256] or [[height, width]] "
+                                         "(one size)"),
         "interpolation": Field(str, "bicubic", "resize filter", choices=tuple(INTERPOLATIONS)),
     },
     "encoder": {
@@ -65,14 +92,114 @@ SCHEMA: dict[str, Any] = {
     },
 }
 
+# Top-level names of the design's config that warp reads elsewhere (docs/features-config.md):
+# still unknown keys, but the error says where they go.
+DESIGN_NAMES = {
+    "resolutions": "[transform] resolutions",
+    "resolution": "[transform] resolution",
+    "caching_batch_size": "[encoder] caching_batch_size",
+    "caching_device": "[encoder] caching_device",
+    "sd3_shard_size": "[cache] shard_size",
+    "shard_size": "[cache] shard_size",
+    "num_repeats": "num_repeats inside each [[directory]] table",
+    "caption_prefix": "[source] caption_prefix, or caption_prefix inside a [[directory]] table",
+    "path": "[source] path, or path inside a [[directory]] table",
+}
+
 _DEFAULT_THRESHOLDS = Thresholds()
 
 
-def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = None):
-    from warpdata.features.writer import CacheSpec
+def check_config(data: dict[str, Any], source: ConfigSource) -> dict[str, Any]:
+    """The validated config: :data:`SCHEMA` with defaults, each ``[[directory]]`` against its own schema."""
+    for key in data:
+        if key in DESIGN_NAMES and key not in SCHEMA:
+            raise ConfigError(f"{source.where(key)}: unknown key '{key}'",
+                              hint=f"warp reads it as {DESIGN_NAMES[key]} (docs/features-config.md)",
+                              file=source.path, key=key)
+    cfg = validate(data, SCHEMA, source)
+    dirs = []
+    for i, d in enumerate(cfg["directory"]):
+        name = f"directory[{i}]"
+        if "path" not in d:
+            raise ConfigError(f"{source.where(name)}: missing required key '{name}.path' "
+                              f"([[directory]] table {i + 1} names no folder)",
+                              hint="give every [[directory]] table a path = \"...\"", file=source.path,
+                              key=f"{name}.path")
+        dirs.append(validate(d, DIRECTORY_SCHEMA, source, prefix=f"{name}."))
+    cfg["directory"] = dirs
+    return cfg
 
+
+def _size(t: dict[str, Any], source: ConfigSource) -> tuple[int, int]:
+    """(height, width) from ``resolution`` or the design's ``resolutions``: exactly one of them."""
+    one, many = t["resolution"], t["resolutions"]
+    if one is not None and many is not None:
+        raise ConfigError(f"{source.where('transform.resolutions')}: both 'transform.resolution' and "
+                          "'transform.resolutions' are given", file=source.path, key="transform.resolutions",
+                          hint="keep one: resolution = 256 (or [height, width]), or resolutions = [256] "
+                               "(or [[height, width]])")
+    if one is None and many is None:
+        raise ConfigError(f"{source.where('transform')}: missing required key 'transform.resolution' "
+                          "(the target size)", file=source.path, key="transform.resolution",
+                          hint="add `resolution = 256` (or the design's `resolutions = [256]`) under [transform]")
+    key, value = ("transform.resolution", one) if many is None else ("transform.resolutions", many)
+    hint = None
+    if many is not None:
+        hint = ("write resolutions = [256] for a square or [[height, width]]: a feature cache holds one "
+                "size, and resolutions = [256, 256] would be two square sizes")
+        if len(many) != 1:
+            raise ConfigError(f"{source.where(key)}: '{key}' must list exactly one size, got {many!r}",
+                              hint=hint, file=source.path, key=key)
+        value = many[0]
+        if isinstance(value, list) and len(value) != 2:
+            raise ConfigError(f"{source.where(key)}: '{key}[0]' must be an integer or [height, width], "
+                              f"got {value!r}", hint=hint, file=source.path, key=key)
+    try:
+        return target_size(value)
+    except ConfigError as e:
+        raise ConfigError(f"{source.where(key)}: '{key}': {e.message}", hint=hint or e.hint,
+                          file=source.path, key=key) from None
+
+
+def _overlap(dirs: list[Any], source: ConfigSource) -> None:
+    """Two ``[[directory]]`` tables naming one folder, or one inside the other, would cache files twice."""
+    real = [Path(os.path.realpath(d.path)) for d in dirs]
+    for j in range(len(real)):
+        for i in range(j):
+            if real[j] == real[i]:
+                how = "is the same folder as"
+            elif real[i] in real[j].parents:
+                how = "lies inside"
+            elif real[j] in real[i].parents:
+                how = "contains"
+            else:
+                continue
+            key = f"directory[{j}].path"
+            raise ConfigError(f"{source.where(key)}: '{key}' ({dirs[j].path}) {how} 'directory[{i}].path' "
+                              f"({dirs[i].path}): its files would be cached twice", file=source.path, key=key,
+                              hint="list each folder once; weight it with num_repeats instead")
+
+
+def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = None,
+                     source: ConfigSource | None = None):
+    """``cfg`` as :func:`check_config` returns it."""
+    from warpdata.features.writer import CacheSpec, SourceDir
+
+    where = source or ConfigSource(str(base), "")
     src = cfg["source"]
+    dirs = cfg.get("directory") or []
+    if dirs and req is not None and req.input:
+        raise UsageError(f"--input replaces [source] path, but {where.path} lists its folders as [[directory]] "
+                         "tables", hint="drop --input, or edit the [[directory]] paths")
+    if dirs and src["path"] is not None:
+        raise ConfigError(f"{where.where('source.path')}: both 'source.path' and [[directory]] tables name "
+                          "source folders", file=where.path, key="source.path",
+                          hint="keep one: [source] path for one folder, or one [[directory]] table per folder")
     source_path = (req.input if req and req.input else None) or src["path"]
+    if not dirs and source_path is None:
+        raise ConfigError(f"{where.where('source')}: missing required key 'source.path' (the source folder)",
+                          file=where.path, key="source.path",
+                          hint="add `path = ...` under [source], or one [[directory]] table per folder")
     if source_path == "-":
         raise ConfigError("the captions pipeline reads a directory, not stdin (--input -)",
                           hint="pass a directory with --input DIR")
@@ -82,10 +209,11 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
         q = Path(p).expanduser()
         return str(q if q.is_absolute() else base / q)
 
-    try:
-        size = target_size(cfg["transform"]["resolution"])
-    except ConfigError as e:
-        raise ConfigError(f"transform.resolution: {e.message}", hint=e.hint, key="transform.resolution") from None
+    sources = None
+    if dirs:
+        sources = [SourceDir(rel(d["path"]), d["num_repeats"], d["caption_prefix"]) for d in dirs]
+        _overlap(sources, where)
+    size = _size(cfg["transform"], where)
     v = cfg["validation"]
     thresholds = Thresholds.from_dict({
         f"max_{m}": {"warn": v[f"max_{m}"]["warn"] if v[f"max_{m}"]["warn"] is not None else d.warn,
@@ -94,21 +222,21 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
                      ("missing_fraction", _DEFAULT_THRESHOLDS.max_missing_fraction),
                      ("empty_fraction", _DEFAULT_THRESHOLDS.max_empty_fraction))})
     enc, cache = cfg["encoder"], cfg["cache"]
-    return CacheSpec(source=rel(source_path), output=rel(out_path), size=size,
+    return CacheSpec(source="" if sources else rel(source_path), output=rel(out_path), size=size,
                      caption_prefix=src["caption_prefix"], caption_ext=src["caption_ext"],
                      interpolation=cfg["transform"]["interpolation"],
                      max_caption_bytes=cache["max_caption_bytes"], encoder=enc["name"],
                      encoder_options=dict(enc["options"]), encoder_dtype=enc["dtype"],
                      caching_batch_size=enc["caching_batch_size"], caching_device=enc["caching_device"],
                      shard_size=cache["shard_size"] or None, store_pixels=cache["store_pixels"],
-                     thresholds=thresholds)
+                     thresholds=thresholds, sources=sources)
 
 
 def run(req: EtlRequest) -> EtlResult:
     from warpdata.features.writer import build_cache
 
-    cfg = validate(req.config, SCHEMA, req.source)
-    spec = spec_from_config(cfg, Path(req.config_path).parent, req)
+    cfg = check_config(req.config, req.source)
+    spec = spec_from_config(cfg, Path(req.config_path).parent, req, req.source)
     from warpdata.etl.workers import env_workers
 
     workers = req.workers or env_workers()  # None: build_cache picks
@@ -127,14 +255,20 @@ def run(req: EtlRequest) -> EtlResult:
         "verdict": m.get("verdict", {}).get("status"),
         "rebuild_reasons": res.reasons,
         "metrics": {k: met[k] for k in ("wall_s", "records_per_s", "io_decode_wait_s", "encode_s", "write_s",
-                                        "scan_s", "device") if k in met},
+                                        "scan_s", "device", "caching_device") if k in met},
     }
+    if "sources" in m:  # [[directory]] builds: each folder's records and weight
+        summary["sources"] = [{**s, "path": d.path} for s, d in zip(m["sources"], spec.sources or [], strict=True)]
+        summary["samples_per_epoch"] = sum(s["records"] * s["num_repeats"] for s in m["sources"])
     rows = [("records", str(m.get("records"))), ("shards", f"{len(m.get('shards', []))} x {m.get('shard_size')}"),
             ("target size", "x".join(map(str, m.get("target_size", [])))),
             ("fields", ", ".join(f"{f['name']}{tuple(f['shape'])}:{f['dtype']}" for f in m.get("fields", []))),
             ("quarantined", f"{agg.get('missing', 0) + agg.get('invalid', 0)} "
                             f"{agg.get('by_reason', {})}"),
             ("fingerprint", str(m.get("fingerprint"))[:16])]
+    if "sources" in m:
+        rows.insert(1, ("sources", ", ".join(f"{s['name']} {s['records']}x{s['num_repeats']}" for s in m["sources"])
+                        + f" = {summary['samples_per_epoch']} samples/epoch"))
     if res.status == "built":
         rows.append(("why built", "; ".join(res.reasons)))
         rows.append(("time", f"{met.get('wall_s')} s ({met.get('records_per_s')} rec/s; decode wait "

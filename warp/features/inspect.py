@@ -93,6 +93,14 @@ def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
           ["target size", "x".join(map(str, m.get("target_size", [])))],
           ["encoder", (enc or {}).get("config_name") or "none (pixels)"],
           ["verdict", summary["verdict"]]]),
+    ]
+    if m.get("sources"):  # [[directory]] builds (docs/features-config.md)
+        summary["sources"] = m["sources"]
+        summary["samples_per_epoch"] = sum(s["records"] * s["num_repeats"] for s in m["sources"])
+        tables.append(("sources", ["name", "records", "first record", "num_repeats", "caption prefix"],
+                       [[s["name"], s["records"], s["first_record"], s["num_repeats"], s["caption_prefix"]]
+                        for s in m["sources"]]))
+    tables += [
         ("quarantine", ["reason", "count"],
          [[k, v] for k, v in sorted(agg.get("by_reason", {}).items())]
          + [["(total / kept)", f"{agg.get('total', 0)} / {agg.get('kept', 0)}"]]),

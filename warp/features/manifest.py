@@ -63,6 +63,15 @@ def check(doc: Any, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
     if total != doc["records"]:
         raise DataError(f"{where}: shards hold {total} records, the manifest says {doc['records']}",
                         hint=hint, path=where)
+    first = 0
+    for i, src in enumerate(doc.get("sources", ())):  # contiguous ranges covering every record once
+        if src["name"] != f"d{i}" or src["first_record"] != first:
+            raise DataError(f"{where}: sources[{i}] is {src['name']!r} starting at record {src['first_record']}, "
+                            f"expected 'd{i}' starting at {first}", hint=hint, path=where, json_path=f"sources/{i}")
+        first += src["records"]
+    if "sources" in doc and first != doc["records"]:
+        raise DataError(f"{where}: sources cover {first} records, the manifest says {doc['records']}",
+                        hint=hint, path=where, json_path="sources")
     return doc
 
 

@@ -132,6 +132,24 @@ class ShardCache:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    @property
+    def sources(self) -> list[dict[str, Any]]:
+        """The manifest's ``sources`` (``[[directory]]`` builds), else ``[]``."""
+        return list(self.manifest.get("sources", ()))
+
+    def record_repeats(self) -> np.ndarray | None:
+        """Per record, how many times a sampler yields it per epoch (its directory's ``num_repeats``).
+
+        None for a cache built from one ``[source] path`` (every record once). The counts come
+        from the sealed manifest (docs/formats/feature-shard.md, "Sources"); records are stored once.
+        """
+        if not self.sources:
+            return None
+        rep = np.ones(len(self), np.int64)
+        for src in self.sources:
+            rep[src["first_record"]:src["first_record"] + src["records"]] = src["num_repeats"]
+        return rep
+
     def field_names(self) -> list[str]:
         return [f.name for f in self.fields]
 

@@ -105,8 +105,13 @@ def _hash_file(path: str, h: xxhash.xxh3_128, buf: bytearray) -> None:
 
 
 def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str = "",
-         caption_ext: str = ".txt", exclude: tuple[str | os.PathLike, ...] = ()) -> ScanResult:
-    """``exclude``: directories not to descend into (the cache itself when it lies under ``root``)."""
+         caption_ext: str = ".txt", exclude: tuple[str | os.PathLike, ...] = (),
+         key_prefix: str = "") -> ScanResult:
+    """``exclude``: directories not to descend into (the cache itself when it lies under ``root``).
+
+    ``key_prefix`` (``"d1/"`` for the second ``[[directory]]``) is prepended to every key, sample id
+    and run name, so records of several source directories never share a key.
+    """
     rootp = Path(root)
     skip = {os.path.realpath(p) for p in exclude}
     if not rootp.is_dir():
@@ -135,13 +140,15 @@ def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str
     used_captions: set[str] = set()
     buf = bytearray(1 << 20)
     can_video = video_decoder()
-    for rel, path in media:
-        run = rel.split("/", 1)[0] if "/" in rel else "."
-        stem, ext = os.path.splitext(rel)
+    for rel0, path in media:
+        rel = key_prefix + rel0
+        run = key_prefix + rel0.split("/", 1)[0] if "/" in rel0 else (key_prefix.rstrip("/") or ".")
+        stem0, ext = os.path.splitext(rel0)
         ext = ext.lower()
-        cap_rel = next((c for c in (stem + caption_ext, stem + caption_ext.upper()) if c in captions), None)
-        if cap_rel is not None:
-            used_captions.add(cap_rel)
+        cap_rel0 = next((c for c in (stem0 + caption_ext, stem0 + caption_ext.upper()) if c in captions), None)
+        cap_rel = None if cap_rel0 is None else key_prefix + cap_rel0
+        if cap_rel0 is not None:
+            used_captions.add(cap_rel0)
         if ext in VIDEO_EXTS and not can_video:
             quarantine.reject(run, rel, path, "unsupported-format",
                               f"{rel}: video frames cannot be decoded: OpenCV is not installed "
@@ -154,9 +161,9 @@ def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str
             continue
         if cap_rel is None:
             quarantine.reject(run, rel, path, "missing-caption",
-                              f"{rel}: no caption file {os.path.basename(stem) + caption_ext} beside it")
+                              f"{rel}: no caption file {os.path.basename(stem0) + caption_ext} beside it")
             continue
-        cap_path = os.path.join(rootp, cap_rel)
+        cap_path = os.path.join(rootp, cap_rel0)
         bad = _refused(path, root_real)
         if bad is None:
             bad = _refused(cap_path, root_real, MAX_CAPTION_BYTES)

@@ -20,6 +20,10 @@ Contract:
   contract); ``drop_last`` (default) drops a final short big batch.
   ``set_epoch`` reshuffles; ``state_dict``/``load_state_dict`` resume
   mid-epoch from the last step the training loop actually consumed.
+* A cache built from ``[[directory]]`` tables weights its records by their
+  directory's ``num_repeats`` (docs/features-config.md): the sampler yields
+  each record that many times per epoch, from the one stored copy, and
+  ``len(loader)`` counts those weighted samples (``repeat=False``: once each).
 """
 
 from __future__ import annotations
@@ -130,7 +134,8 @@ class BigBatchLoader:
                  rank: int | None = None, seed: int = 0, shuffle: bool = True, window: int | None = None,
                  drop_last: bool = True, fields: Sequence[str] | None = None, max_resident: int = 2,
                  verify: str = "record", prefetch_factor: int = 2, persistent_workers: bool = True,
-                 pin_memory: bool = False, multiprocessing_context: str | None = None) -> None:
+                 pin_memory: bool = False, multiprocessing_context: str | None = None,
+                 repeat: bool = True) -> None:
         if micro_batch_size < 1 or accumulation_steps < 1:
             raise ValueError("micro_batch_size and accumulation_steps must be >= 1")
         self.dataset = FeatureCacheDataset(cache, fields=fields, max_resident=max_resident, verify=verify)
@@ -142,7 +147,8 @@ class BigBatchLoader:
             self.dataset.cache.shard_sizes, num_replicas=num_replicas, rank=rank,
             num_workers=max(1, num_workers), batch_size=self.big_batch_size, shuffle=shuffle, seed=seed,
             # default window: one shard, so a worker's reads stay inside <= 2 resident shards
-            window=window or shard_size, uneven="pad")
+            window=window or shard_size, uneven="pad",
+            repeats=self.dataset.cache.record_repeats() if repeat else None)
         self.drop_last = drop_last
         self._batches = _BatchIndexSampler(self.sampler, drop_last)
         kw: dict[str, Any] = {}

@@ -21,6 +21,12 @@ Contract:
 * Quarantine thresholds are checked after the scan (fail fast) and again
   after decoding, before the rename: a failing build leaves nothing behind
   unless ``allow_invalid``.
+* Sources: one folder (``CacheSpec.source``) or several (``CacheSpec.sources``,
+  the ``[[directory]]`` tables), scanned in order into one record sequence;
+  with several, keys are ``d<i>/<path>`` and the manifest's ``sources`` gives
+  each folder's record range, ``num_repeats`` and caption prefix
+  (docs/formats/feature-shard.md, "Sources"; both join the fingerprint). With
+  one folder the cache is exactly what it was before ``sources`` existed.
 * Beside the shards: ``keys.txt`` (record keys in order), ``quarantine.jsonl``
   and ``records.parquet`` (one row per record: record, key, caption,
   is_video, original height/width, shard, shard_index), which becomes the
@@ -120,9 +126,23 @@ class ShardCacheWriter:
             self._cur = None
 
 
+@dataclass(frozen=True)
+class SourceDir:
+    """One ``[[directory]]`` of a multi-source cache (docs/features-config.md)."""
+
+    path: str
+    num_repeats: int = 1  # times the sampler yields each of its records per epoch; records are stored once
+    caption_prefix: str | None = None  # None: the cache-wide CacheSpec.caption_prefix
+
+
 @dataclass
 class CacheSpec:
-    """Everything a build needs; ``etl.py`` fills it from the TOML config."""
+    """Everything a build needs; ``etl.py`` fills it from the TOML config.
+
+    One source directory (``source``, today's ``[source] path``) or several (``sources``, the
+    ``[[directory]]`` tables; ``source`` is then ignored). With ``sources`` every key is prefixed
+    ``d<i>/`` and the manifest records each directory's record range and ``num_repeats``.
+    """
 
     source: str
     output: str
@@ -139,6 +159,17 @@ class CacheSpec:
     shard_size: int | None = None  # default: caching_batch_size with an encoder, else 512
     store_pixels: bool | None = None  # default: True without an encoder
     thresholds: Thresholds = field(default_factory=Thresholds)
+    sources: list[SourceDir] | None = None
+
+    def scan_roots(self) -> list[tuple[str, str, str]]:
+        """(directory, caption prefix, key prefix) of every source directory, in order."""
+        if self.sources is None:
+            return [(self.source, self.caption_prefix, "")]
+        return [(d.path, self.caption_prefix if d.caption_prefix is None else d.caption_prefix, f"d{i}/")
+                for i, d in enumerate(self.sources)]
+
+    def source_label(self) -> str:
+        return self.source if self.sources is None else ", ".join(d.path for d in self.sources)
 
     @property
     def effective_shard_size(self) -> int:
@@ -188,11 +219,18 @@ def code_versions(with_torch: bool) -> dict[str, str]:
 
 def fingerprint_inputs(spec: CacheSpec, digest: str, encoder_identity: dict[str, Any] | None) -> dict[str, Any]:
     h, w = spec.size
+    dataset: dict[str, Any] = {
+        "caption_prefix": spec.caption_prefix, "caption_ext": spec.caption_ext,
+        "target_size": [h, w], "interpolation": spec.interpolation,
+        "max_caption_bytes": spec.max_caption_bytes, "store_pixels": spec.effective_store_pixels,
+        "shard_size": spec.effective_shard_size, "source_digest": digest}
+    if spec.sources is not None:
+        # num_repeats changes no stored byte but what a reader samples: the identity covers it
+        # (docs/formats/feature-shard.md, "Sources"); the digest covers each directory's content by key
+        dataset["sources"] = [{"caption_prefix": prefix, "num_repeats": d.num_repeats}
+                              for d, (_, prefix, _) in zip(spec.sources, spec.scan_roots(), strict=True)]
     return {
-        "dataset": {"caption_prefix": spec.caption_prefix, "caption_ext": spec.caption_ext,
-                    "target_size": [h, w], "interpolation": spec.interpolation,
-                    "max_caption_bytes": spec.max_caption_bytes, "store_pixels": spec.effective_store_pixels,
-                    "shard_size": spec.effective_shard_size, "source_digest": digest},
+        "dataset": dataset,
         "encoder": encoder_identity,
         "code": code_versions(encoder_identity is not None),
     }
@@ -251,9 +289,15 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     q = Quarantine()
     t_scan0 = time.perf_counter()
-    scanned = scan(spec.source, q, caption_prefix=spec.caption_prefix, caption_ext=spec.caption_ext,
-                   exclude=(outp,))
-    items = scanned.items
+    items: list[MediaItem] = []
+    item_source: list[int] = []  # index of each item's source directory
+    orphan_captions = 0
+    for i, (root, prefix, key_prefix) in enumerate(spec.scan_roots()):
+        scanned = scan(root, q, caption_prefix=prefix, caption_ext=spec.caption_ext, exclude=(outp,),
+                       key_prefix=key_prefix)
+        items += scanned.items
+        item_source += [i] * len(scanned.items)
+        orphan_captions += scanned.orphan_captions
     t_scan = time.perf_counter() - t_scan0
 
     # fail fast: rejections found by the scan already exceed a fail threshold
@@ -267,7 +311,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         if len(ex) < 3:
             ex.append(r)
     early = evaluate_summaries([("aggregate", pending)], spec.thresholds, examples)
-    early.raise_for_status(allow_invalid=allow_invalid, what=f"{spec.source}")
+    early.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
 
     enc_identity = None
     if enc is not None:
@@ -309,6 +353,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     truncated = 0
     kept_keys: list[str] = []
     kept_rows: list[tuple[str, bool, int, int]] = []  # caption, is_video, original height, width
+    kept_source: list[int] = []  # source directory of each kept record
     with atomic_dir(outp, replace=True) as tmp, ThreadPoolExecutor(n_workers) as pool:
         # atomic_dir fsyncs every file before the rename: no per-shard fsync needed
         writer = ShardCacheWriter(tmp, fields, shard_size=spec.effective_shard_size,
@@ -317,6 +362,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         bufs = [np.empty((batch, 3, h, w), np.uint8) for _ in range(nbuf)]
         sizes = [np.zeros((batch, 2), np.uint32) for _ in range(nbuf)]
         chunks = [items[i:i + batch] for i in range(0, len(items), batch)]
+        chunk_sources = [item_source[i:i + batch] for i in range(0, len(items), batch)]
 
         def decode_one(bi: int, j: int, it: MediaItem):
             try:
@@ -375,6 +421,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                         rec["is_video"] = np.asarray([chunk[j].is_video for j in ok], bool)
                         writer.append_batch(rec)
                         kept_keys.extend(chunk[j].key for j in ok)
+                        kept_source.extend(chunk_sources[ci][j] for j in ok)
                         kept_rows.extend((chunk[j].caption, chunk[j].is_video, int(oh), int(ow))
                                          for j, (oh, ow) in zip(ok, rec["orig_size"].tolist(), strict=True))
                         t_write = time.perf_counter() - t2
@@ -390,7 +437,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             raise
 
         verdict = q.evaluate(spec.thresholds)
-        verdict.raise_for_status(allow_invalid=allow_invalid, what=f"{spec.source}")
+        verdict.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
         for problem in verdict.problems():
             log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
         if truncated:
@@ -410,14 +457,17 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             "record_size": _record_size(fields),
             "shards": shards,
             "captions_truncated": truncated,
-            "orphan_captions": scanned.orphan_captions,
+            "orphan_captions": orphan_captions,
             "quarantine": q.summary(),
             "verdict": {"status": verdict.status, "allowed": verdict.allowed, "problems": verdict.problems()},
         }
+        if spec.sources is not None:
+            manifest["sources"] = source_entries(spec, kept_source)
         manifest = seal(manifest)  # docs/formats/feature-shard.md: the reader checks it on open
         atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
                            fsync=False)
-        _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards)
+        _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards,
+                       None if spec.sources is None else [f"d{i}" for i in kept_source])
         atomic_write_bytes(tmp / "quarantine.jsonl",
                            b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
         wall = time.perf_counter() - t_start
@@ -429,7 +479,8 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             "io_decode_wait_s": round(sum(b["io_decode_wait_s"] for b in bt), 4),
             "encode_s": round(sum(b["encode_s"] for b in bt), 4),
             "write_s": round(sum(b["write_s"] for b in bt), 4),
-            "device": device or "none",
+            "device": device or "none",  # what caching_device resolved to ("auto": cuda if available)
+            "caching_device": spec.caching_device if spec.encoder else None,
         })
         atomic_write_bytes(tmp / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True).encode(), fsync=False)
         atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
@@ -437,8 +488,20 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     return BuildResult("built", str(outp), manifest, metrics, reasons)
 
 
+def source_entries(spec: CacheSpec, kept_source: list[int]) -> list[dict[str, Any]]:
+    """The manifest's ``sources``: each directory's contiguous record range and sampling weight."""
+    assert spec.sources is not None
+    counts = np.bincount(np.asarray(kept_source, np.int64), minlength=len(spec.sources)).tolist()
+    entries, first = [], 0
+    for i, ((_, prefix, _), d, n) in enumerate(zip(spec.scan_roots(), spec.sources, counts, strict=True)):
+        entries.append({"name": f"d{i}", "first_record": first, "records": int(n),
+                        "num_repeats": d.num_repeats, "caption_prefix": prefix})
+        first += int(n)
+    return entries
+
+
 def _write_records(path: Path, keys: list[str], rows: list[tuple[str, bool, int, int]],
-                   shards: list[dict[str, Any]]) -> None:
+                   shards: list[dict[str, Any]], sources: list[str] | None = None) -> None:
     """``records.parquet``: one row per stored record, in record order (queryable once published).
 
     Deterministic: rows follow the record order, which is the scan order
@@ -465,6 +528,8 @@ def _write_records(path: Path, keys: list[str], rows: list[tuple[str, bool, int,
         "shard": pa.array(shard_of, pa.string()),
         "shard_index": pa.array(index_in, pa.int32()),
     })
+    if sources is not None:  # multi-source caches: which [[directory]] (d<i>) each record came from
+        table = table.append_column("source", pa.array(sources, pa.string()))
     with atomic_file(path, fsync=False) as f:
         pq.write_table(table, f, compression="zstd")
 

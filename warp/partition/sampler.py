@@ -25,6 +25,16 @@ locality while giving DistributedSampler's contract:
    order in which ``torch.utils.data.DataLoader`` hands batches to workers;
    ``worker_indices(w)`` gives one worker's part for iterable datasets.
 
+Weighted records (``repeats``, the feature cache's ``[[directory]] num_repeats``,
+docs/features-config.md): record ``i`` is yielded ``repeats[i]`` times per epoch
+without being stored more than once. Shard ``s`` then stands in step 1 as
+``max(repeats in s)`` *copies*, copy ``k`` holding the records of ``s`` with
+``repeats > k`` (in shard order); the copies are permuted with all the others,
+so a record's repeats land in different places of the epoch and each copy still
+reads one shard. Every count above (length, padding, rank slices, worker parts)
+is over these weighted samples, so ranks keep equal step counts. Without
+``repeats`` (or with all ones) the order is exactly the unweighted one.
+
 ``set_epoch`` changes the permutation; ``state_dict(consumed=)`` and
 ``load_state_dict`` resume mid-epoch: the next ``__iter__`` skips the samples
 already consumed (pass ``consumed`` = samples the training loop has actually
@@ -71,12 +81,22 @@ class ShardAwareSampler:
     def __init__(self, shard_sizes: Sequence[int], *, num_replicas: int | None = None,
                  rank: int | None = None, num_workers: int = 1, batch_size: int = 1,
                  shuffle: bool = True, seed: int = 0, window: int = 1024,
-                 uneven: str = "pad") -> None:
+                 uneven: str = "pad", repeats: Sequence[int] | np.ndarray | None = None) -> None:
         import numpy as np
 
         sizes = np.asarray(list(shard_sizes), dtype=np.int64)
         if sizes.ndim != 1 or (sizes < 0).any():
             raise ConfigError("shard_sizes must be a list of non-negative sample counts")
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        rep = None
+        if repeats is not None:
+            rep = np.asarray(repeats)
+            if rep.shape != (int(offsets[-1]),) or rep.dtype.kind not in "iu" or (rep < 1).any():
+                raise ConfigError(f"repeats must hold one integer >= 1 per sample ({int(offsets[-1])}), "
+                                  f"got shape {rep.shape} dtype {rep.dtype}")
+            rep = rep.astype(np.int64)
+            if (rep == 1).all():
+                rep = None  # the unweighted order, bit for bit
         num_replicas, rank = _dist_defaults(num_replicas, rank)
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ConfigError(f"rank {rank} is not in [0, num_replicas={num_replicas})")
@@ -86,8 +106,17 @@ class ShardAwareSampler:
             raise ConfigError(f"uneven must be one of {UNEVEN_POLICIES}, got {uneven!r}",
                               hint="'pad' repeats samples like DistributedSampler; 'drop' drops the tail")
         self.shard_sizes = sizes
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.num_samples_total = int(self.offsets[-1])
+        self.offsets = offsets
+        self.repeats = rep
+        if rep is None:
+            self._copies = None
+            self.num_samples_total = int(offsets[-1])
+        else:
+            # (shard, k) for copy k of shard s; its samples are those of s with repeats > k
+            per_shard = [int(rep[offsets[s]:offsets[s + 1]].max(initial=1)) for s in range(len(sizes))]
+            self._copies = np.asarray([(s, k) for s, m in enumerate(per_shard) for k in range(m)],
+                                      np.int64).reshape(-1, 2)
+            self.num_samples_total = int(rep.sum())
         self.num_replicas, self.rank = int(num_replicas), int(rank)
         self.num_workers, self.batch_size = int(num_workers), int(batch_size)
         self.shuffle, self.seed, self.window, self.uneven = bool(shuffle), int(seed), int(window), uneven
@@ -107,10 +136,11 @@ class ShardAwareSampler:
         self.epoch = int(epoch)
 
     def shard_order(self, epoch: int | None = None) -> np.ndarray:
+        """Shard ids in this epoch's order (with ``repeats``: ids into the shard copies)."""
         import numpy as np
 
         e = self.epoch if epoch is None else epoch
-        n = len(self.shard_sizes)
+        n = len(self.shard_sizes) if self._copies is None else len(self._copies)
         if not self.shuffle:
             return np.arange(n, dtype=np.int64)
         return np.random.default_rng([self.seed, e]).permutation(n).astype(np.int64)
@@ -120,7 +150,14 @@ class ShardAwareSampler:
         import numpy as np
 
         order = self.shard_order(epoch)
-        if len(order):
+        if len(order) and self._copies is not None:
+            parts = []
+            for c in order:
+                s, k = self._copies[c]
+                idx = np.arange(self.offsets[s], self.offsets[s + 1], dtype=np.int64)
+                parts.append(idx[self.repeats[idx] > k])
+            seq = np.concatenate(parts)
+        elif len(order):
             seq = np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1], dtype=np.int64)
                                   for s in order])
         else:
@@ -200,6 +237,9 @@ class ShardAwareSampler:
         h = hashlib.sha256(self.shard_sizes.tobytes())
         h.update(repr((self.num_replicas, self.rank, self.num_workers, self.batch_size,
                        self.shuffle, self.seed, self.window, self.uneven)).encode())
+        if self.repeats is not None:
+            h.update(b"repeats")
+            h.update(self.repeats.tobytes())
         return h.hexdigest()[:16]
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
