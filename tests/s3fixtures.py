@@ -78,7 +78,7 @@ def _serve() -> None:
         with lock:
             log.append({"method": environ["REQUEST_METHOD"], "bucket": urllib.parse.unquote(bucket),
                         "key": urllib.parse.unquote(key), "query": environ.get("QUERY_STRING", ""),
-                        "range": environ.get("HTTP_RANGE")})
+                        "range": environ.get("HTTP_RANGE"), "if_none_match": environ.get("HTTP_IF_NONE_MATCH")})
         return app(environ, start_response)
 
     server = make_server("127.0.0.1", 0, counting, threaded=True, request_handler=MotoRequestHandler)

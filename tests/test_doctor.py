@@ -76,8 +76,11 @@ def test_s3_store_read_write_create_only_and_duckdb(cli, monkeypatch, s3):
     r = cli("doctor", "--json", "--only", "store")
     checks = _by_name(r.json())
     assert r.code == 0, checks
-    assert checks["store"]["status"] == PASS and checks["store"]["facts"]["create_only"] is True
-    assert "create-only" in checks["store"]["detail"]
+    assert checks["store"]["status"] == PASS and checks["store-create-only"]["status"] == PASS
+    assert "create-only" in checks["store-create-only"]["detail"]
+    # the create-only probe runs once per doctor run (one fresh create, one refused overwrite)
+    conditional = [r for r in s3.requests("PUT") if r.get("if_none_match") == "*" and "latest" not in r["key"]]
+    assert len(conditional) == 2, conditional
     assert checks["duckdb-parquet"]["status"] == PASS and "via s3fs" in checks["duckdb-parquet"]["detail"]
     # DuckDB really read from the store: the Parquet probe was fetched from S3
     assert s3.count("GET", "warp/.warp-doctor-") >= 1

@@ -10,6 +10,9 @@ its checks in its own module plus one line here.
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,8 +37,9 @@ class Check:
 _REGISTRY: dict[str, Check] = {}
 
 CHECK_MODULES: tuple[str, ...] = (
-    "warpdata.doctor.checks",
-    "warpdata.registry.checks",
+    "warpdata.doctor.install",
+    "warpdata.doctor.cache",
+    "warpdata.doctor.store",
     "warpdata.tiles.checks",
 )
 
@@ -60,3 +64,20 @@ def run_check(c: Check) -> CheckResult:
     except Exception as e:  # a check that crashes is itself a failure to report
         return CheckResult(FAIL, f"check crashed: {type(e).__name__}: {e}",
                            "rerun with --debug and report this as a bug")
+
+
+def dir_check(path: str, what: str, var: str) -> CheckResult:
+    """PASS when ``path`` (made if missing) takes a file and has 1 GB free; ``var`` is the setting to change."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".warp-doctor-", dir=path)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        return CheckResult(FAIL, f"{what} {path} is not writable: {e.strerror}",
+                           f"set {var} to a writable directory")
+    free = shutil.disk_usage(path).free
+    detail = f"{path} writable, {free / 1e9:.1f} GB free"
+    if free < 1e9:
+        return CheckResult(WARN, detail, f"free disk space or point {var} elsewhere", facts={"free_bytes": free})
+    return CheckResult(PASS, detail, facts={"free_bytes": free, "path": path})
