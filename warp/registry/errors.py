@@ -17,6 +17,7 @@ class                      warp base             exit     builtin
 ``LockTimeoutError``       ``ConfigError``       78       ``ConnectionError``
 ``LocalPathError``         ``DataError``         65       ``ValueError``
 ``InvalidDatasetIdError``  ``UsageError``        2        ``ValueError``
+``InvalidHashError``       ``UsageError``        2        ``ValueError``
 ========================== ===================== ======== =========================
 
 ``PermissionError`` deliberately has the seed's name; inside this module the
@@ -38,6 +39,7 @@ __all__ = [
     "BlobNotFoundError",
     "DatasetNotFoundError",
     "InvalidDatasetIdError",
+    "InvalidHashError",
     "LocalPathError",
     "LockTimeoutError",
     "ManifestCorruptedError",
@@ -91,6 +93,13 @@ class LocalPathError(DataError):
 
 class InvalidDatasetIdError(UsageError):
     code = "bad-dataset-id"
+
+
+class InvalidHashError(UsageError):
+    """A blob or version hash that is not 64 lowercase hex digits: it names no object, and as a
+    store key it could reach outside the store (``..``, an absolute path, a NUL)."""
+
+    code = "bad-hash"
 
 
 def _error_code(exc: BaseException) -> str | None:
