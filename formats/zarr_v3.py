@@ -57,6 +57,13 @@ MAX_CHUNKS_PER_SHARD = 2**24  # inner chunks of one shard (its index is 16 bytes
 MAX_JSON_BYTES = 1 << 20  # size of a zarr.json
 
 
+class ZarrChecksumError(DataError):
+    """Stored and computed CRC-32C differ (a shard index, a chunk, or the decoded array against
+    the manifest's input checksum): the bytes are damaged (docs/formats/zarr-tiles.md)."""
+
+    code = "zarr-checksum"
+
+
 def chunk_crc(frame: Any) -> bytes:
     """The ``crc32c`` codec's suffix for ``frame``: its CRC-32C, u32 little-endian."""
     from warpdata.formats import crc
@@ -359,7 +366,7 @@ def decode_index(blob: bytes | memoryview, n_chunks: int, where: str) -> np.ndar
     stored = int.from_bytes(bytes(blob[len(blob) - CRC_SIZE:]), "little")
     computed = int(google_crc32c.value(raw))
     if stored != computed:
-        raise DataError(f"{where}: shard index CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})",
+        raise ZarrChecksumError(f"{where}: shard index CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})",
                         hint="the shard is corrupt; rewrite the array", path=where)
     entries = np.frombuffer(raw, dtype="<u8").reshape(n_chunks, 2)
     limit = len(blob) - size - CRC_SIZE
@@ -400,7 +407,7 @@ def split_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) ->
     stored = bytes(mv[len(mv) - CRC_SIZE:])
     computed = chunk_crc(frame)
     if stored != computed:
-        raise DataError(f"{where}: chunk CRC-32C mismatch (stored {int.from_bytes(stored, 'little'):#010x}, "
+        raise ZarrChecksumError(f"{where}: chunk CRC-32C mismatch (stored {int.from_bytes(stored, 'little'):#010x}, "
                         f"computed {int.from_bytes(computed, 'little'):#010x})",
                         hint="the chunk is corrupt; rewrite the array", path=where)
     return frame
@@ -532,7 +539,7 @@ def _check_against_manifest(store: KeyReader, layout: ArrayLayout, data: np.ndar
 
         got = f"{crc.extend(0, data):08x}"
         if got != m["input_crc32c"]:
-            raise DataError(f"{store.url}: decodes to CRC-32C {got}, not the input's {m['input_crc32c']} recorded "
+            raise ZarrChecksumError(f"{store.url}: decodes to CRC-32C {got}, not the input's {m['input_crc32c']} recorded "
                             "in manifest.json", hint="the array or its metadata is damaged; rewrite it", path=where)
 
 

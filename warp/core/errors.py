@@ -25,6 +25,7 @@ class                      warp base             exit builtin
 ``BlobCorruptedError``     ``DataError``         65   ``ValueError``
 ``LocalPathError``         ``DataError``         65   ``ValueError``
 ``InvalidDatasetIdError``  ``UsageError``        2    ``ValueError``
+``InvalidHashError``       ``UsageError``        2    ``ValueError``
 ``CacheTooSmallError``     ``ConfigError``       78   ``ValueError``
 ========================== ===================== ==== ==========================
 
@@ -265,6 +266,13 @@ class LocalPathError(DataError):
 
 class InvalidDatasetIdError(UsageError):
     code = "bad-dataset-id"
+
+
+class InvalidHashError(UsageError):
+    """A blob or version hash that is not 64 lowercase hex digits: it names no object, and as a
+    store key it could reach outside the store (``..``, an absolute path, a NUL)."""
+
+    code = "bad-hash"
 
 
 class CacheTooSmallError(ConfigError):

@@ -69,7 +69,12 @@ from importlib import resources
 from typing import Any
 
 from warpdata.core.canonical import CanonicalJSONError, canonical_json, sha256_hex
-from warpdata.core.errors import InvalidDatasetIdError, LocalPathError, ManifestCorruptedError
+from warpdata.core.errors import (
+    InvalidDatasetIdError,
+    InvalidHashError,
+    LocalPathError,
+    ManifestCorruptedError,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -97,9 +102,11 @@ INDEX_FORMAT = "warp-tar-index-1"
 REF_TYPES = ("file", "image", "audio", "video")
 ARTIFACT_KINDS = ("tar_shards", "webdataset_shards")
 
-DATASET_ID_RE = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+$")
+# \Z, not $: "$" also matches before a trailing newline, and these strings become store keys
+DATASET_ID_RE = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+\Z")
+WORKSPACE_RE = re.compile(r"^[a-z0-9_-]+\Z")
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-HASH_RE = re.compile(r"^[a-f0-9]{64}$")
+HASH_RE = re.compile(r"^[a-f0-9]{64}\Z")
 _REMOTE_SCHEMES = ("s3://", "s3a://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "hf://")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 _NON_HASHED = ("version_hash", "metadata")
@@ -114,10 +121,26 @@ def validate_dataset_id(dataset_id: str) -> str:
     return dataset_id
 
 
+def validate_workspace(workspace: str) -> str:
+    """Return ``workspace`` if it is the first half of a dataset id."""
+    if not isinstance(workspace, str) or not WORKSPACE_RE.match(workspace):
+        raise InvalidDatasetIdError(f"{workspace!r} is not a workspace name",
+                                    hint="use lowercase letters, digits, '_' and '-', e.g. vision")
+    return workspace
+
+
+def validate_hash(hash_hex: str, what: str = "blob hash") -> str:
+    """Return ``hash_hex`` if it is a SHA-256 hex digest (64 lowercase hex digits), the only
+    form a hash takes inside a store key."""
+    if not isinstance(hash_hex, str) or not HASH_RE.match(hash_hex):
+        raise InvalidHashError(f"{what} {hash_hex!r} is not a lowercase SHA-256 hex digest (64 of 0-9a-f)",
+                               hint="give the full hash as the manifest records it ('warp ls WORKSPACE/' lists versions)")
+    return hash_hex
+
+
 def blob_key(hash_hex: str) -> str:
     """The store-relative key of a blob: ``blobs/sha256/<first 2 hex>/<hash>``."""
-    if not HASH_RE.match(hash_hex):
-        raise ValueError(f"not a lowercase SHA-256 hex digest: {hash_hex!r}")
+    validate_hash(hash_hex)
     return f"blobs/sha256/{hash_hex[:2]}/{hash_hex}"
 
 

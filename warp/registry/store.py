@@ -36,6 +36,7 @@ filesystem is ``store.fs`` and the S3 settings ``store.config``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -59,7 +60,14 @@ from warpdata.core.errors import (
     LockTimeoutError,
     ManifestCorruptedError,
 )
-from warpdata.registry.manifest import HASH_RE, Manifest, blob_key, validate_dataset_id
+from warpdata.registry.manifest import (
+    HASH_RE,
+    Manifest,
+    blob_key,
+    validate_dataset_id,
+    validate_hash,
+    validate_workspace,
+)
 from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.locations import Location, StorageConfig, filesystem, parse_location
 
@@ -240,6 +248,16 @@ class _S3Backend(_Backend):
     def size(self, key: str) -> int:
         self.fs.invalidate_cache(self.path(key))
         return super().size(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        # S3 answers a range that starts at or past the end with 416 (s3fs: OSError EINVAL);
+        # the other backends, like a file's read(), return what is there: nothing
+        try:
+            return super().get_range(key, start, end)
+        except OSError as e:
+            if e.errno == errno.EINVAL and start >= self.size(key):
+                return b""
+            raise
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         try:
@@ -463,7 +481,7 @@ class Store:
     # -- keys ------------------------------------------------------------
     @staticmethod
     def manifest_key(dataset_id: str, version_hash: str) -> str:
-        return f"datasets/{validate_dataset_id(dataset_id)}/versions/{version_hash}.json"
+        return f"datasets/{validate_dataset_id(dataset_id)}/versions/{validate_hash(version_hash, 'version hash')}.json"
 
     @staticmethod
     def latest_key(dataset_id: str) -> str:
@@ -560,8 +578,17 @@ class Store:
         return data
 
     def read_range(self, hash_hex: str, start: int, length: int) -> bytes:
-        """``length`` bytes of a blob from ``start`` (one ranged GET on S3)."""
+        """``length`` bytes of a blob from ``start`` (one ranged GET on S3); fewer where the blob
+        ends first, as ``data[start:start + length]`` would give."""
         key = blob_key(hash_hex)
+        if start < 0 or length < 0:
+            from warpdata.core.errors import UsageError
+
+            raise UsageError(f"read_range of blob {hash_hex}: start {start} and length {length} must be >= 0",
+                             hint="this is a bug in the caller")
+        if length == 0:  # fsspec reads a whole S3 object for an empty range: answer without a read
+            self.blob_size(hash_hex)  # a missing blob is still an error
+            return b""
         try:
             return self._call(self._b.get_range, self.url_of(key), "read", key, start, start + length)
         except FileNotFoundError:
@@ -578,7 +605,11 @@ class Store:
 
     def open_blob(self, hash_hex: str):
         """A seekable binary file object over the blob (ranged reads on S3)."""
-        return self.fs.open(self.blob_path(hash_hex), "rb")
+        try:
+            return self._call(self.fs.open, self.blob_url(hash_hex), "read", self.blob_path(hash_hex), "rb")
+        except FileNotFoundError:
+            raise BlobNotFoundError(f"blob {hash_hex} is missing from store {self.url}",
+                                    hint="republish the dataset") from None
 
     # -- manifests ---------------------------------------------------------
     def has_manifest(self, dataset_id: str, version_hash: str) -> bool:
@@ -686,6 +717,7 @@ class Store:
         Returns the new pointer, or None when another writer moved it first.
         """
         key = self.latest_key(dataset_id)
+        validate_hash(version_hash, "version hash")
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         data = canonical_json({"kind": LATEST_KIND, "dataset_id": dataset_id, "version_hash": version_hash,
                                "updated_at": now})
@@ -719,7 +751,8 @@ class Store:
     # -- listing -------------------------------------------------------------------
     def list_datasets(self, workspace: str | None = None) -> list[str]:
         """Dataset ids with at least one stored version or a latest pointer, sorted."""
-        workspaces = [workspace] if workspace else self._call(self._b.list_names, self.url, "list", "datasets")
+        workspaces = [validate_workspace(workspace)] if workspace is not None else \
+            self._call(self._b.list_names, self.url, "list", "datasets")
         out = []
         for ws in workspaces:
             for name in self._call(self._b.list_names, self.url, "list", f"datasets/{ws}"):
