@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp cat vision/coco-mini --artifact media --ref img/0001.jpg > 0001.jpg
@@ -22,7 +23,7 @@ def main(
     ref: Annotated[str, typer.Option("--ref", metavar="MEMBER", help="Member path inside the artifact.")],
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     import sys
 

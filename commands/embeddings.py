@@ -19,6 +19,7 @@ from typing import Annotated
 
 import typer
 from warpdata.cli import output as out
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp embeddings add vision/pets --column image --encoder color-hist
@@ -37,7 +38,7 @@ def main(
                                                 help="add: color-hist, hash-text, module:function or an entry point.")] = None,
     name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="add: the embedding's name (default: from the encoder).")] = None,
     table: Annotated[str | None, typer.Option("--table", metavar="TABLE", help="add: the table (default: the dataset's default).")] = None,
-    store: Annotated[str | None, typer.Option("--store", metavar="URL", help="Store URL or path (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     from warpdata.core.errors import UsageError
 

@@ -23,6 +23,7 @@ from typing import Annotated
 
 import typer
 from warpdata.cli import output as out
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp ingest imagefolder photos/ vision/pets
@@ -56,7 +57,7 @@ def main(
     set_latest: Annotated[bool, typer.Option(
         "--set-latest/--no-set-latest", help="Move the dataset's latest pointer to this version.")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check and plan; upload nothing.")] = False,
-    store: Annotated[str | None, typer.Option("--store", metavar="URL", help="Store URL or path (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
     shard_size: Annotated[str, typer.Option(
         "--shard-size", metavar="SIZE", help="Target size of artifact tar shards (e.g. 256MiB).")] = "256MiB",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel file checks, hashing and uploads.")] = 8,

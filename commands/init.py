@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from warpdata.cli import output as out
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp init vision/coco-mini                 # writes vision_coco_mini_loader.py
@@ -64,7 +65,7 @@ def main(
         "--table", help="Table the loader streams (default: the only table, else main).")] = None,
     out_path: Annotated[str | None, typer.Option("--out", help="File to write (default ./<ws>_<name>_loader.py).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     import os
     import re

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from warpdata.cli import output as out
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp ls                 # every workspace
@@ -23,7 +24,7 @@ EXAMPLES = """
 def main(
     workspace: Annotated[str | None, typer.Argument(
         help="WORKSPACE/ (default: every workspace), or one dataset WORKSPACE/NAME.")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     from warpdata.core import envvars
     from warpdata.core.errors import MissingInputError

@@ -30,6 +30,7 @@ from typing import Annotated
 
 import typer
 from warpdata.cli import output as out
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp publish vision/coco-mini --table main='data/*.parquet' --artifact images=photos/ \\
@@ -58,7 +59,7 @@ def main(
     set_latest: Annotated[bool, typer.Option(
         "--set-latest/--no-set-latest", help="Move the dataset's latest pointer to this version.")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (blobs to upload, bytes, version); change nothing.")] = False,
-    store: Annotated[str | None, typer.Option("--store", metavar="URL", help="Store URL or path (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
     shard_size: Annotated[str, typer.Option(
         "--shard-size", metavar="SIZE", help="Target size of artifact tar shards, with a unit (e.g. 256MiB); a bare number is refused.")] = "256MiB",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel hashing and uploads.")] = 8,

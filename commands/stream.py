@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import typer
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp stream vision/coco-mini --columns id,label --limit 5
@@ -38,7 +39,7 @@ def main(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per Arrow batch.")] = 65536,
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     import base64
     import json

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from warpdata.cli import output as out
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp warm vision/coco-mini
@@ -42,7 +43,7 @@ def main(
     max_bytes: Annotated[str | None, typer.Option("--max-bytes", metavar="SIZE", help="Download at most SIZE (e.g. 200GB).")] = None,
     artifacts: Annotated[bool, typer.Option("--artifacts/--no-artifacts", help="Also warm artifact shards and indexes.")] = True,
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     from warpdata.core.sizes import format_size
     from warpdata.read.dataset import dataset

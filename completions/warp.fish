@@ -41,7 +41,7 @@ complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-file-size -r -F 
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l keep -r -F -d 'Keep the written main/quarantine Parquet files in DIR'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l dry-run -d 'Check and plan; upload nothing'
-complete -c warp -n '__fish_seen_subcommand_from ingest' -l store -r -F -d 'Store URL or path (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from ingest' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l shard-size -r -F -d 'Target size of artifact tar shards (e.g'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l workers -x -d 'Parallel file checks, hashing and uploads'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l description -r -F -d 'Free text kept in the non-hashed metadata'
@@ -51,7 +51,7 @@ complete -c warp -n '__fish_seen_subcommand_from embeddings' -l column -r -F -d 
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l encoder -r -F -d 'add: color-hist, hash-text, module:function or an entry point'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l name -r -F -d 'add: the embedding\'s name (default: from the encoder)'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l table -r -F -d 'add: the table (default: the dataset\'s default)'
-complete -c warp -n '__fish_seen_subcommand_from embeddings' -l store -r -F -d 'Store URL or path (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from embeddings' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -F
 
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -x -a 'auto none lz4 zstd' -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
@@ -71,14 +71,14 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l follow-symlinks -d 
 complete -c warp -n '__fish_seen_subcommand_from publish' -l from -r -F -d 'Publish a warp artifact (directory with manifest.json, or .tbl); repeatable'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l dry-run -d 'Print the plan (blobs to upload, bytes, version); change nothing'
-complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Store URL or path (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards, with a unit (e.g'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l workers -x -d 'Parallel hashing and uploads'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore the stat cache: hash and pack every input again'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
 complete -c warp -n '__fish_seen_subcommand_from publish' -F
 
-complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from ls' -F
 
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'
@@ -96,14 +96,14 @@ complete -c warp -n '__fish_seen_subcommand_from stream' -l limit -x -d 'Stop af
 complete -c warp -n '__fish_seen_subcommand_from stream' -l batch-size -x -d 'Rows per Arrow batch'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from stream' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cat' -l artifact -r -F -d 'Artifact name (see \'warp inspect ws/name\')'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l ref -r -F -d 'Member path inside the artifact'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from cat' -F
 
 complete -c warp -n '__fish_seen_subcommand_from warm' -l tables -r -F -d 'Comma-separated tables (default: all)'
@@ -111,7 +111,7 @@ complete -c warp -n '__fish_seen_subcommand_from warm' -l shards -r -F -d 'Shard
 complete -c warp -n '__fish_seen_subcommand_from warm' -l max-bytes -r -F -d 'Download at most SIZE (e.g'
 complete -c warp -n '__fish_seen_subcommand_from warm' -l artifacts -l no-artifacts -d 'Also warm artifact shards and indexes'
 complete -c warp -n '__fish_seen_subcommand_from warm' -l version -r -F -d 'A version hash (default: latest)'
-complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from warm' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE, with a unit (500GB, 1.5TiB); a bare num...'
@@ -120,7 +120,7 @@ complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clea
 complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams (default: the only table, else main)'
 complete -c warp -n '__fish_seen_subcommand_from init' -l out -r -F -d 'File to write (default ./<ws>_<name>_loader.py)'
 complete -c warp -n '__fish_seen_subcommand_from init' -l force -d 'Overwrite an existing file'
-complete -c warp -n '__fish_seen_subcommand_from init' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from init' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from init' -F
 
 complete -c warp -n '__fish_seen_subcommand_from doctor' -l only -r -F -d 'Run only checks in these groups (repeatable)'

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import google_crc32c
 import numpy as np
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.formats.tiling import SUPPORTED_DTYPES, normalize_dtype, tile_counts
 
 ZARR_JSON = "zarr.json"
@@ -507,11 +508,11 @@ def _manifest_record(store: KeyReader) -> tuple[dict, dict] | None:
     path = store.location.path.rstrip("/")
     for root, level in ((path, ""), (os.path.dirname(path), os.path.basename(path))):
         try:
-            with open(os.path.join(root, "manifest.json"), "rb") as f:
+            with open(os.path.join(root, MANIFEST_NAME), "rb") as f:
                 m = json.loads(f.read())
         except (OSError, ValueError):
             continue
-        if not isinstance(m, dict) or m.get("kind") != "zarr-array" or not isinstance(m.get("levels"), list):
+        if not isinstance(m, dict) or m.get("kind") != ZARR_ARRAY or not isinstance(m.get("levels"), list):
             continue
         for lv in m["levels"]:
             if isinstance(lv, dict) and lv.get("path", "") == level:

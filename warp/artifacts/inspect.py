@@ -18,13 +18,21 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-INSPECTORS: tuple[tuple[str, str], ...] = (
-    ("feature-cache", "warpdata.features.inspect"),
-    ("tbl", "warpdata.tbl.inspect"),
-    ("tensor-warehouse", "warpdata.warehouse.inspect"),
-    ("zarr-array", "warpdata.tiles.inspect"),
-    ("manifest", "warpdata.artifacts.inspect_manifest"),
-    ("dataset", "warpdata.artifacts.inspect_dataset"),
+from warpdata.artifacts.kinds import KINDS
+from warpdata.core.names import DATASET, FEATURE_CACHE, TENSOR_WAREHOUSE, ZARR_ARRAY
+
+# tried in this order (the first whose sniff() claims the target wins): the artifact kinds'
+# inspectors from their table (warpdata.artifacts.kinds), plus .tbl files and any other manifest
+INSPECTORS: tuple[tuple[str, str], ...] = tuple(
+    (name, KINDS[name].inspector if name in KINDS else module)
+    for name, module in (
+        (FEATURE_CACHE, ""),
+        ("tbl", "warpdata.tbl.inspect"),
+        (TENSOR_WAREHOUSE, ""),
+        (ZARR_ARRAY, ""),
+        ("manifest", "warpdata.artifacts.inspect_manifest"),
+        (DATASET, ""),
+    )
 )
 
 

@@ -24,10 +24,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from warpdata.artifacts.kinds import KINDS as _KINDS
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.names import MANIFEST_NAME
 
-MANIFEST_NAME = "manifest.json"
-KINDS = ("tensor-warehouse", "zarr-array", "feature-cache", "dataset")
+KINDS = tuple(_KINDS)  # the kinds in their table (warpdata.artifacts.kinds)
 
 
 def find_manifest(path: str | os.PathLike) -> Path:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.names import FEATURE_CACHE, TENSOR_WAREHOUSE, ZARR_ARRAY
 
 __all__ = ["PAD", "Preview", "class_color", "render", "to_png"]
 
@@ -141,7 +142,7 @@ def warehouse(path: str, n: int = 16) -> Preview:
                 draw.text((box[0] + 2, box[1] + 1), label, fill=(0, 0, 0), font=_font())
             _caption(draw, x0, y0 + th + 1, s.key, tw)
             tiles.append((x0, y0, scale))
-        return Preview(canvas, "tensor-warehouse", tiles)
+        return Preview(canvas, TENSOR_WAREHOUSE, tiles)
     finally:
         wh.close()
 
@@ -239,7 +240,7 @@ def feature_cache(path: str, n: int = 16) -> Preview:
             for k, ln in enumerate(lines[:cap_lines]):
                 _caption(draw, x0, y0 + h + 1 + k * CAPTION_H, ln, w)
             tiles.append((x0, y0, 1))
-        return Preview(canvas, "feature-cache", tiles)
+        return Preview(canvas, FEATURE_CACHE, tiles)
     finally:
         fc.close()
 
@@ -304,7 +305,7 @@ def zarr_array(path: str, max_side: int = 384) -> Preview:
         if bh:
             draw.rectangle([PAD + k * bw, y0 + hist_h - bh, PAD + (k + 1) * bw - 2, y0 + hist_h - 1], fill=(0, 130, 200))
     _caption(draw, PAD, y0 + hist_h + 1, f"level 0 histogram: {edges[0]:.4g} .. {edges[-1]:.4g}", hist_w + 200)
-    return Preview(canvas, "zarr-array", tiles)
+    return Preview(canvas, ZARR_ARRAY, tiles)
 
 
 # -- ETL metrics -------------------------------------------------------------------

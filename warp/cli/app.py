@@ -35,7 +35,7 @@ import typer
 from warpdata import __version__
 from warpdata.cli import output as out
 from warpdata.core import envvars
-from warpdata.core.errors import EXIT_CODE_DOCS, ExitCode, InternalError, WarpError
+from warpdata.core.errors import ExitCode, InternalError, WarpError
 
 
 @dataclass(frozen=True)
@@ -306,5 +306,3 @@ def tar_to_tbl_main(argv: Sequence[str] | None = None) -> int:
     return main(["tar-to-tbl", *(sys.argv[1:] if argv is None else argv)])
 
 
-def exit_status_table() -> list[tuple[int, str]]:
-    return [(int(c), doc) for c, doc in EXIT_CODE_DOCS.items()]

@@ -24,8 +24,9 @@ import os
 from pathlib import Path
 
 from warpdata.core.errors import ConfigError, InfrastructureError, InternalError
+from warpdata.core.names import MANIFEST_NAME
 
-MANIFEST = "manifest.json"
+MANIFEST = MANIFEST_NAME
 LATEST = "latest"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from warpdata.core.config import ConfigSource, Field, non_negative, positive, validate
 from warpdata.core.errors import ConfigError, UsageError
+from warpdata.core.names import FEATURE_CACHE
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.etl.quarantine import Thresholds
 from warpdata.features.transform import INTERPOLATIONS, target_size
@@ -274,4 +275,4 @@ def run(req: EtlRequest) -> EtlResult:
         rows.append(("time", f"{met.get('wall_s')} s ({met.get('records_per_s')} rec/s; decode wait "
                               f"{met.get('io_decode_wait_s')} s, encode {met.get('encode_s')} s, "
                               f"write {met.get('write_s')} s)"))
-    return EtlResult(kind="feature-cache", path=res.path, summary=summary, rows=rows, status=res.status)
+    return EtlResult(kind=FEATURE_CACHE, path=res.path, summary=summary, rows=rows, status=res.status)

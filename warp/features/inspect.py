@@ -17,8 +17,9 @@ from typing import Any
 
 from warpdata.artifacts.inspect import Report
 from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
+from warpdata.core.names import FEATURE_CACHE
 
-KIND = "feature-cache"
+KIND = FEATURE_CACHE
 
 
 def _manifest_kind(path: str) -> str | None:

@@ -19,8 +19,9 @@ from typing import Any
 
 from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
 from warpdata.core.errors import DataError
+from warpdata.core.names import FEATURE_CACHE
 
-KIND = "feature-cache"
+KIND = FEATURE_CACHE
 MANIFEST_VERSION = 2  # 2: sealed by content_sha256 (docs/formats/feature-shard.md)
 REBUILD_HINT = "rebuild the cache with 'warp etl --clear'"
 

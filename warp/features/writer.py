@@ -58,6 +58,7 @@ from warpdata.core import progress as _progress
 from warpdata.core.atomic import atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal
 from warpdata.core.errors import ConfigError, DataError
+from warpdata.core.names import FEATURE_CACHE
 from warpdata.etl.quarantine import Quarantine, RunSummary, Thresholds, evaluate_summaries
 from warpdata.features.manifest import MANIFEST_VERSION
 from warpdata.features.scan import MediaItem, scan, source_digest
@@ -67,7 +68,7 @@ from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
 
 log = logging.getLogger(__name__)
 
-KIND = "feature-cache"
+KIND = FEATURE_CACHE
 SHARD_PATTERN = "shard-{:05d}.wfs"
 DEFAULT_SHARD_SIZE = 512
 PIXEL_BATCH = 64  # decode batch when no encoder sets one

@@ -51,6 +51,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.names import MANIFEST_NAME
 
 __all__ = ["Member", "PublishedArtifact", "looks_like_dataset", "materialize"]
 
@@ -205,8 +206,8 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
         return Member(paths[shard], off, length, f"{label}/{rel}")
 
     try:
-        members = {"manifest.json": locate("manifest.json", verify=True)}
-        raw = members["manifest.json"].read()
+        members = {MANIFEST_NAME: locate(MANIFEST_NAME, verify=True)}
+        raw = members[MANIFEST_NAME].read()
         try:
             doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:

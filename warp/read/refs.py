@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from warpdata.registry.manifest import Binding
 
 
-
 # remote reads of members: runs of members closer than this are read by one ranged GET
 # (tar headers and padding sit between adjacent members), up to this many bytes a GET
 COALESCE_GAP = 64 << 10
@@ -466,13 +465,6 @@ def _coalesce(reads: list[tuple[str, int, int, int]]) -> list[list[tuple[str, in
 
 
 REF_TYPES: dict[str, type[FileRef]] = {"file": FileRef, "image": ImageRef, "audio": AudioRef, "video": FileRef}
-
-
-def ref_factory(ds: BlobSource, binding: Binding) -> Callable[[str], FileRef]:
-    """member path -> typed ref, sharing one reader (and its index) per binding."""
-    reader = ArtifactReader(ds, binding.artifact)
-    cls = REF_TYPES.get(binding.ref_type, FileRef)
-    return lambda member: cls(reader, member)
 
 
 def make_refs(ds: BlobSource, binding: Binding, read: bool = False) -> Callable[[list], list]:

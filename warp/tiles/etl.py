@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 from warpdata.core import progress as _progress
 from warpdata.core.config import Field, validate
 from warpdata.core.errors import ConfigError, DataError, MissingInputError
+from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.tiles.pyramid import METHODS
 
@@ -51,12 +52,6 @@ def _shards(v: Any) -> str | None:
 
 def _level(v: int) -> str | None:
     return None if 1 <= v <= 22 else "must be between 1 and 22"
-
-
-def _backend_choices() -> tuple[str, ...]:
-    from warpdata.kernels import CHOICES
-
-    return CHOICES
 
 
 SCHEMA = {
@@ -239,10 +234,10 @@ def run(req: EtlRequest) -> EtlResult:
                   "method": cfg["multiscale"]["method"], "axes": cfg["output"]["axes"], "backend": backend_name}
         recipe_key = identity(recipe)
         loc = parse_location(out_url)
-        if loc.protocol == "file" and os.path.exists(os.path.join(loc.path, "manifest.json")) and not req.clear \
+        if loc.protocol == "file" and os.path.exists(os.path.join(loc.path, MANIFEST_NAME)) and not req.clear \
                 and inp.path != "-":
             try:
-                old = json.loads(Path(loc.path, "manifest.json").read_bytes())
+                old = json.loads(Path(loc.path, MANIFEST_NAME).read_bytes())
             except (OSError, ValueError):
                 old = {}
             if old.get("recipe_key") == recipe_key and old.get("input_crc32c") == _input_crc(inp.path):
@@ -307,4 +302,4 @@ def _result(manifest: dict, path: str, status: str, seconds: float) -> EtlResult
         rows.append(("OME-Zarr", str(manifest["ome_zarr"].get("text"))))
     if gbps:
         rows.append(("speed", f"{gbps:.3f} GB/s in {seconds:.2f} s"))
-    return EtlResult(kind="zarr-array", path=path, summary=summary, rows=rows, status=status)
+    return EtlResult(kind=ZARR_ARRAY, path=path, summary=summary, rows=rows, status=status)

@@ -17,8 +17,8 @@ import math
 import os
 
 from warpdata.artifacts.inspect import Report
-from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.formats import zarr_v3
 from warpdata.storage import zarr_store
 
@@ -36,7 +36,7 @@ def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
     if is_dir:
         m = _read_json(os.path.join(target, MANIFEST_NAME))
         if m is not None:
-            return m.get("kind") == "zarr-array"
+            return m.get("kind") == ZARR_ARRAY
         # any zarr.json, even one that does not parse: inspect() then names what is wrong with it
         return os.path.isfile(os.path.join(target, zarr_v3.ZARR_JSON))
     return head is not None and os.path.basename(target) == zarr_v3.ZARR_JSON and b'"zarr_format"' in head
@@ -114,8 +114,17 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
 
     root = os.path.dirname(target) if os.path.isfile(target) else target
     manifest = _read_json(os.path.join(root, MANIFEST_NAME))
-    if manifest is not None and manifest.get("kind") != "zarr-array":
+    if manifest is not None and manifest.get("kind") != ZARR_ARRAY:
         manifest = None
+    schema_problem = None
+    if manifest is not None:
+        from warpdata.artifacts.kinds import validate
+        from warpdata.core.errors import DataError
+
+        try:
+            validate(manifest, f"{root}/{MANIFEST_NAME}")
+        except DataError as e:  # reported below; the arrays are still described from zarr.json
+            schema_problem, manifest = e.message, None
     paths, group = _levels(root, manifest)
     store = zarr_store.Store(root)
     rows, problems, level_rows = [], [], []
@@ -123,6 +132,8 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
     first = None
     checked = {"levels": 0, "objects": 0, "chunks": 0, "chunk_crcs": 0, "index_crcs": 0, "metadata": 0}
     input_crc = None
+    if schema_problem:
+        problems.append(schema_problem)
     if verify and group is not None:
         checked["metadata"] += 1
         problem = _zarr_python_check(group, f"{root}/{zarr_v3.ZARR_JSON}", group=True)
@@ -205,7 +216,7 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
                                                                              manifest, group, problems)))
     if head:
         tables.append(("objects", ["key", "bytes"], [[k, f"{n:,}"] for k, n in objs[:head]]))
-    return Report(kind="zarr-array", target=target, summary=summary, tables=tables, ok=not problems,
+    return Report(kind=ZARR_ARRAY, target=target, summary=summary, tables=tables, ok=not problems,
                   problems=problems)
 
 

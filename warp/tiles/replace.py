@@ -46,6 +46,7 @@ from pathlib import Path
 from warpdata.core import atomic
 from warpdata.core.atomic import TMP_PREFIX
 from warpdata.core.errors import ConfigError
+from warpdata.core.names import MANIFEST_NAME
 
 
 def _leftover_re(name: str) -> re.Pattern:
@@ -89,7 +90,7 @@ def check_replaceable(target: str | os.PathLike) -> None:
         return
     if t.is_symlink() or not t.is_dir():
         raise ConfigError(f"{t} exists and is not a directory", hint="choose another output path, or remove it")
-    if (t / "zarr.json").exists() or (t / "manifest.json").exists() or not any(t.iterdir()):
+    if (t / "zarr.json").exists() or (t / MANIFEST_NAME).exists() or not any(t.iterdir()):
         return
     raise ConfigError(f"{t} exists and is not a Zarr array written by warp (no zarr.json or manifest.json)",
                       hint="choose another output path, or remove that directory first")

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from warpdata.core.atomic import CommitOnSuccess
 from warpdata.core.errors import ConfigError, DataError, InternalError
+from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.formats import crc as crc32c
 from warpdata.formats import zarr_v3
 from warpdata.formats.tiling import SlabPlan, TileGeometry
@@ -48,7 +49,6 @@ from warpdata.storage import zarr_store
 from warpdata.tiles.pyramid import METHODS, Downsampler, downsampled_shape
 
 SHARD_CAP_BYTES = 64 << 20
-MANIFEST_NAME = "manifest.json"
 
 
 def auto_shards(shape: Sequence[int], tile: Sequence[int], itemsize: int, cap: int = SHARD_CAP_BYTES) -> tuple[int, ...]:
@@ -612,6 +612,7 @@ class TileWriter(CommitOnSuccess):
                     attrs.update(self.attributes)
                     self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
                 result.manifest = self._manifest(result)
+                _check_manifest(result.manifest, f"{self.url}/{MANIFEST_NAME}")
                 from warpdata.core.canonical import canonical_json
 
                 self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
@@ -641,7 +642,7 @@ class TileWriter(CommitOnSuccess):
     def _manifest(self, r: WriteResult) -> dict:
         g = self.geometry
         m = {
-            "kind": "zarr-array",
+            "kind": ZARR_ARRAY,
             "format": "zarr-v3",
             "shape": list(g.shape),
             "dtype": g.dtype.name,
@@ -682,3 +683,13 @@ class TileWriter(CommitOnSuccess):
         self.backend.close()
         self._discard()
 
+
+def _check_manifest(doc: dict, where: str) -> None:
+    """The manifest against its schema before it is written: a failure is a bug in warp, not bad input."""
+    from warpdata.artifacts.kinds import validate
+
+    try:
+        validate(doc, where)
+    except DataError as e:
+        raise InternalError(f"TileWriter built an invalid manifest: {e.message}",
+                            hint="report this with the array's shape, dtype and options") from None

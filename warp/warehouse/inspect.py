@@ -17,6 +17,7 @@ import os
 
 from warpdata.artifacts.inspect import Report
 from warpdata.core.errors import DataError
+from warpdata.core.names import TENSOR_WAREHOUSE
 from warpdata.formats import twh1
 from warpdata.warehouse import manifest as wmanifest
 
@@ -74,7 +75,7 @@ def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
         if not verify or e.details.get("path") is None:
             raise
         # --verify reports a manifest failing its schema, content hash or path rules as corruption (exit 1)
-        return Report("tensor-warehouse", target, {"verified": False}, [], ok=False, problems=[e.message])
+        return Report(TENSOR_WAREHOUSE, target, {"verified": False}, [], ok=False, problems=[e.message])
     agg = doc["summary"]["aggregate"]
     verdict = doc["summary"]["verdict"]
     t = doc["transform"]
@@ -118,7 +119,7 @@ def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
     if head and doc["shards"]:
         with twh1.TWH1Shard(os.path.join(base, doc["shards"][0]["relative_path"])) as s:
             tables.append(_samples_table(s, head))
-    return Report("tensor-warehouse", target, summary, tables, ok=not problems, problems=problems)
+    return Report(TENSOR_WAREHOUSE, target, summary, tables, ok=not problems, problems=problems)
 
 
 def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:

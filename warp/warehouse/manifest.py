@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from warpdata.core.errors import DataError
+from warpdata.core.names import MANIFEST_NAME, TENSOR_WAREHOUSE
 
-MANIFEST_NAME = "manifest.json"
-KIND = "tensor-warehouse"
+KIND = TENSOR_WAREHOUSE
 MANIFEST_VERSION = 2  # 2: sealed with content_sha256, no created_at_ms (docs/formats/twh1.md)
 REBUILD_HINT = "rebuild it with 'warp etl' (a rerun rewrites a damaged or outdated version)"
 

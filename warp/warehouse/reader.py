@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 from warpdata.core.errors import ConfigError, DataError
+from warpdata.core.names import MANIFEST_NAME
 from warpdata.formats import twh1
 from warpdata.warehouse import manifest as wmanifest
 
@@ -139,7 +140,7 @@ class Warehouse:
                                          "name of a dataset published with 'warp publish NAME --from DIR'") from None
         wh = cls.__new__(cls)
         wh.path = Path(m.label)
-        wh._members = {rel: (x.path, x.offset, x.length) for rel, x in m.members.items() if rel != "manifest.json"}
+        wh._members = {rel: (x.path, x.offset, x.length) for rel, x in m.members.items() if rel != MANIFEST_NAME}
         try:
             wh._setup(docs[0], allow_invalid, verify)
         except BaseException:
@@ -232,7 +233,7 @@ class Warehouse:
         rel = self.manifest["shards"][i]["relative_path"]
         pub = self.published
         if pub.refetch(rel):
-            self._members = {r: (x.path, x.offset, x.length) for r, x in pub.members.items() if r != "manifest.json"}
+            self._members = {r: (x.path, x.offset, x.length) for r, x in pub.members.items() if r != MANIFEST_NAME}
             try:
                 return self._check_one(i, verify)
             except DataError as e:

@@ -36,12 +36,6 @@ from warpdata.warehouse.validate import ProbeOutcome, check_bytes
 SPOOL = ".spool"
 
 
-def is_remote(text: str | None) -> bool:
-    from warpdata.etl.objectstore import is_url
-
-    return is_url(text)
-
-
 def mirror_root(url: str) -> Path:
     """A mirror of its own for this run (two runs over the same URL never share a spool)."""
     import time

@@ -1,0 +1,42 @@
+"""The table of artifact kinds: every kind has a schema that loads, and the schema is enforced."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from warpdata.artifacts import kinds
+from warpdata.artifacts.inspect import INSPECTORS
+from warpdata.core.errors import DataError
+from warpdata.core.names import MANIFEST_NAME
+
+
+@pytest.mark.parametrize("kind", sorted(kinds.KINDS))
+def test_every_kind_has_a_valid_json_schema(kind):
+    s = kinds.schema(kind)
+    jsonschema.Draft202012Validator.check_schema(s)
+    assert kinds.KINDS[kind].manifest == MANIFEST_NAME
+
+
+def test_every_kind_has_an_inspector():
+    inspected = {name for name, _mod in INSPECTORS}
+    assert set(kinds.KINDS) <= inspected
+    for k in kinds.KINDS.values():
+        assert dict(INSPECTORS)[k.name] == k.inspector
+
+
+def test_a_written_zarr_manifest_validates_and_a_damaged_one_is_refused(tmp_path):
+    from warpdata.tiles import write_array
+
+    a = np.arange(16 * 64 * 64, dtype="u2").reshape(16, 64, 64)
+    write_array(str(tmp_path / "a.zarr"), a, (8, 32, 32), levels=2)
+    doc = json.loads((tmp_path / "a.zarr" / MANIFEST_NAME).read_bytes())
+    assert kinds.validate(doc, "a.zarr") is doc
+    for field, bad in [("shape", [-1, 64, 64]), ("codec", {"name": "gzip", "level": 1, "checksum": None}),
+                       ("array", "../outside"), ("input_crc32c", "xyz")]:
+        with pytest.raises(DataError, match=field):
+            kinds.validate({**doc, field: bad}, "a.zarr/manifest.json")
+    with pytest.raises(DataError, match="unknown manifest kind"):
+        kinds.validate({**doc, "kind": "nope"}, "a.zarr/manifest.json")

@@ -1,0 +1,76 @@
+"""The one table of artifact kinds: each kind's manifest, schema, inspector and publisher.
+
+=================== ================== ======================================= ==============================
+kind                written by         schema                                  inspector
+=================== ================== ======================================= ==============================
+``tensor-warehouse`` ``warp etl``       ``warpdata.warehouse/manifest.schema.json`` ``warpdata.warehouse.inspect``
+``zarr-array``       ``warp etl``       ``warpdata.tiles/manifest.schema.json``     ``warpdata.tiles.inspect``
+``feature-cache``    ``warp etl``       ``warpdata.features/manifest.schema.json``  ``warpdata.features.inspect``
+``dataset``          ``warp publish``   ``warpdata.registry/manifest.schema.json``  ``warpdata.artifacts.inspect_dataset``
+=================== ================== ======================================= ==============================
+
+Every kind's manifest is validated against its schema before a reader trusts a field
+(:func:`validate`). ``publish --from`` takes any kind written by ``warp etl``: the artifact's
+directory becomes one published artifact (``publisher = "directory"``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from warpdata.core.errors import DataError
+from warpdata.core.names import DATASET, FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
+
+
+@dataclass(frozen=True)
+class ArtifactKind:
+    name: str
+    manifest: str  # the manifest's file name inside the artifact
+    schema_package: str  # the package holding manifest.schema.json
+    inspector: str  # module with sniff() and inspect() (warpdata.artifacts.inspect)
+    publisher: str  # how `warp publish --from` takes it: "directory" (the whole folder) or "none"
+    written_by: str
+
+
+KINDS: dict[str, ArtifactKind] = {k.name: k for k in (
+    ArtifactKind(TENSOR_WAREHOUSE, MANIFEST_NAME, "warpdata.warehouse", "warpdata.warehouse.inspect", "directory",
+                 "warp etl"),
+    ArtifactKind(ZARR_ARRAY, MANIFEST_NAME, "warpdata.tiles", "warpdata.tiles.inspect", "directory", "warp etl"),
+    ArtifactKind(FEATURE_CACHE, MANIFEST_NAME, "warpdata.features", "warpdata.features.inspect", "directory",
+                 "warp etl"),
+    ArtifactKind(DATASET, MANIFEST_NAME, "warpdata.registry", "warpdata.artifacts.inspect_dataset", "none",
+                 "warp publish"),
+)}
+
+
+@functools.cache
+def schema(kind: str) -> dict[str, Any]:
+    """The JSON Schema of ``kind``'s manifest."""
+    k = KINDS[kind]
+    return json.loads(resources.files(k.schema_package).joinpath("manifest.schema.json").read_text("utf-8"))
+
+
+@functools.cache
+def _validator(kind: str):
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema(kind))
+
+
+def validate(doc: Any, where: str) -> dict[str, Any]:
+    """``doc`` when it is a valid manifest of a known kind; :class:`DataError` naming the field otherwise."""
+    if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
+        kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        raise DataError(f"{where}: unknown manifest kind {kind!r}", path=where,
+                        hint=f"warp writes the kinds {', '.join(KINDS)}")
+    errors = sorted(_validator(doc["kind"]).iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        field = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise DataError(f"{where}: {field}: {e.message}", path=where,
+                        hint=f"the {doc['kind']} manifest is damaged or not warp's; rebuild the artifact")
+    return doc
