@@ -14,7 +14,7 @@ paths plus the install hint shown when a backend cannot be used (fsspec's
   ``cpu``. ``WARP_BACKEND`` sets the default.
 
 Contract every backend meets (the conformance suite in
-``tests/test_kernels.py`` checks it):
+``tests/tiles/test_kernels.py`` checks it):
 
 ``prepare(plan)`` once, then ``alloc_slab()`` for each host slab buffer the
 caller fills; ``submit(slab, rows)`` starts compressing a filled buffer and

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 from hypothesis import settings
-from s3fixtures import *  # noqa: F403  (moto S3 server fixtures: moto_server, s3)
+from support.s3fixtures import *  # noqa: F403  (moto S3 server fixtures: moto_server, s3)
 
 settings.register_profile("dev", max_examples=40, deadline=None)
 settings.register_profile("ci", max_examples=200, deadline=None)

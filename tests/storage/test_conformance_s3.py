@@ -1,4 +1,4 @@
-"""The registry store over S3 (moto on 127.0.0.1, tests/s3fixtures.py) against the store
+"""The registry store over S3 (moto on 127.0.0.1, tests/support/s3fixtures.py) against the store
 conformance suite (tests/conformance/stores.py). Large blobs go up the way ``warp publish``
 sends them: the registry's create-only multipart upload (warp/registry/publish.py)."""
 

@@ -7,7 +7,7 @@
 * ``completions/warp.bash``, ``completions/_warp`` (zsh) and
   ``completions/warp.fish``: static scripts, so a TAB press runs no Python.
 
-``python -m warpdata.cli.docgen check`` (``make docs-check``, ``tests/test_docs.py``)
+``python -m warpdata.cli.docgen check`` (``make docs-check``, ``tests/cli/test_docs.py``)
 exits 1 and names the stale files when the committed ones differ from what
 ``write`` would produce.
 

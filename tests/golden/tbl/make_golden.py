@@ -102,7 +102,7 @@ def _remeta(b: bytearray) -> bytearray:
     blocks = struct.unpack_from("<I", b, 56)[0]
     pos, table = moff, moff + msize
     for k in range(blocks):
-        if pos + 16 > table:  # an edit broke the walk: repair what still parses (tests/test_fuzz_tbl.py)
+        if pos + 16 > table:  # an edit broke the walk: repair what still parses (tests/formats/test_fuzz_tbl.py)
             break
         size = struct.unpack_from("<I", b, pos + 8)[0]
         if pos + 16 + size > table or table + 4 * k + 4 > len(b):

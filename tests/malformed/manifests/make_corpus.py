@@ -1,7 +1,7 @@
 """Regenerate the malformed-manifest corpus (run from the repository root with the venv's python).
 
 Each case is a whole manifest.json (or latest.json) a reader might meet; expected.json maps the
-file to the typed error class and exit code its parser must raise (tests/test_fuzz_manifests.py).
+file to the typed error class and exit code its parser must raise (tests/registry/test_fuzz_manifests.py).
 Bases are real manifests written by this warp (an 8-image COCO warehouse, a small feature cache); sealed cases are re-sealed after the edit so they reach the check after the seal.
 """
 

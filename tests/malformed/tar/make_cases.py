@@ -3,7 +3,7 @@
     .venv/bin/python tests/malformed/tar/make_cases.py --write
 
 ``expected.json`` maps each file to the exit code and a message fragment
-``tests/test_tbl_integrity.py`` expects. Headers are built byte by byte
+``tests/tbl/test_tbl_integrity.py`` expects. Headers are built byte by byte
 here (fixed mtime, names and payloads), so the files never change between
 Python versions.
 """

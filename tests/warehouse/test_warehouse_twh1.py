@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from warpdata.core.errors import DataError, ExitCode
 from warpdata.formats import twh1
 
-GOLDEN = Path(__file__).parent / "golden" / "twh1"
+GOLDEN = Path(__file__).parents[1] / "golden" / "twh1"
 
 
 def _golden_module():

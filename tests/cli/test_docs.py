@@ -20,7 +20,7 @@ from warpdata.cli.app import COMMANDS
 from warpdata.core.envvars import ENV_VARS
 from warpdata.core.errors import ExitCode
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,7 @@ def test_twh1_letterbox_example_matches_the_code():
 
     from warpdata.warehouse.transform import TransformSpec, geometry
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "formats" / "twh1.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "formats" / "twh1.md").read_text()
     m = re.search(r"Example: (\d+) × (\d+) into (\d+) × (\d+): .*?`nw = floor\([\d.]+ \+ 0\.5\) = (\d+)`, "
                   r"`nh = (\d+)`,\s*`px = \(\d+ − \d+\) // 2 = (\d+)`, `py = (\d+)`, `sx = \d+/\d+ ≈ ([\d.]+)`",
                   text, re.S)

@@ -27,7 +27,7 @@ Fixtures (made available to every test by ``tests/conftest.py``):
     ``s3.count("PUT", "warp/blobs/")`` counts blob uploads under store
     prefix ``warp``. Listing requests have key ``""``.
 
-Run ``python tests/s3fixtures.py --serve`` to start a server by hand (or from
+Run ``python tests/support/s3fixtures.py --serve`` to start a server by hand (or from
 a benchmark: :func:`start_moto_server`): it prints ``READY <port>`` and
 serves until killed.
 """

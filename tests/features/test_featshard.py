@@ -24,7 +24,7 @@ from warpdata.formats.featshard import (
     write_shard,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "featshard"
+GOLDEN = Path(__file__).parents[1] / "golden" / "featshard"
 
 
 def test_crc32c_check_value():

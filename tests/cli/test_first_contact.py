@@ -4,7 +4,7 @@ The table below is the first-contact grade sheet (README "Conventions"): every r
 mistake a new user makes in the first hour, with the exit code `warp(1)` documents and the
 words the one-line error must contain (the file, key, value or dataset at fault). A row
 fails if the code differs, the words are missing, a traceback leaks, or an error writes
-anything to stdout. ``python tests/test_first_contact.py`` prints the sheet as a table.
+anything to stdout. ``python tests/cli/test_first_contact.py`` prints the sheet as a table.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_every_case_has_a_unique_id():
     assert len(ids) == len(set(ids)) and len(ids) >= 40
 
 
-if __name__ == "__main__":  # the grade sheet: python tests/test_first_contact.py
+if __name__ == "__main__":  # the grade sheet: python tests/cli/test_first_contact.py
     print(f"{'case':34} {'exit':>4}  must name")
     for cid, _argv, _env, code, words in CASES:
         print(f"{cid:34} {code:>4}  {', '.join(words)}")

@@ -14,7 +14,7 @@ from warpdata.core.errors import DataError
 from warpdata.formats import twh1
 from warpdata.sampledata.detection import generate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -126,7 +126,7 @@ def test_converter_output_opens_in_turboloader(tmp_path):
 def test_golden_files_with_and_without_metadata_crc_open_in_turboloader(name):
     from pathlib import Path
 
-    p = Path(__file__).parent / "golden" / "tbl" / name
+    p = Path(__file__).parents[1] / "golden" / "tbl" / name
     tr = t.TblReaderV2(str(p), verify_checksums=True)
     r = tbl.TblReader(p)
     assert tr.num_samples() == len(r)

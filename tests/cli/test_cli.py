@@ -240,7 +240,7 @@ def test_exit_141_through_a_shell_pipeline():
 
 def test_every_exit_code_is_exercised():
     """The exit codes documented in warp(1) are exactly the ones the tests above cover."""
-    # 75 (temporary failure: object store or cluster unreachable) is exercised in tests/test_etl_scale.py
+    # 75 (temporary failure: object store or cluster unreachable) is exercised in tests/etl/test_etl_scale.py
     assert sorted(int(c) for c in ExitCode) == [0, 1, 2, 65, 66, 70, 75, 78, 130, 141]
 
 
@@ -402,7 +402,7 @@ def test_a_command_module_that_fails_to_import_is_exit_70(cli, monkeypatch):
 def _pyproject_subpackages() -> list[str]:
     import tomllib
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     pkgs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     return sorted(p.split(".", 1)[1] for p in pkgs if p.count(".") == 1)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from warpdata.core.errors import ExitCode, WarpError
 
-CORPUS = Path(__file__).parent / "malformed" / "manifests"
+CORPUS = Path(__file__).parents[1] / "malformed" / "manifests"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
 CASES_PER_FORMAT = 500
 TYPED = (ExitCode.DATA, ExitCode.NO_INPUT, ExitCode.NEGATIVE)

@@ -27,7 +27,7 @@ import pytest
 from warpdata.core.errors import WarpError
 from warpdata.formats import tbl
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 GOLDEN = HERE / "golden" / "tbl"
 SEED = 20261123
 BASES = ["warp_none.tbl", "warp_lz4.tbl", "warp_zstd.tbl"]

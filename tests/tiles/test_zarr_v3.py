@@ -19,7 +19,7 @@ from warpdata.formats import zarr_v3
 from warpdata.storage import zarr_store
 from warpdata.tiles.writer import TileWriter
 
-GOLDEN = Path(__file__).parent / "golden" / "zarr"
+GOLDEN = Path(__file__).parents[1] / "golden" / "zarr"
 DTYPES = ["uint8", "uint16", "uint32", "float32", "float64"]
 # ragged in every dimension, exact multiples, a size-1 dimension, 1-D and 4-D
 SHAPES = [((13, 17, 9), (4, 5, 4)), ((8, 8), (4, 4)), ((1, 11, 6), (3, 4, 4)), ((29,), (8,)),

@@ -21,7 +21,7 @@ from warpdata.features.reader import ShardCache
 from warpdata.features.writer import CacheSpec, SourceDir, build_cache
 from warpdata.partition.sampler import ShardAwareSampler
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOOSE = Thresholds(max_invalid_fraction=Threshold(fail=0.9), max_missing_fraction=Threshold(fail=0.9))
 # three folders: 5 records x3, 7 records x1, 4 records x2 = 30 weighted samples per epoch
 FOLDERS = {"a": (5, 3), "b": (7, 1), "c": (4, 2)}

@@ -26,7 +26,7 @@ from warpdata.registry.parquet_stats import (
     shard_stats,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "registry"
+GOLDEN = Path(__file__).parents[1] / "golden" / "registry"
 H = [f"{i:064x}" for i in range(1, 10)]
 STATS0 = {"footer_size": 812, "columns": {"id": {"min": 0, "max": 9, "null_count": 0},
                                           "label": {"min": "a", "max": "k", "null_count": 1}},

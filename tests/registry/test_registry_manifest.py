@@ -23,7 +23,7 @@ from warpdata.registry.manifest import (
     version_hash_of,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "registry"
+GOLDEN = Path(__file__).parents[1] / "golden" / "registry"
 H = [f"{i:064x}" for i in range(1, 10)]
 
 

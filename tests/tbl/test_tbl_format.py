@@ -24,8 +24,8 @@ from warpdata.formats.imageinfo import (
     sniff_format,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "tbl"
-MALFORMED = Path(__file__).parent / "malformed" / "tbl"
+GOLDEN = Path(__file__).parents[1] / "golden" / "tbl"
+MALFORMED = Path(__file__).parents[1] / "malformed" / "tbl"
 
 
 def _golden_module():

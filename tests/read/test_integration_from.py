@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from integration_support import warehouse_config
+from support.warehouses import warehouse_config
 from warpdata.etl.quarantine import Thresholds
 from warpdata.features.writer import CacheSpec, build_cache
 from warpdata.read.dataset import dataset

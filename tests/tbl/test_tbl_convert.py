@@ -252,7 +252,7 @@ def test_cli_errors(cli, tmp_path):
     r = cli("tar-to-tbl", bad, tmp_path / "o.tbl")
     assert r.code == 65 and "not a tar archive" in r.err
     assert not (tmp_path / "o.tbl").exists()
-    r = cli("inspect", Path(__file__).parent / "malformed" / "tbl" / "wrong_version.tbl")
+    r = cli("inspect", Path(__file__).parents[1] / "malformed" / "tbl" / "wrong_version.tbl")
     assert r.code == 65 and "version 3" in r.err
 
 

@@ -17,7 +17,7 @@ from warpdata.formats import tbl
 from warpdata.tbl.converter import ConvertRequest, convert
 from warpdata.tbl.tarstream import MemberTooLarge, TarFormatError, iter_members
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]
 CASES = HERE / "malformed" / "tar"
 EXPECTED = json.loads((CASES / "expected.json").read_text())
 GOLDEN = HERE / "golden" / "tbl"

@@ -23,7 +23,7 @@ from warpdata.formats import zarr_v3
 from warpdata.storage import zarr_store
 from warpdata.tiles import inspect as zinspect
 
-GOLDEN = Path(__file__).parent / "golden" / "zarr"
+GOLDEN = Path(__file__).parents[1] / "golden" / "zarr"
 CASES = 600
 SEED = 20240611
 
@@ -120,7 +120,7 @@ def test_malformed_zarr_json_corpus(cli):
     warp's reader and `warp inspect --verify`."""
     import json
 
-    corpus = Path(__file__).parent / "malformed" / "zarr"
+    corpus = Path(__file__).parents[1] / "malformed" / "zarr"
     expected = json.loads((corpus / "expected.json").read_text())
     assert expected
     for name, needle in expected.items():

@@ -14,7 +14,7 @@ venv's ``bin`` first on ``PATH``. The scratch directory holds a link
 run from the root of a clone.
 
 S3: ``export WARP_STORE=s3://team-datasets/...`` runs against the real moto
-S3 server of ``tests/s3fixtures.py`` (``s3`` fixture): the bucket name
+S3 server of ``tests/support/s3fixtures.py`` (``s3`` fixture): the bucket name
 ``team-datasets`` is rewritten to the fixture's fresh bucket and the
 fixture's endpoint and dummy credentials are added to the environment;
 nothing else in a block is rewritten.
@@ -27,7 +27,7 @@ space). Commands that cannot run on every machine are listed in ``SKIPS``
 with the condition and the reason. The other ```sh blocks are not run:
 "Install" / "Set up" / "Developing" install packages or run make targets,
 "warp inspect" uses placeholder paths, and "warp doctor" exits 1 by design
-on machines missing optional backends (tested in tests/test_doctor.py).
+on machines missing optional backends (tested in tests/doctor/test_doctor.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 FLOW = "The flow in five minutes"
 

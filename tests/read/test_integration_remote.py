@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import warpdata
-from integration_support import warehouse_config
 from PIL import Image
+from support.warehouses import warehouse_config
 from warpdata.core.errors import MissingInputError, UsageError
 from warpdata.etl.quarantine import Thresholds
 from warpdata.features.reader import ShardCache

@@ -1,0 +1,1 @@
+"""Shared test helpers: the moto S3 server, sample warehouses."""
