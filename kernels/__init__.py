@@ -31,12 +31,12 @@ caller until its ticket is collected. ``close()`` frees everything.
 from __future__ import annotations
 
 import abc
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
 from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, DependencyError
+from warpdata.core.registry import load
 
 
 @dataclass(frozen=True)
@@ -111,8 +111,7 @@ class TileBackend(abc.ABC):
 
 def backend_class(name: str) -> type[TileBackend]:
     info = BACKENDS[name]
-    mod, _, cls = info.target.partition(":")
-    return getattr(importlib.import_module(mod), cls)
+    return load(info.target, "tile backend")
 
 
 def availability() -> dict[str, str | None]:

@@ -13,13 +13,13 @@ A :class:`Report` is a JSON-able summary plus sections for humans.
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from warpdata.artifacts.kinds import KINDS
 from warpdata.core.names import DATASET, FEATURE_CACHE, TENSOR_WAREHOUSE, ZARR_ARRAY
+from warpdata.core.registry import load
 
 # tried in this order (the first whose sniff() claims the target wins): the artifact kinds'
 # inspectors from their table (warpdata.artifacts.kinds), plus .tbl files and any other manifest
@@ -67,7 +67,7 @@ def read_head(target: str, n: int = 4096) -> tuple[bytes | None, bool]:
 def find_inspector(target: str):
     head, is_dir = read_head(target)
     for _name, modname in INSPECTORS:
-        mod = importlib.import_module(modname)
+        mod = load(modname, "inspector")
         if mod.sniff(target, head, is_dir):
             return mod
     return None

@@ -9,12 +9,13 @@ its checks in its own module plus one line here.
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from warpdata.core.registry import load
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 
@@ -54,7 +55,7 @@ def check(name: str, group: str) -> Callable[[Callable[[], CheckResult]], Callab
 
 def all_checks() -> list[Check]:
     for mod in CHECK_MODULES:
-        importlib.import_module(mod)
+        load(mod, "doctor check module")
     return list(_REGISTRY.values())
 
 

@@ -18,13 +18,13 @@ raises :class:`~warpdata.core.errors.WarpError` subclasses on failure.
 from __future__ import annotations
 
 import difflib
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from warpdata.core.config import ConfigSource
 from warpdata.core.errors import ConfigError
+from warpdata.core.registry import load
 
 PIPELINES: dict[str, str] = {
     "captions": "warpdata.features.etl:run",
@@ -73,5 +73,4 @@ def resolve(config: dict[str, Any], source: ConfigSource):
         raise ConfigError(f"{source.where('source.format')}: unknown source format {fmt!r}",
                           hint=(f"did you mean {close[0]!r}? " if close else "") + "known: " + ", ".join(sorted(PIPELINES)),
                           file=source.path, key="source.format")
-    mod, _, fn = PIPELINES[fmt].partition(":")
-    return getattr(importlib.import_module(mod), fn)
+    return load(PIPELINES[fmt], "etl pipeline")
