@@ -90,7 +90,7 @@ def main() -> int:
     a = ap.parse_args()
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from s3fixtures import s3_env, start_moto_server
+    from support.s3fixtures import s3_env, start_moto_server
 
     d = corpus(a.n)
     work = OUT / "etl-scale-work"

@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import boto3
-    from s3fixtures import s3_env, start_moto_server
+    from support.s3fixtures import s3_env, start_moto_server
 
     server = start_moto_server()
     os.environ.update(s3_env(server.endpoint))

@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--refs", type=int, default=300)
     a = ap.parse_args()
 
-    from s3fixtures import s3_env, start_moto_server
+    from support.s3fixtures import s3_env, start_moto_server
 
     server = start_moto_server()
     try:
@@ -50,7 +50,7 @@ def run(server, a, s3_env) -> None:
     import pyarrow as pa
     import pyarrow.dataset as pads
     import pyarrow.parquet as pq
-    from test_dataset_support import publish, range_bytes, write_media
+    from support.datasets import publish, range_bytes, write_media
 
     os.environ.update(s3_env(server.endpoint))
     tmp = Path(tempfile.mkdtemp(prefix="warp-bench-"))

@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--peer-python", default="/work/peer-venv/bin/python")
     a = ap.parse_args()
 
-    from s3fixtures import s3_env, start_moto_server
+    from support.s3fixtures import s3_env, start_moto_server
 
     server = start_moto_server()
     tmp = Path(tempfile.mkdtemp(prefix="warp-refs-bench-"))
@@ -92,7 +92,7 @@ def run(a, server, s3_env, tmp: Path) -> None:
     import boto3
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from test_dataset_support import publish
+    from support.datasets import publish
 
     env = s3_env(server.endpoint)
     os.environ.update(env)

@@ -21,14 +21,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from test_dataset_support import make_rows, publish
+from support.datasets import make_rows, publish
 from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
 
 CORPUS = Path(__file__).parent / "malformed" / "warehouse"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
 AS_LIMIT = 1536 << 20  # address space of each capped child (warp etl itself needs ~0.6 GiB of it)
 
-# runs the CLI under the cap and reports its own peak RSS (KiB) on the last line of stderr
+# runs the CLI under the cap and reports its own peak RSS (KiB) on the last line of stderr: VmHWM,
+# the high-water mark of this process image (ru_maxrss would carry the forking pytest worker's RSS
+# across fork+exec and fail the bound whenever that worker had grown)
 _LAUNCHER = """
 import resource, sys
 lim = int(sys.argv[1])
@@ -37,7 +39,8 @@ from warpdata.cli.app import main
 try:
     rc = main(sys.argv[2:])
 finally:
-    sys.stderr.write("\\nPEAK_RSS_KIB=%d\\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0].split()[1]
+    sys.stderr.write("\\nPEAK_RSS_KIB=%s\\n" % hwm)
 sys.exit(rc)
 """
 

@@ -76,7 +76,7 @@ for name, path in entries:
                      "traceback": "" if isinstance(e, WarpError) else traceback.format_exc()}
     else:
         out[name] = {"outcome": "accepted"}
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = status("VmHWM")  # this image's high-water mark: ru_maxrss would include the forking worker's RSS
 print(json.dumps({"results": out, "peak_growth": peak - base_rss, "cap": cap}))
 """
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import warpdata
-from test_dataset_support import make_rows, publish, range_bytes
+from support.datasets import make_rows, publish, range_bytes
 from warpdata.core.errors import MissingInputError, UsageError
 
 pytestmark = pytest.mark.s3

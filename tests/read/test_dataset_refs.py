@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import warpdata
-from test_dataset_support import make_rows, publish, range_bytes, write_media
+from support.datasets import make_rows, publish, range_bytes, write_media
 from warpdata.storage.blobcache import BlobCache
 
 pytestmark = pytest.mark.s3

@@ -11,7 +11,7 @@ import sys
 
 import pyarrow as pa
 import pytest
-from test_dataset_support import make_rows, publish, write_media
+from support.datasets import make_rows, publish, write_media
 
 
 @pytest.fixture

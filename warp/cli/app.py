@@ -254,6 +254,13 @@ def hoist_global_options(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run warp with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    try:
+        return _main(argv)
+    finally:  # the library's logging and progress go back to the caller's settings (in-process runs)
+        out.detach_library()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = hoist_global_options(sys.argv[1:] if argv is None else argv)
     out.reset()
     front = args[: args.index("--")] if "--" in args else args

@@ -220,3 +220,15 @@ def attach_library() -> None:
         logger.addHandler(_LibraryLog())
     logger.setLevel(logging.DEBUG if _opts.verbose >= 2 else logging.INFO)
     logger.propagate = False
+
+
+def detach_library() -> None:
+    """Undo :func:`attach_library`: a program that ran ``warp`` in-process keeps its own logging."""
+    from warpdata.core import progress as lib_progress
+
+    lib_progress.set_progress_factory(None)
+    logger = logging.getLogger("warpdata")
+    for h in [h for h in logger.handlers if isinstance(h, _LibraryLog)]:
+        logger.removeHandler(h)
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
