@@ -58,13 +58,26 @@ class Table:
 
     # -- metadata --------------------------------------------------------------
     def schema(self) -> pa.Schema:
-        """The Arrow schema, from the first shard's footer (a ranged read, no data)."""
-        if not self.shards:
-            raise MissingInputError(f"table {self.name} of {self.ds.id} has no shards")
-        sch = _ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow
+        """The Arrow schema: from the manifest (format 4, no request), else from the first
+        shard's footer (a ranged read, no data)."""
+        sch = self.full_schema()
         if self.columns:
             sch = __import__("pyarrow").schema([sch.field(c) for c in self.columns])
         return sch
+
+    def full_schema(self) -> pa.Schema:
+        """Every column's Arrow schema, ignoring :meth:`select` (see :meth:`schema`)."""
+        sch = self.meta.arrow_schema(f"{self.ds.id}@{self.ds.version[:12]} table {self.name}")
+        if sch is not None:
+            return sch
+        if not self.shards:
+            raise MissingInputError(f"table {self.name} of {self.ds.id} has no shards")
+        return _ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow
+
+    @property
+    def schema_source(self) -> str:
+        """Where :meth:`schema` comes from: ``"manifest"`` (format 4) or ``"footer"`` (older)."""
+        return "manifest" if (self.meta.schema or {}).get("arrow") is not None else "footer"
 
     def _check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         if columns is None:
@@ -83,7 +96,7 @@ class Table:
     def schema_names(self) -> list[str]:
         if self.meta.schema:
             return [f["name"] for f in self.meta.schema["fields"]]
-        return list(_ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow.names)
+        return list(self.full_schema().names)
 
     def select(self, columns: Sequence[str] | str) -> Table:
         return Table(self.ds, self.name, self._check_columns(columns))
@@ -278,8 +291,7 @@ class Query:
                 local.append(p)
             else:
                 remote.append(ds.remote.path(ds.blob_key(s)))
-        schema = self.table.schema() if self.table.columns is None else \
-            _ShardFiles(ds, self.table.shards[:1]).get(0).schema_arrow
+        schema = self.table.full_schema()
         parts = []
         if local:
             parts.append(pads.dataset(local, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem()))
