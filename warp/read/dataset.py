@@ -19,8 +19,9 @@ Contract
            missing fails fast with the command that would fetch it
   ======== ==========================================================
 
-* :class:`Table` reads Parquet shards by ranged reads only: ``schema()`` and
-  ``head(n)`` fetch footers and the row groups they need, never whole shards;
+* :class:`Table` reads Parquet shards by ranged reads only: ``schema()`` comes
+  from the manifest (format 4; older versions: the first footer), ``head(n)``
+  fetches a footer and the row groups its rows are in, never whole shards;
   ``filter(sql)`` runs in DuckDB with projection and predicate pushdown;
   ``batches()`` yields Arrow RecordBatches planned by
   :mod:`warpdata.partition.plan` (rank × DataLoader worker, equal batch counts,
