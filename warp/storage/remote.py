@@ -71,6 +71,14 @@ class Remote:
             client = _s3_client(self.config)
             if client is not None:
                 return self._s3_get(client, key)
+        if self.loc.protocol == "file":  # a plain read: `warp info` on a local store never imports pyarrow
+            try:
+                with open(self.path(key), "rb") as f:
+                    return f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as e:
+                raise self._wrap(e, key) from e
         try:
             with self.fs.open_input_stream(self.path(key)) as f:
                 return f.read()
