@@ -308,7 +308,8 @@ def check_query(sql: str, table: str) -> None:
             if n.get("schema_name") or n.get("catalog_name") or n.get("at_clause") is not None:
                 raise _query_fail(sql, f"reads {n.get('catalog_name') or n.get('schema_name')}.{name}: qualified "
                                        "tables are not allowed", table)
-            if not isinstance(name, str) or (name != table and name.lower() not in ctes):
+            # DuckDB identifiers are case-insensitive: MAIN reads main
+            if not isinstance(name, str) or (name.lower() != table.lower() and name.lower() not in ctes):
                 raise _query_fail(sql, f"reads the table {name!r}; a query may read only {table!r}", table)
         if cls in ("FUNCTION", "WINDOW") or (typ == "FUNCTION" and cls is None):
             name = n.get("function_name")
