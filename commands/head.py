@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp head vision/coco-mini
@@ -28,7 +29,7 @@ def main(
     columns: Annotated[str | None, typer.Option("--columns", help="Comma-separated columns (default: all).")] = None,
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     import base64
 

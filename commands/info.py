@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from warpdata.cli.options import StoreOption
 
 EXAMPLES = """
   warp info vision/coco-mini
@@ -24,7 +25,7 @@ def main(
     name: Annotated[str, typer.Argument(help="Published dataset, WORKSPACE/NAME.")],
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL (default: WARP_STORE).")] = None,
+    store: StoreOption = None,
 ) -> int:
     from warpdata.cli import output as out
     from warpdata.read.dataset import dataset

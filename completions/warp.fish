@@ -86,13 +86,13 @@ complete -c warp -n '__fish_seen_subcommand_from ls' -F
 
 complete -c warp -n '__fish_seen_subcommand_from info' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from info' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from info' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from info' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from info' -F
 
 complete -c warp -n '__fish_seen_subcommand_from schema' -l table -r -F -d 'Table to describe (default: the only table, else main)'
 complete -c warp -n '__fish_seen_subcommand_from schema' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from schema' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from schema' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from schema' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from schema' -F
 
 complete -c warp -n '__fish_seen_subcommand_from head' -s n -l rows -x -d 'How many rows (at most 10000)'
@@ -100,7 +100,7 @@ complete -c warp -n '__fish_seen_subcommand_from head' -l table -r -F -d 'Table 
 complete -c warp -n '__fish_seen_subcommand_from head' -l columns -r -F -d 'Comma-separated columns (default: all)'
 complete -c warp -n '__fish_seen_subcommand_from head' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from head' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from head' -l store -r -F -d 'Store URL (default: WARP_STORE)'
+complete -c warp -n '__fish_seen_subcommand_from head' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from head' -F
 
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'

@@ -101,7 +101,7 @@ class Remote:
                 return None
             t = self._wrap(e, key)
             if t is e:
-                from warpdata.registry.errors import StoreUnavailableError
+                from warpdata.core.errors import StoreUnavailableError
 
                 t = StoreUnavailableError(f"cannot read {self.url_of(key)}: {e}",
                                           hint="check the network and WARP_S3_ENDPOINT; 'warp doctor --only store'")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from test_registry_stats import STATS0, H
-from warpdata.registry.errors import ManifestCorruptedError
+from warpdata.core.errors import ManifestCorruptedError
 from warpdata.registry.manifest import (
     Manifest,
     ShardRef,
@@ -22,7 +22,7 @@ from warpdata.registry.manifest import (
     version_hash_of,
 )
 
-GOLDEN = Path(__file__).parent / "golden" / "registry"
+GOLDEN = Path(__file__).parents[1] / "golden" / "registry"
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("label", pa.string())])
 
 
