@@ -180,11 +180,12 @@ _S3_CLIENTS: dict[tuple, tuple[float, Any]] = {}
 
 def _s3_client(config):
     """One botocore S3 client per configuration and credential environment, reused like
-    :func:`_pyarrow_s3`; None without boto3 (reads then go through pyarrow, HEAD + GET)."""
+    :func:`_pyarrow_s3`; None without boto3 (reads then go through pyarrow, HEAD + GET).
+    Per process: a forked DataLoader worker must not share its parent's connection pool."""
     import os
     import time
 
-    key = (config, tuple(os.environ.get(k) for k in _CRED_ENV))
+    key = (config, tuple(os.environ.get(k) for k in _CRED_ENV), os.getpid())
     now = time.monotonic()
     hit = _S3_CLIENTS.get(key)
     if hit is not None and now - hit[0] < _S3_FS_TTL:
