@@ -8,7 +8,8 @@ exactly, by default, so the ranks' outputs together hold every row once (their
 row counts may differ by one). --pad makes every rank stream the same number
 of rows by repeating rows from the start of the table, like PyTorch's
 DistributedSampler (and the library's Table.batches default); it says on
-stderr how many rows it repeated.
+stderr how many rows it repeated. --limit N reads only the row groups its N
+rows are in, then stops: nothing else of the table is fetched.
 """
 
 from __future__ import annotations

@@ -77,6 +77,34 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
+        info)
+            case "$prev" in
+                --version) _warp_files; return 0;;
+                --mode) _warp_words "auto remote hybrid local"; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
+        schema)
+            case "$prev" in
+                --table) _warp_files; return 0;;
+                --version) _warp_files; return 0;;
+                --mode) _warp_words "auto remote hybrid local"; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--table --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
+        head)
+            case "$prev" in
+                --rows|-n) :; return 0;;
+                --table) _warp_files; return 0;;
+                --columns) _warp_files; return 0;;
+                --version) _warp_files; return 0;;
+                --mode) _warp_words "auto remote hybrid local"; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--rows -n --table --columns --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
         inspect)
             case "$prev" in
                 --head) :; return 0;;
@@ -140,7 +168,7 @@ _warp_complete_in() {
             if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor"; fi
             ;;
     esac
 }
@@ -150,7 +178,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|ingest|embeddings|tar-to-tbl|publish|ls|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|embeddings|tar-to-tbl|publish|ls|info|schema|head|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

@@ -9,19 +9,22 @@ complete -c warp -l color -x -a 'auto always never' -d 'auto, always or never (N
 complete -c warp -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
 complete -c warp -l version -d 'Print warp\'s version and exit'
 complete -c warp -s h -l help -d 'Show the help and exit'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a ingest -d 'Publish a raw image folder, file list (CSV/JSONL/Parquet) or paired folders a...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a embeddings -d 'Compute embeddings of a published column with an encoder plugin; list, descri...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a ls -d 'List the datasets published in a store, from their manifests only'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls inspect stream cat warm cache init doctor' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a ingest -d 'Publish a raw image folder, file list (CSV/JSONL/Parquet) or paired folders a...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a embeddings -d 'Compute embeddings of a published column with an encoder plugin; list, descri...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a ls -d 'List the datasets published in a store, from their manifests only'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a info -d 'Show a published dataset\'s version, tables, rows, artifacts and bindings, fro...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a schema -d 'List a published table\'s columns and Arrow types, from the manifest (no shard...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a head -d 'Show the first rows of a published table, reading one row group, never a whol...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
 
 complete -c warp -n '__fish_seen_subcommand_from etl' -s c -l config -r -F -d 'The TOML config (see examples/)'
 complete -c warp -n '__fish_seen_subcommand_from etl' -l clear -d 'Rebuild even if an identical version exists (also WAREHOUSE_CLEAR=1)'
@@ -80,6 +83,25 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -F
 
 complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from ls' -F
+
+complete -c warp -n '__fish_seen_subcommand_from info' -l version -r -F -d 'A version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from info' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
+complete -c warp -n '__fish_seen_subcommand_from info' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from info' -F
+
+complete -c warp -n '__fish_seen_subcommand_from schema' -l table -r -F -d 'Table to describe (default: the only table, else main)'
+complete -c warp -n '__fish_seen_subcommand_from schema' -l version -r -F -d 'A version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from schema' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
+complete -c warp -n '__fish_seen_subcommand_from schema' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from schema' -F
+
+complete -c warp -n '__fish_seen_subcommand_from head' -s n -l rows -x -d 'How many rows (at most 10000)'
+complete -c warp -n '__fish_seen_subcommand_from head' -l table -r -F -d 'Table to read (default: the only table, else main)'
+complete -c warp -n '__fish_seen_subcommand_from head' -l columns -r -F -d 'Comma-separated columns (default: all)'
+complete -c warp -n '__fish_seen_subcommand_from head' -l version -r -F -d 'A version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from head' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
+complete -c warp -n '__fish_seen_subcommand_from head' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from head' -F
 
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l head -x -d 'Also show the first N rows/samples where that applies'

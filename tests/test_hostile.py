@@ -257,6 +257,64 @@ def test_every_connection_is_locked_down():
         con.execute("SET enable_external_access = true")
 
 
+# -- Table.query: one read-only SELECT over the table, nothing else ---------------------------------
+
+QUERY_ATTACKS = {
+    "COPY (SELECT * FROM main) TO 'pwned.csv'": "is not a SELECT query",
+    "SELECT 1; COPY (SELECT 1) TO 'pwned.csv'": "is not a SELECT query",
+    "ATTACH 'pwned.db' AS x": "is not a SELECT query",
+    "INSTALL httpfs": "is not a SELECT query",
+    "LOAD httpfs": "is not a SELECT query",
+    "PRAGMA enable_external_access": "is not a SELECT query",
+    "SET enable_external_access = true": "is not a SELECT query",
+    "CREATE TABLE pwned AS SELECT * FROM main": "is not a SELECT query",
+    "SELECT * FROM main; SELECT * FROM main": "holds 2 statements",
+    "SELECT * FROM read_text('/etc/passwd')": "table function read_text()",
+    "SELECT * FROM read_csv('/etc/passwd')": "table function read_csv()",
+    "SELECT * FROM '/etc/passwd'": "reads the table '/etc/passwd'",  # DuckDB's replacement scan of a path
+    "SELECT * FROM glob('/*')": "table function glob()",
+    "SELECT * FROM query_table('main')": "table function query_table()",
+    "SELECT id FROM main UNION ALL SELECT 1 FROM read_parquet('/x.parquet')": "table function read_parquet()",
+    "WITH t AS (SELECT * FROM read_text('/etc/passwd')) SELECT * FROM t": "table function read_text()",
+    "SELECT * FROM main WHERE id IN (SELECT 1 FROM read_csv('/etc/passwd'))": "table function read_csv()",
+    "SELECT * FROM other": "reads the table 'other'",
+    "SELECT * FROM main JOIN duckdb_settings() s ON true": "table function duckdb_settings()",
+    "SELECT * FROM main.main": "qualified tables",
+    "SELECT getenv('HOME') FROM main": "getenv()",
+    "SELECT current_setting('enable_external_access')": "current_setting()",
+    "SELECT main.st_aera(label) FROM main": "qualified functions",
+    "SELECT st_aera(label) FROM main": "st_aera()",  # a typo must not make DuckDB fetch an extension
+    "SELECT repeat(label, 1000000000) FROM main": "repeat()",
+    "SELECT * FROM main WHERE id = $x": "parameter",
+    "": "is empty",
+}
+
+
+@pytest.mark.parametrize("sql", sorted(QUERY_ATTACKS))
+def test_query_attack_is_a_usage_error_and_writes_nothing(store, sql):
+    import warpdata
+    from warpdata.core.errors import UsageError
+
+    t = warpdata.dataset("ws/demo").table("main")
+    with pytest.raises(UsageError, match="query") as ei:
+        t.query(sql)
+    assert QUERY_ATTACKS[sql] in ei.value.message
+    assert ei.value.exit_code == 2
+    assert list(store.iterdir()) == []  # nothing written (pwned.csv, pwned.db)
+
+
+def test_allowed_queries_still_work(store):
+    import warpdata
+
+    t = warpdata.dataset("ws/demo").table("main")
+    got = t.query("WITH c AS (SELECT label, count(*) AS n, max(id) AS top FROM main WHERE id < 100 GROUP BY label) "
+                  "SELECT label, n, top, rank() OVER (ORDER BY n DESC, label) AS r FROM c ORDER BY r LIMIT 2")
+    assert got.column_names == ["label", "n", "top", "r"]
+    assert got.to_pylist() == [{"label": "label-0", "n": 15, "top": 98, "r": 1},
+                               {"label": "label-1", "n": 15, "top": 99, "r": 2}]
+    assert t.query("SELECT count(*) AS n FROM MAIN m1 JOIN main m2 USING (id)").to_pylist() == [{"n": 500}]
+
+
 # -- feature cache and publish: symlinks out of the folder -------------------------------------------
 
 

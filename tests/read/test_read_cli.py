@@ -222,3 +222,79 @@ def test_common_mistakes_get_a_cause_and_a_hint(cli, store):
     assert r.code == 2 and "names no column" in r.err and r.out == ""
     r = cli("stream", "ws/demo", "--shard", "0/0")
     assert r.code == 2 and "world size must be at least 1" in r.err
+
+
+def test_info(cli, store):
+    r = cli("info", "ws/demo")
+    assert r.code == 0 and r.err == "", r.err
+    lines = r.out.splitlines()
+    assert lines[0] == "dataset:      ws/demo" and lines[1] == f"version:      {store.version_hash}"
+    assert "rows:         500" in lines
+    assert any(ln.split()[:3] == ["main", "500", "2"] for ln in lines)  # table, rows, shards
+    assert any(ln.split()[:2] == ["media", "tar_shards"] for ln in lines)
+    assert any(ln.split() == ["main", "image", "media", "image"] for ln in lines)
+    d = cli("info", "ws/demo", "--json").json()
+    assert d["dataset"] == "ws/demo" and d["version"] == store.version_hash and d["rows"] == 500
+    assert d["format_version"] == 2  # published without Arrow schemas: info needs none
+    assert d["tables"] == [{"name": "main", "rows": 500, "shards": 2, "bytes": store.tables["main"].byte_size,
+                            "columns": 6, "default": True}]
+    assert d["artifacts"][0]["name"] == "media" and d["artifacts"][0]["members"] == 9
+    assert {(b["column"], b["ref_type"]) for b in d["bindings"]} == {("image", "image"), ("audio", "audio")}
+    r = cli("info", "ws/nothere", "--json")
+    assert r.code == 66 and r.json()["error"] == "dataset-not-found" and "ws/nothere" in r.err
+
+
+def test_schema(cli, store):
+    r = cli("schema", "ws/demo")
+    assert r.code == 0 and r.err == "", r.err
+    rows = [ln.split() for ln in r.out.splitlines()]
+    assert rows[0] == ["column", "type", "nullable", "bound", "to"]
+    assert rows[1] == ["id", "int64", "yes"] and rows[4] == ["payload", "binary", "yes"]
+    assert rows[5] == ["image", "string", "yes", "media", "(image)"]
+    d = cli("schema", "ws/demo", "--json").json()
+    assert d["source"] == "footer" and d["rows"] == 500 and d["table"] == "main"
+    assert [f["name"] for f in d["fields"]] == ["id", "x", "label", "payload", "image", "audio"]
+    assert d["fields"][5] == {"name": "audio", "type": "string", "nullable": True, "artifact": "media",
+                              "ref_type": "audio"}
+    r = cli("schema", "ws/demo", "--table", "mian")
+    assert r.code == 66 and "no table 'mian'" in r.err and "did you mean 'main'?" in r.err and r.out == ""
+
+
+def test_head(cli, store):
+    r = cli("head", "ws/demo", "-n", "3", "--columns", "id,label,payload")
+    assert r.code == 0 and r.err == "", r.err
+    assert [ln.split() for ln in r.out.splitlines()] == [
+        ["id", "label", "payload"], ["0", "label-0", "<100", "bytes>"], ["1", "label-1", "<100", "bytes>"],
+        ["2", "label-2", "<100", "bytes>"]]
+    d = cli("head", "ws/demo", "--json").json()
+    assert d["columns"] == ["id", "x", "label", "payload", "image", "audio"] and len(d["rows"]) == 5
+    import base64
+
+    from test_dataset_support import make_rows
+    want = make_rows(5, image_every=6).to_pylist()
+    assert [base64.b64decode(row["payload"]) for row in d["rows"]] == [w["payload"] for w in want]
+    assert d["rows"][4]["image"] == "img/0004.png"
+    assert cli("head", "ws/demo", "-n", "0", "--json").json()["rows"] == []
+    r = cli("head", "ws/demo", "-n", "-1")
+    assert r.code == 2 and r.out == "" and "-n" in r.err
+    r = cli("head", "ws/demo", "--columns", "nope")
+    assert r.code == 2 and "no column 'nope'" in r.err
+
+
+def test_info_schema_head_of_a_published_format_4_version(cli, tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("WARP_STORE", str(tmp_path / "store4"))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache4"))
+    t = pa.table({"id": pa.array(range(1000), pa.int32()), "label": [f"l{i % 3}" for i in range(1000)],
+                  "vec": pa.array([[float(i)] * 3 for i in range(1000)], pa.list_(pa.float32(), 3))})
+    pq.write_table(t, tmp_path / "t.parquet", row_group_size=250)
+    assert cli("publish", "ws/four", "--table", f"main={tmp_path / 't.parquet'}", "-q").code == 0
+    d = cli("info", "ws/four", "--json").json()
+    assert d["format_version"] == 4 and d["tables"][0]["rows"] == 1000 and d["tables"][0]["columns"] == 3
+    s = cli("schema", "ws/four", "--json").json()
+    assert s["source"] == "manifest"
+    assert [f["type"] for f in s["fields"]] == [str(x) for x in pq.ParquetFile(tmp_path / "t.parquet").schema_arrow.types]
+    assert s["fields"][2]["type"].startswith("fixed_size_list<")
+    h = cli("head", "ws/four", "-n", "2", "--json").json()
+    assert h["rows"] == [{"id": 0, "label": "l0", "vec": [0.0, 0.0, 0.0]}, {"id": 1, "label": "l1", "vec": [1.0, 1.0, 1.0]}]

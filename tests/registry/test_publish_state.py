@@ -165,7 +165,9 @@ def test_remote_changed_under_the_cache(s3, tmp_path, cache_dir):
 
 
 def test_published_manifest_carries_shard_stats(tmp_path, cache_dir):
-    """`warp publish` records each Parquet shard's footer length and column min/max (format 2)."""
+    """`warp publish` records each Parquet shard's footer length and column min/max (format 2), and
+    the table's exact Arrow schema (format 4)."""
+    import pyarrow.parquet as pq
     from warpdata.registry.parquet_stats import footer_size_of
 
     make_dataset(tmp_path)
@@ -178,4 +180,5 @@ def test_published_manifest_carries_shard_stats(tmp_path, cache_dir):
         assert shard.stats["footer_size"] == footer_size_of(str(f))
         assert shard.stats["columns"]["label"] == {"min": 0, "max": 9, "null_count": 0}
         assert shard.stats["row_groups"][0]["row_count"] == shard.row_count == 10
-    assert store.get_manifest_bytes("ws/state", r.version_hash).count(b'"format_version":2') == 1
+    assert store.get_manifest_bytes("ws/state", r.version_hash).count(b'"format_version":4') == 1
+    assert m.tables["main"].arrow_schema().equals(pq.ParquetFile(files[0]).schema_arrow, check_metadata=True)

@@ -90,8 +90,9 @@ def _shard0(d):
 
 @pytest.mark.parametrize("mutate, match", [
     (lambda d: d.__setitem__("format_version", 1), "format_version is 1, but shard stats are present"),
-    (lambda d: d.__setitem__("format_version", 4), "is not one of"),
-    (lambda d: d.__setitem__("format_version", 3), "format_version is 3, but shard stats are present and read-affecting metadata is absent"),
+    (lambda d: d.__setitem__("format_version", 5), "is not one of"),
+    (lambda d: d.__setitem__("format_version", 4), "format_version is 4, .* Arrow table schemas are absent"),
+    (lambda d: d.__setitem__("format_version", 3), "format_version is 3, but shard stats are present, read-affecting metadata is absent"),
     (lambda d: [s.pop("stats") for s in d["tables"]["main"]["shards"]], "format_version is 2, but shard stats are absent"),
     (lambda d: _shard0(d)["stats"]["columns"]["id"].__setitem__("min", 99), "not an ordered pair"),
     (lambda d: _shard0(d)["stats"]["columns"]["id"].__setitem__("min", "0"), "not an ordered pair"),

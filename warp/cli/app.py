@@ -54,6 +54,9 @@ COMMANDS: tuple[CommandSpec, ...] = (
     # publish and read
     CommandSpec("publish", "warpdata.commands.publish", "Publish a dataset version (tables, raw artifacts, bindings) to the store: content-addressed, idempotent."),
     CommandSpec("ls", "warpdata.commands.ls", "List the datasets published in a store, from their manifests only."),
+    CommandSpec("info", "warpdata.commands.info", "Show a published dataset's version, tables, rows, artifacts and bindings, from its manifest alone."),
+    CommandSpec("schema", "warpdata.commands.schema", "List a published table's columns and Arrow types, from the manifest (no shard read)."),
+    CommandSpec("head", "warpdata.commands.head", "Show the first rows of a published table, reading one row group, never a whole shard."),
     CommandSpec("inspect", "warpdata.commands.inspect", "Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays, datasets."),
     CommandSpec("stream", "warpdata.commands.stream", "Stream a published table's rows to stdout as JSONL, CSV or Arrow IPC, without pulling."),
     CommandSpec("cat", "warpdata.commands.cat", "Write one artifact member's raw bytes to stdout (one ranged read, no extraction)."),

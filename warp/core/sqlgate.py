@@ -20,6 +20,16 @@ and :func:`lock` then turns external access off (no file or network reads
 beyond what was registered before it) and locks the configuration so a
 query cannot turn it back on. The filter syntax is documented in ``warp
 stream --help`` and ``docs/`` (``warp-stream(1)``).
+
+A query (:meth:`Table.query`) is a whole read-only ``SELECT`` over one table,
+checked by :func:`check_query` the same way: one statement, which DuckDB's
+serializer accepts only for ``SELECT`` (so no ``COPY``, ``ATTACH``,
+``INSTALL``, ``LOAD``, ``PRAGMA``, ``SET``); every table it reads is the table
+itself or one of its own ``WITH`` names (no table functions such as
+``read_csv``, no other catalog or schema); every function is a pure one of
+:data:`ALLOWED_FUNCTIONS`, an aggregate or a window function of
+:data:`QUERY_FUNCTIONS`. It runs on a :func:`connect` + :func:`lock` connection
+that holds nothing but the registered table.
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ from typing import Any
 
 from warpdata.core.errors import UsageError
 
-__all__ = ["ALLOWED_FUNCTIONS", "SAFE_CONFIG", "check_filter", "confine", "connect", "lock", "where_sql"]
+__all__ = ["ALLOWED_FUNCTIONS", "QUERY_FUNCTIONS", "SAFE_CONFIG", "check_filter", "check_query", "confine", "connect",
+           "lock", "where_sql"]
 
 #: settings every warp DuckDB connection starts with
 SAFE_CONFIG: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
@@ -57,6 +68,17 @@ ALLOWED_FUNCTIONS = frozenset({
     # lists (read-only)
     "len", "array_length", "list_contains", "list_has", "array_contains", "list_extract",
     "array_extract", "list_element", "list_value",
+})
+
+#: aggregates and window functions a query (not a filter) may call as well
+QUERY_FUNCTIONS = frozenset({
+    "count", "count_star", "sum", "avg", "mean", "min", "max", "median", "mode", "quantile", "quantile_cont",
+    "quantile_disc", "stddev", "stddev_pop", "stddev_samp", "var_pop", "var_samp", "variance", "first", "last",
+    "any_value", "arg_min", "arg_max", "argmin", "argmax", "min_by", "max_by", "bool_and", "bool_or",
+    "approx_count_distinct", "approx_quantile", "string_agg", "group_concat", "list", "array_agg", "histogram",
+    "corr", "covar_pop", "covar_samp", "entropy", "kurtosis", "skewness", "product", "bit_and", "bit_or",
+    "row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile", "lag", "lead", "first_value",
+    "last_value", "nth_value",
 })
 
 _TABLE = "warp_table"
@@ -215,3 +237,88 @@ def _walk(expr: str, root: Any, lower: dict[str, list[str]], refs: set[str], col
             what = {"SUBQUERY": "a subquery", "STAR": "*", "LAMBDA": "a lambda", "PARAMETER": "a parameter",
                     "WINDOW": "a window function", "COLLATE": "COLLATE"}.get(cls, f"{cls} {typ}".lower())
             raise _fail(expr, f"uses {what}, which is not allowed in a filter", columns)
+
+
+def _query_fail(sql: str, what: str, table: str, hint: str | None = None) -> UsageError:
+    short = sql if len(sql) <= 200 else sql[:197] + "..."
+    return UsageError(f"query {short!r}: {what}",
+                      hint=hint or f"write one read-only SELECT over the table {table!r} (WHERE, GROUP BY, ORDER BY, "
+                                   "LIMIT, joins of the table with itself, aggregates, simple functions)",
+                      query=sql)
+
+
+def check_query(sql: str, table: str) -> None:
+    """Check a whole ``SELECT`` over ``table`` (see the module docstring), or raise UsageError.
+
+    DuckDB's own parser reads ``sql``; the tree is walked whole, so a construct hidden in a
+    subquery, a CTE, a join or a set operation is found too.
+    """
+    if not isinstance(sql, str) or not sql.strip():
+        raise _query_fail(str(sql), "is empty", table)
+    if "\x00" in sql:
+        raise _query_fail(sql, "contains a NUL character", table)
+    con = connect()
+    try:
+        lock(con)
+        raw = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+    except Exception as e:  # duckdb.Error: the parser failing is the query's fault
+        raise _query_fail(sql, f"cannot be parsed: {e}", table) from None
+    finally:
+        con.close()
+    doc = json.loads(raw)
+    if doc.get("error"):
+        msg = str(doc.get("error_message", "parse error"))
+        if "Only SELECT" in msg:
+            msg = "is not a SELECT query (COPY, ATTACH, INSTALL, LOAD, PRAGMA, SET and other statements are refused)"
+        else:
+            msg = f"cannot be parsed: {msg}"
+        raise _query_fail(sql, msg, table)
+    stmts = doc.get("statements") or []
+    if len(stmts) != 1:
+        raise _query_fail(sql, f"holds {len(stmts)} statements; one SELECT is allowed", table)
+    if stmts[0].get("named_param_map"):
+        raise _query_fail(sql, "uses a named parameter", table)
+    ctes: set[str] = set()
+    stack: list[Any] = [stmts[0].get("node")]
+    while stack:  # first pass: the query's own WITH names, which it may read like tables
+        n = stack.pop()
+        if isinstance(n, dict):
+            cte_map = n.get("cte_map")
+            for item in (cte_map.get("map") or []) if isinstance(cte_map, dict) else []:
+                if isinstance(item, dict) and isinstance(item.get("key"), str):
+                    ctes.add(item["key"].lower())
+            stack.extend(n.values())
+        elif isinstance(n, list):
+            stack.extend(n)
+    allowed = ALLOWED_FUNCTIONS | QUERY_FUNCTIONS
+    stack = [stmts[0].get("node")]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, list):
+            stack.extend(n)
+            continue
+        if not isinstance(n, dict):
+            continue
+        typ, cls = n.get("type"), n.get("class")
+        if typ == "TABLE_FUNCTION":
+            fn = (n.get("function") or {}).get("function_name", "?")
+            raise _query_fail(sql, f"calls the table function {fn}(); a query reads only the table {table!r}", table)
+        if typ == "BASE_TABLE":
+            name = n.get("table_name")
+            if n.get("schema_name") or n.get("catalog_name") or n.get("at_clause") is not None:
+                raise _query_fail(sql, f"reads {n.get('catalog_name') or n.get('schema_name')}.{name}: qualified "
+                                       "tables are not allowed", table)
+            # DuckDB identifiers are case-insensitive: MAIN reads main
+            if not isinstance(name, str) or (name.lower() != table.lower() and name.lower() not in ctes):
+                raise _query_fail(sql, f"reads the table {name!r}; a query may read only {table!r}", table)
+        if cls in ("FUNCTION", "WINDOW") or (typ == "FUNCTION" and cls is None):
+            name = n.get("function_name")
+            if n.get("schema") or n.get("catalog"):
+                raise _query_fail(sql, f"calls {n.get('catalog') or n.get('schema')}.{name}(): qualified functions "
+                                       "are not allowed", table)
+            if not isinstance(name, str) or name.lower() not in allowed:
+                raise _query_fail(sql, f"calls {name}(), which is not an allowed function", table,
+                                  hint="queries may call: " + ", ".join(sorted(f for f in allowed if f[0].isalpha())))
+        if cls == "PARAMETER":
+            raise _query_fail(sql, "uses a parameter", table)
+        stack.extend(n.values())

@@ -249,10 +249,17 @@ class BatchStream:
         ds, shards = self.table.ds, self.table.shards
         files = self._files = _ShardFiles(ds, shards)
         order: list[int] = []
+        # with a limit, only the shards its rows come from: nothing past them is opened or prefetched
+        planned = 0
         for j in self.batch_ids:
+            if self.limit is not None and planned >= self.limit - self.rows:
+                break
             for s in self.plan.batch_slices(j):
+                if self.limit is not None and planned >= self.limit - self.rows:
+                    break
                 if not order or order[-1] != s.unit:
                     order.append(s.unit)
+                planned += s.stop - s.start
         pre = _Prefetcher(ds, shards, order, self.depth) if self.depth and ds.cache is not None and ds.mode != "local" else None
         # Opening a remote shard costs round trips (size, footer): open the next few on
         # threads while this one is read, as pyarrow.dataset's fragment readahead does.
@@ -279,7 +286,14 @@ class BatchStream:
         try:
             for j in self.batch_ids:
                 parts = []
+                # a limited read stops taking rows (and so fetching row groups) at the limit
+                want = None if self.limit is None else self.limit - self.rows
+                if want is not None and want <= 0:
+                    return
+                got = 0
                 for s in self.plan.batch_slices(j):
+                    if want is not None and got >= want:
+                        break
                     if order[pos] != s.unit:
                         pos = order.index(s.unit, pos)
                         if pre:
@@ -288,7 +302,8 @@ class BatchStream:
                         opener.advance(pos)
                     b = bounds_of(s.unit)
                     start = s.start
-                    while start < s.stop:
+                    stop = s.stop if want is None else min(s.stop, s.start + want - got)
+                    while start < stop:
                         g = _bisect_right(b, start) - 1
                         if cur != (s.unit, g):
                             if groups:
@@ -297,9 +312,10 @@ class BatchStream:
                                 cur_tab = files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
                                 _check_rows(files, s.unit, [g], cur_tab.num_rows, b[g + 1] - b[g])
                             cur = (s.unit, g)
-                        take = min(s.stop, b[g + 1]) - start
+                        take = min(stop, b[g + 1]) - start
                         parts.append(cur_tab.slice(start - b[g], take))
                         start += take
+                        got += take
                 tab = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
                 for batch in _one_batch(tab):
                     if self.limit is not None and self.rows + batch.num_rows > self.limit:

@@ -19,8 +19,9 @@ Contract
            missing fails fast with the command that would fetch it
   ======== ==========================================================
 
-* :class:`Table` reads Parquet shards by ranged reads only: ``schema()`` and
-  ``head(n)`` fetch footers and the row groups they need, never whole shards;
+* :class:`Table` reads Parquet shards by ranged reads only: ``schema()`` comes
+  from the manifest (format 4; older versions: the first footer), ``head(n)``
+  fetches a footer and the row groups its rows are in, never whole shards;
   ``filter(sql)`` runs in DuckDB with projection and predicate pushdown;
   ``batches()`` yields Arrow RecordBatches planned by
   :mod:`warpdata.partition.plan` (rank × DataLoader worker, equal batch counts,
@@ -166,6 +167,32 @@ class Dataset:
         if self.cache is not None:
             self.cache.put_manifest(self.id, vh, data)
         return m
+
+    # -- facts -------------------------------------------------------------------
+    def info(self) -> dict:
+        """What the manifest says about this version, as JSON-able facts (no request beyond
+        the two that opened the dataset): tables with rows, shards, bytes and column counts;
+        artifacts; bindings; totals; and the publisher's metadata envelope."""
+        m = self.manifest
+        try:
+            default = self.default_table
+        except MissingInputError:
+            default = None
+        tables = []
+        for name in self.tables:
+            t = m.tables[name]
+            fields = (t.schema or {}).get("fields")
+            tables.append({"name": name, "rows": t.row_count, "shards": len(t.shards), "bytes": t.byte_size,
+                           "columns": len(fields) if fields is not None else None, "default": name == default})
+        artifacts = [{"name": a, "kind": m.artifacts[a].kind, "shards": len(m.artifacts[a].shards),
+                      "members": m.artifacts[a].member_count, "bytes": m.artifacts[a].byte_size}
+                     for a in self.artifacts]
+        envelope = {k: v for k, v in m.metadata.items() if k in ("created_at", "warp_version", "description")}
+        return {"dataset": self.id, "version": self.version, "store": self.remote.url,
+                "format_version": m.content()["format_version"],
+                "rows": m.stats.get("total_rows"), "bytes": m.stats.get("total_bytes"),
+                "tables": tables, "artifacts": artifacts, "bindings": [b.to_dict() for b in m.bindings],
+                **envelope}
 
     # -- parts -----------------------------------------------------------------
     @property

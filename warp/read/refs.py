@@ -394,7 +394,15 @@ class ImageRef(FileRef):
 
 
 class AudioRef(FileRef):
-    """An audio member: ``as_array()`` (float32, frames × channels for multi-channel), ``sample_rate``."""
+    """An audio member: ``as_array(sample_rate=None)`` (float32 in [-1, 1), frames × channels for
+    multi-channel), ``sample_rate``.
+
+    PCM WAV decodes with the standard library's ``wave``; any other format needs the optional
+    ``soundfile`` package (a typed DependencyError with the pip line otherwise).
+    ``as_array(sample_rate=R)`` resamples to R Hz when the member's rate differs (band-limited,
+    by the FFT: the spectrum is cut or zero-padded to the new length, as
+    ``scipy.signal.resample`` does); at the member's own rate the samples are returned as decoded.
+    """
 
     __slots__ = ()
 
@@ -427,12 +435,24 @@ class AudioRef(FileRef):
         except ImportError:
             from warpdata.core.errors import missing_dependency
 
-            raise missing_dependency(f"decoding {self.member} (not PCM WAV)", "soundfile") from None
-        arr, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+            raise missing_dependency(f"decoding {self.member} (not PCM WAV)", "soundfile", extra="audio") from None
+        try:
+            arr, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+        except RuntimeError as e:  # soundfile.LibsndfileError
+            raise DataError(f"{self!r}: not a readable audio file: {e}", hint="check it with 'warp cat'") from None
         return arr, int(rate)
 
-    def as_array(self) -> np.ndarray:
-        return self._decode()[0]
+    def as_array(self, sample_rate: int | None = None) -> np.ndarray:
+        """The samples as float32 (frames, or frames × channels); resampled to ``sample_rate`` Hz
+        when given and different from the member's own rate."""
+        if sample_rate is not None and (isinstance(sample_rate, bool) or not isinstance(sample_rate, int)
+                                        or sample_rate <= 0):
+            raise UsageError(f"sample_rate={sample_rate!r} is not a positive number of Hz",
+                             hint="e.g. as_array(sample_rate=16000), or leave it out for the member's own rate")
+        arr, rate = self._decode()
+        if sample_rate is None or sample_rate == rate:
+            return arr
+        return _resample(arr, rate, sample_rate)
 
     @property
     def sample_rate(self) -> int:
@@ -446,6 +466,25 @@ class AudioRef(FileRef):
             except (wave.Error, EOFError) as e:
                 raise DataError(f"{self!r}: not a readable WAV file: {e}") from None
         return self._decode()[1]
+
+
+def _resample(a: np.ndarray, rate: int, new_rate: int) -> np.ndarray:
+    """``a`` (frames, or frames × channels) at ``rate`` Hz, resampled to ``new_rate`` Hz by the FFT:
+    the real spectrum is truncated (downsampling: everything above the new Nyquist is dropped,
+    so nothing aliases) or zero-padded (upsampling), then transformed back at the new length."""
+    import numpy as np
+
+    n = a.shape[0]
+    m = int(round(n * new_rate / rate))
+    if n == 0 or m == 0:
+        return np.zeros((m, *a.shape[1:]), np.float32)
+    spec = np.fft.rfft(a.astype(np.float64), axis=0)
+    k = min(spec.shape[0], m // 2 + 1)
+    out_spec = np.zeros((m // 2 + 1, *a.shape[1:]), np.complex128)
+    out_spec[:k] = spec[:k]
+    if k == m // 2 + 1 and m % 2 == 0 and m < n:
+        out_spec[k - 1] = out_spec[k - 1].real  # the new Nyquist bin of an even length is real
+    return (np.fft.irfft(out_spec, n=m, axis=0) * (m / n)).astype(np.float32)
 
 
 def _coalesce(reads: list[tuple[str, int, int, int]]) -> list[list[tuple[str, int, int, int]]]:

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from warpdata.registry.manifest import ShardRef
 
 
+#: rows :meth:`Table.to_pandas` / :meth:`Table.to_polars` load without ``allow_large=True``
+MAX_IN_MEMORY_ROWS = 1_000_000
+
+
 class Table:
     """A table of a dataset version: Parquet shards read by ranges."""
 
@@ -58,13 +62,26 @@ class Table:
 
     # -- metadata --------------------------------------------------------------
     def schema(self) -> pa.Schema:
-        """The Arrow schema, from the first shard's footer (a ranged read, no data)."""
-        if not self.shards:
-            raise MissingInputError(f"table {self.name} of {self.ds.id} has no shards")
-        sch = _ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow
+        """The Arrow schema: from the manifest (format 4, no request), else from the first
+        shard's footer (a ranged read, no data)."""
+        sch = self.full_schema()
         if self.columns:
             sch = __import__("pyarrow").schema([sch.field(c) for c in self.columns])
         return sch
+
+    def full_schema(self) -> pa.Schema:
+        """Every column's Arrow schema, ignoring :meth:`select` (see :meth:`schema`)."""
+        sch = self.meta.arrow_schema(f"{self.ds.id}@{self.ds.version[:12]} table {self.name}")
+        if sch is not None:
+            return sch
+        if not self.shards:
+            raise MissingInputError(f"table {self.name} of {self.ds.id} has no shards")
+        return _ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow
+
+    @property
+    def schema_source(self) -> str:
+        """Where :meth:`schema` comes from: ``"manifest"`` (format 4) or ``"footer"`` (older)."""
+        return "manifest" if (self.meta.schema or {}).get("arrow") is not None else "footer"
 
     def _check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         if columns is None:
@@ -83,7 +100,7 @@ class Table:
     def schema_names(self) -> list[str]:
         if self.meta.schema:
             return [f["name"] for f in self.meta.schema["fields"]]
-        return list(_ShardFiles(self.ds, self.shards[:1]).get(0).schema_arrow.names)
+        return list(self.full_schema().names)
 
     def select(self, columns: Sequence[str] | str) -> Table:
         return Table(self.ds, self.name, self._check_columns(columns))
@@ -153,6 +170,89 @@ class Table:
         import pyarrow as pa
 
         return pa.Table.from_batches(list(self.batches(limit=limit)), schema=self.schema())
+
+    # -- conveniences (opt-in, guarded: Arrow batches are the primary interface) -----------
+    def _guard_size(self, what: str, limit: int | None, allow_large: bool) -> None:
+        if limit is not None and limit < 0:
+            raise UsageError(f"limit must be >= 0, not {limit}")
+        rows = self.num_rows if limit is None else min(limit, self.num_rows)
+        if rows > MAX_IN_MEMORY_ROWS and not allow_large:
+            raise UsageError(
+                f"{what} would load {rows:,} rows of {self.ds.id}/{self.name} into memory "
+                f"(more than {MAX_IN_MEMORY_ROWS:,})",
+                hint="pass allow_large=True to load them anyway, limit=N for the first N rows, "
+                     "or stream them with .batches() / .rows()")
+
+    def to_pandas(self, limit: int | None = None, allow_large: bool = False):
+        """The table (or its first ``limit`` rows) as a pandas DataFrame.
+
+        Refuses more than :data:`MAX_IN_MEMORY_ROWS` rows (a UsageError naming the count) unless
+        ``allow_large=True``; the count comes from the manifest, so nothing is read first."""
+        self._guard_size("to_pandas()", limit, allow_large)
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            from warpdata.core.errors import missing_dependency
+
+            raise missing_dependency("Table.to_pandas()", "pandas") from None
+        return self.to_arrow(limit=limit).to_pandas()
+
+    def to_polars(self, limit: int | None = None, allow_large: bool = False):
+        """The table (or its first ``limit`` rows) as a polars DataFrame; same guard as
+        :meth:`to_pandas`. Needs the optional ``polars`` package."""
+        self._guard_size("to_polars()", limit, allow_large)
+        try:
+            import polars
+        except ImportError:
+            from warpdata.core.errors import missing_dependency
+
+            raise missing_dependency("Table.to_polars()", "polars") from None
+        return polars.from_arrow(self.to_arrow(limit=limit))
+
+    def rows(self, limit: int | None = None, columns: Sequence[str] | None = None,
+             batch_size: int = 1024, read_refs: bool = False, **kw: Any) -> Iterator[dict[str, Any]]:
+        """One dict per row, streamed batch by batch (never the whole table in memory);
+        columns bound to an artifact hold typed refs, as in :meth:`batch_dicts`."""
+        for d in self.batch_dicts(batch_size, columns, read_refs=read_refs, limit=limit, **kw):
+            names = list(d)
+            for vals in zip(*(d[c] for c in names), strict=True):
+                yield dict(zip(names, vals, strict=True))
+
+    def query(self, sql: str) -> pa.Table:
+        """Run a read-only DuckDB ``SELECT`` over this table, named by its table name
+        (``"SELECT label, count(*) FROM main GROUP BY label"``); returns an Arrow table.
+
+        The SQL is checked by :func:`warpdata.core.sqlgate.check_query` (one SELECT, no other
+        table, file or table function, no extension, only pure, aggregate and window
+        functions) and runs on a locked connection that holds this table and nothing else.
+        DuckDB pushes the query's columns and filters down into the shard scan, so only the
+        row groups and columns it needs are fetched. A :meth:`select` view exposes only its
+        columns.
+        """
+        import duckdb
+        from warpdata.core.sqlgate import check_query, connect, lock
+
+        check_query(sql, self.name)
+        dset = Query(self, "true", None)._arrow_dataset(None, picked=self.shards)
+        con = connect()
+        try:
+            if dset is None:
+                dset = self.full_schema().empty_table()
+            if self.columns:
+                con.register("warp_all_columns", dset)
+                cols = ", ".join(_quote_ident(c) for c in self.columns)
+                con.execute(f"CREATE VIEW {_quote_ident(self.name)} AS SELECT {cols} FROM warp_all_columns")
+            else:
+                con.register(self.name, dset)
+            lock(con)  # no file, network or extension access beyond the registered shards
+            try:
+                return con.sql(sql).to_arrow_table()
+            except duckdb.Error as e:
+                raise UsageError(f"query on {self.ds.id}/{self.name} failed: {e}",
+                                 hint=f"the table is {self.name!r}, its columns "
+                                      f"{', '.join(self.columns or self.schema_names())}") from None
+        finally:
+            con.close()
 
     def filter(self, expr: str) -> Query:
         """Rows matching SQL boolean ``expr`` (DuckDB dialect), with pushdown.
@@ -256,7 +356,7 @@ class Query:
 
         return pa.RecordBatchReader.from_batches(schema, gen())
 
-    def _arrow_dataset(self, shard: Any):
+    def _arrow_dataset(self, shard: Any, picked: list[ShardRef] | None = None):
         """A pyarrow dataset over this rank's shards: cached copies locally, the rest by ranged reads.
 
         DuckDB scans it with projection and filter pushdown into pyarrow's
@@ -267,7 +367,8 @@ class Query:
         from pyarrow import fs as pafs
 
         ds = self.table.ds
-        picked = self._picked(shard)
+        if picked is None:
+            picked = self._picked(shard)
         local, remote = [], []
         for s in picked:
             p = ds.cached_path(s)
@@ -278,8 +379,7 @@ class Query:
                 local.append(p)
             else:
                 remote.append(ds.remote.path(ds.blob_key(s)))
-        schema = self.table.schema() if self.table.columns is None else \
-            _ShardFiles(ds, self.table.shards[:1]).get(0).schema_arrow
+        schema = self.table.full_schema()
         parts = []
         if local:
             parts.append(pads.dataset(local, schema=schema, format="parquet", filesystem=pafs.LocalFileSystem()))

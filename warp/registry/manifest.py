@@ -3,13 +3,14 @@
 A manifest (docs/formats/registry.md, JSON Schema in ``manifest.schema.json`` beside this
 module) is a JSON object::
 
-    {"kind": "dataset", "format_version": 1 | 2,
+    {"kind": "dataset", "format_version": 1 | 2 | 3 | 4,
      "dataset_id": "ws/name",
      "version_hash": "<64 hex>",
      "tables":    {"main": {"format": "parquet",
                             "shards": [{"uri", "hash", "byte_size", "row_count",
                                         "stats"?: {"footer_size", "columns", "row_groups"}}],
-                            "schema": {"fields": [{"name", "type", "nullable"}]}}},
+                            "schema": {"fields": [{"name", "type", "nullable"}],
+                                       "arrow"?: "<base64 Arrow IPC schema>"}}},
      "artifacts": {"raw": {"kind": "tar_shards",
                            "shards": [{"uri", "hash", "byte_size", "member_count"}],
                            "index": {"uri", "hash", "byte_size", "format": "warp-tar-index-1"},
@@ -21,16 +22,18 @@ module) is a JSON object::
 
 Contract:
 
-* **Versions.** ``format_version`` is 2 when any table shard carries
-  ``stats`` (footer length and column min/max, see
-  :mod:`warpdata.registry.parquet_stats`), else 1; a manifest without stats
+* **Versions.** ``format_version`` is 4 when any table's ``schema`` holds
+  ``arrow`` (its exact Arrow schema, so ``schema()`` and ``warp info`` cost the
+  manifest alone); else 3 with read-affecting metadata (below); else 2 when any
+  table shard carries ``stats`` (footer length and column min/max, see
+  :mod:`warpdata.registry.parquet_stats`); else 1. A manifest without these
   is byte-for-byte what format 1 always was, so its hash is unchanged and
-  older readers still read it. Readers accept both.
+  older readers still read it. Readers accept all four.
 
 * **Identity (I0/M1).** ``version_hash`` = SHA-256 of the canonical JSON
   (:mod:`warpdata.core.canonical`: sorted keys, no whitespace, UTF-8) of the
   *hashed part*: every field except ``version_hash`` and ``metadata``, plus,
-  in format 3, the read-affecting metadata keys (:data:`READ_METADATA`:
+  in formats 3 and 4, the read-affecting metadata keys (:data:`READ_METADATA`:
   ``default_table`` picks the table readers use, ``sources`` the artifact a
   reader opens by kind) as ``{"metadata": {those keys}}``. Format 3 is
   written exactly when metadata holds one of them; a format 1 or 2 manifest
@@ -88,14 +91,17 @@ __all__ = [
     "Table",
     "blob_key",
     "check_portable",
+    "decode_arrow_schema",
+    "encode_arrow_schema",
     "hashed_part",
     "normalize",
     "validate_dataset_id",
     "version_hash_of",
 ]
 
-FORMAT_VERSION = 3  # the newest this code writes: 3 with read-affecting metadata, else 2 with stats, else 1
-FORMAT_VERSIONS = (1, 2, 3)
+# the newest this code writes: 4 with Arrow schemas, else 3 with read-affecting metadata, else 2 with stats, else 1
+FORMAT_VERSION = 4
+FORMAT_VERSIONS = (1, 2, 3, 4)
 # metadata keys that change what a reader returns: hashed (format 3); the rest of metadata is the envelope
 READ_METADATA = ("default_table", "sources")
 INDEX_FORMAT = "warp-tar-index-1"
@@ -178,9 +184,9 @@ def read_metadata(metadata: Any) -> dict[str, Any]:
 
 def hashed_part(doc: dict[str, Any]) -> dict[str, Any]:
     """The fields that define the version: everything but ``version_hash`` and ``metadata``,
-    plus (format 3) the read-affecting metadata keys."""
+    plus (formats 3 and 4) the read-affecting metadata keys."""
     out = {k: v for k, v in doc.items() if k not in _NON_HASHED}
-    if doc.get("format_version") == 3:
+    if doc.get("format_version") in (3, 4):
         out["metadata"] = read_metadata(doc.get("metadata"))
     return out
 
@@ -222,6 +228,8 @@ def check_portable(doc: Any, where: str = "$") -> None:
             sub = f"{where}.{k}"
             if k == "uri" and isinstance(v, str):
                 _check_uri(v, sub)
+            elif k == "arrow" and where.endswith(".schema") and isinstance(v, str):
+                continue  # base64 bytes (the schema's pattern), which may well start with "/"
             else:
                 check_portable(v, sub)
     elif isinstance(doc, list):
@@ -314,18 +322,20 @@ def validate_document(doc: Any, source: str = "manifest") -> None:
     tables = doc.get("tables", {})
     with_stats = any("stats" in s for t in tables.values() for s in t.get("shards", []))
     reads = read_metadata(doc.get("metadata"))
-    if reads and doc.get("format_version") != 3:
+    with_arrow = any("arrow" in (t.get("schema") or {}) for t in tables.values())
+    if reads and doc.get("format_version") not in (3, 4):
         raise ManifestCorruptedError(
             f"{source}: format_version {doc.get('format_version')} manifest (an older warp) with "
             f"metadata.{'/'.join(sorted(reads))}, which its version hash does not cover",
             hint="republish the dataset with this warp ('warp publish ... --from DIR'): "
                  "its blobs are already in the store, nothing is uploaded again")
-    if doc.get("format_version") != (3 if reads else 2 if with_stats else 1):
+    if doc.get("format_version") != (4 if with_arrow else 3 if reads else 2 if with_stats else 1):
         raise ManifestCorruptedError(
             f"{source}: $.format_version is {doc.get('format_version')}, but shard stats are "
-            f"{'present' if with_stats else 'absent'} and read-affecting metadata is "
-            f"{'present' if reads else 'absent'} (format_version 3 exactly with metadata.default_table or "
-            "sources, else 2 exactly when a table shard has stats)",
+            f"{'present' if with_stats else 'absent'}, read-affecting metadata is "
+            f"{'present' if reads else 'absent'} and Arrow table schemas are {'present' if with_arrow else 'absent'} "
+            "(format_version 4 exactly when a table schema has arrow, else 3 exactly with "
+            "metadata.default_table or sources, else 2 exactly when a table shard has stats)",
             hint="republish the dataset with this warp version")
     if "sources" in reads and (not isinstance(reads["sources"], list)
                                or not all(isinstance(x, dict) for x in reads["sources"])):
@@ -372,6 +382,33 @@ def validate_document(doc: Any, source: str = "manifest") -> None:
                 hint="bind an existing column (TABLE.COLUMN=ARTIFACT:TYPE)")
 
 
+# -- Arrow schemas (format 4) -------------------------------------------------
+
+_ARROW_SCHEMAS: dict[str, Any] = {}  # base64 -> decoded pyarrow.Schema (immutable)
+
+
+def encode_arrow_schema(schema: Any) -> str:
+    """``schema`` (a ``pyarrow.Schema``) as the manifest stores it: base64 of its Arrow IPC
+    schema message, which round-trips every type, nullability and metadata exactly."""
+    import base64
+
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def decode_arrow_schema(b64: str, where: str = "schema.arrow"):
+    """The ``pyarrow.Schema`` of an :func:`encode_arrow_schema` string, or ManifestCorruptedError."""
+    import base64
+    import binascii
+
+    import pyarrow as pa
+
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(b64, validate=True)))
+    except (binascii.Error, ValueError, pa.ArrowException) as e:
+        raise ManifestCorruptedError(f"{where}: schema.arrow is not a base64 Arrow IPC schema ({e})",
+                                     hint="the manifest is damaged; republish the dataset") from None
+
+
 # -- the model -------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -416,7 +453,7 @@ class Table:
 
     shards: tuple[ShardRef, ...]
     format: str = "parquet"
-    schema: dict[str, Any] | None = None  # {"fields": [{"name", "type", "nullable"}]}
+    schema: dict[str, Any] | None = None  # {"fields": [{"name", "type", "nullable"}], "arrow"?: base64}
 
     @property
     def row_count(self) -> int:
@@ -429,6 +466,28 @@ class Table:
     @property
     def columns(self) -> list[str]:
         return [f["name"] for f in (self.schema or {}).get("fields", [])]
+
+    def arrow_schema(self, where: str = "table"):
+        """The table's exact Arrow schema as published (format 4), or None when the manifest
+        predates it (readers then take it from the first shard's footer).
+
+        Raises :class:`ManifestCorruptedError` naming ``where`` when the recorded schema does not
+        decode or disagrees with ``fields``."""
+        b64 = (self.schema or {}).get("arrow")
+        if b64 is None:
+            return None
+        got = _ARROW_SCHEMAS.get(b64)
+        if got is None:
+            got = decode_arrow_schema(b64, where)
+            names = [f["name"] for f in self.schema.get("fields", [])]
+            if list(got.names) != names:
+                raise ManifestCorruptedError(
+                    f"{where}: schema.arrow names the columns {list(got.names)}, schema.fields {names}",
+                    hint="the manifest's schema is inconsistent; republish the dataset")
+            if len(_ARROW_SCHEMAS) >= 256:
+                _ARROW_SCHEMAS.clear()
+            _ARROW_SCHEMAS[b64] = got
+        return got
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"format": self.format, "shards": [s.to_dict() for s in self.shards]}
@@ -527,17 +586,19 @@ class Manifest:
     def content(self) -> dict[str, Any]:
         """The hashed part as a normalised JSON-able dict."""
         with_stats = any(s.stats is not None for t in self.tables.values() for s in t.shards)
+        with_arrow = any("arrow" in (t.schema or {}) for t in self.tables.values())
         reads = read_metadata(self.metadata)
+        fmt = 4 if with_arrow else 3 if reads else 2 if with_stats else 1
         doc = {
             "kind": "dataset",
-            "format_version": 3 if reads else 2 if with_stats else 1,
+            "format_version": fmt,
             "dataset_id": self.dataset_id,
             "tables": {k: t.to_dict() for k, t in self.tables.items()},
             "artifacts": {k: a.to_dict() for k, a in self.artifacts.items()},
             "bindings": [b.to_dict() for b in self.bindings],
             "stats": self.stats,
         }
-        if reads:
+        if fmt >= 3:
             doc["metadata"] = reads
         return normalize(doc)
 

@@ -66,6 +66,7 @@ from warpdata.registry.manifest import (
     ShardRef,
     Table,
     blob_key,
+    encode_arrow_schema,
     validate_dataset_id,
 )
 from warpdata.registry.store import Store
@@ -80,6 +81,8 @@ __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "
            "parse_named", "publish"]
 
 STAT_CACHE_VERSION = 3  # 3: table entries carry the shard stats
+# table entries only (artifact entries stay valid): "arrow" = they carry the exact Arrow schema (format 4)
+FACTS_VERSION = "arrow"
 # Linux file timestamps come from a coarse clock (one tick: 1-10 ms); an input changed
 # within this window before it was stat'ed could be written again with the same stamps.
 RACY_WINDOW_NS = 100_000_000
@@ -284,7 +287,10 @@ class _Stager:
             shards.append(ShardRef(info["hash"], info["byte_size"], row_count=info["row_count"], stats=info["stats"]))
             self._add(_Blob(info["hash"], info["byte_size"], f"table {name} shard {i}", info.get("path"),
                             info.get("materialize")))
-        return Table(shards=tuple(shards), schema={"fields": schema})
+        # the first file's exact Arrow schema (format 4, docs/formats/registry.md): readers answer
+        # schema() and `warp info/schema` from the manifest alone; its schema-level metadata is the
+        # first file's, which is what reading the first shard's footer gave
+        return Table(shards=tuple(shards), schema={"fields": schema, "arrow": infos[0]["arrow"]})
 
     def _table_file(self, path: str, cached_only: bool = False) -> dict[str, Any] | None:
         """Hash (or convert and hash) one table file; with ``cached_only``, None unless the stat cache knows it."""
@@ -295,7 +301,7 @@ class _Stager:
                             hint="tables take .parquet, .csv or .jsonl files")
         scanned_at = time.time_ns()
         fingerprint, ctime = _file_fingerprint(path)
-        key = self.cache.key("table", fmt, fingerprint)
+        key = self.cache.key("table", fmt, FACTS_VERSION, fingerprint)
         fresh = {"newest_ctime_ns": ctime, "scanned_at_ns": scanned_at}
         staged = os.path.abspath(path).startswith(str(self.stage.resolve()))
         hit = None if staged else self.cache.get(key)
@@ -400,7 +406,8 @@ def _parquet_facts(path: str) -> dict[str, Any]:
         raise DataError(f"{path}: not a readable Parquet file: {e}",
                         hint="check the file; CSV/JSONL inputs need a .csv/.jsonl suffix") from None
     fields = [{"name": f.name, "type": str(f.type), "nullable": bool(f.nullable)} for f in sch]
-    return {"row_count": int(md.num_rows), "schema": fields, "stats": shard_stats(md, footer)}
+    return {"row_count": int(md.num_rows), "schema": fields, "arrow": encode_arrow_schema(sch),
+            "stats": shard_stats(md, footer)}
 
 
 def _convert_to_parquet(src: str, fmt: str, out: Path) -> None:

@@ -15,21 +15,35 @@ from warpdata.core import envvars
 
 
 class Remote:
-    """Key reads against a store root, through pyarrow filesystems (ranged, no listing)."""
+    """Key reads against a store root, through pyarrow filesystems (ranged, no listing).
+
+    Whole small objects (``latest.json``, manifests) on S3 are one GET through a botocore
+    client: pyarrow sends a HEAD before every object it opens, which made opening a dataset
+    cost four requests instead of two. The pyarrow filesystem is built on first use, so a
+    command that reads only the manifest (``warp info``, ``warp schema``) never starts it.
+    """
 
     def __init__(self, store_url: str | None = None) -> None:
-        from pyarrow import fs as pafs
-        from warpdata.storage.locations import StorageConfig, filesystem, parse_location
+        from warpdata.storage.locations import StorageConfig, parse_location
 
         self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
         self.config = StorageConfig.from_env()
-        if self.loc.protocol == "s3":
-            self.fs = _pyarrow_s3(self.config)
-        elif self.loc.protocol == "file":
-            self.fs = pafs.LocalFileSystem()
-        else:
-            self.fs = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem(self.loc, self.config)))
         self.root = self.loc.path.rstrip("/")
+        self._fs: Any = None
+
+    @property
+    def fs(self):
+        if self._fs is None:
+            from pyarrow import fs as pafs
+            from warpdata.storage.locations import filesystem
+
+            if self.loc.protocol == "s3":
+                self._fs = _pyarrow_s3(self.config)
+            elif self.loc.protocol == "file":
+                self._fs = pafs.LocalFileSystem()
+            else:
+                self._fs = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem(self.loc, self.config)))
+        return self._fs
 
     @property
     def url(self) -> str:
@@ -52,7 +66,19 @@ class Remote:
         return t
 
     def get(self, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist."""
+        """The object's bytes, or None when it does not exist (on S3: one GET)."""
+        if self.loc.protocol == "s3":
+            client = _s3_client(self.config)
+            if client is not None:
+                return self._s3_get(client, key)
+        if self.loc.protocol == "file":  # a plain read: `warp info` on a local store never imports pyarrow
+            try:
+                with open(self.path(key), "rb") as f:
+                    return f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            except OSError as e:
+                raise self._wrap(e, key) from e
         try:
             with self.fs.open_input_stream(self.path(key)) as f:
                 return f.read()
@@ -62,6 +88,24 @@ class Remote:
             if _is_not_found(e):
                 return None
             raise self._wrap(e, key) from e
+
+    def _s3_get(self, client: Any, key: str) -> bytes | None:
+        bucket, _, prefix = self.path(key).lstrip("/").partition("/")
+        try:
+            return client.get_object(Bucket=bucket, Key=prefix)["Body"].read()
+        except Exception as e:
+            err = getattr(e, "response", None) or {}
+            code = str((err.get("Error") or {}).get("Code", ""))
+            status = (err.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+                return None
+            t = self._wrap(e, key)
+            if t is e:
+                from warpdata.core.errors import StoreUnavailableError
+
+                t = StoreUnavailableError(f"cannot read {self.url_of(key)}: {e}",
+                                          hint="check the network and WARP_S3_ENDPOINT; 'warp doctor --only store'")
+            raise t from e
 
     def open(self, key: str, size: int | None = None):
         """A random-access file over the object (on S3: one HEAD, then ranged GETs)."""
@@ -129,6 +173,34 @@ def _pyarrow_s3(config):
         _S3_FS.clear()
     _S3_FS[key] = (now, fs)
     return fs
+
+
+_S3_CLIENTS: dict[tuple, tuple[float, Any]] = {}
+
+
+def _s3_client(config):
+    """One botocore S3 client per configuration and credential environment, reused like
+    :func:`_pyarrow_s3`; None without boto3 (reads then go through pyarrow, HEAD + GET).
+    Per process: a forked DataLoader worker must not share its parent's connection pool."""
+    import os
+    import time
+
+    key = (config, tuple(os.environ.get(k) for k in _CRED_ENV), os.getpid())
+    now = time.monotonic()
+    hit = _S3_CLIENTS.get(key)
+    if hit is not None and now - hit[0] < _S3_FS_TTL:
+        return hit[1]
+    try:
+        import boto3  # noqa: F401  (the [s3] extra)
+    except ImportError:
+        return None
+    from warpdata.registry.store import boto3_client
+
+    client = boto3_client(config)
+    if len(_S3_CLIENTS) >= 16:
+        _S3_CLIENTS.clear()
+    _S3_CLIENTS[key] = (now, client)
+    return client
 
 
 def _is_not_found(e: Exception) -> bool:
