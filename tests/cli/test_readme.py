@@ -120,6 +120,7 @@ SECTIONS = [
     "warp tar-to-tbl (WebDataset tar → one TBL v2 file)",
     "warp publish (a dataset version to the store)",
     "warp ls / stream / cat / warm / cache / init (reading published datasets)",
+    "warp info / schema / head (looking at a dataset)",
     "warp ingest / embeddings (raw folders → a published dataset)",
 ]
 
@@ -158,9 +159,11 @@ EXPECTED: list[tuple[str, str, str]] = [
     (SECTIONS[6], "warp init demo/photos", "Batch 0: 10 rows"),
     (SECTIONS[6], "warp init demo/photos", "image: ImageRef(demo/photos:media/img/0000.png)"),
     (SECTIONS[6], "warp init demo/photos", "Smoke test passed!"),
-    (SECTIONS[7], "nothing uploaded$", "already published, nothing uploaded"),
-    (SECTIONS[7], "--preview sheet.png", "10 tile(s)"),
-    (SECTIONS[7], "embeddings list", "color_hist 128 10 color-hist main.image"),
+    (SECTIONS[7], "warp schema demo/photos", "image   string  yes       media (image)"),
+    (SECTIONS[7], "warp head demo/photos", "2   car    img/0002.png"),
+    (SECTIONS[8], "nothing uploaded$", "already published, nothing uploaded"),
+    (SECTIONS[8], "--preview sheet.png", "10 tile(s)"),
+    (SECTIONS[8], "embeddings list", "color_hist 128 10 color-hist main.image"),
 ]
 
 # start of a command -> exit status the README documents for it (the rest: 0). `# exit 1 if ...`

@@ -270,7 +270,7 @@ def test_head(cli, store):
     assert d["columns"] == ["id", "x", "label", "payload", "image", "audio"] and len(d["rows"]) == 5
     import base64
 
-    from test_dataset_support import make_rows
+    from support.datasets import make_rows
     want = make_rows(5, image_every=6).to_pylist()
     assert [base64.b64decode(row["payload"]) for row in d["rows"]] == [w["payload"] for w in want]
     assert d["rows"][4]["image"] == "img/0004.png"

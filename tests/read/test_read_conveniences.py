@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import warpdata
-from test_dataset_support import make_rows, publish, write_media
+from support.datasets import make_rows, publish, write_media
 from warpdata.core.errors import DataError, DependencyError, UsageError
 from warpdata.read.refs import AudioRef, ImageRef
 from warpdata.read.table import MAX_IN_MEMORY_ROWS
@@ -82,13 +82,13 @@ def test_to_pandas_and_polars_within_the_guard(demo):
     else:
         with pytest.raises(DependencyError, match="'pandas' package") as ei:
             t.to_pandas(limit=10)
-        assert ei.value.hint == "pip install pandas" and ei.value.exit_code == 78
+        assert "pip install 'pandas>=2.0'" in ei.value.hint and "[pandas] extra" in ei.value.hint and ei.value.exit_code == 78
     if HAS_POLARS:
         assert t.to_polars(limit=10)["id"].to_list() == list(range(10))
     else:
         with pytest.raises(DependencyError, match="'polars' package") as ei:
             t.to_polars()
-        assert "pip install polars" in ei.value.hint
+        assert "pip install 'polars>=1.0'" in ei.value.hint
 
 
 def test_more_than_a_million_rows_need_allow_large(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_dataset_support import make_rows, publish, range_bytes
+from support.datasets import make_rows, publish, range_bytes
 from warpdata.read import dataset as dataset_module
 from warpdata.registry.publish import PublishRequest
 from warpdata.registry.publish import publish as warp_publish

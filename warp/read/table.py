@@ -194,7 +194,7 @@ class Table:
         except ImportError:
             from warpdata.core.errors import missing_dependency
 
-            raise missing_dependency("Table.to_pandas()", "pandas") from None
+            raise missing_dependency("Table.to_pandas()", "pandas", extra="pandas") from None
         return self.to_arrow(limit=limit).to_pandas()
 
     def to_polars(self, limit: int | None = None, allow_large: bool = False):
@@ -206,7 +206,7 @@ class Table:
         except ImportError:
             from warpdata.core.errors import missing_dependency
 
-            raise missing_dependency("Table.to_polars()", "polars") from None
+            raise missing_dependency("Table.to_polars()", "polars", extra="polars") from None
         return polars.from_arrow(self.to_arrow(limit=limit))
 
     def rows(self, limit: int | None = None, columns: Sequence[str] | None = None,
