@@ -314,9 +314,7 @@ def iter_members(f: BinaryIO, *, with_data: bool = True, max_member: int = DEFAU
 
 
 def _cut_member(m: TarMember, got: int) -> TarFormatError:
-    return TarFormatError(f"tar archive ends inside member {m.name!r} at byte {m.offset + got} "
-                          f"({got} of its {m.size} bytes; the file shrank while it was read)",
-                          hint="the archive is truncated: copy or download it again")
+    return _cut(m.name, m.offset, m.size, got)
 
 
 def read_member_into(m: TarMember, buf) -> None:
@@ -328,6 +326,31 @@ def read_member_into(m: TarMember, buf) -> None:
             if n <= 0:
                 raise _cut_member(m, got)
             got += n
+
+
+def read_at(fd: int, offset: int, size: int, name: str) -> bytes:
+    """``size`` bytes of member ``name`` at ``offset`` in ``fd`` (a :func:`scan_members` member without its bytes)."""
+    b = os.pread(fd, size, offset)
+    if len(b) < size:
+        raise _cut(name, offset, size, len(b))
+    return b
+
+
+def read_at_into(fd: int, buf, offset: int, size: int, name: str) -> None:
+    """:func:`read_at` into the writable buffer ``buf`` (exactly ``size`` bytes), with no copy in between."""
+    with memoryview(buf) as mv:
+        got = 0
+        while got < size:
+            n = os.preadv(fd, [mv[got:size]], offset + got)
+            if n <= 0:
+                raise _cut(name, offset, size, got)
+            got += n
+
+
+def _cut(name: str, offset: int, size: int, got: int) -> TarFormatError:
+    return TarFormatError(f"tar archive ends inside member {name!r} at byte {offset + got} "
+                          f"({got} of its {size} bytes; the file shrank while it was read)",
+                          hint="the archive is truncated: copy or download it again")
 
 
 def member_data(m: TarMember) -> bytes:
@@ -446,6 +469,117 @@ def _members(r: _Reader, with_data: bool, max_member: int, defer_above: int | No
             r.skip(size, "member %r", name)
         r.skip(padded - size, "the padding of member %r", name)
         yield TarMember(name, size, kind, data_at, data)
+
+
+# plain-file scan (scan_members): the window read at a header. After a big member, one page brings
+# the headers and small sidecars that follow it; in a run of small members a bigger one saves syscalls
+_WINDOW_SMALL = 4096
+_WINDOW_BIG = 32 << 10
+_KINDS = {0x30: "file", 0: "file", 0x37: "file", 0x35: "dir", 0x32: "symlink", 0x31: "hardlink"}
+_EXTENDED = frozenset(b"LKxg")
+
+# a member of scan_members: (name, size, kind, offset of its data in the file, its bytes or None)
+ScanMember = tuple[str, int, str, int, "bytes | None"]
+
+
+def scan_members(f: BinaryIO, *, max_member: int = DEFAULT_MAX_MEMBER,
+                 defer_above: int = 16 << 10) -> Iterator[ScanMember]:
+    """:func:`iter_members` as plain tuples, with a fast path for the common archive.
+
+    Yields ``(name, size, kind, offset, data)``: ``offset`` is where the
+    member's data starts in the file behind ``f`` (for ``os.pread`` on
+    ``f.fileno()``); ``data`` is the member's bytes, or None for a regular
+    member to be read from there (only on a plain file, never on a pipe or
+    gzip stream, whose members all come with their bytes).
+
+    On a plain file, headers are parsed from windows of the archive read with
+    one ``pread`` each (a header, and the small sidecars after it, in one
+    syscall; see :func:`_scan_plain`). Only plain ustar/GNU headers of
+    regular files, directories and links go that way, each with its checksum
+    verified and its octal fields in their usual form. At the first other
+    header (PAX or GNU long-name records, base-256 or malformed sizes, a
+    member over ``max_member``, a cut, a bad checksum) the scan hands over to
+    :func:`iter_members`' parser at that very header, which accepts it or
+    raises the same typed error it always raises there. The members, names
+    and bytes are the same either way (tests/test_tbl_scan.py).
+    """
+    r = _Reader(f)
+    try:
+        if r.fd is None:
+            for m in _members(r, True, max_member, None):
+                yield m.name, m.size, m.type, m.offset, m.data
+            return
+        stop = yield from _scan_plain(r.fd, r.base, r.end, max_member)  # type: ignore[arg-type]
+        if stop is None:
+            r.pos = r.end  # type: ignore[assignment]
+            return
+        r.pos = stop
+        base = r.base
+        for m in _members(r, True, max_member, defer_above):
+            yield m.name, m.size, m.type, base + m.offset, m.data
+    finally:
+        r.sync()
+
+
+def _scan_plain(fd: int, base: int, end: int, max_member: int) -> Iterator[ScanMember]:
+    """The fast path of :func:`scan_members`; returns None at the end, or the offset to parse on from.
+
+    What it accepts it checks as :func:`_members` does (checksum, octal
+    size, member inside the file); the octal fields must be in their usual
+    form (digits, then NULs or spaces), which :func:`_octal` reads the same.
+    """
+    pread = os.pread
+    decode = _decode_name
+    checksum = header_checksum
+    kinds = _KINDS
+    extended = _EXTENDED
+    win, win_at, win_end = b"", 0, 0
+    pos = 0
+    small = True  # the last window ended inside a big member: read a small one next
+    while True:
+        if pos + BLOCK > win_end:
+            if pos >= end:
+                return None if pos else 0  # at 0: the parser's "empty input" error
+            win = pread(fd, min(_WINDOW_SMALL if small else _WINDOW_BIG, end - pos), base + pos)
+            win_at, win_end = pos, pos + len(win)
+            small = False
+            if len(win) < BLOCK:
+                return pos  # a cut header, or the file shrank: the parser says which
+        rel = pos - win_at
+        hdr = win[rel:rel + BLOCK]
+        size_f = hdr[124:135]
+        chk_f = hdr[148:154]
+        if not (size_f.isdigit() and chk_f.isdigit() and hdr[135] in (0, 32) and hdr[154] in (0, 32)
+                and hdr[155] in (0, 32)):
+            if hdr == ZERO_BLOCK:
+                return None  # the end-of-archive block
+            return pos
+        typ = hdr[156]
+        try:
+            size = int(size_f, 8)
+            ok = int(chk_f, 8) == checksum(hdr) and typ not in extended
+        except ValueError:  # an 8 or a 9
+            return pos
+        if not ok:
+            return pos
+        kind = kinds.get(typ, "other")
+        data_at = pos + BLOCK
+        nxt = data_at + ((size + BLOCK - 1) & -BLOCK)
+        if nxt > end or (size > max_member and kind == "file"):
+            return pos  # cut inside the member or its padding, or over the limit: the parser's errors
+        name = decode(hdr[0:100])
+        if hdr[345] and hdr[257:263] == b"ustar\0":
+            prefix = decode(hdr[345:500])
+            if prefix:
+                name = prefix + "/" + name
+        data = None
+        if kind == "file":
+            if data_at + size <= win_end:
+                data = win[data_at - win_at:data_at - win_at + size]
+            else:
+                small = True
+        yield name, size, kind, base + data_at, data
+        pos = nxt
 
 
 def split_key(name: str) -> tuple[str, str] | None:
