@@ -9,23 +9,40 @@ member of the sample is a sidecar kept in the sample's JSON metadata
 Every member is stored, attached as a sidecar, or counted as skipped with
 its reason (:attr:`ConvertResult.skipped`): nothing is dropped silently.
 
+A plain file goes in two passes. Pass 1 walks the headers
+(:func:`~warpdata.tbl.tarstream.scan_members`: one ``pread`` brings a
+header, the small sidecars after it and the head of the next image) and
+plans every sample: payload chosen, format and size read from the head the
+scan brought, sidecars read, metadata JSON built, skips counted; the plans
+are packed into a spool (:class:`_PlanSpool`, memory up to 4 MiB, then an
+anonymous file). Pass 2 knows the sample count, so the output's layout, and
+reads each payload once, straight into the writer's ``O_DIRECT`` staging
+buffer (:meth:`TblWriter.payload_slot`), checksums it there and writes.
+Headers are read once (no counting pre-pass); an image's first bytes come
+with pass 1's window and all of it in pass 2. A pipe or gzip stream is
+planned and written sample by sample, into spools the writer moves into
+place at close.
+
 Compression runs in ``workers`` threads (the C code releases the GIL);
 payloads stored as they are (JPEG, PNG... with ``--compression auto``) are
-only checksummed, in the reading thread: two C passes of ~25 us per 120 KB
+only checksummed, in the calling thread: two C passes of ~25 us per 120 KB
 photo cost less than a hand-off to a thread. Results are written in input
-order, so the output bytes do not depend on the worker count. At most ``4 * workers`` samples are in flight,
-and the writer spools index and metadata to disk, so peak memory does not
-grow with the number of samples. The output is written under a temporary
-name and renamed at the end: an interrupted run leaves no ``OUT``.
+order, so the output bytes do not depend on the worker count or the input
+route. At most ``4 * workers`` samples are in flight, and the writer spools
+index and metadata to disk, so peak memory does not grow with the number of
+samples. The output is written under a temporary name and renamed at the
+end: an interrupted run leaves no ``OUT``.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import struct
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _jstr  # json.dumps' own (C) string encoder
@@ -41,23 +58,15 @@ from warpdata.formats.tbl import (
     EncodedSample,
     TblReader,
     TblWriter,
-    canonical_json,
     crc16,
     crc32,
     encode_sample,
     resolve_compression,
 )
 from warpdata.tbl.tarstream import (
-    _WINDOW_BIG,
-    _WINDOW_SMALL,
-    BLOCK,
     DEFAULT_MAX_MEMBER,
-    ZERO_BLOCK,
     Sample,
     TarFormatError,
-    group_samples,
-    iter_members,
-    member_data,
     open_input,
     read_at,
     read_at_into,
@@ -130,135 +139,6 @@ def choose_payload(sample: Sample) -> int | None:
     return None
 
 
-_IMAGE_EXT: dict[bytes, bool] = {}
-_EXTENDED_TYPES = frozenset(b"LKxg")
-_REGULAR_TYPES = frozenset(b"0\x007")
-
-
-def _is_image_ext(ext: bytes) -> bool:
-    got = _IMAGE_EXT.get(ext)
-    if got is None:
-        e = ext.decode("utf-8", "surrogateescape")
-        got = e.lower() in EXTENSION_FORMATS or _ext_format(e) is not None
-        if len(_IMAGE_EXT) < 1024:
-            _IMAGE_EXT[ext] = got
-    return got
-
-
-def _count_plain(path: str, max_member: int) -> int | None:
-    """:func:`count_samples` for the common archive, at ~1 us a member; None to ask the full parser.
-
-    Reads only the headers, from windows of the file read with one pread each
-    (a header and the small members after it, as :func:`scan_members` does),
-    and groups keys as bytes. Anything beyond plain ustar/GNU regular files
-    and directories (PAX or GNU long-name records, base-256 sizes, a member
-    over the limit, a cut) returns None and the full parser decides, raising
-    its typed errors. The count only places the payloads: were it ever wrong,
-    the writer moves them at close (TblWriter ``expected_samples``), so the
-    output is the same either way.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        end = os.fstat(fd).st_size
-        if os.pread(fd, 2, 0) == b"\x1f\x8b":
-            return None
-        pread = os.pread
-        pos = n = 0
-        key: bytes | None = None
-        image = False
-        win, win_at, win_end, small = b"", 0, 0, True
-        while pos + BLOCK <= end:
-            if pos + BLOCK > win_end:
-                win = pread(fd, min(_WINDOW_SMALL if small else _WINDOW_BIG, end - pos), pos)
-                win_at, win_end, small = pos, pos + len(win), False
-                if len(win) < BLOCK:
-                    return None
-            rel = pos - win_at
-            hdr = win[rel:rel + BLOCK]
-            typ = hdr[156]
-            if typ in _EXTENDED_TYPES or hdr[124] & 0x80:
-                return None
-            if hdr == ZERO_BLOCK:
-                break
-            try:  # no checksum test: the conversion pass checks every header and stops at a bad one
-                size = int(hdr[124:136].split(b"\0", 1)[0].strip(b" ") or b"0", 8)
-            except ValueError:
-                return None
-            pos += BLOCK + ((size + BLOCK - 1) & -BLOCK)
-            if pos > end or size < 0:
-                return None
-            if pos > win_end:
-                small = True  # the next header lies past a big member: a small window will do
-            if typ not in _REGULAR_TYPES:
-                continue  # directories, links...: skipped, and they do not end a sample
-            if size > max_member:
-                return None
-            name = hdr[:100].split(b"\0", 1)[0]
-            if hdr[345] and hdr[257:263] == b"ustar\0":
-                name = hdr[345:500].split(b"\0", 1)[0] + b"/" + name
-            slash = name.rfind(b"/")
-            dot = name.find(b".", slash + 1)
-            if dot <= slash + 1:
-                continue  # no WebDataset key: skipped
-            if name[:dot] != key:
-                n += image
-                key, image = name[:dot], False
-            image = image or _is_image_ext(name[dot + 1:])
-        if pos < end and pos + BLOCK > end:
-            return None  # a cut header: the full parser names it
-        return n + image
-    finally:
-        os.close(fd)
-
-
-def count_samples(path: str, max_member: int = DEFAULT_MAX_MEMBER) -> int | None:
-    """How many samples a seekable, uncompressed tar holds (headers only), else None."""
-    if path == "-":
-        return None
-    fast = _count_plain(path, max_member)
-    if fast is not None:
-        return fast
-    # header reads + seeks: a small buffer serves the next header of small
-    # members without a syscall and costs one 16 KiB read after a big one
-    f, size = open_input(path, buffering=16 << 10)
-    try:
-        if size is None or not f.seekable():
-            return None
-        n = 0
-        for s in group_samples(iter_members(f, with_data=False, max_member=max_member), lambda _n, _r: None):
-            n += choose_payload(s) is not None
-        return n
-    finally:
-        f.close()
-
-
-def _sidecar_metadata(sample: Sample, payload_at: int, on_skip) -> tuple[bytes, int]:
-    """The sample's JSON metadata and how many sidecars it carries."""
-    key, ext0, m0 = sample.key, *sample.members[payload_at]
-    text: dict[str, str] = {}
-    binary: dict[str, str] = {}
-    for i, (ext, m) in enumerate(sample.members):
-        if i == payload_at:
-            continue
-        if ext in text or ext in binary or ext == ext0:
-            on_skip(m.name, f"a second '.{ext}' member in sample {key!r}")
-            continue
-        data = member_data(m)
-        try:
-            text[ext] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            binary[ext] = base64.b64encode(data).decode("ascii")
-    meta: dict[str, Any] = {"key": key, "name": m0.name}
-    if text:
-        meta["sidecars"] = text
-    if binary:
-        meta["binary"] = binary
-    return canonical_json(meta), len(text) + len(binary)
-
-
 _PAYLOAD_RANK: dict[str, int] = {}
 
 
@@ -280,7 +160,12 @@ def _payload_at(members: list) -> int | None:
 
 
 def _sidecars_json(key: str, members: list, payload_at: int, on_skip, fd: int) -> tuple[bytes, int]:
-    """:func:`_sidecar_metadata` for the converter's member tuples: the JSON and the sidecar count."""
+    """The sample's JSON metadata and how many sidecars it carries (the other members, one per extension).
+
+    Members are the converter's tuples ``(ext, name, size, offset, data)``;
+    a member read on from ``fd`` when its bytes did not come with it. A text
+    member goes to ``sidecars``, one that is not UTF-8 to ``binary`` as base64.
+    """
     ext0, name0 = members[payload_at][:2]
     text: dict[str, str] = {}
     binary: dict[str, str] = {}
@@ -290,7 +175,7 @@ def _sidecars_json(key: str, members: list, payload_at: int, on_skip, fd: int) -
         if ext in text or ext in binary or ext == ext0:
             on_skip(name, f"a second '.{ext}' member in sample {key!r}")
             continue
-        if data is None:
+        if len(data) < size:
             data = read_at(fd, off, size, name)
         try:
             text[ext] = data.decode("utf-8")
@@ -314,6 +199,102 @@ def meta_json(key: str, name: str, text: dict[str, str], binary: dict[str, str])
     tail = (',"sidecars":{' + ",".join([s(k) + ":" + s(text[k]) for k in sorted(text)]) + "}}"
             if text else "}")
     return (head + s(key) + ',"name":' + s(name) + tail).encode("utf-8")
+
+
+_HEAD_MORE = 64 << 10  # a payload whose header does not fit the scan's window: this much is read for it
+
+
+def _image_info(fd: int, name: str, size: int, off: int, data: bytes):
+    """:func:`image_info` of a payload of which ``data`` may be only the head (the rest at ``off`` in ``fd``).
+
+    The parsers read the header by index and raise on any byte past the
+    end, so a head that holds the header gives the same answer as the whole
+    payload; one that does not (a large EXIF block before a JPEG's frame
+    header) raises, and the parse is retried on more of it, then on all of it.
+    """
+    if len(data) == size:
+        return image_info(data, name=name)
+    if data:
+        with contextlib.suppress(DataError):
+            return image_info(data, name=name)
+    if size > _HEAD_MORE:
+        with contextlib.suppress(DataError):
+            return image_info(read_at(fd, off, _HEAD_MORE, name), name=name)
+    return image_info(read_at(fd, off, size, name), name=name)
+
+
+class _PlanSpool:
+    """The converter's planned samples, in order, in memory up to :attr:`CAP` bytes and on disk past it.
+
+    A plan is ``(name, size, offset, data, format code, width, height,
+    metadata)``; ``data`` is the payload's bytes when the scan brought all of
+    them (small images), else empty (read in pass 2). Packed at ~40 bytes plus
+    name, metadata and such small payloads: peak memory stays flat in the
+    number of samples. The file is anonymous (``TemporaryFile``): nothing is
+    left behind, whatever happens.
+    """
+
+    CAP = 4 << 20
+    REC = struct.Struct("<QQIHHBII")  # offset, size, data bytes, width, height, format, name bytes, metadata bytes
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.count = 0
+        self._buf = bytearray()
+        self._file = None
+
+    def add(self, plan: tuple) -> None:
+        name, size, off, data, fmt, w, h, meta = plan
+        nb = name.encode("utf-8", "surrogateescape")
+        buf = self._buf
+        buf += self.REC.pack(off, size, len(data), w, h, fmt, len(nb), len(meta))
+        buf += nb
+        buf += data
+        buf += meta
+        self.count += 1
+        if len(buf) >= self.CAP:
+            if self._file is None:
+                import tempfile
+
+                os.makedirs(self.where, exist_ok=True)  # where the writer will put OUT (it would make it too)
+                self._file = tempfile.TemporaryFile(dir=self.where)  # noqa: SIM115 - closed by close()
+            self._file.write(buf)
+            buf.clear()
+
+    def __iter__(self) -> Iterator[tuple]:
+        if self._file is not None:
+            self._file.seek(0)
+            rest = b""
+            while True:
+                chunk = self._file.read(1 << 20)
+                if not chunk:
+                    break
+                rest = yield from self._parse(rest + chunk if rest else chunk)
+            if rest:
+                raise OSError(f"the converter's plan spool ends inside a record ({len(rest)} bytes left)")
+        rest = yield from self._parse(bytes(self._buf))
+        if rest:
+            raise OSError("the converter's plan spool ends inside a record")
+
+    def _parse(self, b: bytes) -> Generator[tuple, None, bytes]:
+        """Yield the whole records in ``b``; return the bytes of a cut last one."""
+        unpack, n, pos, end = self.REC.unpack_from, self.REC.size, 0, len(b)
+        while pos + n <= end:
+            off, size, nd, w, h, fmt, nn, nm = unpack(b, pos)
+            at = pos + n
+            stop = at + nn + nd + nm
+            if stop > end:
+                break
+            name = b[at:at + nn].decode("utf-8", "surrogateescape")
+            yield name, size, off, b[at + nn:at + nn + nd], fmt, w, h, b[at + nn + nd:stop]
+            pos = stop
+        return b[pos:]
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._buf = bytearray()
 
 
 def _no_samples_message(path: str, res: ConvertResult, reasons: Counter[str]) -> str:
@@ -371,55 +352,45 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
     if req.max_member_bytes <= 0:
         raise UsageError(f"--max-member-mb must be positive (got {req.max_member_bytes} bytes)",
                          hint="the default is 1024 MiB")
-    expected = count_samples(req.input, req.max_member_bytes)
     f, res.tar_bytes = open_input(req.input, buffering=_READ_BUFFER)
-    writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
-                       expected_samples=expected, fsync=req.fsync)
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="tbl-encode") if workers > 1 else None
-    pending: deque = deque()
-    window = 4 * workers
-    try:  # members that come without their bytes (plain files only, stdin included) are read from here
+    try:
+        return _convert_open(req, f, res, on_skip, reasons, formats, workers, t0, progress, warn)
+    finally:
+        if req.input != "-":
+            f.close()
+
+
+def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: Counter[str],
+                  formats: Counter[str], workers: int, t0: float,
+                  progress: Callable[[int, int], None] | None,
+                  warn: Callable[[str], None] | None) -> ConvertResult:
+    """Plan every sample (pass 1), then write them (pass 2); see the module docstring."""
+    try:  # members that come without (all of) their bytes are read on from here: plain files, stdin included
         fd = f.fileno()
     except (OSError, AttributeError, ValueError):
         fd = -1
-    read_to = 0  # tar bytes read so far (uncompressed), for progress
-    add_stored = writer.add_stored
-    as_is: dict[str, bool] = {}  # image format -> stored as is (no compression) under req.compression
+    # a plain file is planned whole before anything is written: the plans give the sample count
+    # the output's layout needs, in the same pass over the headers (no counting pre-pass). Pipes
+    # and gzip streams are written as they are read, into spools the writer moves at close
+    two_pass = req.input != "-" and res.tar_bytes is not None
+    plans = _PlanSpool(os.path.dirname(os.path.abspath(req.output)))
 
-    def drain(limit: int) -> None:
-        while len(pending) > limit:
-            fut = pending.popleft()
-            writer.add_encoded(fut.result() if isinstance(fut, Future) else fut)
-            res.samples += 1
-            if progress:
-                progress(res.samples, read_to)
-
-    def sample(key: str, members: list) -> None:
-        """Write one sample: its image member is the payload, the other members its sidecars."""
+    def plan(key: str, members: list) -> None:
+        """Choose the payload, read its format and size, build the metadata; or skip the sample."""
         at = _payload_at(members)
         if at is None:
             names = ", ".join(m[1] for m in members)
             for m in members:
                 on_skip(m[1], f"sample {key!r} has no image member ({names})")
             return
-        ext0, name0, size, off, data = members[at]
-        in_place = False
-        if data is None:  # not read yet: straight into the writer's staging buffer where it offers one
-            if pending:
-                drain(0)  # the slot is where the next payload goes: everything before it is written
-            slot = writer.payload_slot(size)
-            if slot is not None:
-                read_at_into(fd, slot, off, size, name0)
-                data, in_place = slot, True
-            else:
-                data = read_at(fd, off, size, name0)
+        _ext, name, size, off, data = members[at]
         try:
-            info = image_info(data, name=name0)
+            info = _image_info(fd, name, size, off, data)
         except DataError as e:
             if req.on_error == "raise":
                 raise DataError(f"{req.input}: {e.message}",
                                 hint="fix or remove the member, or rerun with --on-error skip (or warn)",
-                                member=name0, key=key) from None
+                                member=name, key=key) from None
             if req.on_error == "warn" and warn:
                 warn(f"skipping sample {key!r}: {e.message}")
             for m in members:
@@ -427,28 +398,60 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
             return
         meta, n_side = _sidecars_json(key, members, at, on_skip, fd)
         res.sidecars += n_side
-        fmt = info.format
-        formats[fmt] += 1
+        formats[info.format] += 1
+        w, h = info.width, info.height
+        p = (name, size, off, data if len(data) == size else b"", FORMAT_CODES.get(info.format, 0),
+             w if 0 < w <= MAX_DIM else 0, h if 0 < h <= MAX_DIM else 0, meta)
+        if two_pass:
+            plans.add(p)
+        else:
+            emit(*p)
+
+    writer: TblWriter | None = None
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="tbl-encode") if workers > 1 else None
+    pending: deque = deque()
+    window = 4 * workers
+    read_to = 0  # tar bytes read so far (uncompressed), for progress
+    as_is: dict[int, bool] = {}  # format code -> stored as is (no compression) under req.compression
+
+    def drain(limit: int) -> None:
+        while len(pending) > limit:
+            fut = pending.popleft()
+            writer.add_encoded(fut.result() if isinstance(fut, Future) else fut)  # type: ignore[union-attr]
+            res.samples += 1
+            if progress:
+                progress(res.samples, read_to)
+
+    def emit(name: str, size: int, off: int, data: bytes, fmt: int, w: int, h: int, meta: bytes) -> None:
+        """Checksum (and maybe compress) one planned sample and hand it to the writer, in order."""
+        nonlocal read_to
+        read_to = off + size
         stored_as_is = as_is.get(fmt)
-        if stored_as_is is None:  # as encode_sample decides it, from the format's code (GIF is 0, unknown)
-            stored_as_is = as_is[fmt] = resolve_compression(req.compression, FORMAT_CODES.get(fmt, 0)) == "none"
+        if stored_as_is is None:  # as encode_sample decides it
+            stored_as_is = as_is[fmt] = resolve_compression(req.compression, fmt) == "none"
         if stored_as_is:  # checksums only: ~25 us of C per 120 KB photo, less than handing it to a thread
-            w, h = info.width, info.height
-            w, h = (w if 0 < w <= MAX_DIM else 0), (h if 0 < h <= MAX_DIM else 0)
-            if pending:  # compressed samples before it are still in the pool: it waits its turn
-                pending.append(EncodedSample(data, size, 0, crc16(data), crc32(data), FORMAT_CODES.get(fmt, 0),
-                                             w, h, meta))
+            if len(data) < size:  # straight into the writer's staging buffer, where it offers one
+                if pending:
+                    drain(0)  # the slot is where the next payload goes: everything before it is written
+                slot = writer.payload_slot(size)  # type: ignore[union-attr]
+                if slot is not None:
+                    read_at_into(fd, slot, off, size, name)
+                    data = slot
+                else:
+                    data = read_at(fd, off, size, name)
+            elif pending:  # compressed samples before it are still in the pool: it waits its turn
+                pending.append(EncodedSample(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta))
                 drain(window)
                 return
-            add_stored(data, size, 0, crc16(data), crc32(data), FORMAT_CODES.get(fmt, 0), w, h, meta)
+            writer.add_stored(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta)  # type: ignore[union-attr]
             res.samples += 1
             if progress:
                 progress(res.samples, read_to)
             return
-        if in_place:
-            data = bytes(data)  # compressed bytes go elsewhere: the slot is only lent until the next write
-        kwargs = dict(format=fmt, width=info.width, height=info.height,
-                      compression=req.compression, level=req.level, trailer=True, metadata=meta)
+        if len(data) < size:
+            data = read_at(fd, off, size, name)
+        kwargs = dict(format=fmt, width=w, height=h, compression=req.compression, level=req.level,
+                      trailer=True, metadata=meta)
         if pool:
             pending.append(pool.submit(encode_sample, data, **kwargs))
         else:
@@ -456,14 +459,16 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
         drain(window)
 
     try:
-        # members come as (name, size, kind, file offset, bytes or None): a big member of a plain
-        # file is read only once known to be a payload, straight into the writer's staging buffer
+        if not two_pass:  # streamed: the sample count is not known up front (the writer moves payloads at close)
+            writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
+                               expected_samples=None, fsync=req.fsync)
+        # members come as (name, size, kind, file offset, bytes or their head): a big member of a
+        # plain file is read only once known to be a payload, straight into the writer's staging buffer
         key: str | None = None
-        cur: list = []  # the current sample's members: (ext, name, size, offset, bytes or None)
+        cur: list = []  # the current sample's members: (ext, name, size, offset, bytes or their head)
         for name, size, kind, off, data in scan_members(f, max_member=req.max_member_bytes,
                                                         defer_above=_DEFER_ABOVE):
             res.members += 1
-            read_to = off + size
             if kind != "file":
                 on_skip(name, f"not a regular file ({kind})")
                 continue
@@ -475,26 +480,31 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
             k = name[:dot]
             if k != key:
                 if cur:
-                    sample(key, cur)  # type: ignore[arg-type]
+                    plan(key, cur)  # type: ignore[arg-type]
                 key, cur = k, []
             cur.append((name[dot + 1:], name, size, off, data))
         if cur:
-            sample(key, cur)  # type: ignore[arg-type]
+            plan(key, cur)  # type: ignore[arg-type]
+        if two_pass and plans.count:
+            writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
+                               expected_samples=plans.count, fsync=req.fsync)
+            for p in plans:
+                emit(*p)
         drain(0)
         if not res.samples:
             raise DataError(_no_samples_message(req.input, res, reasons), **_no_samples_hint(res))
-        writer.close(warp_metadata=True)
+        writer.close(warp_metadata=True)  # type: ignore[union-attr]
     except BaseException:
         for fut in pending:
             if isinstance(fut, Future):
                 fut.cancel()
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         raise
     finally:
+        plans.close()
         if pool:
             pool.shutdown(wait=True, cancel_futures=True)
-        if req.input != "-":
-            f.close()
     res.input_bytes, res.stored_bytes = writer.bytes_in, writer.bytes_stored
     res.compressed_samples = writer.compressed_samples
     res.output_bytes = Path(req.output).stat().st_size

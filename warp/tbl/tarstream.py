@@ -488,9 +488,10 @@ def scan_members(f: BinaryIO, *, max_member: int = DEFAULT_MAX_MEMBER,
 
     Yields ``(name, size, kind, offset, data)``: ``offset`` is where the
     member's data starts in the file behind ``f`` (for ``os.pread`` on
-    ``f.fileno()``); ``data`` is the member's bytes, or None for a regular
-    member to be read from there (only on a plain file, never on a pipe or
-    gzip stream, whose members all come with their bytes).
+    ``f.fileno()``); for a regular member ``data`` is its bytes, or when
+    shorter than ``size`` the first of them (maybe none), the rest to be read
+    from there (only on a plain file, never on a pipe or gzip stream, whose
+    members all come whole); None for other members.
 
     On a plain file, headers are parsed from windows of the archive read with
     one ``pread`` each (a header, and the small sidecars after it, in one
@@ -516,7 +517,7 @@ def scan_members(f: BinaryIO, *, max_member: int = DEFAULT_MAX_MEMBER,
         r.pos = stop
         base = r.base
         for m in _members(r, True, max_member, defer_above):
-            yield m.name, m.size, m.type, base + m.offset, m.data
+            yield m.name, m.size, m.type, base + m.offset, b"" if m.deferred else m.data
     finally:
         r.sync()
 
@@ -573,10 +574,9 @@ def _scan_plain(fd: int, base: int, end: int, max_member: int) -> Iterator[ScanM
             if prefix:
                 name = prefix + "/" + name
         data = None
-        if kind == "file":
-            if data_at + size <= win_end:
-                data = win[data_at - win_at:data_at - win_at + size]
-            else:
+        if kind == "file":  # what of it the window holds: all of it, a head, or nothing
+            data = win[data_at - win_at:data_at - win_at + size]
+            if data_at + size > win_end:
                 small = True
         yield name, size, kind, base + data_at, data
         pos = nxt
