@@ -262,8 +262,8 @@ def test_plans_past_the_memory_cap_spill_to_an_anonymous_file(tmp_path, monkeypa
     spilled = []
     real = converter._PlanSpool.add
 
-    def add(self, plan):
-        real(self, plan)
+    def add(self, *plan):
+        real(self, *plan)
         spilled.append(self._file is not None)
         if self._file is not None:  # anonymous: no name in the directory, even while it is in use
             assert os.listdir(b.parent) == []

@@ -223,19 +223,27 @@ def _image_info(fd: int, name: str, size: int, off: int, data: bytes):
     return image_info(read_at(fd, off, size, name), name=name)
 
 
+def _plan_name(meta: bytes) -> str:
+    """A planned sample's payload member name (for errors), from its metadata: the converter writes it there."""
+    import json
+
+    return json.loads(meta)["name"]
+
+
 class _PlanSpool:
     """The converter's planned samples, in order, in memory up to :attr:`CAP` bytes and on disk past it.
 
-    A plan is ``(name, size, offset, data, format code, width, height,
-    metadata)``; ``data`` is the payload's bytes when the scan brought all of
-    them (small images), else empty (read in pass 2). Packed at ~40 bytes plus
-    name, metadata and such small payloads: peak memory stays flat in the
-    number of samples. The file is anonymous (``TemporaryFile``): nothing is
-    left behind, whatever happens.
+    A plan is ``(size, offset, data, format code, width, height, metadata)``
+    of the payload member; ``data`` is its bytes when the scan brought all of
+    them (small images), else empty (read in pass 2); its name is in the
+    metadata. Packed at 28 bytes plus metadata and such small payloads: peak
+    memory stays flat in the number of samples. The file is anonymous
+    (``TemporaryFile``): nothing is left behind, whatever happens.
     """
 
     CAP = 4 << 20
-    REC = struct.Struct("<QQIHHBII")  # offset, size, data bytes, width, height, format, name bytes, metadata bytes
+    REC = struct.Struct("<QQHHBI")  # offset, size, width, height, format, metadata bytes; then data bytes (u32)
+    DATA = struct.Struct("<I")
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -243,14 +251,13 @@ class _PlanSpool:
         self._buf = bytearray()
         self._file = None
 
-    def add(self, plan: tuple) -> None:
-        name, size, off, data, fmt, w, h, meta = plan
-        nb = name.encode("utf-8", "surrogateescape")
+    def add(self, size: int, off: int, data: bytes, fmt: int, w: int, h: int, meta: bytes) -> None:
         buf = self._buf
-        buf += self.REC.pack(off, size, len(data), w, h, fmt, len(nb), len(meta))
-        buf += nb
-        buf += data
+        buf += self.REC.pack(off, size, w, h, fmt, len(meta))
         buf += meta
+        buf += self.DATA.pack(len(data))
+        if data:
+            buf += data
         self.count += 1
         if len(buf) >= self.CAP:
             if self._file is None:
@@ -278,15 +285,19 @@ class _PlanSpool:
 
     def _parse(self, b: bytes) -> Generator[tuple, None, bytes]:
         """Yield the whole records in ``b``; return the bytes of a cut last one."""
-        unpack, n, pos, end = self.REC.unpack_from, self.REC.size, 0, len(b)
+        unpack, n = self.REC.unpack_from, self.REC.size
+        unpack_n = self.DATA.unpack_from
+        pos, end = 0, len(b)
         while pos + n <= end:
-            off, size, nd, w, h, fmt, nn, nm = unpack(b, pos)
-            at = pos + n
-            stop = at + nn + nd + nm
+            off, size, w, h, fmt, nm = unpack(b, pos)
+            at = pos + n + nm
+            if at + 4 > end:
+                break
+            (nd,) = unpack_n(b, at)
+            stop = at + 4 + nd
             if stop > end:
                 break
-            name = b[at:at + nn].decode("utf-8", "surrogateescape")
-            yield name, size, off, b[at + nn:at + nn + nd], fmt, w, h, b[at + nn + nd:stop]
+            yield size, off, b[at + 4:stop] if nd else b"", fmt, w, h, b[pos + n:at]
             pos = stop
         return b[pos:]
 
@@ -400,12 +411,13 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
         res.sidecars += n_side
         formats[info.format] += 1
         w, h = info.width, info.height
-        p = (name, size, off, data if len(data) == size else b"", FORMAT_CODES.get(info.format, 0),
-             w if 0 < w <= MAX_DIM else 0, h if 0 < h <= MAX_DIM else 0, meta)
+        w, h = (w if 0 < w <= MAX_DIM else 0), (h if 0 < h <= MAX_DIM else 0)
+        if len(data) < size:
+            data = b""  # (a head: pass 2 reads it all, into the writer's staging buffer)
         if two_pass:
-            plans.add(p)
+            plans.add(size, off, data, FORMAT_CODES.get(info.format, 0), w, h, meta)
         else:
-            emit(*p)
+            emit(name, size, off, data, FORMAT_CODES.get(info.format, 0), w, h, meta)
 
     writer: TblWriter | None = None
     pool = ThreadPoolExecutor(workers, thread_name_prefix="tbl-encode") if workers > 1 else None
@@ -422,10 +434,16 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
             if progress:
                 progress(res.samples, read_to)
 
-    def emit(name: str, size: int, off: int, data: bytes, fmt: int, w: int, h: int, meta: bytes) -> None:
-        """Checksum (and maybe compress) one planned sample and hand it to the writer, in order."""
+    def emit(name: str | None, size: int, off: int, data: bytes, fmt: int, w: int, h: int, meta: bytes) -> None:
+        """Checksum (and maybe compress) one planned sample and hand it to the writer, in order.
+
+        ``data`` is the payload, or empty when it is to be read from ``off``
+        (``name``, for errors, None for the name in ``meta``).
+        """
         nonlocal read_to
         read_to = off + size
+        if name is None:
+            name = _plan_name(meta)
         stored_as_is = as_is.get(fmt)
         if stored_as_is is None:  # as encode_sample decides it
             stored_as_is = as_is[fmt] = resolve_compression(req.compression, fmt) == "none"
@@ -488,8 +506,26 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
         if two_pass and plans.count:
             writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
                                expected_samples=plans.count, fsync=req.fsync)
-            for p in plans:
-                emit(*p)
+            # pass 2, its common case inline (a payload stored as is, nothing compressed in flight):
+            # one preadv into the staging buffer, two CRC passes over it while it is in cache, one add
+            slot_of, add_stored, preadv = writer.payload_slot, writer.add_stored, os.preadv
+            for size, off, data, fmt, w, h, meta in plans:
+                if pending or not as_is.get(fmt):  # (the first of a format decides it, in emit)
+                    emit(None, size, off, data, fmt, w, h, meta)
+                    continue
+                read_to = off + size
+                if not data:
+                    slot = slot_of(size)
+                    if slot is not None:
+                        if size and preadv(fd, [slot], off) != size:
+                            read_at_into(fd, slot, off, size, _plan_name(meta))
+                        data = slot
+                    else:
+                        data = read_at(fd, off, size, _plan_name(meta))
+                add_stored(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta)
+                res.samples += 1
+                if progress:
+                    progress(res.samples, read_to)
         drain(0)
         if not res.samples:
             raise DataError(_no_samples_message(req.input, res, reasons), **_no_samples_hint(res))

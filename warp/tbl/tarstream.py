@@ -530,10 +530,10 @@ def _scan_plain(fd: int, base: int, end: int, max_member: int) -> Iterator[ScanM
     form (digits, then NULs or spaces), which :func:`_octal` reads the same.
     """
     pread = os.pread
-    decode = _decode_name
-    checksum = header_checksum
+    adler = zlib.adler32
     kinds = _KINDS
     extended = _EXTENDED
+    blank = (0, 32)
     win, win_at, win_end = b"", 0, 0
     pos = 0
     small = True  # the last window ended inside a big member: read a small one next
@@ -550,15 +550,17 @@ def _scan_plain(fd: int, base: int, end: int, max_member: int) -> Iterator[ScanM
         hdr = win[rel:rel + BLOCK]
         size_f = hdr[124:135]
         chk_f = hdr[148:154]
-        if not (size_f.isdigit() and chk_f.isdigit() and hdr[135] in (0, 32) and hdr[154] in (0, 32)
-                and hdr[155] in (0, 32)):
+        if not (size_f.isdigit() and chk_f.isdigit() and hdr[135] in blank and hdr[154] in blank
+                and hdr[155] in blank):
             if hdr == ZERO_BLOCK:
                 return None  # the end-of-archive block
             return pos
         typ = hdr[156]
         try:
             size = int(size_f, 8)
-            ok = int(chk_f, 8) == checksum(hdr) and typ not in extended
+            # header_checksum, inline (bytes slices: cheaper here than memoryviews)
+            ok = (int(chk_f, 8) == (adler(hdr[:256]) & 0xFFFF) + (adler(hdr[256:]) & 0xFFFF)
+                  - (adler(hdr[148:156]) & 0xFFFF) + 255 and typ not in extended)
         except ValueError:  # an 8 or a 9
             return pos
         if not ok:
@@ -568,17 +570,18 @@ def _scan_plain(fd: int, base: int, end: int, max_member: int) -> Iterator[ScanM
         nxt = data_at + ((size + BLOCK - 1) & -BLOCK)
         if nxt > end or (size > max_member and kind == "file"):
             return pos  # cut inside the member or its padding, or over the limit: the parser's errors
-        name = decode(hdr[0:100])
+        name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")  # _decode_name
         if hdr[345] and hdr[257:263] == b"ustar\0":
-            prefix = decode(hdr[345:500])
+            prefix = _decode_name(hdr[345:500])
             if prefix:
                 name = prefix + "/" + name
-        data = None
         if kind == "file":  # what of it the window holds: all of it, a head, or nothing
-            data = win[data_at - win_at:data_at - win_at + size]
+            rel = data_at - win_at
             if data_at + size > win_end:
                 small = True
-        yield name, size, kind, base + data_at, data
+            yield name, size, kind, base + data_at, win[rel:rel + size]
+        else:
+            yield name, size, kind, base + data_at, None
         pos = nxt
 
 
