@@ -14,7 +14,7 @@ A plain file goes in two passes. Pass 1 walks the headers
 header, the small sidecars after it and the head of the next image) and
 plans every sample: payload chosen, format and size read from the head the
 scan brought, sidecars read, metadata JSON built, skips counted; the plans
-are packed into a spool (:class:`_PlanSpool`, memory up to 4 MiB, then an
+are packed into a spool (:class:`_PlanSpool`, memory up to 1 MiB, then an
 anonymous file). Pass 2 knows the sample count, so the output's layout, and
 reads each payload once, straight into the writer's ``O_DIRECT`` staging
 buffer (:meth:`TblWriter.payload_slot`), checksums it there and writes.
@@ -241,7 +241,7 @@ class _PlanSpool:
     (``TemporaryFile``): nothing is left behind, whatever happens.
     """
 
-    CAP = 4 << 20
+    CAP = 1 << 20
     REC = struct.Struct("<QQHHBI")  # offset, size, width, height, format, metadata bytes; then data bytes (u32)
     DATA = struct.Struct("<I")
 
