@@ -16,8 +16,14 @@ A plain file is read with ``pread`` at known offsets (one syscall a
 header, with a 4 KiB read-ahead that brings a sample's small sidecars
 along; none to skip); with ``defer_above`` its big members are not read
 at all until the caller asks, into a buffer of its choice
-(:func:`read_member_into`): the converter reads a payload straight into
-its output staging buffer.
+(:func:`read_member_into`, or :func:`read_at_into` for :func:`scan_members`):
+the converter reads a payload straight into
+its output staging buffer. :func:`scan_members` is the converter's entry:
+plain tuples, and on a plain file a fast path that parses the usual
+ustar/GNU headers from windows of the file (one ``pread`` brings a header,
+the small members after it and the next header) and hands over to the full
+parser at the first header it does not take, so both accept and reject the
+same archives with the same errors.
 
 Declared sizes never drive allocation: a member is read in bounded chunks
 (or only as far as a file's real size), and one declaring more than
