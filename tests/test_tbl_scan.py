@@ -269,6 +269,7 @@ def test_plans_past_the_memory_cap_spill_to_an_anonymous_file(tmp_path, monkeypa
             assert os.listdir(b.parent) == []
 
     monkeypatch.setattr(converter._PlanSpool, "CAP", 1000)
+    monkeypatch.setattr(converter._PlanSpool, "READ", 777)  # records straddle the pieces read back
     monkeypatch.setattr(converter._PlanSpool, "add", add)
     res = convert(ConvertRequest(str(p), str(b), workers=2, fsync=False))
     assert res.samples == 300 and sum(spilled) > 250

@@ -242,6 +242,7 @@ class _PlanSpool:
     """
 
     CAP = 1 << 20
+    READ = 1 << 20  # the spilled part is read back in pieces this big (a record may straddle two)
     REC = struct.Struct("<QQHHBI")  # offset, size, width, height, format, metadata bytes; then data bytes (u32)
     DATA = struct.Struct("<I")
 
@@ -273,7 +274,7 @@ class _PlanSpool:
             self._file.seek(0)
             rest = b""
             while True:
-                chunk = self._file.read(1 << 20)
+                chunk = self._file.read(self.READ)
                 if not chunk:
                     break
                 rest = yield from self._parse(rest + chunk if rest else chunk)
