@@ -17,6 +17,14 @@ peak RSS is its own):
 4. loader decode throughput vs a bare simplejpeg loop (same decode, same
    resize, same threads), one epoch each, alternating which goes first.
 
+``--baseline DIR`` adds an older converter to the disk section's rotation
+(before/after under the same load); DIR holds that checkout's ``warpdata``
+package, laid out as pyproject.toml's package-dir maps it::
+
+    git archive REV warp formats commands kernels | tar x -C /tmp/rev
+    mkdir -p /tmp/base && cp -a /tmp/rev/warp /tmp/base/warpdata
+    for d in formats commands kernels; do cp -a /tmp/rev/$d /tmp/base/warpdata/; done
+
 Timings on a shared machine drift with other processes' load; interleaving
 the contenders in small blocks makes the drift hit them alike (the ratios
 are the figures to quote). The script prints ``uptime``'s load average.
@@ -114,8 +122,11 @@ print(json.dumps({"rss_mb": hwm()}))
 """
 
 
-def run_py(code: str, *args: str) -> dict:
-    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+def run_py(code: str, *args: str, pythonpath: str | None = None) -> dict:
+    env = None
+    if pythonpath:  # another checkout's package tree first on the path (--baseline)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")])))
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True, env=env)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -243,35 +254,44 @@ def fsync_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - t0
 
 
-def bench_disk(tars: list[tuple[str, Path]], runs: int) -> tuple[str, dict]:
+def bench_disk(tars: list[tuple[str, Path]], runs: int, baseline: str | None = None) -> tuple[str, dict]:
     """tar-to-tbl (2 workers, fsync'd) against the physical ceiling: an fsync'd copy of the same tar.
 
     The copy moves the same bytes tar -> disk with no parsing and no checksums; warp
     writes ~1 % less (no tar headers and padding) plus index, trailers and metadata.
-    Runs alternate which goes first; the tar is in the page cache for both. The
-    ratio is copy seconds / warp seconds (1.0 = as fast as the copy).
+    Runs rotate which goes first; the tar is in the page cache for all. The
+    ratio is copy seconds / warp seconds (1.0 = as fast as the copy). With
+    ``baseline`` (a directory holding another checkout's ``warpdata`` package,
+    e.g. one made with ``git archive``), that converter runs in the same rotation:
+    before and after under the same load.
     """
     rows, facts = [], {}
+    names = ["copy", "warp"] + (["baseline"] if baseline else [])
     for label, tar in tars:
         warm(tar)
         size = tar.stat().st_size
-        copies, warps = [], []
+        got: dict[str, list] = {n: [] for n in names}
         for r in range(runs):
-            for which in (("copy", "warp") if r % 2 == 0 else ("warp", "copy")):
+            for which in names[r % len(names):] + names[:r % len(names)]:
                 dst = OUT / f"disk-{which}.out"
                 if which == "copy":
-                    copies.append(fsync_copy(tar, dst))
+                    got["copy"].append(fsync_copy(tar, dst))
                 else:
-                    warps.append(run_py(WARP_CONVERT, str(tar), str(dst), "2", "1"))
+                    got[which].append(run_py(WARP_CONVERT, str(tar), str(dst), "2", "1",
+                                             pythonpath=baseline if which == "baseline" else None))
                 dst.unlink()
-        c, w = med(copies), med([x["seconds"] for x in warps])
-        per_run = [a / b["seconds"] for a, b in zip(copies, warps, strict=True)]
-        rss, cpu = max(x["rss_mb"] for x in warps), med([x["cpu_s"] for x in warps])
-        rows.append([label, f"{size / 1e6:.0f}", f"{c:.3f}", f"{w:.3f}", f"{c / w:.0%}",
-                     ", ".join(f"{x:.0%}" for x in per_run), f"{cpu:.2f}", f"{rss:.0f}"])
-        facts[label] = {"copy_s": copies, "warp_s": [x["seconds"] for x in warps], "ratio": c / w,
-                        "rss_mb": rss, "cpu_s": cpu, "mb": size / 1e6, "samples": warps[0]["samples"]}
-    return table(f"tar-to-tbl vs an fsync'd copy of the tar (the disk ceiling), median of {runs} alternating runs",
+        copies = got["copy"]
+        for who in names[1:]:
+            xs = got[who]
+            c, w = med(copies), med([x["seconds"] for x in xs])
+            per_run = [a / b["seconds"] for a, b in zip(copies, xs, strict=True)]
+            rss, cpu = max(x["rss_mb"] for x in xs), med([x["cpu_s"] for x in xs])
+            rows.append([label if who == "warp" else f"{label} (baseline)", f"{size / 1e6:.0f}", f"{c:.3f}", f"{w:.3f}",
+                         f"{c / w:.0%}", ", ".join(f"{x:.0%}" for x in per_run), f"{cpu:.2f}", f"{rss:.0f}"])
+            if who == "warp":
+                facts[label] = {"copy_s": copies, "warp_s": [x["seconds"] for x in xs], "ratio": c / w,
+                                "rss_mb": rss, "cpu_s": cpu, "mb": size / 1e6, "samples": xs[0]["samples"]}
+    return table(f"tar-to-tbl vs an fsync'd copy of the tar (the disk ceiling), median of {runs} rotating runs",
                  ["corpus", "tar MB", "fsync'd copy s", "warp s (2 workers, fsync)", "copy / warp",
                   "per run, in run order", "warp CPU s", "warp peak RSS MB"], rows), facts
 
@@ -464,6 +484,9 @@ def main() -> int:
     ap.add_argument("--rss-count", type=int, default=50_000)
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {', '.join(SECTIONS)}")
     ap.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="disk section: also time the converter of the warpdata package under DIR (another "
+                         "checkout, e.g. from 'git archive'), in the same rotation, for before/after figures")
     a = ap.parse_args()
     only = set(a.only.split(","))
     if only - set(SECTIONS):
@@ -501,7 +524,7 @@ def main() -> int:
             print(f"built {large} ({info['bytes'] / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         corpora = [(f"{a.count:,} real photos, ~{tar.stat().st_size / a.count / 1e3:.0f} KB", tar),
                    (f"{a.large_count:,} large photos, ~{large.stat().st_size / a.large_count / 1e3:.0f} KB", large)]
-        text, disk = bench_disk(corpora, max(a.runs, 5))
+        text, disk = bench_disk(corpora, max(a.runs, 5), a.baseline)
         section(text)
         for label, f in disk.items():
             figures += [figure(f"tar-to-tbl wall vs fsync'd copy of the tar, {label}", 100 * f["ratio"], "%",

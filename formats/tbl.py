@@ -36,6 +36,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 import tempfile
 import threading
 import zlib
@@ -65,6 +66,9 @@ HEADER = struct.Struct("<4sIQIIQQII16s")
 # offset, stored size, uncompressed size, width, height, format, flags, crc16
 ENTRY = struct.Struct("<QIIHHBBH")
 META_BLOCK = struct.Struct("<QIHH")
+_U32 = struct.Struct("<I")
+_BIG_ENDIAN = sys.byteorder == "big"
+assert array("I").itemsize == 4  # the metadata block CRC table is spooled from an array("I")
 ENTRY_DTYPE = np.dtype([("offset", "<u8"), ("size", "<u4"), ("usize", "<u4"), ("width", "<u2"),
                         ("height", "<u2"), ("format", "u1"), ("flags", "u1"), ("crc16", "<u2")])
 assert ENTRY_DTYPE.itemsize == ENTRY_SIZE == ENTRY.size and HEADER.size == HEADER_SIZE
@@ -393,6 +397,33 @@ def _copy_range(src_fd: int, dst_fd: int, count: int, src_off: int = 0) -> None:
     os.lseek(dst_fd, dst_off + count, os.SEEK_SET)
 
 
+_HUGE_PAGE = 2 << 20
+
+
+def _staging_buffer(nbytes: int) -> Any:
+    """A zeroed, page-aligned uint8 array for :class:`_DirectPayloads`, on transparent huge pages if offered.
+
+    An anonymous mapping advised ``MADV_HUGEPAGE`` over its 2 MiB-aligned
+    part (THP is commonly in ``madvise`` mode). Measured here, 5 x 4 MiB
+    buffers, 160 MB written with ``O_DIRECT``: first touch 2.5-7 ms of CPU
+    instead of 10-16 ms (one fault per 2 MiB, not per 4 KiB), the writes'
+    kernel time (pinning the pages) 5-6 ms instead of 8-10 ms, and the
+    writes themselves ~50 ms instead of 80-100 ms. Where the advice is not
+    available or refused, the pages are ordinary ones: the bytes are the same.
+    """
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or nbytes < _HUGE_PAGE:
+        from warpdata.core.directio import aligned_empty
+
+        return aligned_empty(nbytes)
+    m = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    a = np.frombuffer(m, np.uint8)  # keeps the mapping alive as long as the array (its base)
+    skip = (-a.ctypes.data) % _HUGE_PAGE
+    with contextlib.suppress(OSError):
+        m.madvise(advice, skip, nbytes)
+    return a[skip:skip + nbytes]
+
+
 class _DirectPayloads:
     """The payload region of a new .tbl file, written with ``O_DIRECT`` in the background.
 
@@ -429,7 +460,7 @@ class _DirectPayloads:
     def __init__(self, path: str, start: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from warpdata.core.directio import BLOCK, AlignedFile, aligned_empty
+        from warpdata.core.directio import BLOCK, AlignedFile
 
         self._io = ThreadPoolExecutor(self.IO_THREADS, thread_name_prefix="tbl-direct")
         self._sync = ThreadPoolExecutor(1, thread_name_prefix="tbl-sync")
@@ -441,7 +472,7 @@ class _DirectPayloads:
             self._sync.shutdown()
             self._file.close()
             raise OSError("O_DIRECT refused")
-        self._free = [aligned_empty(self.CHUNK) for _ in range(self.BUFFERS)]
+        self._free = [_staging_buffer(self.CHUNK) for _ in range(self.BUFFERS)]
         self._busy: list[tuple[Any, Any]] = []  # (future, buffer), oldest first
         self._buf = self._free.pop()
         self._mv = memoryview(self._buf)
@@ -615,6 +646,10 @@ class TblWriter(CommitOnSuccess):
         # ~1 MB higher at 50,000 samples than at 2,000 from that alone
         self._ebuf = bytearray(ENTRY_SIZE * self._INDEX_FLUSH)
         self._n_buf = 0
+        # metadata blocks and their CRC-32s gather here and go to the spools ~64 KiB at a time: one
+        # write and one running-CRC pass per batch instead of three calls per sample
+        self._mbuf = bytearray()
+        self._mcrcs = array("I")
 
     def _direct_payloads(self) -> _DirectPayloads | None:
         """An O_DIRECT payload sink when the output is fsync'd and its filesystem suits (warp/core/directio.py).
@@ -684,39 +719,65 @@ class TblWriter(CommitOnSuccess):
             raise UsageError(f"{self.path}: writer is closed")
         if s.flags & E_ZSTD and not self.extensions:
             raise UsageError("ZSTD entries need extensions=True")
+        return self.add_stored(s.stored, s.usize, s.flags, s.crc16, s.crc32, s.format, s.width, s.height,
+                               s.metadata, s.meta_type)
+
+    def add_stored(self, stored, usize: int, flags: int, crc16: int, crc32_: int | None, format: int,
+                   width: int, height: int, metadata: bytes | None = None, meta_type: int = META_JSON) -> int:
+        """:meth:`add_encoded` without the :class:`EncodedSample`: the fields as :func:`encode_sample` sets them.
+
+        ``stored`` and its CRCs as they will be written (``crc32_`` of
+        ``stored``, None to compute it here; ``crc16`` of the uncompressed
+        bytes), ``format`` a code of :data:`FORMATS`, sizes already 0 where
+        above :data:`MAX_DIM`. The converter calls this once per sample.
+        """
+        if self._closed:
+            raise UsageError(f"{self.path}: writer is closed")
         i = self.num_samples
-        stored = s.stored
         size = len(stored)
-        flags = s.flags
-        if s.metadata is not None:
+        if metadata is not None:
             flags |= E_HAS_METADATA
-            bh = META_BLOCK.pack(i, len(s.metadata), s.meta_type, 0)
-            self._meta.write(bh)
-            self._meta.write(s.metadata)
-            self._meta_size += META_BLOCK_SIZE + len(s.metadata)
+            bh = META_BLOCK.pack(i, len(metadata), meta_type, 0)
+            mbuf = self._mbuf
+            mbuf += bh
+            mbuf += metadata
+            self._meta_size += META_BLOCK_SIZE + len(metadata)
             self._any_meta = True
             if self.extensions:
-                self._mcrc.write(struct.pack("<I", crc32(s.metadata, crc32(bh))))
-                self._meta_crc = crc32(s.metadata, crc32(bh, self._meta_crc))
+                self._mcrcs.append(crc32(metadata, crc32(bh)))
                 self._meta_blocks += 1
-        ENTRY.pack_into(self._ebuf, ENTRY_SIZE * self._n_buf, self._pos, size, s.usize, s.width, s.height,
-                        s.format, flags, s.crc16)
+            if len(mbuf) >= self._SPOOL_BUFFER:
+                self._flush_meta()
+        ENTRY.pack_into(self._ebuf, ENTRY_SIZE * self._n_buf, self._pos, size, usize, width, height,
+                        format, flags, crc16)
         self._n_buf += 1
         if self._n_buf == self._INDEX_FLUSH:
             self._flush_index()
         self._pay.write(stored)
         self._pos += size
         if self.extensions:
-            crc = s.crc32 if s.crc32 is not None else crc32(stored)
-            self._pay.write(struct.pack("<I", crc))
+            self._pay.write(_U32.pack(crc32_ if crc32_ is not None else crc32(stored)))
             self._pos += TRAILER_SIZE
-        self.compressed_samples += bool(flags & E_LZ4)
-        self._any_compressed |= bool(flags & E_LZ4)
-        self._any_zstd |= bool(flags & E_ZSTD)
-        self.bytes_in += s.usize
+        if flags & (E_LZ4 | E_ZSTD):
+            self.compressed_samples += bool(flags & E_LZ4)
+            self._any_compressed |= bool(flags & E_LZ4)
+            self._any_zstd |= bool(flags & E_ZSTD)
+        self.bytes_in += usize
         self.bytes_stored += size
         self.num_samples = i + 1
         return i
+
+    def _flush_meta(self) -> None:
+        """Spool the metadata blocks and their CRCs gathered since the last flush (one write each)."""
+        if self._mbuf:
+            self._meta_crc = crc32(self._mbuf, self._meta_crc)
+            self._meta.write(self._mbuf)
+            self._mbuf.clear()
+        if self._mcrcs:
+            if _BIG_ENDIAN:
+                self._mcrcs.byteswap()
+            self._mcrc.write(self._mcrcs.tobytes())
+            del self._mcrcs[:]
 
     def _flush_index(self) -> None:
         with memoryview(self._ebuf) as mv:
@@ -749,6 +810,7 @@ class TblWriter(CommitOnSuccess):
             return self.path
         try:
             self._flush_index()
+            self._flush_meta()
             self._pay.flush()
             self._idx.flush()
             self._meta.flush()

@@ -171,8 +171,8 @@ def _full_count(path):
 
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
-def test_fast_count_agrees_with_the_parser(tmp_path, fmt):
-    """The header-only count gives the parser's count, or None (then the parser counts)."""
+def test_planned_count_agrees_with_the_parser(tmp_path, fmt, monkeypatch):
+    """A plain file is planned whole first: the writer learns the parser's sample count before any payload."""
     jpg = encode_jpeg(synthetic_photo(np.random.default_rng(1), 16, 16))
     deep = "d" * 90 + "/" + "e" * 60  # > 100 characters: a ustar prefix, a GNU long name or a PAX path
     entries = [("a.jpg", jpg), ("a.txt", b"x"), ("dir/", None), ("b.txt", b"no image"), ("noext", b"?"),
@@ -190,13 +190,19 @@ def test_fast_count_agrees_with_the_parser(tmp_path, fmt):
                 tf.addfile(ti, io.BytesIO(data))
     full = _full_count(path)
     assert full == 5  # a, c, k, a again (a new run of the key), z
-    fast = conv._count_plain(str(path), 1 << 30)
-    assert fast in (None, full)
-    if fmt == tarfile.USTAR_FORMAT:
-        assert fast == full  # plain ustar, prefix included, takes the fast path
-    assert conv.count_samples(str(path)) == full
-    assert conv._count_plain(str(path), 100) is None  # a member over the limit: the parser raises it
+    seen = []
+    real_close = tbl.TblWriter.close
+
+    def close(self, **kw):
+        seen.append((self._expected, self.num_samples))
+        return real_close(self, **kw)
+
+    monkeypatch.setattr(tbl.TblWriter, "close", close)
+    res = convert(ConvertRequest(str(path), str(tmp_path / "o.tbl"), workers=1, fsync=False))
+    assert res.samples == full and seen == [(full, full)]  # payloads written in place, never moved
     raw = path.read_bytes()
     cut = tmp_path / "cut.tar"
-    cut.write_bytes(raw[:700])  # a cut inside the first member
-    assert conv._count_plain(str(cut), 1 << 30) is None
+    cut.write_bytes(raw[:700])  # a cut inside the first member: the parser's error, nothing written
+    with pytest.raises(TarFormatError, match="ends inside"):
+        convert(ConvertRequest(str(cut), str(tmp_path / "cut.tbl"), workers=1, fsync=False))
+    assert not (tmp_path / "cut.tbl").exists()

@@ -73,7 +73,7 @@ def test_cut_in_padding_from_a_file_object_is_an_error_not_fewer_samples():
     for f in (io.BytesIO(data), open(CASES / "truncated_in_padding.tar", "rb")):  # noqa: SIM115
         with f, pytest.raises(TarFormatError, match="ends inside the padding of member 's/0006.cls'"):
             list(iter_members(f))
-        # with_data=False (the counting pre-pass) seeks over data and padding alike
+        # with_data=False (a header-only pass) seeks over data and padding alike
     with open(CASES / "truncated_in_padding.tar", "rb") as f, pytest.raises(TarFormatError, match="padding"):
         list(iter_members(f, with_data=False))
 

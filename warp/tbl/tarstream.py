@@ -16,8 +16,14 @@ A plain file is read with ``pread`` at known offsets (one syscall a
 header, with a 4 KiB read-ahead that brings a sample's small sidecars
 along; none to skip); with ``defer_above`` its big members are not read
 at all until the caller asks, into a buffer of its choice
-(:func:`read_member_into`): the converter reads a payload straight into
-its output staging buffer.
+(:func:`read_member_into`, or :func:`read_at_into` for :func:`scan_members`):
+the converter reads a payload straight into
+its output staging buffer. :func:`scan_members` is the converter's entry:
+plain tuples, and on a plain file a fast path that parses the usual
+ustar/GNU headers from windows of the file (one ``pread`` brings a header,
+the small members after it and the next header) and hands over to the full
+parser at the first header it does not take, so both accept and reject the
+same archives with the same errors.
 
 Declared sizes never drive allocation: a member is read in bounded chunks
 (or only as far as a file's real size), and one declaring more than
@@ -314,9 +320,7 @@ def iter_members(f: BinaryIO, *, with_data: bool = True, max_member: int = DEFAU
 
 
 def _cut_member(m: TarMember, got: int) -> TarFormatError:
-    return TarFormatError(f"tar archive ends inside member {m.name!r} at byte {m.offset + got} "
-                          f"({got} of its {m.size} bytes; the file shrank while it was read)",
-                          hint="the archive is truncated: copy or download it again")
+    return _cut(m.name, m.offset, m.size, got)
 
 
 def read_member_into(m: TarMember, buf) -> None:
@@ -328,6 +332,31 @@ def read_member_into(m: TarMember, buf) -> None:
             if n <= 0:
                 raise _cut_member(m, got)
             got += n
+
+
+def read_at(fd: int, offset: int, size: int, name: str) -> bytes:
+    """``size`` bytes of member ``name`` at ``offset`` in ``fd`` (a :func:`scan_members` member without its bytes)."""
+    b = os.pread(fd, size, offset)
+    if len(b) < size:
+        raise _cut(name, offset, size, len(b))
+    return b
+
+
+def read_at_into(fd: int, buf, offset: int, size: int, name: str) -> None:
+    """:func:`read_at` into the writable buffer ``buf`` (exactly ``size`` bytes), with no copy in between."""
+    with memoryview(buf) as mv:
+        got = 0
+        while got < size:
+            n = os.preadv(fd, [mv[got:size]], offset + got)
+            if n <= 0:
+                raise _cut(name, offset, size, got)
+            got += n
+
+
+def _cut(name: str, offset: int, size: int, got: int) -> TarFormatError:
+    return TarFormatError(f"tar archive ends inside member {name!r} at byte {offset + got} "
+                          f"({got} of its {size} bytes; the file shrank while it was read)",
+                          hint="the archive is truncated: copy or download it again")
 
 
 def member_data(m: TarMember) -> bytes:
@@ -446,6 +475,120 @@ def _members(r: _Reader, with_data: bool, max_member: int, defer_above: int | No
             r.skip(size, "member %r", name)
         r.skip(padded - size, "the padding of member %r", name)
         yield TarMember(name, size, kind, data_at, data)
+
+
+# plain-file scan (scan_members): the window read at a header. After a big member, one page brings
+# the headers and small sidecars that follow it; in a run of small members a bigger one saves syscalls
+_WINDOW_SMALL = 4096
+_WINDOW_BIG = 32 << 10
+_KINDS = {0x30: "file", 0: "file", 0x37: "file", 0x35: "dir", 0x32: "symlink", 0x31: "hardlink"}
+_EXTENDED = frozenset(b"LKxg")
+
+# a member of scan_members: (name, size, kind, offset of its data in the file, its bytes or None)
+ScanMember = tuple[str, int, str, int, "bytes | None"]
+
+
+def scan_members(f: BinaryIO, *, max_member: int = DEFAULT_MAX_MEMBER,
+                 defer_above: int = 16 << 10) -> Iterator[ScanMember]:
+    """:func:`iter_members` as plain tuples, with a fast path for the common archive.
+
+    Yields ``(name, size, kind, offset, data)``: ``offset`` is where the
+    member's data starts in the file behind ``f`` (for ``os.pread`` on
+    ``f.fileno()``); for a regular member ``data`` is its bytes, or when
+    shorter than ``size`` the first of them (maybe none), the rest to be read
+    from there (only on a plain file, never on a pipe or gzip stream, whose
+    members all come whole); None for other members.
+
+    On a plain file, headers are parsed from windows of the archive read with
+    one ``pread`` each (a header, and the small sidecars after it, in one
+    syscall; see :func:`_scan_plain`). Only plain ustar/GNU headers of
+    regular files, directories and links go that way, each with its checksum
+    verified and its octal fields in their usual form. At the first other
+    header (PAX or GNU long-name records, base-256 or malformed sizes, a
+    member over ``max_member``, a cut, a bad checksum) the scan hands over to
+    :func:`iter_members`' parser at that very header, which accepts it or
+    raises the same typed error it always raises there. The members, names
+    and bytes are the same either way (tests/test_tbl_scan.py).
+    """
+    r = _Reader(f)
+    try:
+        if r.fd is None:
+            for m in _members(r, True, max_member, None):
+                yield m.name, m.size, m.type, m.offset, m.data
+            return
+        stop = yield from _scan_plain(r.fd, r.base, r.end, max_member)  # type: ignore[arg-type]
+        if stop is None:
+            r.pos = r.end  # type: ignore[assignment]
+            return
+        r.pos = stop
+        base = r.base
+        for m in _members(r, True, max_member, defer_above):
+            yield m.name, m.size, m.type, base + m.offset, b"" if m.deferred else m.data
+    finally:
+        r.sync()
+
+
+def _scan_plain(fd: int, base: int, end: int, max_member: int) -> Iterator[ScanMember]:
+    """The fast path of :func:`scan_members`; returns None at the end, or the offset to parse on from.
+
+    What it accepts it checks as :func:`_members` does (checksum, octal
+    size, member inside the file); the octal fields must be in their usual
+    form (digits, then NULs or spaces), which :func:`_octal` reads the same.
+    """
+    pread = os.pread
+    adler = zlib.adler32
+    kinds = _KINDS
+    extended = _EXTENDED
+    blank = (0, 32)
+    win, win_at, win_end = b"", 0, 0
+    pos = 0
+    small = True  # the last window ended inside a big member: read a small one next
+    while True:
+        if pos + BLOCK > win_end:
+            if pos >= end:
+                return None if pos else 0  # at 0: the parser's "empty input" error
+            win = pread(fd, min(_WINDOW_SMALL if small else _WINDOW_BIG, end - pos), base + pos)
+            win_at, win_end = pos, pos + len(win)
+            small = False
+            if len(win) < BLOCK:
+                return pos  # a cut header, or the file shrank: the parser says which
+        rel = pos - win_at
+        hdr = win[rel:rel + BLOCK]
+        size_f = hdr[124:135]
+        chk_f = hdr[148:154]
+        if not (size_f.isdigit() and chk_f.isdigit() and hdr[135] in blank and hdr[154] in blank
+                and hdr[155] in blank):
+            if hdr == ZERO_BLOCK:
+                return None  # the end-of-archive block
+            return pos
+        typ = hdr[156]
+        try:
+            size = int(size_f, 8)
+            # header_checksum, inline (bytes slices: cheaper here than memoryviews)
+            ok = (int(chk_f, 8) == (adler(hdr[:256]) & 0xFFFF) + (adler(hdr[256:]) & 0xFFFF)
+                  - (adler(hdr[148:156]) & 0xFFFF) + 255 and typ not in extended)
+        except ValueError:  # an 8 or a 9
+            return pos
+        if not ok:
+            return pos
+        kind = kinds.get(typ, "other")
+        data_at = pos + BLOCK
+        nxt = data_at + ((size + BLOCK - 1) & -BLOCK)
+        if nxt > end or (size > max_member and kind == "file"):
+            return pos  # cut inside the member or its padding, or over the limit: the parser's errors
+        name = hdr[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")  # _decode_name
+        if hdr[345] and hdr[257:263] == b"ustar\0":
+            prefix = _decode_name(hdr[345:500])
+            if prefix:
+                name = prefix + "/" + name
+        if kind == "file":  # what of it the window holds: all of it, a head, or nothing
+            rel = data_at - win_at
+            if data_at + size > win_end:
+                small = True
+            yield name, size, kind, base + data_at, win[rel:rel + size]
+        else:
+            yield name, size, kind, base + data_at, None
+        pos = nxt
 
 
 def split_key(name: str) -> tuple[str, str] | None:
