@@ -175,7 +175,7 @@ class DaskRunner(Runner):
         try:
             if spec.address is None:
                 self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                            host="127.0.0.1", dashboard_address=None,
+                                            host="127.0.0.1", dashboard_address=":0",  # no fixed port to collide on (8787)
                                             scheduler_kwargs={"dashboard": False}, silence_logs=40)
                 self.client = Client(self.cluster, set_as_default=False)
             elif spec.address.startswith("tcp://"):
