@@ -41,7 +41,7 @@ def orders(cache) -> dict[str, np.ndarray]:
     from torch.utils.data import DistributedSampler
     from warpdata.partition.sampler import ShardAwareSampler
 
-    ds = ShardAwareSampler(cache.shard_sizes, num_replicas=1, rank=0, batch_size=BATCH, window=SHARD, seed=0)
+    ds = ShardAwareSampler(cache.shard_sizes, world_size=1, rank=0, batch_size=BATCH, window=SHARD, seed=0)
     glob = DistributedSampler(range(len(cache)), num_replicas=1, rank=0, shuffle=True, seed=0)
     return {"sequential": np.arange(len(cache)), "shard-aware": ds.epoch_indices(),
             "global permutation": np.fromiter(iter(glob), np.int64)}

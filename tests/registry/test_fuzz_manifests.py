@@ -210,7 +210,7 @@ def test_fuzz_feature_cache(tmp_path, record_property):
     root = tmp_path / "cache"
 
     def read_all(p):
-        with ShardCache(p, verify="shard") as c:
+        with ShardCache(p, verify="full") as c:
             return {"records": [c.get(i) for i in range(len(c))], "fields": c.fields}
 
     files = ["manifest.json"] + sorted(p.name for p in root.glob("*.wfs"))
