@@ -188,7 +188,7 @@ def test_fuzz_tensor_warehouse(tmp_path, record_property):
     root = next((tmp_path / "wh").glob("v*"))
 
     def read_all(p):
-        with wh.open(p, verify="all") as w:
+        with wh.open(p, verify="full") as w:
             out = [(s.image.copy(), s.boxes.copy(), s.mask.copy(), s.classes.copy(), s.frame_id, s.key, s.run_id)
                    for s in (w[i] for i in range(len(w)))]
             return {"samples": out, "classes": w.classes, "transform": w.transform}
