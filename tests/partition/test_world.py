@@ -31,12 +31,12 @@ def test_default_env_and_explicit(monkeypatch):
 
 
 @pytest.mark.parametrize(("kw", "env", "match"), [
-    ({"rank": 2, "world_size": 2}, {}, r"rank=2 \(from argument\) is not in 0..1"),
-    ({"rank": 0, "world_size": 0}, {}, "world_size=0"),
-    ({"rank": 1}, {}, r"rank=1 .*world_size=1, from default"),
+    ({"rank": 2, "world_size": 2}, {}, r"rank 2 is not in 0..1 .*rank from argument"),
+    ({"rank": 0, "world_size": 0}, {}, "world size must be at least 1, not 0"),
+    ({"rank": 1}, {}, r"rank 1 is not in 0..0 \(world size 1; rank from argument, world size from default"),
     ({"rank": "1", "world_size": 2}, {}, "not an integer"),
     ({"rank": True, "world_size": 2}, {}, "not an integer"),
-    ({}, {"RANK": "4", "WORLD_SIZE": "4"}, r"rank=4 \(from RANK\)"),
+    ({}, {"RANK": "4", "WORLD_SIZE": "4"}, r"rank 4 is not in 0..3 .*rank from RANK"),
     ({}, {"RANK": "x", "WORLD_SIZE": "4"}, "not integers"),
     ({}, {"WORLD_SIZE": "4"}, "WORLD_SIZE='4' is set but RANK is not"),
     ({}, {"RANK": "1"}, "RANK='1' is set but WORLD_SIZE is not"),

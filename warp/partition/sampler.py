@@ -99,7 +99,7 @@ class ShardAwareSampler:
         where = "ShardAwareSampler"
         world_size = renamed(where, "num_replicas", num_replicas, "world_size", world_size, None)
         if uneven is not UNSET:
-            drop_last, pad = renamed(where, "uneven", uneven, "drop_last / pad", (drop_last, pad), (False, False),
+            drop_last, pad = renamed(where, "uneven", uneven, "drop_last= / pad=", (drop_last, pad), (False, False),
                                      lambda v: split_policy(where, "uneven", v))
         self.mode = mode_of(drop_last, pad, where)
         sizes = np.asarray(list(shard_sizes), dtype=np.int64)

@@ -137,11 +137,11 @@ def resolve_world(rank: int | None = None, world_size: int | None = None, *,
             world_size = found[1]
             got["world_size"] = {"env": "WORLD_SIZE"}.get(source, source)
     if world_size < 1:
-        raise ShardingError(f"world_size={world_size} (from {got['world_size']}) must be at least 1",
+        raise ShardingError(f"world size must be at least 1, not {world_size} (world_size from {got['world_size']})",
                             hint="pass world_size= as the number of ranks, e.g. world_size=8")
     if not 0 <= rank < world_size:
-        raise ShardingError(f"rank={rank} (from {got['rank']}) is not in 0..{world_size - 1} "
-                            f"(world_size={world_size}, from {got['world_size']})",
+        raise ShardingError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size}; "
+                            f"rank from {got['rank']}, world size from {got['world_size']})",
                             hint="pass rank= and world_size= with 0 <= rank < world_size")
     wid, nw = worker if worker is not None else worker_info()
     return World(rank, world_size, wid, max(1, nw), source)
@@ -162,11 +162,12 @@ def renamed(where: str, old: str, old_value: Any, new: str, new_value: Any, new_
     """
     if old_value is _UNSET:
         return new_value
+    kw = new if new.endswith("=") else new + "="
     if new_value is not new_default and new_value != new_default:
-        raise UsageError(f"{where}: pass {new}= or the deprecated {old}=, not both "
-                         f"({new}={new_value!r}, {old}={old_value!r})",
-                         hint=f"drop {old}=; it is the old name of {new}= (docs/partitioning.md)")
-    warnings.warn(f"{where}: {old}= is deprecated and will be removed in the next release; use {new}= "
+        raise UsageError(f"{where}: pass {kw} or the deprecated {old}=, not both "
+                         f"({new.rstrip('=')}={new_value!r}, {old}={old_value!r})",
+                         hint=f"drop {old}=; it is the old name of {kw} (docs/partitioning.md)")
+    warnings.warn(f"{where}: {old}= is deprecated and will be removed in the next release; use {kw} "
                   "(docs/partitioning.md)", DeprecationWarning, stacklevel=stacklevel)
     return convert(old_value)
 

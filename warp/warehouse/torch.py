@@ -158,7 +158,7 @@ def make_loader(path: str | os.PathLike | Warehouse, *, batch_size: int, num_wor
                          world_size, None)
     uneven = loader_kwargs.pop("uneven", UNSET)
     if uneven is not UNSET:
-        drop_last, pad = renamed(where, "uneven", uneven, "drop_last / pad", (drop_last, pad), (False, False),
+        drop_last, pad = renamed(where, "uneven", uneven, "drop_last= / pad=", (drop_last, pad), (False, False),
                                  lambda v: split_policy(where, "uneven", v))
     ds = WarehouseDataset(path, allow_invalid=allow_invalid, verify=verify)
     inner = ShardAwareSampler(ds.shard_sizes, rank=rank, world_size=world_size,
