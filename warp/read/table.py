@@ -176,7 +176,7 @@ class Table:
             if rank is None and world_size is None:
                 return ShardPlan.resume(counts, one, manifest=manifest, table=table)
             w = resolve_world(rank, world_size, worker=(0, 1))
-            if (w.rank, w.world_size) == (one.rank, one.world) or one.world != 1:
+            if (w.rank, w.world_size) == (one.rank, one.world) or (one.world != 1 and not many):
                 return ShardPlan.resume(counts, one, manifest=manifest, table=table, rank=w.rank,
                                         world=w.world_size)
         merged = ShardPlan.merge_states(counts, states, manifest=manifest, table=table)
