@@ -90,7 +90,7 @@ def _warehouse(root: Path) -> Path:
 
 
 def _table(root: Path) -> str:
-    from test_dataset_support import make_rows, publish
+    from support.datasets import make_rows, publish
 
     store = str(root / "store")
     # three Parquet shards of row groups of 5 rows: rank runs cross row groups and shards

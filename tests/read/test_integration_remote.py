@@ -272,7 +272,7 @@ def test_warm_then_shard_cache_keeps_one_copy_and_checks_members(cli, s3, publis
         assert sc.get(0)  # shard 0 is intact
         assert_same_records(sc, published_captions)  # shard 1 failed its SHA-256: fetched again once
         assert s3.count("GET", "warp/blobs/") > 0  # at the open (the manifest's tar shard) or on first touch
-    # the same damage under verify="record": the record CRC catches it, and the shard is fetched again
+    # the same damage under verify="fast": the record CRC catches it, and the shard is fetched again
     with open(file, "r+b") as f:
         f.seek(offset + length - 32 - 4 * 2 - 1)
         b = f.read(1)
