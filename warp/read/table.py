@@ -247,7 +247,10 @@ class Table:
     def rows(self, limit: int | None = None, columns: Sequence[str] | None = None,
              batch_size: int = 1024, read_refs: bool = False, **kw: Any) -> Iterator[dict[str, Any]]:
         """One dict per row, streamed batch by batch (never the whole table in memory);
-        columns bound to an artifact hold typed refs, as in :meth:`batch_dicts`."""
+        columns bound to an artifact hold typed refs, as in :meth:`batch_dicts`. The whole
+        table unless ``rank=`` / ``world_size=`` ask for one rank's share (docs/partitioning.md)."""
+        if not {"rank", "world_size", "shard"} & set(kw):
+            kw.update(rank=0, world_size=1)
         for d in self.batch_dicts(batch_size, columns, read_refs=read_refs, limit=limit, **kw):
             names = list(d)
             for vals in zip(*(d[c] for c in names), strict=True):
