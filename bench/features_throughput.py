@@ -4,9 +4,9 @@ One cache (256×256 uint8 pixels, 2,048 records, 16 shards of 128, ~25 MB
 each), warm in the page cache, read through ``ShardCache`` with an LRU of 2
 shards in two LRU modes:
 
-* ``mmap``  (verify="record"): a miss maps the shard; each record's CRC-32C
+* ``mmap``  (verify="fast"): a miss maps the shard; each record's CRC-32C
   is checked as it is read;
-* ``load``  (verify="shard"): a miss reads and hashes the whole shard (the
+* ``load``  (verify="full"): a miss reads and hashes the whole shard (the
   design's "load a .pt shard into an LRU" design: a miss costs a full shard);
 
 and three orders: sequential; warp's ShardAwareSampler (seeded shard
@@ -41,7 +41,7 @@ def orders(cache) -> dict[str, np.ndarray]:
     from torch.utils.data import DistributedSampler
     from warpdata.partition.sampler import ShardAwareSampler
 
-    ds = ShardAwareSampler(cache.shard_sizes, num_replicas=1, rank=0, batch_size=BATCH, window=SHARD, seed=0)
+    ds = ShardAwareSampler(cache.shard_sizes, world_size=1, rank=0, batch_size=BATCH, window=SHARD, seed=0)
     glob = DistributedSampler(range(len(cache)), num_replicas=1, rank=0, shuffle=True, seed=0)
     return {"sequential": np.arange(len(cache)), "shard-aware": ds.epoch_indices(),
             "global permutation": np.fromiter(iter(glob), np.int64)}
@@ -93,7 +93,7 @@ def main() -> int:
         ords = orders(c)
         rec_bytes = c.manifest["record_size"]
     rows, results = [], {}
-    for verify, label in (("record", "mmap"), ("shard", "load")):
+    for verify, label in (("fast", "mmap"), ("full", "load")):
         for name, order in ords.items():
             rates, stats = [], None
             for _ in range(RUNS):
@@ -102,7 +102,7 @@ def main() -> int:
             results[(label, name)] = statistics.median(rates)
             rows.append((f"1 process, LRU={label}", name, statistics.median(rates), stats["misses"],
                          stats["hits"] + stats["misses"]))
-    for verify, label in (("record", "mmap"), ("shard", "load")):
+    for verify, label in (("fast", "mmap"), ("full", "load")):
         for name in ("shard-aware", "global permutation"):
             rate = statistics.median(loader_rate(path, name, verify) for _ in range(RUNS))
             results[(f"dl-{label}", name)] = rate

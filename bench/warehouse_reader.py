@@ -85,7 +85,7 @@ def child(system: str, data: Path, batch: int, workers: int, seconds: float) -> 
     if system == "warp-batch":
         import warpdata.warehouse as wh
 
-        w = wh.open(next(data.glob("wh/v*")), verify="none")
+        w = wh.open(next(data.glob("wh/v*")), verify="off")
         buf = w.alloc_batch(batch)
         rng = np.random.default_rng(0)
         w.batch(np.arange(len(w)), out=w.alloc_batch(len(w)))  # map every shard once
@@ -102,7 +102,7 @@ def child(system: str, data: Path, batch: int, workers: int, seconds: float) -> 
     if system == "warp-loader":
         from warpdata.warehouse.torch import make_loader
 
-        loader = make_loader(next(data.glob("wh/v*")), batch_size=batch, num_workers=workers, verify="none")
+        loader = make_loader(next(data.glob("wh/v*")), batch_size=batch, num_workers=workers, verify="off")
     elif system == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
 

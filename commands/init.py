@@ -1,7 +1,7 @@
 """Generate a loader module for a published dataset, with a smoke test.
 
 The module (default ./<ws>_<name>_loader.py) has get_dataset(), train_stream()
-yielding Arrow batches for this rank (shard="auto"), and decode helpers for
+yielding Arrow batches for this rank (rank/world_size from torchrun), and decode helpers for
 bound ref columns. `python <module>` runs the smoke test: it streams three
 batches and prints their sizes.
 """
@@ -37,14 +37,14 @@ def get_dataset(mode="auto"):
     return wd.dataset(DATASET, mode=mode)
 
 
-def train_stream(batch_size=1000, shard="auto", columns=None):
-    """Arrow RecordBatches of this rank's share (RANK / WORLD_SIZE when shard='auto')."""
-    yield from get_dataset().table(TABLE).batches(batch_size, columns=columns, shard=shard)
+def train_stream(batch_size=1000, rank=None, world_size=None, columns=None):
+    """Arrow RecordBatches of this rank's share (default: torch.distributed, else RANK / WORLD_SIZE)."""
+    yield from get_dataset().table(TABLE).batches(batch_size, columns=columns, rank=rank, world_size=world_size)
 
 
-def train_dicts(batch_size=1000, shard="auto"):
+def train_dicts(batch_size=1000, rank=None, world_size=None):
     """dict-of-lists batches; ref columns hold ImageRef/AudioRef/FileRef objects."""
-    yield from get_dataset().table(TABLE).batch_dicts(batch_size, shard=shard)
+    yield from get_dataset().table(TABLE).batch_dicts(batch_size, rank=rank, world_size=world_size)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ arrow (an Arrow IPC stream, for `pyarrow.ipc.open_stream(sys.stdin.buffer)`).
 --filter runs a DuckDB SQL expression with projection and predicate pushdown;
 --shard RANK/WORLD (or auto: RANK, WORLD_SIZE) streams one rank's share:
 exactly, by default, so the ranks' outputs together hold every row once (their
-row counts may differ by one). --pad makes every rank stream the same number
-of rows by repeating rows from the start of the table, like PyTorch's
-DistributedSampler (and the library's Table.batches default); it says on
-stderr how many rows it repeated. --limit N reads only the row groups its N
-rows are in, then stops: nothing else of the table is fetched.
+row counts may differ by one), as the library's loaders do by default
+(docs/partitioning.md). --pad makes every rank stream the same number of rows
+by repeating rows from the start of the table, like PyTorch's
+DistributedSampler (pad=True in the library); it says on stderr how many rows
+it repeated. --limit N reads only the row groups its N rows are in, then
+stops: nothing else of the table is fetched.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main(
 
     from warpdata.cli import output as out
     from warpdata.core.errors import UsageError
+    from warpdata.partition.world import parse_shard
     from warpdata.read.dataset import dataset
 
     if pad and shard is None:
@@ -64,7 +66,8 @@ def main(
     if filter_:
         batches = t.filter(filter_).batches(batch_size, shard=shard, limit=limit)
     else:
-        stream = t.batches(batch_size, shard=shard, limit=limit, policy="pad" if pad else "exact")
+        rank, world = parse_shard("--shard", shard)  # no --shard: the whole table, even under torchrun
+        stream = t.batches(batch_size, limit=limit, rank=rank, world_size=world, pad=pad)
         p = stream.plan
         repeats = max(0, min(p.rows_per_rank, (p.rank + 1) * p.rows_per_rank - p.total_rows)) if pad else 0
         if repeats:

@@ -495,13 +495,13 @@ def test_corruption_is_caught_per_record_and_per_shard(small_cache):
     data = bytearray(p.read_bytes())
     data[off] ^= 0xFF
     p.write_bytes(bytes(data))
-    with ShardCache(small_cache, verify="record") as c:
+    with ShardCache(small_cache, verify="fast") as c:
         c.get(3)
         with pytest.raises(FeatureShardChecksumError, match="record 1"):
             c.get(4)
-    with ShardCache(small_cache, verify="shard") as c, pytest.raises(FeatureShardChecksumError, match="SHA-256"):
+    with ShardCache(small_cache, verify="full") as c, pytest.raises(FeatureShardChecksumError, match="SHA-256"):
         c.get(3)
-    with ShardCache(small_cache, verify="none") as c:
+    with ShardCache(small_cache, verify="off") as c:
         c.get(4)  # unchecked by request
     with ShardCache(small_cache) as c:
         problems = c.verify_all()

@@ -67,12 +67,12 @@ def test_big_batches_split_into_micro_batches(cache):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_every_sample_once_per_epoch_and_equal_length_across_ranks(cache, num_workers):
+def test_pad_gives_equal_length_across_ranks_repeating_one_sample(cache, num_workers):
     world = 2
     per_rank = {}
     for rank in range(world):
         loader = BigBatchLoader(cache, micro_batch_size=2, accumulation_steps=2, num_workers=num_workers,
-                                num_replicas=world, rank=rank, seed=7, drop_last=False,
+                                world_size=world, rank=rank, seed=7, pad=True,
                                 fields=["caption", "caption_len"], persistent_workers=False)
         loader.set_epoch(3)
         per_rank[rank] = [i for s in loader for i in _ids(s)]
@@ -83,15 +83,24 @@ def test_every_sample_once_per_epoch_and_equal_length_across_ranks(cache, num_wo
     assert sum(counts.values()) == N + 1 and sorted(counts.values())[-1] == 2  # pad repeats one sample
 
 
+def test_drop_last_false_reads_every_sample_exactly_once(cache):
+    seen = []
+    for rank in range(2):
+        loader = BigBatchLoader(cache, micro_batch_size=2, accumulation_steps=2, num_workers=0,
+                                world_size=2, rank=rank, seed=7, drop_last=False, fields=["caption", "caption_len"])
+        seen += [i for s in loader for i in _ids(s)]
+    assert sorted(seen) == list(range(N))
+
+
 def test_drop_last_keeps_steps_equal_and_full(cache):
     lens = []
     for rank in range(3):
-        loader = BigBatchLoader(cache, micro_batch_size=2, accumulation_steps=2, num_workers=0, num_replicas=3,
+        loader = BigBatchLoader(cache, micro_batch_size=2, accumulation_steps=2, num_workers=0, world_size=3,
                                 rank=rank, fields=["caption", "caption_len"])
         steps = list(loader)
         lens.append(len(steps))
         assert all(len(s) == 4 for s in steps)
-    assert lens == [3, 3, 3]  # 13 per rank -> 3 full big batches
+    assert lens == [3, 3, 3]  # 37 // (3 ranks x 4) = 3 full big batches per rank
 
 
 def test_workers_read_their_own_shards(cache):
@@ -139,13 +148,19 @@ def test_resume_mid_epoch_continues_where_training_stopped(cache, num_workers):
     assert flat(done + rest) == flat(expected)
 
 
-def test_resume_state_from_other_settings_is_refused(cache):
+def test_resume_state_from_another_seed_is_refused_another_batch_size_continues(cache):
     from warpdata.core.errors import ConfigError
 
-    a = BigBatchLoader(cache, micro_batch_size=2, num_workers=0)
-    b = BigBatchLoader(cache, micro_batch_size=3, num_workers=0)
-    with pytest.raises(ConfigError):
-        b.load_state_dict(a.state_dict())
+    kw = dict(num_workers=0, drop_last=False, fields=["caption", "caption_len"])
+    a = BigBatchLoader(cache, micro_batch_size=2, **kw)
+    with pytest.raises(ConfigError, match="seed"):
+        BigBatchLoader(cache, micro_batch_size=2, seed=1, **kw).load_state_dict(a.state_dict())
+    it = iter(a)
+    head = [i for _ in range(4) for i in _ids(next(it))]
+    b = BigBatchLoader(cache, micro_batch_size=3, **kw)  # a one-rank run's state is every rank's state
+    b.load_state_dict(a.state_dict())
+    rest = [i for s in b for i in _ids(s)]
+    assert sorted(head + rest) == list(range(N))
 
 
 def test_training_loop_example(cache):

@@ -8,32 +8,50 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.core.errors import ConfigError
+from warpdata.core.errors import ConfigError, UsageError
 from warpdata.partition.sampler import ShardAwareSampler, torch_sampler
+from warpdata.partition.world import ShardingError
 
 shard_lists = st.lists(st.integers(0, 40), min_size=0, max_size=12)
 
 
 def _all_ranks(sizes, world, **kw):
-    return [ShardAwareSampler(sizes, num_replicas=world, rank=r, **kw) for r in range(world)]
+    return [ShardAwareSampler(sizes, world_size=world, rank=r, **kw) for r in range(world)]
 
 
 @given(sizes=shard_lists, world=st.integers(1, 5), workers=st.integers(1, 4),
        batch=st.integers(1, 7), window=st.integers(1, 50), seed=st.integers(0, 2**31),
        epoch=st.integers(0, 5), shuffle=st.booleans())
-def test_drop_covers_each_sample_at_most_once_with_equal_lengths(sizes, world, workers, batch, window,
-                                                                  seed, epoch, shuffle):
+def test_drop_last_yields_full_batches_equal_per_rank_each_sample_at_most_once(sizes, world, workers, batch,
+                                                                               window, seed, epoch, shuffle):
     n = sum(sizes)
+    if 0 < n < world * batch:
+        with pytest.raises(ShardingError, match="no batch"):
+            _all_ranks(sizes, world, batch_size=batch, drop_last=True)
+        return
     samplers = _all_ranks(sizes, world, num_workers=workers, batch_size=batch, window=window,
-                          seed=seed, shuffle=shuffle, uneven="drop")
+                          seed=seed, shuffle=shuffle, drop_last=True)
     seen = []
     for s in samplers:
         s.set_epoch(epoch)
         got = list(s)
-        assert len(got) == len(s) == n // world
+        assert len(got) == len(s) == n // (world * batch) * batch
+        assert all(len(b) == batch for b in s.batches())
         seen.extend(got)
-    assert len(seen) == len(set(seen)) == (n // world) * world
+    assert len(seen) == len(set(seen)) == n // (world * batch) * batch * world
     assert set(seen) <= set(range(n))
+
+
+@given(sizes=shard_lists, world=st.integers(1, 5), workers=st.integers(1, 4),
+       batch=st.integers(1, 7), window=st.integers(1, 50), seed=st.integers(0, 2**31), shuffle=st.booleans())
+def test_default_covers_every_sample_exactly_once(sizes, world, workers, batch, window, seed, shuffle):
+    n = sum(sizes)
+    samplers = _all_ranks(sizes, world, num_workers=workers, batch_size=batch, window=window,
+                          seed=seed, shuffle=shuffle)
+    lens = [len(s) for s in samplers]
+    assert max(lens) - min(lens) <= 1
+    seen = [i for s in samplers for i in s]
+    assert sorted(seen) == list(range(n))
 
 
 @given(sizes=shard_lists, world=st.integers(1, 5), workers=st.integers(1, 4),
@@ -43,7 +61,7 @@ def test_pad_covers_every_sample_exactly_once_plus_padding(sizes, world, workers
                                                            seed, shuffle):
     n = sum(sizes)
     samplers = _all_ranks(sizes, world, num_workers=workers, batch_size=batch, window=window,
-                          seed=seed, shuffle=shuffle, uneven="pad")
+                          seed=seed, shuffle=shuffle, pad=True)
     lens = {len(s) for s in samplers}
     assert len(lens) == 1
     seen = [i for s in samplers for i in s]
@@ -104,7 +122,7 @@ def test_epochs_and_seeds_change_order_deterministically():
 @given(sizes=st.lists(st.integers(1, 25), min_size=1, max_size=8), world=st.integers(1, 3),
        workers=st.integers(1, 3), batch=st.integers(1, 5), data=st.data())
 def test_resume_mid_epoch_yields_exactly_the_rest(sizes, world, workers, batch, data):
-    kw = dict(num_replicas=world, num_workers=workers, batch_size=batch, seed=7, window=9)
+    kw = dict(world_size=world, num_workers=workers, batch_size=batch, seed=7, window=9)
     rank = data.draw(st.integers(0, world - 1))
     full = list(ShardAwareSampler(sizes, rank=rank, **kw))
     k = data.draw(st.integers(0, len(full)))
@@ -131,10 +149,10 @@ def test_batches_match_iteration_and_resume():
 
 
 def test_bad_settings_and_mismatched_state_are_typed_errors():
-    with pytest.raises(ConfigError):
-        ShardAwareSampler([3], num_replicas=2, rank=2)
-    with pytest.raises(ConfigError):
-        ShardAwareSampler([3], uneven="repeat")
+    with pytest.raises(ShardingError, match="rank 2 is not in"):
+        ShardAwareSampler([3], world_size=2, rank=2)
+    with pytest.raises(ShardingError, match="opposite"):
+        ShardAwareSampler([3], drop_last=True, pad=True)
     with pytest.raises(ConfigError):
         ShardAwareSampler([-1])
     a = ShardAwareSampler([3, 4], seed=1)
@@ -155,7 +173,7 @@ def test_torch_dataloader_with_workers_covers_the_rank():
         def __getitem__(self, i):
             return torch.tensor(i)
 
-    inner = ShardAwareSampler([20, 25, 15], num_replicas=2, rank=1, num_workers=2, batch_size=4, seed=0)
+    inner = ShardAwareSampler([20, 25, 15], world_size=2, rank=1, num_workers=2, batch_size=4, seed=0)
     sampler = torch_sampler(inner)
     dl = DataLoader(Ids(), batch_size=4, sampler=sampler, num_workers=2)
     got = torch.cat(list(dl)).tolist()
@@ -163,3 +181,50 @@ def test_torch_dataloader_with_workers_covers_the_rank():
     assert len(got) == len(sampler) == 30
     sampler.set_epoch(1)
     assert inner.epoch == 1
+
+
+def test_old_keywords_warn_and_map():
+    with pytest.warns(DeprecationWarning, match="num_replicas"):
+        s = ShardAwareSampler([5, 6], num_replicas=2, rank=1)
+    assert (s.world_size, s.num_replicas) == (2, 2)
+    with pytest.warns(DeprecationWarning, match="uneven"):
+        assert ShardAwareSampler([5, 6], rank=0, world_size=2, uneven="pad").pad
+    with pytest.warns(DeprecationWarning, match="uneven"):
+        assert ShardAwareSampler([5, 6], rank=0, world_size=2, uneven="drop").drop_last
+    with pytest.raises(UsageError, match="not both"):
+        ShardAwareSampler([5, 6], rank=0, world_size=2, num_replicas=2)
+    with pytest.raises(UsageError, match="not both"):
+        ShardAwareSampler([5, 6], rank=0, world_size=2, pad=True, uneven="drop")
+
+
+@given(sizes=st.lists(st.integers(0, 25), min_size=1, max_size=8), w1=st.integers(1, 3), w2=st.integers(1, 4),
+       workers1=st.integers(1, 3), workers2=st.integers(1, 3), batch=st.integers(1, 5),
+       reps=st.booleans(), data=st.data())
+def test_resume_at_another_world_size_covers_the_rest_exactly_once(sizes, w1, w2, workers1, workers2, batch,
+                                                                   reps, data):
+    n = sum(sizes)
+    repeats = np.arange(n) % 3 + 1 if reps else None
+    weights = repeats if reps else np.ones(n, np.int64)
+    seen: list[int] = []
+    states = []
+    for r in range(w1):
+        s = ShardAwareSampler(sizes, rank=r, world_size=w1, num_workers=workers1, batch_size=batch, seed=4,
+                              window=5, repeats=repeats)
+        s.set_epoch(2)
+        order = list(s)
+        k = data.draw(st.integers(0, len(order)))
+        seen += order[:k]
+        states.append(json.loads(json.dumps(s.state_dict(consumed=k))))
+    for r in range(w2):
+        s = ShardAwareSampler(sizes, rank=r, world_size=w2, num_workers=workers2, batch_size=batch, seed=4,
+                              window=3, repeats=repeats)
+        s.load_state_dict(states)
+        assert s.epoch == 2
+        seen += list(s)
+        assert len(list(s)) == len(ShardAwareSampler(sizes, rank=r, world_size=w2, repeats=repeats))  # next pass whole
+    assert np.bincount(np.asarray(seen, np.int64), minlength=n).tolist() == list(weights)
+    with pytest.raises(ShardingError, match="all"):
+        if w1 > 1:
+            ShardAwareSampler(sizes, rank=0, world_size=w2, seed=4, repeats=repeats).load_state_dict(states[1:])
+        else:
+            raise ShardingError("all (nothing to check with one rank)")

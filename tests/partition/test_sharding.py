@@ -37,8 +37,8 @@ unit_rows_st = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_
        seed=st.integers(0, 5))
 def test_exact_once_and_equal_batches(unit_rows, world, workers, bs, policy, shuffle, seed):
     n = sum(unit_rows)
-    if policy == "drop" and n < world:
-        with pytest.raises(ShardingError):
+    if policy == "drop" and n < world * bs:
+        with pytest.raises(ShardingError, match="no batch"):
             ShardPlan(unit_rows, rank=0, world=world, batch_size=bs, policy=policy)
         return
     plans = [ShardPlan(unit_rows, rank=r, world=world, batch_size=bs, policy=policy, shuffle=shuffle, seed=seed)
@@ -65,8 +65,10 @@ def test_exact_once_and_equal_batches(unit_rows, world, workers, bs, policy, shu
         assert sum(c - 1 for c in seen.values()) == p0.pad_rows
         assert p0.pad_rows < world
     else:
+        # drop_last: only full batches, the same tail of the sequence skipped on every rank
         assert all(c == 1 for c in seen.values())
-        assert len(seen) == n - p0.dropped_rows and p0.dropped_rows < world
+        assert len(seen) == n - p0.dropped_rows and p0.dropped_rows < world * bs
+        assert all(p.batch_len(j) == bs for p in plans for j in range(p.num_batches))
 
 
 @given(unit_rows=unit_rows_st, world=st.integers(1, 3), bs=st.integers(1, 9),
@@ -185,3 +187,34 @@ def test_pad_policy_repeats_rows_and_says_how_many():
     exact = [ShardPlan([500], rank=r, world=8, batch_size=64, policy="exact") for r in range(8)]
     assert sum(p.rows_per_rank for p in exact) == 500 and exact[0].pad_rows == 0
     assert ShardPlan([3], rank=0, world=8, policy="exact").num_batches == 0  # fewer rows than ranks
+
+
+@given(unit_rows=unit_rows_st, w1=st.integers(1, 4), w2=st.integers(1, 5), bs=st.integers(1, 7),
+       shuffle=st.booleans(), data=st.data())
+def test_resume_at_another_world_size_reads_the_rest_exactly_once(unit_rows, w1, w2, bs, shuffle, data):
+    """States of every rank of a world-w1 run, merged, resume at world w2: each row once over both runs."""
+    seen: Counter = Counter()
+    states = []
+    for r in range(w1):
+        p = ShardPlan(unit_rows, rank=r, world=w1, batch_size=bs, shuffle=shuffle, seed=2, epoch=1)
+        k = data.draw(st.integers(0, p.num_batches))
+        seen.update(rows_of(p, p.yield_order(1)[:k]))
+        states.append(ResumeState.from_json(p.state_after(k, manifest="m", table="t").to_json()))
+    merged = ShardPlan.merge_states(unit_rows, states, manifest="m", table="t")
+    merged = ResumeState.from_json(merged.to_json())
+    assert merged.elastic
+    for r in range(w2):
+        p = ShardPlan.resume(unit_rows, merged, manifest="m", table="t", rank=r, world=w2)
+        seen.update(rows_of(p, p.remaining()))
+    assert seen == Counter(all_rows(unit_rows))
+
+
+def test_merge_states_needs_every_rank():
+    states = [ShardPlan([10, 10], rank=r, world=3, batch_size=2).state_after(1) for r in range(3)]
+    with pytest.raises(ShardingError, match=r"all 3 ranks.*missing \[1\]"):
+        ShardPlan.merge_states([10, 10], [states[0], states[2]])
+    with pytest.raises(ShardingError, match="world=3, this run has world=2"):
+        ShardPlan.resume([10, 10], states[0], rank=0, world=2)
+    merged = ShardPlan.merge_states([10, 10], states)
+    with pytest.raises(ShardingError, match="rank and world_size"):
+        ShardPlan.resume([10, 10], merged)

@@ -63,7 +63,7 @@ def test_remote_stream_all_rows_once_over_ranks(s3, published):
     seen: Counter = Counter()
     counts = []
     for rank in range(3):
-        stream = t.batches(256, columns=["id"], shard=(rank, 3))
+        stream = t.batches(256, columns=["id"], rank=rank, world_size=3)
         n = 0
         for b in stream:
             assert isinstance(b, pa.RecordBatch) and b.num_rows <= 256
@@ -202,7 +202,7 @@ def test_latest_moves_and_pinned_version(s3, published, tmp_path):
 
 def test_resume_mid_epoch_with_other_worker_count(s3, published):
     t = warpdata.dataset("ws/demo").table("main")
-    stream = t.batches(200, columns=["id"], shard=(0, 2), shuffle=True, seed=5)
+    stream = t.batches(200, columns=["id"], rank=0, world_size=2, shuffle=True, seed=5)
     got = []
     for i, b in enumerate(stream):
         got += b.column(0).to_pylist()
@@ -211,7 +211,7 @@ def test_resume_mid_epoch_with_other_worker_count(s3, published):
     state = stream.state_dict().to_json()
     for w in range(2):  # resume as two DataLoader workers
         got += [i for b in t.batches(columns=["id"], resume=state, worker=(w, 2)) for i in b.column(0).to_pylist()]
-    full = [i for b in t.batches(200, columns=["id"], shard=(0, 2), shuffle=True, seed=5) for i in b.column(0).to_pylist()]
+    full = [i for b in t.batches(200, columns=["id"], rank=0, world_size=2, shuffle=True, seed=5) for i in b.column(0).to_pylist()]
     assert sorted(got) == sorted(full) and len(got) == len(full)
 
 
@@ -220,7 +220,7 @@ def test_to_torch_with_workers(s3, published):
     t = warpdata.dataset("ws/demo").table("main")
     seen = []
     for rank in range(2):
-        loader = t.to_torch(batch_size=128, columns=["id", "x", "label"], num_workers=2, shard=(rank, 2))
+        loader = t.to_torch(batch_size=128, columns=["id", "x", "label"], num_workers=2, rank=rank, world_size=2)
         n = 0
         for b in loader:
             seen += b["id"].tolist()
@@ -229,7 +229,7 @@ def test_to_torch_with_workers(s3, published):
         assert n == len(loader)
     assert sorted(seen) == list(range(2700))
     with pytest.raises(ShardingError, match="would get no batches"):
-        t.to_torch(batch_size=2000, num_workers=2, shard=(0, 2))
+        t.to_torch(batch_size=2000, num_workers=2, rank=0, world_size=2)
 
 
 def test_errors_name_what_is_wrong(s3, published):

@@ -132,7 +132,7 @@ def test_to_torch_can_read_bound_columns_as_bytes(s3, published, tmp_path):
     pytest.importorskip("torch")
     t = warpdata.dataset("ws/refs").table("main")
     got = []
-    for b in t.to_torch(batch_size=16, columns=["id", "image"], shard=None, read_refs=True):
+    for b in t.to_torch(batch_size=16, columns=["id", "image"], rank=0, world_size=1, read_refs=True):
         got += list(zip(b["id"].tolist(), b["image"], strict=True))
     assert len(got) == 80
     assert all(data == (tmp_path / "media" / f"img/{i % 40:04d}.png").read_bytes() for i, data in got)

@@ -230,7 +230,7 @@ def assert_same_records(a: ShardCache, b: ShardCache) -> None:
 def test_shard_cache_from_a_published_feature_cache(s3, published_captions, tmp_path):
     local = published_captions
     s3.reset_counts()
-    remote = warpdata.ShardCache("text/caps", verify="shard")
+    remote = warpdata.ShardCache("text/caps", verify="full")
     assert s3.count("GET", "warp/blobs/") > 0 and remote.published.fetched_bytes > 0
     assert_same_records(remote, local)
     assert remote.verify_all() == []
@@ -256,7 +256,7 @@ def test_warm_then_shard_cache_keeps_one_copy_and_checks_members(cli, s3, publis
     warmed = BlobCache(cache_dir).stats().bytes
     assert warmed == sum(published_blobs("text/caps").values())
     s3.reset_counts()
-    with warpdata.ShardCache("text/caps", verify="shard") as sc:
+    with warpdata.ShardCache("text/caps", verify="full") as sc:
         assert_same_records(sc, published_captions)
         file, offset, length = sc._where(sc.shards[1]["path"])
     assert s3.count("GET", "warp/blobs/") == 0 and BlobCache(cache_dir).stats().bytes == warmed
@@ -268,17 +268,17 @@ def test_warm_then_shard_cache_keeps_one_copy_and_checks_members(cli, s3, publis
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([b[0] ^ 0xFF]))
     s3.reset_counts()
-    with warpdata.ShardCache("text/caps", verify="shard") as sc:
+    with warpdata.ShardCache("text/caps", verify="full") as sc:
         assert sc.get(0)  # shard 0 is intact
         assert_same_records(sc, published_captions)  # shard 1 failed its SHA-256: fetched again once
         assert s3.count("GET", "warp/blobs/") > 0  # at the open (the manifest's tar shard) or on first touch
-    # the same damage under verify="record": the record CRC catches it, and the shard is fetched again
+    # the same damage under verify="fast": the record CRC catches it, and the shard is fetched again
     with open(file, "r+b") as f:
         f.seek(offset + length - 32 - 4 * 2 - 1)
         b = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([b[0] ^ 0xFF]))
     s3.reset_counts()
-    with warpdata.ShardCache("text/caps", verify="record") as sc:
+    with warpdata.ShardCache("text/caps", verify="fast") as sc:
         assert_same_records(sc, published_captions)
         assert s3.count("GET", "warp/blobs/") > 0

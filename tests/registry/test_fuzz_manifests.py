@@ -188,7 +188,7 @@ def test_fuzz_tensor_warehouse(tmp_path, record_property):
     root = next((tmp_path / "wh").glob("v*"))
 
     def read_all(p):
-        with wh.open(p, verify="all") as w:
+        with wh.open(p, verify="full") as w:
             out = [(s.image.copy(), s.boxes.copy(), s.mask.copy(), s.classes.copy(), s.frame_id, s.key, s.run_id)
                    for s in (w[i] for i in range(len(w)))]
             return {"samples": out, "classes": w.classes, "transform": w.transform}
@@ -210,7 +210,7 @@ def test_fuzz_feature_cache(tmp_path, record_property):
     root = tmp_path / "cache"
 
     def read_all(p):
-        with ShardCache(p, verify="shard") as c:
+        with ShardCache(p, verify="full") as c:
             return {"records": [c.get(i) for i in range(len(c))], "fields": c.fields}
 
     files = ["manifest.json"] + sorted(p.name for p in root.glob("*.wfs"))

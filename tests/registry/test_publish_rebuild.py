@@ -136,7 +136,7 @@ def test_published_feature_cache_member_failing_its_sha256_is_fetched_again(tmp_
     publish(PublishRequest("ws/fc", from_paths=[str(tmp_path / "fc")]), store=Store(str(tmp_path / "store")))
     with ShardCache(tmp_path / "fc") as local:
         want = [local.get(i)["pixels"] for i in range(len(local))]
-    with ShardCache("ws/fc", verify="shard") as sc:
+    with ShardCache("ws/fc", verify="full") as sc:
         file, offset, length = sc._where(sc.shards[1]["path"])
         assert sc._where(sc.shards[0]["path"])[0] != file  # a tar shard of its own
     os.chmod(file, 0o644)
@@ -145,7 +145,7 @@ def test_published_feature_cache_member_failing_its_sha256_is_fetched_again(tmp_
         b = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([b[0] ^ 0xFF]))
-    with ShardCache("ws/fc", verify="shard") as sc:
+    with ShardCache("ws/fc", verify="full") as sc:
         assert all((sc.get(i)["pixels"] == w).all() for i, w in enumerate(want))
         assert sc.published.refetched
     assert BlobCache().get(Path(file).name) is not None

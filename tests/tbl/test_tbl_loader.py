@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from warpdata.core.errors import DataError, UsageError
 from warpdata.formats import tbl
 from warpdata.sampledata.photos import encode_jpeg, encode_png, synthetic_photo
-from warpdata.tbl.loader import ImageDecoder, TblLoader, plan_batches
+from warpdata.tbl.loader import ImageDecoder, TblLoader
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +25,40 @@ def tbl_file(tmp_path_factory):
     return p
 
 
-@given(st.integers(0, 60), st.integers(1, 7), st.integers(1, 5))
-def test_plan_batches_exact_once_equal_counts(n, bs, world):
-    try:
-        plan = plan_batches(n, bs, world)
-    except UsageError:
-        assert n < world or bs == 1
+@given(n=st.integers(1, 40), bs=st.integers(1, 7), world=st.integers(1, 5), mode=st.sampled_from(["exact", "pad", "drop"]))
+def test_split_over_ranks(n, bs, world, mode, tmp_path_factory):
+    """Exact: each sample once; pad: equal batch counts, repeats < world; drop_last: equal full batches."""
+    p = _small_tbl(tmp_path_factory, n)
+    kw = dict(drop_last=mode == "drop", pad=mode == "pad", threads=1, shuffle=True, seed=1)
+    if mode == "drop" and n < world * bs:
+        with pytest.raises(UsageError, match="no batch"):
+            TblLoader(p, bs, rank=0, world_size=world, **kw)
         return
-    assert sorted(i for a, b in plan for i in range(a, b)) == list(range(n))
-    assert len(plan) % world == 0
-    assert all(1 <= b - a <= bs for a, b in plan)
-    full = plan_batches(n, bs, world, drop_last=True)
-    assert all(b - a == bs for a, b in full) and len(full) % world == 0
+    loaders = [TblLoader(p, bs, rank=r, world_size=world, **kw) for r in range(world)]
+    per_rank = [ld.batch_indices() for ld in loaders]
+    seen = sorted(int(i) for b in per_rank for x in b for i in x)
+    counts = {len(b) for b in per_rank}
+    if mode == "exact":
+        assert seen == list(range(n)) and max(counts) - min(counts) <= 1
+    elif mode == "pad":
+        assert set(seen) == set(range(n)) and len(counts) == 1 and len(seen) - n < world
+    else:
+        assert len(set(seen)) == len(seen) and len(counts) == 1
+        assert all(len(x) == bs for b in per_rank for x in b) and n - len(seen) < world * bs
+
+
+_SMALL: dict = {}
+
+
+def _small_tbl(tmp_path_factory, n):
+    if n not in _SMALL:
+        p = tmp_path_factory.mktemp("small") / f"{n}.tbl"
+        rng = np.random.default_rng(n)
+        with tbl.TblWriter(p, fsync=False) as w:
+            for _ in range(n):
+                w.add(encode_jpeg(synthetic_photo(rng, 16, 16), 80))
+        _SMALL[n] = p
+    return _SMALL[n]
 
 
 def test_decode_matches_simplejpeg_and_pillow(tbl_file):
@@ -86,7 +108,7 @@ def test_shuffle_seeded_and_epoch_dependent(tbl_file):
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_ranks_cover_exactly_once_with_equal_batch_counts(tbl_file, world, monkeypatch):
+def test_ranks_from_the_environment_cover_exactly_once(tbl_file, world, monkeypatch):
     seen, counts = [], []
     for rank in range(world):
         monkeypatch.setenv("RANK", str(rank))
@@ -96,7 +118,7 @@ def test_ranks_cover_exactly_once_with_equal_batch_counts(tbl_file, world, monke
         counts.append(len(got))
         assert len(got) == len(ld)
         seen += [int(i) for b in got for i in b.indices]
-    assert sorted(seen) == list(range(23)) and len(set(counts)) == 1
+    assert sorted(seen) == list(range(23)) and max(counts) - min(counts) <= 1
 
 
 def test_filter_predicate_and_metadata(tbl_file):
@@ -123,7 +145,9 @@ def test_bad_rank_and_corrupt_sample(tbl_file, tmp_path):
         bb[r.info(0).offset + 8: r.info(0).offset + 16] = b"\0" * 8  # PNG IHDR length/type destroyed
         p2 = tmp_path / "bad2.tbl"
         p2.write_bytes(bb)
-        list(TblLoader(p2, 4, threads=1, verify=False))
+        list(TblLoader(p2, 4, threads=1, verify="off"))
+    with pytest.raises(DataError, match="1 corrupt sample.*sample 3"):
+        TblLoader(p, 4, verify="full")  # the whole file is checked before the first batch
 
 
 def test_torch_dataloader_with_workers(tbl_file):

@@ -114,7 +114,7 @@ def test_three_label_formats_give_the_same_samples(cli, dataset, tmp_path):
     results = {fmt: etl(cli, config(d, fmt, out=str(tmp_path / fmt))) for fmt in ("coco", "yolo", "jsonl")}
     import warpdata.warehouse as wh
 
-    whs = {f: wh.open(r["path"], verify="all") for f, r in results.items()}
+    whs = {f: wh.open(r["path"], verify="full") for f, r in results.items()}
     keys = {f: w.keys() for f, w in whs.items()}
     # YOLO cannot see the missing image (no file to list): it reports an orphan label instead
     assert results["yolo"]["counts"]["by_reason"].get("orphan-label") == 1

@@ -86,8 +86,8 @@ def test_lazy_verification_catches_corruption_on_first_touch(built, tmp_path):
     with pytest.raises(twh1.TWH1ChecksumError, match="SHA-256 mismatch"):
         w[9]
     with pytest.raises(twh1.TWH1ChecksumError):
-        wh.open(copy, verify="all")
-    assert wh.open(copy, verify="none")[9].key  # explicitly unchecked
+        wh.open(copy, verify="full")
+    assert wh.open(copy, verify="off")[9].key  # explicitly unchecked
     assert set(w.shard_load_s) == {0}
 
 
@@ -106,7 +106,7 @@ def test_manifest_shard_mismatch_and_schema_errors(built, tmp_path):
     m["shards"][0]["samples"] = 3
     (copy / "manifest.json").write_text(json.dumps(seal(m)))  # a consistent manifest, wrong for the shard
     with pytest.raises(DataError, match="disagrees with the manifest"):
-        wh.open(copy, verify="none")[0]
+        wh.open(copy, verify="off")[0]
     del m["version"]
     (copy / "manifest.json").write_text(json.dumps(seal(m)))
     with pytest.raises(DataError, match="schema"):
@@ -136,7 +136,7 @@ def test_manifest_edits_fail_the_content_hash(built, tmp_path, edit):
         m["version"] = "0" * 64
     (copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="content_sha256") as ei:
-        wh.open(copy, verify="none")
+        wh.open(copy, verify="off")
     assert ei.value.exit_code == 65 and str(copy / "manifest.json") in ei.value.message
 
 
@@ -181,7 +181,7 @@ def test_shard_paths_outside_the_root_are_refused(built, tmp_path, rel):
     m["shards"][0]["relative_path"] = rel
     (copy / "manifest.json").write_text(json.dumps(seal(m)))
     with pytest.raises(DataError, match="outside the warehouse root"):
-        wh.open(copy, verify="none")
+        wh.open(copy, verify="off")
 
 
 def test_pickle_carries_no_shard_data(built):
@@ -203,7 +203,7 @@ def test_torch_loader_with_workers_covers_each_sample_once(built):
 
     _, path = built
     w = wh.open(path)
-    dl = make_loader(path, batch_size=4, num_workers=2, seed=3, uneven="drop")
+    dl = make_loader(path, batch_size=4, num_workers=2, seed=3)
     seen = []
     for b in dl:
         assert b["image"].dtype == torch.uint8 and b["image"].shape[1:] == (3, 64, 80)
@@ -211,12 +211,12 @@ def test_torch_loader_with_workers_covers_each_sample_once(built):
         assert (b["image"].numpy() == ref["image"]).all() and (b["boxes"].numpy() == ref["boxes"]).all()
         seen.extend(b["index"].tolist())
     assert sorted(seen) == list(range(len(w)))
-    # two ranks: equal batch counts, disjoint samples
+    # two ranks, drop_last: equal counts of full batches, disjoint samples (22 // (2 x 3) x 3 = 9 each)
     per_rank = []
     for rank in (0, 1):
-        dl = make_loader(path, batch_size=3, num_workers=2, seed=3, num_replicas=2, rank=rank, uneven="drop")
+        dl = make_loader(path, batch_size=3, num_workers=2, seed=3, world_size=2, rank=rank, drop_last=True)
         per_rank.append([i for b in dl for i in b["index"].tolist()])
-    assert len(per_rank[0]) == len(per_rank[1]) == 11 and not set(per_rank[0]) & set(per_rank[1])
+    assert len(per_rank[0]) == len(per_rank[1]) == 9 and not set(per_rank[0]) & set(per_rank[1])
     ds = WarehouseDataset(path)
     one = ds[2]
     assert one["image"].shape == (3, 64, 80) and torch.equal(one["image"], torch.from_numpy(w[2].image.copy()))

@@ -9,14 +9,18 @@ whatever the epoch length, and an evicted shard's pages belong to the page
 cache, not to the process. Records are returned as *copies* (``get``,
 ``get_batch``), so evicting a shard never invalidates what a caller holds.
 
-``verify`` decides what is checked:
+``verify`` decides what is checked (the one vocabulary of
+:mod:`warpdata.core.verify`; docs/partitioning.md):
 
-* ``"record"`` (default): each record's CRC-32C as it is read (≈1 µs per
+* ``"fast"`` (default): each record's CRC-32C as it is read (≈1 µs per
   16 KiB record);
-* ``"shard"``: the whole shard's SHA-256 against the manifest when the shard
+* ``"full"``: the whole shard's SHA-256 against the manifest when the shard
   enters the LRU (a full read: the cost of an LRU miss becomes the cost of
   reading the shard, which is what makes shard-aware sampling essential);
-* ``"none"``.
+* ``"off"``.
+
+The first release's names ``"record"``, ``"shard"`` and ``"none"`` still work,
+with a DeprecationWarning.
 
 ``ShardCache("ws/name")`` (a published dataset instead of a path; ``version=``,
 ``store=``) opens the published cache in place
@@ -43,11 +47,13 @@ from typing import Any
 
 import numpy as np
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.verify import LEVELS, verify_level
 from warpdata.features import manifest as fmanifest
 from warpdata.features.writer import KIND
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
 
-VERIFY_MODES = ("record", "shard", "none")
+VERIFY_MODES = LEVELS  # ("off", "fast", "full")
+OLD_VERIFY = {"record": "fast", "shard": "full", "none": "off"}
 
 
 def caption_text(caption: np.ndarray, length: int | np.integer) -> str:
@@ -58,13 +64,12 @@ def caption_text(caption: np.ndarray, length: int | np.integer) -> str:
 class ShardCache:
     """Random access to a feature cache through an LRU of at most ``max_resident`` mapped shards."""
 
-    def __init__(self, path: str | os.PathLike, *, max_resident: int = 2, verify: str = "record",
+    def __init__(self, path: str | os.PathLike, *, max_resident: int = 2, verify: str = "fast",
                  version: str | None = None, store: str | None = None, mode: str | None = None,
                  artifact: str | None = None) -> None:
         if max_resident < 1:
             raise ValueError(f"max_resident must be >= 1, got {max_resident}")
-        if verify not in VERIFY_MODES:
-            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        verify = verify_level(verify, "ShardCache", OLD_VERIFY)
         from warpdata.read.materialize import looks_like_dataset, materialize
 
         self.published: Any = None
@@ -78,9 +83,9 @@ class ShardCache:
                 docs.append(doc)
                 return [str(s["path"]) for s in doc["shards"]]
 
-            # verify="shard" re-hashes every shard when it is mapped: no need to hash cached blobs twice
+            # verify="full" re-hashes every shard when it is mapped: no need to hash cached blobs twice
             pub = materialize(str(path), KIND, shard_files, version=version, store=store, mode=mode,
-                              artifact=artifact, trust_cached=verify == "shard")
+                              artifact=artifact, trust_cached=verify == "full")
             self.published = pub
             self.path = Path(pub.label)
             # relative path -> (cached tar shard, offset, length): pickles, so workers map the same bytes
@@ -252,7 +257,7 @@ class ShardCache:
             raise MissingInputError(f"{p}: shard {s} of the feature cache is missing",
                                     hint="rebuild the cache (warp etl; a missing shard triggers a rebuild)",
                                     path=str(p), shard=s)
-        if self.verify == "shard":
+        if self.verify == "full":
             got = self._sha256(entry["path"])
             if got != entry.get("sha256"):
                 raise FeatureShardChecksumError(
@@ -269,7 +274,7 @@ class ShardCache:
     def _record(self, index: int):
         s, pos = self.locate(index)
         r = self.shard(s)
-        if self.verify == "record":
+        if self.verify == "fast":
             try:
                 r.verify_record(pos)
             except DataError as e:

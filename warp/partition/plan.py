@@ -3,32 +3,33 @@
 Contract
 --------
 Input: the row counts of a table's *units* (Parquet row groups, in manifest
-order), ``rank``/``world``, ``batch_size``, a ``policy`` and ``seed``/``epoch``.
+order), ``rank``/``world``, ``batch_size``, a split ``policy`` and ``seed``/``epoch``.
 
 * The units are put in one order (manifest order, or a permutation seeded by
   ``(seed, epoch)`` when ``shuffle``), giving a global row sequence of N rows.
-  Every rank takes a contiguous range of R rows of it, so reads stay
-  row-group sequential and a rank touches at most two partial row groups.
-* ``policy="pad"``: R = ⌈N/world⌉; the last ranks' missing rows repeat the
-  sequence from its start (like ``DistributedSampler``). ``policy="drop"``:
-  R = ⌊N/world⌋ and the last N − R·world rows are skipped this epoch.
-  Either way every rank has exactly R rows and ⌈R/batch_size⌉ batches, so DDP
-  never waits on a rank that ran out; every row is read exactly once except
-  the documented pad repeats (``pad_rows``) or drops (``dropped_rows``).
-* ``policy="exact"``: rank r takes positions ⌊r·N/world⌋ .. ⌊(r+1)·N/world⌋,
-  so every row is read exactly once, nothing repeats and nothing is dropped;
-  ranks may differ by one row (and one batch), and a rank can get no rows when
-  N < world. It is what ``warp stream --shard`` does unless ``--pad``; DDP
-  training wants ``pad`` or ``drop``, which keep the batch counts equal.
+  Every rank takes one contiguous range of it (:func:`warpdata.partition.split.rank_span`),
+  so reads stay row-group sequential and a rank touches at most two partial
+  row groups.
+* ``policy`` is the split mode of :mod:`warpdata.partition.split`, the one
+  partitioning of every loader (docs/partitioning.md): ``"exact"`` (the
+  default; every row exactly once, ranks may differ by one row and one
+  batch), ``"pad"`` (⌈N/world⌉ rows per rank, the missing ones repeating the
+  sequence from its start: ``pad_rows``) or ``"drop"`` (only full batches, the
+  same number per rank; the tail of the sequence is skipped: ``dropped_rows``).
 * Batch ``j`` of a rank is its rows ``[j·bs, min((j+1)·bs, R))``. The batches
   not yet consumed are split into contiguous runs, one per DataLoader worker;
   fewer batches left than workers (some worker would get none) is a
   :class:`ShardingError` (fewer workers or a smaller batch size fixes it). A PyTorch DataLoader yields them round-robin
   across workers (:meth:`ShardPlan.yield_order`).
 * :class:`ResumeState` is a tiny JSON document (manifest hash, table, seed,
-  epoch, rank, world, batch size, policy, and ``consumed``: half-open intervals
-  of batch indices already yielded). Resuming skips exactly those batches and
+  epoch, rank, world, batch size, policy, ``consumed``: half-open intervals
+  of batch indices already yielded, and ``done``: row positions of the
+  sequence consumed before this run). Resuming skips exactly those batches and
   may use a different worker count; resuming a resumed run works the same.
+* Another world size: :meth:`ShardPlan.merge_states` folds the states of every
+  rank of the old run into one state (``world`` 0, ``done`` = every row read);
+  the new run's ranks split the rows left by the same rules, so each row is
+  read exactly once over both runs (``exact``).
 
 Pure Python and the standard library: it is imported in every worker.
 """
@@ -41,14 +42,19 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warpdata.core import envvars
 from warpdata.core.errors import UsageError
+from warpdata.partition.split import (
+    MODES,
+    Remainder,
+    check_all_ranks,
+    check_drop_leaves_batches,
+    merge_intervals,
+    rank_span,
+)
+from warpdata.partition.world import ShardingError, _from_env
 
-POLICIES = ("pad", "drop", "exact")
-
-
-class ShardingError(UsageError):
-    code = "sharding"
+POLICIES = MODES  # ("exact", "pad", "drop")
+__all__ = ["POLICIES", "ResumeState", "ShardPlan", "ShardingError", "Slice", "auto_shard", "merge_intervals"]
 
 
 @dataclass(frozen=True)
@@ -77,14 +83,21 @@ class ResumeState:
     shuffle: bool = False
     consumed: tuple[tuple[int, int], ...] = ()
     num_batches: int = 0
+    done_rows: tuple[tuple[int, int], ...] = ()  # sequence positions read before this run (any rank)
 
     @property
     def done(self) -> bool:
         return sum(b - a for a, b in self.consumed) >= self.num_batches > 0
 
+    @property
+    def elastic(self) -> bool:
+        """A merged state (:meth:`ShardPlan.merge_states`): resumable at any rank and world size."""
+        return self.world == 0
+
     def to_json(self) -> str:
         d = dict(self.__dict__)
         d["consumed"] = [list(x) for x in self.consumed]
+        d["done_rows"] = [list(x) for x in self.done_rows]
         d["v"] = 1
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
@@ -95,25 +108,14 @@ class ResumeState:
             if d.pop("v", None) != 1:
                 raise ValueError("unknown resume-state version")
             d["consumed"] = tuple((int(a), int(b)) for a, b in d.get("consumed", []))
+            d["done_rows"] = tuple((int(a), int(b)) for a, b in d.get("done_rows", []))
             return cls(**d)
         except (ValueError, TypeError, KeyError) as e:
             raise UsageError(f"not a warp resume state: {e}",
                              hint="pass the JSON produced by state_dict()/ResumeState.to_json()") from None
 
     def next_epoch(self) -> ResumeState:
-        return ResumeState(**{**self.__dict__, "epoch": self.epoch + 1, "consumed": ()})
-
-
-def merge_intervals(iv: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    out: list[list[int]] = []
-    for a, b in sorted(iv):
-        if a >= b:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return tuple((a, b) for a, b in out)
+        return ResumeState(**{**self.__dict__, "epoch": self.epoch + 1, "consumed": (), "done_rows": ()})
 
 
 @dataclass
@@ -124,11 +126,12 @@ class ShardPlan:
     rank: int = 0
     world: int = 1
     batch_size: int = 1024
-    policy: str = "pad"
+    policy: str = "exact"
     seed: int = 0
     epoch: int = 0
     shuffle: bool = False
     consumed: tuple[tuple[int, int], ...] = ()
+    done_rows: tuple[tuple[int, int], ...] = ()
     order: list[int] = field(init=False)
     total_rows: int = field(init=False)
     rows_per_rank: int = field(init=False)
@@ -136,15 +139,16 @@ class ShardPlan:
 
     def __post_init__(self) -> None:
         if self.world < 1:
-            raise ShardingError(f"world size must be at least 1, not {self.world}",
-                                hint="pass shard=(rank, world_size), e.g. '0/8' for the first of 8 ranks")
+            raise ShardingError(f"world_size must be at least 1, not {self.world}",
+                                hint="pass rank= and world_size=, e.g. rank=0, world_size=8 for the first of 8 ranks")
         if not 0 <= self.rank < self.world:
-            raise ShardingError(f"rank {self.rank} is not in 0..{self.world - 1} (world size {self.world})",
-                                hint="pass shard=(rank, world_size) with 0 <= rank < world_size")
+            raise ShardingError(f"rank {self.rank} is not in 0..{self.world - 1} (world_size {self.world})",
+                                hint="pass rank= and world_size= with 0 <= rank < world_size")
         if self.batch_size < 1:
             raise ShardingError(f"batch_size must be >= 1, not {self.batch_size}")
         if self.policy not in POLICIES:
-            raise ShardingError(f"unknown uneven-split policy {self.policy!r}", hint="use 'pad', 'drop' or 'exact'")
+            raise ShardingError(f"unknown uneven-split policy {self.policy!r}",
+                                hint="use drop_last= / pad= (policies 'exact', 'pad', 'drop')")
         if any(r < 0 for r in self.unit_rows):
             raise ShardingError("a unit has a negative row count")
         self.order = list(range(len(self.unit_rows)))
@@ -156,55 +160,63 @@ class ShardPlan:
         n = self.total_rows = self._cum[-1]
         if n == 0:
             raise ShardingError("the table has no rows to shard")
-        if self.policy == "exact":
-            self._base = self.rank * n // self.world
-            self.rows_per_rank = (self.rank + 1) * n // self.world - self._base
-        else:
-            self.rows_per_rank = -(-n // self.world) if self.policy == "pad" else n // self.world
-            self._base = self.rank * self.rows_per_rank
-        if self.rows_per_rank == 0 and self.policy != "exact":
-            raise ShardingError(f"policy 'drop' leaves rank {self.rank} no rows: {n} rows over {self.world} ranks",
-                                hint="use policy 'pad' or fewer ranks")
+        self.done_rows = merge_intervals(self.done_rows)
+        self._rem = Remainder(n, self.done_rows)
+        if self.policy == "drop" and not self.done_rows:
+            check_drop_leaves_batches(n, self.world, self.batch_size, "rows")
+        self._base, self.rows_per_rank = rank_span(self._rem.size, self.rank, self.world, self.policy,
+                                                   self.batch_size)
         self.num_batches = -(-self.rows_per_rank // self.batch_size)
         self.consumed = merge_intervals(self.consumed)
 
     # -- facts --------------------------------------------------------------
     @property
+    def rows_left(self) -> int:
+        """Rows of the sequence this run splits (all of them unless resumed at another world size)."""
+        return self._rem.size
+
+    @property
     def pad_rows(self) -> int:
         """Rows repeated across all ranks this epoch (``pad`` only)."""
-        return max(0, self.rows_per_rank * self.world - self.total_rows) if self.policy == "pad" else 0
+        return max(0, self.rows_per_rank * self.world - self._rem.size) if self.policy == "pad" else 0
 
     @property
     def dropped_rows(self) -> int:
         """Rows no rank reads this epoch (``drop`` only)."""
-        return max(0, self.total_rows - self.rows_per_rank * self.world) if self.policy == "drop" else 0
+        return max(0, self._rem.size - self.rows_per_rank * self.world) if self.policy == "drop" else 0
 
     def batch_len(self, j: int) -> int:
         return min(self.batch_size, self.rows_per_rank - j * self.batch_size)
 
     # -- rows -----------------------------------------------------------------
-    def _global_slices(self, lo: int, hi: int) -> list[Slice]:
-        """Slices covering global sequence positions [lo, hi) (wrapping past N for pad)."""
-        n = self.total_rows
-        out: list[Slice] = []
+    def _global_slices(self, lo: int, hi: int, out: list[Slice]) -> None:
+        """Append slices covering sequence positions [lo, hi) (lo, hi <= total_rows)."""
         while lo < hi:
-            p = lo % n
-            k = bisect.bisect_right(self._cum, p) - 1
+            k = bisect.bisect_right(self._cum, lo) - 1
             u_start = self._cum[k]
-            take = min(hi - lo, self._cum[k + 1] - p)
+            take = min(hi - lo, self._cum[k + 1] - lo)
             unit = self.order[k]
-            if out and out[-1].unit == unit and out[-1].stop == p - u_start:
+            if out and out[-1].unit == unit and out[-1].stop == lo - u_start:
                 out[-1] = Slice(unit, out[-1].start, out[-1].stop + take)
             else:
-                out.append(Slice(unit, p - u_start, p - u_start + take))
+                out.append(Slice(unit, lo - u_start, lo - u_start + take))
             lo += take
-        return out
+
+    def _positions(self, j: int) -> list[tuple[int, int]]:
+        lo = self._base + j * self.batch_size
+        return self._rem.ranges(lo, lo + self.batch_len(j))
 
     def batch_slices(self, j: int) -> list[Slice]:
         if not 0 <= j < self.num_batches:
             raise IndexError(j)
-        base = self._base
-        return self._global_slices(base + j * self.batch_size, base + j * self.batch_size + self.batch_len(j))
+        out: list[Slice] = []
+        for a, b in self._positions(j):
+            self._global_slices(a, b, out)
+        return out
+
+    def rows_read(self, batches: Iterable[int]) -> tuple[tuple[int, int], ...]:
+        """Sequence positions (merged intervals) that batches ``batches`` of this rank read."""
+        return merge_intervals(iv for j in batches for iv in self._positions(j))
 
     # -- workers ----------------------------------------------------------------
     def remaining(self) -> list[int]:
@@ -251,42 +263,83 @@ class ShardPlan:
         consumed = merge_intervals(list(self.consumed) + [(j, j + 1) for j in done])
         return ResumeState(manifest=manifest, table=table, seed=self.seed, epoch=self.epoch, rank=self.rank,
                            world=self.world, batch_size=self.batch_size, policy=self.policy,
-                           shuffle=self.shuffle, consumed=consumed, num_batches=self.num_batches)
+                           shuffle=self.shuffle, consumed=consumed, num_batches=self.num_batches,
+                           done_rows=self.done_rows)
 
     @classmethod
     def resume(cls, unit_rows: Sequence[int], state: ResumeState, *, manifest: str = "",
                table: str = "", rank: int | None = None, world: int | None = None) -> ShardPlan:
-        """The plan for the rest of ``state``'s epoch; refuses a state of another run."""
-        mismatch = [(k, getattr(state, k), v) for k, v in
-                    (("manifest", manifest), ("table", table), ("rank", rank), ("world", world))
+        """The plan for the rest of ``state``'s epoch; refuses a state of another run.
+
+        A merged state (:meth:`merge_states`, ``state.elastic``) resumes at any
+        ``rank`` / ``world`` (both required); a rank's own state only at its own.
+        """
+        checks = (("manifest", manifest), ("table", table))
+        if not state.elastic:
+            checks += (("rank", rank), ("world", world))
+        mismatch = [(k, getattr(state, k), v) for k, v in checks
                     if v not in (None, "") and getattr(state, k) not in ("", v)]
         if mismatch:
             k, old, new = mismatch[0]
-            raise ShardingError(f"resume state is for {k}={old!r}, this run has {k}={new!r}",
-                                hint="resume with the same dataset version, table, rank and world size; "
-                                     "only the DataLoader worker count may change")
+            hint = ("resume with the same dataset version and table" if k in ("manifest", "table") else
+                    "to resume at another rank or world size, pass the states of every rank of the old run "
+                    "(a list); one rank's state resumes only that rank")
+            raise ShardingError(f"resume state is for {k}={old!r}, this run has {k}={new!r}", hint=hint)
+        if state.elastic:
+            if rank is None or world is None:
+                raise ShardingError("a merged resume state needs this run's rank and world_size",
+                                    hint="pass rank= and world_size= (or run under torchrun)")
+            return cls(unit_rows, rank=rank, world=world, batch_size=state.batch_size, policy=state.policy,
+                       seed=state.seed, epoch=state.epoch, shuffle=state.shuffle, done_rows=state.done_rows)
         plan = cls(unit_rows, rank=state.rank, world=state.world, batch_size=state.batch_size,
                    policy=state.policy, seed=state.seed, epoch=state.epoch, shuffle=state.shuffle,
-                   consumed=state.consumed)
+                   consumed=state.consumed, done_rows=state.done_rows)
         if state.num_batches and state.num_batches != plan.num_batches:
             raise ShardingError(f"resume state counts {state.num_batches} batches, the table now gives "
                                 f"{plan.num_batches}", hint="resume against the same dataset version")
         return plan
 
+    @classmethod
+    def merge_states(cls, unit_rows: Sequence[int], states: Sequence[ResumeState], *, manifest: str = "",
+                     table: str = "") -> ResumeState:
+        """One state from the states of every rank of a run, resumable at any world size.
+
+        Its ``done_rows`` are every sequence position any rank read (before or
+        during that run); its ``world`` is 0 (:attr:`ResumeState.elastic`).
+        """
+        states = list(states)
+        if not states:
+            raise ShardingError("no resume states to merge", hint="pass the state_dict() of every rank")
+        first = states[0]
+        for s in states[1:]:
+            for k in ("manifest", "table", "seed", "epoch", "batch_size", "policy", "shuffle"):
+                if getattr(s, k) != getattr(first, k):
+                    raise ShardingError(f"resume states differ in {k} ({getattr(first, k)!r} vs {getattr(s, k)!r})",
+                                        hint="pass the states saved by the ranks of one run, at one step")
+        elastic = [s for s in states if s.elastic]
+        if elastic and len(states) > 1:
+            raise ShardingError("a merged resume state cannot be merged again with other states",
+                                hint="pass it alone")
+        if elastic:
+            return first
+        check_all_ranks("resume", [(s.rank, s.world) for s in states])
+        done: list[tuple[int, int]] = []
+        for s in states:
+            plan = cls.resume(unit_rows, s, manifest=manifest, table=table)
+            done.extend(plan.done_rows)
+            done.extend(plan.rows_read(j for a, b in plan.consumed for j in range(a, min(b, plan.num_batches))))
+        return ResumeState(manifest=first.manifest, table=first.table, seed=first.seed, epoch=first.epoch,
+                           rank=0, world=0, batch_size=first.batch_size, policy=first.policy,
+                           shuffle=first.shuffle, consumed=(), num_batches=0, done_rows=merge_intervals(done))
+
 
 def auto_shard(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """(rank, world) from torchrun's RANK / WORLD_SIZE; (0, 1) when they are unset."""
-    if environ is None:
-        rank_s, world_s = envvars.get("RANK"), envvars.get("WORLD_SIZE")
-    else:
-        rank_s, world_s = environ.get("RANK"), environ.get("WORLD_SIZE")
-    if rank_s in (None, "") or world_s in (None, ""):
-        return 0, 1
-    try:
-        rank, world = int(rank_s), int(world_s)
-    except ValueError:
-        raise ShardingError(f"RANK={rank_s!r} / WORLD_SIZE={world_s!r} are not integers",
-                            hint="torchrun sets them; unset them for single-process runs") from None
-    if not 0 <= rank < world:
+    """(rank, world) from torchrun's RANK / WORLD_SIZE; (0, 1) when they are unset.
+
+    Loaders resolve their world with :func:`warpdata.partition.world.resolve_world`
+    (explicit values, torch.distributed, then these variables).
+    """
+    rank, world = _from_env(environ) or (0, 1)
+    if world < 1 or not 0 <= rank < world:
         raise ShardingError(f"RANK={rank} is not in 0..{world - 1} (WORLD_SIZE={world})")
     return rank, world

@@ -4,18 +4,22 @@ Samples live in shards (``shard_sizes[i]`` samples in shard ``i``; global
 index = shard offset + position). A plain global permutation makes every
 reader touch every shard all the time, which collapses shard caches
 (docs/design.md §4: 10.6 samples/s vs 350–640 shard-aware). This sampler keeps
-locality while giving DistributedSampler's contract:
+locality while splitting an epoch over ranks by the one partitioning of every
+warp loader (:mod:`warpdata.partition.split`, docs/partitioning.md):
 
 1. Each epoch the shard order is permuted with ``rng(seed, epoch)`` (the same
-   on every rank) and the shards' samples are concatenated in that order.
-2. ``uneven="pad"`` (the default, as in DistributedSampler) repeats samples from the start of that sequence until its
-   length is a multiple of ``num_replicas``; ``"drop"`` cuts the tail. Rank
-   ``r`` takes the ``r``-th contiguous slice, so every rank yields exactly
-   ``len(sampler)`` samples (ceil or floor of N / num_replicas), every sample
-   is yielded by exactly one rank per epoch (``pad``: the padding repeats the
-   first samples once more; ``drop``: the dropped ones by none), and a rank
-   touches about ``num_shards / num_replicas + 1`` shards.
-3. A rank's slice is cut into ``num_workers`` contiguous parts at batch
+   on every rank) and the shards' samples are concatenated in that order: the
+   epoch's *sequence*, whose positions do not depend on rank, world size or
+   workers.
+2. Rank ``r`` of ``world_size`` takes one contiguous run of the sequence
+   (:func:`~warpdata.partition.split.rank_span`). By default (``drop_last=False,
+   pad=False``) the runs cover every sample exactly once and ranks differ by at
+   most one sample; ``pad=True`` gives every rank ⌈N/world_size⌉ samples,
+   repeating samples from the start of the sequence (DistributedSampler's
+   padding); ``drop_last=True`` gives every rank the same number of full
+   batches and skips the tail of the sequence. A rank touches about
+   ``num_shards / world_size + 1`` shards.
+3. A rank's run is cut into ``num_workers`` contiguous parts at batch
    boundaries, one per DataLoader worker, so each worker reads its own
    shards. With ``shuffle`` each part is shuffled inside consecutive windows
    of ``window`` samples (``rng(seed, epoch, rank, worker)``): at most
@@ -31,16 +35,24 @@ without being stored more than once. Shard ``s`` then stands in step 1 as
 ``max(repeats in s)`` *copies*, copy ``k`` holding the records of ``s`` with
 ``repeats > k`` (in shard order); the copies are permuted with all the others,
 so a record's repeats land in different places of the epoch and each copy still
-reads one shard. Every count above (length, padding, rank slices, worker parts)
-is over these weighted samples, so ranks keep equal step counts. Without
-``repeats`` (or with all ones) the order is exactly the unweighted one.
+reads one shard. Every count above (length, padding, rank runs, worker parts)
+is over these weighted samples. Without ``repeats`` (or with all ones) the
+order is exactly the unweighted one.
 
 ``set_epoch`` changes the permutation; ``state_dict(consumed=)`` and
 ``load_state_dict`` resume mid-epoch: the next ``__iter__`` skips the samples
 already consumed (pass ``consumed`` = samples the training loop has actually
 used; by default the count this sampler has yielded, which includes
-DataLoader prefetch). The same seed, epoch and settings give the same order
-on any machine.
+DataLoader prefetch). ``load_state_dict`` also takes the list of the states of
+*every* rank of a run at another world size (or worker count, batch size,
+window or split mode): the positions of the sequence they consumed are taken
+out and the rest of the epoch is split over this run's ranks, so over both
+runs every sample is read exactly once (exact split). The same seed, epoch
+and settings give the same order on any machine.
+
+Old keyword names: ``num_replicas`` (now ``world_size``) and ``uneven``
+(``"pad"`` is ``pad=True``, ``"drop"`` is ``drop_last=True``) warn and map
+for one release.
 """
 
 from __future__ import annotations
@@ -50,40 +62,46 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import ConfigError
+from warpdata.partition.split import (
+    Remainder,
+    check_all_ranks,
+    check_drop_leaves_batches,
+    intervals_of_array,
+    mode_of,
+    rank_span,
+)
+from warpdata.partition.world import UNSET, renamed, resolve_world, split_policy
 
 if TYPE_CHECKING:
     import numpy as np
 
-UNEVEN_POLICIES = ("pad", "drop")
-
-
-def _dist_defaults(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    """torch.distributed's world size / rank when it is initialised, else 1 / 0."""
-    if num_replicas is not None and rank is not None:
-        return num_replicas, rank
-    import sys
-
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return (num_replicas if num_replicas is not None else dist.get_world_size(),
-                rank if rank is not None else dist.get_rank())
-    return (1 if num_replicas is None else num_replicas), (0 if rank is None else rank)
+UNEVEN_POLICIES = ("pad", "drop")  # the deprecated ``uneven=`` values
 
 
 class ShardAwareSampler:
     """Per-rank sample order over sharded data; see the module docstring.
 
-    ``uneven`` defaults to ``"pad"``: when the samples do not split evenly the
-    last ranks repeat samples from the start, so over all ranks an epoch yields
-    up to ``num_replicas - 1`` samples twice. ``"drop"`` skips the tail instead.
+    ``rank`` / ``world_size``: this rank and the number of ranks; each one not
+    given comes from torch.distributed, then RANK / WORLD_SIZE, else 0 / 1
+    (:func:`~warpdata.partition.world.resolve_world`). ``drop_last`` and
+    ``pad`` choose the split (default: every sample exactly once; ranks may
+    differ by one sample); ``pad=True`` is DistributedSampler's padding,
+    ``drop_last=True`` keeps only full batches, the same number per rank.
     """
 
-    def __init__(self, shard_sizes: Sequence[int], *, num_replicas: int | None = None,
-                 rank: int | None = None, num_workers: int = 1, batch_size: int = 1,
-                 shuffle: bool = True, seed: int = 0, window: int = 1024,
-                 uneven: str = "pad", repeats: Sequence[int] | np.ndarray | None = None) -> None:
+    def __init__(self, shard_sizes: Sequence[int], *, rank: int | None = None, world_size: int | None = None,
+                 num_workers: int = 1, batch_size: int = 1, shuffle: bool = True, seed: int = 0,
+                 window: int = 1024, drop_last: bool = False, pad: bool = False,
+                 repeats: Sequence[int] | np.ndarray | None = None,
+                 num_replicas: Any = UNSET, uneven: Any = UNSET) -> None:
         import numpy as np
 
+        where = "ShardAwareSampler"
+        world_size = renamed(where, "num_replicas", num_replicas, "world_size", world_size, None)
+        if uneven is not UNSET:
+            drop_last, pad = renamed(where, "uneven", uneven, "drop_last= / pad=", (drop_last, pad), (False, False),
+                                     lambda v: split_policy(where, "uneven", v))
+        self.mode = mode_of(drop_last, pad, where)
         sizes = np.asarray(list(shard_sizes), dtype=np.int64)
         if sizes.ndim != 1 or (sizes < 0).any():
             raise ConfigError("shard_sizes must be a list of non-negative sample counts")
@@ -97,14 +115,9 @@ class ShardAwareSampler:
             rep = rep.astype(np.int64)
             if (rep == 1).all():
                 rep = None  # the unweighted order, bit for bit
-        num_replicas, rank = _dist_defaults(num_replicas, rank)
-        if num_replicas < 1 or not 0 <= rank < num_replicas:
-            raise ConfigError(f"rank {rank} is not in [0, num_replicas={num_replicas})")
+        world = resolve_world(rank, world_size, worker=(0, 1))
         if num_workers < 1 or batch_size < 1 or window < 1:
             raise ConfigError("num_workers, batch_size and window must be >= 1")
-        if uneven not in UNEVEN_POLICIES:
-            raise ConfigError(f"uneven must be one of {UNEVEN_POLICIES}, got {uneven!r}",
-                              hint="'pad' repeats samples like DistributedSampler; 'drop' drops the tail")
         self.shard_sizes = sizes
         self.offsets = offsets
         self.repeats = rep
@@ -117,22 +130,41 @@ class ShardAwareSampler:
             self._copies = np.asarray([(s, k) for s, m in enumerate(per_shard) for k in range(m)],
                                       np.int64).reshape(-1, 2)
             self.num_samples_total = int(rep.sum())
-        self.num_replicas, self.rank = int(num_replicas), int(rank)
+        self.world_size, self.rank = world.world_size, world.rank
         self.num_workers, self.batch_size = int(num_workers), int(batch_size)
-        self.shuffle, self.seed, self.window, self.uneven = bool(shuffle), int(seed), int(window), uneven
+        self.shuffle, self.seed, self.window = bool(shuffle), int(seed), int(window)
+        self.drop_last, self.pad = self.mode == "drop", self.mode == "pad"
+        if self.drop_last:
+            check_drop_leaves_batches(self.num_samples_total, self.world_size, self.batch_size)
         self.epoch = 0
         self._skip = 0  # samples to skip at the next __iter__ (mid-epoch resume)
         self._yielded = 0
-        n, r = self.num_samples_total, self.num_replicas
-        if uneven == "pad" and n > 0:
-            self.per_rank = -(-n // r)
-        else:
-            self.per_rank = n // r
+        self.resumed_elsewhere = False
+        self._set_done(())
+
+    def _set_done(self, done) -> None:
+        """Positions of this epoch's sequence consumed before this run (resume at another world size)."""
+        self._rem = Remainder(self.num_samples_total, done)
+        self._start, self.per_rank = rank_span(self._rem.size, self.rank, self.world_size, self.mode,
+                                               self.batch_size)
+
+    # the names of the first release
+    @property
+    def num_replicas(self) -> int:
+        return self.world_size
+
+    @property
+    def uneven(self) -> str:
+        return {"drop": "drop", "pad": "pad"}.get(self.mode, "exact")
 
     def __len__(self) -> int:
         return self.per_rank
 
     def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch; another epoch than the current one forgets any resume state."""
+        if int(epoch) != self.epoch:
+            self._skip = 0
+            self._set_done(())
         self.epoch = int(epoch)
 
     def shard_order(self, epoch: int | None = None) -> np.ndarray:
@@ -145,8 +177,8 @@ class ShardAwareSampler:
             return np.arange(n, dtype=np.int64)
         return np.random.default_rng([self.seed, e]).permutation(n).astype(np.int64)
 
-    def global_order(self, epoch: int | None = None) -> np.ndarray:
-        """All samples in shard-permuted order, padded or cut to ``per_rank * num_replicas``."""
+    def sequence(self, epoch: int | None = None) -> np.ndarray:
+        """The epoch's sequence: every (weighted) sample once, in shard-permuted order."""
         import numpy as np
 
         order = self.shard_order(epoch)
@@ -156,22 +188,24 @@ class ShardAwareSampler:
                 s, k = self._copies[c]
                 idx = np.arange(self.offsets[s], self.offsets[s + 1], dtype=np.int64)
                 parts.append(idx[self.repeats[idx] > k])
-            seq = np.concatenate(parts)
-        elif len(order):
-            seq = np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1], dtype=np.int64)
-                                  for s in order])
-        else:
-            seq = np.zeros(0, np.int64)
-        want = self.per_rank * self.num_replicas
-        if want > len(seq):
-            reps = -(-want // max(len(seq), 1))
-            seq = np.tile(seq, reps)
-        return seq[:want]
+            return np.concatenate(parts)
+        if len(order):
+            return np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1], dtype=np.int64)
+                                   for s in order])
+        return np.zeros(0, np.int64)
+
+    def global_order(self, epoch: int | None = None) -> np.ndarray:
+        """All ranks' samples in rank order: the sequence (less what was consumed), padded or cut."""
+        end = self._rem.size if self.mode == "exact" else self.per_rank * self.world_size
+        return self.sequence(epoch)[self._rem.array(0, end)]
+
+    def rank_positions(self) -> np.ndarray:
+        """Positions in :meth:`sequence` of this rank's run (before the worker split)."""
+        return self._rem.array(self._start, self._start + self.per_rank)
 
     def rank_indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's contiguous slice of :meth:`global_order` (before worker split)."""
-        seq = self.global_order(epoch)
-        return seq[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]
+        """This rank's contiguous run of the sequence (before the worker split)."""
+        return self.sequence(epoch)[self.rank_positions()]
 
     def _worker_bounds(self) -> np.ndarray:
         import numpy as np
@@ -181,17 +215,13 @@ class ShardAwareSampler:
         cuts = [(nb * k // w) * self.batch_size for k in range(w + 1)]
         return np.minimum(np.asarray(cuts, np.int64), self.per_rank)
 
-    def worker_indices(self, worker_id: int, epoch: int | None = None,
-                       _rank_seq: np.ndarray | None = None) -> np.ndarray:
-        """The part of this rank's samples that DataLoader worker ``worker_id`` owns, in order."""
+    def _worker_part(self, worker_id: int, e: int, rank_pos: np.ndarray) -> np.ndarray:
         import numpy as np
 
         if not 0 <= worker_id < self.num_workers:
             raise ConfigError(f"worker_id {worker_id} is not in [0, {self.num_workers})")
-        e = self.epoch if epoch is None else epoch
-        seq = self.rank_indices(e) if _rank_seq is None else _rank_seq
         b = self._worker_bounds()
-        part = seq[b[worker_id]:b[worker_id + 1]].copy()
+        part = rank_pos[b[worker_id]:b[worker_id + 1]].copy()
         if self.shuffle and len(part) > 1 and self.window > 1:
             rng = np.random.default_rng([self.seed, e, self.rank, worker_id])
             for start in range(0, len(part), self.window):
@@ -199,13 +229,21 @@ class ShardAwareSampler:
                 block[:] = block[rng.permutation(len(block))]
         return part
 
-    def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's full epoch order as ``__iter__`` yields it (no resume skip)."""
+    def worker_indices(self, worker_id: int, epoch: int | None = None,
+                       _rank_seq: np.ndarray | None = None) -> np.ndarray:
+        """The part of this rank's samples that DataLoader worker ``worker_id`` owns, in order."""
+        e = self.epoch if epoch is None else epoch
+        if _rank_seq is not None:
+            return self._worker_part(worker_id, e, _rank_seq)
+        return self.sequence(e)[self._worker_part(worker_id, e, self.rank_positions())]
+
+    def epoch_positions(self, epoch: int | None = None) -> np.ndarray:
+        """Positions in :meth:`sequence` of this rank's epoch, in the order ``__iter__`` yields them."""
         import numpy as np
 
         e = self.epoch if epoch is None else epoch
-        seq = self.rank_indices(e)
-        parts = [self.worker_indices(w, e, seq) for w in range(self.num_workers)]
+        pos = self.rank_positions()
+        parts = [self._worker_part(w, e, pos) for w in range(self.num_workers)]
         if self.num_workers == 1:
             return parts[0]
         bs = self.batch_size
@@ -215,27 +253,50 @@ class ShardAwareSampler:
             out.extend(b[j] for b in batches if j < len(b))
         return np.concatenate(out) if out else np.zeros(0, np.int64)
 
-    def __iter__(self) -> Iterator[int]:
+    def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's full epoch order as ``__iter__`` yields it (no resume skip)."""
+        return self.sequence(epoch)[self.epoch_positions(epoch)]
+
+    def _pass(self) -> tuple[np.ndarray, int]:
         idx = self.epoch_indices()
         skip, self._skip = self._skip, 0
         self._yielded = skip
+        return idx, skip
+
+    def _finish(self) -> None:
+        # a whole pass done: the next pass of this epoch (and the next epoch) is complete again
+        if self._rem.done:
+            self._set_done(())
+
+    def __iter__(self) -> Iterator[int]:
+        idx, skip = self._pass()
         for i in idx[skip:].tolist():
             self._yielded += 1
             yield i
+        self._finish()
 
     def batches(self) -> Iterator[np.ndarray]:
         """The same order as ``__iter__``, as arrays of ``batch_size`` indices (last may be short)."""
-        idx = self.epoch_indices()
-        skip, self._skip = self._skip, 0
-        self._yielded = skip
+        idx, skip = self._pass()
         for start in range(skip, len(idx), self.batch_size):
             b = idx[start:start + self.batch_size]
             self._yielded += len(b)
             yield b
+        self._finish()
+
+    # -- resume -----------------------------------------------------------------
+    def _data_fingerprint(self) -> str:
+        """The epoch sequences: shards, weights, seed and shuffle (not rank, world or workers)."""
+        h = hashlib.sha256(self.shard_sizes.tobytes())
+        h.update(repr((self.shuffle, self.seed)).encode())
+        if self.repeats is not None:
+            h.update(b"repeats")
+            h.update(self.repeats.tobytes())
+        return h.hexdigest()[:16]
 
     def _fingerprint(self) -> str:
         h = hashlib.sha256(self.shard_sizes.tobytes())
-        h.update(repr((self.num_replicas, self.rank, self.num_workers, self.batch_size,
+        h.update(repr((self.world_size, self.rank, self.num_workers, self.batch_size,
                        self.shuffle, self.seed, self.window, self.uneven)).encode())
         if self.repeats is not None:
             h.update(b"repeats")
@@ -245,18 +306,72 @@ class ShardAwareSampler:
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """JSON-able resume state; ``consumed`` = samples used so far this epoch."""
         return {"epoch": self.epoch, "consumed": int(self._yielded if consumed is None else consumed),
-                "fingerprint": self._fingerprint()}
+                "fingerprint": self._fingerprint(), "data": self._data_fingerprint(),
+                "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
+                "batch_size": self.batch_size, "window": self.window, "mode": self.mode,
+                "done": [list(x) for x in self._rem.done]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _consumed_positions(self, state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+        """Positions of the sequence consumed by the rank that saved ``state`` (its done ones too)."""
+        twin = ShardAwareSampler(
+            self.shard_sizes.tolist(), rank=int(state["rank"]), world_size=int(state["world_size"]),
+            num_workers=int(state["num_workers"]), batch_size=int(state["batch_size"]), shuffle=self.shuffle,
+            seed=self.seed, window=int(state["window"]), drop_last=state["mode"] == "drop",
+            pad=state["mode"] == "pad", repeats=self.repeats)
+        twin.epoch = int(state["epoch"])
+        twin._set_done(tuple(map(tuple, state.get("done", ()))))
+        consumed = int(state["consumed"])
+        if not 0 <= consumed <= twin.per_rank:
+            raise ConfigError(f"sampler state of rank {twin.rank} consumed={consumed} is not in [0, {twin.per_rank}]")
+        pos = twin.epoch_positions()[:consumed]
+        return tuple(twin._rem.done) + intervals_of_array(pos)
+
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Resume from this rank's own state, or from the list of every rank's states of a run.
+
+        A list (one state per rank of the old run) may come from another world
+        size, worker count, batch size, window or split mode: what those ranks
+        consumed is taken out of the epoch and the rest is split over this run.
+        """
+        if isinstance(state, (list, tuple)):
+            states = list(state)
+            if len(states) == 1 and states[0].get("fingerprint") == self._fingerprint():
+                return self.load_state_dict(states[0])
+            return self._load_elastic(states)
         if state.get("fingerprint") != self._fingerprint():
+            if "data" in state and int(state.get("world_size", 0)) == 1:
+                return self._load_elastic([state])
             raise ConfigError("sampler state was saved with different shards or settings",
-                              hint="resume with the same data, world size, workers, batch size, seed and window")
+                              hint="resume with the same data, world size, workers, batch size, seed and window, "
+                                   "or pass the list of the states of every rank of the old run")
+        self._set_done(tuple(map(tuple, state.get("done", ()))))
         consumed = int(state["consumed"])
         if not 0 <= consumed <= self.per_rank:
             raise ConfigError(f"sampler state consumed={consumed} is not in [0, {self.per_rank}]")
         self.epoch = int(state["epoch"])
         self._skip = consumed
         self._yielded = consumed
+        self.resumed_elsewhere = False
+
+    def _load_elastic(self, states: list[dict[str, Any]]) -> None:
+        if not states:
+            raise ConfigError("no sampler states to resume from", hint="pass the state_dict() of every rank")
+        for st in states:
+            if st.get("data") != self._data_fingerprint():
+                raise ConfigError("sampler state was saved with different shards, weights, seed or shuffle",
+                                  hint="resume with the same data, seed and shuffle")
+        epochs = {int(st["epoch"]) for st in states}
+        if len(epochs) != 1:
+            raise ConfigError(f"sampler states come from different epochs {sorted(epochs)}",
+                              hint="pass the states every rank saved at one step")
+        check_all_ranks("sampler resume", [(int(st["rank"]), int(st["world_size"])) for st in states])
+        done: list[tuple[int, int]] = []
+        for st in states:
+            done.extend(self._consumed_positions(st))
+        self.epoch = epochs.pop()
+        self._set_done(done)
+        self._skip = self._yielded = 0
+        self.resumed_elsewhere = True  # this run splits what the old run's ranks left
 
 
 def torch_sampler(sampler: ShardAwareSampler):

@@ -10,7 +10,6 @@ ahead on threads (their ranged GETs and decoding release the GIL).
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from warpdata.core import envvars
 from warpdata.core.errors import UsageError
-from warpdata.partition.plan import ResumeState, ShardingError, ShardPlan, auto_shard
+from warpdata.partition.plan import ResumeState, ShardPlan
+from warpdata.partition.world import parse_shard, resolve_world, worker_info
 from warpdata.storage.blobcache import CacheTooSmallError
 
 if TYPE_CHECKING:
@@ -180,29 +180,14 @@ class _Prefetcher:
 
 def _worker_info() -> tuple[int, int]:
     """(id, count) of the PyTorch DataLoader worker running us; (0, 1) in the main process."""
-    torch_data = sys.modules.get("torch.utils.data")
-    if torch_data is not None:
-        info = torch_data.get_worker_info()
-        if info is not None:
-            return info.id, info.num_workers
-    return 0, 1
+    return worker_info()
 
 
 def _parse_shard(shard: Any) -> tuple[int, int]:
-    if shard is None:
-        return 0, 1
-    if shard == "auto":
-        return auto_shard()
-    if isinstance(shard, str) and "/" in shard:
-        a, _, b = shard.partition("/")
-        try:
-            return int(a), int(b)
-        except ValueError:
-            pass
-    if isinstance(shard, (tuple, list)) and len(shard) == 2:
-        return int(shard[0]), int(shard[1])
-    raise ShardingError(f"shard={shard!r} is not (rank, world_size), 'RANK/WORLD' or 'auto'",
-                        hint="e.g. shard=(0, 8), shard='0/8' or shard='auto' (reads RANK and WORLD_SIZE)")
+    """(rank, world_size) of a ``shard=`` value (``Query.batches``): None, (rank, world), 'r/w' or 'auto'."""
+    rank, world = parse_shard("shard", shard)
+    w = resolve_world(rank, world, worker=(0, 1))  # 'auto': torch.distributed, then RANK / WORLD_SIZE
+    return w.rank, w.world_size
 
 
 def _prefetch_depth(prefetch: Any, mode: str) -> int:

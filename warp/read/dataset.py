@@ -27,6 +27,12 @@ Contract
   :mod:`warpdata.partition.plan` (rank × DataLoader worker, equal batch counts,
   resumable). Columns bound to an artifact come back as typed refs
   (:mod:`warpdata.read.refs`) from ``batch_dicts()``.
+* ``verify`` (the one vocabulary of :mod:`warpdata.core.verify`): every blob is
+  hashed as it enters the blob cache, whatever the level. ``"fast"`` (default,
+  or ``WARP_CACHE_VERIFY=stamp``) hashes a cached blob again whenever its file
+  changed; ``"full"`` (``WARP_CACHE_VERIFY=full``) hashes each cached blob on its
+  first use by every process; ``"off"`` uses cached blobs without a check.
+  Ranged remote reads are not hashed (Parquet's own page checksums apply).
 * S3 reads go through pyarrow's native S3 filesystem built from the one
   :class:`~warpdata.storage.locations.StorageConfig` (timeouts, AWS SDK retries with
   jittered backoff); DuckDB gets the same settings through s3fs.
@@ -58,24 +64,37 @@ MODES = ("auto", "remote", "hybrid", "local")
 _MANIFESTS: dict[tuple[str, str], Manifest] = {}
 _MANIFESTS_MU = threading.Lock()
 def dataset(name: str, mode: str | None = None, version: str | None = None, *,
-            store: str | None = None, cache: BlobCache | None = None) -> Dataset:
-    """Open published dataset ``name`` (``workspace/name``) for reading."""
-    return Dataset(name, mode=mode, version=version, store=store, cache=cache)
+            store: str | None = None, cache: BlobCache | None = None, verify: str | None = None) -> Dataset:
+    """Open published dataset ``name`` (``workspace/name``) for reading.
+
+    ``verify``: ``"fast"`` (default), ``"full"`` or ``"off"`` (module docstring);
+    a ``cache`` passed in keeps its own mode for ``fast`` and ``full``.
+    """
+    return Dataset(name, mode=mode, version=version, store=store, cache=cache, verify=verify)
+
+
+_CACHE_MODE = {"fast": "stamp", "full": "full", "off": "stamp"}  # read-API level -> blob-cache mode
 
 
 class Dataset:
     """One resolved version of a published dataset."""
 
     def __init__(self, name: str, *, mode: str | None = None, version: str | None = None,
-                 store: str | None = None, cache: BlobCache | None = None) -> None:
+                 store: str | None = None, cache: BlobCache | None = None, verify: str | None = None) -> None:
+        from warpdata.core.verify import verify_level
         from warpdata.registry.manifest import validate_dataset_id
 
+        explicit = verify is not None
+        # not given: WARP_CACHE_VERIFY's level (the blob cache itself refuses a bad value)
+        self.verify = verify_level(verify, "dataset") if explicit else \
+            ("full" if (envvars.get("WARP_CACHE_VERIFY") or "").lower() == "full" else "fast")
         self.id = validate_dataset_id(name)
         self.mode = (mode or envvars.get("WARP_MODE") or "auto").lower()
         if self.mode not in MODES:
             raise UsageError(f"unknown mode {self.mode!r}", hint="use auto, remote, hybrid or local")
         self.remote = Remote(store)
-        self.cache = cache if cache is not None else (None if self.mode == "remote" else BlobCache())
+        self.cache = cache if cache is not None else (
+            None if self.mode == "remote" else BlobCache(verify=_CACHE_MODE[self.verify] if explicit else None))
         self.offline_fallback = False
         self.version, self.manifest = self._resolve(version)
 
@@ -269,7 +288,7 @@ class Dataset:
         if self.cache is None:
             return None
         had = self.cache.has(s.hash)
-        p = self.cache.get(s.hash)
+        p = self.cache.get(s.hash, verify=self.verify != "off")
         if p is None and had and self.mode != "local":
             # the cached copy failed its hash and was evicted: fetch it again once, as 'warp warm' does
             # (a bad store copy raises BlobCorruptedError naming the object; docs/formats/registry.md)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import MissingInputError, UsageError
 from warpdata.partition.plan import ResumeState, ShardPlan
+from warpdata.partition.split import mode_of
+from warpdata.partition.world import UNSET, parse_shard, renamed, resolve_world, split_policy
 from warpdata.read.batches import (
     DEFAULT_BATCH,
     BatchStream,
@@ -110,43 +112,76 @@ class Table:
         """The first ``n`` rows, reading only the row groups that hold them."""
         import pyarrow as pa
 
-        got = list(self.batches(batch_size=max(1, min(n, DEFAULT_BATCH)), limit=n, prefetch="off")) if n else []
+        got = list(self.batches(batch_size=max(1, min(n, DEFAULT_BATCH)), limit=n, prefetch="off",
+                                rank=0, world_size=1)) if n else []
         if not got:
             return self.schema().empty_table()
         return pa.Table.from_batches(got)
 
     def batches(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
-                shard: Any = None, limit: int | None = None, prefetch: Any = "auto", *,
-                policy: str = "pad", shuffle: bool = False, seed: int = 0, epoch: int = 0,
-                resume: ResumeState | str | None = None, worker: tuple[int, int] | None = None) -> BatchStream:
+                shard: Any = UNSET, limit: int | None = None, prefetch: Any = "auto", *,
+                rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
+                pad: bool = False, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+                resume: ResumeState | str | bytes | Sequence[ResumeState | str | bytes] | None = None,
+                worker: tuple[int, int] | None = None, policy: Any = UNSET) -> BatchStream:
         """Arrow RecordBatches of ``batch_size`` rows for this rank and DataLoader worker.
 
-        ``shard``: None (everything), ``(rank, world)``, ``"rank/world"`` or
-        ``"auto"`` (RANK / WORLD_SIZE). ``policy`` says what happens when the
-        rows do not split evenly; the library default is ``"pad"``, for DDP:
-        every rank gets the same number of batches and the last ranks repeat
-        rows from the start (``plan.pad_rows`` of them, fewer than ``world``),
-        so over all ranks more rows come out than the table has. ``"drop"``
-        skips the remainder instead; ``"exact"`` reads every row exactly once
-        (ranks may differ by one row), which is what ``warp stream --shard``
-        does unless given ``--pad``. See docs in :mod:`warpdata.partition.plan`.
-        ``resume``: a :class:`ResumeState` (or its JSON) from ``state_dict()``.
+        Partitioning is the one vocabulary of every warp loader (docs/partitioning.md):
+        ``rank`` / ``world_size`` default to torch.distributed's, then RANK /
+        WORLD_SIZE, else 0 / 1 (the whole table); pass ``rank=0, world_size=1``
+        to read everything under torchrun. The library default (``drop_last=False,
+        pad=False``) reads every row exactly once over all ranks; ranks may
+        differ by one row and one batch. ``pad=True`` gives every rank as many
+        rows by repeating rows from the start (``stream.plan.pad_rows`` of them,
+        fewer than ``world_size``), as DDP's equal step counts need;
+        ``drop_last=True`` yields only full batches, the same number per rank,
+        skipping the tail. ``warp stream --shard`` is exact unless ``--pad``.
+        ``resume``: a :class:`ResumeState` (or its JSON) from ``state_dict()``
+        resumes that rank; the list of every rank's states resumes the rest of
+        the epoch at any world size (each row still read once over both runs).
+        The split settings then come from the states. ``shard=`` (``(rank,
+        world)``, ``"r/w"``, ``"auto"``, None) and ``policy=`` (``"exact"``,
+        ``"pad"``, ``"drop"``) are the deprecated names of these keywords.
         """
+        where = "Table.batches"
+        if shard is not UNSET:
+            rank, world_size = renamed(where, "shard", shard, "rank= and world_size=", (rank, world_size),
+                                       (None, None), lambda v: parse_shard(where, v))
+        if policy is not UNSET:
+            drop_last, pad = renamed(where, "policy", policy, "drop_last= / pad=", (drop_last, pad), (False, False),
+                                     lambda v: split_policy(where, "policy", v))
+        mode = mode_of(drop_last, pad, where)
         cols = self._check_columns(columns)
         if limit is not None and limit < 0:
             raise UsageError(f"limit must be >= 0, not {limit}")
         wid, nw = worker if worker is not None else _worker_info()
         counts = self._row_counts()
         if resume is not None:
-            state = ResumeState.from_json(resume) if isinstance(resume, (str, bytes)) else resume
-            rank, world = _parse_shard(shard) if shard is not None else (state.rank, state.world)
-            plan = ShardPlan.resume(counts, state, manifest=self.ds.version, table=self.name, rank=rank, world=world)
+            plan = self._resume_plan(counts, resume, rank, world_size)
         else:
-            rank, world = _parse_shard(shard)
-            plan = ShardPlan(counts, rank=rank, world=world, batch_size=batch_size, policy=policy,
+            w = resolve_world(rank, world_size, worker=(wid, nw))
+            plan = ShardPlan(counts, rank=w.rank, world=w.world_size, batch_size=batch_size, policy=mode,
                              seed=seed, epoch=epoch, shuffle=shuffle)
         ids = plan.worker_batches(wid, nw) if plan.remaining() else []
         return BatchStream(self, plan, ids, cols, limit, _prefetch_depth(prefetch, self.ds.mode), num_workers=nw)
+
+    def _resume_plan(self, counts: list[int], resume: Any, rank: int | None, world_size: int | None) -> ShardPlan:
+        """The plan resuming from one rank's state, or from every rank's states at any world size."""
+        many = isinstance(resume, (list, tuple))
+        states = [ResumeState.from_json(r) if isinstance(r, (str, bytes)) else r
+                  for r in (resume if many else [resume])]
+        manifest, table = self.ds.version, self.name
+        one = states[0] if len(states) == 1 else None
+        if one is not None and not one.elastic:
+            if rank is None and world_size is None:
+                return ShardPlan.resume(counts, one, manifest=manifest, table=table)
+            w = resolve_world(rank, world_size, worker=(0, 1))
+            if (w.rank, w.world_size) == (one.rank, one.world) or (one.world != 1 and not many):
+                return ShardPlan.resume(counts, one, manifest=manifest, table=table, rank=w.rank,
+                                        world=w.world_size)
+        merged = ShardPlan.merge_states(counts, states, manifest=manifest, table=table)
+        w = resolve_world(rank, world_size, worker=(0, 1))
+        return ShardPlan.resume(counts, merged, manifest=manifest, table=table, rank=w.rank, world=w.world_size)
 
     def batch_dicts(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
                     read_refs: bool = False, **kw: Any) -> Iterator[dict[str, list]]:
@@ -169,7 +204,7 @@ class Table:
     def to_arrow(self, limit: int | None = None) -> pa.Table:
         import pyarrow as pa
 
-        return pa.Table.from_batches(list(self.batches(limit=limit)), schema=self.schema())
+        return pa.Table.from_batches(list(self.batches(limit=limit, rank=0, world_size=1)), schema=self.schema())
 
     # -- conveniences (opt-in, guarded: Arrow batches are the primary interface) -----------
     def _guard_size(self, what: str, limit: int | None, allow_large: bool) -> None:
@@ -212,7 +247,10 @@ class Table:
     def rows(self, limit: int | None = None, columns: Sequence[str] | None = None,
              batch_size: int = 1024, read_refs: bool = False, **kw: Any) -> Iterator[dict[str, Any]]:
         """One dict per row, streamed batch by batch (never the whole table in memory);
-        columns bound to an artifact hold typed refs, as in :meth:`batch_dicts`."""
+        columns bound to an artifact hold typed refs, as in :meth:`batch_dicts`. The whole
+        table unless ``rank=`` / ``world_size=`` ask for one rank's share (docs/partitioning.md)."""
+        if not {"rank", "world_size", "shard"} & set(kw):
+            kw.update(rank=0, world_size=1)
         for d in self.batch_dicts(batch_size, columns, read_refs=read_refs, limit=limit, **kw):
             names = list(d)
             for vals in zip(*(d[c] for c in names), strict=True):
@@ -265,16 +303,42 @@ class Table:
         return Query(self, expr, self.columns)
 
     def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
-                 num_workers: int = 0, shard: Any = "auto", read_refs: bool = False, **kw: Any) -> TorchLoader:
+                 num_workers: int = 0, rank: int | None = None, world_size: int | None = None,
+                 drop_last: bool = False, pad: bool = False, seed: int = 0, read_refs: bool = False,
+                 **kw: Any) -> TorchLoader:
         """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches).
 
-        ``read_refs``: columns bound to an artifact come as lists of the members' bytes, read
-        with their batch in parallel (cached shards by pread, the rest by coalesced ranged
-        GETs), instead of lists of member paths.
+        ``rank``, ``world_size``, ``drop_last``, ``pad``, ``seed`` and the rest
+        of ``kw`` (``shuffle``, ``epoch``, ``resume``, ``prefetch``, ``limit``)
+        are those of :meth:`batches`, resolved once here (torch.distributed,
+        then RANK / WORLD_SIZE) and handed to the workers. The library default
+        reads every row exactly once; ranks may then differ by one batch, so
+        DDP training wants ``pad=True`` or ``drop_last=True`` (equal batch
+        counts on every rank). ``read_refs``: columns bound to an artifact come
+        as lists of the members' bytes, read with their batch in parallel
+        (cached shards by pread, the rest by coalesced ranged GETs), instead of
+        lists of member paths. ``shard=`` / ``policy=`` are deprecated names.
         """
         from warpdata.read.torch import TorchLoader
 
-        loader = TorchLoader(self, batch_size, self._check_columns(columns), num_workers, shard, kw)
+        where = "Table.to_torch"
+        if "shard" in kw:
+            rank, world_size = renamed(where, "shard", kw.pop("shard"), "rank= and world_size=", (rank, world_size),
+                                       (None, None), lambda v: parse_shard(where, v))
+        if "policy" in kw:
+            drop_last, pad = renamed(where, "policy", kw.pop("policy"), "drop_last= / pad=", (drop_last, pad),
+                                     (False, False), lambda v: split_policy(where, "policy", v))
+        res = kw.get("resume")
+        first = (res[0] if len(res) == 1 else None) if isinstance(res, (list, tuple)) else res
+        if isinstance(first, (str, bytes)):
+            first = ResumeState.from_json(first)
+        if first is not None and not first.elastic and rank is None and world_size is None:
+            rw: tuple[int | None, int | None] = (None, None)  # one rank's state: that rank, that world
+        else:
+            w = resolve_world(rank, world_size, worker=(0, 1))
+            rw = (w.rank, w.world_size)
+        kw.update(drop_last=drop_last, pad=pad, seed=seed)
+        loader = TorchLoader(self, batch_size, self._check_columns(columns), num_workers, rw, kw)
         loader.read_refs = read_refs
         return loader
 

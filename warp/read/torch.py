@@ -19,11 +19,14 @@ class TorchLoader:
 
     Numeric columns become tensors (zero-copy from Arrow where possible);
     other columns stay lists. ``len()`` is the number of batches this rank
-    yields, equal on every rank.
+    yields (equal on every rank with ``pad=True`` or ``drop_last=True``).
+    ``world``: ``(rank, world_size)`` resolved in the main process, or
+    ``(None, None)`` to take them from a resume state; the workers get them
+    as they are (a worker has no process group of its own).
     """
 
     def __init__(self, table: TableSource, batch_size: int, columns: list[str] | None, num_workers: int,
-                 shard: Any, kw: dict[str, Any]) -> None:
+                 world: tuple[int | None, int | None], kw: dict[str, Any]) -> None:
         try:
             import torch  # noqa: F401
         except ImportError:
@@ -31,10 +34,13 @@ class TorchLoader:
 
             raise missing_dependency("to_torch()", "torch", "torch") from None
         self.table, self.batch_size, self.columns = table, batch_size, columns
-        self.num_workers, self.shard, self.kw = num_workers, shard, kw
+        self.num_workers, self.kw = num_workers, kw
+        self.rank, self.world_size = world
         self.read_refs = False
         self.consumed = 0
-        self._probe = table.batches(batch_size, columns, shard=shard, worker=(0, 1), **kw)
+        self._probe = table.batches(batch_size, columns, rank=self.rank, world_size=self.world_size,
+                                    worker=(0, 1), **kw)
+        self.rank, self.world_size = self._probe.plan.rank, self._probe.plan.world
         # fail now, in the main process, if some worker would get nothing
         if self._probe.plan.remaining():
             for w in range(max(1, num_workers)):
@@ -44,15 +50,22 @@ class TorchLoader:
         return len(self._probe.plan.remaining())
 
     def state_dict(self) -> ResumeState:
+        """This rank's resume state after the batches the loop consumed (gather every rank's for another world)."""
         return self._probe.plan.state_after(self.consumed, max(1, self.num_workers),
                                             manifest=self.table.ds.version, table=self.table.name)
 
     def __iter__(self):
         from torch.utils.data import DataLoader
 
+        kw = self.kw
+        if kw.get("resume") is not None:
+            # the workers get this rank's state as planned here (a list of every rank's states merged once)
+            kw = {**kw, "resume": self._probe.plan.state_after(0, manifest=self.table.ds.version,
+                                                                table=self.table.name)}
         ds = _make_torch_iterable((self.table.ds.id, self.table.ds.version, self.table.ds.mode,
-                                   self.table.ds.remote.url, self.table.name, self.batch_size, self.columns,
-                                   self.shard, self.kw, self.read_refs))
+                                   self.table.ds.remote.url, getattr(self.table.ds, "verify", None),
+                                   self.table.name, self.batch_size, self.columns,
+                                   (self.rank, self.world_size), kw, self.read_refs))
         self.consumed = 0
         for b in DataLoader(ds, batch_size=None, num_workers=self.num_workers,
                             persistent_workers=False):
@@ -93,17 +106,17 @@ def _make_torch_iterable(args: tuple) -> Any:
                 return (_make_torch_iterable, (self.args,))
 
             def __iter__(self):
-                dataset_id, version, mode, store, table, batch_size, columns, shard, kw, read_refs = self.args
+                dataset_id, version, mode, store, verify, table, batch_size, columns, world, kw, read_refs = self.args
                 from warpdata.read.dataset import Dataset
 
-                ds = Dataset(dataset_id, mode=mode, version=version, store=store)
+                ds = Dataset(dataset_id, mode=mode, version=version, store=store, verify=verify)
                 t = ds.table(table)
                 readers = {}
                 if read_refs:
                     from warpdata.read.refs import ArtifactReader
 
                     readers = {c: ArtifactReader(ds, b.artifact) for c, b in t.bindings.items()}
-                for b in t.batches(batch_size, columns, shard=shard, **kw):
+                for b in t.batches(batch_size, columns, rank=world[0], world_size=world[1], **kw):
                     d = _to_torch_batch(b)
                     for c, reader in readers.items():
                         if c in d:

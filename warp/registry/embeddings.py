@@ -185,7 +185,7 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     rows_v: list[np.ndarray] = []
     ids: list[str] = []
     row0 = 0
-    for batch in ds.table(tname).batches(batch_size=BATCH, columns=cols):
+    for batch in ds.table(tname).batches(batch_size=BATCH, columns=cols, rank=0, world_size=1):
         vals = batch.column(column).to_pylist()
         items = art.read_many(vals) if art is not None else vals
         v = np.asarray(enc.embed(items), np.float32)

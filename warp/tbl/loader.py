@@ -6,11 +6,25 @@ list) together with the samples' indices (and keys/metadata on request).
 
 * Order: file order, or a permutation seeded by ``(seed, epoch)``
   (:meth:`TblLoader.set_epoch`), identical on every rank.
-* Distributed: ``rank``/``world_size`` (default from ``RANK``/``WORLD_SIZE``)
-  split each epoch so that every selected sample is seen exactly once over
-  all ranks and every rank gets the same number of batches (needed so DDP
-  does not hang): :func:`plan_batches`. ``drop_last`` keeps only full
-  batches instead (and then drops the remainder).
+* Distributed: the one partitioning and vocabulary of every warp loader
+  (:mod:`warpdata.partition.split`, docs/partitioning.md). ``rank`` /
+  ``world_size`` default to torch.distributed's, then ``RANK`` / ``WORLD_SIZE``,
+  else 0 / 1; rank r reads one contiguous run of the epoch's order, cut into
+  batches. By default (``drop_last=False, pad=False``) every selected sample is
+  read exactly once over all ranks and ranks differ by at most one sample (so
+  by at most one batch); under DDP use ``pad=True`` (repeat up to
+  ``world_size - 1`` samples so every rank has as many batches) or
+  ``drop_last=True`` (only full batches, the same number on every rank). A
+  rank's batches are shared among data-loader workers round-robin (worker w
+  takes batches w, w+K, ...), the order a DataLoader yields them in.
+* Resume: :meth:`TblLoader.state_dict` after the batches consumed, and
+  ``resume=`` / :meth:`TblLoader.load_state_dict` with this rank's state, or
+  with the list of every rank's states at another world size (the rest of
+  the epoch is split over the new ranks; each sample still once).
+* ``verify``: ``"fast"`` (default; each payload's CRC-32 as it is read),
+  ``"full"`` (also every checksum of the file once, when the loader is
+  created) or ``"off"`` (:mod:`warpdata.core.verify`; ``True``/``False`` are
+  the deprecated names of ``"fast"``/``"off"``).
 * ``filter``: a predicate on :class:`~warpdata.formats.tbl.SampleInfo`
   applied before sharding, from the index alone (no decode).
 * Decoding runs in ``threads`` threads (simplejpeg and Pillow release the
@@ -30,8 +44,8 @@ list) together with the samples' indices (and keys/metadata on request).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
-import math
 import os
 import sys
 import threading
@@ -43,7 +57,19 @@ from typing import Any
 
 import numpy as np
 from warpdata.core.errors import DataError, UsageError
+from warpdata.core.verify import verify_level
 from warpdata.formats.tbl import FORMAT_CODES, SampleInfo, TblReader
+from warpdata.partition.split import (
+    Remainder,
+    check_all_ranks,
+    check_drop_leaves_batches,
+    merge_intervals,
+    mode_of,
+    rank_span,
+)
+from warpdata.partition.world import resolve_world
+
+OLD_VERIFY = {True: "fast", False: "off"}
 
 
 @dataclass
@@ -57,64 +83,9 @@ class Batch:
 
 
 def dist_from_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """(rank, world_size), defaulting to the RANK / WORLD_SIZE environment variables."""
-    from warpdata.core import envvars
-    def env_int(name: str, default: int) -> int:
-        v = envvars.get(name)
-        if v is None:
-            return default
-        try:
-            return int(v)
-        except ValueError:
-            raise UsageError(f"{name}={v!r} is not an integer", hint=f"unset {name} or set it to a number") from None
-
-    world = world_size if world_size is not None else env_int("WORLD_SIZE", 1)
-    r = rank if rank is not None else env_int("RANK", 0)
-    if world < 1 or not 0 <= r < world:
-        raise UsageError(f"rank {r} is not in [0, world_size={world})",
-                         hint="pass rank= and world_size= (or RANK/WORLD_SIZE) with 0 <= rank < world_size")
-    return r, world
-
-
-def plan_batches(n: int, batch_size: int, world_size: int, drop_last: bool = False) -> list[tuple[int, int]]:
-    """(start, stop) slices of an epoch's order for all batches, rank r taking every world_size-th.
-
-    Without ``drop_last`` the slices cover ``range(n)`` exactly once, the
-    count is a multiple of ``world_size`` (equal per rank) and batches are
-    full except in the last round, where sizes shrink so no rank is left
-    with nothing. With ``drop_last`` only full batches, equal per rank.
-    """
-    if batch_size < 1:
-        raise UsageError(f"batch_size must be >= 1, not {batch_size}")
-    if drop_last:
-        per_rank = n // (world_size * batch_size)
-        return [(j * batch_size, (j + 1) * batch_size) for j in range(per_rank * world_size)]
-    if n == 0:
-        return []
-    if n < world_size:
-        raise UsageError(f"{n} samples cannot be split over {world_size} ranks with every rank getting one",
-                         hint="use drop_last=True, fewer ranks, or more samples")
-    rounds = math.ceil(n / (world_size * batch_size))
-    nb = rounds * world_size
-    if nb > n:  # tiny epochs: fewer, smaller batches so every batch has a sample
-        rounds = n // world_size
-        nb = rounds * world_size
-    extra = n - nb  # samples beyond one per batch
-    if batch_size == 1 and extra:
-        raise UsageError(f"{n} samples do not split evenly over {world_size} ranks with batch_size=1",
-                         hint="use drop_last=True or a batch_size above 1")
-    sizes = []
-    for _ in range(nb):
-        take = min(batch_size - 1, extra)
-        sizes.append(1 + take)
-        extra -= take
-    if extra:
-        raise UsageError(f"cannot plan {n} samples in {nb} batches of {batch_size}")
-    out, pos = [], 0
-    for s in sizes:
-        out.append((pos, pos + s))
-        pos += s
-    return out
+    """(rank, world_size): explicit values, else torch.distributed, else RANK / WORLD_SIZE, else (0, 1)."""
+    w = resolve_world(rank, world_size, worker=(0, 1))
+    return w.rank, w.world_size
 
 
 class BufferPool:
@@ -221,33 +192,60 @@ class ImageDecoder:
 
 
 class TblLoader:
-    """Iterate batches of decoded images from a .tbl file (see the module docstring)."""
+    """Iterate batches of decoded images from a .tbl file (see the module docstring).
+
+    Partition keywords: ``rank``, ``world_size``, ``drop_last`` (default
+    False), ``pad`` (default False), ``seed``; the library default reads every
+    selected sample exactly once over all ranks.
+    """
 
     def __init__(self, source: str | os.PathLike | TblReader, batch_size: int = 32, *,
                  size: int | tuple[int, int] | None = None, shuffle: bool = False, seed: int = 0,
                  threads: int | None = None, rank: int | None = None, world_size: int | None = None,
-                 filter: Callable[[SampleInfo], bool] | None = None, drop_last: bool = False,
-                 verify: bool = True, prefetch: int = 2, with_metadata: bool = False,
-                 fast_decode: bool = False) -> None:
-        self.reader = source if isinstance(source, TblReader) else TblReader(source, verify=verify)
+                 filter: Callable[[SampleInfo], bool] | None = None, drop_last: bool = False, pad: bool = False,
+                 verify: str | bool = "fast", prefetch: int = 2, with_metadata: bool = False,
+                 fast_decode: bool = False, resume: dict[str, Any] | list[dict[str, Any]] | None = None) -> None:
+        if batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, not {batch_size}")
+        self.verify = verify_level(verify, "TblLoader", OLD_VERIFY)
+        self.mode = mode_of(drop_last, pad, "TblLoader")
+        self.reader = source if isinstance(source, TblReader) else TblReader(source, verify=self.verify != "off")
+        if self.verify == "full":
+            _verify_all(self.reader)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.size = _as_size(size)
         self.threads = threads or os.cpu_count() or 1
         self.rank, self.world_size = dist_from_env(rank, world_size)
-        self.drop_last, self.prefetch, self.with_metadata = drop_last, max(1, prefetch), with_metadata
+        self.drop_last, self.pad = self.mode == "drop", self.mode == "pad"
+        self.prefetch, self.with_metadata = max(1, prefetch), with_metadata
         self.decoder = ImageDecoder(self.size, fast=fast_decode)
         self.selection = self.reader.filter(predicate=filter) if filter else np.arange(len(self.reader))
+        if self.drop_last:
+            check_drop_leaves_batches(len(self.selection), self.world_size, batch_size)
         self.epoch = 0
-        self._plan = plan_batches(len(self.selection), batch_size, self.world_size, drop_last)
+        self._skip = 0  # batches of this rank's epoch consumed before this pass (resume)
+        self._yielded = 0
+        self._split(())
         self._pool = BufferPool(self.prefetch + 3)
+        if resume is not None:
+            self.load_state_dict(resume)
+
+    def _split(self, done) -> None:
+        self._rem = Remainder(len(self.selection), done)
+        self._start, self._count = rank_span(self._rem.size, self.rank, self.world_size, self.mode,
+                                             self.batch_size)
+        self._num_batches = -(-self._count // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the shuffle of the next iteration (same on every rank)."""
-        self.epoch = epoch
+        """Choose the shuffle of the next iteration (same on every rank); a new epoch drops resume state."""
+        if int(epoch) != self.epoch:
+            self._skip = 0
+            self._split(())
+        self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch."""
-        return len(self._plan) // self.world_size
+        """Batches this rank yields in the next pass of this epoch."""
+        return self._num_batches - self._skip
 
     def order(self) -> np.ndarray:
         """This epoch's global order of sample indices (before splitting by rank)."""
@@ -256,11 +254,65 @@ class TblLoader:
         rng = np.random.default_rng([self.seed, self.epoch])
         return self.selection[rng.permutation(len(self.selection))]
 
+    def _batch_positions(self, j: int) -> tuple[int, int]:
+        """Items ``[lo, hi)`` of the remainder that batch ``j`` of this rank reads."""
+        lo = self._start + j * self.batch_size
+        return lo, self._start + min((j + 1) * self.batch_size, self._count)
+
     def batch_indices(self, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
         """The sample indices of each batch this rank (and data-loader worker) yields."""
         order = self.order()
-        mine = self._plan[self.rank::self.world_size][worker::num_workers]
-        return [order[a:b] for a, b in mine]
+        out = []
+        for j in range(self._skip + worker, self._num_batches, max(1, num_workers)):
+            out.append(order[self._rem.array(*self._batch_positions(j))])
+        return out
+
+    # -- resume -----------------------------------------------------------------
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256(np.ascontiguousarray(self.selection, np.int64).tobytes())
+        h.update(repr((len(self.reader), self.shuffle, self.seed)).encode())
+        return h.hexdigest()[:16]
+
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """JSON-able resume state once the loop used ``batches_consumed`` batches of this pass
+        (default: what this loader yielded in-process); batches skipped on resume count too."""
+        k = self._yielded if batches_consumed is None else self._skip + int(batches_consumed)
+        return {"kind": "tbl", "epoch": self.epoch, "fingerprint": self._fingerprint(), "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.batch_size, "mode": self.mode,
+                "done": [list(x) for x in self._rem.done], "consumed": int(k)}
+
+    def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Resume from this rank's state, or from the list of every rank's states (any world size)."""
+        states = list(state) if isinstance(state, (list, tuple)) else [state]
+        for st in states:
+            if st.get("kind") != "tbl" or st.get("fingerprint") != self._fingerprint():
+                raise UsageError("TblLoader resume state comes from another file, filter, seed or shuffle",
+                                 hint="resume with the same .tbl file, filter, seed and shuffle")
+        epochs = {int(st["epoch"]) for st in states}
+        if len(epochs) != 1:
+            raise UsageError(f"TblLoader resume states come from different epochs {sorted(epochs)}",
+                             hint="pass the states every rank saved at one step")
+        self.epoch = epochs.pop()
+        one = states[0]
+        if len(states) == 1 and (one["rank"], one["world_size"], one["batch_size"], one["mode"]) == \
+                (self.rank, self.world_size, self.batch_size, self.mode):
+            self._split(tuple(map(tuple, one["done"])))
+            k = int(one["consumed"])
+            if not 0 <= k <= self._num_batches:
+                raise UsageError(f"TblLoader resume state consumed={k} is not in 0..{self._num_batches}")
+            self._skip = self._yielded = k
+            return
+        check_all_ranks("TblLoader resume", [(int(st["rank"]), int(st["world_size"])) for st in states])
+        done: list[tuple[int, int]] = []
+        n = len(self.selection)
+        for st in states:
+            rem = Remainder(n, tuple(map(tuple, st["done"])))
+            bs = int(st["batch_size"])
+            start, count = rank_span(rem.size, int(st["rank"]), int(st["world_size"]), st["mode"], bs)
+            done.extend(rem.done)
+            done.extend(rem.ranges(start, start + min(int(st["consumed"]) * bs, count)))
+        self._split(merge_intervals(done))
+        self._skip = self._yielded = 0
 
     def _outputs(self, idx: np.ndarray) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
         """The batch array (with ``size``) and each image's output slot, carved from one pooled buffer.
@@ -303,6 +355,16 @@ class TblLoader:
 
     def iter_batches(self, worker: int = 0, num_workers: int = 1) -> Iterator[Batch]:
         plans = self.batch_indices(worker, num_workers)
+        self._yielded = self._skip
+        for b in self._iter_plans(plans):
+            self._yielded += 1
+            yield b
+        # a whole pass done: the next pass of this epoch is complete again
+        self._skip = 0
+        if self._rem.done:
+            self._split(())
+
+    def _iter_plans(self, plans: list[np.ndarray]) -> Iterator[Batch]:
         if self.threads <= 1:
             for idx in plans:
                 yield self._batch_sync(idx)
@@ -347,3 +409,12 @@ class TblLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         return self.iter_batches()
+
+
+def _verify_all(reader: TblReader) -> None:
+    """verify="full": every checksum of the file once, before the first batch."""
+    problems = reader.verify_all()
+    if problems:
+        raise DataError(f"{reader.path}: {len(problems)} corrupt sample(s); first: {problems[0].message}",
+                        hint="run 'warp inspect --verify' on the file to list them; re-create the file or "
+                             "filter the samples out", path=str(reader.path), sample=problems[0].index)

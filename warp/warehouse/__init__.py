@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def open(path, *, allow_invalid: bool = False, verify: str = "lazy", version: str | None = None,
+def open(path, *, allow_invalid: bool = False, verify: str = "fast", version: str | None = None,
          store: str | None = None, mode: str | None = None, artifact: str | None = None) -> Any:
     """Open a warehouse version directory, or a published dataset by name (``"vision/coco"``).
 
     See :func:`warpdata.warehouse.reader.open`; ``version=``/``store=``
-    pick the published version and store (default: latest in WARP_STORE).
+    pick the published version and store (default: latest in WARP_STORE);
+    ``verify``: ``"fast"`` (each shard's SHA-256 on first touch), ``"full"``
+    (every shard's when opened) or ``"off"``.
     """
     from warpdata.warehouse.reader import open as _open
 

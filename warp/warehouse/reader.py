@@ -4,8 +4,12 @@
 refuses a warehouse whose validation verdict is ``fail`` (built with
 ``--allow-invalid``) unless ``allow_invalid=True``, and returns a
 :class:`Warehouse`. Shards are memory-mapped lazily, on first touch, and
-their SHA-256 is checked then (``verify="lazy"``, the default), all at once
-(``verify="all"`` or :meth:`Warehouse.verify`) or never (``"none"``); each
+their SHA-256 is checked then (``verify="fast"``, the default: TWH1 has no
+per-sample checksum, so a shard is the smallest unit checked), all at once when
+the warehouse is opened (``verify="full"`` or :meth:`Warehouse.verify`) or never
+(``"off"``) — the one ``verify=`` vocabulary of :mod:`warpdata.core.verify`
+(the first release's ``"lazy"``, ``"all"`` and ``"none"`` map onto it with a
+DeprecationWarning); each
 shard's open + verify time is logged (logger ``warpdata.warehouse``) and kept
 in :attr:`Warehouse.shard_load_s`.
 
@@ -45,13 +49,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.core.errors import ConfigError, DataError
+from warpdata.core.errors import DataError
 from warpdata.core.names import MANIFEST_NAME
+from warpdata.core.verify import LEVELS, verify_level
 from warpdata.formats import twh1
 from warpdata.warehouse import manifest as wmanifest
 
 log = logging.getLogger("warpdata.warehouse")
-VERIFY_MODES = ("lazy", "all", "none")
+VERIFY_MODES = LEVELS  # ("off", "fast", "full")
+OLD_VERIFY = {"lazy": "fast", "all": "full", "none": "off"}
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,8 @@ class Sample:
 
 
 class Warehouse:
-    def __init__(self, path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy") -> None:
-        if verify not in VERIFY_MODES:
-            raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    def __init__(self, path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "fast") -> None:
+        verify = verify_level(verify, "warehouse", OLD_VERIFY)
         p = Path(path)
         self.path = p if p.is_dir() else p.parent
         # relative path -> (file, offset, length) of a shard inside a cached tar; None = files under path
@@ -103,19 +108,18 @@ class Warehouse:
         self._shards: dict[int, twh1.TWH1Shard] = {}
         self._lock = threading.Lock()
         self.published: Any = None  # a warpdata.read.materialize.PublishedArtifact when opened by name
-        if verify == "all":
+        if verify == "full":
             self.verify()
 
     @classmethod
     def from_published(cls, name: str, *, version: str | None = None, store: str | None = None,
                        mode: str | None = None, artifact: str | None = None, allow_invalid: bool = False,
-                       verify: str = "lazy", cache: Any = None) -> Warehouse:
+                       verify: str = "fast", cache: Any = None) -> Warehouse:
         """Open the tensor warehouse published as dataset ``name`` (see the module docstring)."""
         from warpdata.core.errors import DatasetNotFoundError
         from warpdata.read.materialize import materialize
 
-        if verify not in VERIFY_MODES:
-            raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+        verify = verify_level(verify, "warehouse", OLD_VERIFY)
         docs: list[dict[str, Any]] = []
 
         def shard_files(doc: dict[str, Any]) -> list[str]:
@@ -129,9 +133,9 @@ class Warehouse:
             return [s["relative_path"] for s in doc["shards"]]
 
         try:
-            # the reader checks each shard's SHA-256 itself unless verify="none": no second hash of cached blobs
+            # the reader checks each shard's SHA-256 itself unless verify="off": no second hash of cached blobs
             m = materialize(name, wmanifest.KIND, shard_files, version=version, store=store, mode=mode,
-                            artifact=artifact, cache=cache, trust_cached=verify != "none")
+                            artifact=artifact, cache=cache, trust_cached=verify != "off")
         except DatasetNotFoundError as e:
             from warpdata.core.errors import MissingInputError
 
@@ -190,12 +194,12 @@ class Warehouse:
     def _open_shard(self, i: int) -> twh1.TWH1Shard:
         meta = self.manifest["shards"][i]
         t0 = time.perf_counter()
-        s = self._checked(i, verify=self.verify_mode != "none")
+        s = self._checked(i, verify=self.verify_mode != "off")
         h = s.header
         dt = time.perf_counter() - t0
         self.shard_load_s[i] = dt
         log.info("opened shard %s (%d samples, %.1f MB) in %.1f ms%s", meta["relative_path"], h.samples,
-                 meta["size_bytes"] / 1e6, dt * 1000, " incl. sha256" if self.verify_mode != "none" else "")
+                 meta["size_bytes"] / 1e6, dt * 1000, " incl. sha256" if self.verify_mode != "off" else "")
         return s
 
     def _check_one(self, i: int, verify: bool) -> twh1.TWH1Shard:
@@ -343,7 +347,7 @@ class Warehouse:
                 f"size={self.width}x{self.height}, dtype={self.dtype})")
 
 
-def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "lazy",
+def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "fast",
          version: str | None = None, store: str | None = None, mode: str | None = None,
          artifact: str | None = None) -> Warehouse:
     """Open a warehouse version directory (or its manifest.json), or a published dataset ``ws/name``."""

@@ -10,10 +10,12 @@ allocated in shared memory, as ``default_collate`` does, so the hand-over to
 the main process costs no extra copy).
 
 :func:`make_loader` builds a DataLoader driven by the shard-aware sampler
-(:mod:`warpdata.partition.sampler`): each worker reads its own shards, every rank gets
-the same number of batches, ``set_epoch`` reshuffles, and
-``loader.batch_sampler_state()``-style resume goes through the sampler's
-``state_dict``/``load_state_dict``.
+(:mod:`warpdata.partition.sampler`): each worker reads its own shards and the
+epoch is split over ranks by the one vocabulary of every warp loader
+(``rank``, ``world_size``, ``drop_last``, ``pad``, ``seed``; docs/partitioning.md).
+``set_epoch`` reshuffles (``loader.sampler.set_epoch``), and resume goes through
+``loader.sampler.state_dict(consumed=)`` / ``load_state_dict`` (the list of every
+rank's states resumes at another world size).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from warpdata.partition.sampler import ShardAwareSampler
+from warpdata.partition.world import UNSET, renamed, split_policy
 from warpdata.warehouse.reader import Warehouse
 
 _TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float16): torch.float16,
@@ -34,12 +37,19 @@ _TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float16): torch.flo
 
 
 class WarehouseDataset(Dataset):
-    """``path``: a warehouse directory, an open :class:`Warehouse`, or a published dataset name."""
+    """``path``: a warehouse directory, an open :class:`Warehouse`, or a published dataset name.
+
+    ``verify``: ``"fast"`` (each shard's SHA-256 on its first touch in each
+    process), ``"full"`` (every shard's when opened) or ``"off"``.
+    """
 
     def __init__(self, path: str | os.PathLike | Warehouse, *, allow_invalid: bool = False,
-                 verify: str = "lazy") -> None:
+                 verify: str = "fast") -> None:
+        from warpdata.core.verify import verify_level
         from warpdata.read.materialize import looks_like_dataset
+        from warpdata.warehouse.reader import OLD_VERIFY
 
+        verify = verify_level(verify, "WarehouseDataset", OLD_VERIFY)
         opened = path if isinstance(path, Warehouse) else None
         if opened is None and looks_like_dataset(path):
             opened = Warehouse.from_published(str(path), allow_invalid=allow_invalid, verify=verify)
@@ -50,7 +60,7 @@ class WarehouseDataset(Dataset):
         self.path = str(opened.path if opened is not None else path)
         self.allow_invalid = allow_invalid
         self.verify = verify
-        probe = opened if self._published else Warehouse(self.path, allow_invalid=allow_invalid, verify="none")
+        probe = opened if self._published else Warehouse(self.path, allow_invalid=allow_invalid, verify="off")
         self._len = len(probe)
         self.shard_sizes = probe.shard_sizes.tolist()
         self._wh: Warehouse | None = None
@@ -127,14 +137,33 @@ class ShardBatchSampler(Sampler[list[int]]):
 
 
 def make_loader(path: str | os.PathLike | Warehouse, *, batch_size: int, num_workers: int = 0, shuffle: bool = True,
-                seed: int = 0, window: int = 1024, num_replicas: int | None = None, rank: int | None = None,
-                uneven: str = "pad", allow_invalid: bool = False, verify: str = "lazy",
+                seed: int = 0, window: int = 1024, rank: int | None = None, world_size: int | None = None,
+                drop_last: bool = False, pad: bool = False, allow_invalid: bool = False, verify: str = "fast",
                 **loader_kwargs: Any) -> DataLoader:
-    """A DataLoader of batch dicts over a warehouse (path, open Warehouse or published name), per rank and worker."""
+    """A DataLoader of batch dicts over a warehouse (path, open Warehouse or published name), per rank and worker.
+
+    ``rank`` / ``world_size``: default from torch.distributed, then RANK /
+    WORLD_SIZE, else 0 / 1. The library default (``drop_last=False,
+    pad=False``) reads every sample exactly once per epoch; ranks may then
+    differ by one batch, which under DDP needs ``pad=True`` (repeat up to
+    ``world_size - 1`` samples so every rank has as many) or ``drop_last=True``
+    (full batches only, the same number per rank). ``verify``: ``"fast"``,
+    ``"full"`` or ``"off"`` (:class:`WarehouseDataset`). ``num_replicas=`` and
+    ``uneven=`` are the deprecated names of ``world_size=`` and ``pad=`` /
+    ``drop_last=``. The sampler (``loader.sampler``, a :class:`ShardBatchSampler`)
+    holds ``set_epoch``, ``state_dict(consumed=samples)`` and ``load_state_dict``.
+    """
+    where = "make_loader"
+    world_size = renamed(where, "num_replicas", loader_kwargs.pop("num_replicas", UNSET), "world_size",
+                         world_size, None)
+    uneven = loader_kwargs.pop("uneven", UNSET)
+    if uneven is not UNSET:
+        drop_last, pad = renamed(where, "uneven", uneven, "drop_last= / pad=", (drop_last, pad), (False, False),
+                                 lambda v: split_policy(where, "uneven", v))
     ds = WarehouseDataset(path, allow_invalid=allow_invalid, verify=verify)
-    inner = ShardAwareSampler(ds.shard_sizes, num_replicas=num_replicas, rank=rank,
+    inner = ShardAwareSampler(ds.shard_sizes, rank=rank, world_size=world_size,
                               num_workers=max(1, num_workers), batch_size=batch_size, shuffle=shuffle,
-                              seed=seed, window=window, uneven=uneven)
+                              seed=seed, window=window, drop_last=drop_last, pad=pad)
     if num_workers:
         loader_kwargs.setdefault("persistent_workers", True)
     return DataLoader(ds, batch_size=None, sampler=ShardBatchSampler(inner), num_workers=num_workers,
