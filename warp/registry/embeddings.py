@@ -455,10 +455,7 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
         normed = _normalize(vectors)
         idx_dir = os.path.join(work, "index")
         os.mkdir(idx_dir)
-        buf = io.BytesIO()
-        np.save(buf, normed, allow_pickle=False)
-        with open(os.path.join(idx_dir, "vectors.npy"), "wb") as f:
-            f.write(buf.getvalue())
+        np.save(os.path.join(idx_dir, "vectors.npy"), normed, allow_pickle=False)
         meta: dict[str, Any] = {"format": INDEX_FORMAT, "metric": "cosine", "dim": enc.dim, "count": n,
                                 "encoder": identity, "table": tname, "column": column}
         with open(os.path.join(idx_dir, "index.json"), "w") as f:
