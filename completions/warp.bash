@@ -44,9 +44,12 @@ _warp_complete_in() {
                 --encoder) _warp_files; return 0;;
                 --name) _warp_files; return 0;;
                 --table) _warp_files; return 0;;
+                --option) _warp_files; return 0;;
+                --device) _warp_files; return 0;;
+                --index) _warp_files; return 0;;
                 --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--column --encoder --name --table --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--column --encoder --name --table --option --device --index --reuse --no-reuse --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         tar-to-tbl)
             case "$prev" in

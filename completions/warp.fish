@@ -54,6 +54,10 @@ complete -c warp -n '__fish_seen_subcommand_from embeddings' -l column -r -F -d 
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l encoder -r -F -d 'add: color-hist, hash-text, module:function or an entry point'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l name -r -F -d 'add: the embedding\'s name (default: from the encoder)'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l table -r -F -d 'add: the table (default: the dataset\'s default)'
+complete -c warp -n '__fish_seen_subcommand_from embeddings' -l option -r -F -d 'add: an encoder option (repeatable; VALUE as JSON, else text)'
+complete -c warp -n '__fish_seen_subcommand_from embeddings' -l device -r -F -d 'add: the encoder\'s device (cpu, cuda, ...)'
+complete -c warp -n '__fish_seen_subcommand_from embeddings' -l index -r -F -d 'add: auto (ivf-flat with FAISS and >= 10,000 rows, else exact), exact or ivf-...'
+complete -c warp -n '__fish_seen_subcommand_from embeddings' -l reuse -l no-reuse -d 'add: reuse vectors of rows unchanged since an earlier version'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -F
 

@@ -163,7 +163,7 @@ EXPECTED: list[tuple[str, str, str]] = [
     (SECTIONS[7], "warp head demo/photos", "2   car    img/0002.png"),
     (SECTIONS[8], "nothing uploaded$", "already published, nothing uploaded"),
     (SECTIONS[8], "--preview sheet.png", "10 tile(s)"),
-    (SECTIONS[8], "embeddings list", "color_hist 128 10 color-hist main.image"),
+    (SECTIONS[8], "embeddings list", "color_hist 128 10 color-hist main.image exact"),
 ]
 
 # start of a command -> exit status the README documents for it (the rest: 0). `# exit 1 if ...`

@@ -269,7 +269,7 @@ class Dataset:
         return ArtifactReader(self, name)
 
     def embeddings(self, name: str):
-        """Exact nearest-neighbour search over embedding ``name`` (see :mod:`warpdata.registry.embeddings`)."""
+        """Cosine search (ANN when the version has an index) over embedding ``name`` (see :mod:`warpdata.registry.embeddings`)."""
         from warpdata.registry.embeddings import open_index
 
         return open_index(self, name)

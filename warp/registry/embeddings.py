@@ -7,45 +7,91 @@ that adds, beside everything the current version holds (reused as is, no blob
 re-sent):
 
 * table ``emb_<name>``: ``row`` (int64, the row's position in the source
-  table), ``id`` (the source's ``id`` column as text, else the row number)
-  and ``vector`` (fixed-size list of float32);
+  table), ``id`` (the source's ``id`` column as text, else the row number),
+  ``content_sha256`` (SHA-256 of the value the encoder was given: the image
+  bytes of an image-bound column, the UTF-8 text otherwise) and ``vector``
+  (fixed-size list of float32);
 * artifact ``emb_<name>_index``: ``vectors.npy`` (the L2-normalised N×D
   float32 matrix, in ``row`` order) and ``index.json`` (``format``
   ``warp-exact-index-1``, metric ``cosine``, dim, count, the encoder's
-  identity, source table and column). Search over it is exact (brute force,
-  one matrix-vector product in BLAS).
+  identity, source table and column). Exact search over it is one
+  matrix-vector product in BLAS;
+* artifact ``emb_<name>_ann`` (when FAISS is installed and the table has at
+  least :data:`ANN_MIN_ROWS` rows, or ``index="ivf-flat"``): ``index.faiss``
+  (a serialised FAISS ``IndexIVFFlat`` over the normalised vectors, inner
+  product) and ``ann.json`` (``format`` ``warp-faiss-ivf-flat-1``, ``nlist``,
+  the tuned ``nprobe``, the recall it reached at build, the SHA-256 of
+  ``index.faiss``). Both artifacts are tar shards named by their SHA-256 and
+  listed in the manifest, so the version hash covers the index bytes
+  (``docs/formats/registry.md``).
+
+The ANN build is deterministic: ``nlist = round(sqrt(N))`` (at most N/39, so
+k-means has 39 points a centroid), k-means on a training sample drawn with a
+fixed seed, with FAISS's fixed k-means seed; the same vectors give the same
+bytes, so re-adding uploads nothing. ``nprobe`` is the smallest power of two
+(up to ``nlist``) whose recall@10 against exact search, on a fixed sample of
+rows used as queries (themselves left out), reaches :data:`ANN_RECALL_TARGET`.
+IVF-Flat keeps the full vectors, so the distances it returns are exact.
+
+Search (:class:`EmbeddingIndex`, ``ds.embeddings(name)``) uses the ANN index
+when the version has one and FAISS imports, else the exact index. Index
+blobs come whole into the content-addressed blob cache, verified, once; a
+later search (any process) reads them from there (``remote`` mode keeps
+nothing: it GETs the shards whole and checks their hashes each time).
+
+Reuse: before encoding, :func:`add` looks for this embedding (same name,
+encoder identity, table and column) in the current version, else in the
+newest other version of the dataset that has it, and takes the vector of
+every row whose ``id`` and ``content_sha256`` match; only the other rows are
+encoded (``reuse=False`` encodes all).
 
 Embedding encoders use the feature cache's plugin mechanism
 (:func:`warpdata.features.encoders.find_factory`: a built-in name, a
 ``package.module:function`` or a ``warpdata.encoders`` entry point). The
 factory is called as ``factory(device=..., **options)`` and returns an object
 with ``dim`` (int), ``embed(items) -> ndarray (B, dim)`` (items are image
-bytes for image columns, strings otherwise) and ``identity() -> dict``.
-The built-in ``color-hist`` (images: a normalised 4×4×4 RGB histogram plus an
+bytes for image columns, strings otherwise) and ``identity() -> dict`` (what
+makes its vectors differ: model, weights, options; reuse compares it). The
+built-in ``color-hist`` (images: a normalised 4×4×4 RGB histogram plus an
 8×8 grey thumbnail) and ``hash-text`` (strings: signed feature hashing of
-tokens) need no weights.
+tokens) need no weights; ``examples/openclip_encoder.py`` wraps OpenCLIP.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
+import math
 import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError
+from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError, WarpError
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["ColorHistEncoder", "EmbeddingIndex", "HashTextEncoder", "add", "info", "list_embeddings",
+__all__ = ["ColorHistEncoder", "EmbeddingIndex", "HashTextEncoder", "add", "build_ivf", "info", "list_embeddings",
            "load_embedder", "open_index"]
 
+log = logging.getLogger(__name__)
+
 INDEX_FORMAT = "warp-exact-index-1"
+ANN_FORMAT = "warp-faiss-ivf-flat-1"
+INDEX_KINDS = ("auto", "exact", "ivf-flat")
+ANN_MIN_ROWS = 10_000  # below this an exact matrix-vector product is as fast as any index (auto builds none)
+ANN_RECALL_TARGET = 0.97  # nprobe grows until the build-time sample reaches this recall@10
+ANN_TUNE_QUERIES = 512
+ANN_SEED = 1234
+ANN_TRAIN_PER_LIST = 50  # k-means training rows per inverted list (FAISS wants at least 39)
+CONTENT_COL = "content_sha256"
+FAISS_HINT = "install FAISS: pip install 'warp-toolchain[faiss]' (or faiss-cpu)"
 BUILTIN: dict[str, str] = {
     "color-hist": "warpdata.registry.embeddings:ColorHistEncoder",
     "hash-text": "warpdata.registry.embeddings:HashTextEncoder",
@@ -132,6 +178,15 @@ def load_embedder(name: str, *, device: str = "cpu", options: dict[str, Any] | N
     return enc
 
 
+def _faiss():
+    """The ``faiss`` module, or None when it is not installed (the optional ``faiss`` extra)."""
+    try:
+        import faiss
+    except ImportError:
+        return None
+    return faiss
+
+
 @dataclass
 class AddResult:
     name: str
@@ -140,6 +195,11 @@ class AddResult:
     version_hash: str
     blobs_uploaded: int
     blobs_total: int
+    encoded: int = 0  # rows the encoder embedded
+    reused: int = 0  # rows whose vector came from an earlier version (same id and content)
+    reused_from: str | None = None  # that version's hash
+    index: str = "exact"  # the search index built: "exact" or "ivf-flat"
+    ann: dict[str, Any] = field(default_factory=dict)  # ann.json of the ivf-flat index
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -152,13 +212,153 @@ def _normalize(v: np.ndarray) -> np.ndarray:
     return np.divide(v, n, out=np.zeros_like(v), where=n > 0)
 
 
+def content_hash(value: Any) -> str | None:
+    """SHA-256 hex of what the encoder is given for one row (bytes as is, text as UTF-8); None for null."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+    else:  # numbers, lists, structs: tagged canonical JSON (never equal to a text value's bytes)
+        data = b"\x00json:" + json.dumps(value, sort_keys=True, default=str, ensure_ascii=False).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- the ANN index -------------------------------------------------------------------
+
+def _recall(found: np.ndarray, truth: np.ndarray, rows: np.ndarray, k: int) -> float:
+    """Mean recall@k of ``found`` against ``truth`` (k+1 columns each), each query's own row left out."""
+    hits = total = 0
+    for f, t, r in zip(found, truth, rows, strict=True):
+        want = [x for x in t if x != r and x >= 0][:k]
+        got = {x for x in f if x != r and x >= 0}
+        hits += sum(1 for x in want if x in got)
+        total += len(want)
+    return hits / total if total else 1.0
+
+
+def build_ivf(vectors: np.ndarray, *, k: int = 10) -> tuple[bytes, dict[str, Any]]:
+    """A deterministic FAISS IVF-Flat index over L2-normalised ``vectors`` (N×D float32), tuned.
+
+    Returns the serialised index and its ``ann.json`` facts (module docstring:
+    nlist, training sample, nprobe tuning). Raises :class:`ConfigError` when
+    FAISS is not installed.
+    """
+    import numpy as np
+
+    faiss = _faiss()
+    if faiss is None:
+        raise ConfigError("an ivf-flat index needs FAISS, which is not installed", hint=FAISS_HINT)
+    x = np.ascontiguousarray(vectors, np.float32)
+    n, d = x.shape
+    if n == 0:
+        raise UsageError("an ivf-flat index needs at least one vector", hint="use index='exact'")
+    nlist = max(1, min(round(math.sqrt(n)), n // 39))
+    rng = np.random.default_rng(ANN_SEED)
+    train_n = min(n, ANN_TRAIN_PER_LIST * nlist)
+    train = x if train_n == n else x[np.sort(rng.choice(n, train_n, replace=False))]
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = ANN_SEED
+    index.cp.niter = 20
+    index.cp.verbose = False
+    index.train(np.ascontiguousarray(train))
+    index.add(x)
+    # tune nprobe on rows used as queries (their own row left out), against exact search
+    qrows = np.sort(rng.choice(n, min(n, ANN_TUNE_QUERIES), replace=False))
+    q = np.ascontiguousarray(x[qrows])
+    kk = min(k + 1, n)
+    _, truth = faiss.knn(q, x, kk, metric=faiss.METRIC_INNER_PRODUCT)
+    nprobe, recall = 1, 0.0
+    while True:
+        _, found = index.search(q, kk, params=faiss.SearchParametersIVF(nprobe=nprobe))
+        recall = _recall(found, truth, qrows, k)
+        if recall >= ANN_RECALL_TARGET or nprobe >= nlist:
+            break
+        nprobe = min(nprobe * 2, nlist)
+    data = faiss.serialize_index(index).tobytes()
+    meta = {"format": ANN_FORMAT, "metric": "cosine", "faiss_index": f"IVF{nlist},Flat", "nlist": nlist,
+            "nprobe": nprobe, "train_rows": int(train_n), "seed": ANN_SEED, "tune_queries": len(qrows),
+            "tune_recall_at_10": round(float(recall), 4), "count": n, "dim": d,
+            "faiss_version": faiss.__version__, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return data, meta
+
+
+# -- reuse of an earlier version's vectors ----------------------------------------
+
+def _same(a: Any, b: Any) -> bool:
+    from warpdata.registry.manifest import normalize
+
+    return json.dumps(normalize(a), sort_keys=True) == json.dumps(normalize(b), sort_keys=True)
+
+
+def _fits(d, name: str, identity: dict, tname: str, column: str) -> bool:
+    m = list_embeddings(d).get(name)
+    if m is None or not _same(m.get("encoder"), identity) or m.get("table") != tname or m.get("column") != column:
+        return False
+    fields = d.manifest.tables[f"emb_{name}"].schema.get("fields", [])
+    return any(f.get("name") == CONTENT_COL for f in fields)
+
+
+def _reuse_source(ds, store: str | None, name: str, identity: dict, tname: str, column: str):
+    """The version to take vectors from: the current one if it has this embedding, else the newest that has."""
+    import warpdata
+    from warpdata.registry.store import Store
+
+    if _fits(ds, name, identity, tname, column):
+        return ds
+    if ds.mode == "local":
+        return None
+    best, best_key = None, None
+    for v in Store(store).list_versions(ds.id):
+        if v == ds.version:
+            continue
+        try:
+            d = warpdata.dataset(ds.id, version=v, store=store, mode=ds.mode)
+        except WarpError as e:  # an unreadable old version only costs the reuse
+            log.warning(f"{ds.id}@{v[:12]}: not considered for embedding reuse: {e.message}")
+            continue
+        if _fits(d, name, identity, tname, column):
+            key = (str(d.manifest.metadata.get("created_at", "")), v)
+            if best_key is None or key > best_key:
+                best, best_key = d, key
+    return best
+
+
+def _previous_vectors(prev, name: str, dim: int) -> tuple[dict[tuple[str, str], int], np.ndarray]:
+    """(id, content hash) -> row, and the raw vectors, of embedding ``name`` in version ``prev``."""
+    import numpy as np
+
+    lookup: dict[tuple[str, str], int] = {}
+    parts: list[np.ndarray] = []
+    row = 0
+    for b in prev.table(f"emb_{name}").batches(batch_size=65536, columns=["id", CONTENT_COL, "vector"],
+                                                  rank=0, world_size=1):
+        v = b.column("vector").flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        parts.append(v.reshape(-1, dim))
+        for rid, h in zip(b.column("id").to_pylist(), b.column(CONTENT_COL).to_pylist(), strict=True):
+            if h is not None:
+                lookup[(rid, h)] = row
+            row += 1
+    return lookup, (np.concatenate(parts) if parts else np.zeros((0, dim), np.float32))
+
+
+# -- add -------------------------------------------------------------------------------
+
 def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, table: str | None = None,
-        store: str | None = None, options: dict[str, Any] | None = None) -> AddResult:
-    """Compute embeddings of ``table.column`` and publish them as a new version (see the module docstring)."""
+        store: str | None = None, options: dict[str, Any] | None = None, device: str = "cpu",
+        index: str = "auto", reuse: bool = True) -> AddResult:
+    """Compute embeddings of ``table.column`` and publish them as a new version (see the module docstring).
+
+    ``index``: ``auto`` (ivf-flat when FAISS is installed and there are at
+    least :data:`ANN_MIN_ROWS` rows, else exact), ``exact`` or ``ivf-flat``.
+    ``reuse``: take the vectors of unchanged rows from an earlier version.
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     import warpdata
+    from warpdata.core.progress import progress
     from warpdata.registry.manifest import Manifest
     from warpdata.registry.publish import (
         PublishRequest,
@@ -172,61 +372,121 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     name = name or re.sub(r"[^a-z0-9_]", "_", encoder.rsplit(":", 1)[-1].lower())[:64]
     if not NAME_RE.match(name):
         raise UsageError(f"embedding name {name!r} must be lowercase letters, digits and '_'", hint="e.g. --name clip")
+    if index not in INDEX_KINDS:
+        raise UsageError(f"unknown index kind {index!r}", hint=f"use one of: {', '.join(INDEX_KINDS)}")
+    if index == "ivf-flat" and _faiss() is None:
+        raise ConfigError("--index ivf-flat needs FAISS, which is not installed", hint=FAISS_HINT)
     ds = warpdata.dataset(dataset_id, store=store)
     tname = table or ds.default_table
     if column not in ds.table(tname).schema_names():
         raise UsageError(f"{dataset_id}: table {tname} has no column {column!r}",
                          hint=f"columns: {', '.join(ds.table(tname).schema_names())}")
-    enc = load_embedder(encoder, options=options)
+    enc = load_embedder(encoder, device=device, options=options)
+    identity = enc.identity()
     binding = next((b for b in ds.manifest.bindings if b.table == tname and b.column == column), None)
     art = ds.artifact(binding.artifact) if binding else None
     id_col = "id" if "id" in ds.table(tname).schema_names() else None
     cols = [column] + ([id_col] if id_col and id_col != column else [])
-    rows_v: list[np.ndarray] = []
+
+    prev = _reuse_source(ds, store, name, identity, tname, column) if reuse else None
+    lookup, prev_vectors = _previous_vectors(prev, name, enc.dim) if prev is not None else ({}, None)
+
+    n = ds.table(tname).num_rows
+    vectors = np.zeros((n, enc.dim), np.float32)
     ids: list[str] = []
-    row0 = 0
-    for batch in ds.table(tname).batches(batch_size=BATCH, columns=cols, rank=0, world_size=1):
-        vals = batch.column(column).to_pylist()
-        items = art.read_many(vals) if art is not None else vals
-        v = np.asarray(enc.embed(items), np.float32)
-        if v.shape != (len(vals), enc.dim) or not np.isfinite(v).all():
+    hashes: list[str | None] = []
+    pending_rows: list[int] = []
+    pending_items: list[Any] = []
+    counts = {"encoded": 0, "reused": 0}
+
+    def flush() -> None:
+        if not pending_items:
+            return
+        v = np.asarray(enc.embed(pending_items), np.float32)
+        if v.shape != (len(pending_items), enc.dim) or not np.isfinite(v).all():
             raise DataError(f"encoder {encoder!r} returned {v.shape} (or non-finite values) for rows "
-                            f"{row0}..{row0 + len(vals) - 1}, expected ({len(vals)}, {enc.dim})",
-                            hint="fix the encoder plugin")
-        rows_v.append(v)
-        ids.extend(str(x) for x in batch.column(id_col).to_pylist()) if id_col else \
-            ids.extend(str(row0 + i) for i in range(len(vals)))
-        row0 += len(vals)
-    vectors = np.concatenate(rows_v) if rows_v else np.zeros((0, enc.dim), np.float32)
+                            f"{pending_rows[0]}..{pending_rows[-1]} ({len(pending_items)} rows), "
+                            f"expected ({len(pending_items)}, {enc.dim})", hint="fix the encoder plugin")
+        vectors[pending_rows] = v
+        counts["encoded"] += len(pending_rows)
+        pending_rows.clear()
+        pending_items.clear()
+
+    row = 0
+    with progress(f"embedding {tname}.{column}", total=n, unit="rows") as bar:
+        for batch in ds.table(tname).batches(batch_size=BATCH, columns=cols, rank=0, world_size=1):
+            vals = batch.column(column).to_pylist()
+            if row + len(vals) > n:
+                raise DataError(f"{dataset_id}: table {tname} yielded more rows than its manifest's {n}",
+                                hint="republish the dataset")
+            items = art.read_many(vals) if art is not None else vals
+            bids = [str(x) for x in batch.column(id_col).to_pylist()] if id_col else \
+                [str(row + i) for i in range(len(vals))]
+            for item, rid in zip(items, bids, strict=True):
+                h = content_hash(item)
+                hit = lookup.get((rid, h)) if h is not None else None
+                if hit is not None:
+                    vectors[row] = prev_vectors[hit]
+                    counts["reused"] += 1
+                else:
+                    pending_rows.append(row)
+                    pending_items.append(item)
+                    if len(pending_items) >= BATCH:
+                        flush()
+                ids.append(rid)
+                hashes.append(h)
+                row += 1
+            bar.advance(len(vals))
+        flush()
+    if row != n:
+        raise DataError(f"{dataset_id}: table {tname} yielded {row} rows, its manifest says {n}",
+                        hint="republish the dataset")
+    kind = "ivf-flat" if index == "ivf-flat" or (index == "auto" and n >= ANN_MIN_ROWS and _faiss() is not None) \
+        else "exact"
+    if kind == "ivf-flat" and n == 0:
+        kind = "exact"
     work = tempfile.mkdtemp(prefix="warp-emb-")
     try:
         tpath = os.path.join(work, f"emb_{name}.parquet")
         flat = pa.array(vectors.reshape(-1), pa.float32())
-        pq.write_table(pa.table({"row": pa.array(np.arange(len(ids)), pa.int64()), "id": ids,
+        pq.write_table(pa.table({"row": pa.array(np.arange(n), pa.int64()), "id": pa.array(ids, pa.string()),
+                                 CONTENT_COL: pa.array(hashes, pa.string()),
                                  "vector": pa.FixedSizeListArray.from_arrays(flat, enc.dim)}),
                        tpath, compression="zstd")
+        normed = _normalize(vectors)
         idx_dir = os.path.join(work, "index")
         os.mkdir(idx_dir)
-        buf = io.BytesIO()
-        np.save(buf, _normalize(vectors), allow_pickle=False)
-        with open(os.path.join(idx_dir, "vectors.npy"), "wb") as f:
-            f.write(buf.getvalue())
-        meta = {"format": INDEX_FORMAT, "metric": "cosine", "dim": enc.dim, "count": len(ids),
-                "encoder": enc.identity(), "table": tname, "column": column}
+        np.save(os.path.join(idx_dir, "vectors.npy"), normed, allow_pickle=False)
+        meta: dict[str, Any] = {"format": INDEX_FORMAT, "metric": "cosine", "dim": enc.dim, "count": n,
+                                "encoder": identity, "table": tname, "column": column}
         with open(os.path.join(idx_dir, "index.json"), "w") as f:
             json.dump(meta, f, sort_keys=True)
+        ann_meta: dict[str, Any] = {}
+        if kind == "ivf-flat":
+            ann_dir = os.path.join(work, "ann")
+            os.mkdir(ann_dir)
+            data, ann_meta = build_ivf(normed)
+            with open(os.path.join(ann_dir, "index.faiss"), "wb") as f:
+                f.write(data)
+            with open(os.path.join(ann_dir, "ann.json"), "w") as f:
+                json.dump(ann_meta, f, sort_keys=True)
         st = Store(store) if store else Store(None)
         req = PublishRequest(dataset_id, store_url=store)
         stage = _staging_dir()
         try:
             stager = _Stager(req, stage)
             new_table = stager.table(f"emb_{name}", [tpath])
-            new_art = stager.artifact(f"emb_{name}_index", idx_dir)
+            arts = {k: v for k, v in ds.manifest.artifacts.items() if k != f"emb_{name}_ann"}
+            arts[f"emb_{name}_index"] = stager.artifact(f"emb_{name}_index", idx_dir)
+            if ann_meta:
+                arts[f"emb_{name}_ann"] = stager.artifact(f"emb_{name}_ann", os.path.join(work, "ann"))
             old = ds.manifest
-            manifest = Manifest(dataset_id, tables={**old.tables, f"emb_{name}": new_table},
-                                artifacts={**old.artifacts, f"emb_{name}_index": new_art}, bindings=old.bindings,
-                                metadata={**old.metadata, "embeddings": {**old.metadata.get("embeddings", {}),
-                                                                         name: meta}})
+            facts = {**meta, "ann": ann_meta} if ann_meta else meta
+            manifest = Manifest(dataset_id, tables={**old.tables, f"emb_{name}": new_table}, artifacts=arts,
+                                bindings=old.bindings,
+                                metadata={**old.metadata,
+                                          "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                          "embeddings": {**old.metadata.get("embeddings", {}), name: facts}})
             blobs = list(stager.blobs.values())
             missing = set(st.missing_blobs([b.hash for b in blobs]))
             result = PublishResult(dataset_id, manifest.version_hash, st.url, False, [])
@@ -239,7 +499,10 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
                     st.set_latest(dataset_id, manifest.version_hash, check_manifest=False)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-        return AddResult(name, len(ids), enc.dim, manifest.version_hash, result.blobs_uploaded, len(blobs))
+        return AddResult(name, n, enc.dim, manifest.version_hash, result.blobs_uploaded, len(blobs),
+                         encoded=counts["encoded"], reused=counts["reused"],
+                         reused_from=prev.version if prev is not None and counts["reused"] else None,
+                         index=kind, ann=ann_meta)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -256,55 +519,201 @@ def info(ds, name: str) -> dict[str, Any]:
     if name not in got:
         raise MissingInputError(f"{ds.id} has no embedding {name!r} (embeddings: {', '.join(got) or 'none'})",
                                 hint=f"run 'warp embeddings add {ds.id} --column COLUMN --encoder NAME'")
-    return {"name": name, **got[name]}
+    doc = {"name": name, **got[name]}
+    doc["index"] = "ivf-flat" if doc.get("ann") and f"emb_{name}_ann" in ds.manifest.artifacts else "exact"
+    return doc
+
+
+# -- search ----------------------------------------------------------------------------
+
+def _artifact_members(ds, artifact: str, members: list[str]) -> dict[str, bytes]:
+    """Members of an index artifact, read from whole, hash-checked shards.
+
+    With a blob cache the shards are fetched into it once (verified) and read
+    locally from then on, by this and every later process; ``remote`` mode GETs
+    each shard whole and checks its SHA-256 (a ranged read could not be checked).
+    """
+    from warpdata.core.errors import BlobCorruptedError
+
+    reader = ds.artifact(artifact)
+    refs = {s.hash: s for s in ds.manifest.artifacts[artifact].shards}
+    whole: dict[str, bytes] = {}
+    out: dict[str, bytes] = {}
+    for m in members:
+        shard, off, length = reader.locate(m)
+        if ds.cache is not None:
+            with open(ds.fetch_blob(refs[shard]), "rb") as f:
+                f.seek(off)
+                data = f.read(length)
+        else:
+            if shard not in whole:
+                key = ds.blob_key(refs[shard])
+                buf = io.BytesIO()
+                ds.remote.copy_to(key, buf, refs[shard].byte_size)  # as the cache fetches: one GET a chunk
+                got = buf.getvalue()
+                if hashlib.sha256(got).hexdigest() != shard:
+                    raise BlobCorruptedError(f"{ds.remote.url_of(key)}: shard of {artifact} does not match its "
+                                             "hash", hint="republish the embedding")
+                whole[shard] = got
+            data = whole[shard][off:off + length]
+        if len(data) != length:
+            raise DataError(f"member {m!r} of artifact {artifact} ({ds.id}): read {len(data)} bytes, index says "
+                            f"{length}", hint="run 'warp cache verify' or republish")
+        out[m] = data
+    return out
 
 
 class EmbeddingIndex:
-    """Exact cosine search over one published embedding (``ds.embeddings(name)``)."""
+    """Cosine search over one published embedding (``ds.embeddings(name)``).
+
+    ``kind`` is ``"ivf-flat"`` when the version has an ANN index and FAISS
+    imports (approximate: recall@10 at build in ``ann["tune_recall_at_10"]``),
+    else ``"exact"``. ``search(..., exact=True)`` always searches exactly.
+    """
 
     def __init__(self, ds, name: str) -> None:
-        import numpy as np
-
         self.ds = ds
         self.name = name
         self.meta = info(ds, name)
-        art = ds.artifact(f"emb_{name}_index")
-        self.vectors = np.load(io.BytesIO(art.read("vectors.npy")), allow_pickle=False)
-        if self.vectors.shape != (self.meta["count"], self.meta["dim"]):
-            raise DataError(f"{ds.id}: embedding {name} holds {self.vectors.shape} vectors, its index.json says "
-                            f"({self.meta['count']}, {self.meta['dim']})", hint="re-run 'warp embeddings add'")
+        self._vectors: np.ndarray | None = None
+        self._ann: Any = None
+        self._ann_tried = False
+        self.ann: dict[str, Any] = {}
         self._ids: list[str] | None = None
+        self._pos: dict[str, int] | None = None
+        self.kind = "ivf-flat" if self._ann_index() is not None else "exact"
+
+    @property
+    def count(self) -> int:
+        return int(self.meta["count"])
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """The normalised N×D matrix of the exact index (fetched on first use)."""
+        import numpy as np
+
+        if self._vectors is None:
+            raw = _artifact_members(self.ds, f"emb_{self.name}_index", ["vectors.npy"])["vectors.npy"]
+            v = np.load(io.BytesIO(raw), allow_pickle=False)
+            if v.shape != (self.count, self.meta["dim"]):
+                raise DataError(f"{self.ds.id}: embedding {self.name} holds {v.shape} vectors, its index.json "
+                                f"says ({self.count}, {self.meta['dim']})", hint="re-run 'warp embeddings add'")
+            self._vectors = v
+        return self._vectors
+
+    def _ann_index(self):
+        """The FAISS index, loaded once; None when the version has none or FAISS is not installed."""
+        if self._ann_tried:
+            return self._ann
+        self._ann_tried = True
+        if self.meta["index"] != "ivf-flat":
+            return None
+        faiss = _faiss()
+        if faiss is None:
+            log.info(f"{self.ds.id}: embedding {self.name} has an ivf-flat index but FAISS is not installed; "
+                     f"searching exactly ({FAISS_HINT})")
+            return None
+        import numpy as np
+        from warpdata.core.errors import BlobCorruptedError
+
+        art = f"emb_{self.name}_ann"
+        got = _artifact_members(self.ds, art, ["ann.json", "index.faiss"])
+        try:
+            doc = json.loads(got["ann.json"])
+        except ValueError as e:
+            raise DataError(f"{self.ds.id}: {art}/ann.json is not JSON: {e}", hint="re-run 'warp embeddings add'") \
+                from None
+        if doc.get("format") != ANN_FORMAT:
+            log.warning(f"{self.ds.id}: {art} has format {doc.get('format')!r}, this warp reads {ANN_FORMAT}; "
+                        "searching exactly")
+            return None
+        data = got["index.faiss"]
+        if hashlib.sha256(data).hexdigest() != doc.get("sha256"):
+            raise BlobCorruptedError(f"{self.ds.id}: {art}/index.faiss does not match the SHA-256 in its ann.json",
+                                     hint="re-run 'warp embeddings add'")
+        try:
+            index = faiss.deserialize_index(np.frombuffer(data, np.uint8))
+        except RuntimeError as e:  # FAISS reports a bad stream as RuntimeError
+            raise DataError(f"{self.ds.id}: {art}/index.faiss is not a FAISS index: {str(e).splitlines()[0]}",
+                            hint="re-run 'warp embeddings add'") from None
+        if not isinstance(index, faiss.IndexIVFFlat):
+            raise DataError(f"{self.ds.id}: {art}/index.faiss holds a {type(index).__name__}, not IndexIVFFlat",
+                            hint="re-run 'warp embeddings add'")
+        if index.ntotal != self.count or index.d != self.meta["dim"]:
+            raise DataError(f"{self.ds.id}: {art} holds {index.ntotal}×{index.d}, index.json says "
+                            f"{self.count}×{self.meta['dim']}", hint="re-run 'warp embeddings add'")
+        index.make_direct_map()  # row queries: the row's vector comes from the index, not vectors.npy
+        self._ann, self.ann = index, doc
+        return index
 
     @property
     def ids(self) -> list[str]:
         if self._ids is None:
-            self._ids = self.ds.table(f"emb_{self.name}").to_arrow().column("id").to_pylist()
+            ids: list[str] = []
+            for b in self.ds.table(f"emb_{self.name}").batches(batch_size=65536, columns=["id"], rank=0, world_size=1):
+                ids.extend(b.column("id").to_pylist())  # the id column only: no vector bytes are read
+            if len(ids) != self.count:
+                raise DataError(f"{self.ds.id}: table emb_{self.name} has {len(ids)} rows, its index says "
+                                f"{self.count}", hint="re-run 'warp embeddings add'")
+            self._ids = ids
         return self._ids
 
-    def search(self, query, k: int = 10) -> list[dict[str, Any]]:
-        """The ``k`` nearest rows to ``query`` (a vector, a row number or an id string), by cosine distance."""
+    def _row_vector(self, row: int) -> np.ndarray:
+        ann = self._ann_index()
+        return ann.reconstruct(int(row)) if ann is not None else self.vectors[int(row)]
+
+    def _query(self, query) -> np.ndarray:
         import numpy as np
 
         if isinstance(query, (int, np.integer)):
-            if not 0 <= int(query) < len(self.vectors):
-                raise UsageError(f"row {query} is out of range ({len(self.vectors)} rows)", hint="give a row number")
-            q = self.vectors[int(query)]
-        elif isinstance(query, str):
-            try:
-                q = self.vectors[self.ids.index(query)]
-            except ValueError:
+            if not 0 <= int(query) < self.count:
+                raise UsageError(f"row {query} is out of range ({self.count} rows)", hint="give a row number")
+            return self._row_vector(int(query))
+        if isinstance(query, str):
+            if self._pos is None:
+                self._pos = {}
+                for i, x in enumerate(self.ids):
+                    self._pos.setdefault(x, i)
+            if query not in self._pos:
                 raise MissingInputError(f"{self.ds.id}: no row with id {query!r} in embedding {self.name}",
-                                        hint="give a row number or a vector") from None
-        else:
-            q = np.asarray(query, np.float32).reshape(-1)
-            if q.shape != (self.meta["dim"],):
-                raise UsageError(f"query has {q.size} dimensions, embedding {self.name} has {self.meta['dim']}",
-                                 hint="embed the query with the same encoder")
-            n = np.linalg.norm(q)
-            q = q / n if n > 0 else q
+                                        hint="give a row number or a vector")
+            return self._row_vector(self._pos[query])
+        q = np.asarray(query, np.float32).reshape(-1)
+        if q.shape != (self.meta["dim"],):
+            raise UsageError(f"query has {q.size} dimensions, embedding {self.name} has {self.meta['dim']}",
+                             hint="embed the query with the same encoder")
+        if not np.isfinite(q).all():
+            raise UsageError("query vector has non-finite values", hint="check the encoder's output")
+        n = np.linalg.norm(q)
+        return q / n if n > 0 else q
+
+    def search(self, query, k: int = 10, *, exact: bool = False, nprobe: int | None = None) -> list[dict[str, Any]]:
+        """The ``k`` nearest rows to ``query`` (a vector, a row number or an id string), by cosine distance.
+
+        Uses the ANN index when there is one (``nprobe``: lists to visit,
+        default the tuned one), unless ``exact``. Ties go to the lower row.
+        """
+        import numpy as np
+
+        q = self._query(query)
+        k = max(0, min(int(k), self.count))
+        if k == 0:
+            return []
+        ann = None if exact else self._ann_index()
+        if ann is not None:
+            faiss = _faiss()
+            probe = int(nprobe or self.ann["nprobe"])
+            if probe < 1:
+                raise UsageError(f"nprobe must be >= 1, not {nprobe}", hint=f"the tuned value is {self.ann['nprobe']}")
+            d, i = ann.search(np.ascontiguousarray(q[None, :], np.float32), k,
+                              params=faiss.SearchParametersIVF(nprobe=probe))
+            rows, sims = i[0], d[0]
+            if (rows >= 0).all():  # else the visited lists held fewer than k rows: answer exactly below
+                order = np.lexsort((rows, -sims))
+                return [{"row": int(rows[j]), "id": self.ids[rows[j]], "distance": float(1.0 - sims[j])}
+                        for j in order]
         sims = self.vectors @ q
-        k = max(0, min(int(k), len(sims)))
-        top = np.argpartition(-sims, k - 1)[:k] if 0 < k < len(sims) else np.arange(len(sims))[:k]
+        top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
         top = top[np.lexsort((top, -sims[top]))]  # by similarity, then row: deterministic ties
         return [{"row": int(i), "id": self.ids[i], "distance": float(1.0 - sims[i])} for i in top]
 
