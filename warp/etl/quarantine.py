@@ -230,6 +230,22 @@ class Check:
                 "warn": self.warn, "fail": self.fail, "status": self.status}
 
 
+def describe_check(c: Check | Mapping[str, Any]) -> str:
+    """The one wording of a threshold check, for every pipeline's messages, logs and manifests:
+    ``aggregate: invalid_fraction = 0.1667 exceeds fail limit 0.05``. Takes a :class:`Check` or
+    its ``to_dict()`` (a manifest's verdict)."""
+    d = c.to_dict() if isinstance(c, Check) else c
+    limit = d["fail"] if d["status"] == "fail" else d["warn"]
+    return f"{d['scope']}: {d['metric']} = {d['value']:.4f} exceeds {d['status']} limit {limit}"
+
+
+def counts_text(agg: Mapping[str, Any]) -> str:
+    """What a summary's aggregate quarantined, in one line: ``2 missing, 3 invalid (decode-error 2, …)``."""
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dict(agg.get("by_reason") or {}).items(),
+                                                       key=lambda kv: (-kv[1], kv[0])))
+    return f"{agg.get('missing', 0)} missing, {agg.get('invalid', 0)} invalid" + (f" ({reasons})" if reasons else "")
+
+
 @dataclass
 class Verdict:
     status: str  # ok | warn | fail
@@ -243,9 +259,14 @@ class Verdict:
                 "worst_offenders": self.worst_offenders}
 
     def problems(self) -> list[str]:
-        """One line per check that is not ok."""
-        return [f"{c.scope}: {c.metric} = {c.value:.4f} exceeds {c.status} limit "
-                f"{c.fail if c.status == 'fail' else c.warn}" for c in self.checks if c.status != "ok"]
+        """One line per check that is not ok (:func:`describe_check`)."""
+        return [describe_check(c) for c in self.checks if c.status != "ok"]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        """A verdict as a manifest stores it (``to_dict()``)."""
+        return cls(d["status"], [Check(**c) for c in d.get("checks", [])], list(d.get("worst_offenders", [])),
+                   bool(d.get("allowed", False)))
 
     def offenders_text(self, limit: int = 5) -> str:
         parts = []
