@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 from warpdata.core.errors import DataError
-from warpdata.etl.quarantine import Quarantine, Threshold, Thresholds, Verdict, counts_text, describe_check
+from warpdata.etl.quarantine import (
+    Quarantine,
+    Threshold,
+    Thresholds,
+    Verdict,
+    counts_text,
+    describe_check,
+)
 
 
 def _quarantine() -> Quarantine:
