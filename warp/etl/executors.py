@@ -24,6 +24,13 @@ index, so scheduling never reaches the output. A worker that dies mid-task
 reschedules it; Ray: ``max_retries``). Dask and Ray are optional extras
 (``warp-toolchain[dask]``, ``warp-toolchain[ray]``): a missing one is a
 :class:`~warpdata.core.errors.DependencyError` with the ``pip install`` line.
+
+``resources`` (e.g. ``{"GPU": 1}``: the feature cache's tasks when its encoder
+runs on CUDA) is what every task asks of a cluster: Dask worker resources
+(``client.submit(..., resources=...)``; a LocalCluster started here gives each
+worker those resources), Ray ``num_gpus`` / custom resources. A cluster on which
+no worker offers them is a :class:`~warpdata.core.errors.ConfigError` before any
+task is sent (the tasks would wait forever); local pools ignore them.
 """
 
 from __future__ import annotations

@@ -33,11 +33,19 @@ Contract:
   queryable ``records`` table of a dataset published with ``warp publish
   --from``. All are outputs, not fingerprint inputs.
 
-Decoding runs on a thread pool (Pillow releases the GIL while decoding and
-resizing) one to two batches ahead of the encoder, into preallocated
-rotating buffers, so the encoder is fed while the next batch decodes. Per
-batch the build records the time the main thread waited for decoded pixels
-(I/O + decode), the encoder time and the write time (``metrics.json``).
+The build runs on the ETL kit (docs/formats/feature-shard.md, "Building on an
+executor"): the driver scans and probes every header (:func:`~warpdata.features.transform.probe`),
+cuts the probed records by count into :class:`PartTask` s (:func:`build_part`:
+pure, one WFS1 file each, receipted), runs them on any executor
+(``warpdata.etl.executors``), turns the parts into shards (re-packing after a
+late decode failure so every shard but the last holds ``shard_size`` records)
+and commits. Inside a task, decoding runs on the worker's thread pool (Pillow
+releases the GIL while decoding and resizing) one to two batches ahead of the
+encoder, into preallocated rotating buffers, so the encoder is fed while the
+next batch decodes; the encoder is loaded once per worker process
+(:func:`worker_encoder`). Per batch the build records the time the task waited
+for decoded pixels (I/O + decode), the encoder time and the write time
+(``metrics.json``, with the executor and where each part ran).
 """
 
 from __future__ import annotations

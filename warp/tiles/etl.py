@@ -14,6 +14,12 @@ input (CRC-32C of the input bytes, recorded in its manifest) is reused
 unless ``--clear``. S3 outputs are written object by object, ``zarr.json``
 and ``manifest.json`` last; an existing S3 output is replaced only with
 ``--clear``.
+
+``--executor`` / ``[build] executor`` / ``WARP_EXECUTOR`` other than ``local``
+run :class:`RangeTask` s (row ranges whole at every pyramid level, each read
+from the input by the worker: a shared path or ``s3://``) on a process pool,
+Dask or Ray; the driver commits the metadata. The tree is byte-identical to
+the local executor's (docs/formats/zarr-tiles.md, "On an executor").
 """
 
 from __future__ import annotations
