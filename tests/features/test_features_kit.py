@@ -110,6 +110,19 @@ def test_dask_cluster_gives_the_reference_bytes_and_loads_the_encoder_once_per_w
             assert len(loads) == 1 and loads.pop() >= 1, (w, m["tasks"])
 
 
+def test_ray_gives_the_reference_bytes_and_loads_the_encoder_once_per_worker(sources, reference, tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed here (the ray extra)")
+    from warpdata.features.writer import build_cache
+
+    out = tmp_path / "c"
+    build_cache(golden.spec("encoder-multi", sources, out), workers=2, executor="ray")
+    assert files(out) == reference["encoder-multi"]
+    m = metrics(out)
+    assert m["cluster"]["executor"] == "ray"
+    for w in {t["worker"] for t in m["tasks"]}:  # Ray reuses its worker processes: one load each
+        assert {t["encoder_loads"] for t in m["tasks"] if t["worker"] == w} == {1}
+
+
 def test_tasks_that_ask_for_a_gpu_run_only_where_a_worker_offers_one(sources, reference, tmp_path, cluster):
     from warpdata.features.writer import build_cache
 

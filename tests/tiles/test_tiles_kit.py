@@ -118,6 +118,14 @@ def test_dask_cluster_gives_the_reference_bytes(cli, volume, reference, tmp_path
     assert tree(tmp_path / "o.zarr") == reference[case]
 
 
+@pytest.mark.slow
+def test_ray_gives_the_reference_bytes(cli, volume, reference, tmp_path):
+    pytest.importorskip("ray", reason="ray is not installed here (the ray extra)")
+    res = etl(cli, config(volume, "pyramid", tmp_path / "o.zarr"), "--executor", "ray", "-j", "2")
+    assert res["cluster"]["executor"] == "ray"
+    assert tree(tmp_path / "o.zarr") == reference["pyramid"]
+
+
 def test_range_plan_keeps_every_level_whole(volume):
     """Every task holds whole slabs of every level: level l's rows [a/2^l, b/2^l) start on its tile."""
     from warpdata.tiles.etl import plan_ranges
