@@ -37,7 +37,9 @@ from warpdata.cli.app import main
 try:
     rc = main(sys.argv[2:])
 finally:
-    sys.stderr.write("\\nPEAK_RSS_KIB=%d\\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    # VmHWM, not ru_maxrss: Linux carries the parent's peak into a child's ru_maxrss across fork + exec
+    hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0].split()[1]
+    sys.stderr.write("\\nPEAK_RSS_KIB=%s\\n" % hwm)
 sys.exit(rc)
 """
 

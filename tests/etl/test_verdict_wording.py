@@ -9,7 +9,6 @@ from warpdata.etl.quarantine import (
     Threshold,
     Thresholds,
     Verdict,
-    counts_text,
     describe_check,
 )
 
@@ -37,12 +36,6 @@ def test_the_error_carries_the_same_lines():
     with pytest.raises(DataError) as ei:
         v.raise_for_status(what="src")
     assert all(p in ei.value.message for p in v.problems()) and "missing-file x1" in ei.value.message
-
-
-def test_counts_text():
-    agg = _quarantine().summary()["aggregate"]
-    assert counts_text(agg) == "1 missing, 1 invalid (decode-error 1, missing-file 1)"
-    assert counts_text({"missing": 0, "invalid": 0, "by_reason": {}}) == "0 missing, 0 invalid"
 
 
 def test_the_feature_cache_manifest_says_it_the_same_way(tmp_path):

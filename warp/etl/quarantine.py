@@ -239,13 +239,6 @@ def describe_check(c: Check | Mapping[str, Any]) -> str:
     return f"{d['scope']}: {d['metric']} = {d['value']:.4f} exceeds {d['status']} limit {limit}"
 
 
-def counts_text(agg: Mapping[str, Any]) -> str:
-    """What a summary's aggregate quarantined, in one line: ``2 missing, 3 invalid (decode-error 2, …)``."""
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(dict(agg.get("by_reason") or {}).items(),
-                                                       key=lambda kv: (-kv[1], kv[0])))
-    return f"{agg.get('missing', 0)} missing, {agg.get('invalid', 0)} invalid" + (f" ({reasons})" if reasons else "")
-
-
 @dataclass
 class Verdict:
     status: str  # ok | warn | fail

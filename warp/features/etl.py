@@ -30,7 +30,7 @@ from warpdata.core.config import ConfigSource, Field, non_negative, positive, va
 from warpdata.core.errors import ConfigError, UsageError
 from warpdata.core.names import FEATURE_CACHE
 from warpdata.etl.pipelines import EtlRequest, EtlResult
-from warpdata.etl.quarantine import Thresholds, counts_text
+from warpdata.etl.quarantine import Thresholds
 from warpdata.features.transform import INTERPOLATIONS, target_size
 
 MAX_REPEATS = 1_000_000  # the manifest schema's bound too (warp/features/manifest.schema.json)
@@ -297,7 +297,8 @@ def run(req: EtlRequest) -> EtlResult:
     rows = [("records", str(m.get("records"))), ("shards", f"{len(m.get('shards', []))} x {m.get('shard_size')}"),
             ("target size", "x".join(map(str, m.get("target_size", [])))),
             ("fields", ", ".join(f"{f['name']}{tuple(f['shape'])}:{f['dtype']}" for f in m.get("fields", []))),
-            ("quarantined", counts_text(agg)),
+            ("quarantined", f"{agg.get('missing', 0) + agg.get('invalid', 0)} "
+                            f"{agg.get('by_reason', {})}"),
             ("fingerprint", str(m.get("fingerprint"))[:16])]
     if "sources" in m:
         rows.insert(1, ("sources", ", ".join(f"{s['name']} {s['records']}x{s['num_repeats']}" for s in m["sources"])

@@ -74,7 +74,7 @@ from warpdata.etl.executors import (
     start_runner,
 )
 from warpdata.etl.pipelines import EtlRequest, EtlResult
-from warpdata.etl.quarantine import Quarantine, counts_text, describe_check
+from warpdata.etl.quarantine import Quarantine, describe_check
 from warpdata.etl.receipts import Journal
 from warpdata.etl.workers import resolve_workers
 from warpdata.formats import twh1
@@ -937,7 +937,7 @@ def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any
         summary["shards_reused"], summary["shards_built"] = len(doc["shards"]), 0
     rows = [("version", doc["version"][:12] + "…"), ("samples", str(doc["num_samples"])),
             ("shards", str(len(doc["shards"]))),
-            ("quarantined", counts_text(agg)),
+            ("quarantined", f"{agg['missing']} missing, {agg['invalid']} invalid"),
             ("empty", f"{agg['empty']} ({agg['skipped']} skipped)"), ("validation", verdict["status"])]
     if verdict["status"] != "ok":
         for p in [c for c in verdict["checks"] if c["status"] != "ok"][:3]:
