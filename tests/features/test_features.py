@@ -343,7 +343,7 @@ def test_encoder_plugin_module_function_is_called_in_batches(tmp_path, plugin):
     res = build_cache(spec_for(src, tmp_path / "c", encoder=f"{name}:factory", caching_batch_size=4,
                                caching_device="cpu", encoder_options={"scale": 2}))
     mod = sys.modules[name]
-    assert mod.CALLS == [4, 4, 2]
+    assert sorted(mod.CALLS) == [2, 4, 4]  # one call per batch; concurrent shard tasks may finish in any order
     m = res.manifest
     assert [s["records"] for s in m["shards"]] == [4, 4, 2]  # shard size defaults to the batch size
     assert [f["name"] for f in m["fields"]] == ["caption", "caption_len", "size", "orig_size", "is_video",

@@ -114,4 +114,6 @@ def test_publish_from_feature_cache_records_on_s3(cli, s3, tmp_path, monkeypatch
     assert r.code == 0, r.err
     assert [json.loads(x) for x in r.out.splitlines()] == [{"key": f"g0/s{i}.png", "caption": f"caption {i}"}
                                                             for i in (1, 3)]
-    assert sorted(dataset("text/caps", mode="remote").tables) == ["files", "records"]
+    # the feature cache's quarantine exports (docs/formats/feature-shard.md) are tables too, as a warehouse's
+    assert sorted(dataset("text/caps", mode="remote").tables) == ["files", "quarantine", "reasons", "records",
+                                                                  "summary"]

@@ -273,7 +273,7 @@ def test_thresholds_fail_with_exit_65_and_worst_offenders(cli, dataset, tmp_path
 def test_warn_threshold_warns_but_builds(cli, dataset, tmp_path):
     d, _ = dataset
     r = cli("etl", "--config", config(d, out=str(tmp_path / "wh")))
-    assert r.code == 0 and "warning:" in r.err and "over the warn limit" in r.err
+    assert r.code == 0 and "warning:" in r.err and "exceeds warn limit" in r.err
 
 
 def test_empty_fraction_and_skip_empty(cli, tmp_path):

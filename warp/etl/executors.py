@@ -24,6 +24,13 @@ index, so scheduling never reaches the output. A worker that dies mid-task
 reschedules it; Ray: ``max_retries``). Dask and Ray are optional extras
 (``warp-toolchain[dask]``, ``warp-toolchain[ray]``): a missing one is a
 :class:`~warpdata.core.errors.DependencyError` with the ``pip install`` line.
+
+``resources`` (e.g. ``{"GPU": 1}``: the feature cache's tasks when its encoder
+runs on CUDA) is what every task asks of a cluster: Dask worker resources
+(``client.submit(..., resources=...)``; a LocalCluster started here gives each
+worker those resources), Ray ``num_gpus`` / custom resources. A cluster on which
+no worker offers them is a :class:`~warpdata.core.errors.ConfigError` before any
+task is sent (the tasks would wait forever); local pools ignore them.
 """
 
 from __future__ import annotations
@@ -88,6 +95,15 @@ def parse_executor(text: str, *, where: str = "--executor") -> ExecutorSpec:
     raise ConfigError(f"{where}: {t!r} is not a known executor", hint="use one of: " + HELP)
 
 
+def check_spec(value: Any) -> str | None:
+    """A config schema check (``Field(check=...)``): None when ``value`` is an executor spec."""
+    try:
+        parse_executor(value)
+    except ConfigError:
+        return "must be one of: " + HELP
+    return None
+
+
 def resolve_executor(cli: str | None = None, configured: str | None = None, *,
                      where_config: str = "[build] executor") -> ExecutorSpec:
     """``--executor`` > the config's ``[build] executor`` > ``WARP_EXECUTOR`` > local threads."""
@@ -105,8 +121,11 @@ class Runner:
 
     kind = "thread"
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, resources: dict[str, float] | None = None) -> None:
         self.workers = workers
+        # abstract resources every task asks of the cluster (Dask worker resources, Ray resources),
+        # e.g. {"GPU": 1}; local pools run on this machine and ignore them
+        self.resources = dict(resources or {})
 
     def describe(self) -> dict[str, Any]:
         return {"executor": self.kind, "workers": self.workers}
@@ -121,8 +140,9 @@ class Runner:
 class LocalRunner(Runner):
     """Today's executor: a thread (or process) pool with at most ``window`` tasks in flight."""
 
-    def __init__(self, workers: int, kind: str = "thread", initializer: Callable[[], None] | None = None) -> None:
-        super().__init__(workers)
+    def __init__(self, workers: int, kind: str = "thread", initializer: Callable[[], None] | None = None,
+                 resources: dict[str, float] | None = None) -> None:
+        super().__init__(workers, resources)
         self.kind = kind
         if kind == "process":
             import multiprocessing
@@ -163,8 +183,9 @@ class DaskRunner(Runner):
 
     kind = "dask"
 
-    def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> None:
-        super().__init__(workers)
+    def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
+                 resources: dict[str, float] | None = None) -> None:
+        super().__init__(workers, resources)
         try:
             import dask  # noqa: F401
             from distributed import Client, LocalCluster
@@ -174,9 +195,11 @@ class DaskRunner(Runner):
         self.address = spec.address
         try:
             if spec.address is None:
+                # an own cluster offers what the tasks ask for: one task per worker at a time
                 self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                             host="127.0.0.1", dashboard_address=":0",  # no fixed port to collide on (8787)
-                                            scheduler_kwargs={"dashboard": False}, silence_logs=40)
+                                            scheduler_kwargs={"dashboard": False}, silence_logs=40,
+                                            **({"resources": self.resources} if self.resources else {}))
                 self.client = Client(self.cluster, set_as_default=False)
             elif spec.address.startswith("tcp://"):
                 import socket
@@ -207,17 +230,33 @@ class DaskRunner(Runner):
         self.n_workers = len(info.get("workers", {}))
         self.threads = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values())
         self.scheduler = info.get("address", spec.address or "")
+        self.offering: list[str] = []
+        if self.resources:
+            self.offering = sorted(a for a, w in info.get("workers", {}).items()
+                                   if all(float(w.get("resources", {}).get(k, 0)) >= float(v)
+                                          for k, v in self.resources.items()))
+            if not self.offering:
+                self.close()
+                want = " ".join(f"{k}={v:g}" for k, v in sorted(self.resources.items()))
+                raise ConfigError(f"--executor {spec.text}: no worker of the Dask cluster {self.scheduler} offers "
+                                  f"the resources the tasks ask for ({want}); they would wait forever",
+                                  hint=f"start workers with 'dask worker ... --resources \"{want}\"' (one per GPU), "
+                                       "or change what the tasks ask for ([build] resources, caching_device)")
         if spec.address is not None:
             self.workers = max(1, self.threads)
 
     def describe(self) -> dict[str, Any]:
-        return {"executor": "dask", "scheduler": self.scheduler, "workers": self.n_workers, "threads": self.threads,
-                "cluster": "LocalCluster" if self.cluster is not None else "external"}
+        d = {"executor": "dask", "scheduler": self.scheduler, "workers": self.n_workers, "threads": self.threads,
+             "cluster": "LocalCluster" if self.cluster is not None else "external"}
+        if self.resources:
+            d["resources"] = dict(sorted(self.resources.items()))
+            d["workers_offering"] = self.offering
+        return d
 
     def imap_unordered(self, fn, tasks, *, window=None):
         from distributed import as_completed
 
-        window = window or 2 * max(1, self.threads)
+        window = window or 2 * max(1, len(self.offering) if self.resources else self.threads)
         it = iter(tasks)
         n = 0
 
@@ -226,7 +265,8 @@ class DaskRunner(Runner):
             # pure=False: every submission is computed (a task lost with its worker is rescheduled
             # by the scheduler itself, up to distributed.scheduler.allowed-failures times)
             n += 1
-            return self.client.submit(fn, task, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}")
+            return self.client.submit(fn, task, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}",
+                                      **({"resources": self.resources} if self.resources else {}))
 
         first = []
         for task in it:
@@ -285,8 +325,9 @@ class RayRunner(Runner):
 
     kind = "ray"
 
-    def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> None:
-        super().__init__(workers)
+    def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
+                 resources: dict[str, float] | None = None) -> None:
+        super().__init__(workers, resources)
         try:
             import ray
         except ImportError:
@@ -301,12 +342,24 @@ class RayRunner(Runner):
         else:
             self.own = False
         self.initializer = initializer
-        self.threads = int(ray.cluster_resources().get("CPU", workers))
+        have = ray.cluster_resources()
+        self.threads = int(have.get("CPU", workers))
+        missing = {k: v for k, v in self.resources.items() if float(have.get(k, 0)) < float(v)}
+        if missing:
+            self.close()
+            want = ", ".join(f"{k}={v:g}" for k, v in sorted(missing.items()))
+            raise ConfigError(f"--executor {spec.text}: the Ray cluster offers none of the resources the tasks ask "
+                              f"for ({want}); they would wait forever",
+                              hint="start Ray nodes with those resources (ray start --num-gpus / --resources), "
+                                   "or change what the tasks ask for ([build] resources, caching_device)")
         if spec.address is not None:
             self.workers = max(1, self.threads)
 
     def describe(self) -> dict[str, Any]:
-        return {"executor": "ray", "workers": self.threads, "cluster": "local" if self.own else "external"}
+        d = {"executor": "ray", "workers": self.threads, "cluster": "local" if self.own else "external"}
+        if self.resources:
+            d["resources"] = dict(sorted(self.resources.items()))
+        return d
 
     def imap_unordered(self, fn, tasks, *, window=None):
         ray = self.ray
@@ -317,7 +370,10 @@ class RayRunner(Runner):
                 init()
             return fn(task)
 
-        remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False, num_cpus=1)(call)
+        res = dict(self.resources)
+        gpus = res.pop("GPU", 0)
+        remote = ray.remote(max_retries=TASK_RETRIES, retry_exceptions=False, num_cpus=1,
+                            **({"num_gpus": gpus} if gpus else {}), **({"resources": res} if res else {}))(call)
         window = window or 2 * max(1, self.threads)
         it = iter(tasks)
         pending = []
@@ -365,17 +421,19 @@ def require(spec: ExecutorSpec) -> None:
             raise missing_dependency(f"--executor {spec.text}", pkg, extra) from None
 
 
-def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None) -> Runner:
+def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
+                resources: dict[str, float] | None = None) -> Runner:
+    """A runner; ``resources`` (e.g. ``{"GPU": 1}``) is what every task asks of a Dask/Ray cluster."""
     if spec.kind == "dask":
-        return DaskRunner(spec, workers, initializer)
+        return DaskRunner(spec, workers, initializer, resources)
     if spec.kind == "ray":
-        return RayRunner(spec, workers, initializer)
-    return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None)
+        return RayRunner(spec, workers, initializer, resources)
+    return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None, resources)
 
 
 @contextlib.contextmanager
 def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
-                started: Future | None = None) -> Iterator[Runner]:
+                started: Future | None = None, resources: dict[str, float] | None = None) -> Iterator[Runner]:
     """A :class:`Runner` for ``spec`` with ``workers`` workers (own clusters only), closed on exit.
 
     ``started`` (from :func:`start_runner`) hands over a runner started
@@ -384,19 +442,20 @@ def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], N
     if started is not None:
         yield started.result()
         return
-    runner = make_runner(spec, workers, initializer)
+    runner = make_runner(spec, workers, initializer, resources)
     try:
         yield runner
     finally:
         runner.close()
 
 
-def start_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None) -> Future:
+def start_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
+                 resources: dict[str, float] | None = None) -> Future:
     """Start a runner in the background: a Dask LocalCluster or Ray takes seconds to come up,
     which then overlaps the driver's scan of the inputs instead of adding to it."""
     ex = ThreadPoolExecutor(1, thread_name_prefix="warp-etl-cluster")
     try:
-        return ex.submit(make_runner, spec, workers, initializer)
+        return ex.submit(make_runner, spec, workers, initializer, resources)
     finally:
         ex.shutdown(wait=False)
 

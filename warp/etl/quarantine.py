@@ -32,6 +32,7 @@ recording order).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,6 +230,15 @@ class Check:
                 "warn": self.warn, "fail": self.fail, "status": self.status}
 
 
+def describe_check(c: Check | Mapping[str, Any]) -> str:
+    """The one wording of a threshold check, for every pipeline's messages, logs and manifests:
+    ``aggregate: invalid_fraction = 0.1667 exceeds fail limit 0.05``. Takes a :class:`Check` or
+    its ``to_dict()`` (a manifest's verdict)."""
+    d = c.to_dict() if isinstance(c, Check) else c
+    limit = d["fail"] if d["status"] == "fail" else d["warn"]
+    return f"{d['scope']}: {d['metric']} = {d['value']:.4f} exceeds {d['status']} limit {limit}"
+
+
 @dataclass
 class Verdict:
     status: str  # ok | warn | fail
@@ -242,9 +252,14 @@ class Verdict:
                 "worst_offenders": self.worst_offenders}
 
     def problems(self) -> list[str]:
-        """One line per check that is not ok."""
-        return [f"{c.scope}: {c.metric} = {c.value:.4f} exceeds {c.status} limit "
-                f"{c.fail if c.status == 'fail' else c.warn}" for c in self.checks if c.status != "ok"]
+        """One line per check that is not ok (:func:`describe_check`)."""
+        return [describe_check(c) for c in self.checks if c.status != "ok"]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        """A verdict as a manifest stores it (``to_dict()``)."""
+        return cls(d["status"], [Check(**c) for c in d.get("checks", [])], list(d.get("worst_offenders", [])),
+                   bool(d.get("allowed", False)))
 
     def offenders_text(self, limit: int = 5) -> str:
         parts = []
@@ -372,6 +387,27 @@ class Quarantine:
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "records": self.record_dicts()}
 
+    def write_parquet(self, directory: str | os.PathLike) -> dict[str, str]:
+        """The queryable export beside an artifact: ``summary.parquet`` (one row for the aggregate,
+        one per run: the counts), ``reasons.parquet`` (scope, run, reason, count) and
+        ``quarantine.parquet`` (one row per quarantined sample: run, sample_id, source, reason,
+        message, in recording order). Deterministic bytes; returns ``{name: file name}``."""
+        from pathlib import Path
+
+        d = Path(directory)
+        runs = self.runs()
+        scopes = [("aggregate", "", self.aggregate())] + [("run", k, v) for k, v in runs.items()]
+        cols = ["total", "non_empty", "empty", "missing", "invalid", "kept", "skipped"]
+        _write_parquet(d / "summary.parquet", {"scope": [s[0] for s in scopes], "run": [s[1] for s in scopes],
+                                               **{c: [getattr(s[2], c) for s in scopes] for c in cols}})
+        reasons = [(scope, run, code, n) for scope, run, s in scopes for code, n in sorted(s.by_reason.items())]
+        _write_parquet(d / "reasons.parquet", {"scope": [r[0] for r in reasons], "run": [r[1] for r in reasons],
+                                               "reason": [r[2] for r in reasons], "count": [r[3] for r in reasons]})
+        recs = self.record_dicts()
+        _write_parquet(d / "quarantine.parquet", {k: [r[k] for r in recs] for k in
+                                                  ("run", "sample_id", "source", "reason", "message")})
+        return {"summary": "summary.parquet", "reasons": "reasons.parquet", "quarantine": "quarantine.parquet"}
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Quarantine:
         q = cls()
@@ -388,6 +424,15 @@ class Quarantine:
                 ex.append({"run": rec.run, "sample_id": rec.sample_id, "source": rec.source,
                            "message": rec.message})
         return q
+
+
+def _write_parquet(path: Any, columns: dict[str, Any]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from warpdata.core.atomic import atomic_file
+
+    with atomic_file(path, fsync=False) as f:
+        pq.write_table(pa.table(columns), f, compression="zstd")
 
 
 def evaluate_summaries(scopes: Iterable[tuple[str, RunSummary]], thresholds: Thresholds,

@@ -11,7 +11,11 @@ both; the size is ``[transform] resolution`` or ``resolutions`` (the design's
 spelling: ``[256]`` or ``[[256, 256]]``), never both. ``--input`` overrides
 ``[source] path`` (not ``[[directory]]``) and ``--output`` the cache
 path; ``--clear`` rebuilds; ``--allow-invalid`` builds past failed
-thresholds; ``--workers`` (or ``WARP_WORKERS``) sets the decode threads. The result is
+thresholds. ``--workers`` / ``[build] workers`` / ``WARP_WORKERS`` set the concurrent shard
+tasks and ``--executor`` / ``[build] executor`` / ``WARP_EXECUTOR`` where they run (the same
+parsing as every ``warp etl`` pipeline: ``warpdata.etl.executors``); ``[build] resources`` is
+what each task asks of a Dask/Ray cluster (``{ GPU = 1 }`` by default when the encoder runs on
+CUDA). The result is
 ``built`` or ``up-to-date`` (the fingerprint matched); its summary is the
 ``--json`` document.
 """
@@ -38,6 +42,18 @@ def _fraction(v: Any) -> str | None:
 
 def _repeats(v: Any) -> str | None:
     return None if 1 <= v <= MAX_REPEATS else f"must be an integer from 1 to {MAX_REPEATS}"
+
+
+def _executor_check(v: Any) -> str | None:
+    from warpdata.etl.executors import check_spec
+
+    return check_spec(v)
+
+
+def _resources_check(v: Any) -> str | None:
+    ok = all(isinstance(k, str) and k and isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0
+             for k, n in v.items())
+    return None if ok else "must be a table of resource names to positive amounts, e.g. { GPU = 1 }"
 
 
 def _threshold() -> dict[str, Field]:
@@ -90,6 +106,17 @@ SCHEMA: dict[str, Any] = {
     },
     "output": {
         "path": Field(str, help="cache directory (replaced when the fingerprint changes)"),
+    },
+    "build": {
+        "workers": Field(int, 0, "concurrent shard tasks; 0 = WARP_WORKERS or the CPU count", check=non_negative),
+        "executor": Field(str, "", "where shard tasks run: local (threads), process, dask, dask://HOST:PORT, "
+                                   "dask:SCHEDULER_FILE or ray; empty = WARP_EXECUTOR or local",
+                          check=_executor_check),
+        "decode_threads": Field(int, 0, "image decode threads per worker process (0: the worker count locally, "
+                                        "else the CPUs divided among the workers)", check=non_negative),
+        "resources": Field(dict, None, "abstract resources every shard task asks of a Dask/Ray cluster, e.g. "
+                                       "{ GPU = 1 } (default: { GPU = 1 } when caching_device is cuda)",
+                           check=_resources_check),
     },
 }
 
@@ -238,10 +265,15 @@ def run(req: EtlRequest) -> EtlResult:
 
     cfg = check_config(req.config, req.source)
     spec = spec_from_config(cfg, Path(req.config_path).parent, req, req.source)
-    from warpdata.etl.workers import env_workers
+    from warpdata.etl.executors import resolve_executor
+    from warpdata.etl.workers import resolve_workers
 
-    workers = req.workers or env_workers()  # None: build_cache picks
-    res = build_cache(spec, clear=req.clear, allow_invalid=req.allow_invalid, workers=workers)
+    b = cfg["build"]
+    executor = resolve_executor(req.executor, b["executor"] or None)
+    res = build_cache(spec, clear=req.clear, allow_invalid=req.allow_invalid,
+                      workers=resolve_workers(req.workers, b["workers"]), executor=executor,
+                      decode_threads=b["decode_threads"],
+                      resources=None if b["resources"] is None else {k: float(v) for k, v in b["resources"].items()})
     m = res.manifest
     agg = m.get("quarantine", {}).get("aggregate", {})
     met = res.metrics
@@ -256,7 +288,8 @@ def run(req: EtlRequest) -> EtlResult:
         "verdict": m.get("verdict", {}).get("status"),
         "rebuild_reasons": res.reasons,
         "metrics": {k: met[k] for k in ("wall_s", "records_per_s", "io_decode_wait_s", "encode_s", "write_s",
-                                        "scan_s", "device", "caching_device") if k in met},
+                                        "scan_s", "device", "caching_device", "executor", "shards_reused",
+                                        "shards_repacked") if k in met},
     }
     if "sources" in m:  # [[directory]] builds: each folder's records and weight
         summary["sources"] = [{**s, "path": d.path} for s, d in zip(m["sources"], spec.sources or [], strict=True)]

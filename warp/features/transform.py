@@ -74,6 +74,60 @@ def crop_box(width: int, height: int, tw: int, th: int) -> tuple[float, float, f
     return (x0, y0, min(float(width), x0 + cw), min(float(height), y0 + ch))
 
 
+def _open_header(im: Image.Image) -> tuple[int, int, int]:
+    """(EXIF orientation, oriented width, oriented height): what the header alone says."""
+    orientation = im.getexif().get(0x0112, 1) if im.format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
+    w0, h0 = im.size
+    if orientation in _ROTATED:
+        w0, h0 = h0, w0
+    return orientation, w0, h0
+
+
+def _image_failure(e: BaseException) -> DecodeFailure:
+    """The quarantine verdict of an exception raised while opening or decoding an image."""
+    if isinstance(e, OSError):
+        text = str(e)
+        if "truncated" in text or "broken data stream" in text:
+            return DecodeFailure("truncated", f"image is truncated: {text}")
+        return DecodeFailure("decode-error", f"cannot decode image: {text}")
+    return DecodeFailure("decode-error", f"cannot decode image: {e}")
+
+
+_IMAGE_ERRORS = (OSError, Image.DecompressionBombError, Image.DecompressionBombWarning, ValueError, SyntaxError)
+
+
+def probe(path: str, is_video: bool = False) -> DecodeFailure | None:
+    """The failure a full decode of ``path`` is certain to meet in its header, or None.
+
+    Runs exactly the steps :func:`load_image` (:func:`load_video_frame`) runs
+    before decoding pixels (open, header, EXIF; for a video, opening the
+    container), with the same error mapping: a failure here is the failure
+    the full decode reports, word for word. Data cut short after an intact
+    header passes the probe and fails the full decode later
+    (docs/formats/feature-shard.md, "Building on an executor").
+    """
+    if is_video:
+        try:
+            import cv2
+        except ImportError:
+            return DecodeFailure("unsupported-format", "video needs OpenCV (pip install opencv-python-headless)")
+        cap = cv2.VideoCapture(path)
+        try:
+            if not cap.isOpened():
+                return DecodeFailure("decode-error", "cannot open video (unknown container or codec)")
+        finally:
+            cap.release()
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                _open_header(im)
+    except _IMAGE_ERRORS as e:
+        return _image_failure(e)
+    return None
+
+
 def load_image(path: str, size: tuple[int, int], out: np.ndarray, *,
                interpolation: str = "bicubic") -> tuple[int, int]:
     """Decode ``path`` into ``out`` (3×H×W uint8); return the oriented (height, width)."""
@@ -82,10 +136,7 @@ def load_image(path: str, size: tuple[int, int], out: np.ndarray, *,
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
-                orientation = im.getexif().get(0x0112, 1) if im.format in ("JPEG", "TIFF", "WEBP", "PNG") else 1
-                w0, h0 = im.size
-                if orientation in _ROTATED:
-                    w0, h0 = h0, w0
+                orientation, w0, h0 = _open_header(im)
                 if im.format == "JPEG":
                     # draft picks the largest scale 1/2^k that keeps the image >= the request
                     scale = max(tw / w0, th / h0)
@@ -98,13 +149,8 @@ def load_image(path: str, size: tuple[int, int], out: np.ndarray, *,
                 box = crop_box(img.width, img.height, tw, th)
                 # box coordinates are in the (possibly draft-reduced) image: crop in that frame
                 res = img.resize((tw, th), INTERPOLATIONS[interpolation], box=box)
-    except OSError as e:
-        text = str(e)
-        if "truncated" in text or "broken data stream" in text:
-            raise DecodeFailure("truncated", f"image is truncated: {text}") from None
-        raise DecodeFailure("decode-error", f"cannot decode image: {text}") from None
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning, ValueError, SyntaxError) as e:
-        raise DecodeFailure("decode-error", f"cannot decode image: {e}") from None
+    except _IMAGE_ERRORS as e:
+        raise _image_failure(e) from None
     arr = np.asarray(res)
     out[...] = arr.transpose(2, 0, 1)
     return h0, w0

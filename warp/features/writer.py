@@ -33,18 +33,28 @@ Contract:
   queryable ``records`` table of a dataset published with ``warp publish
   --from``. All are outputs, not fingerprint inputs.
 
-Decoding runs on a thread pool (Pillow releases the GIL while decoding and
-resizing) one to two batches ahead of the encoder, into preallocated
-rotating buffers, so the encoder is fed while the next batch decodes. Per
-batch the build records the time the main thread waited for decoded pixels
-(I/O + decode), the encoder time and the write time (``metrics.json``).
+The build runs on the ETL kit (docs/formats/feature-shard.md, "Building on an
+executor"): the driver scans and probes every header (:func:`~warpdata.features.transform.probe`),
+cuts the probed records by count into :class:`PartTask` s (:func:`build_part`:
+pure, one WFS1 file each, receipted), runs them on any executor
+(``warpdata.etl.executors``), turns the parts into shards (re-packing after a
+late decode failure so every shard but the last holds ``shard_size`` records)
+and commits. Inside a task, decoding runs on the worker's thread pool (Pillow
+releases the GIL while decoding and resizing) one to two batches ahead of the
+encoder, into preallocated rotating buffers, so the encoder is fed while the
+next batch decodes; the encoder is loaded once per worker process
+(:func:`worker_encoder`). Per batch the build records the time the task waited
+for decoded pixels (I/O + decode), the encoder time and the write time
+(``metrics.json``, with the executor and where each part ran).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +65,7 @@ from typing import Any
 import numpy as np
 from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.core import progress as _progress
-from warpdata.core.atomic import atomic_dir, atomic_file, atomic_write_bytes
+from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal
 from warpdata.core.errors import ConfigError, DataError
 from warpdata.core.names import FEATURE_CACHE
@@ -274,19 +284,364 @@ def _encode_caption(text: str, limit: int) -> tuple[bytes, bool]:
     return cut.decode("utf-8", errors="ignore").encode("utf-8"), True
 
 
+# --- the build on the ETL kit (docs/formats/feature-shard.md, "Building on an executor") -----------
+
+BUILD_PREFIX = f"{TMP_PREFIX}build-"
+PART_PATTERN = "part-{:05d}.wfs"
+
+
+@dataclass(frozen=True)
+class EncoderRef:
+    """What a worker needs to load the encoder; the key of the per-process encoder cache."""
+
+    name: str
+    device: str  # as the driver resolved it, or as configured ("cuda", "cuda:1") for cluster workers
+    dtype: str
+    options: str  # canonical JSON of the factory's keyword arguments
+    size: tuple[int, int]
+
+
+_ENCODERS: dict[EncoderRef, Any] = {}
+_ENCODER_LOCK = threading.Lock()
+_ENCODER_LOADS = [0]  # encoders this process has loaded (metrics.json: once per worker)
+
+
+def worker_encoder(ref: EncoderRef):
+    """The :class:`~warpdata.features.encoders.BatchEncoder` of ``ref``, loaded once per process:
+    every task a worker runs (and every thread of a local build) shares it."""
+    with _ENCODER_LOCK:
+        be = _ENCODERS.get(ref)
+        if be is None:
+            from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
+
+            device = resolve_device(ref.device)
+            enc = load_encoder(ref.name, device=device, dtype=ref.dtype, options=json.loads(ref.options))
+            be = _ENCODERS[ref] = BatchEncoder(enc, device, ref.size)
+            _ENCODER_LOADS[0] += 1
+        return be
+
+
+def preload_encoder(ref: EncoderRef) -> None:
+    """A worker's start-up hook (a Dask ``WorkerPlugin``, a process pool's initializer): load the
+    encoder before the first task. A failure is left to the first task, which raises it typed."""
+    with contextlib.suppress(Exception):
+        worker_encoder(ref)
+
+
+_POOLS: dict[str, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _decode_pool(key: str, threads: int) -> ThreadPoolExecutor:
+    """The decode threads of this process: one pool shared by the tasks running here."""
+    with _POOL_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = ThreadPoolExecutor(max(1, threads), thread_name_prefix="warp-fc-decode")
+        return pool
+
+
+@dataclass
+class PartTask:
+    """One shard task: a fixed run of records, decoded, encoded and written as one WFS1 file.
+
+    Pure: the file's bytes depend only on the task (docs/formats/receipts.md), wherever it runs.
+    """
+
+    index: int
+    path: str  # <build dir>/part-NNNNN.wfs
+    fingerprint: str
+    spec: CacheSpec
+    fields: list[FieldSpec]
+    items: list[MediaItem]
+    batches: list[int]  # each item's encoder batch: its position in the scan // batch size
+    encoder: EncoderRef | None
+    decode_threads: int
+    pool_key: str
+
+
+@dataclass
+class PartResult:
+    index: int
+    records: int
+    sha256: str | None  # None: every record failed to decode (no file)
+    bytes: int
+    failures: list[list[Any]]  # [position in the task, reason, message]
+    orig_sizes: list[list[int]]  # oriented [height, width] of every stored record
+    truncated: int  # captions cut at max_caption_bytes
+    batches: list[dict[str, Any]] = field(default_factory=list)  # timings (metrics.json)
+    worker: str = ""
+    encoder_loads: int = 0
+    reused: bool = False
+
+
+def _where() -> str:
+    """Where a task runs: the Dask worker's address, else host:pid."""
+    import socket
+    import sys
+
+    if "distributed" in sys.modules:
+        try:
+            from distributed import get_worker
+
+            return str(get_worker().address)
+        except (ImportError, ValueError):
+            pass
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _groups(batches: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of one batch number, as (start, stop)."""
+    out: list[tuple[int, int]] = []
+    for i, b in enumerate(batches):
+        if out and batches[out[-1][0]] == b:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def build_part(task: PartTask) -> PartResult:
+    """Decode, transform, encode and write one part; same task → same bytes, on any worker."""
+    spec = task.spec
+    h, w = spec.size
+    be = worker_encoder(task.encoder) if task.encoder is not None else None
+    items = task.items
+    groups = _groups(task.batches)
+    nbuf = 3  # one being encoded/written, up to two decoding ahead
+    cap = max((b - a for a, b in groups), default=0)
+    bufs = [np.empty((cap, 3, h, w), np.uint8) for _ in range(min(nbuf, len(groups)))]
+    sizes = [np.zeros((cap, 2), np.uint32) for _ in range(len(bufs))]
+    pool = _decode_pool(task.pool_key, task.decode_threads)
+
+    def decode_one(bi: int, j: int, it: MediaItem):
+        try:
+            load = load_video_frame if it.is_video else load_image
+            oh, ow = load(it.path, spec.size, bufs[bi][j], interpolation=spec.interpolation)
+        except DecodeFailure as e:
+            return e
+        sizes[bi][j] = (oh, ow)
+        return None
+
+    def submit(gi: int):
+        a, b = groups[gi]
+        return [pool.submit(decode_one, gi % nbuf, j, items[a + j]) for j in range(b - a)]
+
+    writer = FeatureShardWriter(task.path, task.fields, meta={"fingerprint": task.fingerprint, "shard": task.index},
+                                fsync=False)  # the cache directory is fsync'd as a whole (atomic_dir)
+    inflight = {gi: submit(gi) for gi in range(min(nbuf - 1, len(groups)))}
+    failures: list[list[Any]] = []
+    orig: list[list[int]] = []
+    truncated = 0
+    timings: list[dict[str, Any]] = []
+    try:
+        for gi, (a, b) in enumerate(groups):
+            t0 = time.perf_counter()
+            results = [f.result() for f in inflight.pop(gi)]
+            t_wait = time.perf_counter() - t0
+            if gi + nbuf - 1 < len(groups):
+                inflight[gi + nbuf - 1] = submit(gi + nbuf - 1)
+            bi = gi % nbuf
+            chunk = items[a:b]
+            ok = []
+            for j, (it, err) in enumerate(zip(chunk, results, strict=True)):
+                if err is None:
+                    ok.append(j)
+                else:
+                    failures.append([a + j, err.reason, f"{it.key}: {err.message}"])
+            n = len(ok)
+            t_enc = t_write = 0.0
+            if n:
+                sel = np.asarray(ok)
+                pix = bufs[bi][:n] if n == len(chunk) else bufs[bi][sel]
+                caps = [chunk[j].caption for j in ok]
+                rec: dict[str, np.ndarray] = {}
+                if be is not None:
+                    t1 = time.perf_counter()
+                    rec.update(be(pix, caps))
+                    t_enc = time.perf_counter() - t1
+                t2 = time.perf_counter()
+                if spec.effective_store_pixels:
+                    rec["pixels"] = pix
+                cap_arr = np.zeros((n, spec.max_caption_bytes), np.uint8)
+                cap_len = np.zeros(n, np.uint32)
+                for k, c in enumerate(caps):
+                    raw, cut = _encode_caption(c, spec.max_caption_bytes)
+                    truncated += cut
+                    cap_arr[k, :len(raw)] = np.frombuffer(raw, np.uint8)
+                    cap_len[k] = len(raw)
+                rec["caption"], rec["caption_len"] = cap_arr, cap_len
+                rec["size"] = np.broadcast_to(np.asarray([h, w], np.uint16), (n, 2))
+                rec["orig_size"] = sizes[bi][sel]
+                rec["is_video"] = np.asarray([chunk[j].is_video for j in ok], bool)
+                writer.append_batch(rec)
+                orig.extend(rec["orig_size"].tolist())
+                t_write = time.perf_counter() - t2
+            timings.append({"n": n, "io_decode_wait_s": round(t_wait, 5), "encode_s": round(t_enc, 5),
+                            "write_s": round(t_write, 5)})
+        if writer.count:
+            info = writer.close()
+            sha, nbytes = info.sha256, info.bytes
+        else:
+            writer.abort()
+            sha, nbytes = None, 0
+    except BaseException:
+        writer.abort()
+        for fs in inflight.values():
+            for f in fs:
+                f.cancel()
+        raise
+    return PartResult(task.index, len(orig), sha, nbytes, failures, orig, truncated, timings, _where(),
+                      _ENCODER_LOADS[0])
+
+
+def task_sha256(task: PartTask) -> str:
+    """What a part's receipt binds to: the cache fingerprint (config, encoder, code, every source's
+    content), the part's place and its records and batches."""
+    return identity([task.fingerprint, task.index, [[it.key, it.digest] for it in task.items], task.batches])
+
+
+def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None) -> PartResult | None:
+    """The receipted result of ``task`` when the receipt names this task and its file still verifies."""
+    from warpdata.core.canonical import sha256_file
+
+    if receipt is None:
+        return None
+    try:
+        if receipt["task_sha256"] != task_sha256(task):
+            raise ValueError("receipt of another task")
+        res = PartResult(**receipt["result"])
+        if res.records and sha256_file(task.path) != res.sha256:
+            raise ValueError("part changed")
+    except (OSError, ValueError, TypeError, KeyError):
+        journal.forget(f"part-{task.index:05d}")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(task.path)
+        return None
+    res.reused = True
+    res.batches = []
+    return res
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """One build of a cache at a time: a second waits, then finds the first one's result."""
+    import fcntl
+
+    build_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = build_dir.parent / f"{build_dir.name}.lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info(f"waiting for another 'warp etl' building {build_dir.parent}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path)
+    finally:
+        os.close(fd)
+
+
+def _probe_all(items: Sequence[MediaItem], workers: int) -> dict[int, DecodeFailure]:
+    """Every item's header, on a thread pool: the failures a full decode is certain to meet."""
+    from warpdata.features.transform import probe
+
+    if not items:
+        return {}
+    with ThreadPoolExecutor(max(1, min(workers, len(items)))) as pool:
+        found = pool.map(lambda it: probe(it.path, it.is_video), items, chunksize=64)
+        return {i: f for i, f in enumerate(found) if f is not None}
+
+
+def _repack(parts: list[tuple[str, int]], out_dir: Path, first: int, per_shard: int, fields: list[FieldSpec],
+            fp: str, threads: int) -> list[dict[str, Any]]:
+    """Shards ``first``, ``first + 1``, … of ``per_shard`` records each from the records of ``parts``
+    (path, record count), in order: the cut after a full-decode failure moved the boundaries."""
+    from warpdata.formats.featshard import FeatureShardReader
+
+    plan: list[list[tuple[str, int, int]]] = []
+    cur: list[tuple[str, int, int]] = []
+    n = 0
+    for path, count in parts:
+        a = 0
+        while a < count:
+            take = min(per_shard - n, count - a)
+            cur.append((path, a, a + take))
+            n += take
+            a += take
+            if n == per_shard:
+                plan.append(cur)
+                cur, n = [], 0
+    if cur:
+        plan.append(cur)
+
+    def one(k: int) -> dict[str, Any]:
+        name = SHARD_PATTERN.format(first + k)
+        w = FeatureShardWriter(out_dir / name, fields, meta={"fingerprint": fp, "shard": first + k}, fsync=False)
+        try:
+            for path, a, b in plan[k]:
+                with FeatureShardReader(path) as r:
+                    w.append_batch({f.name: r.records[f.name][a:b] for f in fields})
+            info = w.close()
+        except BaseException:
+            w.abort()
+            raise
+        return {"path": name, "records": info.records, "bytes": info.bytes, "sha256": info.sha256}
+
+    with ThreadPoolExecutor(max(1, min(threads, len(plan) or 1))) as pool:
+        return list(pool.map(one, range(len(plan))))
+
+
+def _place(src: str, dst: Path) -> None:
+    """A finished part becomes a shard of the same bytes: a hard link (same directory tree), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, dst)
+
+
 def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = False,
-                workers: int | None = None) -> BuildResult:
+                workers: int | None = None, executor: Any = None, decode_threads: int = 0,
+                resources: dict[str, float] | None = None) -> BuildResult:
+    """Build (or reuse) the cache of ``spec`` on ``executor`` (an ExecutorSpec or its text; default
+    ``WARP_EXECUTOR`` or local threads) with ``workers`` concurrent shard tasks.
+
+    ``decode_threads``: decode threads per worker process (0: the worker count on the local
+    executor, whose tasks share one pool; elsewhere the CPUs divided among the workers started
+    here, 2 on an existing cluster). ``resources``: what every task asks of a Dask/Ray cluster
+    (None: ``{"GPU": 1}`` when the encoder runs on CUDA there, else nothing).
+    """
+    from warpdata.etl import cut
+    from warpdata.etl.executors import ExecutorSpec, parse_executor, require, resolve_executor
+    from warpdata.etl.workers import cpu_count
+
     t_start = time.perf_counter()
     outp = Path(spec.output)
+    ex = executor if isinstance(executor, ExecutorSpec) else (
+        parse_executor(executor) if executor else resolve_executor())
+    require(ex)
+    n_workers = max(1, workers or cpu_count())
     # the encoder first: a bad encoder config is reported before any data is read
-    enc = batch_encoder = None
+    enc = batch_encoder = enc_ref = None
     device = None
     if spec.encoder:
         from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
 
-        device = resolve_device(spec.caching_device)
-        enc = load_encoder(spec.encoder, device=device, dtype=spec.encoder_dtype, options=spec.encoder_options)
-        batch_encoder = BatchEncoder(enc, device, spec.size)
+        # on a cluster the workers hold the GPUs: the driver loads the encoder on its CPU for the
+        # identity and the fields only, and the tasks resolve caching_device where they run
+        remote_cuda = ex.distributed and spec.caching_device.startswith("cuda")
+        device = spec.caching_device if remote_cuda else resolve_device(spec.caching_device)
+        enc = load_encoder(spec.encoder, device="cpu" if remote_cuda else device, dtype=spec.encoder_dtype,
+                           options=spec.encoder_options)
+        batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size)
+        enc_ref = EncoderRef(spec.encoder, device, spec.encoder_dtype,
+                             canonical_json(spec.encoder_options).decode("utf-8"), tuple(spec.size))
+    if resources is None:
+        resources = {"GPU": 1} if device is not None and device.startswith("cuda") and ex.distributed else {}
 
     q = Quarantine()
     t_scan0 = time.perf_counter()
@@ -308,9 +663,9 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     pending.non_empty += len(items)
     examples: dict[str, list[dict[str, str]]] = {}
     for r in q.record_dicts():
-        ex = examples.setdefault(r["reason"], [])
-        if len(ex) < 3:
-            ex.append(r)
+        ex_list = examples.setdefault(r["reason"], [])
+        if len(ex_list) < 3:
+            ex_list.append(r)
     early = evaluate_summaries([("aggregate", pending)], spec.thresholds, examples)
     early.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
 
@@ -345,105 +700,170 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     else:
         reasons.append("new cache")
 
+    # the driver pass: every header, so the plan holds only records a full decode can store
+    t0 = time.perf_counter()
+    probed = _probe_all(items, n_workers)
+    pre = Quarantine()
+    pre.merge(q)
+    for i, it in enumerate(items):
+        f = probed.get(i)
+        if f is None:
+            pre.accept(it.run, it.key)
+        else:
+            pre.reject(it.run, it.key, it.path, f.reason, f"{it.key}: {f.message}")
+    pre.evaluate(spec.thresholds).raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
+    t_probe = time.perf_counter() - t0
+
     fields = base_fields(spec) + (batch_encoder.fields if batch_encoder else [])
     batch = spec.caching_batch_size if spec.encoder else PIXEL_BATCH
-    n_workers = max(1, workers or os.cpu_count() or 1)
+    per_shard = spec.effective_shard_size
     h, w = spec.size
-    metrics: dict[str, Any] = {"scan_s": round(t_scan, 4), "batches": [], "workers": n_workers,
-                               "batch_size": batch}
-    truncated = 0
-    kept_keys: list[str] = []
-    kept_rows: list[tuple[str, bool, int, int]] = []  # caption, is_video, original height, width
-    kept_source: list[int] = []  # source directory of each kept record
-    with atomic_dir(outp, replace=True) as tmp, ThreadPoolExecutor(n_workers) as pool:
-        # atomic_dir fsyncs every file before the rename: no per-shard fsync needed
-        writer = ShardCacheWriter(tmp, fields, shard_size=spec.effective_shard_size,
-                                  meta={"fingerprint": fp}, fsync=False)
-        nbuf = 3  # one being encoded/written, up to two decoding ahead
-        bufs = [np.empty((batch, 3, h, w), np.uint8) for _ in range(nbuf)]
-        sizes = [np.zeros((batch, 2), np.uint32) for _ in range(nbuf)]
-        chunks = [items[i:i + batch] for i in range(0, len(items), batch)]
-        chunk_sources = [item_source[i:i + batch] for i in range(0, len(items), batch)]
+    planned = [i for i in range(len(items)) if i not in probed]
+    runs = cut(planned, per_shard)
+    name_hash = identity(os.path.abspath(outp))[:8]
+    build_dir = outp.parent / f"{BUILD_PREFIX}{fp[:12]}-{name_hash}"
+    if decode_threads <= 0:
+        if ex.kind == "thread":
+            decode_threads = n_workers
+        elif ex.address is None:
+            decode_threads = max(1, cpu_count() // n_workers)
+        else:
+            decode_threads = 2
+    own_pool = None
+    if ex.kind == "thread":
+        own_pool = f"build-{os.getpid()}-{id(spec)}-{time.monotonic_ns()}"
+        _POOLS[own_pool] = ThreadPoolExecutor(decode_threads, thread_name_prefix="warp-fc-decode")
+        if enc_ref is not None:
+            with _ENCODER_LOCK:  # this process's tasks share the driver's encoder
+                _ENCODERS.setdefault(enc_ref, batch_encoder)
+    pool_key = own_pool or f"threads-{decode_threads}"
+    tasks = [PartTask(j, str(build_dir / PART_PATTERN.format(j)), fp, spec, fields, [items[i] for i in run],
+                      [i // batch for i in run], enc_ref, decode_threads, pool_key)
+             for j, run in enumerate(runs)]
+    metrics: dict[str, Any] = {"scan_s": round(t_scan, 4), "probe_s": round(t_probe, 4), "batches": [],
+                               "workers": n_workers, "batch_size": batch, "executor": ex.text,
+                               "decode_threads": decode_threads}
+    try:
+        with _build_lock(build_dir):
+            return _build(spec, tasks, runs, items, item_source, probed, q, inputs, fp, fields, build_dir, ex,
+                          n_workers, resources, clear, allow_invalid, metrics, reasons, orphan_captions, device,
+                          t_start)
+    finally:
+        if own_pool is not None:
+            _POOLS.pop(own_pool).shutdown(wait=False)
+            if enc_ref is not None:
+                with _ENCODER_LOCK:
+                    if _ENCODERS.get(enc_ref) is batch_encoder:
+                        del _ENCODERS[enc_ref]
 
-        def decode_one(bi: int, j: int, it: MediaItem):
-            try:
-                load = load_video_frame if it.is_video else load_image
-                oh, ow = load(it.path, spec.size, bufs[bi][j], interpolation=spec.interpolation)
-            except DecodeFailure as e:
-                return e
-            sizes[bi][j] = (oh, ow)
-            return None
 
-        def submit(ci: int):
-            bi = ci % nbuf
-            return [pool.submit(decode_one, bi, j, it) for j, it in enumerate(chunks[ci])]
+def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resources: dict[str, float],
+               total: int) -> tuple[list[PartResult], dict[str, Any]]:
+    """Reuse every receipted part, run the rest on ``ex``, receipt each as it finishes."""
+    import dataclasses
+    import functools
 
-        inflight = {ci: submit(ci) for ci in range(min(nbuf - 1, len(chunks)))}
-        try:
-            with _progress.progress("caching", total=len(items), unit="img") as bar:
-                for ci, chunk in enumerate(chunks):
-                    t0 = time.perf_counter()
-                    results = [f.result() for f in inflight.pop(ci)]
-                    t_wait = time.perf_counter() - t0
-                    if ci + nbuf - 1 < len(chunks):
-                        inflight[ci + nbuf - 1] = submit(ci + nbuf - 1)
-                    bi = ci % nbuf
-                    ok = []
-                    for j, (it, err) in enumerate(zip(chunk, results, strict=True)):
-                        if err is None:
-                            ok.append(j)
-                            q.accept(it.run, it.key)
-                        else:
-                            q.reject(it.run, it.key, it.path, err.reason, f"{it.key}: {err.message}")
-                    n = len(ok)
-                    t_enc = t_write = 0.0
-                    if n:
-                        sel = np.asarray(ok)
-                        pix = bufs[bi][:n] if n == len(chunk) else bufs[bi][sel]
-                        caps = [chunk[j].caption for j in ok]
-                        rec: dict[str, np.ndarray] = {}
-                        if batch_encoder is not None:
-                            t1 = time.perf_counter()
-                            rec.update(batch_encoder(pix, caps))
-                            t_enc = time.perf_counter() - t1
-                        t2 = time.perf_counter()
-                        if spec.effective_store_pixels:
-                            rec["pixels"] = pix
-                        cap = np.zeros((n, spec.max_caption_bytes), np.uint8)
-                        cap_len = np.zeros(n, np.uint32)
-                        for k, c in enumerate(caps):
-                            raw, cut = _encode_caption(c, spec.max_caption_bytes)
-                            truncated += cut
-                            cap[k, :len(raw)] = np.frombuffer(raw, np.uint8)
-                            cap_len[k] = len(raw)
-                        rec["caption"], rec["caption_len"] = cap, cap_len
-                        rec["size"] = np.broadcast_to(np.asarray([h, w], np.uint16), (n, 2))
-                        rec["orig_size"] = sizes[bi][sel]
-                        rec["is_video"] = np.asarray([chunk[j].is_video for j in ok], bool)
-                        writer.append_batch(rec)
-                        kept_keys.extend(chunk[j].key for j in ok)
-                        kept_source.extend(chunk_sources[ci][j] for j in ok)
-                        kept_rows.extend((chunk[j].caption, chunk[j].is_video, int(oh), int(ow))
-                                         for j, (oh, ow) in zip(ok, rec["orig_size"].tolist(), strict=True))
-                        t_write = time.perf_counter() - t2
-                    metrics["batches"].append({"n": n, "io_decode_wait_s": round(t_wait, 5),
-                                               "encode_s": round(t_enc, 5), "write_s": round(t_write, 5)})
-                    bar.advance(len(chunk))
-            shards = writer.close()
-        except BaseException:
-            writer.abort()
-            for fs in inflight.values():
-                for f in fs:
-                    f.cancel()
-            raise
+    from warpdata.etl.executors import open_runner
 
-        verdict = q.evaluate(spec.thresholds)
+    results: dict[int, PartResult] = {}
+    todo = []
+    receipts = journal.load_all()
+    for task in tasks:
+        r = _reuse(task, journal, receipts.get(f"part-{task.index:05d}"))
+        if r is not None:
+            results[task.index] = r
+        else:
+            todo.append(task)
+    cluster: dict[str, Any] = {"executor": ex.text, "workers": workers}
+    by_index = {t.index: t for t in todo}
+    with _progress.progress("caching", total=total, unit="img") as bar:
+        bar.advance(sum(len(tasks[i].items) for i in results))
+        if todo:
+            ref = todo[0].encoder
+            init = functools.partial(preload_encoder, ref) if ref is not None else None
+            n = workers if ex.distributed else min(workers, len(todo))
+            with open_runner(ex, n, initializer=init, resources=resources or None) as runner:
+                cluster = runner.describe()
+                if ex.distributed:
+                    log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
+                for r in runner.imap_unordered(build_part, todo):
+                    d = dataclasses.asdict(r)
+                    for k in ("batches", "reused", "worker", "encoder_loads"):
+                        d.pop(k)
+                    journal.record(f"part-{r.index:05d}", task_sha256(by_index[r.index]), r.sha256, r.bytes, d)
+                    results[r.index] = r
+                    bar.advance(len(by_index[r.index].items))
+    return [results[i] for i in sorted(results)], cluster
+
+
+def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], items: list[MediaItem],
+           item_source: list[int], probed: dict[int, DecodeFailure], q: Quarantine, inputs: dict[str, Any],
+           fp: str, fields: list[FieldSpec], build_dir: Path, ex: Any, n_workers: int,
+           resources: dict[str, float], clear: bool, allow_invalid: bool, metrics: dict[str, Any],
+           reasons: list[str], orphan_captions: int, device: str | None, t_start: float) -> BuildResult:
+    import shutil
+
+    from warpdata.etl.receipts import Journal
+
+    outp = Path(spec.output)
+    h, w = spec.size
+    if clear and build_dir.exists():
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written parts of a killed run (we hold the lock)
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+    journal = Journal(str(build_dir))
+    t0 = time.perf_counter()
+    try:
+        results, cluster = _run_parts(tasks, ex, n_workers, journal, resources, len(items) - len(probed))
+    except (DataError, ConfigError):
+        shutil.rmtree(build_dir, ignore_errors=True)  # a deterministic failure: a rerun would meet it again
+        raise
+    t_build = time.perf_counter() - t0
+
+    # verdicts in scan order, as if one process had decoded every item in turn
+    late: dict[int, tuple[str, str]] = {}
+    for task, res in zip(tasks, results, strict=True):
+        for pos, reason, message in res.failures:
+            late[runs[task.index][pos]] = (reason, message)
+    for i, it in enumerate(items):
+        if i in probed:
+            q.reject(it.run, it.key, it.path, probed[i].reason, f"{it.key}: {probed[i].message}")
+        elif i in late:
+            q.reject(it.run, it.key, it.path, *late[i])
+        else:
+            q.accept(it.run, it.key)
+    verdict = q.evaluate(spec.thresholds)
+    try:
         verdict.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
-        for problem in verdict.problems():
-            log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
-        if truncated:
-            log.warning(f"{truncated} caption(s) longer than max_caption_bytes={spec.max_caption_bytes} were "
-                     "truncated in the stored text (encoders saw the full caption)")
+    except DataError:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+    for problem in verdict.problems():
+        log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
+    truncated = sum(r.truncated for r in results)
+    if truncated:
+        log.warning(f"{truncated} caption(s) longer than max_caption_bytes={spec.max_caption_bytes} were "
+                    "truncated in the stored text (encoders saw the full caption)")
+    kept = [i for run in runs for i in run if i not in late]
+    kept_keys = [items[i].key for i in kept]
+    kept_source = [item_source[i] for i in kept]
+    sizes = [s for r in results for s in r.orig_sizes]
+    kept_rows = [(items[i].caption, items[i].is_video, int(oh), int(ow)) for i, (oh, ow) in zip(kept, sizes, strict=True)]
+    records = len(kept)
+    # parts before the first full-decode failure are the shards; after it the boundaries moved
+    first_late = next((r.index for r in results if r.failures), len(results))
+    t0 = time.perf_counter()
+    with atomic_dir(outp, replace=True) as tmp:
+        shards = []
+        for r in results[:first_late]:
+            name = SHARD_PATTERN.format(r.index)
+            _place(tasks[r.index].path, tmp / name)
+            shards.append({"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256})
+        shards += _repack([(tasks[r.index].path, r.records) for r in results[first_late:] if r.records], tmp,
+                          first_late, spec.effective_shard_size, fields, fp, n_workers)
+        t_repack = time.perf_counter() - t0
         manifest = {
             "kind": KIND,
             "format": "WFS1",
@@ -451,7 +871,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             "manifest_version": MANIFEST_VERSION,
             "fingerprint": fp,
             "fingerprint_inputs": inputs,
-            "records": writer.records,
+            "records": records,
             "shard_size": spec.effective_shard_size,
             "target_size": [h, w],
             "fields": [f.to_dict() for f in fields],
@@ -471,21 +891,32 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                        None if spec.sources is None else [f"d{i}" for i in kept_source])
         atomic_write_bytes(tmp / "quarantine.jsonl",
                            b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
+        q.write_parquet(tmp)
         wall = time.perf_counter() - t_start
-        bt = metrics["batches"]
+        bt = [b for r in results for b in r.batches]
         metrics.update({
+            "batches": bt,
             "wall_s": round(wall, 4),
-            "records": writer.records,
-            "records_per_s": round(writer.records / wall, 2) if wall > 0 else None,
+            "build_s": round(t_build, 4),
+            "repack_s": round(t_repack, 4),
+            "records": records,
+            "records_per_s": round(records / wall, 2) if wall > 0 else None,
             "io_decode_wait_s": round(sum(b["io_decode_wait_s"] for b in bt), 4),
             "encode_s": round(sum(b["encode_s"] for b in bt), 4),
             "write_s": round(sum(b["write_s"] for b in bt), 4),
             "device": device or "none",  # what caching_device resolved to ("auto": cuda if available)
             "caching_device": spec.caching_device if spec.encoder else None,
+            "cluster": cluster,
+            "shards_reused": sum(r.reused for r in results),
+            "shards_repacked": len(shards) - first_late,
+            "tasks": [{"index": r.index, "records": r.records, "worker": r.worker, "encoder_loads": r.encoder_loads,
+                       "reused": r.reused} for r in results],
         })
         atomic_write_bytes(tmp / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True).encode(), fsync=False)
         atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
                                                            ensure_ascii=False).encode("utf-8"), fsync=False)
+    journal.remove()
+    shutil.rmtree(build_dir, ignore_errors=True)
     return BuildResult("built", str(outp), manifest, metrics, reasons)
 
 

@@ -14,6 +14,12 @@ input (CRC-32C of the input bytes, recorded in its manifest) is reused
 unless ``--clear``. S3 outputs are written object by object, ``zarr.json``
 and ``manifest.json`` last; an existing S3 output is replaced only with
 ``--clear``.
+
+``--executor`` / ``[build] executor`` / ``WARP_EXECUTOR`` other than ``local``
+run :class:`RangeTask` s (row ranges whole at every pyramid level, each read
+from the input by the worker: a shared path or ``s3://``) on a process pool,
+Dask or Ray; the driver commits the metadata. The tree is byte-identical to
+the local executor's (docs/formats/zarr-tiles.md, "On an executor").
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import logging
 import os
 import sys
 import time
+from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,6 +45,9 @@ from warpdata.tiles.pyramid import METHODS
 log = logging.getLogger(__name__)
 
 RECIPE_VERSION = 1
+READ_BLOCK = 8 << 20  # read-ahead of an object-store input
+HEADER_BLOCK = 64 << 10
+TASK_BYTES = 64 << 20  # input bytes per range task, about (docs/formats/zarr-tiles.md, "On an executor")
 
 
 def _positive_list(v: list) -> str | None:
@@ -74,12 +85,27 @@ SCHEMA = {
         "fill_value": Field((int, float), default=0, help="value of padding in edge chunks"),
         "threads": Field(int, default=0, help="CPU compression threads (0 = WARP_WORKERS or all cores)"),
     },
+    "build": {
+        "workers": Field(int, default=0, check=lambda v: None if v >= 0 else "must be >= 0",
+                         help="range tasks at once on process/dask/ray (0 = WARP_WORKERS or all cores)"),
+        "executor": Field(str, default="", check=lambda v: _executor_check(v),
+                          help="where the work runs: local (this process's threads), process, dask, "
+                               "dask://HOST:PORT, dask:SCHEDULER_FILE or ray; empty = WARP_EXECUTOR or local"),
+        "task_mb": Field((int, float), default=64, check=lambda v: None if v > 0 else "must be > 0",
+                         help="input MB per range task on process/dask/ray (whole slabs of every level)"),
+    },
     "multiscale": {
         "levels": Field(int, default=1, check=lambda v: None if 1 <= v <= 32 else "must be between 1 and 32",
                         help="pyramid levels (1 = full resolution only)"),
         "method": Field(str, default="median", choices=METHODS, help="2x downsampling filter"),
     },
 }
+
+
+def _executor_check(v: str) -> str | None:
+    from warpdata.etl.executors import check_spec
+
+    return check_spec(v)
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -91,14 +117,25 @@ def _resolve(path: str, base: Path) -> str:
 class _Input:
     """The input stream plus the shape/dtype it carries."""
 
-    def __init__(self, fmt: str, path: str, shape, dtype, where) -> None:
+    def __init__(self, fmt: str, path: str, shape, dtype, where, block: int = READ_BLOCK) -> None:
         from warpdata.formats.tiling import normalize_dtype
 
         self.path = path
         self.name = "stdin" if path == "-" else path
+        self.url = "://" in path and not path.startswith("file://")
         if path == "-":
             self.f: BinaryIO = sys.stdin.buffer
             self.size = None
+        elif self.url:
+            from warpdata.storage.locations import filesystem, parse_location
+
+            loc = parse_location(path)
+            fs = filesystem(loc)
+            try:
+                self.size = int(fs.size(loc.path))
+                self.f = fs.open(loc.path, "rb", block_size=block)
+            except FileNotFoundError:
+                raise MissingInputError(f"input {path} does not exist", hint="check [source] path or --input") from None
         else:
             try:
                 self.f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed in close())
@@ -108,6 +145,7 @@ class _Input:
                 raise ConfigError(f"input {path} is a directory", hint="point [source] path at a file") from None
             self.size = os.fstat(self.f.fileno()).st_size
         header = 0
+        self.fmt = fmt
         if fmt == "npy":
             shape, dtype, header = self._npy_header(shape, dtype, where)
         else:
@@ -123,6 +161,7 @@ class _Input:
         for s in self.shape:
             expected *= s
         self.expected = expected
+        self.header = header  # bytes before the array's first element
         if self.size is not None and self.size - header != expected:
             raise DataError(f"{self.name}: holds {self.size - header} data bytes but shape {list(self.shape)} "
                             f"{self.dtype.name} needs {expected}",
@@ -132,7 +171,8 @@ class _Input:
         import numpy as np
         from numpy.lib import format as npformat
 
-        f = self.f if isinstance(self.f, io.BufferedIOBase) else io.BufferedReader(self.f)  # type: ignore[arg-type]
+        f = self.f if isinstance(self.f, io.BufferedIOBase) or self.url else \
+            io.BufferedReader(self.f)  # type: ignore[arg-type]
         self.f = f
         try:
             major, _minor = npformat.read_magic(f)
@@ -204,7 +244,7 @@ def run(req: EtlRequest) -> EtlResult:
     where = req.source.where
     base = Path(req.config_path).resolve().parent
     if req.input is not None:
-        src_path = req.input if req.input == "-" else os.path.abspath(req.input)
+        src_path = req.input if req.input == "-" or "://" in req.input else os.path.abspath(req.input)
     elif cfg["source"]["path"] is None:
         raise ConfigError(f"{where('source')}: missing [source] path", hint="add path = \"volume.raw\" or pass --input")
     else:
@@ -218,11 +258,22 @@ def run(req: EtlRequest) -> EtlResult:
     shards = tiles["shards"]
     shards = None if shards == "none" else shards
     backend_name = resolve_backend(tiles["backend"])
-    from warpdata.etl.workers import env_workers
+    from warpdata.etl.executors import require, resolve_executor
+    from warpdata.etl.workers import resolve_workers
 
-    threads = req.workers or tiles["threads"] or env_workers()  # None: all cores
+    build = cfg["build"]
+    executor = resolve_executor(req.executor, build["executor"] or None)
+    require(executor)
+    if executor.kind == "thread":
+        # one process: its compression threads are the workers (--workers > [tiles] threads > WARP_WORKERS)
+        threads = resolve_workers(req.workers, tiles["threads"] or build["workers"])
+    else:
+        workers = resolve_workers(req.workers, build["workers"])
+        threads = tiles["threads"] or 1  # per task: the parallelism is the tasks'
 
-    inp = _Input(cfg["source"]["format"], src_path, cfg["source"]["shape"], cfg["source"]["dtype"], where)
+    # on an executor the driver reads the header only (the tasks read the rows)
+    inp = _Input(cfg["source"]["format"], src_path, cfg["source"]["shape"], cfg["source"]["dtype"], where,
+                 block=READ_BLOCK if executor.kind == "thread" else HEADER_BLOCK)
     try:
         if len(tiles["chunks"]) != len(inp.shape):
             raise ConfigError(f"{where('tiles.chunks')}: chunks {tiles['chunks']} has {len(tiles['chunks'])} "
@@ -235,7 +286,7 @@ def run(req: EtlRequest) -> EtlResult:
         recipe_key = identity(recipe)
         loc = parse_location(out_url)
         if loc.protocol == "file" and os.path.exists(os.path.join(loc.path, MANIFEST_NAME)) and not req.clear \
-                and inp.path != "-":
+                and inp.path != "-" and not inp.url:
             try:
                 old = json.loads(Path(loc.path, MANIFEST_NAME).read_bytes())
             except (OSError, ValueError):
@@ -249,9 +300,16 @@ def run(req: EtlRequest) -> EtlResult:
                       levels=cfg["multiscale"]["levels"], method=cfg["multiscale"]["method"],
                       axes=cfg["output"]["axes"], manifest_extra=extra)
         t0 = time.perf_counter()
+        if executor.kind != "thread" and inp.path == "-":
+            raise ConfigError(f"--executor {executor.text}: the workers cannot read this process's stdin",
+                              hint="write the input to a file the workers can read (a shared filesystem "
+                                   "or s3://...), or use the local executor")
+        write = _write if executor.kind == "thread" else (
+            lambda i, u, c, k, fsync: _write_on_executor(i, u, c, k, fsync, executor, workers,
+                                                         int(build["task_mb"] * (1 << 20))))
         if loc.protocol == "file":
             # the writer builds in a temporary sibling and swaps it in with no gap (warp/tiles/replace.py)
-            result = _write(inp, loc.path, tiles["chunks"], kwargs, fsync=True)
+            result = write(inp, loc.path, tiles["chunks"], kwargs, fsync=True)
         else:
             fs = filesystem(loc)
             if fs.exists(loc.path) and fs.ls(loc.path):
@@ -259,11 +317,15 @@ def run(req: EtlRequest) -> EtlResult:
                     raise ConfigError(f"{out_url} already exists",
                                       hint="pass --clear to replace it, or choose another [output] path")
                 fs.rm(loc.path, recursive=True)
-            result = _write(inp, out_url, tiles["chunks"], kwargs, fsync=True)
+            result = write(inp, out_url, tiles["chunks"], kwargs, fsync=True)
         seconds = time.perf_counter() - t0
     finally:
         inp.close()
-    return _result(result.manifest, out_url if loc.protocol != "file" else loc.path, "built", seconds)
+    res = _result(result.manifest, out_url if loc.protocol != "file" else loc.path, "built", seconds)
+    res.summary["executor"] = executor.text
+    if getattr(result, "cluster", None):
+        res.summary["cluster"] = result.cluster
+    return res
 
 
 def _write(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool):
@@ -277,6 +339,145 @@ def _write(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool):
     except BaseException:
         w.abort()
         raise
+
+
+@dataclass
+class RangeTask:
+    """Rows ``[a, b)`` of dimension 0 (of the array without its size-1 dimensions), every pyramid level
+    of them: a pure task (the same objects wherever it runs) that reads only its own input bytes."""
+
+    index: int
+    input: str  # a local path on a filesystem the workers share, or a URL (s3://…)
+    offset: int  # where row a starts in the input
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: list[int]
+    rows: tuple[int, int]
+    store: str  # the root the objects go to: the driver's temporary directory or the s3:// prefix
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def tile_range(task: RangeTask) -> dict[str, Any]:
+    """Write every object of ``task``'s rows; returns the counts and CRC-32C the driver commits."""
+    from warpdata.storage import zarr_store
+    from warpdata.tiles.writer import TileWriter
+
+    kwargs = {k: v for k, v in task.kwargs.items() if k != "manifest_extra"}
+    w = TileWriter(task.store, task.shape, task.dtype, task.chunks, fsync=True, rows=task.rows,
+                   _store=zarr_store.Store(task.store, fsync=True), **kwargs)
+    f = _open_range(task.input, task.offset, w.bytes_expected)
+    try:
+        while w.bytes_received < w.bytes_expected:
+            mv = w.reserve()
+            if mv is None:
+                w.wait()
+                continue
+            n = f.readinto(mv[:w.bytes_expected - w.bytes_received]) or 0
+            if n == 0:
+                raise DataError(f"{task.input}: ends before row {task.rows[1]} (byte {task.offset + w.bytes_received})",
+                                hint="the input changed while the ETL ran; rerun it", path=task.input)
+            w.commit(n)
+        res = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    finally:
+        f.close()
+    return {"index": task.index, "bytes": w.bytes_expected, "crc32c": res.crc32c, "levels": w.level_counts()}
+
+
+def _open_range(path: str, offset: int, length: int):
+    if "://" in path and not path.startswith("file://"):
+        from warpdata.storage.locations import filesystem, parse_location
+
+        loc = parse_location(path)
+        # one ranged read-ahead the size of the task's bytes (at most READ_BLOCK at a time)
+        f = filesystem(loc).open(loc.path, "rb", block_size=max(1 << 20, min(length, READ_BLOCK)))
+    else:
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed by the caller)
+    f.seek(offset)
+    return f
+
+
+def plan_ranges(w, workers: int, task_bytes: int = TASK_BYTES) -> list[tuple[int, int]]:
+    """Row ranges of the writer ``w``'s array: whole slabs of every pyramid level each (so no task
+    needs another's rows), about ``task_bytes`` of input, at least one per worker when there is room.
+
+    The objects do not depend on the cut: it may follow the worker count.
+    """
+    import math
+
+    if w._empty:
+        return []
+    e = w.plan.geometry
+    total, row = e.shape[0], w.plan.row_nbytes
+    kept0 = w.geometry.kept[0]
+    align, below, lw = 1, 1, w
+    while lw is not None:
+        if lw._empty or lw.geometry.kept[0] != kept0:
+            return [(0, total)]  # a level whose first dimension is another one: one task does all
+        align = math.lcm(align, lw.plan.geometry.tile[0] * below)
+        if lw._down is not None:
+            below *= lw._down.factors[0]
+        lw = lw._next
+    per = max(1, task_bytes // max(1, align * row)) * align
+    share = -(-total // max(1, workers))  # rows per worker, rounded up
+    per = min(per, max(align, -(-share // align) * align))
+    return [(a, min(a + per, total)) for a in range(0, total, per)]
+
+
+def _write_on_executor(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool, executor,
+                       workers: int, task_bytes: int = TASK_BYTES):
+    """The array as range tasks (:func:`tile_range`) on ``executor``; the driver commits the metadata.
+
+    The driver's writer makes the output (a temporary sibling directory, or the s3:// prefix), the
+    tasks put the objects into it, then :meth:`TileWriter.commit_parts` writes ``zarr.json`` and the
+    manifest and puts the directory in place: the bytes are those of the single-process writer.
+    """
+    from warpdata.etl.executors import open_runner
+    from warpdata.tiles.writer import TileWriter
+
+    w = TileWriter(url, inp.shape, inp.dtype, chunks, fsync=fsync, **kwargs)
+    try:
+        ranges = plan_ranges(w, workers, task_bytes)
+        root = w.root.url if not w.root.local else w.root.location.path
+        task_kwargs = {k: v for k, v in kwargs.items() if k not in ("manifest_extra", "threads")}
+        task_kwargs["threads"] = kwargs.get("threads") or 1
+        row = w.plan.row_nbytes
+        tasks = [RangeTask(i, inp.path, inp.header + a * row, tuple(inp.shape), inp.dtype.name, list(chunks), (a, b),
+                           root, task_kwargs) for i, (a, b) in enumerate(ranges)]
+        parts: dict[int, dict] = {}
+        cluster: dict[str, Any] = {}
+        with _progress.progress(f"tiling {inp.name}", total=inp.expected, unit="B") as bar:
+            if tasks:
+                with open_runner(executor, workers if executor.distributed else min(workers, len(tasks))) as runner:
+                    cluster = runner.describe()
+                    for p in runner.imap_unordered(tile_range, tasks):
+                        parts[p["index"]] = p
+                        bar.advance(p["bytes"])
+        if w.root.local:
+            _remove_temps(w.root.location.path)  # objects half-written by workers killed mid-task (rerun elsewhere)
+        result = w.commit_parts([parts[i] for i in range(len(tasks))])
+        result.cluster = cluster
+        return result
+    except BaseException:
+        w.abort()
+        if not w.root.local:  # the prefix was empty (or --clear emptied it): nothing in it is older than this run
+            import contextlib
+
+            with contextlib.suppress(Exception):
+                w.root._fs.rm(w.root.location.path, recursive=True)
+        raise
+
+
+def _remove_temps(root: str) -> None:
+    from warpdata.core.atomic import TMP_PREFIX
+
+    for d, _dirs, names in os.walk(root):
+        for n in names:
+            if n.startswith(TMP_PREFIX):
+                with suppress(FileNotFoundError):
+                    os.unlink(os.path.join(d, n))
 
 
 def _result(manifest: dict, path: str, status: str, seconds: float) -> EtlResult:

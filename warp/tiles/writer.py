@@ -114,6 +114,8 @@ class WriteResult:
     manifest: dict[str, Any] = field(default_factory=dict)
     #: pyramids: whether the group is valid OME-Zarr 0.5 ({"valid", "version", "reason", "text"}); None for one level
     ome_zarr: dict[str, Any] | None = None
+    #: CRC-32C of the bytes this writer took (a range writer: its rows only)
+    crc32c: int = 0
 
     @property
     def ratio(self) -> float:
@@ -141,7 +143,7 @@ class TileWriter(CommitOnSuccess):
                  levels: int = 1, method: str = "median", axes: Sequence[str] | None = None,
                  attributes: dict | None = None, fsync: bool = True, storage_config=None, checksum: bool = True,
                  manifest_extra: dict | None = None, _store: zarr_store.Store | None = None,
-                 _level_index: int = 0) -> None:
+                 _level_index: int = 0, rows: tuple[int, int] | None = None) -> None:
         self.geometry = TileGeometry.create(shape, tile, dtype)
         if levels < 1:
             raise ConfigError(f"levels must be >= 1, got {levels}", hint="1 = full resolution only")
@@ -166,6 +168,11 @@ class TileWriter(CommitOnSuccess):
         self.attributes = attributes or {}
         self.manifest_extra = manifest_extra or {}
         self._level_index = _level_index
+        # a range writer (a task of the ETL kit) takes rows [a, b) of dimension 0 of the elided array
+        # only, into a store the driver commits (commit_parts): no metadata, nothing removed on failure
+        self.rows = None if rows is None else (int(rows[0]), int(rows[1]))
+        if self.rows is not None and _store is None:
+            raise InternalError("a range writer (rows=) writes into the store of the writer that commits it (_store=)")
         self._top = _store is None
         self._fsync = fsync
         self.checksum = bool(checksum)
@@ -200,6 +207,11 @@ class TileWriter(CommitOnSuccess):
         self.store = root.sub(str(_level_index)) if levels > 1 else root
         self._empty = math.prod(g.shape) == 0
         self.plan = SlabPlan(g.elided(), self.fill_value)
+        if self.rows is not None:
+            a, b = self.rows
+            n0, total = self.plan.geometry.tile[0], self.plan.geometry.shape[0] if not self._empty else 0
+            if not (0 <= a <= b <= total) or a % n0 or (b % n0 and b != total):
+                raise InternalError(f"rows {self.rows} are not whole slabs of {total} rows of {n0}")
         try:
             self._start(threads, fsync, storage_config)
         except BaseException:
@@ -211,7 +223,7 @@ class TileWriter(CommitOnSuccess):
         root = self.root
         _level_index = self._level_index
         levels = self.levels
-        self._expected = g.nbytes
+        self._expected = g.nbytes if self.rows is None else (self.rows[1] - self.rows[0]) * self.plan.row_nbytes
         self._received = 0
         self._crc = 0
         self.stored_bytes = 0
@@ -232,7 +244,7 @@ class TileWriter(CommitOnSuccess):
         self._free: deque[int] = deque([0, 1])
         self._cur: int | None = None
         self._fill = 0
-        self._slab_no = 0
+        self._slab_no = self._first_slab = 0 if self.rows is None else self.rows[0] // self.plan.geometry.tile[0]
         self._queue: queue.Queue = queue.Queue()
         self._io = ThreadPoolExecutor(2, thread_name_prefix="warp-tiles-io")
         self._io_pending: deque[tuple[list[Future], Any]] = deque()
@@ -285,7 +297,9 @@ class TileWriter(CommitOnSuccess):
                                 level=self.level, backend=self.backend.name, threads=threads, levels=self.levels,
                                 method=self.method, axes=[a["name"] for a in self.axes], fsync=fsync,
                                 storage_config=storage_config, checksum=self.checksum, _store=root,
-                                _level_index=self._level_index + 1)
+                                _level_index=self._level_index + 1,
+                                rows=None if self.rows is None else
+                                (self.rows[0] // self._down.factors[0], -(-self.rows[1] // self._down.factors[0])))
 
     # -- intake (producer thread) -----------------------------------------------
     def _raise_if_failed(self) -> None:
@@ -503,7 +517,7 @@ class TileWriter(CommitOnSuccess):
     def _finish_slab(self, slab_no: int, buf_id: int, rows: int, view: np.ndarray, frames: list,
                      ticket: Any = None) -> None:
         data = view[:rows]
-        if slab_no == 0 and len(frames) == self.plan.tiles_per_slab:
+        if slab_no == self._first_slab and len(frames) == self.plan.tiles_per_slab:
             self._check_chunks(data, frames)  # before the slab buffer is handed back for reuse
         if self._down is not None:
             down = self._down.push(data)
@@ -585,7 +599,8 @@ class TileWriter(CommitOnSuccess):
             if self._next is not None:
                 self._next.close()
             self.store.sync_dirs()  # every chunk object durable before the metadata points at it
-            self.store.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(self._array_metadata()))
+            if self.rows is None:  # a range's metadata is the driver's (commit_parts)
+                self.store.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(self._array_metadata()))
         except BaseException:
             self._shutdown()
             if self._next is not None:
@@ -596,7 +611,7 @@ class TileWriter(CommitOnSuccess):
         levels = self._level_info()
         result = WriteResult(self.url, self.geometry.shape, self.geometry.dtype.name, self._expected,
                              sum(lv["stored_bytes"] for lv in levels), sum(lv["objects"] for lv in levels),
-                             self.chunks, levels)
+                             self.chunks, levels, crc32c=self._crc)
         if self._top:
             try:
                 if self.levels > 1:
@@ -626,6 +641,40 @@ class TileWriter(CommitOnSuccess):
                 raise
         self.result = result
         return result
+
+    def commit_parts(self, parts: Sequence[dict]) -> WriteResult:
+        """Commit what range writers (``rows=``: the ETL kit's tasks, warp/tiles/etl.py) put into this
+        writer's store, then write the metadata and manifest as :meth:`close` does.
+
+        ``parts`` in row order, each ``{"bytes", "crc32c", "levels": [{"stored_bytes", "objects",
+        "chunks"}, …]}`` (one entry per pyramid level). This writer must not have been given data.
+        """
+        if self._received or (not self._empty and self._cur is not None):
+            raise InternalError("commit_parts() on a writer that was given data itself")
+        total = sum(int(p["bytes"]) for p in parts)
+        if total != self._expected:
+            self.abort()
+            raise InternalError(f"{self.url}: the parts hold {total} of the array's {self._expected} bytes")
+        crc = 0
+        for p in parts:
+            crc = crc32c_combine(crc, int(p["crc32c"]), int(p["bytes"]))
+        w, level = self, 0
+        while w is not None:
+            w.stored_bytes = sum(int(p["levels"][level]["stored_bytes"]) for p in parts)
+            w.objects = sum(int(p["levels"][level]["objects"]) for p in parts)
+            w.chunks = sum(int(p["levels"][level]["chunks"]) for p in parts)
+            w._received = w._expected
+            w, level = w._next, level + 1
+        self._crc = crc
+        return self.close()
+
+    def level_counts(self) -> list[dict[str, int]]:
+        """Per level: the bytes stored, objects and chunks this writer (and its lower levels) wrote."""
+        out, w = [], self
+        while w is not None:
+            out.append({"stored_bytes": w.stored_bytes, "objects": w.objects, "chunks": w.chunks})
+            w = w._next
+        return out
 
     def _discard(self) -> None:
         """Remove what a failed top-level write left: its temporary directory, or the objects it PUT."""
@@ -682,6 +731,40 @@ class TileWriter(CommitOnSuccess):
             self._next.abort()
         self.backend.close()
         self._discard()
+
+
+def _gf2_times(mat: list[int], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC-32C of ``A + B`` from ``crc(A)``, ``crc(B)`` and ``len(B)`` (zlib's ``crc32_combine``
+    with the Castagnoli polynomial): the tasks of a range-parallel write checksum their own rows."""
+    if len2 <= 0:
+        return crc1
+    odd = [0x82F63B78] + [1 << n for n in range(31)]  # the operator for one zero bit
+    even = [_gf2_times(odd, v) for v in odd]  # two zero bits
+    odd = [_gf2_times(even, v) for v in even]  # four zero bits
+    while True:
+        even = [_gf2_times(odd, v) for v in odd]  # apply len2's bits, one zero byte first
+        if len2 & 1:
+            crc1 = _gf2_times(even, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+        odd = [_gf2_times(even, v) for v in even]
+        if len2 & 1:
+            crc1 = _gf2_times(odd, crc1)
+        len2 >>= 1
+        if not len2:
+            break
+    return crc1 ^ crc2
 
 
 def _check_manifest(doc: dict, where: str) -> None:

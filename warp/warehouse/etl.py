@@ -74,7 +74,7 @@ from warpdata.etl.executors import (
     start_runner,
 )
 from warpdata.etl.pipelines import EtlRequest, EtlResult
-from warpdata.etl.quarantine import Quarantine
+from warpdata.etl.quarantine import Quarantine, describe_check
 from warpdata.etl.receipts import Journal
 from warpdata.etl.workers import resolve_workers
 from warpdata.formats import twh1
@@ -416,21 +416,10 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
 
 
 def _export_summaries(d: Path, q: Quarantine, sources: list[tuple[str, str, int]]) -> dict[str, str]:
-    runs = q.runs()
-    scopes = [("aggregate", "", q.aggregate())] + [("run", k, v) for k, v in runs.items()]
-    cols = ["total", "non_empty", "empty", "missing", "invalid", "kept", "skipped"]
-    _write_parquet(d / "summary.parquet", {"scope": [s[0] for s in scopes], "run": [s[1] for s in scopes],
-                                           **{c: [getattr(s[2], c) for s in scopes] for c in cols}})
-    reasons = [(scope, run, code, n) for scope, run, s in scopes for code, n in sorted(s.by_reason.items())]
-    _write_parquet(d / "reasons.parquet", {"scope": [r[0] for r in reasons], "run": [r[1] for r in reasons],
-                                           "reason": [r[2] for r in reasons], "count": [r[3] for r in reasons]})
-    recs = q.record_dicts()
-    _write_parquet(d / "quarantine.parquet", {k: [r[k] for r in recs] for k in
-                                              ("run", "sample_id", "source", "reason", "message")})
+    files = q.write_parquet(d)
     _write_parquet(d / "sources.parquet", {"key": [s[0] for s in sources], "sha256": [s[1] for s in sources],
                                            "size": [s[2] for s in sources]})
-    return {"summary": "summary.parquet", "reasons": "reasons.parquet", "quarantine": "quarantine.parquet",
-            "sources": "sources.parquet", "metrics": "metrics.json"}
+    return {**files, "sources": "sources.parquet", "metrics": "metrics.json"}
 
 
 @dataclass
@@ -709,12 +698,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
             for cand in wmanifest.find_versions(root, version):
                 doc = _verify_version(cand, version, workers)
                 if doc is not None:
-                    if doc["summary"]["verdict"]["status"] == "fail" and not req.allow_invalid:
-                        from warpdata.etl.quarantine import Check, Verdict
-
-                        v = doc["summary"]["verdict"]
-                        Verdict("fail", [Check(**c) for c in v["checks"]], v["worst_offenders"]).raise_for_status(
-                            what=f"{cfg.root} (existing {cand.name}, built with --allow-invalid)")
+                    _check_existing_verdict(doc, req, cfg, cand.name)
                     return _result(doc, cand, "up-to-date", {}, time.perf_counter() - t_start)
                 log.warning(f"{cand} is incomplete or corrupt: rebuilding it")
         build_dir = root / f"{BUILD_PREFIX}{version[:12]}"
@@ -828,11 +812,11 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
 
 def _check_existing_verdict(doc: dict[str, Any], req: EtlRequest, cfg: wconfig.WarehouseConfig, name: str) -> None:
     if doc["summary"]["verdict"]["status"] == "fail" and not req.allow_invalid:
-        from warpdata.etl.quarantine import Check, Verdict
+        from warpdata.etl.quarantine import Verdict
 
-        v = doc["summary"]["verdict"]
-        Verdict("fail", [Check(**c) for c in v["checks"]], v["worst_offenders"]).raise_for_status(
-            what=f"{cfg.root} (existing {name}, built with --allow-invalid)")
+        v = Verdict.from_dict(doc["summary"]["verdict"])
+        v.allowed = False
+        v.raise_for_status(what=f"{cfg.root} (existing {name}, built with --allow-invalid)")
 
 
 def _finish_in_store(store: str, vdir: str, build_dir: Path, doc: dict[str, Any], metrics: dict[str, Any],
@@ -957,6 +941,6 @@ def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any
             ("empty", f"{agg['empty']} ({agg['skipped']} skipped)"), ("validation", verdict["status"])]
     if verdict["status"] != "ok":
         for p in [c for c in verdict["checks"] if c["status"] != "ok"][:3]:
-            log.warning(f"{p['scope']}: {p['metric']} = {p['value']:.4f} over the {p['status']} limit")
+            log.warning(describe_check(p))
     return EtlResult(kind=wmanifest.KIND, path=str(path), summary=summary, rows=rows, status=status,
                      metrics=metrics)
