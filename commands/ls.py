@@ -18,6 +18,7 @@ EXAMPLES = """
   warp ls                 # every workspace
   warp ls vision/         # one workspace
   WARP_STORE=s3://bucket/warp warp ls --json
+  WARP_STORE=https://data.example.org/warp warp ls vision/coco-mini   # HTTP stores: by name only
 """
 
 
@@ -48,7 +49,14 @@ def main(
     if ws and "/" in ws:  # `warp ls ws/name`: that one dataset
         only = ws
         ws = ws.split("/", 1)[0]
-    listing = list(st.iter_latest(ws or None))
+    if only is not None and st.read_only:  # an HTTP store cannot be listed: read the one pointer
+        ptr = st.read_latest(only)
+        listing = [(only, ptr)] if ptr is not None else []
+        if ptr is None:
+            raise MissingInputError(f"dataset {only} is not in store {st.url} (no latest pointer)",
+                                    hint="check the spelling of workspace/name and the store URL", store=st.url)
+    else:
+        listing = list(st.iter_latest(ws or None))
     if only is not None:
         listing = [(d, p) for d, p in listing if d == only]
     if ws and not listing:

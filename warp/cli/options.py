@@ -13,4 +13,5 @@ import typer
 
 StoreOption = Annotated[str | None, typer.Option(
     "--store", metavar="URL",
-    help="Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WARP_STORE).")]
+    help="Store URL or path: a folder, s3://bucket/prefix, memory://name or https://host/prefix "
+         "(read-only) (default: WARP_STORE).")]

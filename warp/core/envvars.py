@@ -20,7 +20,7 @@ class EnvVar:
 
 
 ENV_VARS: tuple[EnvVar, ...] = (
-    EnvVar("WARP_STORE", "URL or path of the dataset store `publish` writes to and reads resolve from (local dir, s3://bucket/prefix, memory://name)", "$XDG_DATA_HOME/warp/store"),
+    EnvVar("WARP_STORE", "URL or path of the dataset store `publish` writes to and reads resolve from (local dir, s3://bucket/prefix, memory://name; https://host/prefix reads a store served by any static web host or CDN, read-only)", "$XDG_DATA_HOME/warp/store"),
     EnvVar("WARP_CACHE_DIR", "directory of the content-addressed blob cache", "$XDG_CACHE_HOME/warp"),
     EnvVar("WARP_CACHE_SIZE_GB", "size cap of the blob cache in GB; least recently used blobs are evicted past it", "50"),
     EnvVar("WARP_CACHE_VERIFY", "how cached blobs are checked: stamp (hash on entry and whenever the file changed) or full (hash on first use by every process)", "stamp"),
@@ -34,6 +34,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("AWS_REGION", "S3 region when WARP_S3_REGION is unset", None),
     EnvVar("AWS_DEFAULT_REGION", "S3 region when WARP_S3_REGION and AWS_REGION are unset", None),
     EnvVar("AWS_PROFILE", "AWS profile when WARP_S3_PROFILE is unset", None),
+    EnvVar("WARP_RETRY_BUDGET", "seconds one store read may spend retrying throttled (429, 503 SlowDown) or failed requests, with jittered exponential back-off, before it fails with exit 75; 0 retries nothing", "60"),
     EnvVar("WARP_DEBUG", "1 prints tracebacks for errors (same as --debug)", "0"),
     EnvVar("WARP_CONFIG_DIR", "where warp looks for its user config file `config.toml`", "$XDG_CONFIG_HOME/warp"),
     EnvVar("WARP_WORKERS", "default worker count for ETL and conversion commands", "number of CPUs"),

@@ -27,6 +27,10 @@ class                      warp base             exit builtin
 ``InvalidDatasetIdError``  ``UsageError``        2    ``ValueError``
 ``InvalidHashError``       ``UsageError``        2    ``ValueError``
 ``CacheTooSmallError``     ``ConfigError``       78   ``ValueError``
+``ReadOnlyStoreError``     ``ConfigError``       78   ``PermissionError``
+``RangeNotSupportedError`` ``ConfigError``       78   ``ValueError``
+``NotListableError``       ``UsageError``        2    ``ValueError``
+``StoreBusyError``         ``InfrastructureError`` 75 ``ConnectionError``
 ========================== ===================== ==== ==========================
 
 Store clients' own exceptions are translated into these by
@@ -279,6 +283,33 @@ class CacheTooSmallError(ConfigError):
     """The blobs a reader needs at once do not fit under the cache cap."""
 
     code = "cache-too-small"
+
+
+class ReadOnlyStoreError(ConfigError, PermissionError):
+    """A write (publish, a doctor write probe) was aimed at a read-only store: one served over HTTP(S)."""
+
+    code = "read-only-store"
+
+
+class NotListableError(UsageError):
+    """An operation needs a listing the store cannot give: HTTP(S) stores are read by key only."""
+
+    code = "store-not-listable"
+
+
+class RangeNotSupportedError(ConfigError):
+    """An HTTP store answered a ranged read with the whole object: the host ignores ``Range``."""
+
+    code = "no-range-requests"
+
+
+class StoreBusyError(InfrastructureError, ConnectionError):
+    """The store kept throttling (429, 503 SlowDown) or failing a read past the retry budget.
+
+    Transient by nature (exit 75): the same command later, or with fewer readers, succeeds.
+    """
+
+    code = "store-busy"
 
 
 # Old names, kept importable for one release: BlobCorruptError (the blob cache's twin of

@@ -45,6 +45,7 @@ class _ShardFiles:
         self.shards = shards
         self._open: dict[int, Any] = {}
         self._local: dict[int, bool] = {}
+        self._src: dict[int, Any] = {}  # the RangeFile under a remotely opened shard
         self._opening: dict[int, threading.Lock] = {}
         self._mu = threading.Lock()
 
@@ -71,7 +72,10 @@ class _ShardFiles:
         src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
         md = None if local else _read_footer(self.ds, s, src)
         try:
-            pf = pq.ParquetFile(src, pre_buffer=not local, metadata=md)
+            # remote: no pre_buffer, read_groups() prefetches the column chunks a read needs as
+            # coalesced ranges in parallel (pyarrow's own pre-buffering would serialise them through
+            # the one lock of the Python file it wraps the RangeFile in)
+            pf = pq.ParquetFile(src, pre_buffer=False, metadata=md)
         except Exception as e:
             from warpdata.core.errors import DataError
 
@@ -80,7 +84,23 @@ class _ShardFiles:
         with self._mu:
             self._open[i] = pf
             self._local[i] = bool(local)
+            self._src[i] = None if local else src
         return pf
+
+    def read_groups(self, i: int, groups: Sequence[int], columns: Sequence[str] | None):
+        """Row groups ``groups`` of shard ``i`` as one table; a remote shard's column chunks are fetched
+        first as a few coalesced ranged GETs in parallel, then decoded from memory."""
+        pf = self.get(i)
+        with self._mu:
+            src = self._src.get(i) if self._open.get(i) is pf else None
+        if src is None or not hasattr(src, "prefetched"):
+            return pf.read_row_groups(list(groups), columns=columns, use_threads=True)
+        # Decoded on this thread: arrow's pool threads must never hold the Python file. A task
+        # closure that drops the last reference to it on a pool thread after the interpreter began
+        # to exit cannot take the GIL, and the process aborts ("terminate called without an active
+        # exception"). The readers' own threads (_RowGroupBatcher) decode calls in parallel.
+        with src.prefetched(chunk_ranges(pf.metadata, groups, columns)):
+            return pf.read_row_groups(list(groups), columns=columns, use_threads=False)
 
     def row_groups(self, i: int) -> list[int]:
         """Rows per row group: from the manifest's shard statistics when it has them (format 2;
@@ -93,6 +113,24 @@ class _ShardFiles:
                 return counts
         md = self.get(i).metadata
         return [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+
+
+def chunk_ranges(md: Any, groups: Sequence[int], columns: Sequence[str] | None) -> list[tuple[int, int]]:
+    """(offset, length) of the column chunks of ``groups`` holding ``columns`` (None: all), from the footer."""
+    names = None if columns is None else set(columns)
+    out = []
+    for g in groups:
+        rg = md.row_group(g)
+        for c in range(rg.num_columns):
+            cc = rg.column(c)
+            if names is not None and cc.path_in_schema.split(".")[0] not in names:
+                continue
+            start = cc.data_page_offset
+            if cc.has_dictionary_page and cc.dictionary_page_offset is not None \
+                    and 0 < cc.dictionary_page_offset < start:
+                start = cc.dictionary_page_offset
+            out.append((start, cc.total_compressed_size))
+    return out
 
 
 def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
@@ -294,7 +332,7 @@ class BatchStream:
                             if groups:
                                 cur_tab = groups.take((s.unit, g))
                             else:
-                                cur_tab = files.get(s.unit).read_row_group(g, columns=cols, use_threads=True)
+                                cur_tab = files.read_groups(s.unit, [g], cols)
                                 _check_rows(files, s.unit, [g], cur_tab.num_rows, b[g + 1] - b[g])
                             cur = (s.unit, g)
                         take = min(stop, b[g + 1]) - start
@@ -370,8 +408,7 @@ class _RowGroupBatcher:
             yield chunk
 
     def _load(self, chunk: list[tuple[int, int]]):
-        return self._files.get(chunk[0][0]).read_row_groups([g for _, g in chunk], columns=self._cols,
-                                                             use_threads=True)
+        return self._files.read_groups(chunk[0][0], [g for _, g in chunk], self._cols)
 
     def _fill(self) -> None:
         from concurrent.futures import Future
@@ -395,7 +432,7 @@ class _RowGroupBatcher:
         while True:
             self._fill()
             if not self._inflight:  # past the planned keys: read it alone
-                return self._files.get(key[0]).read_row_group(key[1], columns=self._cols, use_threads=True)
+                return self._files.read_groups(key[0], [key[1]], self._cols)
             chunk, fut = self._inflight.pop(0)
             if key not in chunk:  # the consumer skipped ahead: follow it
                 fut.cancel()

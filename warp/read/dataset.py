@@ -13,7 +13,9 @@ Contract
   auto     read remotely by ranges; shards already in the blob cache
            are read locally; the next shards are prefetched into the
            cache in the background (never before the first batch)
-  remote   read remotely only; nothing is written locally
+  remote   read remotely only; no data shard is written locally (the
+           small metadata, manifest and member index, is kept in the
+           blob cache so DataLoader workers share one fetch per node)
   hybrid   like auto with a deeper prefetch window
   local    offline: manifest and blobs from the cache only; anything
            missing fails fast with the command that would fetch it
@@ -61,7 +63,7 @@ log = logging.getLogger(__name__)
 MODES = ("auto", "remote", "hybrid", "local")
 # Manifests parsed and verified against their version hash in this process, by (dataset, version):
 # a version is immutable, so a second open of it skips the schema check and the hash (~30-60 ms)
-_MANIFESTS: dict[tuple[str, str], Manifest] = {}
+_MANIFESTS: dict[tuple[str, str], tuple[Manifest, bytes]] = {}
 _MANIFESTS_MU = threading.Lock()
 def dataset(name: str, mode: str | None = None, version: str | None = None, *,
             store: str | None = None, cache: BlobCache | None = None, verify: str | None = None) -> Dataset:
@@ -95,6 +97,9 @@ class Dataset:
         self.remote = Remote(store)
         self.cache = cache if cache is not None else (
             None if self.mode == "remote" else BlobCache(verify=_CACHE_MODE[self.verify] if explicit else None))
+        # manifests and member indexes go through the blob cache in every mode, so DataLoader
+        # workers (forked or spawned) and later opens on this node fetch them once
+        self.meta_cache = self.cache if self.cache is not None else _meta_cache()
         self.offline_fallback = False
         self.version, self.manifest = self._resolve(version)
 
@@ -103,7 +108,11 @@ class Dataset:
 
     # -- resolution -----------------------------------------------------------
     def _resolve(self, version: str | None) -> tuple[str, Manifest]:
-        from warpdata.core.errors import DatasetNotFoundError, StoreUnavailableError
+        from warpdata.core.errors import (
+            DatasetNotFoundError,
+            StoreBusyError,
+            StoreUnavailableError,
+        )
         from warpdata.registry.store import Store
 
         if version not in (None, "latest"):
@@ -123,7 +132,7 @@ class Dataset:
             return ptr["version"], self._manifest(ptr["version"])
         try:
             raw = self.remote.get(Store.latest_key(self.id))
-        except StoreUnavailableError as e:
+        except (StoreUnavailableError, StoreBusyError) as e:  # unreachable, or throttling past the budget
             ptr = self.cache.get_pointer(self.id) if self.cache else None
             if ptr is None:
                 raise
@@ -132,10 +141,13 @@ class Dataset:
                      f"{ptr['version'][:12]} of {self.id}")
             return ptr["version"], self._manifest(ptr["version"])
         if raw is None:
-            raise Store(self.remote.url)._not_found(self.id) if self.remote.loc.protocol != "s3" else \
+            # a local store is listed for close names; S3 and HTTP stores are not listed on the read path
+            raise Store(self.remote.url)._not_found(self.id) if self.remote.loc.protocol in ("file", "memory") else \
                 DatasetNotFoundError(f"dataset {self.id} is not published in store {self.remote.url} "
                                      "(no latest pointer)",
-                                     hint="check the spelling of workspace/name; 'warp ls ws/' lists datasets")
+                                     hint="check the spelling of workspace/name; 'warp ls ws/' lists datasets"
+                                     if not self.remote.read_only else
+                                     "check the spelling of workspace/name and the store URL (WARP_STORE)")
         vh = _parse_latest(raw, self.id, self.remote.url_of(Store.latest_key(self.id)))
         if self.cache is not None:
             import hashlib
@@ -148,27 +160,42 @@ class Dataset:
 
     def _manifest(self, vh: str) -> Manifest:
         memo = _MANIFESTS.get((self.id, vh))
-        # only where this dataset's cache (if any) holds it too: local mode must find it there later
-        if memo is not None and (self.cache is None or self.cache.has_manifest(self.id, vh)):
-            return memo
-        m = self._load_manifest(vh)
+        if memo is not None:
+            m, raw = memo
+            if self.meta_cache is None or self.meta_cache.has_manifest(self.id, vh):
+                return m
+            if self.mode != "local":  # the memo is no cache: local mode reads its own cache only
+                # this dataset's cache must hold it too: other processes (DataLoader workers) and
+                # local mode look for it there later
+                self._keep_manifest(vh, raw)
+                return m
+        m, raw = self._load_manifest(vh)
         with _MANIFESTS_MU:
             if len(_MANIFESTS) >= 64:
                 _MANIFESTS.pop(next(iter(_MANIFESTS)))
-            _MANIFESTS[(self.id, vh)] = m
+            _MANIFESTS[(self.id, vh)] = (m, raw)
         return m
 
-    def _load_manifest(self, vh: str) -> Manifest:
+    def _keep_manifest(self, vh: str, data: bytes) -> None:
+        try:
+            self.meta_cache.put_manifest(self.id, vh, data)  # type: ignore[union-attr]
+        except OSError as e:  # a read-only cache directory costs a fetch per process, not the read
+            if self.cache is not None:
+                raise
+            log.debug(f"manifest not cached ({e})")
+
+    def _load_manifest(self, vh: str) -> tuple[Manifest, bytes]:
         from warpdata.registry.manifest import Manifest
         from warpdata.registry.store import Store
 
         key = Store.manifest_key(self.id, vh)
         src = self.remote.url_of(key)
-        if self.cache is not None:
-            data = self.cache.get_manifest(self.id, vh)
+        if self.meta_cache is not None:
+            data = self.meta_cache.get_manifest(self.id, vh)
+
             if data is not None:
                 try:
-                    return Manifest.from_bytes(data, source=f"cached {src}", expected_hash=vh)
+                    return Manifest.from_bytes(data, source=f"cached {src}", expected_hash=vh), data
                 except Exception:
                     if self.mode == "local":
                         raise
@@ -183,9 +210,39 @@ class Dataset:
             raise DatasetNotFoundError(f"version {vh} of {self.id} is not in store {self.remote.url}",
                                        hint="check the version hash; omit it to read latest")
         m = Manifest.from_bytes(data, source=src, expected_hash=vh)
+        if self.meta_cache is not None:
+            self._keep_manifest(vh, data)
+        return m, data
+
+    def fetch_meta(self, s: ShardRef) -> bytes:
+        """A small metadata blob (a member index): through the blob cache in every mode, so the
+        processes of one node fetch it once (``remote`` mode included; it caches no data shard)."""
         if self.cache is not None:
-            self.cache.put_manifest(self.id, vh, data)
-        return m
+            with open(self.fetch_blob(s), "rb") as f:
+                return f.read()
+        key = self.blob_key(s)
+        if self.meta_cache is not None:
+            try:
+                p = self.meta_cache.fetch(s.hash, lambda f: self.remote.copy_to(key, f, s.byte_size),
+                                          size=s.byte_size, source=self.remote.url_of(key))
+                with open(p, "rb") as f:
+                    return f.read()
+            except OSError as e:  # an unwritable cache: read it from the store, verified below
+                log.debug(f"{key} not cached ({e})")
+        data = self.remote.read_range(key, 0, s.byte_size, s.byte_size) if s.byte_size else b""
+        import hashlib
+
+        if hashlib.sha256(data).hexdigest() != s.hash:
+            from warpdata.core.errors import BlobCorruptedError
+
+            raise BlobCorruptedError(f"{self.remote.url_of(key)}: does not hash to {s.hash}",
+                                     hint="the store copy is damaged; republish the dataset")
+        return data
+
+    @property
+    def stats(self):
+        """Requests sent to the store and bytes received so far (:class:`~warpdata.storage.remote.RequestStats`)."""
+        return self.remote.stats
 
     # -- facts -------------------------------------------------------------------
     def info(self) -> dict:
@@ -291,7 +348,7 @@ class Dataset:
         p = self.cache.get(s.hash, verify=self.verify != "off")
         if p is None and had and self.mode != "local":
             # the cached copy failed its hash and was evicted: fetch it again once, as 'warp warm' does
-            # (a bad store copy raises BlobCorruptedError naming the object; docs/formats/registry.md)
+            # (a bad store copy raises BlobCorruptError naming the object; docs/formats/registry.md)
             return self.fetch_blob(s)
         return None if p is None else str(p)
 
@@ -367,6 +424,14 @@ class Dataset:
             if on_blob:
                 on_blob(s.byte_size)
         return res
+
+
+def _meta_cache() -> BlobCache | None:
+    try:
+        return BlobCache()
+    except Exception as e:  # e.g. a bad WARP_CACHE_VERIFY: remote reads go on without it
+        log.debug(f"no metadata cache ({e})")
+        return None
 
 
 def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:

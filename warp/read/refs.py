@@ -14,8 +14,10 @@ Contract
   the cache (hash-checked, under ``WARP_CACHE_SIZE_GB``); reads never wait
   for it and switch to the cached copy once it is there. ``remote`` mode
   never downloads a shard whole.
-* The index blob itself is small: it is fetched once, verified against its
-  hash and cached (except in ``remote`` mode, which keeps nothing locally).
+* The index blob itself is small: it is fetched once per node, verified
+  against its hash and kept in the blob cache in every mode (``remote``
+  included: it caches no data shard, but DataLoader workers share the index),
+  and parsed once per process (a small memo by index hash).
 * ``local_path()`` materialises one member as a content-addressed blob in the
   cache (named by the member's SHA-256, so it is evicted and verified like
   every other blob) and returns its path.
@@ -47,6 +49,9 @@ if TYPE_CHECKING:
 COALESCE_GAP = 64 << 10
 COALESCE_MAX = 16 << 20
 FETCH_THREADS = 2  # background whole-shard fetches at once, per reader
+# parsed member indexes by index hash (immutable content), shared by the readers of a process
+_INDEXES: dict[str, Any] = {}
+_INDEXES_MU = threading.Lock()
 
 
 class ArtifactReader:
@@ -90,17 +95,15 @@ class ArtifactReader:
                     if idx is None:
                         raise DataError(f"artifact {self.name} of {self.ds.id} has no member index",
                                         hint="republish it with 'warp publish' (it writes the index)")
-                    src = self.ds.remote.url_of(self.ds.blob_key(idx))
-                    if self.ds.cache is not None:
-                        data = Path(self.ds.fetch_blob(idx)).read_bytes()
-                    else:
-                        data = self.ds.remote.get(self.ds.blob_key(idx))
-                        if data is None or hashlib.sha256(data).hexdigest() != idx.hash:
-                            from warpdata.core.errors import BlobCorruptedError
-
-                            raise BlobCorruptedError(f"{src}: member index missing or not matching its hash",
-                                                     hint="republish the dataset")
-                    self._index = ArtifactIndex.from_bytes(data, source=src)
+                    parsed = _INDEXES.get(idx.hash)
+                    if parsed is None:
+                        src = self.ds.remote.url_of(self.ds.blob_key(idx))
+                        parsed = ArtifactIndex.from_bytes(self.ds.fetch_meta(idx), source=src)
+                        with _INDEXES_MU:
+                            while len(_INDEXES) >= 8:
+                                _INDEXES.pop(next(iter(_INDEXES)))
+                            _INDEXES[idx.hash] = parsed
+                    self._index = parsed
         return self._index
 
     def members(self) -> list[str]:
@@ -512,7 +515,7 @@ def make_refs(ds: BlobSource, binding: Binding, read: bool = False) -> Callable[
     ``read``: fetch every ref's bytes now, in parallel (:meth:`ArtifactReader.read_many`:
     cached shards by pread, the rest by coalesced ranged GETs on threads).
     """
-    reader = ArtifactReader(ds, binding.artifact)
+    reader = ds.artifact(binding.artifact)  # a tar-shard reader, or a registered directory's
     cls = REF_TYPES.get(binding.ref_type, FileRef)
 
     def make(values: list) -> list:

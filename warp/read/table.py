@@ -415,7 +415,7 @@ class Query:
                 todo = row_groups(k, rgs, pf)
                 # up to 4 row groups per call: pyarrow coalesces their ranges and decodes in parallel
                 for j in range(0, len(todo), 4):
-                    tab = pf.read_row_groups(todo[j:j + 4], columns=needed, use_threads=True)
+                    tab = files.read_groups(k, todo[j:j + 4], needed)
                     yield from tab.select(schema.names).to_batches()
 
         return pa.RecordBatchReader.from_batches(schema, gen())
@@ -467,7 +467,9 @@ class Query:
     def _run(self, sql: str, shard: Any, columns: list[str] | None = None):
         import duckdb
 
-        if any(s.stats is not None for s in self.table.shards):
+        # HTTP stores: always through our ranged reader (pyarrow's scanner would run our Python
+        # file on its own threads; see batches._ShardFiles.read_groups)
+        if any(s.stats is not None for s in self.table.shards) or getattr(self.table.ds.remote, "read_only", False):
             dset = self._pruned_reader(shard, columns)
         else:  # format-1 manifest: no statistics to prune with; pyarrow's scanner reads every footer
             dset = self._arrow_dataset(shard)

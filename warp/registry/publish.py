@@ -538,6 +538,8 @@ def publish(req: PublishRequest, *, store: Store | None = None,
     validate_dataset_id(req.dataset_id)
     upload_concurrency()  # a bad WARP_UPLOAD_CONCURRENCY fails before any staging
     store = store or Store(req.store_url)
+    if not req.dry_run:
+        store.require_writable("publish")  # before staging: an HTTP store takes no writes
     stage = _staging_dir()
     try:
         stager = _Stager(req, stage)

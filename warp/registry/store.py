@@ -1,7 +1,7 @@
 """Dataset stores: content-addressed blobs, immutable manifests, a mutable ``latest``.
 
-A :class:`Store` is a root URL (local directory, ``s3://bucket/prefix`` or
-``memory://name``; default :func:`warpdata.core.envvars.default_store`, i.e.
+A :class:`Store` is a root URL (local directory, ``s3://bucket/prefix``,
+``memory://name``, or ``http(s)://host/prefix`` read-only; default :func:`warpdata.core.envvars.default_store`, i.e.
 ``WARP_STORE`` or ``$XDG_DATA_HOME/warp/store``) with this layout::
 
     blobs/sha256/<h[:2]>/<h>                          immutable, create-only
@@ -27,6 +27,12 @@ Guarantees, per backend:
   (:class:`~warpdata.registry.manifest.Manifest.from_bytes`).
 * Storage failures surface as the typed errors of
   :mod:`warpdata.core.errors` (auth, permission, unreachable, not found).
+* **HTTP(S) stores** (a store folder served by a static web host or CDN) are
+  read by key through :class:`~warpdata.storage.remote.Remote` (GET, ranged
+  GET, HEAD): every write raises :class:`~warpdata.core.errors.ReadOnlyStoreError`
+  naming the URL (exit 78), and listing raises
+  :class:`~warpdata.core.errors.NotListableError` (exit 2), so versions are
+  named by their full hash there.
 
 Readers that stream Parquet or ranges use :meth:`Store.blob_url` (a URL
 DuckDB/pyarrow/fsspec understand) or :meth:`Store.read_range`; the fsspec
@@ -166,6 +172,65 @@ class _LocalBackend(_Backend):
 _MEMORY_LOCK = threading.Lock()
 
 
+class _HttpBackend(_Backend):
+    """A store served over HTTP(S): reads by key through :class:`~warpdata.storage.remote.Remote`;
+    no listing, no writes."""
+
+    def __init__(self, location: Location) -> None:
+        from warpdata.storage.remote import Remote
+
+        super().__init__(None, location.path)
+        self.url = location.url
+        self.remote = Remote(location.url)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.remote.size(key)
+        except BlobNotFoundError:
+            return False
+        return True
+
+    def get(self, key: str) -> bytes:
+        data = self.remote.get(key)
+        if data is None:
+            raise FileNotFoundError(self.remote.url_of(key))
+        return data
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            return self.remote.read_range(key, start, end - start)
+        except BlobNotFoundError:
+            raise FileNotFoundError(self.remote.url_of(key)) from None
+
+    def size(self, key: str) -> int:
+        try:
+            return self.remote.size(key)
+        except BlobNotFoundError:
+            raise FileNotFoundError(self.remote.url_of(key)) from None
+
+    def list_names(self, prefix: str) -> list[str]:
+        from warpdata.core.errors import NotListableError
+
+        raise NotListableError(
+            f"store {self.url} is served over HTTP and cannot be listed ({prefix}/)",
+            hint="name the dataset (e.g. 'warp ls ws/name', 'warp stream ws/name') and give versions as "
+                 "full 64-hex hashes; list from the s3:// bucket or folder behind the host")
+
+    def _read_only(self, key: str, *args: Any) -> Any:
+        raise read_only_error(self.url, f"write {self.remote.url_of(key)}")
+
+    put_if_absent = put_file_if_absent = write_if = _read_only
+
+
+def read_only_error(url: str, action: str):
+    from warpdata.core.errors import ReadOnlyStoreError
+
+    return ReadOnlyStoreError(
+        f"cannot {action}: store {url} is served over HTTP(S), which is read-only",
+        hint="publish to the s3:// bucket or folder the web host serves (--store or WARP_STORE), "
+             "then read it back over HTTP", store=url)
+
+
 class _MemoryBackend(_Backend):
     def put_if_absent(self, key: str, data: bytes) -> bool:
         with _MEMORY_LOCK:
@@ -303,8 +368,9 @@ class _S3Backend(_Backend):
         return r["ETag"]
 
 
-def boto3_client(config: StorageConfig):
-    """A boto3 S3 client configured exactly like the s3fs/pyarrow/DuckDB clients of ``config``."""
+def boto3_client(config: StorageConfig, attempts: int | None = None):
+    """A boto3 S3 client configured exactly like the s3fs/pyarrow/DuckDB clients of ``config``;
+    ``attempts`` (1: no retry) replaces botocore's retries, for a caller with its own retry loop."""
     try:
         import boto3
         from botocore import UNSIGNED
@@ -317,7 +383,8 @@ def boto3_client(config: StorageConfig):
     kw: dict[str, Any] = {
         "connect_timeout": config.connect_timeout,
         "read_timeout": config.read_timeout,
-        "retries": {"max_attempts": config.retries, "mode": "adaptive"},
+        "retries": {"max_attempts": config.retries, "mode": "adaptive"} if attempts is None else
+                   {"total_max_attempts": attempts, "mode": "standard"},
     }
     if config.path_style:
         kw["s3"] = {"addressing_style": "path"}
@@ -459,9 +526,13 @@ class Store:
                  stale_lock_after: float = 30.0) -> None:
         self.location: Location = parse_location(url if url is not None else envvars.default_store())
         self.config = config or StorageConfig.from_env()
+        if self.location.read_only:
+            self.fs = None
+            self._b: _Backend = _HttpBackend(self.location)
+            return
         self.fs = filesystem(self.location, self.config)
         if self.location.protocol == "file":
-            self._b: _Backend = _LocalBackend(self.fs, self.location.path, stale_lock_after)
+            self._b = _LocalBackend(self.fs, self.location.path, stale_lock_after)
         elif self.location.protocol == "memory":
             self._b = _MemoryBackend(self.fs, self.location.path)
         else:
@@ -477,6 +548,15 @@ class Store:
     @property
     def protocol(self) -> str:
         return self.location.protocol
+
+    @property
+    def read_only(self) -> bool:
+        return self.location.read_only
+
+    def require_writable(self, action: str = "publish") -> None:
+        """Raise ReadOnlyStoreError (exit 78) before any work when this store takes no writes."""
+        if self.read_only:
+            raise read_only_error(self.url, f"{action} to {self.url}")
 
     # -- keys ------------------------------------------------------------
     @staticmethod
@@ -518,8 +598,12 @@ class Store:
     def missing_blobs(self, hashes: Iterable[str], *, workers: int = 16) -> list[str]:
         """The subset of ``hashes`` the store lacks, in input order (parallel existence checks)."""
         hs = list(dict.fromkeys(hashes))
-        if self.location.protocol != "s3" or len(hs) < 2:
+        if self.location.protocol not in ("s3", "http", "https") or len(hs) < 2:
             return [h for h in hs if not self.has_blob(h)]
+        if self.read_only:  # no listing: one HEAD per blob, in parallel
+            with ThreadPoolExecutor(max_workers=min(workers, len(hs))) as ex:
+                present = list(ex.map(self.has_blob, hs))
+            return [h for h, p in zip(hs, present, strict=True) if not p]
         # A LIST page names up to 1,000 blobs: when the store's blobs fit in a few pages, listing
         # them costs far fewer requests than one HEAD per blob (a first publish: one request).
         # Past len(hs) // 8 pages it gives up and checks each blob by HEAD.
@@ -604,7 +688,9 @@ class Store:
                                     hint="republish the dataset") from None
 
     def open_blob(self, hash_hex: str):
-        """A seekable binary file object over the blob (ranged reads on S3)."""
+        """A seekable binary file object over the blob (ranged reads on S3 and HTTP)."""
+        if self.read_only:
+            return self._b.remote.open(blob_key(hash_hex))  # type: ignore[attr-defined]
         try:
             return self._call(self.fs.open, self.blob_url(hash_hex), "read", self.blob_path(hash_hex), "rb")
         except FileNotFoundError:
@@ -675,6 +761,11 @@ class Store:
         missing = missing_store_folder(self.location)
         if missing:
             return DatasetNotFoundError(f"dataset {dataset_id}: {missing[0]}", hint=missing[1])
+        if self.read_only:
+            return DatasetNotFoundError(f"dataset {dataset_id} is not published in store {self.url} "
+                                        "(no latest pointer)",
+                                        hint="check the spelling of workspace/name and the store URL; an "
+                                             "HTTP store cannot be listed for close names")
         versions: list[str] = []
         with contextlib.suppress(Exception):
             versions = self.list_versions(dataset_id)

@@ -1,7 +1,8 @@
 """Storage URLs over fsspec, with one S3 configuration for every client.
 
-A location is a local path, ``file://`` URL, ``s3://bucket/prefix`` or
-``memory://name``. :class:`StorageConfig` holds the S3 settings (endpoint,
+A location is a local path, ``file://`` URL, ``s3://bucket/prefix``,
+``memory://name`` or ``http(s)://host/prefix`` (a store served read-only by any
+static web host or CDN; read by :mod:`warpdata.storage.remote` with ranged GETs). :class:`StorageConfig` holds the S3 settings (endpoint,
 region, profile, path-style addressing) read from ``WARP_S3_*`` / the usual
 ``AWS_*`` variables, and builds identically configured clients for s3fs,
 pyarrow's native S3 filesystem and DuckDB, so the three never disagree about
@@ -85,11 +86,15 @@ class StorageConfig:
                                   hint=install_hint("s3")) from None
         return _s3fs_class(s3fs)(**self.s3fs_kwargs())
 
-    def pyarrow_s3(self):
+    def pyarrow_s3(self, retry_attempts: int | None = None):
+        """pyarrow's native S3 filesystem; ``retry_attempts`` (attempts per request, 1: none) replaces
+        the AWS SDK's own retry strategy, for callers that retry with their own budget."""
         from pyarrow import fs as pafs
 
         kw: dict[str, Any] = {"region": self.region, "connect_timeout": self.connect_timeout,
                               "request_timeout": self.read_timeout}
+        if retry_attempts is not None:
+            kw["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=retry_attempts)
         if self.endpoint_url:
             u = urlparse(self.endpoint_url)
             kw["endpoint_override"] = u.netloc or u.path
@@ -195,10 +200,15 @@ def _no_credentials_error(cfg: StorageConfig) -> Exception:
 
 @dataclass(frozen=True)
 class Location:
-    """A parsed storage URL: ``protocol`` is 'file', 's3' or 'memory'."""
+    """A parsed storage URL: ``protocol`` is 'file', 's3', 'memory', 'http' or 'https'."""
 
     protocol: str
-    path: str  # fsspec path: /abs/local, bucket/prefix, /memname
+    path: str  # fsspec path: /abs/local, bucket/prefix, /memname, host[:port]/prefix
+
+    @property
+    def read_only(self) -> bool:
+        """HTTP(S) stores are read-only: a static host takes no writes (docs/formats/registry.md)."""
+        return self.protocol in HTTP_PROTOCOLS
 
     @property
     def url(self) -> str:
@@ -232,8 +242,18 @@ def parse_location(url: str | os.PathLike) -> Location:
         return Location("s3", rest.strip("/"))
     if scheme == "memory":
         return Location("memory", "/" + rest.strip("/"))
+    if scheme in HTTP_PROTOCOLS:
+        host, _, prefix = rest.partition("/")
+        if not host or "?" in rest or "#" in rest or "@" in host:
+            raise ConfigError(f"store URL {s!r} needs a host and may not carry a query, fragment or credentials",
+                              hint="use https://HOST/PREFIX (the folder that holds blobs/ and datasets/)")
+        prefix = prefix.strip("/")
+        return Location(scheme, f"{host.lower()}/{prefix}" if prefix else host.lower())
     raise ConfigError(f"unsupported storage URL scheme {scheme!r} in {s!r}",
-                      hint="use a local path, file://, s3:// or memory://")
+                      hint="use a local path, file://, s3://, memory:// or https:// (read-only)")
+
+
+HTTP_PROTOCOLS = ("http", "https")
 
 
 def missing_store_folder(loc: Location) -> tuple[str, str] | None:
@@ -262,6 +282,12 @@ def filesystem(loc: Location, config: StorageConfig | None = None):
         return MemoryFileSystem()
     if loc.protocol == "s3":
         return (config or StorageConfig.from_env()).s3fs()
+    if loc.protocol in HTTP_PROTOCOLS:
+        from warpdata.core.errors import ReadOnlyStoreError
+
+        raise ReadOnlyStoreError(f"store {loc.url} is served over HTTP: it has no filesystem to list or write",
+                                 hint="HTTP(S) stores are read-only (warp stream/cat/warm/doctor); publish to "
+                                      "the bucket or folder the host serves, then read it over HTTP")
     raise ConfigError(f"unsupported protocol {loc.protocol}")
 
 

@@ -1,53 +1,166 @@
 """Reads of a store's keys by range, without listing: what the read API fetches through.
 
-:class:`Remote` wraps a store root (local path, ``s3://``, ``memory://``) in a
-pyarrow filesystem: S3 through pyarrow's native client built from the one
-:class:`~warpdata.storage.locations.StorageConfig` (timeouts, retries with jittered
-back-off), shared per configuration for a few minutes so credentials are resolved once.
-Errors become the typed store errors of :mod:`warpdata.core.errors`.
+:class:`Remote` wraps a store root (local path, ``s3://``, ``memory://``, ``http(s)://``) in a
+*transport* that knows three requests: get a whole object, get a byte range of it, and ask
+its size.
+
+* S3, local and memory stores go through pyarrow filesystems, built on first use: S3 through
+  pyarrow's native client built from the one :class:`~warpdata.storage.locations.StorageConfig`,
+  with the AWS SDK's own retries turned off (the loop below retries instead, so every attempt
+  is counted and the total time is bounded), shared per configuration and process for a few
+  minutes so credentials are resolved once. Whole small objects (``latest.json``, manifests,
+  member indexes) are one GET through botocore on S3 (pyarrow sends a HEAD before every object
+  it opens) and a plain ``open()`` on a local store, so ``warp info`` never imports pyarrow.
+* ``http://`` and ``https://`` stores (any static web host or CDN serving a store folder) go
+  through the standard library's ``http.client``: keep-alive connections per thread, one
+  ranged ``GET`` per range (``Range: bytes=A-B``; a host that answers a range with the whole
+  object is refused with :class:`~warpdata.core.errors.RangeNotSupportedError`, because
+  every member read would download a whole shard), up to 5 redirects, no listing and no
+  writes (docs/formats/registry.md, "HTTP stores").
+
+Every request is counted in :attr:`Remote.stats` (:class:`RequestStats`: requests by kind,
+bytes received, retries, throttled answers, seconds backing off); ``warp stream``, ``warm``,
+``cat`` and ``doctor ws/name`` report them with ``-v`` and ``--json``.
+
+Back-off (docs/formats/registry.md, "Retries"): a request answered 429 or 503 (S3's
+``SlowDown``), a 500/502/504, a reset connection or a read timeout is tried again after a
+jittered exponential pause (uniform in ``[0, min(5 s, 0.1 s × 2^(n-1))]``, or the server's
+``Retry-After`` when longer), for at most ``WARP_RETRY_BUDGET`` seconds (default 60) per
+request; then :class:`~warpdata.core.errors.StoreBusyError` (exit 75) names the store,
+the key, the attempts and the last answer. A refused connection or an unresolvable host is
+tried twice, a connect timeout once, so a wrong endpoint still fails in seconds.
+
+:class:`RangeFile` is one object opened for random access: thread-safe :meth:`RangeFile.read_at`
+(member reads, footers) and the file protocol pyarrow's Parquet reader wraps, plus
+:meth:`RangeFile.prefetch`, which fetches the column chunks a row-group read will need as a
+few coalesced ranges in parallel, so the decoder then reads from memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from warpdata.core import envvars
 
+log = logging.getLogger(__name__)
 
-class Remote:
-    """Key reads against a store root, through pyarrow filesystems (ranged, no listing).
+DEFAULT_RETRY_BUDGET = 60.0  # seconds (WARP_RETRY_BUDGET)
+BACKOFF_BASE = 0.1  # seconds: the first pause is uniform in [0, 0.1 s]
+BACKOFF_CAP = 5.0  # seconds: no single pause is longer (unless Retry-After asks for it)
+CONNECT_ATTEMPTS = 2  # refused / unresolvable: one retry, then the error
+CONNECT_TIMEOUT_ATTEMPTS = 1  # a connect that timed out already waited connect_timeout
+# prefetch coalescing, as pyarrow's pre-buffering does: column chunks closer than the hole are
+# fetched by one GET, up to the range limit each
+HOLE_SIZE = 8 << 10
+RANGE_LIMIT = 32 << 20
+PREFETCH_THREADS = 8
+MAX_REDIRECTS = 5
 
-    Whole small objects (``latest.json``, manifests) on S3 are one GET through a botocore
-    client: pyarrow sends a HEAD before every object it opens, which made opening a dataset
-    cost four requests instead of two. The pyarrow filesystem is built on first use, so a
-    command that reads only the manifest (``warp info``, ``warp schema``) never starts it.
+
+def retry_budget() -> float:
+    """``WARP_RETRY_BUDGET`` in seconds (a ConfigError names a bad value)."""
+    raw = envvars.get("WARP_RETRY_BUDGET")
+    if raw is None:
+        return DEFAULT_RETRY_BUDGET
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not v >= 0 or v == float("inf"):
+        from warpdata.core.errors import ConfigError
+
+        raise ConfigError(f"WARP_RETRY_BUDGET={raw!r} is not a number of seconds >= 0",
+                          hint="e.g. WARP_RETRY_BUDGET=60 (0 retries nothing)")
+    return v
+
+
+class RequestStats:
+    """Requests a :class:`Remote` sent and bytes it received, with the retries among them.
+
+    Thread-safe; :meth:`snapshot` / :meth:`since` measure one operation.
     """
 
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self.requests = 0
+        self.bytes = 0
+        self.retries = 0
+        self.throttled = 0
+        self.backoff_seconds = 0.0
+        self.by_kind: dict[str, int] = {}
+
+    def request(self, kind: str) -> None:
+        with self._mu:
+            self.requests += 1
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+
+    def received(self, n: int) -> None:
+        with self._mu:
+            self.bytes += n
+
+    def retried(self, throttled: bool, pause: float) -> None:
+        with self._mu:
+            self.retries += 1
+            self.throttled += throttled
+            self.backoff_seconds += pause
+
+    def to_dict(self) -> dict[str, Any]:
+        with self._mu:
+            return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries,
+                    "throttled": self.throttled, "backoff_seconds": round(self.backoff_seconds, 3),
+                    "by_kind": dict(sorted(self.by_kind.items()))}
+
+    snapshot = to_dict
+
+    def since(self, before: dict[str, Any]) -> dict[str, Any]:
+        """What happened after ``before`` (a :meth:`snapshot`)."""
+        now = self.to_dict()
+        kinds = {k: v - before["by_kind"].get(k, 0) for k, v in now["by_kind"].items()}
+        return {"requests": now["requests"] - before["requests"], "bytes": now["bytes"] - before["bytes"],
+                "retries": now["retries"] - before["retries"], "throttled": now["throttled"] - before["throttled"],
+                "backoff_seconds": round(now["backoff_seconds"] - before["backoff_seconds"], 3),
+                "by_kind": {k: v for k, v in kinds.items() if v}}
+
+
+class HttpStatusError(OSError):
+    """An HTTP answer other than the one asked for (the transport's raw error, before typing)."""
+
+    def __init__(self, status: int, url: str, reason: str = "", retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP {status} {reason} from {url}".replace("  ", " "))
+        self.status, self.url, self.reason, self.retry_after = status, url, reason, retry_after
+
+
+class Remote:
+    """Key reads against a store root: counted, retried within a budget, ranged, never listed."""
+
     def __init__(self, store_url: str | None = None) -> None:
-        from warpdata.storage.locations import StorageConfig, parse_location
+        from warpdata.storage.locations import HTTP_PROTOCOLS, StorageConfig, parse_location
 
         self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
         self.config = StorageConfig.from_env()
+        self.stats = RequestStats()
+        self.retry_budget = retry_budget()
         self.root = self.loc.path.rstrip("/")
-        self._fs: Any = None
-
-    @property
-    def fs(self):
-        if self._fs is None:
-            from pyarrow import fs as pafs
-            from warpdata.storage.locations import filesystem
-
-            if self.loc.protocol == "s3":
-                self._fs = _pyarrow_s3(self.config)
-            elif self.loc.protocol == "file":
-                self._fs = pafs.LocalFileSystem()
-            else:
-                self._fs = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem(self.loc, self.config)))
-        return self._fs
+        if self.loc.protocol in HTTP_PROTOCOLS:
+            self.transport: Any = _HttpTransport(self.loc.url, self.config, self.stats)
+        else:
+            self.transport = _ArrowTransport(self.loc, self.config, self.stats)
+        self._fs = None
 
     @property
     def url(self) -> str:
         return self.loc.url
+
+    @property
+    def read_only(self) -> bool:
+        return self.loc.read_only
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}"
@@ -55,99 +168,367 @@ class Remote:
     def url_of(self, key: str) -> str:
         return self.path(key) if self.loc.protocol == "file" else f"{self.loc.protocol}://{self.path(key).lstrip('/')}"
 
+    @property
+    def fs(self):
+        """A pyarrow filesystem over this store, for ``pyarrow.dataset`` over shard paths (see
+        :meth:`path`): the transport's native one for S3, local and memory stores (its reads are
+        not counted), one over the counted, retried HTTP reads for an HTTP store."""
+        if self._fs is None:
+            if isinstance(self.transport, _ArrowTransport):
+                self._fs = self.transport.fs
+            else:
+                from pyarrow import fs as pafs
+
+                self._fs = pafs.PyFileSystem(_handler_class()(self))
+        return self._fs
+
+    # -- errors ----------------------------------------------------------------
     def _wrap(self, e: Exception, key: str, action: str = "read") -> Exception:
-        from warpdata.core.errors import StoreUnavailableError
+        from warpdata.core.errors import (
+            AuthenticationError,
+            StorePermissionError,
+            StoreUnavailableError,
+            WarpError,
+        )
         from warpdata.storage.errors import translate_storage_error
 
-        t = translate_storage_error(e, self.url_of(key), action)
-        if t is e and isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
-            return StoreUnavailableError(f"cannot {action} {self.url_of(key)}: {e}",
+        if isinstance(e, WarpError):
+            return e
+        where = self.url_of(key)
+        if isinstance(e, HttpStatusError):
+            if e.status == 401:
+                return AuthenticationError(f"{where}: the web host asks for credentials (HTTP 401)",
+                                           hint="HTTP stores are read without credentials: serve the store "
+                                                "publicly, or use its s3:// URL with credentials")
+            if e.status == 403:
+                return StorePermissionError(f"the web host refused to {action} {where} (HTTP 403)",
+                                       hint="check the host's access rules for the store folder")
+            return StoreUnavailableError(f"cannot {action} {where}: {e}",
+                                         hint=f"check that {self.url} serves the store folder "
+                                              "(blobs/ and datasets/); 'warp doctor ws/name' tests a read")
+        if isinstance(self.transport, _HttpTransport):
+            import socket
+
+            host = self.transport.netloc
+            cause = ("refuses connections" if isinstance(e, ConnectionRefusedError) else
+                     "does not resolve (DNS lookup failed: offline, or a wrong host name)"
+                     if isinstance(e, socket.gaierror) else
+                     f"did not answer within {self.config.connect_timeout:g}s" if isinstance(e, _ConnectTimeout)
+                     else f"failed: {_reason(e)}")
+            return StoreUnavailableError(f"cannot {action} {where}: the web host {host} {cause}",
+                                         hint="check the store URL (WARP_STORE or --store) and the network",
+                                         host=host)
+        t = translate_storage_error(e, where, action)
+        if t is e and not isinstance(e, FileNotFoundError):
+            return StoreUnavailableError(f"cannot {action} {where}: {e}",
                                          hint="check the network and WARP_S3_ENDPOINT; 'warp doctor --only store'")
         return t
 
-    def get(self, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist (on S3: one GET)."""
-        if self.loc.protocol == "s3":
-            client = _s3_client(self.config)
-            if client is not None:
-                return self._s3_get(client, key)
-        if self.loc.protocol == "file":  # a plain read: `warp info` on a local store never imports pyarrow
+    def _busy(self, key: str, attempts: int, seconds: float, last: Exception):
+        from warpdata.core.errors import StoreBusyError
+
+        status = getattr(last, "status", None)
+        return StoreBusyError(
+            f"store {self.url} kept refusing reads of {key}: {attempts} attempt(s) over {seconds:.1f}s, "
+            f"the last answered {_reason(last)}; gave up after the retry budget of {self.retry_budget:g}s",
+            hint="the store is throttling or failing: rerun later (nothing was half-written), read with fewer "
+                 "DataLoader workers or ranks, or raise WARP_RETRY_BUDGET (seconds)",
+            store=self.url, key=key, attempts=attempts, seconds=round(seconds, 3),
+            budget=self.retry_budget, **({"status": status} if status else {}))
+
+    def _call(self, key: str, fn: Callable[[], Any]) -> Any:
+        """Run one request with the retry policy (module docstring); the transport counts each
+        request it sends (a HEAD that opens an S3 object, each redirect hop)."""
+        from warpdata.core.errors import WarpError
+
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
             try:
-                with open(self.path(key), "rb") as f:
-                    return f.read()
-            except (FileNotFoundError, NotADirectoryError):
-                return None
-            except OSError as e:
-                raise self._wrap(e, key) from e
-        try:
-            with self.fs.open_input_stream(self.path(key)) as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except Exception as e:
-            if _is_not_found(e):
-                return None
-            raise self._wrap(e, key) from e
+                return fn()
+            except (WarpError, FileNotFoundError):
+                raise
+            except Exception as e:
+                why = self.transport.classify(e)
+                if why is None:
+                    raise self._wrap(e, key) from e
+                attempt += 1
+                elapsed = time.monotonic() - t0
+                if why in ("connect", "connect-timeout"):
+                    limit = CONNECT_TIMEOUT_ATTEMPTS if why == "connect-timeout" else CONNECT_ATTEMPTS
+                    if attempt >= limit:
+                        raise self._wrap(e, key) from e
+                    pause = random.uniform(0.05, 0.25)
+                else:
+                    pause = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
+                    after = getattr(e, "retry_after", None)
+                    if after:
+                        pause = max(pause, min(float(after), BACKOFF_CAP * 2))
+                    if elapsed + pause > self.retry_budget:
+                        raise self._busy(key, attempt, elapsed, e) from e
+                self.stats.retried(why == "throttle", pause)
+                log.debug(f"{self.url_of(key)}: {_reason(e)}; retry {attempt} in {pause:.2f}s")
+                time.sleep(pause)
 
-    def _s3_get(self, client: Any, key: str) -> bytes | None:
-        bucket, _, prefix = self.path(key).lstrip("/").partition("/")
-        try:
-            return client.get_object(Bucket=bucket, Key=prefix)["Body"].read()
-        except Exception as e:
-            err = getattr(e, "response", None) or {}
-            code = str((err.get("Error") or {}).get("Code", ""))
-            status = (err.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            if code in ("NoSuchKey", "404", "NotFound") or status == 404:
-                return None
-            t = self._wrap(e, key)
-            if t is e:
-                from warpdata.core.errors import StoreUnavailableError
+    # -- reads -------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        data = self._call(key, lambda: self.transport.get(key))
+        if data is not None:
+            self.stats.received(len(data))
+        return data
 
-                t = StoreUnavailableError(f"cannot read {self.url_of(key)}: {e}",
-                                          hint="check the network and WARP_S3_ENDPOINT; 'warp doctor --only store'")
-            raise t from e
+    def size(self, key: str) -> int:
+        """The object's size in bytes (one HEAD); BlobNotFoundError when it is missing."""
+        n = self._call(key, lambda: self.transport.size(key))
+        if n is None:
+            raise self._missing(key)
+        return int(n)
 
-    def open(self, key: str, size: int | None = None):
-        """A random-access file over the object (on S3: one HEAD, then ranged GETs)."""
-        try:
-            return self.fs.open_input_file(self.path(key))
-        except Exception as e:
-            if isinstance(e, FileNotFoundError) or _is_not_found(e):
-                from warpdata.core.errors import BlobNotFoundError
+    def _missing(self, key: str):
+        from warpdata.core.errors import BlobNotFoundError
 
-                raise BlobNotFoundError(f"{self.url_of(key)} is missing from the store",
-                                        hint="the version was published incompletely; republish it") from None
-            raise self._wrap(e, key) from e
+        return BlobNotFoundError(f"{self.url_of(key)} is missing from the store",
+                                 hint="the version was published incompletely; republish it")
+
+    def open(self, key: str, size: int | None = None) -> RangeFile:
+        """Random access to the object by ranged reads (its size from the manifest: no request)."""
+        return RangeFile(self, key, size)
 
     def read_range(self, key: str, start: int, length: int, size: int | None = None) -> bytes:
-        f = self.open(key, size)
+        """``length`` bytes from ``start``: one ranged GET (retried; counted)."""
+        if length <= 0:
+            return b""
         try:
-            return f.read_at(length, start)
-        except Exception as e:
-            raise self._wrap(e, key) from e
-        finally:
-            f.close()
+            data = self._call(key, lambda: self.transport.read_range(key, start, length, size))
+        except FileNotFoundError:
+            raise self._missing(key) from None
+        self.stats.received(len(data))
+        if len(data) != length:
+            from warpdata.core.errors import DataError
+
+            raise DataError(f"{self.url_of(key)}: asked for {length} bytes at {start}, got {len(data)}",
+                            hint="the stored object is shorter than the manifest says; republish the dataset")
+        return data
 
     def copy_to(self, key: str, dst, size: int | None = None, chunk: int = 8 << 20) -> None:
-        """Stream the whole object into ``dst`` (a writable file object)."""
-        f = self.open(key, size)
+        """Stream the whole object into ``dst`` (a writable file object), ``chunk`` bytes per ranged GET."""
+        total = size if size is not None else self.size(key)
+        pos = 0
+        while pos < total:
+            n = min(chunk, total - pos)
+            dst.write(self.read_range(key, pos, n, total))
+            pos += n
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, HttpStatusError):
+        return f"HTTP {e.status}" + (f" {e.reason}" if e.reason else "")
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text[:200]
+
+
+# -- range files ------------------------------------------------------------------
+
+_POOL: tuple[int, Any] | None = None
+_POOL_MU = threading.Lock()
+
+
+def _pool():
+    """The process's prefetch threads (made again after a fork: a forked pool has no threads)."""
+    global _POOL
+    with _POOL_MU:
+        if _POOL is None or _POOL[0] != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+
+            _POOL = (os.getpid(), ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="warp-range"))
+        return _POOL[1]
+
+
+def coalesce(ranges: Sequence[tuple[int, int]], hole: int = HOLE_SIZE, limit: int = RANGE_LIMIT) -> list[tuple[int, int]]:
+    """(offset, length) ranges merged where the gap between them is at most ``hole`` bytes,
+    each merged range at most ``limit`` bytes (unless one range alone is longer)."""
+    out: list[list[int]] = []
+    for off, n in sorted((o, n) for o, n in ranges if n > 0):
+        if out:
+            last = out[-1]
+            end = last[0] + last[1]
+            if off - end <= hole and max(end, off + n) - last[0] <= limit:
+                last[1] = max(end, off + n) - last[0]
+                continue
+        out.append([off, n])
+    return [(o, n) for o, n in out]
+
+
+class RangeFile:
+    """One store object opened for random access by ranged reads.
+
+    :meth:`read_at` is thread-safe (no shared position). The file protocol (``seek``, ``tell``,
+    ``read``) is what ``pyarrow.PythonFile`` wraps for the Parquet reader; reads inside ranges
+    fetched by :meth:`prefetch` are served from memory, the rest by one ranged GET each.
+    """
+
+    def __init__(self, remote: Remote, key: str, size: int | None = None) -> None:
+        self.remote, self.key = remote, key
+        self._size = size
+        self._pos = 0
+        self.closed = False
+        self._mu = threading.Lock()
+        self._held: dict[int, tuple[int, bytes]] = {}  # token -> (offset, bytes)
+        self._token = 0
+
+    def __repr__(self) -> str:
+        return f"RangeFile({self.remote.url_of(self.key)!r})"
+
+    def size(self) -> int:
+        if self._size is None:
+            self._size = self.remote.size(self.key)
+        return self._size
+
+    def _from_held(self, off: int, n: int) -> bytes | None:
+        with self._mu:
+            for start, data in self._held.values():
+                if start <= off and off + n <= start + len(data):
+                    return data[off - start:off - start + n]
+        return None
+
+    def read_at(self, nbytes: int, offset: int) -> bytes:
+        n = max(0, min(nbytes, self.size() - offset))
+        if n == 0:
+            return b""
+        hit = self._from_held(offset, n)
+        if hit is not None:
+            return hit
+        return self.remote.read_range(self.key, offset, n, self._size)
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> list[int]:
+        """Fetch ``(offset, length)`` ranges, coalesced, in parallel; tokens for :meth:`release`."""
+        merged = coalesce(ranges)
+        if not merged:
+            return []
+        if len(merged) == 1:
+            got = [self.remote.read_range(self.key, merged[0][0], merged[0][1], self._size)]
+        else:
+            got = list(_pool().map(lambda r: self.remote.read_range(self.key, r[0], r[1], self._size), merged))
+        tokens = []
+        with self._mu:
+            for (off, _n), data in zip(merged, got, strict=True):
+                self._token += 1
+                self._held[self._token] = (off, data)
+                tokens.append(self._token)
+        return tokens
+
+    def release(self, tokens: Sequence[int]) -> None:
+        with self._mu:
+            for t in tokens:
+                self._held.pop(t, None)
+
+    @contextlib.contextmanager
+    def prefetched(self, ranges: Sequence[tuple[int, int]]):
+        tokens = self.prefetch(ranges)
         try:
-            buf = bytearray(chunk)
-            view = memoryview(buf)
-            while True:
-                n = f.readinto(buf)
-                if not n:
-                    break
-                dst.write(view[:n])
-        except Exception as e:
-            from warpdata.core.errors import WarpError
-
-            if isinstance(e, WarpError):
-                raise
-            raise self._wrap(e, key) from e
+            yield
         finally:
-            f.close()
+            self.release(tokens)
 
+    # -- the file protocol (pyarrow.PythonFile) ------------------------------------
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: None}[whence]
+        self._pos = (self.size() if base is None else base) + offset
+        return self._pos
+
+    def read(self, nbytes: int | None = None) -> bytes:
+        n = self.size() - self._pos if nbytes is None or nbytes < 0 else nbytes
+        data = self.read_at(n, self._pos)
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        with self._mu:
+            self._held.clear()
+
+    def __enter__(self) -> RangeFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_HANDLER: list[type] = []
+
+
+def _handler_class() -> type:
+    """:class:`_RemoteHandler` as a ``pyarrow.fs.FileSystemHandler`` (made on first use: pyarrow loads lazily)."""
+    if not _HANDLER:
+        from pyarrow import fs as pafs
+
+        _HANDLER.append(type("RemoteHandler", (_RemoteHandler, pafs.FileSystemHandler), {}))
+    return _HANDLER[0]
+
+
+class _RemoteHandler:
+    """A read-only ``pyarrow.fs.FileSystemHandler`` over a :class:`Remote` (paths as :meth:`Remote.path`)."""
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+
+    def _key(self, path: str) -> str:
+        """The store key of a path made by :meth:`Remote.path` (a leading slash is optional)."""
+        root = (self.remote.root + "/").lstrip("/")
+        p = path.lstrip("/")
+        return p[len(root):] if p.startswith(root) else p
+
+    def get_type_name(self) -> str:
+        return "warp-remote"
+
+    def equals(self, other) -> bool:
+        return isinstance(other, _RemoteHandler) and other.remote is self.remote
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths):
+        from pyarrow import fs as pafs
+
+        out = []
+        for p in paths:
+            try:
+                out.append(pafs.FileInfo(p, pafs.FileType.File, size=self.remote.size(self._key(p))))
+            except FileNotFoundError:
+                out.append(pafs.FileInfo(p, pafs.FileType.NotFound))
+        return out
+
+    def open_input_file(self, path: str):
+        import pyarrow as pa
+
+        return pa.PythonFile(self.remote.open(self._key(path)), mode="r")
+
+    def open_input_stream(self, path: str):
+        return self.open_input_file(path)
+
+    def _read_only(self, *args: Any, **kw: Any):
+        from warpdata.core.errors import ReadOnlyStoreError
+
+        raise ReadOnlyStoreError(f"{self.remote.url}: the read path writes nothing")
+
+    get_file_info_selector = create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = _read_only
+    delete_file = move = copy_file = open_output_stream = open_append_stream = _read_only
+
+
+# -- transports ----------------------------------------------------------------------
 
 _S3_FS: dict[tuple, tuple[float, Any]] = {}
 _S3_FS_TTL = 300.0  # seconds a filesystem (and the credentials resolved into it) is reused
@@ -157,18 +538,15 @@ _CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", 
 
 
 def _pyarrow_s3(config):
-    """One pyarrow S3 filesystem per configuration and credential environment, reused for a few
-    minutes: building one resolves credentials through botocore (~50 ms), which every
-    ``Dataset`` open would otherwise pay again."""
-    import os
-    import time
-
-    key = (config, tuple(os.environ.get(k) for k in _CRED_ENV))
+    """One pyarrow S3 filesystem per configuration, credential environment and process, reused for
+    a few minutes: building one resolves credentials through botocore (~50 ms), which every
+    ``Dataset`` open would otherwise pay again. Its SDK retries are off (:meth:`Remote._call` retries)."""
+    key = (config, tuple(os.environ.get(k) for k in _CRED_ENV), os.getpid())
     now = time.monotonic()
     hit = _S3_FS.get(key)
     if hit is not None and now - hit[0] < _S3_FS_TTL:
         return hit[1]
-    fs = config.pyarrow_s3()
+    fs = config.pyarrow_s3(retry_attempts=1)
     if len(_S3_FS) >= 16:
         _S3_FS.clear()
     _S3_FS[key] = (now, fs)
@@ -179,12 +557,10 @@ _S3_CLIENTS: dict[tuple, tuple[float, Any]] = {}
 
 
 def _s3_client(config):
-    """One botocore S3 client per configuration and credential environment, reused like
-    :func:`_pyarrow_s3`; None without boto3 (reads then go through pyarrow, HEAD + GET).
-    Per process: a forked DataLoader worker must not share its parent's connection pool."""
-    import os
-    import time
-
+    """One botocore S3 client per configuration, credential environment and process (a forked
+    DataLoader worker must not share its parent's connection pool), reused like
+    :func:`_pyarrow_s3`, with botocore's retries off (:meth:`Remote._call` retries); None
+    without boto3 (whole-object reads then go through pyarrow: HEAD + GET)."""
     key = (config, tuple(os.environ.get(k) for k in _CRED_ENV), os.getpid())
     now = time.monotonic()
     hit = _S3_CLIENTS.get(key)
@@ -196,13 +572,357 @@ def _s3_client(config):
         return None
     from warpdata.registry.store import boto3_client
 
-    client = boto3_client(config)
+    client = boto3_client(config, attempts=1)
     if len(_S3_CLIENTS) >= 16:
         _S3_CLIENTS.clear()
     _S3_CLIENTS[key] = (now, client)
     return client
 
 
+_THROTTLE_TEXT = ("HTTP status 503", "HTTP status 429", "SLOW_DOWN", "SlowDown", "THROTTLING", "Throttl",
+                  "REQUEST_LIMIT_EXCEEDED", "TooManyRequests", "ServiceUnavailable", "SERVICE_UNAVAILABLE")
+_TRANSIENT_TEXT = ("HTTP status 500", "HTTP status 502", "HTTP status 504", "INTERNAL_FAILURE",
+                   "Failed to flush response stream", "curlCode: 28", "curlCode: 52", "curlCode: 55",
+                   "curlCode: 56", "NETWORK_CONNECTION", "Connection reset", "REQUEST_TIMEOUT", "RequestTimeout")
+
+
+class _ArrowTransport:
+    """Requests through a pyarrow filesystem (native S3, local, or fsspec's memory filesystem)."""
+
+    def __init__(self, loc, config, stats: RequestStats) -> None:
+        self.loc, self.config = loc, config
+        self.protocol = loc.protocol
+        self.stats = stats
+        self._fs: Any = None
+        self.root = loc.path.rstrip("/")
+        self._files: dict[str, Any] = {}  # key -> open native file: S3 pays its HEAD once per key
+        self._mu = threading.Lock()
+        if loc.protocol == "s3":
+            _before_s3_finalize(self)
+
+    def close(self) -> None:
+        with self._mu:
+            self._files.clear()
+
+    @property
+    def fs(self):
+        """The pyarrow filesystem, built on first use: a command that reads only small objects
+        (``warp info``: the pointer and the manifest) never imports pyarrow."""
+        if self._fs is None:
+            from pyarrow import fs as pafs
+            from warpdata.storage.locations import filesystem
+
+            if self.protocol == "s3":
+                self._fs = _pyarrow_s3(self.config)
+            elif self.protocol == "file":
+                self._fs = pafs.LocalFileSystem()
+            else:
+                self._fs = pafs.PyFileSystem(pafs.FSSpecHandler(filesystem(self.loc, self.config)))
+        return self._fs
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def _count(self, kind: str) -> None:
+        self.stats.request(kind if self.protocol == "s3" else "read")
+
+    def _open(self, key: str):
+        f = self._files.get(key)
+        if f is None:
+            if self.protocol == "s3":
+                self.stats.request("HEAD")  # pyarrow's S3 open sends a HEAD for the size
+            f = self.fs.open_input_file(self._path(key))
+            with self._mu:
+                if len(self._files) >= 256:
+                    self._files.clear()
+                f = self._files.setdefault(key, f)
+        return f
+
+    def get(self, key: str) -> bytes | None:
+        """A whole small object: on S3 one GET through botocore (pyarrow would HEAD first), a
+        plain read from a local store, else through the pyarrow filesystem."""
+        if self.protocol == "s3":
+            client = _s3_client(self.config)
+            if client is not None:
+                return self._s3_get(client, key)
+        if self.protocol == "file":
+            self._count("read")
+            try:
+                with open(self._path(key), "rb") as f:
+                    return f.read()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        sent = False
+        try:
+            if self.protocol == "s3":
+                self.stats.request("HEAD")  # pyarrow opens a stream with a HEAD, then GETs
+            with self.fs.open_input_stream(self._path(key)) as f:
+                self._count("GET")
+                sent = True
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if self.protocol == "s3" and not sent and "GetObject" in str(e):
+                self._count("GET")
+            if _is_not_found(e):
+                return None
+            raise
+
+    def _s3_get(self, client: Any, key: str) -> bytes | None:
+        bucket, _, name = self._path(key).lstrip("/").partition("/")
+        self.stats.request("GET")
+        try:
+            return client.get_object(Bucket=bucket, Key=name)["Body"].read()
+        except Exception as e:
+            err = getattr(e, "response", None) or {}
+            code = str((err.get("Error") or {}).get("Code", ""))
+            status = (err.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+                return None
+            raise
+
+    def read_range(self, key: str, start: int, length: int, size: int | None) -> bytes:
+        try:
+            f = self._open(key)
+            self._count("GET")
+            return f.read_at(length, start)
+        except OSError as e:
+            if _is_not_found(e):
+                raise FileNotFoundError(key) from None
+            raise
+
+    def size(self, key: str) -> int | None:
+        try:
+            return self._open(key).size()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if _is_not_found(e):
+                return None
+            raise
+
+    def classify(self, e: BaseException) -> str | None:
+        from warpdata.storage.errors import connection_cause
+
+        if self.protocol != "s3":
+            return None
+        cause = connection_cause(e)
+        if cause is not None:
+            return "connect-timeout" if cause[0] == "timeout" else "connect"
+        resp = getattr(e, "response", None)
+        if isinstance(resp, dict):  # botocore's ClientError (whole-object GETs)
+            code = str((resp.get("Error") or {}).get("Code", ""))
+            status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if status in (429, 503) or code in ("SlowDown", "Throttling", "ThrottlingException",
+                                                "RequestLimitExceeded", "TooManyRequests", "ServiceUnavailable"):
+                return "throttle"
+            if status in (500, 502, 504) or code in ("InternalError", "RequestTimeout"):
+                return "transient"
+            return None
+        if type(e).__name__ in ("ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError",
+                                "IncompleteReadError"):
+            return "transient"
+        text = str(e)
+        if any(t in text for t in _THROTTLE_TEXT):
+            return "throttle"
+        if any(t in text for t in _TRANSIENT_TEXT):
+            return "transient"
+        return None
+
+
+_OPEN_S3: Any = None  # the S3 transports alive (a WeakSet), closed before pyarrow finalizes S3
+
+
+def _before_s3_finalize(transport: _ArrowTransport) -> None:
+    """Drop open S3 files (and cached filesystems) at exit before pyarrow finalizes its S3 client.
+
+    ``import pyarrow.fs`` registers ``ensure_s3_finalized`` with :mod:`atexit`; a native S3 object
+    destroyed after it (an open file held by a cache here until the interpreter's last collection)
+    aborts the process ("terminate called without an active exception"). This hook is registered
+    after that import, and atexit runs hooks last-in first-out, so it runs first.
+    """
+    global _OPEN_S3
+    if _OPEN_S3 is None:
+        import atexit
+        import weakref
+
+        _OPEN_S3 = weakref.WeakSet()
+        atexit.register(_close_s3)
+    _OPEN_S3.add(transport)
+
+
+def _close_s3() -> None:
+    for t in list(_OPEN_S3 or ()):
+        t.close()
+    _S3_FS.clear()
+    _S3_CLIENTS.clear()
+
+
 def _is_not_found(e: Exception) -> bool:
     text = str(e)
-    return "NoSuchKey" in text or "404" in text and "Not Found" in text or "Path does not exist" in text
+    return "NoSuchKey" in text or "404" in text and "Not Found" in text or "Path does not exist" in text \
+        or "HTTP status 404" in text
+
+
+class _ConnectTimeout(OSError):
+    """An HTTP store's host accepted no connection within ``connect_timeout``."""
+
+
+class _HttpTransport:
+    """GET / ranged GET / HEAD over ``http.client``, keep-alive connections per thread and process."""
+
+    def __init__(self, base_url: str, config, stats: RequestStats) -> None:
+        from urllib.parse import urlsplit
+
+        u = urlsplit(base_url)
+        self.scheme, self.netloc, self.prefix = u.scheme, u.netloc, u.path.strip("/")
+        self.config = config
+        self.stats = stats
+        self._local = threading.local()
+
+    def url(self, key: str) -> str:
+        from urllib.parse import quote
+
+        path = f"{self.prefix}/{key}" if self.prefix else key
+        return f"{self.scheme}://{self.netloc}/{quote(path)}"
+
+    def _conn(self, scheme: str, netloc: str, fresh: bool = False):
+        import http.client
+
+        conns = getattr(self._local, "conns", None)
+        if conns is None or self._local.pid != os.getpid():  # never a connection made before a fork
+            conns = self._local.conns = {}
+            self._local.pid = os.getpid()
+        c = conns.get((scheme, netloc))
+        if c is not None and fresh:
+            c.close()
+            c = None
+        if c is None:
+            cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+            c = conns[(scheme, netloc)] = cls(netloc, timeout=self.config.connect_timeout)
+        return c
+
+    def _request(self, method: str, key: str, headers: dict[str, str]):
+        """(status, headers, body) after following redirects; body b"" for HEAD."""
+        import http.client
+        from urllib.parse import urljoin, urlsplit
+
+        from warpdata import __version__
+
+        url = self.url(key)
+        hdrs = {"User-Agent": f"warp/{__version__}", "Accept-Encoding": "identity", **headers}
+        for _ in range(MAX_REDIRECTS + 1):
+            u = urlsplit(url)
+            target = u.path + (f"?{u.query}" if u.query else "")
+            self.stats.request(method)
+            for attempt in (0, 1):
+                c = self._conn(u.scheme, u.netloc, fresh=attempt == 1)
+                reused = c.sock is not None
+                try:
+                    if c.sock is None:
+                        try:
+                            c.connect()
+                        except TimeoutError as e:
+                            raise _ConnectTimeout(f"connecting to {u.netloc} timed out") from e
+                        c.sock.settimeout(self.config.read_timeout)
+                    c.request(method, target, headers=hdrs)
+                    r = c.getresponse()
+                    body = r.read() if method != "HEAD" else b""
+                    if method == "HEAD":
+                        r.read()
+                    break
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                        http.client.CannotSendRequest, http.client.ResponseNotReady):
+                    c.close()
+                    if not reused or attempt == 1:  # a keep-alive connection the server closed: once more
+                        raise
+                except BaseException:
+                    c.close()
+                    raise
+            if r.will_close:
+                c.close()
+            if r.status in (301, 302, 303, 307, 308) and r.getheader("Location"):
+                url = urljoin(url, r.getheader("Location"))
+                if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+                    raise HttpStatusError(r.status, self.url(key), f"redirects to {url!r}, not an http(s) URL")
+                continue
+            return r.status, r, body
+        raise HttpStatusError(310, url, "too many redirects")
+
+    def _error(self, status: int, r, key: str) -> HttpStatusError:
+        after = r.getheader("Retry-After")
+        try:
+            ra = float(after) if after else None
+        except ValueError:
+            ra = None
+        return HttpStatusError(status, self.url(key), r.reason or "", ra)
+
+    def get(self, key: str) -> bytes | None:
+        status, r, body = self._request("GET", key, {})
+        if status == 200:
+            return body
+        if status in (404, 410):
+            return None
+        raise self._error(status, r, key)
+
+    def read_range(self, key: str, start: int, length: int, size: int | None) -> bytes:
+        status, r, body = self._request("GET", key, {"Range": f"bytes={start}-{start + length - 1}"})
+        if status == 206:
+            cr = r.getheader("Content-Range") or ""
+            if not cr.startswith(f"bytes {start}-"):
+                raise HttpStatusError(206, self.url(key), f"answered Content-Range {cr!r} to a range at {start}")
+            return body
+        if status == 200:
+            if start == 0 and len(body) == length:
+                return body  # the whole object was asked for
+            from warpdata.core.errors import RangeNotSupportedError
+
+            raise RangeNotSupportedError(
+                f"{self.url(key)}: the web host answered a ranged read (bytes {start}-{start + length - 1}) "
+                f"with the whole object ({len(body)} bytes): it ignores HTTP Range requests",
+                hint="serve the store from a host that honours Range (S3 and its website endpoints, nginx, "
+                     "Apache, CDNs do; 'python -m http.server' does not)", url=self.url(key))
+        if status in (404, 410):
+            raise FileNotFoundError(self.url(key))
+        if status == 416:
+            from warpdata.core.errors import DataError
+
+            raise DataError(f"{self.url(key)}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
+                            hint="the stored object is shorter than the manifest says; republish the dataset")
+        raise self._error(status, r, key)
+
+    def size(self, key: str) -> int | None:
+        status, r, _ = self._request("HEAD", key, {})
+        if status == 200 and r.getheader("Content-Length") is not None:
+            return int(r.getheader("Content-Length"))
+        if status in (404, 410):
+            return None
+        if status in (200, 405, 501):  # no HEAD (or no length): the total from a one-byte range
+            status, r, _ = self._request("GET", key, {"Range": "bytes=0-0"})
+            cr = r.getheader("Content-Range") or ""
+            if status == 206 and "/" in cr and cr.rsplit("/", 1)[1].isdigit():
+                return int(cr.rsplit("/", 1)[1])
+            if status in (404, 410):
+                return None
+        raise self._error(status, r, key)
+
+    def classify(self, e: BaseException) -> str | None:
+        import http.client
+        import socket
+
+        if isinstance(e, HttpStatusError):
+            if e.status in (429, 503):
+                return "throttle"
+            if e.status in (500, 502, 504):
+                return "transient"
+            return None
+        if isinstance(e, _ConnectTimeout):
+            return "connect-timeout"
+        if isinstance(e, socket.gaierror | ConnectionRefusedError):
+            return "connect"
+        if isinstance(e, TimeoutError | socket.timeout):
+            return "transient"
+        if isinstance(e, ConnectionError | http.client.HTTPException | OSError):
+            return "transient"
+        return None

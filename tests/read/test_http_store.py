@@ -1,0 +1,163 @@
+"""HTTP(S) read-only stores: a store folder written by `warp publish` and served by a static web
+host (a threaded server with Range support on 127.0.0.1, tests/support/httpserve.py) reads through
+the same API and commands as a local or S3 store; writes and listing fail with typed errors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import warpdata
+from support.datasets import make_rows, write_media
+from support.httpserve import StaticServer
+
+
+@pytest.fixture
+def published(cli, tmp_path, monkeypatch):
+    """ws/demo published by `warp publish` into a local store folder: 2 Parquet files, a media artifact."""
+    write_media(tmp_path / "media", 6)
+    files = []
+    for k, part in enumerate([make_rows(300, 0, image_every=6), make_rows(200, 300, image_every=6)]):
+        p = tmp_path / f"part-{k}.parquet"
+        pq.write_table(part, p, row_group_size=100)
+        files.append(str(p))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "store"
+    r = cli("publish", "ws/demo", "--table", f"main={tmp_path}/part-*.parquet", "--artifact",
+            f"media={tmp_path / 'media'}", "--bind", "main.image=media:image", "--store", str(folder))
+    assert r.code == 0, r.err
+    return {"folder": folder, "version": r.out.strip(), "media": tmp_path / "media", "tmp": tmp_path}
+
+
+@pytest.fixture
+def host(published, monkeypatch):
+    with StaticServer(published["folder"]) as srv:
+        monkeypatch.setenv("WARP_STORE", srv.url + "/")
+        yield srv
+
+
+def test_reads_tables_refs_and_filters_over_http(published, host):
+    ds = warpdata.dataset("ws/demo", mode="remote")
+    assert ds.version == published["version"]
+    t = ds.table("main")
+    assert t.num_rows == 500 and t.schema().names[:3] == ["id", "x", "label"]
+    ids = [i for b in t.batches(128, columns=["id"]) for i in b.column(0).to_pylist()]
+    assert ids == list(range(500))
+    assert t.filter("id BETWEEN 250 AND 260").select(["id"]).to_arrow().column("id").to_pylist() == list(range(250, 261))
+    d = next(iter(t.batch_dicts(8)))
+    assert d["image"][3].read_bytes() == (published["media"] / "img" / "0003.png").read_bytes()
+    assert d["image"][3].as_numpy().shape == (11, 10, 3)
+    blob_gets = [r for r in host.log if r["method"] == "GET" and "/blobs/" in r["path"]]
+    index = ds.manifest.artifacts["media"].index.hash  # the member index is read whole, once
+    assert blob_gets and all(r["range"] for r in blob_gets if index not in r["path"])  # shards: by ranges
+    assert sum(index in r["path"] for r in blob_gets) == 1
+    assert not any(r["path"].rstrip("/").endswith(("/datasets", "/blobs")) for r in host.log)  # no listing
+    st = ds.stats.to_dict()  # what warp counted is what the host served
+    assert st["requests"] == host.requests and st["retries"] == 0 and st["bytes"] > 0
+
+
+def test_cli_over_http(cli, published, host, tmp_path):
+    r = cli("stream", "ws/demo", "--columns", "id,label", "--limit", "3", "--mode", "remote")
+    assert r.code == 0, r.err
+    assert [json.loads(x) for x in r.out.splitlines()] == [{"id": i, "label": f"label-{i % 7}"} for i in range(3)]
+    r = cli("cat", "ws/demo", "--artifact", "media", "--ref", "img/0002.png", "--mode", "remote")
+    assert r.code == 0, r.err
+    r = cli("ls", "ws/demo", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["datasets"][0]["version"] == published["version"]
+    r = cli("warm", "ws/demo", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["fetched"] == r.json()["blobs"] > 0
+    host.reset()
+    r = cli("stream", "ws/demo", "--columns", "id", "--mode", "local")  # offline from the warmed cache
+    assert r.code == 0 and len(r.out.splitlines()) == 500 and host.requests == 0
+
+
+def test_cat_bytes_are_exact(published, host):
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "warpdata", "cat", "ws/demo", "--artifact", "media", "--ref",
+                        "img/0004.png", "--mode", "remote", "-v"], capture_output=True, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == (published["media"] / "img" / "0004.png").read_bytes()
+
+
+def test_writes_to_an_http_store_fail_naming_the_url(cli, published, host, tmp_path):
+    p = tmp_path / "new.parquet"
+    pq.write_table(pa.table({"id": [1, 2]}), p)
+    r = cli("publish", "ws/other", "--table", f"main={p}")
+    assert r.code == 78 and r.out == ""
+    assert host.url in r.err and "read-only" in r.err and "hint:" in r.err
+    r = cli("publish", "ws/other", "--table", f"main={p}", "--json")
+    assert r.code == 78 and r.json()["error"] == "read-only-store"
+    assert not [x for x in host.log if x["method"] != "GET" and x["method"] != "HEAD"]  # nothing was sent
+    from warpdata.core.errors import ReadOnlyStoreError
+    from warpdata.registry.store import Store
+
+    with pytest.raises(ReadOnlyStoreError, match="read-only"):
+        Store(host.url).put_blob("0" * 64, b"", verify=False)
+
+
+def test_listing_and_version_prefixes_need_names(cli, published, host):
+    r = cli("ls")
+    assert r.code == 2 and "cannot be listed" in r.err and "warp ls ws/name" in r.err
+    r = cli("stream", "ws/demo", "--version", published["version"][:10], "--limit", "1")
+    assert r.code == 2 and "cannot be listed" in r.err and "full 64-hex" in r.err
+    r = cli("stream", "ws/demo", "--version", published["version"], "--columns", "id", "--limit", "1")
+    assert r.code == 0 and r.out.strip() == '{"id":0}'
+    r = cli("stream", "ws/nope", "--limit", "1")
+    assert r.code == 66 and "not published in store" in r.err and host.url in r.err
+
+
+def test_a_host_that_ignores_range_is_refused(cli, published, monkeypatch):
+    with StaticServer(published["folder"], ranges=False) as plain:  # like python -m http.server
+        monkeypatch.setenv("WARP_STORE", plain.url)
+        r = cli("stream", "ws/demo", "--columns", "id", "--mode", "remote")
+        assert r.code == 78 and "ignores HTTP Range" in r.err and "http.server" in r.err and r.out == ""
+
+
+def test_unreachable_http_store_is_typed(cli, published, monkeypatch):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("WARP_STORE", f"http://127.0.0.1:{port}/warp")
+    r = cli("stream", "ws/demo", "--mode", "remote")
+    assert r.code == 78 and f"127.0.0.1:{port}" in r.err and "refuses connections" in r.err
+
+
+def test_throttling_host_is_retried_then_bounded(cli, published, monkeypatch):
+    with StaticServer(published["folder"], fail_every=3) as flaky:
+        monkeypatch.setenv("WARP_STORE", flaky.url)
+        ds = warpdata.dataset("ws/demo", mode="remote")
+        assert sum(b.num_rows for b in ds.table("main").batches(100)) == 500
+        st = ds.stats.to_dict()
+        assert flaky.faults > 0 and st["retries"] == flaky.faults == st["throttled"]
+        assert st["requests"] == flaky.requests
+    with StaticServer(published["folder"], fail_every=1) as down:
+        monkeypatch.setenv("WARP_STORE", down.url)
+        monkeypatch.setenv("WARP_RETRY_BUDGET", "1")
+        r = cli("stream", "ws/demo", "--mode", "remote", "--json")
+        assert r.code == 75, r.err
+        assert down.url in r.err and "retry budget of 1s" in r.err and "WARP_RETRY_BUDGET" in r.err
+        err = json.loads(r.out)
+        assert err["error"] == "store-busy" and err["details"]["attempts"] == down.requests > 1
+
+
+def test_format1_manifest_filters_over_http(tmp_path, monkeypatch):
+    from support.datasets import publish
+
+    publish(str(tmp_path / "old"), "ws/old", {"main": [make_rows(300), make_rows(200, 300)]}, tmp_path,
+            row_group_size=100, stats=False)  # a format-1 manifest: no shard statistics
+    with StaticServer(tmp_path / "old") as host:
+        monkeypatch.setenv("WARP_STORE", host.url)
+        t = warpdata.dataset("ws/old", mode="remote").table("main")
+        got = t.filter("id BETWEEN 290 AND 310").select(["id"]).to_arrow().column("id").to_pylist()
+        assert sorted(got) == list(range(290, 311))
+        assert t.filter("id >= 0").count() == 500
