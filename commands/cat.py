@@ -2,6 +2,8 @@
 
 The member is located through the artifact's index and read with one ranged
 GET (or from the cached shard): nothing is extracted or downloaded whole.
+-v reports the store traffic on stderr (with --json as one JSON line there,
+{"requests": {...}}: stdout holds the member's bytes).
 """
 
 from __future__ import annotations
@@ -27,9 +29,14 @@ def main(
 ) -> int:
     import sys
 
+    from warpdata.cli import output as out
     from warpdata.read.dataset import dataset
 
-    data = dataset(name, mode=mode, version=version, store=store).artifact(artifact).read(ref)
+    ds = dataset(name, mode=mode, version=version, store=store)
+    try:
+        data = ds.artifact(artifact).read(ref)
+    finally:
+        out.report_requests(ds.stats.to_dict())
     sys.stdout.flush()
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()

@@ -11,6 +11,10 @@ by repeating rows from the start of the table, like PyTorch's
 DistributedSampler (pad=True in the library); it says on stderr how many rows
 it repeated. --limit N reads only the row groups its N rows are in, then
 stops: nothing else of the table is fetched.
+
+-v ends with a line about the store traffic (requests by kind, bytes received,
+retries of throttled requests); with --json that report is one JSON line on
+stderr ({"requests": {...}}), since stdout holds the rows.
 """
 
 from __future__ import annotations
@@ -43,13 +47,8 @@ def main(
     mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
     store: StoreOption = None,
 ) -> int:
-    import base64
-    import json
-    import sys
-
     from warpdata.cli import output as out
     from warpdata.core.errors import UsageError
-    from warpdata.partition.world import parse_shard
     from warpdata.read.dataset import dataset
 
     if pad and shard is None:
@@ -57,7 +56,23 @@ def main(
     if pad and filter_:
         raise UsageError("--pad cannot be combined with --filter (a filtered stream splits whole files "
                          "between ranks and never repeats rows)", hint="drop --pad, or filter downstream")
-    t = dataset(name, mode=mode, version=version, store=store).table(table)
+    ds = dataset(name, mode=mode, version=version, store=store)
+    try:
+        return _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size)
+    finally:
+        out.report_requests(ds.stats.to_dict())
+
+
+def _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size) -> int:
+    import base64
+    import json
+    import sys
+
+    from warpdata.cli import output as out
+    from warpdata.core.errors import UsageError
+    from warpdata.partition.world import parse_shard
+
+    t = ds.table(table)
     cols = [c.strip() for c in columns.split(",") if c.strip()] if columns is not None else None
     if cols == []:
         raise UsageError(f"--columns {columns!r} names no column", hint="e.g. --columns id,label; leave it out for all")

@@ -4,6 +4,7 @@ Reads never need this (they stream remotely and warm the cache as they go);
 warming makes later epochs and offline runs (mode=local) read locally. Blobs
 already cached are verified, not downloaded again. The cache cap
 (WARP_CACHE_SIZE_GB) still applies: least recently used blobs make room.
+-v and --json report the store traffic (requests, bytes, retries).
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ def main(
         t in ds.manifest.tables for t in (names or ds.tables)) else None
     with out.progress(f"warming {name}", total=total, unit="B") as bar:
         res = ds.warm(tables=names, shards=sel, max_bytes=max_bytes, artifacts=artifacts, on_blob=bar.advance)
+    traffic = ds.stats.to_dict()
     if out.options().json:
-        out.emit_json(res.to_dict())
+        out.emit_json({**res.to_dict(), "requests": traffic})
     else:
         out.info(f"{name}@{res.version[:12]}: {res.blobs} blob(s); downloaded {res.fetched} "
                  f"({format_size(res.fetched_bytes)}), already cached {res.cached} ({format_size(res.cached_bytes)})"
                  + (f", {res.skipped_over_budget} left out by --max-bytes" if res.skipped_over_budget else ""))
+        out.detail(out.requests_line(traffic))
     return 0

@@ -232,3 +232,26 @@ def detach_library() -> None:
         logger.removeHandler(h)
     logger.setLevel(logging.NOTSET)
     logger.propagate = True
+
+
+def requests_line(stats: dict) -> str:
+    """One line about a read's store traffic, from ``RequestStats.to_dict()``."""
+    from warpdata.core.sizes import format_size
+
+    kinds = ", ".join(f"{k} {v}" for k, v in stats.get("by_kind", {}).items())
+    line = f"requests: {stats['requests']} request(s)" + (f" ({kinds})" if kinds else "") + \
+        f", {format_size(stats['bytes'])} received"
+    if stats.get("retries"):
+        line += (f", {stats['retries']} retried ({stats['throttled']} throttled, "
+                 f"{stats['backoff_seconds']:.2f}s backing off)")
+    return line
+
+
+def report_requests(stats: dict) -> None:
+    """Store traffic of a command whose stdout is data (stream, cat): -v prints :func:`requests_line`
+    on stderr; --json writes ``{"requests": stats}`` as one JSON line on stderr."""
+    if _opts.json:
+        sys.stderr.write(json.dumps({"requests": stats}, sort_keys=True) + "\n")
+        sys.stderr.flush()
+    else:
+        detail(requests_line(stats))
