@@ -53,6 +53,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("tar-to-tbl", "warpdata.commands.tar_to_tbl", "Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes, checksums."),
     # publish and read
     CommandSpec("publish", "warpdata.commands.publish", "Publish a dataset version (tables, raw artifacts, bindings) to the store: content-addressed, idempotent."),
+    CommandSpec("register", "warpdata.commands.register", "Make a dataset of local Parquet files and directories, read in place (nothing copied); changes are detected."),
+    CommandSpec("unregister", "warpdata.commands.unregister", "Remove a dataset registered in place; its files stay where they are."),
     CommandSpec("ls", "warpdata.commands.ls", "List the datasets published in a store, from their manifests only."),
     CommandSpec("info", "warpdata.commands.info", "Show a published dataset's version, tables, rows, artifacts and bindings, from its manifest alone."),
     CommandSpec("schema", "warpdata.commands.schema", "List a published table's columns and Arrow types, from the manifest (no shard read)."),

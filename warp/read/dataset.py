@@ -67,11 +67,19 @@ _MANIFESTS: dict[tuple[str, str], tuple[Manifest, bytes]] = {}
 _MANIFESTS_MU = threading.Lock()
 def dataset(name: str, mode: str | None = None, version: str | None = None, *,
             store: str | None = None, cache: BlobCache | None = None, verify: str | None = None) -> Dataset:
-    """Open published dataset ``name`` (``workspace/name``) for reading.
+    """Open dataset ``name`` (``workspace/name``) for reading.
 
+    A dataset registered in place (``warp register``) is found first, unless ``store`` names
+    a store explicitly; otherwise the published dataset in ``store`` (default ``WARP_STORE``).
     ``verify``: ``"fast"`` (default), ``"full"`` or ``"off"`` (module docstring);
     a ``cache`` passed in keeps its own mode for ``fast`` and ``full``.
     """
+    if store is None:
+        from warpdata.read.registered import open_registered
+
+        reg = open_registered(name, mode, version)
+        if reg is not None:
+            return reg
     return Dataset(name, mode=mode, version=version, store=store, cache=cache, verify=verify)
 
 

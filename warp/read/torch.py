@@ -62,8 +62,10 @@ class TorchLoader:
             # the workers get this rank's state as planned here (a list of every rank's states merged once)
             kw = {**kw, "resume": self._probe.plan.state_after(0, manifest=self.table.ds.version,
                                                                 table=self.table.name)}
-        ds = _make_torch_iterable((self.table.ds.id, self.table.ds.version, self.table.ds.mode,
-                                   self.table.ds.remote.url, getattr(self.table.ds, "verify", None),
+        src = self.table.ds
+        # a registered dataset is found again by name (store None), a published one in its store
+        store = None if getattr(src, "registered", False) else src.remote.url
+        ds = _make_torch_iterable((src.id, src.version, src.mode, store, getattr(src, "verify", None),
                                    self.table.name, self.batch_size, self.columns,
                                    (self.rank, self.world_size), kw, self.read_refs))
         self.consumed = 0
@@ -107,15 +109,11 @@ def _make_torch_iterable(args: tuple) -> Any:
 
             def __iter__(self):
                 dataset_id, version, mode, store, verify, table, batch_size, columns, world, kw, read_refs = self.args
-                from warpdata.read.dataset import Dataset
+                from warpdata.read.dataset import dataset
 
-                ds = Dataset(dataset_id, mode=mode, version=version, store=store, verify=verify)
+                ds = dataset(dataset_id, mode=mode, version=version, store=store, verify=verify)
                 t = ds.table(table)
-                readers = {}
-                if read_refs:
-                    from warpdata.read.refs import ArtifactReader
-
-                    readers = {c: ArtifactReader(ds, b.artifact) for c, b in t.bindings.items()}
+                readers = {c: ds.artifact(b.artifact) for c, b in t.bindings.items()} if read_refs else {}
                 for b in t.batches(batch_size, columns, rank=world[0], world_size=world[1], **kw):
                     d = _to_torch_batch(b)
                     for c, reader in readers.items():
