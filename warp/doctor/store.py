@@ -110,6 +110,8 @@ def _store() -> CheckResult:
             return CheckResult(WARN, f"{missing[0]} (created it to test writing; readers said "
                                "'does not exist' until now)", missing[1], facts={**r.facts, "created": True})
         return r
+    if loc.read_only:
+        return _http_store(url)
     cfg = StorageConfig.from_env()
     facts: dict = {"url": url}
     probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}").path
@@ -132,6 +134,33 @@ def _store() -> CheckResult:
     return CheckResult(PASS, f"{url} {what}", facts=facts)
 
 
+def _http_store(url: str) -> CheckResult:
+    """A store served over HTTP(S): reachable? (read-only: nothing is written, nothing listed)."""
+    from warpdata.storage.remote import HttpStatusError, Remote
+
+    remote = Remote(url)
+    facts: dict = {"url": url, "read_only": True}
+    try:
+        remote.transport.size("datasets/")
+        answered = "answers"
+    except HttpStatusError as e:  # any answer means the host is there; reads of keys decide the rest
+        answered = f"answers (HTTP {e.status} for datasets/: static hosts do not list)"
+        facts["status"] = e.status
+    except Exception as e:
+        err = remote._wrap(e, "")
+        return CheckResult(FAIL, getattr(err, "message", str(err)), getattr(err, "hint", None) or
+                           "check the store URL (WARP_STORE) and the network", facts={"url": url})
+    return CheckResult(PASS, f"{url} {answered}; read-only HTTP store: publish to the bucket or folder it serves",
+                       "'warp doctor WS/NAME' checks reading a dataset from it", facts=facts)
+
+
+def _read_only(store) -> CheckResult | None:
+    if not store.read_only:
+        return None
+    return CheckResult(SKIP, f"{store.url} is a read-only HTTP store: nothing is written to it",
+                       "publish to the bucket or folder it serves; 'warp doctor WS/NAME' checks reads")
+
+
 @check("duckdb-parquet", "store")
 def duckdb_parquet() -> CheckResult:
     """DuckDB reads a Parquet file from the configured store (s3fs registered in DuckDB for S3)."""
@@ -148,6 +177,9 @@ def duckdb_parquet() -> CheckResult:
         loc = parse_location(url)
     except Exception as e:
         return CheckResult(FAIL, str(e), "set WARP_STORE to a path, s3://bucket/prefix or memory://name")
+    if loc.read_only:
+        return CheckResult(SKIP, f"{url} is a read-only HTTP store: no probe can be written; table reads go "
+                           "through warp's ranged reader", "'warp doctor WS/NAME' streams a table from it")
     buf = pa.BufferOutputStream()
     pq.write_table(pa.table({"x": [1, 2, 3]}), buf)
     probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}.parquet")
@@ -206,6 +238,8 @@ def create_only() -> CheckResult:
     if blocked is not None:
         return blocked
     store = _registry_store()
+    if (ro := _read_only(store)) is not None:
+        return ro
     prefix = _probe_prefix()
     data = uuid.uuid4().bytes
     key = f"{prefix}/probe"
@@ -237,6 +271,8 @@ def compare_and_swap() -> CheckResult:
     if blocked is not None:
         return blocked
     store = _registry_store()
+    if (ro := _read_only(store)) is not None:
+        return ro
     prefix = _probe_prefix()
     key = f"{prefix}/latest.json"
     try:
