@@ -405,3 +405,55 @@ def test_publish_artifact_refuses_a_link_out_of_the_folder(cli, tmp_path, monkey
     assert r.out == "" and not list((tmp_path / "store").rglob("latest*"))
     r = cli("publish", "demo/art", "--artifact", f"files={art}", "--follow-symlinks", "-q")
     assert r.code == 0, r.err
+
+
+# -- read path: HTTP hosts and registrations that lie ---------------------------------------
+
+def _web_store(tmp_path):
+    from support.datasets import write_media
+
+    write_media(tmp_path / "media", 4)
+    return publish(str(tmp_path / "store"), "ws/web", {"main": [make_rows(200, 0, image_every=4)]}, tmp_path,
+                   row_group_size=100, media=tmp_path / "media")
+
+
+@pytest.mark.parametrize("lie, code, named", [
+    # a 206 for other bytes than asked: never taken as the asked-for range
+    (lambda m, p, r: (206, {"Content-Range": "bytes 0-9/999"}, b"0123456789") if r and "blobs" in p else None,
+     78, "Content-Range"),
+    # a redirect loop ends after 5 hops
+    (lambda m, p, r: (302, {"Location": p}, b"") if "blobs" in p else None, 78, "too many redirects"),
+    # a redirect to a local file is refused, not followed
+    (lambda m, p, r: (302, {"Location": "file:///etc/passwd"}, b"") if "blobs" in p else None, 78,
+     "not an http(s) URL"),
+    # a range that is shorter than asked
+    (lambda m, p, r: (206, {"Content-Range": f"bytes {r.split('=')[1].split('-')[0]}-0/1"}, b"x")
+     if r and "blobs" in p else None, 65, "shorter than the manifest"),
+    # 401 / 403 name the web host's access rules
+    (lambda m, p, r: (403, {}, b"no") if "blobs" in p else None, 78, "HTTP 403"),
+])
+def test_lying_http_host(cli, tmp_path, monkeypatch, lie, code, named):
+    from support.httpserve import StaticServer
+
+    _web_store(tmp_path)
+    with StaticServer(tmp_path / "store", lie=lie) as host:
+        monkeypatch.setenv("WARP_STORE", host.url)
+        r = cli("stream", "ws/web", "--columns", "id", "--mode", "remote")
+        assert r.code == code, r.err
+        assert named in r.err and r.out == ""
+
+
+def test_tampered_registration_cannot_escape_its_folder(cli, tmp_path, monkeypatch):
+    from warpdata.registry import register as reg
+
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "media").mkdir()
+    (tmp_path / "media" / "a.txt").write_bytes(b"a")
+    assert cli("register", "ws/r", "--artifact", f"media={tmp_path / 'media'}").code == 0
+    p = reg.registry_path("ws/r")
+    doc = json.loads(p.read_text())
+    doc["artifacts"]["media"]["members"]["../../etc/passwd"] = ["0" * 64, 1, None]
+    doc["version_hash"] = reg.content_hash(doc)  # a consistent forgery
+    p.write_text(json.dumps(doc))
+    r = cli("cat", "ws/r", "--artifact", "media", "--ref", "../../etc/passwd")
+    assert r.code == 65 and "not a path inside" in r.err and str(p) in r.err and r.out == ""
