@@ -47,6 +47,16 @@ def test_reads_survive_throttling_and_count_every_retry(s3, published, monkeypat
         assert st["backoff_seconds"] > 0
 
 
+def test_cli_reports_requests_and_retries(cli, s3, published, monkeypatch):
+    with FaultProxy(s3.endpoint, fail_every=5) as proxy:
+        _through(proxy, monkeypatch)
+        r = cli("stream", "ws/demo", "--columns", "id", "--mode", "remote", "-v")
+        assert r.code == 0, r.err
+        assert len(r.out.splitlines()) == 700
+        line = next(x for x in r.err.splitlines() if x.startswith("requests:"))
+        assert f"{proxy.requests} request(s)" in line and f"{proxy.faults} retried" in line
+
+
 def test_always_503_fails_within_the_budget_naming_the_store(cli, s3, published, monkeypatch):
     monkeypatch.setenv("WARP_RETRY_BUDGET", "1.5")
     with FaultProxy(s3.endpoint, fail_every=1) as proxy:
@@ -75,3 +85,22 @@ def test_bad_budget_is_a_config_error(cli, s3, published, monkeypatch):
     r = cli("stream", "ws/demo", "--limit", "1")
     assert r.code == 78 and "WARP_RETRY_BUDGET" in r.err
 
+
+def test_warm_cat_and_stream_report_traffic(cli, s3, published, monkeypatch):
+    with FaultProxy(s3.endpoint, fail_every=0) as proxy:
+        _through(proxy, monkeypatch)
+        r = cli("warm", "ws/demo", "--json")
+        assert r.code == 0, r.err
+        doc = r.json()
+        assert doc["requests"]["requests"] == proxy.requests and doc["requests"]["bytes"] >= doc["fetched_bytes"] > 0
+        proxy.reset()
+        r = cli("cat", "ws/demo", "--artifact", "media", "--ref", "snd/2.wav", "--mode", "remote", "--json")
+        assert r.code == 0, r.err
+        traffic = json.loads(r.err.strip().splitlines()[-1])["requests"]
+        assert traffic["requests"] == proxy.requests and traffic["by_kind"]["GET"] >= 1
+        proxy.reset()
+        r = cli("stream", "ws/demo", "--columns", "id", "--limit", "5", "--mode", "remote", "--json")
+        assert r.code == 0 and len(r.out.splitlines()) == 5
+        assert json.loads(r.err.strip().splitlines()[-1])["requests"]["requests"] == proxy.requests
+        r = cli("warm", "ws/demo", "-v")
+        assert r.code == 0 and "requests: " in r.err and "received" in r.err
