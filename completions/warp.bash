@@ -74,6 +74,19 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
+        register)
+            case "$prev" in
+                --table) _warp_files; return 0;;
+                --artifact) _warp_files; return 0;;
+                --bind) _warp_files; return 0;;
+                --workers) :; return 0;;
+                --description) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
+        unregister)
+            if [[ $cur == -* ]]; then _warp_words "--help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
         ls)
             case "$prev" in
                 --store) _warp_files; return 0;;
@@ -167,11 +180,17 @@ _warp_complete_in() {
         doctor)
             case "$prev" in
                 --only) _warp_files; return 0;;
+                --table) _warp_files; return 0;;
+                --rows) :; return 0;;
+                --refs) :; return 0;;
+                --mode) _warp_words "auto remote hybrid local"; return 0;;
+                --version) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--only --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
+            if [[ $cur == -* ]]; then _warp_words "--only --table --rows --refs --mode --version --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor"; fi
             ;;
     esac
 }
@@ -181,7 +200,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|ingest|embeddings|tar-to-tbl|publish|ls|info|schema|head|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|embeddings|tar-to-tbl|publish|register|unregister|ls|info|schema|head|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

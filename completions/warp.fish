@@ -9,22 +9,24 @@ complete -c warp -l color -x -a 'auto always never' -d 'auto, always or never (N
 complete -c warp -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
 complete -c warp -l version -d 'Print warp\'s version and exit'
 complete -c warp -s h -l help -d 'Show the help and exit'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a ingest -d 'Publish a raw image folder, file list (CSV/JSONL/Parquet) or paired folders a...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a embeddings -d 'Compute embeddings of a published column with an encoder plugin; list, descri...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a ls -d 'List the datasets published in a store, from their manifests only'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a info -d 'Show a published dataset\'s version, tables, rows, artifacts and bindings, fro...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a schema -d 'List a published table\'s columns and Arrow types, from the manifest (no shard...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a head -d 'Show the first rows of a published table, reading one row group, never a whol...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish ls info schema head inspect stream cat warm cache init doctor' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a ingest -d 'Publish a raw image folder, file list (CSV/JSONL/Parquet) or paired folders a...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a embeddings -d 'Compute embeddings of a published column with an encoder plugin; list, descri...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a register -d 'Make a dataset of local Parquet files and directories, read in place (nothing...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a unregister -d 'Remove a dataset registered in place; its files stay where they are'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a ls -d 'List the datasets published in a store, from their manifests only'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a info -d 'Show a published dataset\'s version, tables, rows, artifacts and bindings, fro...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a schema -d 'List a published table\'s columns and Arrow types, from the manifest (no shard...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a head -d 'Show the first rows of a published table, reading one row group, never a whol...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
 
 complete -c warp -n '__fish_seen_subcommand_from etl' -s c -l config -r -F -d 'The TOML config (see examples/)'
 complete -c warp -n '__fish_seen_subcommand_from etl' -l clear -d 'Rebuild even if an identical version exists (also WAREHOUSE_CLEAR=1)'
@@ -44,7 +46,7 @@ complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-file-size -r -F 
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l keep -r -F -d 'Keep the written main/quarantine Parquet files in DIR'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l dry-run -d 'Check and plan; upload nothing'
-complete -c warp -n '__fish_seen_subcommand_from ingest' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from ingest' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l shard-size -r -F -d 'Target size of artifact tar shards (e.g'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l workers -x -d 'Parallel file checks, hashing and uploads'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l description -r -F -d 'Free text kept in the non-hashed metadata'
@@ -58,7 +60,7 @@ complete -c warp -n '__fish_seen_subcommand_from embeddings' -l option -r -F -d 
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l device -r -F -d 'add: the encoder\'s device (cpu, cuda, ...)'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l index -r -F -d 'add: auto (ivf-flat with FAISS and >= 10,000 rows, else exact), exact or ivf-...'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -l reuse -l no-reuse -d 'add: reuse vectors of rows unchanged since an earlier version'
-complete -c warp -n '__fish_seen_subcommand_from embeddings' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from embeddings' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from embeddings' -F
 
 complete -c warp -n '__fish_seen_subcommand_from tar-to-tbl' -s c -l compression -x -a 'auto none lz4 zstd' -d 'auto: store JPEG/PNG/WEBP as is (compression saves ~0 %), LZ4 the rest'
@@ -78,25 +80,36 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l follow-symlinks -d 
 complete -c warp -n '__fish_seen_subcommand_from publish' -l from -r -F -d 'Publish a warp artifact (directory with manifest.json, or .tbl); repeatable'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l dry-run -d 'Print the plan (blobs to upload, bytes, version); change nothing'
-complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards, with a unit (e.g'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l workers -x -d 'Parallel hashing and uploads'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore the stat cache: hash and pack every input again'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
 complete -c warp -n '__fish_seen_subcommand_from publish' -F
 
-complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from register' -l table -r -F -d 'Table NAME from Parquet files (comma-separated paths or globs); repeatable'
+complete -c warp -n '__fish_seen_subcommand_from register' -l artifact -r -F -d 'Artifact NAME: the files under DIR, read in place; repeatable'
+complete -c warp -n '__fish_seen_subcommand_from register' -l bind -r -F -d 'Column values are member paths in ARTIFACT, read as TYPE (image, audio, video...'
+complete -c warp -n '__fish_seen_subcommand_from register' -l allow-dangling -d 'Register even if --bind values name no member; the count is recorded'
+complete -c warp -n '__fish_seen_subcommand_from register' -l follow-symlinks -d 'Walk symlinked directories inside --artifact directories'
+complete -c warp -n '__fish_seen_subcommand_from register' -l workers -x -d 'Files hashed in parallel'
+complete -c warp -n '__fish_seen_subcommand_from register' -l description -r -F -d 'Free text kept with the registration'
+complete -c warp -n '__fish_seen_subcommand_from register' -F
+
+complete -c warp -n '__fish_seen_subcommand_from unregister' -F
+
+complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from ls' -F
 
 complete -c warp -n '__fish_seen_subcommand_from info' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from info' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from info' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from info' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from info' -F
 
 complete -c warp -n '__fish_seen_subcommand_from schema' -l table -r -F -d 'Table to describe (default: the only table, else main)'
 complete -c warp -n '__fish_seen_subcommand_from schema' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from schema' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from schema' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from schema' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from schema' -F
 
 complete -c warp -n '__fish_seen_subcommand_from head' -s n -l rows -x -d 'How many rows (at most 10000)'
@@ -104,7 +117,7 @@ complete -c warp -n '__fish_seen_subcommand_from head' -l table -r -F -d 'Table 
 complete -c warp -n '__fish_seen_subcommand_from head' -l columns -r -F -d 'Comma-separated columns (default: all)'
 complete -c warp -n '__fish_seen_subcommand_from head' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from head' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from head' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from head' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from head' -F
 
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'
@@ -122,14 +135,14 @@ complete -c warp -n '__fish_seen_subcommand_from stream' -l limit -x -d 'Stop af
 complete -c warp -n '__fish_seen_subcommand_from stream' -l batch-size -x -d 'Rows per Arrow batch'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from stream' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cat' -l artifact -r -F -d 'Artifact name (see \'warp inspect ws/name\')'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l ref -r -F -d 'Member path inside the artifact'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l version -r -F -d 'A version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
-complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from cat' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from cat' -F
 
 complete -c warp -n '__fish_seen_subcommand_from warm' -l tables -r -F -d 'Comma-separated tables (default: all)'
@@ -137,7 +150,7 @@ complete -c warp -n '__fish_seen_subcommand_from warm' -l shards -r -F -d 'Shard
 complete -c warp -n '__fish_seen_subcommand_from warm' -l max-bytes -r -F -d 'Download at most SIZE (e.g'
 complete -c warp -n '__fish_seen_subcommand_from warm' -l artifacts -l no-artifacts -d 'Also warm artifact shards and indexes'
 complete -c warp -n '__fish_seen_subcommand_from warm' -l version -r -F -d 'A version hash (default: latest)'
-complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from warm' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from warm' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cache' -l limit -r -F -d 'gc: shrink the cache to at most SIZE, with a unit (500GB, 1.5TiB); a bare num...'
@@ -146,10 +159,17 @@ complete -c warp -n '__fish_seen_subcommand_from cache' -a 'stats gc verify clea
 complete -c warp -n '__fish_seen_subcommand_from init' -l table -r -F -d 'Table the loader streams (default: the only table, else main)'
 complete -c warp -n '__fish_seen_subcommand_from init' -l out -r -F -d 'File to write (default ./<ws>_<name>_loader.py)'
 complete -c warp -n '__fish_seen_subcommand_from init' -l force -d 'Overwrite an existing file'
-complete -c warp -n '__fish_seen_subcommand_from init' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix or memory://name (default: WA...'
+complete -c warp -n '__fish_seen_subcommand_from init' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from init' -F
 
 complete -c warp -n '__fish_seen_subcommand_from doctor' -l only -r -F -d 'Run only checks in these groups (repeatable)'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l table -r -F -d 'WS/NAME: table to stream (default: the only table, else main)'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l rows -x -d 'WS/NAME: rows to stream'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l refs -x -d 'WS/NAME: members to read through a bound column'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l mode -x -a 'auto remote hybrid local' -d 'WS/NAME: read mode (remote measures the store, not the cache)'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l version -r -F -d 'WS/NAME: a version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -F
 
 complete -c tar_to_tbl -f
 complete -c tar_to_tbl -l json -d 'Print exactly one JSON document on stdout'
