@@ -122,10 +122,14 @@ SECTIONS = [
     "warp ls / stream / cat / warm / cache / init (reading published datasets)",
     "warp info / schema / head (looking at a dataset)",
     "warp ingest / embeddings (raw folders → a published dataset)",
+    "warp register / unregister (datasets read in place)",
 ]
 
 # (section, the command (or a regex only it matches), stable text the README shows under it and the command prints)
 EXPECTED: list[tuple[str, str, str]] = [
+    (SECTIONS[9], "warp stream demo/local", '{"id":1,"label":"cat","image":"img/0001.png"}'),
+    (SECTIONS[9], "warp doctor demo/local", "PASS dataset/refs 8 member(s) of media via main.image"),
+    (SECTIONS[9], "warp unregister demo/local", "its files were left in place"),
     (SECTIONS[1], "warp etl --config demo-out/coco/transform.toml", "skip:truncated 2"),
     (SECTIONS[1], "warp etl --config demo-out/coco/transform.toml", "samples 60"),
     (SECTIONS[1], "warp etl --config demo-out/coco/transform.toml", "quarantined 1 missing, 3 invalid"),
