@@ -235,6 +235,8 @@ class ShardPlan:
             raise ShardingError(f"worker {worker} is not in 0..{num_workers - 1}")
         rem = self.remaining()
         m = len(rem)
+        if m == 0:  # an exact split of fewer rows than ranks, or a resumed rank with nothing left
+            return []
         # checked for every worker, not just the empty ones, so the mistake surfaces
         # in the first worker to start rather than as a silent idle worker
         if m < num_workers:
