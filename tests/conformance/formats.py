@@ -23,6 +23,7 @@ A subclass sets the class attributes below and implements :meth:`write`, :meth:`
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import re
@@ -124,7 +125,7 @@ def _roundtrip_test():
     return test_roundtrip
 
 
-class FormatConformance:
+class FormatConformance(abc.ABC):
     """Base of the format suites; see the module docstring for what a subclass supplies."""
 
     # -- supplied by the subclass --------------------------------------------------------------
@@ -136,35 +137,41 @@ class FormatConformance:
     regions: ClassVar[tuple[str, ...]]  # names of the checksummed regions, see region()
     suffix: ClassVar[str] = ""  # file name suffix of artifacts written by the tests
 
+    @abc.abstractmethod
     def write(self, path: Path, sample: Any) -> None:
         """Write ``sample`` as a new artifact at ``path`` (a file, or a folder for tree formats)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def read(self, path: Path) -> Any:
         """Everything a consumer gets from ``path`` through the verifying reader, as a value
         comparable with ``==`` (bytes, tuples, dicts: no numpy arrays)."""
-        raise NotImplementedError
+        ...
 
     def expected(self, sample: Any) -> Any:
         """What :meth:`read` must return for an artifact written from ``sample``."""
         return sample
 
+    @abc.abstractmethod
     def verify(self, path: Path) -> None:
         """The reader's verify path: raise the typed error when any stored checksum does not match."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def golden_sample(self, case: str) -> Any:
         """The fixed input the golden artifact ``goldens[case]`` was written from."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def samples(self) -> st.SearchStrategy:
         """Hypothesis strategy of inputs for :meth:`write`."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def region(self, path: Path, name: str) -> tuple[str, int]:
         """(member, offset) of one byte inside checksummed region ``name`` of the artifact at
         ``path``: member is "" for a single file, else the path of a file inside the tree."""
-        raise NotImplementedError
+        ...
 
     def malformed_expected(self) -> dict[str, tuple[str | None, str | None]]:
         """Corpus entry -> (error class name, regex its message matches); either may be None.

@@ -35,6 +35,7 @@ task is sent (the tasks would wait forever); local pools ignore them.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -116,7 +117,7 @@ def resolve_executor(cli: str | None = None, configured: str | None = None, *,
     return env_spec or ExecutorSpec("thread", None, "local")
 
 
-class Runner:
+class Runner(abc.ABC):
     """Runs ``fn(task)`` for each task and yields the results as they finish."""
 
     kind = "thread"
@@ -130,11 +131,12 @@ class Runner:
     def describe(self) -> dict[str, Any]:
         return {"executor": self.kind, "workers": self.workers}
 
+    @abc.abstractmethod
     def imap_unordered(self, fn: Callable[[Any], Any], tasks: Iterable[Any], *, window: int | None = None) -> Iterator[Any]:
-        raise NotImplementedError
+        """Results of ``fn(task)`` as they finish, at most ``window`` tasks in flight."""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 (most runners own nothing to release)
+        """Release the workers this runner started (nothing by default)."""
 
 
 class LocalRunner(Runner):
