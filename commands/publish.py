@@ -64,6 +64,9 @@ def main(
         "--shard-size", metavar="SIZE", help="Target size of artifact tar shards, with a unit (e.g. 256MiB); a bare number is refused.")] = "256MiB",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel hashing and uploads.")] = 8,
     rehash: Annotated[bool, typer.Option("--rehash", help="Ignore the stat cache: hash and pack every input again.")] = False,
+    link_cache: Annotated[bool, typer.Option(
+        "--link-cache", help="Hard-link the published files into the local blob cache, so this machine reads "
+                             "the dataset from them instead of downloading it (remote stores).")] = False,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
@@ -71,7 +74,7 @@ def main(
     from warpdata.registry.publish import PublishRequest, parse_binding, parse_named, publish
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
-                         workers=workers, rehash=rehash, description=description,
+                         workers=workers, rehash=rehash, link_cache=link_cache, description=description,
                          allow_dangling=allow_dangling, follow_symlinks=follow_symlinks)
     req.shard_size = parse_size_option(shard_size, "--shard-size", "256MiB")
     for spec in table or []:

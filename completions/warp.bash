@@ -72,7 +72,7 @@ _warp_complete_in() {
                 --workers) :; return 0;;
                 --description) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --link-cache --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         register)
             case "$prev" in

@@ -248,3 +248,38 @@ def test_doctor_missing_bucket_fails(cli, s3, monkeypatch):
     # the checks after it do not fail again on the same cause: they say what to fix first
     assert checks["store-create-only"]["status"] == "SKIP"
     assert checks["store-create-only"]["remedy"] == "fix the 'store' check first"
+
+
+@pytest.mark.s3
+def test_the_publisher_reads_its_originals_instead_of_downloading(cli, s3, tmp_path, monkeypatch):
+    """After a publish to a remote store, the published files sit in the blob cache as hard links:
+    reading the dataset back sends no GET for a blob. An original edited afterwards is caught by
+    the cache's stamp and the published bytes are downloaded instead."""
+    import warpdata
+
+    monkeypatch.setenv("WARP_STORE", s3.url("warp"))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))  # same filesystem as the originals
+    make_dataset(tmp_path)
+    r = cli(*publish_args(tmp_path), "--link-cache", "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["cache_linked"] == doc["blobs_total"], doc  # Parquet originals and the packed shards
+    original = tmp_path / "data" / "p0.parquet"
+    assert original.stat().st_nlink == 2  # one inode: nothing was copied
+
+    s3.reset_counts()
+    ds = warpdata.dataset("ws/demo")
+    rows = ds.table("main").to_arrow()
+    assert sorted(rows.column("label").to_pylist()) == sorted([i for i in range(10)] * 3)
+    assert next(iter(ds.table("main").batch_dicts(4)))["image"][1].read_bytes() == bytes([1]) * 501
+    assert s3.count("GET", "warp/blobs/") == 0, s3.requests("GET")
+
+    # the user rewrites an original in place: the cached link no longer matches its stamp, is hashed
+    # again, dropped, and the published bytes come from the store
+    with open(original, "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        f.write(b"edited")
+    s3.reset_counts()
+    again = warpdata.dataset("ws/demo").table("main").to_arrow()
+    assert again.num_rows == 30 and sorted(again.column("label").to_pylist()) == sorted(rows.column("label").to_pylist())
+    assert s3.count("GET", "warp/blobs/") >= 1

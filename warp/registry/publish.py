@@ -40,6 +40,7 @@ import contextlib
 import glob
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -80,6 +81,8 @@ from warpdata.registry.tarpack import (
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
 
+log = logging.getLogger(__name__)
+
 STAT_CACHE_VERSION = 3  # 3: table entries carry the shard stats
 # table entries only (artifact entries stay valid): "arrow" = they carry the exact Arrow schema (format 4)
 FACTS_VERSION = "arrow"
@@ -105,6 +108,9 @@ class PublishRequest:
     shard_size: int = DEFAULT_TARGET_SIZE
     workers: int = 8
     rehash: bool = False
+    # hard-link the published files into the local blob cache (remote stores): the publisher then
+    # reads its dataset from its originals instead of downloading it
+    link_cache: bool = False
     description: str | None = None
     allow_dangling: bool = False  # publish bindings whose values name no member (count kept in metadata)
     follow_symlinks: bool = False  # walk symlinked directories inside --artifact directories
@@ -132,6 +138,7 @@ class PublishResult:
     latest: str | None = None
     latest_moved: bool = False
     seconds: float = 0.0
+    cache_linked: int = 0  # published blobs hard-linked into the local blob cache (remote stores)
     stat_cache_hits: int = 0
     dangling_refs: dict[str, int] = field(default_factory=dict)  # with allow_dangling
 
@@ -149,7 +156,7 @@ class PublishResult:
             "bytes_to_upload" if self.dry_run else "bytes_uploaded":
                 sum(b.byte_size for b in self.blobs if b.upload) if self.dry_run else self.bytes_uploaded,
             "manifest_written": self.manifest_written, "already_published": self.already_published,
-            "latest": self.latest, "latest_moved": self.latest_moved,
+            "latest": self.latest, "latest_moved": self.latest_moved, "cache_linked": self.cache_linked,
             "seconds": round(self.seconds, 3),
             "plan": [{"hash": b.hash, "byte_size": b.byte_size, "role": b.role, "upload": b.upload}
                      for b in self.blobs] if self.dry_run else None,
@@ -575,10 +582,35 @@ def publish(req: PublishRequest, *, store: Store | None = None,
                    or store.set_latest(req.dataset_id, version, check_manifest=False))
             result.latest = ptr.version_hash
             result.latest_moved = True
+        if req.link_cache and store.location.protocol != "file":
+            result.cache_linked = _link_into_cache(stager.blobs.values())
         result.seconds = time.perf_counter() - t0
         return result
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _link_into_cache(blobs) -> int:
+    """Hard-link the published blobs that exist as local files into the blob cache.
+
+    The publisher then reads its own dataset from its originals (and the packed shards) instead
+    of downloading them again; each link is hashed before the cache trusts it. Blobs on another
+    filesystem than the cache are left to be downloaded as usual. Returns how many were linked.
+    """
+    from warpdata.storage.blobcache import BlobCache
+
+    try:
+        cache = BlobCache()
+    except Exception:  # no usable cache (a read-only home, a bad WARP_CACHE_SIZE_GB): reads download
+        return 0
+    n = 0
+    for b in blobs:
+        if b.path and os.path.isfile(b.path):
+            try:
+                n += cache.adopt(b.hash, b.path) is not None
+            except Exception as e:  # an optimisation: the publish itself has succeeded
+                log.debug("not linking %s into the cache: %s", b.path, e)
+    return n
 
 
 def _upload(store: Store, blobs: list[_Blob], workers: int, result: PublishResult,

@@ -262,6 +262,42 @@ class BlobCache:
                     self._make_room(hx, 0)
             return target
 
+    def adopt(self, h: str, path: str | os.PathLike) -> Path | None:
+        """Put the local file ``path`` in the cache as blob ``h`` by a hard link, without copying.
+
+        Used by the publisher so reading what it just published needs no download. The link is
+        hashed once before it is trusted (the file may have changed since it was published), then
+        stamped like a downloaded blob: an edit of the original later moves the stamp, so the next
+        read hashes again and, on a mismatch, drops it and downloads the published bytes. None
+        when the file cannot be linked here (another filesystem) or does not hash to ``h``.
+        """
+        hx = normalize_hash(h)
+        p = self.get(hx)
+        if p is not None:
+            return p
+        self._ensure_dirs()
+        with self._blob_lock(hx), self.pinned([hx]):
+            p = self.get(hx)
+            if p is not None:
+                return p
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                return None
+            self._make_room(hx, size)
+            target = self.path_for(hx)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f"{TMP_PREFIX}adopt-{os.getpid()}-{hx}")
+            try:
+                os.link(path, tmp)
+                os.replace(tmp, target)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                return None
+            self._verified.pop(hx, None)
+            return self.get(hx)  # hashes the linked bytes; a mismatch removes the link
+
     def put_bytes(self, h: str, data: bytes | memoryview) -> Path:
         return self.fetch(h, lambda f: f.write(data), size=len(data))
 
