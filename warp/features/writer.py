@@ -523,25 +523,11 @@ def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None) -> Part
     return res
 
 
-@contextlib.contextmanager
 def _build_lock(build_dir: Path):
     """One build of a cache at a time: a second waits, then finds the first one's result."""
-    import fcntl
+    from warpdata.core.atomic import build_lock
 
-    build_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = build_dir.parent / f"{build_dir.name}.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info(f"waiting for another 'warp etl' building {build_dir.parent}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock_path)
-    finally:
-        os.close(fd)
+    return build_lock(build_dir.parent / f"{build_dir.name}.lock", str(build_dir.parent))
 
 
 def _probe_all(items: Sequence[MediaItem], workers: int) -> dict[int, DecodeFailure]:

@@ -342,23 +342,10 @@ def _verify_version(path: Path, version: str, workers: int) -> dict[str, Any] | 
         return doc if all(ex.map(ok, doc["shards"])) else None
 
 
-@contextlib.contextmanager
 def _build_lock(root: Path, version: str):
-    root.mkdir(parents=True, exist_ok=True)
-    lock_path = root / f"{BUILD_PREFIX}{version[:12]}.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info(f"waiting for another 'warp etl' building version {version[:12]} in {root}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-        # everyone re-checks for the finished version after locking, so unlinking is safe
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock_path)
-    finally:
-        os.close(fd)
+    from warpdata.core.atomic import build_lock
+
+    return build_lock(root / f"{BUILD_PREFIX}{version[:12]}.lock", f"version {version[:12]} in {root}")
 
 
 def _write_parquet(path: Path, columns: dict[str, Any]) -> None:
