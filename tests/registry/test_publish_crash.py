@@ -58,9 +58,15 @@ def test_killed_publish_resumes(backend, tmp_path):
            "--shard-size", "160KB", "--workers", "1", "--store", url, "--json"]
     store = Store(url)
     proc = subprocess.Popen(cmd, env=_env(extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while _count_blobs(store) < 3 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.003)
+    # Let the publisher run in 10 ms slices and count while it is stopped: the count cannot race
+    # ahead of the kill (a busy CI once saw all 49 blobs land during one slow S3 listing).
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        if _count_blobs(store) >= 3:
+            break
+        proc.send_signal(signal.SIGCONT)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL, "the publish finished before it could be killed"
