@@ -9,7 +9,16 @@ subprocess; configurations are interleaved round by round and the medians of
 * ``dask-N``   — ``--executor dask``: a LocalCluster of N single-threaded worker
                  processes started by the run (its start-up is included);
 * ``s3out-N``  — local executor, ``--output s3://…`` on a moto server on
-                 127.0.0.1 (staged build + create-only upload, manifest last).
+                 127.0.0.1 (staged build + create-only upload, manifest last);
+* ``s3src-N``  — local executor, the corpus (labels and JPEGs) read from the
+                 same moto server (``[source] path = "s3://…"``), output local.
+
+Moto is a Python server on the same two cores, so every GET costs CPU here that
+real S3 spends elsewhere. The run measures that cost (a plain boto3 GET loop
+over the same objects, client and server CPU) and from it the rate an S3-source
+ETL could reach at best on this machine: local CPU per image plus GET CPU per
+image, spread over the cores. ``s3src`` is reported against local and against
+that ceiling.
 
 Rates are samples / wall second of the whole command (scan, build, finalize,
 upload), plus the build phase's own rate. From dask-1 and dask-2 walls the
@@ -45,12 +54,12 @@ def corpus(n: int) -> Path:
     return d
 
 
-def config(d: Path, out: str) -> Path:
-    p = d / "scale.toml"
+def config(d: Path, out: str, source: str = ".", name: str = "scale.toml") -> Path:
+    p = d / name
     p.write_text(f"""
 [source]
 format = "coco"
-path = "."
+path = "{source}"
 
 [transform]
 target_size = 320
@@ -71,15 +80,49 @@ durable = false
 
 
 def run(cfg: Path, args: list[str], env: dict[str, str]) -> dict:
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), _children_cpu()
     r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", "--clear", *args],
                        capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t
+    wall, cpu_s = time.perf_counter() - t, _children_cpu() - c0
     if r.returncode != 0:
         raise SystemExit(f"warp etl {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     doc = json.loads(r.stdout)
     return {"wall_s": wall, "samples": doc["samples"], "rate": doc["samples"] / wall,
-            "build_rate": doc.get("rate_samples_per_s") or 0.0, "shards": doc["shards"]}
+            "build_rate": doc.get("rate_samples_per_s") or 0.0, "shards": doc["shards"], "cpu_s": cpu_s}
+
+
+def _children_cpu() -> float:
+    r = os.times()
+    return r.children_user + r.children_system
+
+
+def _proc_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def upload_corpus(client, bucket: str, d: Path, prefix: str) -> list[str]:
+    """The corpus's labels and images under s3://bucket/prefix/; returns the image keys."""
+    keys = []
+    for p in sorted(d.rglob("*")):
+        rel = p.relative_to(d).as_posix()
+        if p.is_file() and (rel == "annotations.json" or rel.startswith("images/")):
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=p.read_bytes())
+            if rel.startswith("images/"):
+                keys.append(f"{prefix}/{rel}")
+    return keys
+
+
+def get_cost(client, bucket: str, keys: list[str], server_pid: int) -> dict:
+    """CPU per GET of a plain boto3 loop over ``keys`` (this process + the moto server)."""
+    t, c0, s0 = time.perf_counter(), time.process_time(), _proc_cpu(server_pid)
+    for k in keys:
+        client.get_object(Bucket=bucket, Key=k)["Body"].read()
+    wall, client_cpu, server_cpu = time.perf_counter() - t, time.process_time() - c0, _proc_cpu(server_pid) - s0
+    n = len(keys)
+    return {"wall_ms_per_get": 1e3 * wall / n, "client_cpu_ms_per_get": 1e3 * client_cpu / n,
+            "server_cpu_ms_per_get": 1e3 * server_cpu / n}
 
 
 def main() -> int:
@@ -103,14 +146,19 @@ def main() -> int:
         s3env = {**env, **s3_env(server.endpoint)}
         import boto3
 
-        boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket="bench")
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="bench")
+        keys = upload_corpus(client, "bench", d, "corpus")
+        cfg_s3 = config(d, str(work / "wh"), source="s3://bench/corpus", name="scale-s3src.toml")
+        gets: list[dict] = []
         systems = {
             "local-2": (["-j", "2"], env),
             "dask-2": (["-j", "2", "--executor", "dask"], env),
             "dask-1": (["-j", "1", "--executor", "dask"], env),
             "local-1": (["-j", "1"], env),
             "s3out-2": (["-j", "2", "--output", "s3://bench/wh-{i}"], s3env),  # a fresh prefix per round
+            "s3src-2": (["-j", "2"], s3env),
         }
         res: dict[str, list[dict]] = {k: [] for k in systems}
         loads = []
@@ -119,14 +167,16 @@ def main() -> int:
             for name in order:
                 args, e = systems[name]
                 args = [x.format(i=i) for x in args]
-                if name.startswith("s3out"):
+                if name.startswith("s3"):
                     server.reset()
-                res[name].append(run(cfg, args, e))
-                if name.startswith("s3out"):
+                res[name].append(run(cfg_s3 if name.startswith("s3src") else cfg, args, e))
+                if name.startswith("s3"):
                     reqs = server.requests()
                     res[name][-1]["puts"] = sum(r["method"] == "PUT" for r in reqs)
                     res[name][-1]["gets"] = sum(r["method"] == "GET" for r in reqs)
+                    res[name][-1]["heads"] = sum(r["method"] == "HEAD" for r in reqs)
                 loads.append(os.getloadavg()[0])
+            gets.append(get_cost(client, "bench", keys, server.proc.pid))
     finally:
         server.stop()
 
@@ -145,10 +195,39 @@ def main() -> int:
         "dask2_over_dask1": round(med["dask-2"]["rate"] / med["dask-1"]["rate"], 3),
         "local2_over_local1": round(med["local-2"]["rate"] / med["local-1"]["rate"], 3),
         "puts_per_shard_s3out": round(med["s3out-2"]["puts"] / max(1, med["s3out-2"]["shards"]), 3),
+        "s3src2_over_local2": round(med["s3src-2"]["rate"] / med["local-2"]["rate"], 3),
+        "gets_per_image_s3src": round(med["s3src-2"]["gets"] / max(1, len(keys)), 3),
     }
+    # The best an S3-source run can do here: the local run's CPU per image plus the GETs' CPU
+    # (client and moto), spread over the cores, and never faster than the local run itself.
+    get = {f: statistics.median(g[f] for g in gets) for f in gets[0]}
+    cpus = os.cpu_count() or 1
+    local_cpu_per_img = med["local-2"]["cpu_s"] / n
+    get_cpu = (get["client_cpu_ms_per_get"] + get["server_cpu_ms_per_get"]) / 1e3
+    ceiling = min(med["local-2"]["rate"],
+                  1.0 / ((med["local-2"]["wall_s"] / n) + get_cpu / cpus))
+    ratios["s3src2_over_ceiling"] = round(med["s3src-2"]["rate"] / ceiling, 3)
+    ratios["s3src_ceiling_over_local2"] = round(ceiling / med["local-2"]["rate"], 3)
+    get_report = {k: round(v, 3) for k, v in get.items()} | {"local_cpu_ms_per_image": round(1e3 * local_cpu_per_img, 3),
+                                                             "s3src_ceiling_rate": round(ceiling, 1)}
     report = {"n": a.n, "runs": a.runs, "cpus": os.cpu_count(), "loadavg_1m_median": round(statistics.median(loads), 2),
               "median": {k: {f: round(v, 3) for f, v in m.items()} for k, m in med.items()},
-              "ratios": ratios, "model": model}
+              "ratios": ratios, "model": model, "get_cost": get_report}
+    from _figures import emit, figure
+
+    load = f"load {report['loadavg_1m_median']}, median of {a.runs}"
+    emit("etl_scale", [
+        figure("warehouse ETL, dask LocalCluster-2 / local-2 (img/s)", ratios["dask2_over_local2"], "x", target=0.9,
+               note=load),
+        figure("warehouse ETL, S3 sources / local sources (img/s)", ratios["s3src2_over_local2"], "x", target=0.8,
+               note=f"{load}; moto shares the 2 cores"),
+        figure("warehouse ETL, S3 sources / this machine's S3-source ceiling", ratios["s3src2_over_ceiling"], "x",
+               note="ceiling: local CPU per image + measured moto GET CPU, over the cores"),
+        figure("GETs per source image", ratios["gets_per_image_s3src"], "GET", target=1.05, op="<="),
+        figure("warehouse ETL, dask-2 / dask-1 (img/s)", ratios["dask2_over_dask1"], "x", note=load),
+        figure("model: 64 Dask workers (img/s)", model["predicted_rate_64"], "img/s",
+               note=f"T(n) = {model['serial_s']} s + {model['parallel_s']} s / n"),
+    ])
     if a.json:
         print(json.dumps(report, indent=2))
     else:
@@ -159,6 +238,9 @@ def main() -> int:
             print(f"{k:10} {m['wall_s']:8.2f} {m['rate']:8.1f} {m['build_rate']:12.1f}")
         for k, v in ratios.items():
             print(f"{k:28} {v}")
+        print(f"moto GET: {get_report['client_cpu_ms_per_get']} ms client + {get_report['server_cpu_ms_per_get']} ms "
+              f"server CPU, {get_report['wall_ms_per_get']} ms wall; S3-source ceiling here "
+              f"{get_report['s3src_ceiling_rate']} img/s")
         print(f"model T(n) = {model['serial_s']} s + {model['parallel_s']} s / n  ->  64 workers: "
               f"{model['predicted_rate_64']} img/s (serial bound {model['max_rate_serial_bound']} img/s)")
     return 0

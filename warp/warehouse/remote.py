@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,49 +150,76 @@ class ProbeBatch:
     limits: Limits
 
 
+PREFETCH = 8  # GETs in flight per probe batch: hides the store's latency, bounds memory to 8 images
+
+
 def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome]]:
-    """One GET per image: hash, probe, spool the bytes for the build."""
+    """One GET per image: hash, probe, spool the bytes for the build.
+
+    Up to :data:`PREFETCH` GETs of the batch run ahead of the probing on a small thread pool (the
+    HTTP clients release the GIL while they wait); the records are still handled in order.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     fs, base = _fs(batch.url)
     spool = os.path.join(batch.mirror, SPOOL)
     out: list[ProbeOutcome] = []
+    todo: list[tuple[LabelRecord, str, str | None, str]] = []
     for rec in batch.records:
-        key = rec.key
         rel = os.path.relpath(rec.image, batch.mirror).replace(os.sep, "/")
-        obj_url = f"{batch.url}/{rel}"
+        todo.append((rec, rel, None if rel.startswith("../") else rel, f"{batch.url}/{rel}"))
+
+    def fetch(item) -> bytes | BaseException | None:
+        rec, rel, _, _ = item
         size = batch.sizes.get(rel)
-        if size is None or rel.startswith("../"):
-            # the same record as a local source's, so the quarantine tables match byte for byte
-            out.append(ProbeOutcome(None, (rec.run, key, rec.source, "missing-file",
-                                           f"{key}: image file does not exist"), (key, "missing", 0)))
-            continue
-        if size > batch.limits.max_image_bytes:
-            out.append(ProbeOutcome(None, (rec.run, key, rec.source, "too-large",
-                                           f"{key}: is {size} bytes, over the {batch.limits.max_image_bytes / 1e6:g} MB limit "
-                                           "(raise it in [limits] of the config)"), None))
-            continue
+        if size is None or rel.startswith("../") or size > batch.limits.max_image_bytes:
+            return None
         try:
-            data = _get(fs, f"{base}/{rel}")
-        except FileNotFoundError:
-            out.append(ProbeOutcome(None, (rec.run, key, rec.source, "missing-file",
-                                           f"{key}: image object {obj_url} disappeared during the header pass"),
-                                    (key, "missing", 0)))
-            continue
-        except Exception as e:
-            err = _infra(e, obj_url)
-            if err is not None:
-                raise err from None
-            raise
-        digest = hashlib.sha256(data).hexdigest()
-        local = os.path.join(spool, digest)
-        if not os.path.exists(local):
-            tmp = f"{local}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, local)
-        st = os.stat(local)
-        out.append(check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), url=obj_url, local=local,
-                               **batch.params))
+            return _get(fs, f"{base}/{rel}")
+        except BaseException as e:  # handed to the record's turn below
+            return e
+
+    with ThreadPoolExecutor(PREFETCH, thread_name_prefix="warp-probe-get") as pool:
+        pending = [pool.submit(fetch, t) for t in todo[:PREFETCH]]
+        for i, (rec, rel, _, obj_url) in enumerate(todo):
+            got = pending[i].result()
+            pending[i] = None  # the bytes go once this record is done
+            if i + PREFETCH < len(todo):
+                pending.append(pool.submit(fetch, todo[i + PREFETCH]))
+            out.append(_probe_one(batch, rec, rel, obj_url, got, spool))
     return batch.index, out
+
+
+def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got, spool: str) -> ProbeOutcome:
+    key = rec.key
+    size = batch.sizes.get(rel)
+    if size is None or rel.startswith("../"):
+        # the same record as a local source's, so the quarantine tables match byte for byte
+        return ProbeOutcome(None, (rec.run, key, rec.source, "missing-file", f"{key}: image file does not exist"),
+                            (key, "missing", 0))
+    if size > batch.limits.max_image_bytes:
+        return ProbeOutcome(None, (rec.run, key, rec.source, "too-large",
+                                   f"{key}: is {size} bytes, over the {batch.limits.max_image_bytes / 1e6:g} MB limit "
+                                   "(raise it in [limits] of the config)"), None)
+    if isinstance(got, FileNotFoundError):
+        return ProbeOutcome(None, (rec.run, key, rec.source, "missing-file",
+                                   f"{key}: image object {obj_url} disappeared during the header pass"),
+                            (key, "missing", 0))
+    if isinstance(got, BaseException):
+        err = _infra(got, obj_url)
+        if err is not None:
+            raise err from None
+        raise got
+    data = got
+    digest = hashlib.sha256(data).hexdigest()
+    local = os.path.join(spool, digest)
+    if not os.path.exists(local):
+        tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, local)
+    st = os.stat(local)
+    return check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), url=obj_url, local=local, **batch.params)
 
 
 def read_source(url: str, sha256: str) -> bytes:
