@@ -151,6 +151,10 @@ def _worker_state(task: ShardTask) -> tuple[twh1.ShardBuilder, Transformer, Thre
     return st[1], st[2], st[3]
 
 
+# what an own Dask LocalCluster's workers import before they fork (warp/etl/executors.py)
+WORKER_PRELOAD = ("numpy", "cv2", "warpdata.warehouse.etl")
+
+
 def _init_process_worker() -> None:
     import cv2
 
@@ -560,7 +564,8 @@ def _run_prestarted(req: EtlRequest, store: str | None = None) -> EtlResult:
     require(executor)
     if executor.kind != "dask":  # Ray must be initialised from the main thread
         return _run(req, store=store)
-    started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker)
+    started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker,
+                           preload=WORKER_PRELOAD)
     try:
         return _run(req, started, store=store)
     finally:
@@ -615,7 +620,8 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
         if started is not None:
             sc = scan(cfg, workers, started.result())
         else:
-            with open_runner(executor, workers, initializer=_init_process_worker) as r:
+            with open_runner(executor, workers, initializer=_init_process_worker,
+                             preload=WORKER_PRELOAD) as r:
                 sc = scan(cfg, workers, r)
     else:
         sc = scan(cfg, workers)
@@ -864,7 +870,8 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
         bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
         if todo:
             n = workers if executor.distributed else min(workers, len(todo))
-            with open_runner(executor, n, initializer=_init_process_worker, started=started) as runner:
+            with open_runner(executor, n, initializer=_init_process_worker, started=started,
+                             preload=WORKER_PRELOAD) as runner:
                 cluster = runner.describe()
                 if executor.distributed:
                     log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
