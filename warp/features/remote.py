@@ -127,7 +127,6 @@ def open_version(url: str) -> tuple[str, dict[str, Any], Any]:
                                  "or open the version's URL directly", path=f"{base}/latest")
         vurl = f"{base}/{name}"
         remote = Remote(vurl)
-        remote.stats = top.stats  # one request count for the whole open
         doc = remote.get(MANIFEST_NAME)
         if doc is None:
             raise MissingInputError(f"{base}/latest names {name}, which has no manifest.json",
@@ -143,3 +142,45 @@ def open_version(url: str) -> tuple[str, dict[str, Any], Any]:
     m = fmanifest.parse(doc, f"{vurl}/manifest.json",
                         hint="rebuild the cache with 'warp etl' (a version in the store is never edited in place)")
     return vurl, m, remote
+
+
+STREAM_CHUNK = 1 << 20
+
+
+def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
+    """Object ``key`` of ``remote`` (a :class:`warpdata.storage.remote.Remote`) into ``dst``, 1 MiB at a
+    time: on S3 one GET, no HEAD; elsewhere the store's ranged reads.
+
+    ``expect`` (the manifest's byte count) is what the object must hold: a longer body stops the read
+    as soon as it passes it and a shorter one is caught at the end (both :class:`DataError`), so a
+    lying manifest or store never sizes a buffer.
+    """
+    from warpdata.storage.remote import _s3_client
+
+    transport = remote.transport
+    client = _s3_client(transport.config) if getattr(transport, "protocol", None) == "s3" else None
+    if client is None:
+        remote.copy_to(key, dst, expect)
+        return
+    bucket, _, name = remote.path(key).lstrip("/").partition("/")
+    remote.stats.request("GET")
+    got = 0
+    try:
+        body = client.get_object(Bucket=bucket, Key=name)["Body"]
+        for chunk in body.iter_chunks(STREAM_CHUNK):
+            got += len(chunk)
+            if got > expect:
+                break
+            dst.write(chunk)
+    except Exception as e:
+        err = getattr(e, "response", None) or {}
+        code = str((err.get("Error") or {}).get("Code", ""))
+        if code in ("NoSuchKey", "404", "NotFound"):
+            raise remote._missing(key) from None
+        raise remote._wrap(e, key) from None
+    remote.stats.received(min(got, expect))
+    if got != expect:
+        raise DataError(f"{remote.url_of(key)}: the manifest says {expect} bytes, the store "
+                        f"{'holds more' if got > expect else f'sent {got}'}",
+                        hint="the object was replaced or the manifest is wrong: rebuild the cache with 'warp etl'",
+                        path=remote.url_of(key))
