@@ -355,3 +355,43 @@ def test_a_prefix_without_a_cache_names_what_it_expected(s3, cache_dir):
 
     with pytest.raises(MissingInputError, match="neither a feature cache"):
         ShardCache(s3.url("nothing-here"))
+
+
+# -- warp publish --from s3://… -------------------------------------------------------------------
+
+def test_publish_from_the_s3_cache_is_the_version_a_local_publish_makes(cli, sources, built, s3, cache_dir):
+    from warpdata.features.reader import ShardCache
+
+    url, res = built
+    vp = version_prefix(res.path, s3)
+    nshards = len(res.manifest["shards"])
+    s3.reset_counts()
+    r = cli("publish", "img/caps", "--from", url, "--json", "--store", s3.url("store"))
+    assert r.code == 0, r.err
+    got = r.json()
+    assert got["blobs_uploaded"] > 0
+    # each shard read once from the cache's version (into the blob cache), never listed or HEADed
+    assert s3.count("GET", f"{vp}/shard-") == nshards and s3.count("HEAD", f"{vp}/") == 0
+    assert s3.count("GET", f"{vp}/metrics.json") == 0
+    # the same files as the local build: the same blobs and manifest, hence the same version
+    r = cli("publish", "img/caps", "--from", sources / "cache-pixels-multi-1", "--json", "--store", s3.url("store2"))
+    assert r.code == 0, r.err
+    assert r.json()["version_hash"] == got["version_hash"]
+
+    # a machine that has the shards in its blob cache (it trained from them) fetches none again
+    s3.reset_counts()
+    r = cli("publish", "img/caps", "--from", url, "--json", "--store", s3.url("store3"))
+    assert r.code == 0, r.err
+    assert r.json()["version_hash"] == got["version_hash"] and s3.count("GET", f"{vp}/shard-") == 0
+
+    local = ShardCache(sources / "cache-pixels-multi-1")
+    with ShardCache("img/caps", store=s3.url("store")) as pub:
+        assert len(pub) == len(local)
+        for i in (0, len(local) // 2, len(local) - 1):
+            assert np.array_equal(pub.get(i)["pixels"], local.get(i)["pixels"])
+
+
+def test_publish_from_an_s3_prefix_without_a_cache_fails_typed(cli, s3, cache_dir, monkeypatch):
+    monkeypatch.setenv("WARP_STORE", s3.url("store"))
+    r = cli("publish", "img/none", "--from", s3.url("nothing"))
+    assert r.code != 0 and "neither a feature cache" in r.err and "Traceback" not in r.err

@@ -184,3 +184,61 @@ def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
                         f"{'holds more' if got > expect else f'sent {got}'}",
                         hint="the object was replaced or the manifest is wrong: rebuild the cache with 'warp etl'",
                         path=remote.url_of(key))
+
+
+_MEMBER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def stage_version(url: str, dest: Any) -> dict[str, int]:
+    """The cache at ``url`` as a directory ``dest`` for ``warp publish --from`` (a new directory).
+
+    The shards come from the content-addressed blob cache, by the SHA-256 the manifest names, and
+    are hard-linked into ``dest``: a cache this machine has trained from is not downloaded again,
+    and one it has not is fetched once (one streamed GET per shard, hashed as it lands) into the
+    cache where training finds it. The version's other files (``manifest.json``, ``keys.txt``,
+    ``records.parquet``, the quarantine tables; not ``metrics.json``) are small: one listing, then
+    one GET each. Returns ``{"shards_fetched", "shards_cached", "files"}``.
+    """
+    import contextlib
+    import os
+    import shutil
+    from pathlib import Path
+
+    from warpdata.etl import objectstore
+    from warpdata.features import manifest as fmanifest
+    from warpdata.storage.blobcache import BlobCache
+
+    vurl, m, remote = open_version(url)
+    out = Path(dest)
+    out.mkdir(parents=True)
+    cache = BlobCache()
+    counts = {"shards_fetched": 0, "shards_cached": 0, "files": 0}
+    shard_names = set()
+    for e in m["shards"]:
+        rel, h = str(e["path"]), str(e["sha256"])
+        shard_names.add(rel)
+        had = cache.get(h) is not None
+        with cache.pinned([h]):
+            p = cache.fetch(h, lambda f, rel=rel, n=int(e["bytes"]): stream_object(remote, rel, f, n),
+                            source=remote.url_of(rel))
+            try:
+                os.link(p, out / rel)
+            except OSError:  # the cache on another filesystem
+                shutil.copyfile(p, out / rel)
+        counts["shards_cached" if had else "shards_fetched"] += 1
+    for name in sorted(objectstore.list_sizes(vurl)):
+        if name in shard_names or name == "metrics.json":
+            continue
+        if not _MEMBER_RE.match(name):
+            raise DataError(f"{vurl}/{name}: not a file name a feature cache writes",
+                            hint="publish only versions written by 'warp etl'", path=f"{vurl}/{name}")
+        data = remote.get(name)
+        if data is None:  # removed since the listing
+            continue
+        if name == MANIFEST_NAME and fmanifest.parse(data, f"{vurl}/{name}") != m:
+            raise DataError(f"{vurl}/{name} changed while it was being published", hint="rerun the publish",
+                            path=f"{vurl}/{name}")
+        with contextlib.suppress(FileExistsError), open(out / name, "xb") as f:
+            f.write(data)
+        counts["files"] += 1
+    return counts
