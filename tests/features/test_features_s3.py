@@ -112,6 +112,19 @@ def test_a_cache_built_on_s3_holds_the_bytes_of_a_local_build_within_the_request
     assert s3.count("PUT") == 0 and s3.count("GET", f"{vp}/") == 1
 
 
+@pytest.mark.parametrize("executor", ["process", "dask"])
+def test_workers_in_other_processes_upload_the_same_bytes(sources, reference, s3, cache_dir, executor):
+    """A process pool and a Dask LocalCluster (2 worker processes): each worker uploads what it built."""
+    if executor == "dask":
+        pytest.importorskip("distributed")
+    from warpdata.features.writer import build_cache
+
+    url = s3.url(f"fc-{executor}")
+    res = build_cache(golden.spec("pixels-multi", sources, url), workers=2, executor=executor)
+    assert stored(s3, version_prefix(res.path, s3)) == reference["pixels-multi"]
+    assert res.metrics["executor"] == executor and res.metrics["shards_built"] == len(res.metrics["tasks"])
+
+
 def test_shard_uploads_are_create_only(sources, reference, s3, cache_dir):
     from warpdata.features.writer import build_cache
 

@@ -33,6 +33,11 @@ Contract:
   queryable ``records`` table of a dataset published with ``warp publish
   --from``. All are outputs, not fingerprint inputs.
 
+``[output] path`` may be an object-store URL (``s3://bucket/prefix``): the build stages here, each
+worker uploads the part it built create-only, the receipts live in the store, and the version's
+files go up with ``manifest.json`` last, then ``latest`` (docs/features-config.md, "Output on
+object storage"; :mod:`warpdata.features.remote`). The bytes are those of a local build.
+
 The build runs on the ETL kit (docs/formats/feature-shard.md, "Building on an
 executor"): the driver scans and probes every header (:func:`~warpdata.features.transform.probe`),
 cuts the probed records by count into :class:`PartTask` s (:func:`build_part`:
