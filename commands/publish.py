@@ -55,7 +55,7 @@ def main(
     follow_symlinks: Annotated[bool, typer.Option(
         "--follow-symlinks", help="Walk symlinked directories inside --artifact directories (symlinked files are always read).")] = False,
     from_: Annotated[list[str] | None, typer.Option(
-        "--from", metavar="PATH", help="Publish a warp artifact (directory with manifest.json, or .tbl); repeatable.")] = None,
+        "--from", metavar="PATH", help="Publish a warp artifact (directory with manifest.json, .tbl, or the s3:// URL of a feature cache built there); repeatable.")] = None,
     set_latest: Annotated[bool, typer.Option(
         "--set-latest/--no-set-latest", help="Move the dataset's latest pointer to this version.")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan (blobs to upload, bytes, version); change nothing.")] = False,

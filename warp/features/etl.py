@@ -234,6 +234,10 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
     out_path = (req.output if req and req.output else None) or cfg["output"]["path"]
 
     def rel(p: str) -> str:
+        from warpdata.features.remote import is_url
+
+        if is_url(p):  # an object-store output (docs/features-config.md, "Output on object storage")
+            return p
         q = Path(p).expanduser()
         return str(q if q.is_absolute() else base / q)
 
@@ -287,10 +291,17 @@ def run(req: EtlRequest) -> EtlResult:
         "quarantine": agg,
         "verdict": m.get("verdict", {}).get("status"),
         "rebuild_reasons": res.reasons,
+        # tasks with a valid receipt at the start of the run, and tasks run (docs/formats/receipts.md)
+        "shards_reused": met.get("shards_reused", len(m.get("shards", []))) if res.status == "built"
+        else len(m.get("shards", [])),
+        "shards_built": met.get("shards_built", 0) if res.status == "built" else 0,
         "metrics": {k: met[k] for k in ("wall_s", "records_per_s", "io_decode_wait_s", "encode_s", "write_s",
                                         "scan_s", "device", "caching_device", "executor", "shards_reused",
-                                        "shards_repacked") if k in met},
+                                        "shards_built", "shards_repacked") if k in met},
     }
+    if "upload" in met:  # an object-store output: what went up and what was there already
+        summary["path"] = res.path
+        summary["upload"] = met["upload"]
     if "sources" in m:  # [[directory]] builds: each folder's records and weight
         summary["sources"] = [{**s, "path": d.path} for s, d in zip(m["sources"], spec.sources or [], strict=True)]
         summary["samples_per_epoch"] = sum(s["records"] * s["num_repeats"] for s in m["sources"])

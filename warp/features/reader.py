@@ -31,6 +31,12 @@ cached tar shard, so the cache holds every byte once. The tar shards stay
 pinned until :meth:`ShardCache.close`; ``path`` then names the dataset
 (``ws/name@version/artifact``), not a directory.
 
+``ShardCache("s3://bucket/prefix")`` (any fsspec URL) opens a cache that ``warp etl`` built on
+object storage (docs/features-config.md, "Output on object storage"): ``latest`` and the manifest
+are two GETs, then each shard, on first use, is fetched with one streamed GET into the content-addressed
+blob cache (:mod:`warpdata.storage.blobcache`) under the SHA-256 the manifest names, hashed as it
+lands, and mapped from there. DataLoader workers of one node share the fetched copies.
+
 Every shard's header is checked against the manifest's field table and
 record count when it is mapped. A handle pickles to its path and settings
 only (DataLoader workers reopen lazily; nothing mapped crosses processes).
@@ -73,7 +79,21 @@ class ShardCache:
         from warpdata.read.materialize import looks_like_dataset, materialize
 
         self.published: Any = None
-        if looks_like_dataset(path):
+        self._remote_url: str | None = None  # a cache built on object storage: its version's URL
+        from warpdata.features.remote import is_url
+
+        if is_url(path):
+            if version is not None or store is not None or artifact is not None:
+                from warpdata.core.errors import UsageError
+
+                raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a URL",
+                                 hint="open the version's own URL (<url>/v<YYYYMMDD>-<hash12>) instead")
+            from warpdata.features.remote import open_version
+
+            self._remote_url, m, self._remote_obj = open_version(str(path))
+            self.path = Path(self._remote_url)
+            self._members = None
+        elif looks_like_dataset(path):
             docs: list[dict[str, Any]] = []
 
             def shard_files(doc: dict[str, Any]) -> list[str]:
@@ -118,12 +138,21 @@ class ShardCache:
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
         self._lru: OrderedDict[int, FeatureShardReader] = OrderedDict()
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "max_resident": 0}
+        self._blobs: Any = None  # the blob cache remote shards are fetched into (this process's)
+        self._pinned: set[str] = set()
+        if self._remote_url is None:
+            self._remote_obj = None
+        else:
+            self._by_path = {str(e["path"]): e for e in self.shards}
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_lru"] = OrderedDict()
         d["published"] = None  # the opening process keeps the blobs pinned
         d["stats"] = {k: 0 for k in self.stats}
+        d["_blobs"], d["_pinned"] = None, set()  # a DataLoader worker fetches (or finds) shards itself
+        if d.get("_remote_obj") is not None:
+            d["_remote_obj"] = None
         return d
 
     @property
@@ -188,15 +217,54 @@ class ShardCache:
         return r
 
     def _where(self, rel: str) -> tuple[str, int, int | None]:
-        """(file, offset, length) of shard ``rel``: a file under :attr:`path`, or bytes of a cached tar shard."""
+        """(file, offset, length) of shard ``rel``: a file under :attr:`path`, bytes of a cached tar shard,
+        or the blob-cache copy of a shard in the object store."""
+        if self._remote_url is not None:
+            return self._fetch(rel), 0, None
         if self._members is None:
             return str(self.path / rel), 0, None
         return self._members[rel]
 
+    def _label(self, rel: str) -> str:
+        return f"{self._remote_url}/{rel}" if self._remote_url is not None else str(self.path / rel)
+
+    def _fetch(self, rel: str) -> str:
+        """Shard ``rel`` of a cache in the object store, by its manifest SHA-256, from the blob cache.
+
+        One streamed GET (:func:`warpdata.features.remote.stream_object`); the bytes are hashed as
+        they land (a mismatch is :class:`~warpdata.core.errors.BlobCorruptedError` and nothing is
+        kept); the manifest's byte count is checked against what arrives, never used to allocate. Processes of one node (DataLoader workers) fetch a shard
+        once between them (the cache's per-blob lock); this process pins what it fetched until
+        :meth:`close`.
+        """
+        from warpdata.storage.blobcache import BlobCache
+        from warpdata.storage.remote import Remote
+
+        entry = self._by_path[rel]
+        if self._blobs is None:
+            self._blobs = BlobCache()
+        if self._remote_obj is None:
+            self._remote_obj = Remote(self._remote_url)
+        from warpdata.features.remote import stream_object
+
+        remote, h = self._remote_obj, str(entry["sha256"])
+        p = self._blobs.fetch(h, lambda f: stream_object(remote, rel, f, int(entry["bytes"])),
+                              source=remote.url_of(rel))
+        if h not in self._pinned:
+            self._blobs.pin([h])
+            self._pinned.add(h)
+        return str(p)
+
+    @property
+    def remote_stats(self) -> dict[str, Any] | None:
+        """Requests this process sent to the object store and bytes received (a cache built there)."""
+        return None if self._remote_obj is None else self._remote_obj.stats.to_dict()
+
     def _reader(self, rel: str) -> FeatureShardReader:
         file, offset, length = self._where(rel)
         return FeatureShardReader(file, offset=offset, length=length,
-                                  name=None if self._members is None else f"{self.path}/{rel}")
+                                  name=None if self._members is None and self._remote_url is None
+                                  else self._label(rel))
 
     def _sha256(self, rel: str) -> str:
         """SHA-256 of shard ``rel``'s bytes (the whole file, or its range inside the tar shard)."""
@@ -250,14 +318,14 @@ class ShardCache:
 
     def _open_once(self, s: int) -> FeatureShardReader:
         entry = self.shards[s]
-        p = self.path / entry["path"]
+        p = self._label(entry["path"])
         hint = ("rebuild the cache (warp etl --clear)" if self._members is None else
                 "the cached copy is damaged; it is fetched again once")
-        if self._members is None and not p.is_file():
+        if self._members is None and self._remote_url is None and not os.path.isfile(p):
             raise MissingInputError(f"{p}: shard {s} of the feature cache is missing",
                                     hint="rebuild the cache (warp etl; a missing shard triggers a rebuild)",
                                     path=str(p), shard=s)
-        if self.verify == "full":
+        if self.verify == "full" and self._remote_url is None:  # a fetched blob was hashed as it landed
             got = self._sha256(entry["path"])
             if got != entry.get("sha256"):
                 raise FeatureShardChecksumError(
@@ -341,6 +409,9 @@ class ShardCache:
             r.close()
         if self.published is not None:
             self.published.close()  # unpin the cached blobs
+        if self._pinned and self._blobs is not None:
+            self._blobs.unpin(sorted(self._pinned))
+            self._pinned.clear()
 
     def __enter__(self) -> ShardCache:
         return self

@@ -33,6 +33,11 @@ Contract:
   queryable ``records`` table of a dataset published with ``warp publish
   --from``. All are outputs, not fingerprint inputs.
 
+``[output] path`` may be an object-store URL (``s3://bucket/prefix``): the build stages here, each
+worker uploads the part it built create-only, the receipts live in the store, and the version's
+files go up with ``manifest.json`` last, then ``latest`` (docs/features-config.md, "Output on
+object storage"; :mod:`warpdata.features.remote`). The bytes are those of a local build.
+
 The build runs on the ETL kit (docs/formats/feature-shard.md, "Building on an
 executor"): the driver scans and probes every header (:func:`~warpdata.features.transform.probe`),
 cuts the probed records by count into :class:`PartTask` s (:func:`build_part`:
@@ -358,6 +363,11 @@ class PartTask:
     encoder: EncoderRef | None
     decode_threads: int
     pool_key: str
+    # [output] path on object storage (docs/features-config.md, "Output on object storage"): where the
+    # worker uploads the finished part, create-only: as its shard when it stored every record, else
+    # beside the store's receipts (a late decode failure re-cuts the shards after it)
+    upload_shard: str | None = None
+    upload_part: str | None = None
 
 
 @dataclass
@@ -482,6 +492,12 @@ def build_part(task: PartTask) -> PartResult:
         if writer.count:
             info = writer.close()
             sha, nbytes = info.sha256, info.bytes
+            if task.upload_shard is not None:
+                from warpdata.etl.objectstore import put_create_only
+
+                # an object already there came from an earlier run of this task: the same bytes
+                put_create_only(task.path, task.upload_part if failures else task.upload_shard)
+                os.unlink(task.path)
         else:
             writer.abort()
             sha, nbytes = None, 0
@@ -501,8 +517,13 @@ def task_sha256(task: PartTask) -> str:
     return identity([task.fingerprint, task.index, [[it.key, it.digest] for it in task.items], task.batches])
 
 
-def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None) -> PartResult | None:
-    """The receipted result of ``task`` when the receipt names this task and its file still verifies."""
+def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None,
+           listed: tuple[dict[str, int], dict[str, int]] | None = None) -> PartResult | None:
+    """The receipted result of ``task`` when the receipt names this task and its file still verifies.
+
+    In the store (``listed``: the sizes listed under the version and under the build prefix) the
+    part's object must be there with the receipted size: its SHA-256 goes into the manifest, and
+    reading every part back would cost what building it did (docs/formats/receipts.md)."""
     from warpdata.core.canonical import sha256_file
 
     if receipt is None:
@@ -511,7 +532,11 @@ def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None) -> Part
         if receipt["task_sha256"] != task_sha256(task):
             raise ValueError("receipt of another task")
         res = PartResult(**receipt["result"])
-        if res.records and sha256_file(task.path) != res.sha256:
+        if res.records and listed is not None:
+            sizes, name = (listed[1], PART_PATTERN) if res.failures else (listed[0], SHARD_PATTERN)
+            if sizes.get(name.format(task.index)) != res.bytes:
+                raise ValueError("part not in the store")
+        elif res.records and sha256_file(task.path) != res.sha256:
             raise ValueError("part changed")
     except (OSError, ValueError, TypeError, KeyError):
         journal.forget(f"part-{task.index:05d}")
@@ -606,7 +631,18 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     from warpdata.etl.workers import cpu_count
 
     t_start = time.perf_counter()
-    outp = Path(spec.output)
+    from warpdata.features import remote as fremote
+
+    store_url = spec.output.rstrip("/") if fremote.is_url(spec.output) else None
+    if store_url is not None:
+        # docs/features-config.md, "Output on object storage": staged here, shards uploaded by the
+        # workers, receipts in the store; an unreachable store stops the run before any work (exit 75)
+        from warpdata.etl import objectstore
+
+        objectstore.check_reachable(store_url)
+        outp = objectstore.staging_root(store_url) / "cache"
+    else:
+        outp = Path(spec.output)
     ex = executor if isinstance(executor, ExecutorSpec) else (
         parse_executor(executor) if executor else resolve_executor())
     require(ex)
@@ -663,7 +699,12 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     old = _existing(outp)
     reasons: list[str] = []
-    if outp.exists():
+    target = None
+    if store_url is not None:
+        target, up = _store_target(store_url, fp, clear, reasons, t_scan)
+        if up is not None:
+            return up
+    elif outp.exists():
         if old is None or old.get("kind") != KIND:
             if old is not None or any(outp.iterdir()):
                 raise ConfigError(f"{outp} exists and is not a feature cache",
@@ -726,6 +767,10 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     tasks = [PartTask(j, str(build_dir / PART_PATTERN.format(j)), fp, spec, fields, [items[i] for i in run],
                       [i // batch for i in run], enc_ref, decode_threads, pool_key)
              for j, run in enumerate(runs)]
+    if target is not None:
+        for t in tasks:
+            t.upload_shard = target.shard_url(SHARD_PATTERN.format(t.index))
+            t.upload_part = target.part_url(PART_PATTERN.format(t.index))
     metrics: dict[str, Any] = {"scan_s": round(t_scan, 4), "probe_s": round(t_probe, 4), "batches": [],
                                "workers": n_workers, "batch_size": batch, "executor": ex.text,
                                "decode_threads": decode_threads}
@@ -733,7 +778,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         with _build_lock(build_dir):
             return _build(spec, tasks, runs, items, item_source, probed, q, inputs, fp, fields, build_dir, ex,
                           n_workers, resources, clear, allow_invalid, metrics, reasons, orphan_captions, device,
-                          t_start)
+                          t_start, outp, target)
     finally:
         if own_pool is not None:
             _POOLS.pop(own_pool).shutdown(wait=False)
@@ -743,8 +788,52 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                         del _ENCODERS[enc_ref]
 
 
+def _store_target(url: str, fp: str, clear: bool, reasons: list[str], t_scan: float):
+    """``(StoreTarget, None)`` for a version to build in the store at ``url``, or ``(None, result)``
+    when a complete version of fingerprint ``fp`` is there (one listing, one manifest GET)."""
+    import datetime as _dt
+
+    from warpdata.etl import objectstore
+    from warpdata.features import manifest as fmanifest
+    from warpdata.features.remote import StoreTarget, version_name
+
+    vdir, complete = objectstore.find_version_dir(url, fp)
+    if complete and not clear:
+        where = f"{url}/{vdir}"
+        m = fmanifest.parse(objectstore.read_manifest(where), f"{where}/{MANIFEST_NAME}",
+                            hint=f"a version in the store is never edited in place: remove {where}/ and rerun")
+        _point_latest(url, vdir)
+        return None, BuildResult("up-to-date", where, m, {"scan_s": round(t_scan, 4),
+                                                          "shards_reused": len(m["shards"]), "shards_built": 0})
+    if vdir is not None and not complete:
+        reasons.append("resuming the version an interrupted run was writing")
+    elif complete:
+        reasons.append("--clear")
+    else:
+        reasons.append("new version in the store")
+    if vdir is None or complete:
+        vdir = version_name(fp, _dt.datetime.now(_dt.UTC).strftime("%Y%m%d"))
+    return StoreTarget(url, vdir, fp), None
+
+
+def _point_latest(url: str, vdir: str) -> None:
+    """``<url>/latest`` names ``vdir`` (the last version built, as a local cache path holds the last
+    cache built): written when it names another one."""
+    from warpdata.etl import objectstore
+    from warpdata.storage.locations import filesystem, parse_location
+
+    loc = parse_location(url)
+    fs = filesystem(loc)
+    try:
+        now = objectstore._call(url, fs.cat_file, loc.join("latest").path)
+    except FileNotFoundError:
+        now = b""
+    if now.strip() != vdir.encode():
+        objectstore._call(url, fs.pipe_file, loc.join("latest").path, (vdir + "\n").encode())
+
+
 def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resources: dict[str, float],
-               total: int) -> tuple[list[PartResult], dict[str, Any]]:
+               total: int, target: Any = None) -> tuple[list[PartResult], dict[str, Any]]:
     """Reuse every receipted part, run the rest on ``ex``, receipt each as it finishes."""
     import dataclasses
     import functools
@@ -754,8 +843,14 @@ def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resou
     results: dict[int, PartResult] = {}
     todo = []
     receipts = journal.load_all()
+    listed = None
+    if target is not None:
+        from warpdata.etl import objectstore
+
+        # what a killed run already uploaded: one listing of the version, one of the build prefix
+        listed = (objectstore.list_sizes(target.version_url), objectstore.list_sizes(target.build_url))
     for task in tasks:
-        r = _reuse(task, journal, receipts.get(f"part-{task.index:05d}"))
+        r = _reuse(task, journal, receipts.get(f"part-{task.index:05d}"), listed)
         if r is not None:
             results[task.index] = r
         else:
@@ -786,12 +881,12 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
            item_source: list[int], probed: dict[int, DecodeFailure], q: Quarantine, inputs: dict[str, Any],
            fp: str, fields: list[FieldSpec], build_dir: Path, ex: Any, n_workers: int,
            resources: dict[str, float], clear: bool, allow_invalid: bool, metrics: dict[str, Any],
-           reasons: list[str], orphan_captions: int, device: str | None, t_start: float) -> BuildResult:
+           reasons: list[str], orphan_captions: int, device: str | None, t_start: float,
+           outp: Path, target: Any = None) -> BuildResult:
     import shutil
 
     from warpdata.etl.receipts import Journal
 
-    outp = Path(spec.output)
     h, w = spec.size
     if clear and build_dir.exists():
         shutil.rmtree(build_dir)
@@ -799,12 +894,17 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
     for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written parts of a killed run (we hold the lock)
         with contextlib.suppress(FileNotFoundError):
             leftover.unlink()
-    journal = Journal(str(build_dir))
+    # in the store, beside the version, the receipts let a rerun on any machine resume from the store alone
+    journal = Journal(str(build_dir) if target is None else target.build_url)
+    if target is not None and clear:
+        journal.remove()
     t0 = time.perf_counter()
     try:
-        results, cluster = _run_parts(tasks, ex, n_workers, journal, resources, len(items) - len(probed))
+        results, cluster = _run_parts(tasks, ex, n_workers, journal, resources, len(items) - len(probed), target)
     except (DataError, ConfigError):
         shutil.rmtree(build_dir, ignore_errors=True)  # a deterministic failure: a rerun would meet it again
+        if target is not None:
+            journal.remove()
         raise
     t_build = time.perf_counter() - t0
 
@@ -825,6 +925,8 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         verdict.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
     except DataError:
         shutil.rmtree(build_dir, ignore_errors=True)
+        if target is not None:
+            journal.remove()
         raise
     for problem in verdict.problems():
         log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
@@ -841,11 +943,16 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
     # parts before the first full-decode failure are the shards; after it the boundaries moved
     first_late = next((r.index for r in results if r.failures), len(results))
     t0 = time.perf_counter()
-    with atomic_dir(outp, replace=True) as tmp:
+    if target is not None:
+        # the parts after the first late failure are re-cut here: bring them back from the store
+        _fetch_parts([(tasks[r.index], r) for r in results[first_late:] if r.records])
+    final = outp if target is None else outp.parent / target.vdir
+    with atomic_dir(final, replace=True) as tmp:
         shards = []
         for r in results[:first_late]:
             name = SHARD_PATTERN.format(r.index)
-            _place(tasks[r.index].path, tmp / name)
+            if target is None:  # in the store the worker uploaded it under this name already
+                _place(tasks[r.index].path, tmp / name)
             shards.append({"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256})
         shards += _repack([(tasks[r.index].path, r.records) for r in results[first_late:] if r.records], tmp,
                           first_late, spec.effective_shard_size, fields, fp, n_workers)
@@ -894,6 +1001,7 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
             "caching_device": spec.caching_device if spec.encoder else None,
             "cluster": cluster,
             "shards_reused": sum(r.reused for r in results),
+            "shards_built": sum(not r.reused for r in results),
             "shards_repacked": len(shards) - first_late,
             "tasks": [{"index": r.index, "records": r.records, "worker": r.worker, "encoder_loads": r.encoder_loads,
                        "reused": r.reused} for r in results],
@@ -901,9 +1009,70 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         atomic_write_bytes(tmp / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True).encode(), fsync=False)
         atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
                                                            ensure_ascii=False).encode("utf-8"), fsync=False)
+    if target is not None:
+        return _finish_in_store(target, final, manifest, metrics, reasons, journal, build_dir, first_late, results)
     journal.remove()
     shutil.rmtree(build_dir, ignore_errors=True)
     return BuildResult("built", str(outp), manifest, metrics, reasons)
+
+
+def _fetch_parts(parts: list[tuple[PartTask, PartResult]]) -> None:
+    """Each part's WFS1 file back at ``task.path`` from the store, checked against its receipted
+    SHA-256; one that is gone or differs (an interrupted re-cut wrote over a part uploaded under
+    its shard name) is built again here: a task's bytes depend only on the task."""
+    import dataclasses
+
+    from warpdata.core.canonical import sha256_file
+    from warpdata.core.errors import InternalError
+    from warpdata.features import remote as fremote
+
+    for task, res in parts:
+        url = task.upload_part if res.failures else task.upload_shard
+        tmp = f"{task.path}.{TMP_PREFIX}get"
+        if fremote.get_file(url, tmp) and sha256_file(tmp) == res.sha256:
+            os.replace(tmp, task.path)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        again = build_part(dataclasses.replace(task, upload_shard=None, upload_part=None))
+        if again.sha256 != res.sha256:
+            raise InternalError(f"part {task.index} rebuilt to SHA-256 {again.sha256}, its receipt says "
+                                f"{res.sha256}", hint="a part's bytes must depend only on its task; please report this")
+
+
+def _finish_in_store(target: Any, local: Path, manifest: dict[str, Any], metrics: dict[str, Any],
+                     reasons: list[str], journal: Any, build_dir: Path, first_late: int,
+                     results: list[PartResult]) -> BuildResult:
+    """The version's files to the store (docs/features-config.md, "Output on object storage"):
+    re-cut shards and ``metrics.json`` (plain PUTs: a rerun may change them before the manifest names
+    them), every other file create-only, ``manifest.json`` last, then ``latest``; then the receipts,
+    the build prefix and the staging copy go."""
+    import shutil
+
+    from warpdata.etl import objectstore
+    from warpdata.features import remote as fremote
+
+    t_up = time.perf_counter()
+    names = {s["path"] for s in manifest["shards"]}
+    recut = sorted(p.name for p in local.glob("shard-*.wfs"))
+    for name in recut:
+        fremote.put_overwrite(str(local / name), target.shard_url(name))
+        (local / name).unlink()
+    # parts uploaded under a shard name that the re-cut did not reach (late failures dropped records)
+    stray = [n for n in objectstore.list_sizes(target.version_url)
+             if n.startswith("shard-") and n.endswith(".wfs") and n not in names]
+    fremote.remove(target.version_url, stray)
+    fremote.put_overwrite(str(local / "metrics.json"), target.shard_url("metrics.json"))
+    (local / "metrics.json").unlink()
+    dest, counts = objectstore.upload_version(local, target.url)
+    built = sum(1 for r in results[:first_late] if r.records and not r.reused)
+    counts = {"uploaded": counts["uploaded"] + built + len(recut) + 1, "reused": counts["reused"]}
+    journal.remove()
+    fremote.remove(target.build_url)
+    shutil.rmtree(local, ignore_errors=True)
+    shutil.rmtree(build_dir, ignore_errors=True)
+    metrics["upload"] = {**counts, "s": round(time.perf_counter() - t_up, 4)}
+    return BuildResult("built", dest, manifest, metrics, reasons)
 
 
 def source_entries(spec: CacheSpec, kept_source: list[int]) -> list[dict[str, Any]]:

@@ -472,7 +472,17 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
         if name in artifacts:
             raise UsageError(f"artifact {name} given twice", hint="give each --artifact a distinct name")
         artifacts[name] = stager.artifact(name, directory, req.artifact_files.get(name))
-    for path in req.from_paths:
+    for n, path in enumerate(req.from_paths):
+        from warpdata.features.remote import is_url
+
+        if is_url(path):
+            # a feature cache built on object storage (docs/features-config.md, "Output on object
+            # storage"): its shards come through the blob cache, hard-linked into the staging area
+            from warpdata.features.remote import stage_version
+
+            local = stager.stage / f"from-{n}"
+            stage_version(path, local)
+            path = str(local)
         src = from_artifacts.describe_source(path)
         aname = from_artifacts.artifact_name(src.kind, set(tables) | set(artifacts))
         artifacts[aname] = stager.artifact(aname, src.artifact_root, src.members)
