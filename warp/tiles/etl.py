@@ -232,7 +232,8 @@ def _stream(inp: _Input, writer, bar) -> None:
                         hint="fix [source] shape/dtype to match the input", path=inp.name)
 
 
-def _input_crc(path: str) -> str:
+def _input_crc(path: str, skip: int = 0) -> str:
+    """CRC-32C of the array's bytes: the file past its first ``skip`` bytes (a .npy header)."""
     import numpy as np
     from warpdata.formats import crc as crc32c
 
@@ -240,6 +241,7 @@ def _input_crc(path: str) -> str:
     buf = np.empty(8 << 20, dtype=np.uint8)
     mv = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
+        f.seek(skip)
         while n := f.readinto(mv):
             crc = crc32c.extend(crc, buf[:n])
     return f"{crc:08x}"
@@ -354,7 +356,7 @@ class _UpToDate:
         if not isinstance(old, dict) or old.get("recipe_key") != self.recipe_key:
             return None
         if self.crc is None:
-            self.crc = _input_crc(self.inp.path)
+            self.crc = _input_crc(self.inp.path, self.inp.header)
         if old.get("input_crc32c") != self.crc:
             return None
         self.manifest = old
