@@ -303,3 +303,18 @@ def test_s3_prefix_of_another_build_needs_clear(cli, volume, tmp_path, s3):
     res = etl(cli, cfg, "-j", "1", "--clear")
     assert (res["ranges_reused"], res["ranges_built"]) == (0, NRANGES)
     assert "stray" not in _s3_tree(s3, "o.zarr")
+
+
+def test_inspect_verify_checks_the_content_hashes(cli, volume, reference, tmp_path):
+    """`warp inspect --verify` rehashes every object against the manifest's level digests."""
+    out = tmp_path / "o.zarr"
+    for k, v in reference.items():
+        (out / k).parent.mkdir(parents=True, exist_ok=True)
+        (out / k).write_bytes(v)
+    r = cli("inspect", "--verify", out)
+    assert r.code == 0 and "3 level(s) hashed" in r.out, r.out + r.err
+    m = json.loads(reference["manifest.json"])
+    m["levels"][1]["sha256"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(m))
+    r = cli("inspect", "--verify", out)
+    assert r.code != 0 and "level sha256" in r.out + r.err
