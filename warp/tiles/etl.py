@@ -20,6 +20,12 @@ run :class:`RangeTask` s (row ranges whole at every pyramid level, each read
 from the input by the worker: a shared path or ``s3://``) on a process pool,
 Dask or Ray; the driver commits the metadata. The tree is byte-identical to
 the local executor's (docs/formats/zarr-tiles.md, "On an executor").
+
+Every range that finishes gets a create-only receipt (its task hash and the
+SHA-256 digests of the objects it wrote) in the build directory
+``.warp-tmp-build-<hash12>-<name>`` or beside an ``s3://`` output; a rerun after
+``kill -9`` rebuilds only the ranges without a receipt whose objects still hash
+to it (docs/formats/receipts.md, "Tiled arrays"). Standard input has no journal.
 """
 
 from __future__ import annotations
