@@ -20,6 +20,12 @@ run :class:`RangeTask` s (row ranges whole at every pyramid level, each read
 from the input by the worker: a shared path or ``s3://``) on a process pool,
 Dask or Ray; the driver commits the metadata. The tree is byte-identical to
 the local executor's (docs/formats/zarr-tiles.md, "On an executor").
+
+Every range that finishes gets a create-only receipt (its task hash and the
+SHA-256 digests of the objects it wrote) in the build directory
+``.warp-tmp-build-<hash12>-<name>`` or beside an ``s3://`` output; a rerun after
+``kill -9`` rebuilds only the ranges without a receipt whose objects still hash
+to it (docs/formats/receipts.md, "Tiled arrays"). Standard input has no journal.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from typing import Any, BinaryIO
 
 from warpdata.core import progress as _progress
 from warpdata.core.config import Field, validate
-from warpdata.core.errors import ConfigError, DataError, MissingInputError
+from warpdata.core.errors import ConfigError, DataError, InternalError, MissingInputError
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.tiles.pyramid import METHODS
@@ -132,7 +138,9 @@ class _Input:
             loc = parse_location(path)
             fs = filesystem(loc)
             try:
-                self.size = int(fs.size(loc.path))
+                info = fs.info(loc.path)
+                self.size = int(info["size"])
+                self.etag = str(info.get("ETag") or info.get("etag") or "")
                 self.f = fs.open(loc.path, "rb", block_size=block)
             except FileNotFoundError:
                 raise MissingInputError(f"input {path} does not exist", hint="check [source] path or --input") from None
@@ -197,6 +205,14 @@ class _Input:
     def readinto(self, mv: memoryview) -> int:
         return self.f.readinto(mv) or 0
 
+    def fingerprint(self) -> dict[str, Any]:
+        """What names this input's version for the receipts journal: path, size and mtime (a file),
+        URL, size and ETag (an object). docs/formats/receipts.md, "Tiled arrays"."""
+        if self.url:
+            return {"url": self.path, "size": self.size, "etag": getattr(self, "etag", "")}
+        st = os.fstat(self.f.fileno())
+        return {"path": os.path.realpath(self.path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
     def close(self) -> None:
         if self.path != "-":
             self.f.close()
@@ -222,7 +238,8 @@ def _stream(inp: _Input, writer, bar) -> None:
                         hint="fix [source] shape/dtype to match the input", path=inp.name)
 
 
-def _input_crc(path: str) -> str:
+def _input_crc(path: str, skip: int = 0) -> str:
+    """CRC-32C of the array's bytes: the file past its first ``skip`` bytes (a .npy header)."""
     import numpy as np
     from warpdata.formats import crc as crc32c
 
@@ -230,6 +247,7 @@ def _input_crc(path: str) -> str:
     buf = np.empty(8 << 20, dtype=np.uint8)
     mv = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
+        f.seek(skip)
         while n := f.readinto(mv):
             crc = crc32c.extend(crc, buf[:n])
     return f"{crc:08x}"
@@ -238,7 +256,7 @@ def _input_crc(path: str) -> str:
 def run(req: EtlRequest) -> EtlResult:
     from warpdata.core.canonical import identity
     from warpdata.kernels import resolve as resolve_backend
-    from warpdata.storage.locations import filesystem, parse_location
+    from warpdata.storage.locations import parse_location
 
     cfg = validate(req.config, SCHEMA, req.source)
     where = req.source.where
@@ -285,14 +303,9 @@ def run(req: EtlRequest) -> EtlResult:
                   "method": cfg["multiscale"]["method"], "axes": cfg["output"]["axes"], "backend": backend_name}
         recipe_key = identity(recipe)
         loc = parse_location(out_url)
-        if loc.protocol == "file" and os.path.exists(os.path.join(loc.path, MANIFEST_NAME)) and not req.clear \
-                and inp.path != "-" and not inp.url:
-            try:
-                old = json.loads(Path(loc.path, MANIFEST_NAME).read_bytes())
-            except (OSError, ValueError):
-                old = {}
-            if old.get("recipe_key") == recipe_key and old.get("input_crc32c") == _input_crc(inp.path):
-                return _result(old, loc.path, "up-to-date", 0.0)
+        up_to_date = _UpToDate(loc, recipe_key, inp, req.clear)
+        if (old := up_to_date()) is not None:
+            return _result(old, loc.path, "up-to-date", 0.0)
         extra = {"recipe": recipe, "recipe_key": recipe_key, "source": {"format": cfg["source"]["format"], "name":
                  os.path.basename(inp.name)}}
         kwargs = dict(shards=shards, fill_value=tiles["fill_value"],
@@ -304,28 +317,67 @@ def run(req: EtlRequest) -> EtlResult:
             raise ConfigError(f"--executor {executor.text}: the workers cannot read this process's stdin",
                               hint="write the input to a file the workers can read (a shared filesystem "
                                    "or s3://...), or use the local executor")
-        write = _write if executor.kind == "thread" else (
-            lambda i, u, c, k, fsync: _write_on_executor(i, u, c, k, fsync, executor, workers,
-                                                         int(build["task_mb"] * (1 << 20))))
-        if loc.protocol == "file":
-            # the writer builds in a temporary sibling and swaps it in with no gap (warp/tiles/replace.py)
-            result = write(inp, loc.path, tiles["chunks"], kwargs, fsync=True)
+        counts: dict[str, int] = {}
+        if inp.path == "-":
+            # standard input cannot be read again: no journal, one streaming writer (nothing to resume)
+            if loc.protocol != "file":
+                _clear_remote(loc, out_url, req.clear)
+            result = _write(inp, loc.path if loc.protocol == "file" else out_url, tiles["chunks"], kwargs, fsync=True)
         else:
-            fs = filesystem(loc)
-            if fs.exists(loc.path) and fs.ls(loc.path):
-                if not req.clear:
-                    raise ConfigError(f"{out_url} already exists",
-                                      hint="pass --clear to replace it, or choose another [output] path")
-                fs.rm(loc.path, recursive=True)
-            result = write(inp, out_url, tiles["chunks"], kwargs, fsync=True)
+            job = _Build(inp, loc, out_url, recipe_key, tiles["chunks"], kwargs, executor,
+                         workers if executor.kind != "thread" else 1, int(build["task_mb"] * (1 << 20)), req.clear)
+            result = job.run(up_to_date)
+            if result is None:  # another driver built it while this one waited for the lock
+                return _result(up_to_date.manifest, loc.path, "up-to-date", 0.0)
+            counts = job.counts
         seconds = time.perf_counter() - t0
     finally:
         inp.close()
+    if getattr(result, "status", "built") == "up-to-date":  # a killed run had committed it
+        return _result(result.manifest, out_url, "up-to-date", 0.0)
     res = _result(result.manifest, out_url if loc.protocol != "file" else loc.path, "built", seconds)
     res.summary["executor"] = executor.text
+    res.summary.update(counts)
     if getattr(result, "cluster", None):
         res.summary["cluster"] = result.cluster
     return res
+
+
+class _UpToDate:
+    """A local output with this recipe and this input (CRC-32C of its bytes) already there; the input's
+    CRC-32C is computed at most once (it is asked again after waiting for another driver's lock)."""
+
+    def __init__(self, loc, recipe_key: str, inp: _Input, clear: bool) -> None:
+        self.loc, self.recipe_key, self.inp, self.clear = loc, recipe_key, inp, clear
+        self.crc: str | None = None
+        self.manifest: dict[str, Any] = {}
+
+    def __call__(self) -> dict[str, Any] | None:
+        if self.loc.protocol != "file" or self.clear or self.inp.path == "-" or self.inp.url:
+            return None
+        try:
+            old = json.loads(Path(self.loc.path, MANIFEST_NAME).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(old, dict) or old.get("recipe_key") != self.recipe_key:
+            return None
+        if self.crc is None:
+            self.crc = _input_crc(self.inp.path, self.inp.header)
+        if old.get("input_crc32c") != self.crc:
+            return None
+        self.manifest = old
+        return old
+
+
+def _clear_remote(loc, out_url: str, clear: bool) -> None:
+    from warpdata.storage.locations import filesystem
+
+    fs = filesystem(loc)
+    if fs.exists(loc.path) and fs.ls(loc.path):
+        if not clear:
+            raise ConfigError(f"{out_url} already exists",
+                              hint="pass --clear to replace it, or choose another [output] path")
+        fs.rm(loc.path, recursive=True)
 
 
 def _write(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool):
@@ -353,8 +405,9 @@ class RangeTask:
     dtype: str
     chunks: list[int]
     rows: tuple[int, int]
-    store: str  # the root the objects go to: the driver's temporary directory or the s3:// prefix
+    store: str  # the root the objects go to: the driver's build directory or the s3:// prefix
     kwargs: dict[str, Any] = field(default_factory=dict)
+    sha256: str = ""  # the task hash its receipt binds to (docs/formats/receipts.md, "Tiled arrays")
 
 
 def tile_range(task: RangeTask) -> dict[str, Any]:
@@ -377,13 +430,16 @@ def tile_range(task: RangeTask) -> dict[str, Any]:
                 raise DataError(f"{task.input}: ends before row {task.rows[1]} (byte {task.offset + w.bytes_received})",
                                 hint="the input changed while the ETL ran; rerun it", path=task.input)
             w.commit(n)
-        res = w.close()
+        w.close()
     except BaseException:
         w.abort()
         raise
     finally:
         f.close()
-    return {"index": task.index, "bytes": w.bytes_expected, "crc32c": res.crc32c, "levels": w.level_counts()}
+    part = w.range_part(task.rows)
+    if part is None:
+        raise InternalError(f"range {task.rows} of {task.store}: an object has no content hash after close()")
+    return {**part, "index": task.index}
 
 
 def _open_range(path: str, offset: int, length: int):
@@ -426,48 +482,313 @@ def plan_ranges(w, workers: int, task_bytes: int = TASK_BYTES) -> list[tuple[int
     return [(a, min(a + per, total)) for a in range(0, total, per)]
 
 
-def _write_on_executor(inp: _Input, url: str, chunks: list[int], kwargs: dict, fsync: bool, executor,
-                       workers: int, task_bytes: int = TASK_BYTES):
-    """The array as range tasks (:func:`tile_range`) on ``executor``; the driver commits the metadata.
+BUILD_PREFIX = ".warp-tmp-build-"  # core/atomic.py's TMP_PREFIX + "build-", as the other ETLs'
 
-    The driver's writer makes the output (a temporary sibling directory, or the s3:// prefix), the
-    tasks put the objects into it, then :meth:`TileWriter.commit_parts` writes ``zarr.json`` and the
-    manifest and puts the directory in place: the bytes are those of the single-process writer.
+
+def range_sha256(part: dict[str, Any]) -> str:
+    """A range's content hash (its receipt's ``sha256``): one line ``<level> <slab> <slab digest>\\n``
+    per slab of every level, in order (docs/formats/receipts.md, "Tiled arrays")."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for lv_no, lv in enumerate(part["levels"]):
+        for k, d in enumerate(lv["slabs"]):
+            h.update(f"{lv_no} {int(lv['first_slab']) + k} {d}\n".encode())
+    return h.hexdigest()
+
+
+class _Build:
+    """One resumable build: the plan's row ranges, a receipt per finished range, then the commit.
+
+    Local outputs are built in ``<parent>/.warp-tmp-build-<hash12>-<name>/`` (``hash12``: of the recipe
+    and the input's fingerprint) under a cross-process lock, its journal in ``receipts/``; ``s3://``
+    outputs are written in place, the journal beside them in ``<parent>/.warp-tmp-build-<hash12>-<name>/``.
+    A rerun reuses every range whose receipt names the same task and whose objects still hash to the
+    receipted digests, and builds the others: on the executor's workers, or (the local executor)
+    streamed through one range writer per run of consecutive missing ranges.
     """
-    from warpdata.etl.executors import open_runner
-    from warpdata.tiles.writer import TileWriter
 
-    w = TileWriter(url, inp.shape, inp.dtype, chunks, fsync=fsync, **kwargs)
-    try:
-        ranges = plan_ranges(w, workers, task_bytes)
-        root = w.root.url if not w.root.local else w.root.location.path
-        task_kwargs = {k: v for k, v in kwargs.items() if k not in ("manifest_extra", "threads")}
-        task_kwargs["threads"] = kwargs.get("threads") or 1
-        row = w.plan.row_nbytes
-        tasks = [RangeTask(i, inp.path, inp.header + a * row, tuple(inp.shape), inp.dtype.name, list(chunks), (a, b),
-                           root, task_kwargs) for i, (a, b) in enumerate(ranges)]
-        parts: dict[int, dict] = {}
-        cluster: dict[str, Any] = {}
-        with _progress.progress(f"tiling {inp.name}", total=inp.expected, unit="B") as bar:
-            if tasks:
-                with open_runner(executor, workers if executor.distributed else min(workers, len(tasks))) as runner:
-                    cluster = runner.describe()
-                    for p in runner.imap_unordered(tile_range, tasks):
-                        parts[p["index"]] = p
-                        bar.advance(p["bytes"])
-        if w.root.local:
-            _remove_temps(w.root.location.path)  # objects half-written by workers killed mid-task (rerun elsewhere)
-        result = w.commit_parts([parts[i] for i in range(len(tasks))])
-        result.cluster = cluster
-        return result
-    except BaseException:
-        w.abort()
-        if not w.root.local:  # the prefix was empty (or --clear emptied it): nothing in it is older than this run
-            import contextlib
+    def __init__(self, inp: _Input, loc, url: str, recipe_key: str, chunks: list[int], kwargs: dict,
+                 executor, workers: int, task_bytes: int, clear: bool) -> None:
+        from warpdata.core.canonical import identity
 
-            with contextlib.suppress(Exception):
-                w.root._fs.rm(w.root.location.path, recursive=True)
-        raise
+        self.inp, self.loc, self.url, self.chunks, self.kwargs = inp, loc, url, chunks, kwargs
+        self.executor, self.workers, self.task_bytes, self.clear = executor, workers, task_bytes, clear
+        self.key = identity({"recipe_key": recipe_key, "input": inp.fingerprint()})
+        self.counts: dict[str, int] = {}
+        self.recipe_key = recipe_key
+        name = loc.path.rstrip("/").rsplit("/", 1)[-1]
+        parent = loc.path.rstrip("/").rsplit("/", 1)[0] if "/" in loc.path.strip("/") else loc.path.rstrip("/")
+        self.base = f"{parent}/{BUILD_PREFIX}{self.key[:12]}-{name}"  # the build directory / journal prefix
+
+    # -- the whole run ----------------------------------------------------------------------
+    def run(self, up_to_date):
+        if self.loc.protocol == "file":
+            from warpdata.core.atomic import build_lock
+
+            with build_lock(Path(f"{self.base}.lock"), f"{self.loc.path} ({self.key[:12]})"):
+                if up_to_date() is not None:
+                    return None
+                self._remove_other_builds()
+                if self.clear:
+                    import shutil
+
+                    shutil.rmtree(self.base, ignore_errors=True)
+                return self._build()
+        done = self._prepare_remote()
+        return done if done is not None else self._build()
+
+    def _remove_other_builds(self) -> None:
+        """Build directories of this output for another recipe or input, whose lock no running ETL holds."""
+        import contextlib
+        import fcntl
+        import glob
+        import shutil
+
+        name = os.path.basename(self.loc.path.rstrip("/"))
+        parent = os.path.dirname(self.loc.path.rstrip("/"))
+        for d in glob.glob(os.path.join(glob.escape(parent), f"{BUILD_PREFIX}*-{glob.escape(name)}")):
+            if d == self.base or not os.path.isdir(d) or os.path.islink(d) \
+                    or len(os.path.basename(d)) != len(BUILD_PREFIX) + 13 + len(name):
+                continue
+            lock = f"{d}.lock"
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # an ETL of that build is running
+                shutil.rmtree(d, ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+            finally:
+                os.close(fd)
+
+    def _prepare_remote(self):
+        """An object-store output: resume a killed build of this recipe and input, else start afresh.
+
+        Returns the finished result when a killed run had already written the manifest."""
+        import contextlib
+
+        from warpdata.core.canonical import canonical_json
+        from warpdata.storage.locations import Location, filesystem
+
+        fs = filesystem(self.loc)
+        self.fs = fs
+        marker = f"{self.base}/build.json"
+        if fs.exists(self.loc.path) and fs.ls(self.loc.path):
+            if self.clear:
+                fs.rm(self.loc.path, recursive=True)
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(self.base, recursive=True)
+            elif not fs.exists(marker):
+                raise ConfigError(f"{self.url} already exists",
+                                  hint="pass --clear to replace it, or choose another [output] path")
+            else:
+                mpath = f"{self.loc.path.rstrip('/')}/{MANIFEST_NAME}"
+                if fs.exists(mpath):  # the killed run wrote the manifest, not yet dropped its journal
+                    try:
+                        doc = json.loads(fs.cat_file(mpath))
+                    except ValueError:
+                        doc = {}
+                    if doc.get("recipe_key") != self.recipe_key:
+                        raise ConfigError(f"{self.url} already exists",
+                                          hint="pass --clear to replace it, or choose another [output] path")
+                    with contextlib.suppress(FileNotFoundError):
+                        fs.rm(self.base, recursive=True)
+                    from types import SimpleNamespace
+
+                    return SimpleNamespace(manifest=doc, status="up-to-date")
+        elif self.clear:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(self.base, recursive=True)
+        if not fs.exists(marker):
+            # names this build before its first object: a rerun after a kill at any point finds it
+            fs.pipe_file(marker, canonical_json({"build": self.key, "output": self.url}) + b"\n")
+        self._journal_loc = Location(self.loc.protocol, self.base)
+        return None
+
+    def _build(self):
+        from warpdata.etl.executors import open_runner
+        from warpdata.etl.receipts import Journal
+        from warpdata.storage.locations import Location
+        from warpdata.tiles.writer import TileWriter
+
+        local = self.loc.protocol == "file"
+        w = TileWriter(self.loc.path if local else self.url, self.inp.shape, self.inp.dtype, self.chunks, fsync=True,
+                       build_dir=self.base if local else None, **self.kwargs)
+        journal = None
+        try:
+            journal = Journal(self.base if local else Location(self.loc.protocol, self.base).url)
+            ranges = plan_ranges(w, self.workers, self.task_bytes)
+            root = w.root.url if not w.root.local else w.root.location.path
+            tasks = self._tasks(ranges, root, w.plan.row_nbytes)
+            parts: dict[int, dict] = {}
+            receipts = journal.load_all()
+            for t in tasks:
+                part = self._reuse(w, journal, t, receipts.get(_sid(t.index)))
+                if part is not None:
+                    parts[t.index] = part
+            todo = [t for t in tasks if t.index not in parts]
+            self.counts = {"ranges": len(tasks), "ranges_reused": len(parts), "ranges_built": len(todo)}
+
+            def finished(part: dict) -> None:
+                i = int(part["index"])
+                part = {k: v for k, v in part.items() if k != "index"}
+                journal.record(_sid(i), tasks[i].sha256, range_sha256(part),
+                               sum(int(lv["stored_bytes"]) for lv in part["levels"]), part)
+                parts[i] = part
+                bar.advance(int(part["bytes"]))
+
+            cluster: dict[str, Any] = {}
+            with _progress.progress(f"tiling {self.inp.name}", total=self.inp.expected, unit="B") as bar:
+                bar.advance(sum(int(p["bytes"]) for p in parts.values()))
+                if todo and self.executor.kind == "thread":
+                    self._stream(w, root, todo, ranges, finished)
+                elif todo:
+                    n = self.workers if self.executor.distributed else min(self.workers, len(todo))
+                    with open_runner(self.executor, n) as runner:
+                        cluster = runner.describe()
+                        for p in runner.imap_unordered(tile_range, todo):
+                            finished(p)
+            if local:
+                _remove_temps(w.root.location.path)  # objects half-written by workers killed mid-task
+            w.on_committed = journal.remove if local else self._drop_remote_journal
+            result = w.commit_parts([parts[i] for i in range(len(tasks))])
+            result.cluster = cluster
+            return result
+        except BaseException:
+            w.abort()
+            if not local:  # the prefix was empty (or --clear emptied it), or held this build's own objects
+                import contextlib
+
+                with contextlib.suppress(Exception):
+                    w.root._fs.rm(w.root.location.path, recursive=True)
+                with contextlib.suppress(Exception):
+                    self._drop_remote_journal()
+            raise
+
+    def _drop_remote_journal(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.base, recursive=True)
+
+    def _tasks(self, ranges: list[tuple[int, int]], root: str, row: int) -> list[RangeTask]:
+        from warpdata.core.canonical import identity
+
+        inp = self.inp
+        task_kwargs = {k: v for k, v in self.kwargs.items() if k not in ("manifest_extra", "threads")}
+        task_kwargs["threads"] = self.kwargs.get("threads") or 1
+        out = []
+        for i, (a, b) in enumerate(ranges):
+            # what a receipt binds to: the build (recipe + input fingerprint), the range's index and rows
+            out.append(RangeTask(i, inp.path, inp.header + a * row, tuple(inp.shape), inp.dtype.name,
+                                 list(self.chunks), (a, b), root, task_kwargs,
+                                 sha256=identity({"build": self.key, "index": i, "rows": [a, b]})))
+        return out
+
+    def _reuse(self, w, journal, task: RangeTask, receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The receipted part of ``task`` if its receipt names this task and every object of the range
+        still hashes to the receipted slab digests; otherwise the receipt is dropped (the range is rebuilt)."""
+        if receipt is None:
+            return None
+        try:
+            part = receipt["result"]
+            ok = (receipt["task_sha256"] == task.sha256 and part["rows"] == list(task.rows)
+                  and range_sha256(part) == receipt["sha256"] and _objects_match(w, task.rows, part))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            journal.forget(_sid(task.index))
+            return None
+        return part
+
+    def _stream(self, w, root: str, todo: list[RangeTask], ranges, finished) -> None:
+        """The local executor: stream each run of consecutive missing ranges through one range writer
+        (the same bytes as the executors' tasks), receipting each range once its objects are written."""
+        from warpdata.storage import zarr_store
+        from warpdata.tiles.writer import TileWriter
+
+        runs: list[list[RangeTask]] = []
+        for t in todo:
+            if runs and runs[-1][-1].index + 1 == t.index:
+                runs[-1].append(t)
+            else:
+                runs.append([t])
+        inp = self.inp
+        kwargs = {k: v for k, v in self.kwargs.items() if k != "manifest_extra"}
+        for run in runs:
+            a, b = run[0].rows[0], run[-1].rows[1]
+            rw = TileWriter(root, inp.shape, inp.dtype, self.chunks, fsync=True, rows=(a, b),
+                            _store=zarr_store.Store(root, fsync=True), **kwargs)
+            pending = list(run)
+
+            def receipt_ready(rw=rw, pending=pending) -> None:
+                while pending and (p := rw.range_part(pending[0].rows)) is not None:
+                    finished({**p, "index": pending.pop(0).index})
+
+            try:
+                inp.f.seek(run[0].offset)
+                while rw.bytes_received < rw.bytes_expected:
+                    mv = rw.reserve()
+                    if mv is None:
+                        rw.wait()
+                        receipt_ready()
+                        continue
+                    n = inp.readinto(mv[:rw.bytes_expected - rw.bytes_received])
+                    if n == 0:
+                        raise DataError(f"{inp.name}: ends before row {b} (byte {run[0].offset + rw.bytes_received})",
+                                        hint="the input changed while the ETL ran; rerun it", path=inp.name)
+                    rw.commit(n)
+                    receipt_ready()
+                rw.close()
+            except BaseException:
+                rw.abort()
+                raise
+            receipt_ready()
+            if pending:
+                raise InternalError(f"{root}: rows {pending[0].rows} have no content hash after close()")
+
+
+def _sid(index: int) -> str:
+    return f"range-{index:05d}"
+
+
+def _objects_match(w, rows: tuple[int, int], part: dict[str, Any]) -> bool:
+    """Whether every object of rows ``[a, b)`` (every level) hashes to ``part``'s slab digests."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from warpdata.tiles.writer import slab_digest
+
+    jobs = []  # (level writer, slab, expected digest)
+    lw, lo, hi, level = w, rows[0], rows[1], 0
+    while lw is not None:
+        lv = part["levels"][level]
+        slabs = lw.slab_range((lo, hi))
+        if int(lv["first_slab"]) != (slabs.start if slabs else 0) or len(lv["slabs"]) != len(slabs):
+            return False
+        jobs += [(lw, s, d) for s, d in zip(slabs, lv["slabs"], strict=True)]
+        if lw._next is not None:
+            lo, hi = lw._next_rows((lo, hi))
+            if hi is None:
+                hi = lw._next.plan.geometry.shape[0] if not lw._next._empty else 0
+        lw, level = lw._next, level + 1
+    if level != len(part["levels"]):
+        return False
+
+    def check(job) -> bool:
+        lw, s, expected = job
+        keys = [lw._object_key(s, o) for o in range(len(lw._tiles_per_obj))]
+        try:
+            digests = [hashlib.sha256(lw.store.get(k)).hexdigest() for k in keys]
+        except MissingInputError:
+            return False
+        return slab_digest(zip(keys, digests, strict=True)) == expected
+
+    with ThreadPoolExecutor(8 if not w.root.local else 2) as pool:
+        return all(pool.map(check, jobs))
 
 
 def _remove_temps(root: str) -> None:

@@ -130,7 +130,8 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
     rows, problems, level_rows = [], [], []
     total_raw = total_stored = total_objects = 0
     first = None
-    checked = {"levels": 0, "objects": 0, "chunks": 0, "chunk_crcs": 0, "index_crcs": 0, "metadata": 0}
+    checked = {"levels": 0, "objects": 0, "chunks": 0, "chunk_crcs": 0, "index_crcs": 0, "metadata": 0,
+               "content_hashes": 0}
     input_crc = None
     if schema_problem:
         problems.append(schema_problem)
@@ -168,6 +169,13 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
             checked["levels"] += 1
             for k in ("objects", "chunks", "chunk_crcs", "index_crcs"):
                 checked[k] += counts[k]
+            lv_doc = manifest["levels"][i] if manifest is not None and i < len(manifest.get("levels") or []) else {}
+            if isinstance(lv_doc, dict) and lv_doc.get("sha256"):
+                checked["content_hashes"] += 1
+                got = _level_content_sha256(st, layout, objs)
+                if got != lv_doc["sha256"]:
+                    problems.append(f"{st.url}: the objects hash to {got} but the manifest's level sha256 is "
+                                    f"{lv_doc['sha256']} (docs/formats/zarr-tiles.md, \"Content hashes\")")
             if i == 0 and not probs and manifest is not None and manifest.get("input_crc32c"):
                 _check_manifest_layout(manifest, layout, st.url, problems)
                 crc = 0
@@ -220,6 +228,25 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
                   problems=problems)
 
 
+def _level_content_sha256(st: zarr_store.Store, layout, objs: list[tuple[str, int]]) -> str:
+    """A level's content digest from its objects: per slab (one index of the slowest dimension of size > 1)
+    the digest of ``<key> <sha256>`` lines in C order, then the digest of the slab digests."""
+    import hashlib
+
+    from warpdata.tiles.writer import level_digest, slab_digest
+
+    first = next((d for d, n in enumerate(layout.shape) if n > 1), 0)
+    slabs: dict[int, list[tuple[tuple[int, ...], str]]] = {}
+    for key, _n in objs:
+        idx = tuple(int(x) for x in key.split("/")[1:])
+        slabs.setdefault(idx[first] if idx else 0, []).append((idx, key))
+    digests = []
+    for s in sorted(slabs):
+        members = sorted(slabs[s])
+        digests.append(slab_digest((key, hashlib.sha256(st.get(key)).hexdigest()) for _i, key in members))
+    return level_digest(digests)
+
+
 def _check_manifest_layout(manifest: dict, layout, where: str, problems: list[str]) -> None:
     """The manifest's record of level 0 (shape, dtype, chunks, shards) must match its zarr.json."""
     want = {"shape": list(layout.shape), "dtype": layout.dtype.name, "chunks": list(layout.chunks),
@@ -241,6 +268,8 @@ def _verification_rows(checked: dict, layouts: list, input_crc: str | None, mani
          f"{checked['chunk_crcs']} CRC-32C matched; levels written without per-chunk checksums were checked "
          "by decoding only"],
         ["shard index checksums", f"{checked['index_crcs']} CRC-32C matched"],
+        ["content hashes", f"{checked['content_hashes']} level(s) hashed, SHA-256 of every object, against the manifest"
+         if checked["content_hashes"] else "not checked (a manifest written before warp recorded them)"],
         ["metadata", f"{checked['metadata']} zarr.json checked by {parsers}"
          + (" (group + levels)" if group is not None else "")],
     ]

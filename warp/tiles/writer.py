@@ -28,6 +28,8 @@ OME-Zarr-style multiscale group with levels ``0``, ``1``, ….
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import queue
 import threading
@@ -143,7 +145,8 @@ class TileWriter(CommitOnSuccess):
                  levels: int = 1, method: str = "median", axes: Sequence[str] | None = None,
                  attributes: dict | None = None, fsync: bool = True, storage_config=None, checksum: bool = True,
                  manifest_extra: dict | None = None, _store: zarr_store.Store | None = None,
-                 _level_index: int = 0, rows: tuple[int, int] | None = None) -> None:
+                 _level_index: int = 0, rows: tuple[int, int] | None = None,
+                 build_dir: str | None = None, on_committed=None) -> None:
         self.geometry = TileGeometry.create(shape, tile, dtype)
         if levels < 1:
             raise ConfigError(f"levels must be >= 1, got {levels}", hint="1 = full resolution only")
@@ -170,7 +173,8 @@ class TileWriter(CommitOnSuccess):
         self._level_index = _level_index
         # a range writer (a task of the ETL kit) takes rows [a, b) of dimension 0 of the elided array
         # only, into a store the driver commits (commit_parts): no metadata, nothing removed on failure
-        self.rows = None if rows is None else (int(rows[0]), int(rows[1]))
+        # (rows[1] None: every row, for a level whose first dimension differs from the one above's)
+        self.rows = None if rows is None else (int(rows[0]), None if rows[1] is None else int(rows[1]))
         if self.rows is not None and _store is None:
             raise InternalError("a range writer (rows=) writes into the store of the writer that commits it (_store=)")
         self._top = _store is None
@@ -183,6 +187,10 @@ class TileWriter(CommitOnSuccess):
         self.backend.checksum = self.checksum  # chunks end with their CRC-32C (the crc32c codec)
         self._tmp: str | None = None  # local top-level output: built here, renamed to _final on success
         self._final: str | None = None
+        # called once the manifest is written, before the output is put in place (the ETL drops its
+        # receipts journal there: docs/formats/receipts.md, "Tiled arrays")
+        self.on_committed = on_committed
+        self._meta_sha: dict[str, str] = {}  # zarr.json objects written: key -> SHA-256
         if _store is None:
             final = zarr_store.Store(url, fsync=fsync, config=storage_config)
             self.url = final.url
@@ -194,7 +202,15 @@ class TileWriter(CommitOnSuccess):
                 replace.check_replaceable(final.location.path)
                 replace.clean_leftovers(final.location.path, replace.run_started())
                 self._final = final.location.path
-                self._tmp = str(replace.make_temp_dir(self._final))
+                if build_dir is not None:  # the ETL's resumable build directory (kept across a killed run)
+                    import os
+
+                    from warpdata.core.atomic import dir_mode
+
+                    os.makedirs(build_dir, mode=dir_mode(), exist_ok=True)
+                    self._tmp = str(build_dir)
+                else:
+                    self._tmp = str(replace.make_temp_dir(self._final))
                 root = zarr_store.Store(self._tmp, fsync=fsync, config=storage_config)
             else:
                 root = final
@@ -208,6 +224,8 @@ class TileWriter(CommitOnSuccess):
         self._empty = math.prod(g.shape) == 0
         self.plan = SlabPlan(g.elided(), self.fill_value)
         if self.rows is not None:
+            if self.rows[1] is None:
+                self.rows = (0, self.plan.geometry.shape[0] if not self._empty else 0)
             a, b = self.rows
             n0, total = self.plan.geometry.tile[0], self.plan.geometry.shape[0] if not self._empty else 0
             if not (0 <= a <= b <= total) or a % n0 or (b % n0 and b != total):
@@ -226,6 +244,13 @@ class TileWriter(CommitOnSuccess):
         self._expected = g.nbytes if self.rows is None else (self.rows[1] - self.rows[0]) * self.plan.row_nbytes
         self._received = 0
         self._crc = 0
+        self._from_parts = False  # commit_parts(): the counts and hashes came from range writers
+        # per slab: its CRC-32C, counts and the SHA-256 of each object (docs/formats/zarr-tiles.md, "Content hashes")
+        self._slab_lock = threading.Lock()
+        self._slab_crc: dict[int, int] = {}
+        self._slab_counts: dict[int, tuple[int, int, int]] = {}  # stored bytes, objects, chunks
+        self._slab_objs: dict[int, list[str | None]] = {}
+        self._slab_digest: dict[int, str] = {}  # set once every object of the slab is written
         self.stored_bytes = 0
         self.objects = 0
         self.chunks = 0
@@ -298,8 +323,7 @@ class TileWriter(CommitOnSuccess):
                                 method=self.method, axes=[a["name"] for a in self.axes], fsync=fsync,
                                 storage_config=storage_config, checksum=self.checksum, _store=root,
                                 _level_index=self._level_index + 1,
-                                rows=None if self.rows is None else
-                                (self.rows[0] // self._down.factors[0], -(-self.rows[1] // self._down.factors[0])))
+                                rows=None if self.rows is None else self._next_rows(self.rows))
 
     # -- intake (producer thread) -----------------------------------------------
     def _raise_if_failed(self) -> None:
@@ -452,7 +476,7 @@ class TileWriter(CommitOnSuccess):
             # slabs arrive in stream order: checksum the input while the backend compresses it,
             # so the last slab's CRC is not on the pipeline's serial tail
             # (without the GIL: the compression workers need it between their zstd calls)
-            self._crc = crc32c.extend(self._crc, item[3][:item[2]].reshape(-1).view(np.uint8))
+            self._slab_crc[item[0]] = crc32c.extend(0, item[3][:item[2]].reshape(-1).view(np.uint8))
 
         try:
             while True:
@@ -530,6 +554,9 @@ class TileWriter(CommitOnSuccess):
             raise InternalError(f"backend {self.backend.name} returned {len(frames)} frames for "
                                 f"{self.plan.tiles_per_slab} tiles")
         futures = []
+        with self._slab_lock:
+            self._slab_objs[slab_no] = [None] * len(self._tiles_per_obj)
+        stored0, chunks0 = self.stored_bytes, self.chunks
         for obj_no, members in enumerate(self._tiles_per_obj):
             key = self._object_key(slab_no, obj_no)
             if self.shards is None:
@@ -540,11 +567,74 @@ class TileWriter(CommitOnSuccess):
             self.objects += 1
             self.stored_bytes += sum(len(p) for p in parts)
             # each object's file is fsync'd before its rename; directories once, at commit
-            futures.append(self._io.submit(self.store.put, key, parts, sync_dir=False))
+            futures.append(self._io.submit(self._put_object, slab_no, obj_no, key, parts))
+        self._slab_counts[slab_no] = (self.stored_bytes - stored0, len(self._tiles_per_obj), self.chunks - chunks0)
         # frames may be views into the backend's output arenas: hand them back once written
         self._io_pending.append((futures, ticket))
         while len(self._io_pending) > 2:
             self._wait_io(*self._io_pending.popleft())
+
+    def _put_object(self, slab_no: int, obj_no: int, key: str, parts: list) -> None:
+        """Put one object and note its SHA-256; the slab's digest once its last object is written."""
+        h = hashlib.sha256()
+        for part in parts:
+            h.update(part)
+        self.store.put(key, parts, sync_dir=False)
+        with self._slab_lock:
+            objs = self._slab_objs[slab_no]
+            objs[obj_no] = h.hexdigest()
+            if all(o is not None for o in objs):
+                self._slab_digest[slab_no] = slab_digest(
+                    (self._object_key(slab_no, i), d) for i, d in enumerate(objs))
+                del self._slab_objs[slab_no]
+
+    def _next_rows(self, rows: tuple[int, int]):
+        """Rows of the next level made from ``rows`` of this one (``(0, None)``: all of them)."""
+        a, b = rows
+        if self._empty or (a == 0 and b == self.plan.geometry.shape[0]):
+            return (0, None)
+        f = self._down.factors[0]
+        return (a // f, -(-b // f))
+
+    def _own_rows(self) -> tuple[int, int]:
+        return self.rows if self.rows is not None else (0, 0 if self._empty else self.plan.geometry.shape[0])
+
+    def slab_range(self, rows: tuple[int, int]) -> range:
+        """The slab numbers holding rows ``[a, b)`` of (the elided) dimension 0."""
+        if self._empty:
+            return range(0)
+        n0 = self.plan.geometry.tile[0]
+        return range(rows[0] // n0, -(-rows[1] // n0))
+
+    def range_part(self, rows: tuple[int, int]) -> dict[str, Any] | None:
+        """What this writer (and its lower levels) wrote for rows ``[a, b)`` of dimension 0 (whole slabs of
+        every level): ``{"rows", "bytes", "crc32c", "levels": [{"stored_bytes", "objects", "chunks",
+        "first_slab", "slabs"}, …]}``, the unit of a receipt and of :meth:`commit_parts`; None while
+        an object of it is not written yet."""
+        a, b = int(rows[0]), int(rows[1])
+        out: dict[str, Any] = {"rows": [a, b], "bytes": (b - a) * self.plan.row_nbytes, "levels": []}
+        w, lo, hi = self, a, b
+        crc = 0
+        while w is not None:
+            slabs = w.slab_range((lo, hi))
+            with w._slab_lock:
+                if any(s not in w._slab_digest for s in slabs):
+                    return None
+                digests = [w._slab_digest[s] for s in slabs]
+            counts = [w._slab_counts[s] for s in slabs]
+            if w is self:
+                for s in slabs:
+                    crc = crc32c_combine(crc, w._slab_crc[s], w.plan.rows(s) * w.plan.row_nbytes)
+            out["levels"].append({"stored_bytes": sum(c[0] for c in counts), "objects": sum(c[1] for c in counts),
+                                  "chunks": sum(c[2] for c in counts), "first_slab": slabs.start if slabs else 0,
+                                  "slabs": digests})
+            if w._next is not None:
+                lo, hi = w._next_rows((lo, hi))
+                if hi is None:
+                    hi = w._next.plan.geometry.shape[0] if not w._next._empty else 0
+            w = w._next
+        out["crc32c"] = crc
+        return out
 
     def _wait_io(self, futures: list[Future], ticket: Any) -> None:
         for f in futures:
@@ -568,9 +658,14 @@ class TileWriter(CommitOnSuccess):
 
     def _level_info(self) -> list[dict]:
         g = self.geometry
+        slabs = self.slab_range(self._own_rows())
+        missing = [s for s in slabs if s not in self._slab_digest]
+        if missing:
+            raise InternalError(f"{self.url}: level {self._level_index} has no content hash for slab {missing[0]}")
         info = [{"path": str(self._level_index) if (self.levels > 1) else "", "shape": list(g.shape),
                  "chunks": list(g.tile), "shards": list(self.shards) if self.shards else None,
-                 "stored_bytes": self.stored_bytes, "objects": self.objects}]
+                 "stored_bytes": self.stored_bytes, "objects": self.objects,
+                 "sha256": level_digest(self._slab_digest[s] for s in slabs)}]
         if self._next is not None:
             info += self._next._level_info()
         return info
@@ -600,7 +695,10 @@ class TileWriter(CommitOnSuccess):
                 self._next.close()
             self.store.sync_dirs()  # every chunk object durable before the metadata points at it
             if self.rows is None:  # a range's metadata is the driver's (commit_parts)
-                self.store.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(self._array_metadata()))
+                meta = zarr_v3.encode_json(self._array_metadata())
+                self.store.put(zarr_v3.ZARR_JSON, meta)
+                self._meta_sha[f"{self._level_index}/{zarr_v3.ZARR_JSON}" if self.levels > 1
+                               else zarr_v3.ZARR_JSON] = hashlib.sha256(meta).hexdigest()
         except BaseException:
             self._shutdown()
             if self._next is not None:
@@ -608,6 +706,11 @@ class TileWriter(CommitOnSuccess):
             self._discard()
             raise
         self._shutdown()
+        if not self._empty and not self._from_parts:
+            crc = 0  # the CRC-32C of this writer's rows, from its slabs', in order
+            for s in self.slab_range(self._own_rows()):
+                crc = crc32c_combine(crc, self._slab_crc[s], self.plan.rows(s) * self.plan.row_nbytes)
+            self._crc = crc
         levels = self._level_info()
         result = WriteResult(self.url, self.geometry.shape, self.geometry.dtype.name, self._expected,
                              sum(lv["stored_bytes"] for lv in levels), sum(lv["objects"] for lv in levels),
@@ -625,12 +728,16 @@ class TileWriter(CommitOnSuccess):
                     # valid OME-Zarr 0.5 where the axes qualify, else under "warp" with the reason (ome.py)
                     attrs, result.ome_zarr = group_attributes(multiscale, self.axes)
                     attrs.update(self.attributes)
-                    self.root.put(zarr_v3.ZARR_JSON, zarr_v3.encode_json(zarr_v3.group_metadata(attrs)))
+                    meta = zarr_v3.encode_json(zarr_v3.group_metadata(attrs))
+                    self.root.put(zarr_v3.ZARR_JSON, meta)
+                    self._meta_sha[zarr_v3.ZARR_JSON] = hashlib.sha256(meta).hexdigest()
                 result.manifest = self._manifest(result)
                 _check_manifest(result.manifest, f"{self.url}/{MANIFEST_NAME}")
                 from warpdata.core.canonical import canonical_json
 
                 self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
+                if self.on_committed is not None:
+                    self.on_committed()
                 if self._tmp is not None:
                     from warpdata.tiles.replace import publish_dir
 
@@ -664,6 +771,12 @@ class TileWriter(CommitOnSuccess):
             w.objects = sum(int(p["levels"][level]["objects"]) for p in parts)
             w.chunks = sum(int(p["levels"][level]["chunks"]) for p in parts)
             w._received = w._expected
+            w._from_parts = True
+            if not w._empty:
+                for p in parts:
+                    lv = p["levels"][level]
+                    for i, d in enumerate(lv["slabs"]):
+                        w._slab_digest[int(lv["first_slab"]) + i] = d
             w, level = w._next, level + 1
         self._crc = crc
         return self.close()
@@ -708,9 +821,19 @@ class TileWriter(CommitOnSuccess):
             "objects": r.objects,
             "input_crc32c": f"{self._crc:08x}",
             "backend": self.backend.name,
+            # the hash chain (docs/formats/zarr-tiles.md, "Content hashes"): each level's "sha256" covers
+            # its objects through per-slab digests; these cover the zarr.json objects
+            "metadata_sha256": dict(sorted(self._collect_meta_sha().items())),
         }
         m.update(self.manifest_extra)
         return m
+
+    def _collect_meta_sha(self) -> dict[str, str]:
+        out, w = {}, self
+        while w is not None:
+            out.update(w._meta_sha)
+            w = w._next
+        return out
 
     def _shutdown(self) -> None:
         if not self._empty:
@@ -733,6 +856,22 @@ class TileWriter(CommitOnSuccess):
         self._discard()
 
 
+def slab_digest(objects) -> str:
+    """SHA-256 of a slab: one line ``<key> <object sha256>\\n`` per object, in the object grid's C order."""
+    h = hashlib.sha256()
+    for key, d in objects:
+        h.update(f"{key} {d}\n".encode())
+    return h.hexdigest()
+
+
+def level_digest(slabs) -> str:
+    """SHA-256 of a level: one line ``<slab digest>\\n`` per slab, in order."""
+    h = hashlib.sha256()
+    for d in slabs:
+        h.update(f"{d}\n".encode())
+    return h.hexdigest()
+
+
 def _gf2_times(mat: list[int], vec: int) -> int:
     out, i = 0, 0
     while vec:
@@ -743,28 +882,33 @@ def _gf2_times(mat: list[int], vec: int) -> int:
     return out
 
 
+def _gf2_square(mat: list[int]) -> list[int]:
+    return [_gf2_times(mat, v) for v in mat]
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros_operator(len2: int) -> tuple[int, ...]:
+    """The GF(2) matrix that appends ``len2`` zero bytes to a CRC-32C register (zlib's method)."""
+    op = [0x82F63B78] + [1 << n for n in range(31)]  # one zero bit
+    for _ in range(3):
+        op = _gf2_square(op)  # one zero byte
+    out = [1 << n for n in range(32)]  # identity
+    while len2:
+        if len2 & 1:
+            out = [_gf2_times(op, v) for v in out]
+        len2 >>= 1
+        if len2:
+            op = _gf2_square(op)
+    return tuple(out)
+
+
 def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC-32C of ``A + B`` from ``crc(A)``, ``crc(B)`` and ``len(B)`` (zlib's ``crc32_combine``
-    with the Castagnoli polynomial): the tasks of a range-parallel write checksum their own rows."""
+    with the Castagnoli polynomial): the tasks of a range-parallel write checksum their own rows,
+    a writer its slabs. The operator for each length is cached (slabs mostly share one)."""
     if len2 <= 0:
         return crc1
-    odd = [0x82F63B78] + [1 << n for n in range(31)]  # the operator for one zero bit
-    even = [_gf2_times(odd, v) for v in odd]  # two zero bits
-    odd = [_gf2_times(even, v) for v in even]  # four zero bits
-    while True:
-        even = [_gf2_times(odd, v) for v in odd]  # apply len2's bits, one zero byte first
-        if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
-        len2 >>= 1
-        if not len2:
-            break
-        odd = [_gf2_times(even, v) for v in even]
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
-    return crc1 ^ crc2
+    return _gf2_times(list(_zeros_operator(len2)), crc1) ^ crc2
 
 
 def _check_manifest(doc: dict, where: str) -> None:
