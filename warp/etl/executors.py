@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -150,8 +151,11 @@ class LocalRunner(Runner):
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
+            # a fork server outlives this runner and keeps the environment it started with: each
+            # worker takes this process's environment of now (credentials, WARP_* settings)
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                                            initializer=initializer)
+                                            initializer=functools.partial(_init_worker, dict(os.environ),
+                                                                          initializer))
         else:
             self.pool = ThreadPoolExecutor(workers, thread_name_prefix="warp-etl")
 
@@ -198,11 +202,12 @@ class DaskRunner(Runner):
         try:
             if spec.address is None:
                 # an own cluster offers what the tasks ask for: one task per worker at a time
-                with _forkserver(preload):
+                with _forkserver(preload) as env:
                     self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                 host="127.0.0.1", dashboard_address=":0",  # no fixed port (8787)
                                                 scheduler_kwargs={"dashboard": False}, silence_logs=40,
-                                                **({"resources": self.resources} if self.resources else {}))
+                                                **({"resources": self.resources} if self.resources else {}),
+                                                **({"env": env} if env else {}))
                 self.client = Client(self.cluster, set_as_default=False)
             elif spec.address.startswith("tcp://"):
                 import socket
@@ -306,14 +311,23 @@ class DaskRunner(Runner):
                     obj.close()
 
 
+def _init_worker(env: dict[str, str], initializer: Callable[[], None] | None) -> None:
+    """A pool worker forked from a fork server: the driver's environment of now, then ``initializer``."""
+    os.environ.clear()
+    os.environ.update(env)
+    if initializer is not None:
+        initializer()
+
+
 @contextlib.contextmanager
-def _forkserver(preload: tuple[str, ...]) -> Iterator[None]:
+def _forkserver(preload: tuple[str, ...]) -> Iterator[dict[str, str] | None]:
     """Start an own LocalCluster's worker processes from a fork server that has imported
     ``distributed`` and ``preload`` once, instead of spawning fresh interpreters that each import
     them (about 0.5 s of the cluster's start on two cores, and the first task's imports).
 
     Only where the method is Dask's default (``spawn``) and the platform forks; a method the user
-    configured (``distributed.worker.multiprocessing-method``) is kept.
+    configured (``distributed.worker.multiprocessing-method``) is kept. Yields the environment the
+    workers must be given (the fork server keeps the one it started with), or None.
     """
     import multiprocessing
     import sys
@@ -322,14 +336,14 @@ def _forkserver(preload: tuple[str, ...]) -> Iterator[None]:
 
     method = dask.config.get("distributed.worker.multiprocessing-method", "spawn")
     if method != "spawn" or sys.platform != "linux" or "forkserver" not in multiprocessing.get_all_start_methods():
-        yield
+        yield None
         return
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
         from distributed.utils import get_mp_context
 
         ctx = get_mp_context()
         ctx.set_forkserver_preload(["distributed", *preload])  # applied when the fork server starts
-        yield
+        yield dict(os.environ)
 
 
 def _accepts_n_workers(client) -> bool:

@@ -1,0 +1,29 @@
+"""The kit's executors as a library: workers forked from a fork server still see the driver's
+environment of the moment the runner opens (credentials and WARP_* settings set after an earlier
+run), and results keep coming back keyed by task."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from warpdata.etl.executors import open_runner, parse_executor
+
+
+def _env_of(name: str) -> tuple[str, str | None, int]:
+    return name, os.environ.get(name), os.getpid()
+
+
+@pytest.mark.parametrize("spec", ["process", pytest.param("dask", marks=pytest.mark.slow)])
+def test_workers_see_the_environment_of_now(spec, monkeypatch):
+    ex = parse_executor(spec)
+    monkeypatch.setenv("WARP_TEST_RUN", "first")
+    with open_runner(ex, 2) as r:  # starts the fork server (process) with this environment
+        got = sorted(r.imap_unordered(_env_of, ["WARP_TEST_RUN"] * 4))
+    assert {v for _, v, _ in got} == {"first"}
+    monkeypatch.setenv("WARP_TEST_RUN", "second")
+    monkeypatch.setenv("WARP_TEST_ADDED", "yes")
+    with open_runner(ex, 2) as r:
+        got = list(r.imap_unordered(_env_of, ["WARP_TEST_RUN", "WARP_TEST_ADDED"] * 3))
+    assert {(k, v) for k, v, _ in got} == {("WARP_TEST_RUN", "second"), ("WARP_TEST_ADDED", "yes")}
+    assert all(pid != os.getpid() for _, _, pid in got)  # it did run in other processes
