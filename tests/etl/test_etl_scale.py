@@ -100,6 +100,7 @@ def test_dask_local_cluster_gives_the_reference_bytes(cli, dataset, reference, t
     assert res["executor"] == "dask" and res["shards_built"] == nshards(reference)
     metrics = json.loads((Path(res["path"]) / "metrics.json").read_text())
     assert metrics["cluster"]["cluster"] == "LocalCluster" and metrics["cluster"]["workers"] == 2
+    assert metrics["header_pass"] == "driver"  # a LocalCluster shares the driver's machine: its threads probe
     assert metrics["cluster"]["scheduler"].startswith("tcp://127.0.0.1:")
     assert artifact(res["path"]) == reference
 
@@ -154,6 +155,7 @@ def test_external_dask_cluster_gives_the_reference_bytes(cli, dataset, reference
     res = etl(cli, config(dataset, tmp_path / "a"), "--executor", f"dask://{dask_cluster['address']}")
     m = json.loads((Path(res["path"]) / "metrics.json").read_text())
     assert m["cluster"]["cluster"] == "external" and m["cluster"]["workers"] == 2
+    assert m["header_pass"] == "workers"  # the driver did not read every image itself
     assert artifact(res["path"]) == reference
     # the same cluster through its scheduler file, chosen in the config this time
     res = etl(cli, config(dataset, tmp_path / "b", build=f'executor = "dask:{dask_cluster["file"]}"', name="b.toml"))

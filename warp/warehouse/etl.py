@@ -423,6 +423,7 @@ class Scan:
     sources: list[tuple[str, str, int]]
     truncated_boxes: int
     phases: dict[str, float]
+    header_pass: str = "driver"  # where images were read and hashed: "driver" or "workers"
 
     def kept(self, skip_empty: bool) -> list[ValidSample]:
         return [s for s in self.valid if not (skip_empty and s.empty)]
@@ -452,6 +453,8 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
                   overflow=cfg.overflow)
     if cfg.remote_root:
         outcomes = _probe_remote(cfg, ls.records, sizes, params, workers, runner)
+    elif runner is not None:
+        outcomes = _probe_on_runner(cfg, ls.records, params, runner)
     else:
         outcomes = probe_all(ls.records, workers=workers, limits=cfg.limits, **params)
     valid: list[ValidSample] = []
@@ -466,7 +469,7 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
             valid.append(o.sample)
             truncated_boxes += o.truncated_boxes
     phases["probe"] = time.perf_counter() - t
-    return Scan(ls, q, valid, sources, truncated_boxes, phases)
+    return Scan(ls, q, valid, sources, truncated_boxes, phases, "workers" if runner is not None else "driver")
 
 
 REMOTE_PROBE_BATCH = 64
@@ -496,6 +499,21 @@ def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, 
     finally:
         if own:
             runner.close()
+    return [o for i in range(len(batches)) for o in parts[i]]
+
+
+def _probe_on_runner(cfg: wconfig.WarehouseConfig, records: list, params: dict[str, Any], runner: Any) -> list:
+    """The header pass of a source on a shared filesystem, on an external cluster's workers: at
+    scale the driver would otherwise read and hash every image itself (docs/design.md §11)."""
+    from warpdata.etl import cut
+    from warpdata.warehouse.validate import PROBE_BATCH, LocalProbeBatch, probe_local_batch
+
+    batches = [LocalProbeBatch(i, list(part), params, cfg.limits) for i, part in enumerate(cut(records, PROBE_BATCH))]
+    parts = {}
+    with _progress.progress("reading images", total=len(records), unit="img") as bar:
+        for i, part in runner.imap_unordered(probe_local_batch, batches):
+            parts[i] = part
+            bar.advance(len(part))
     return [o for i in range(len(batches)) for o in parts[i]]
 
 
@@ -615,8 +633,11 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
 
     cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
 
-    if cfg.remote_root and (started is not None or executor.kind != "thread"):
-        # the header pass of a source on object storage runs on the executor's workers
+    if (cfg.remote_root and (started is not None or executor.kind != "thread")) or \
+            (executor.distributed and executor.address is not None):
+        # the header pass of a source on object storage runs on the executor's workers, and so
+        # does a shared-filesystem source's on an external cluster (a LocalCluster shares the
+        # driver's machine: its threads probe as fast, without shipping the outcomes)
         if started is not None:
             sc = scan(cfg, workers, started.result())
         else:
@@ -767,6 +788,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         metrics["created_at_ms"] = int(time.time() * 1000)
         metrics["executor"] = executor.text
         metrics["cluster"] = cluster
+        metrics["header_pass"] = sc.header_pass
         atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
         if store is not None:
             return _finish_in_store(store, store_vdir, build_dir, doc, metrics, results, journal, phases, t,

@@ -131,6 +131,21 @@ def check_bytes(rec: LabelRecord, data: bytes, stat_key: tuple[int, int, int], *
 PROBE_BATCH = 64
 
 
+@dataclass
+class LocalProbeBatch:
+    """Records of a source on a shared filesystem to probe on one worker: a pure, picklable task
+    (an external cluster's workers read and hash the images, not the driver)."""
+
+    index: int
+    records: list[LabelRecord]
+    params: dict
+    limits: Limits
+
+
+def probe_local_batch(batch: LocalProbeBatch) -> tuple[int, list[ProbeOutcome]]:
+    return batch.index, [_check(r, limits=batch.limits, **batch.params) for r in batch.records]
+
+
 def probe_all(records: Iterable[LabelRecord], *, tolerance: float, min_box: float, max_boxes: int,
               overflow: str, workers: int, limits: Limits = Limits()) -> list[ProbeOutcome]:
     records = list(records)
