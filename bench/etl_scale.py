@@ -87,7 +87,12 @@ def run(cfg: Path, args: list[str], env: dict[str, str]) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"warp etl {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
     doc = json.loads(r.stdout)
-    return {"wall_s": wall, "samples": doc["samples"], "rate": doc["samples"] / wall,
+    phases = {}
+    mpath = Path(str(doc.get("path", ""))) / "metrics.json"
+    if mpath.is_file():
+        phases = json.loads(mpath.read_text()).get("phases_s", {})
+    return {**{f"{k}_s": float(phases.get(k, 0.0)) for k in ("labels", "probe", "build", "finalize")},
+            "wall_s": wall, "samples": doc["samples"], "rate": doc["samples"] / wall,
             "build_rate": doc.get("rate_samples_per_s") or 0.0, "shards": doc["shards"], "cpu_s": cpu_s}
 
 
@@ -100,6 +105,21 @@ def _proc_cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         v = f.read().rsplit(")", 1)[1].split()
     return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _noop(x):
+    return x
+
+
+def task_round_trip() -> float:
+    """Seconds per task of a Dask LocalCluster (2 workers, 2 tasks in flight each), no work in it."""
+    from warpdata.etl.executors import open_runner, parse_executor
+
+    with open_runner(parse_executor("dask"), 2) as r:
+        list(r.imap_unordered(_noop, range(20)))
+        t = time.perf_counter()
+        list(r.imap_unordered(_noop, range(400)))
+        return (time.perf_counter() - t) / 400 * 4  # 4 in flight: one task's round trip
 
 
 def upload_corpus(client, bucket: str, d: Path, prefix: str) -> list[str]:
@@ -185,9 +205,30 @@ def main() -> int:
     p = max(0.0, 2 * (t1 - t2))
     s = max(0.0, t1 - p)
     n = med["local-2"]["samples"]
+    # The model of docs/design.md §11: T(N, W) = S0 + N*d + N*c/W (+ the store's request limits).
+    #   c  worker seconds per image: local-1's header pass + build (one worker does both on a cluster)
+    #   d  driver seconds per image: labels + finalize of local-2 (fixed costs included: an upper bound)
+    #   S0 the cluster's start-up and shutdown: dask-1's wall minus local-1's
+    task_s = task_round_trip()
+    c = (med["local-1"]["probe_s"] + med["local-1"]["build_s"]) / n
+    d = (med["local-2"]["labels_s"] + med["local-2"]["finalize_s"]) / n
+    s0 = max(0.0, med["dask-1"]["wall_s"] - med["local-1"]["wall_s"])
+    per_shard = 64
+    big = 1_000_000
+
+    def predict(w: int) -> float:
+        return big / (s0 + big * d + big * c / w + (big / per_shard) * task_s / w)
+
+    puts_per_shard = med["s3out-2"]["puts"] / max(1, med["s3out-2"]["shards"])
     model = {"serial_s": round(s, 3), "parallel_s": round(p, 3),
              "predicted_rate_64": round(n / (s + p / 64), 1) if s + p / 64 > 0 else None,
-             "max_rate_serial_bound": round(n / s, 1) if s else None}
+             "max_rate_serial_bound": round(n / s, 1) if s else None,
+             "worker_ms_per_image": round(1e3 * c, 3), "driver_ms_per_image": round(1e3 * d, 4),
+             "startup_s": round(s0, 3), "dask_task_round_trip_ms": round(1e3 * task_s, 2),
+             "rate_1M_images": {w: round(predict(w), 0) for w in (1, 2, 8, 16, 64, 256)},
+             "driver_bound_rate": round(1 / d, 0) if d else None,
+             "s3_put_bound_rate": round(3500 / puts_per_shard * per_shard, 0),
+             "s3_get_bound_rate_sources": 5500}
     ratios = {
         "dask2_over_local2": round(med["dask-2"]["rate"] / med["local-2"]["rate"], 3),
         "dask2_over_local2_build": round(med["dask-2"]["build_rate"] / med["local-2"]["build_rate"], 3),
@@ -241,8 +282,13 @@ def main() -> int:
         print(f"moto GET: {get_report['client_cpu_ms_per_get']} ms client + {get_report['server_cpu_ms_per_get']} ms "
               f"server CPU, {get_report['wall_ms_per_get']} ms wall; S3-source ceiling here "
               f"{get_report['s3src_ceiling_rate']} img/s")
-        print(f"model T(n) = {model['serial_s']} s + {model['parallel_s']} s / n  ->  64 workers: "
-              f"{model['predicted_rate_64']} img/s (serial bound {model['max_rate_serial_bound']} img/s)")
+        print(f"two-point fit T(n) = {model['serial_s']} s + {model['parallel_s']} s / n  ->  64 workers: "
+              f"{model['predicted_rate_64']} img/s (this corpus; serial bound {model['max_rate_serial_bound']} img/s)")
+        print(f"model: worker {model['worker_ms_per_image']} ms/img, driver {model['driver_ms_per_image']} ms/img, "
+              f"start-up {model['startup_s']} s, Dask task round trip {model['dask_task_round_trip_ms']} ms")
+        print("  1 M images, img/s by workers: " + ", ".join(f"{w}: {r:.0f}" for w, r in model["rate_1M_images"].items()))
+        print(f"  limits: driver {model['driver_bound_rate']} img/s; S3 PUT 3,500/s per prefix -> "
+              f"{model['s3_put_bound_rate']} img/s; S3 GET 5,500/s per prefix (sources) -> 5,500 img/s")
     return 0
 
 
