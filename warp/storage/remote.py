@@ -56,10 +56,16 @@ BACKOFF_BASE = 0.1  # seconds: the first pause is uniform in [0, 0.1 s]
 BACKOFF_CAP = 5.0  # seconds: no single pause is longer (unless Retry-After asks for it)
 CONNECT_ATTEMPTS = 2  # refused / unresolvable: one retry, then the error
 CONNECT_TIMEOUT_ATTEMPTS = 1  # a connect that timed out already waited connect_timeout
-# prefetch coalescing, as pyarrow's pre-buffering does: column chunks closer than the hole are
-# fetched by one GET, up to the range limit each
-HOLE_SIZE = 8 << 10
-RANGE_LIMIT = 32 << 20
+# Planning the ranged GETs of a read (:func:`plan_ranges`; docs/design.md §9, "S3": nearby ranged
+# GETs are coalesced). A request costs about what a few MB of transfer cost (on S3 its latency; on
+# a local moto server its CPU), so needed ranges up to HOLE_SIZE apart are fetched by one GET, as
+# long as the bytes fetched beyond the needed ones stay within MAX_WASTE of them; no GET is longer
+# than SPLIT_SIZE, so a long run is fetched as several GETs in parallel. Gaps up to SMALL_HOLE
+# (pyarrow's pre-buffering hole) are merged whatever they cost: a small read is one GET.
+SMALL_HOLE = 8 << 10
+HOLE_SIZE = 1 << 20
+SPLIT_SIZE = 16 << 20
+MAX_WASTE = 0.04
 PREFETCH_THREADS = 8
 MAX_REDIRECTS = 5
 
@@ -345,19 +351,55 @@ def _pool():
         return _POOL[1]
 
 
-def coalesce(ranges: Sequence[tuple[int, int]], hole: int = HOLE_SIZE, limit: int = RANGE_LIMIT) -> list[tuple[int, int]]:
-    """(offset, length) ranges merged where the gap between them is at most ``hole`` bytes,
-    each merged range at most ``limit`` bytes (unless one range alone is longer)."""
-    out: list[list[int]] = []
-    for off, n in sorted((o, n) for o, n in ranges if n > 0):
-        if out:
-            last = out[-1]
-            end = last[0] + last[1]
-            if off - end <= hole and max(end, off + n) - last[0] <= limit:
-                last[1] = max(end, off + n) - last[0]
-                continue
-        out.append([off, n])
-    return [(o, n) for o, n in out]
+def plan_ranges(ranges: Sequence[tuple[int, int]], hole: int = HOLE_SIZE, split: int = SPLIT_SIZE,
+                waste: float = MAX_WASTE, small: int = SMALL_HOLE) -> list[tuple[int, int]]:
+    """The ranged GETs that fetch ``(offset, length)`` ranges: sorted, disjoint ``(offset, length)``.
+
+    Overlapping and touching ranges are one run. The gaps between runs are then merged, smallest
+    first, while the merged run stays at most ``split`` bytes and the gap is at most ``small``
+    bytes, or at most ``hole`` bytes with all merged gaps together at most ``waste`` times the
+    needed bytes. A run still longer than ``split`` is cut into near-equal pieces of at most
+    ``split`` bytes. So every needed byte is fetched once, and every other byte fetched lies in
+    a merged gap of at most ``hole`` bytes.
+    """
+    runs: list[list[int]] = []
+    for off, n in sorted((int(o), int(n)) for o, n in ranges if n > 0):
+        if runs and off <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], off + n)
+        else:
+            runs.append([off, off + n])
+    if not runs:
+        return []
+    budget = waste * sum(e - s for s, e in runs)
+    # union-find over runs: a merged group keeps its [start, end) at its root
+    parent = list(range(len(runs)))
+    span = [list(r) for r in runs]
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for gap, i in sorted((runs[i + 1][0] - runs[i][1], i) for i in range(len(runs) - 1)):
+        if gap > small and (gap > hole or gap > budget):
+            continue
+        a, b = root(i), root(i + 1)
+        if span[b][1] - span[a][0] > split:
+            continue
+        parent[b] = a
+        span[a][1] = span[b][1]
+        budget -= gap
+    out: list[tuple[int, int]] = []
+    for i in range(len(runs)):
+        if root(i) != i:
+            continue
+        s, e = span[i]
+        pieces = -(-(e - s) // split)
+        step = -(-(e - s) // pieces)
+        for k in range(s, e, step):
+            out.append((k, min(step, e - k)))
+    return out
 
 
 class RangeFile:
@@ -386,11 +428,22 @@ class RangeFile:
         return self._size
 
     def _from_held(self, off: int, n: int) -> bytes | None:
+        """``n`` bytes at ``off`` from prefetched ranges (which may be consecutive pieces of one
+        run, cut at the split size), or None when some of them were not prefetched."""
         with self._mu:
-            for start, data in self._held.values():
+            held = self._held.values()
+            for start, data in held:
                 if start <= off and off + n <= start + len(data):
                     return data[off - start:off - start + n]
-        return None
+            parts, at, end = [], off, off + n
+            while at < end:
+                nxt = next(((s, d) for s, d in held if s <= at < s + len(d)), None)
+                if nxt is None:
+                    return None
+                s, d = nxt
+                parts.append(d[at - s:min(end, s + len(d)) - s])
+                at = s + len(d)
+        return b"".join(parts)
 
     def read_at(self, nbytes: int, offset: int) -> bytes:
         n = max(0, min(nbytes, self.size() - offset))
@@ -402,8 +455,9 @@ class RangeFile:
         return self.remote.read_range(self.key, offset, n, self._size)
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> list[int]:
-        """Fetch ``(offset, length)`` ranges, coalesced, in parallel; tokens for :meth:`release`."""
-        merged = coalesce(ranges)
+        """Fetch ``(offset, length)`` ranges as :func:`plan_ranges` plans them, in parallel; tokens
+        for :meth:`release`."""
+        merged = plan_ranges(ranges)
         if not merged:
             return []
         if len(merged) == 1:
@@ -597,6 +651,7 @@ class _ArrowTransport:
         self.root = loc.path.rstrip("/")
         self._files: dict[str, Any] = {}  # key -> open native file: S3 pays its HEAD once per key
         self._mu = threading.Lock()
+        self._pre: Any = None  # S3 ranged reads by presigned URLs (None: not decided yet; False: not used)
         if loc.protocol == "s3":
             _before_s3_finalize(self)
 
@@ -683,6 +738,10 @@ class _ArrowTransport:
             raise
 
     def read_range(self, key: str, start: int, length: int, size: int | None) -> bytes:
+        if self.protocol == "s3":
+            pre = self._presigned()
+            if pre is not None:
+                return pre.read_range(self._path(key).lstrip("/"), start, length)
         try:
             f = self._open(key)
             self._count("GET")
@@ -691,6 +750,13 @@ class _ArrowTransport:
             if _is_not_found(e):
                 raise FileNotFoundError(key) from None
             raise
+
+    def _presigned(self) -> _PresignedRanges | None:
+        """The presigned-URL reader of this S3 store, or None where it cannot stand in for
+        pyarrow's (no boto3, or a proxy applies to the endpoint); decided once."""
+        if self._pre is None:
+            self._pre = _PresignedRanges.for_config(self.config, self.stats) or False
+        return self._pre or None
 
     def size(self, key: str) -> int | None:
         try:
@@ -723,12 +789,205 @@ class _ArrowTransport:
         if type(e).__name__ in ("ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError",
                                 "IncompleteReadError"):
             return "transient"
+        import http.client
+
+        if isinstance(e, http.client.HTTPException | ConnectionError | TimeoutError):  # presigned reads
+            return "transient"
         text = str(e)
         if any(t in text for t in _THROTTLE_TEXT):
             return "throttle"
         if any(t in text for t in _TRANSIENT_TEXT):
             return "transient"
         return None
+
+
+PRESIGN_TTL = 300.0  # seconds a presigned URL is reused ...
+PRESIGN_EXPIRES = 900  # ... of the seconds it is signed for (refreshed sooner after a 403)
+
+
+class S3ResponseError(OSError):
+    """An S3 error answer to a presigned read, shaped like botocore's ClientError (``response``),
+    so the retry policy (:meth:`_ArrowTransport.classify`) and the typed errors
+    (:func:`~warpdata.storage.errors.translate_storage_error`) treat both alike."""
+
+    def __init__(self, status: int, code: str, message: str, url: str, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP status {status} {code}: {message} ({url.split('?', 1)[0]})")
+        self.status, self.retry_after = status, retry_after
+        self.response = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+class ConnectTimeoutError(OSError):
+    """Connecting to the S3 endpoint timed out (named as botocore's, which
+    :func:`~warpdata.storage.errors.connection_cause` recognises)."""
+
+
+class _S3ConnectError(OSError):
+    """A connection to the S3 endpoint failed (the socket error is its cause); ``kwargs`` names
+    the endpoint as botocore's EndpointConnectionError does."""
+
+    def __init__(self, endpoint: str, e: BaseException) -> None:
+        super().__init__(f"could not connect to {endpoint}: {e}")
+        self.kwargs = {"endpoint_url": endpoint, "error": e}
+
+
+class _PresignedRanges:
+    """Ranged GETs of S3 objects through presigned URLs, sent with the standard library's
+    ``http.client`` on keep-alive connections per thread and process.
+
+    pyarrow's S3 files send a HEAD for the size before their first read of each object; the
+    reader knows every size from the manifest, so here each ranged read is one GET and nothing
+    else (on a Python S3 server such as moto, every request also costs the server as much CPU
+    as a few MB of transfer). A URL is signed by botocore (the same client, credentials and
+    addressing as the store's other requests; no request to sign it) and reused for
+    :data:`PRESIGN_TTL` seconds. Answers that are not the range asked for raise
+    :class:`S3ResponseError` (its S3 error code from the body) for the retry policy.
+    """
+
+    def __init__(self, client: Any, endpoint: str, cafile: str | None, config, stats: RequestStats) -> None:
+        self.client, self.endpoint, self.cafile, self.config, self.stats = client, endpoint, cafile, config, stats
+        self._urls: dict[str, tuple[float, str]] = {}
+        self._local = threading.local()
+        self._ssl: Any = None
+
+    @classmethod
+    def for_config(cls, config, stats: RequestStats) -> _PresignedRanges | None:
+        """The reader for ``config``, or None without boto3 or where a proxy applies to the
+        endpoint (pyarrow's client honours proxies; this one does not)."""
+        import urllib.request
+        from urllib.parse import urlsplit
+
+        client = _s3_client(config)
+        if client is None:
+            return None
+        endpoint = client.meta.endpoint_url
+        host = urlsplit(endpoint).hostname or ""
+        proxies = urllib.request.getproxies()
+        if any(k in proxies for k in ("http", "https", "all")) and not urllib.request.proxy_bypass(host):
+            return None
+        cafile = None
+        if endpoint.startswith("https:"):
+            import botocore.httpsession
+            import botocore.session
+
+            session = botocore.session.Session(profile=config.profile) if config.profile else botocore.session.Session()
+            cafile = session.get_config_variable("ca_bundle") or botocore.httpsession.get_cert_path(True)
+        return cls(client, endpoint, cafile, config, stats)
+
+    def _url(self, path: str, fresh: bool = False) -> str:
+        now = time.monotonic()
+        hit = self._urls.get(path)
+        if hit is not None and not fresh and now - hit[0] < PRESIGN_TTL:
+            return hit[1]
+        bucket, _, name = path.partition("/")
+        url = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": name},
+                                                 ExpiresIn=PRESIGN_EXPIRES)
+        if len(self._urls) >= 4096:
+            self._urls.clear()
+        self._urls[path] = (now, url)
+        return url
+
+    def _conn(self, scheme: str, netloc: str, fresh: bool):
+        import http.client
+
+        conns = getattr(self._local, "conns", None)
+        if conns is None or self._local.pid != os.getpid():  # never a connection made before a fork
+            conns = self._local.conns = {}
+            self._local.pid = os.getpid()
+        c = conns.get((scheme, netloc))
+        if c is not None and fresh:
+            c.close()
+            c = None
+        if c is None:
+            if scheme == "https":
+                if self._ssl is None:
+                    import ssl
+
+                    self._ssl = ssl.create_default_context(cafile=self.cafile)
+                c = http.client.HTTPSConnection(netloc, timeout=self.config.connect_timeout, context=self._ssl)
+            else:
+                c = http.client.HTTPConnection(netloc, timeout=self.config.connect_timeout)
+            conns[(scheme, netloc)] = c
+        return c
+
+    def _send(self, url: str, headers: dict[str, str]):
+        """(response, body) of one GET; a keep-alive connection the server closed is opened again once."""
+        import http.client
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        target = f"{u.path}?{u.query}" if u.query else u.path
+        self.stats.request("GET")
+        for attempt in (0, 1):
+            c = self._conn(u.scheme, u.netloc, fresh=attempt == 1)
+            reused = c.sock is not None
+            try:
+                if c.sock is None:
+                    try:
+                        c.connect()
+                    except TimeoutError as e:
+                        raise ConnectTimeoutError(f"connecting to {self.endpoint} timed out") from e
+                    except OSError as e:
+                        raise _S3ConnectError(self.endpoint, e) from e
+                    c.sock.settimeout(self.config.read_timeout)
+                c.request("GET", target, headers=headers)
+                r = c.getresponse()
+                body = r.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                    http.client.CannotSendRequest, http.client.ResponseNotReady):
+                c.close()
+                if not reused or attempt == 1:
+                    raise
+                continue
+            except BaseException:
+                c.close()
+                raise
+            if r.will_close:
+                c.close()
+            return r, body
+        raise AssertionError("unreachable")
+
+    def read_range(self, path: str, start: int, length: int) -> bytes:
+        """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key)."""
+        headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
+        url = self._url(path)
+        r, body = self._send(url, headers)
+        if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
+            url = self._url(path, fresh=True)
+            r, body = self._send(url, headers)
+        if r.status == 206:
+            cr = r.getheader("Content-Range") or ""
+            if not cr.startswith(f"bytes {start}-"):
+                raise S3ResponseError(206, "BadContentRange", f"answered Content-Range {cr!r} to a range at {start}",
+                                      url)
+            return body
+        if r.status == 200 and start == 0 and len(body) == length:
+            return body  # the whole object was asked for
+        code, message = _s3_error_of(body)
+        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+            raise FileNotFoundError(path)
+        if r.status == 416:
+            from warpdata.core.errors import DataError
+
+            raise DataError(f"s3://{path}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
+                            hint="the stored object is shorter than the manifest says; republish the dataset")
+        after = r.getheader("Retry-After")
+        try:
+            ra = float(after) if after else None
+        except ValueError:
+            ra = None
+        if r.status == 200:
+            code, message = "RangeIgnored", f"answered a range at {start} with {len(body)} bytes (the whole object)"
+        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, ra)
+
+
+def _s3_error_of(body: bytes) -> tuple[str, str]:
+    """(Code, Message) of an S3 XML error body; empty strings when it has none."""
+    import re
+
+    text = body[:4096].decode("utf-8", "replace")
+    code = re.search(r"<Code>([^<]*)</Code>", text)
+    msg = re.search(r"<Message>([^<]*)</Message>", text)
+    return (code.group(1) if code else ""), (msg.group(1) if msg else "")
 
 
 _OPEN_S3: Any = None  # the S3 transports alive (a WeakSet), closed before pyarrow finalizes S3
