@@ -351,8 +351,8 @@ def _pool():
         return _POOL[1]
 
 
-def plan_ranges(ranges: Sequence[tuple[int, int]], hole: int = HOLE_SIZE, split: int = SPLIT_SIZE,
-                waste: float = MAX_WASTE, small: int = SMALL_HOLE) -> list[tuple[int, int]]:
+def plan_ranges(ranges: Sequence[tuple[int, int]], hole: int | None = None, split: int | None = None,
+                waste: float | None = None, small: int | None = None) -> list[tuple[int, int]]:
     """The ranged GETs that fetch ``(offset, length)`` ranges: sorted, disjoint ``(offset, length)``.
 
     Overlapping and touching ranges are one run. The gaps between runs are then merged, smallest
@@ -360,8 +360,13 @@ def plan_ranges(ranges: Sequence[tuple[int, int]], hole: int = HOLE_SIZE, split:
     bytes, or at most ``hole`` bytes with all merged gaps together at most ``waste`` times the
     needed bytes. A run still longer than ``split`` is cut into near-equal pieces of at most
     ``split`` bytes. So every needed byte is fetched once, and every other byte fetched lies in
-    a merged gap of at most ``hole`` bytes.
+    a merged gap of at most ``hole`` bytes. Defaults: :data:`HOLE_SIZE`, :data:`SPLIT_SIZE`,
+    :data:`MAX_WASTE`, :data:`SMALL_HOLE`.
     """
+    hole = HOLE_SIZE if hole is None else hole
+    split = SPLIT_SIZE if split is None else split
+    waste = MAX_WASTE if waste is None else waste
+    small = SMALL_HOLE if small is None else small
     runs: list[list[int]] = []
     for off, n in sorted((int(o), int(n)) for o, n in ranges if n > 0):
         if runs and off <= runs[-1][1]:
