@@ -4,7 +4,11 @@
 gives this rank and DataLoader worker and cuts exact-size batches. Shards open through
 :class:`_ShardFiles` (the blob cache when a shard is there, ranged reads otherwise); the next
 shards are prefetched into the cache in the background and the next row groups are read
-ahead on threads (their ranged GETs and decoding release the GIL).
+ahead on threads, across shard boundaries, within a stated number of bytes in flight (their
+ranged GETs and decoding release the GIL). A remote shard the stream reads whole is one GET,
+footer included; otherwise its footer, then its column chunks as coalesced ranged GETs
+(:func:`warpdata.storage.remote.plan_ranges`). Each row group's row count is checked against
+the manifest, each footer against the manifest's footer length.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@
 *transport* that knows three requests: get a whole object, get a byte range of it, and ask
 its size.
 
+* Ranged reads of S3 objects are one GET each through a presigned URL on the standard library's
+  ``http.client`` (:class:`_PresignedRanges`): pyarrow's S3 files send a HEAD for the size
+  before their first read of an object, and the reader knows every size from the manifest.
+  Where a proxy applies to the endpoint (or without boto3) they go through pyarrow as below.
 * S3, local and memory stores go through pyarrow filesystems, built on first use: S3 through
   pyarrow's native client built from the one :class:`~warpdata.storage.locations.StorageConfig`,
   with the AWS SDK's own retries turned off (the loop below retries instead, so every attempt
@@ -33,7 +37,7 @@ tried twice, a connect timeout once, so a wrong endpoint still fails in seconds.
 :class:`RangeFile` is one object opened for random access: thread-safe :meth:`RangeFile.read_at`
 (member reads, footers) and the file protocol pyarrow's Parquet reader wraps, plus
 :meth:`RangeFile.prefetch`, which fetches the column chunks a row-group read will need as a
-few coalesced ranges in parallel, so the decoder then reads from memory.
+few coalesced ranges in parallel (:func:`plan_ranges`), so the decoder then reads from memory.
 """
 
 from __future__ import annotations
