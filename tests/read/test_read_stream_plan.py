@@ -1,7 +1,8 @@
 """What a remote stream fetches (moto on 127.0.0.1, every request counted by the server).
 
 A shard the stream reads whole (every row group, every column) is one ranged GET of the whole
-object, footer included, checked against the manifest's footer length; a projection fetches the
+object, footer included, checked against its content hash and the manifest's footer length (and
+put into the blob cache in auto mode, once); a projection fetches the
 footer and then its column chunks, coalesced, within 5 % of the bytes it needs. No HEAD either
 way: the manifest knows every size. Damaged store copies fail typed, naming the blob.
 """
@@ -13,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import warpdata
 from support.datasets import make_rows, publish, range_bytes
-from warpdata.core.errors import DataError, ManifestCorruptedError
+from warpdata.core.errors import BlobCorruptedError, DataError, ManifestCorruptedError
 from warpdata.read import batches as batches_module
 from warpdata.read import dataset as dataset_module
 
@@ -123,22 +124,42 @@ def _damage(s3, shard, at: int, data: bytes) -> None:
     s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
 
 
-def test_a_damaged_shard_fails_typed_naming_it(s3, stream):
+def test_auto_mode_downloads_each_shard_once_into_the_cache(s3, stream):
+    """The whole-shard GET also fills the blob cache (the prefetcher skips those shards), so the
+    next epoch reads no blob at all."""
+    t = warpdata.dataset("ws/stream", mode="auto").table("main")
+    assert pa.Table.from_batches(list(t.batches(700))).equals(stream["table"])
+    reqs = _blob_requests(s3)
+    assert sorted(q["key"] for q in reqs) == sorted(f"warp/{s.uri}" for s in stream["shards"])
+    assert range_bytes(reqs) == sum(s.byte_size for s in stream["shards"])
+    s3.reset_counts()
+    again = warpdata.dataset("ws/stream", mode="auto").table("main")
+    assert pa.Table.from_batches(list(again.batches(700))).equals(stream["table"])
+    assert _blob_requests(s3) == []
+
+
+@pytest.mark.parametrize("mode", ["remote", "auto"])
+def test_a_damaged_shard_is_fetched_twice_then_fails_typed(s3, stream, mode):
+    """A whole-shard read is checked against the shard's content hash: same length, other bytes."""
     s = stream["shards"][1]
-    _damage(s3, s, s.byte_size - 4, b"JUNK")  # the trailing magic
-    t = warpdata.dataset("ws/stream", mode="remote").table("main")
-    with pytest.raises(DataError) as e:
+    _damage(s3, s, s.byte_size // 2, b"JUNK")  # inside a data page
+    s3.reset_counts()
+    t = warpdata.dataset("ws/stream", mode=mode).table("main")
+    with pytest.raises(BlobCorruptedError) as e:
         list(t.batches(700))
-    assert s.hash in e.value.message and "republish" in (e.value.hint or "")
+    assert f"warp/{s.uri}" in e.value.message and "republish" in (e.value.hint or "")
+    assert sum(q["key"] == f"warp/{s.uri}" for q in _blob_requests(s3)) == 2
+    assert mode == "remote" or not dataset_module.dataset("ws/stream").cache.has(s.hash)
 
 
 def test_a_footer_unlike_the_manifests_fails_typed(s3, stream):
+    """A projection reads the footer by the manifest's length first: other bytes there fail typed."""
     s = stream["shards"][0]
     footer = s.stats["footer_size"]
     _damage(s3, s, s.byte_size - footer, b"\xff" * 16)  # the footer's first bytes
     t = warpdata.dataset("ws/stream", mode="remote").table("main")
     with pytest.raises(ManifestCorruptedError) as e:
-        next(iter(t.batches(700)))
+        next(iter(t.batches(700, columns=["id"])))
     assert s.hash in e.value.message and "footer_size" in e.value.message
 
 

@@ -59,6 +59,7 @@ class _ShardFiles:
         self._src: dict[int, Any] = {}  # the RangeFile under a remotely opened shard
         self._opening: dict[int, threading.Lock] = {}
         self._mu = threading.Lock()
+        self._keeper: Any = None  # the thread putting shards read whole into the blob cache
 
     def get(self, i: int):
         with self._mu:
@@ -121,11 +122,15 @@ class _ShardFiles:
             return pf.read_row_groups(list(groups), columns=columns, use_threads=False)
 
     def _whole(self, i: int):
-        """A ParquetFile over the whole remote shard ``i`` in memory, fetched by one ranged GET, or
-        None (cached, already open, too large, or no recorded footer length: the usual path).
+        """A ParquetFile over the whole remote shard ``i``, fetched once, or None (cached already,
+        open already, too large, or no recorded footer length: the usual path).
 
-        The footer is checked against the manifest's ``footer_size`` as :func:`_read_footer` does;
-        decoding from an Arrow buffer holds no Python file, so it runs on Arrow's threads."""
+        It is one ranged GET held in memory, checked against its content hash (a mismatch is
+        fetched once more, then BlobCorruptedError; docs/formats/registry.md, "Readers"); with a
+        blob cache (auto, hybrid) the same bytes then go into it on a background thread, so the
+        shard is downloaded once (the prefetcher skips shards read whole). The footer is checked
+        against the manifest's ``footer_size`` as :func:`_read_footer` does; decoding from Arrow
+        memory holds no Python file, so it runs on Arrow's threads."""
         s = self.shards[i]
         size = (s.stats or {}).get("footer_size")
         with self._mu:
@@ -139,16 +144,43 @@ class _ShardFiles:
         from warpdata.core.errors import DataError
 
         key = self.ds.blob_key(s)
-        data = self.ds.remote.read_range(key, 0, s.byte_size, s.byte_size)
-        if data[:4] != b"PAR1" or data[-4:] != b"PAR1":
-            raise DataError(f"{self.ds.remote.url_of(key)}: not a Parquet shard (no PAR1 magic at its ends)",
-                            hint="the store copy is damaged; republish the dataset")
+        data = _verified_get(self.ds, s)
+        if self.ds.cache is not None:
+            self._keep(s, data)
         md = _parse_recorded_footer(self.ds, s, data[len(data) - size:])
         try:
             return pq.ParquetFile(pa.BufferReader(data), metadata=md)
         except Exception as e:
             raise DataError(f"{self.ds.remote.url_of(key)}: not a readable Parquet shard: {e}",
                             hint="the store copy is damaged; republish the dataset") from None
+
+    def _keep(self, s: ShardRef, data: bytes) -> None:
+        """Put a whole shard read from the store into the blob cache, on one background thread
+        (hashed again as it lands; a full cache keeps nothing and reads on)."""
+        with self._mu:
+            if self._keeper is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._keeper = ThreadPoolExecutor(1, thread_name_prefix="warp-cache-put")
+            keeper = self._keeper
+
+        def put() -> None:
+            try:
+                self.ds.cache.put_bytes(s.hash, data)
+            except CacheTooSmallError as e:
+                log.debug(f"shard {s.hash[:12]} not cached: {e.message}")
+            except Exception as e:  # caching is an optimisation: the stream has its rows already
+                log.warning(f"shard {s.hash[:12]} not cached: {e}")
+
+        keeper.submit(put)
+
+    def close(self) -> None:
+        """Wait for the background cache writes (at most the read-ahead's bytes): after a stream,
+        the cache holds every shard it read whole."""
+        with self._mu:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.shutdown(wait=True)
 
     def row_groups(self, i: int) -> list[int]:
         """Rows per row group: from the manifest's shard statistics when it has them (format 2;
@@ -179,6 +211,27 @@ def chunk_ranges(md: Any, groups: Sequence[int], columns: Sequence[str] | None) 
                 start = cc.dictionary_page_offset
             out.append((start, cc.total_compressed_size))
     return out
+
+
+def _verified_get(ds: BlobSource, s: ShardRef) -> bytes:
+    """The whole blob ``s`` by one ranged GET, its SHA-256 checked against its content address
+    (hashlib releases the GIL); fetched once more on a mismatch, then BlobCorruptedError."""
+    import hashlib
+
+    from warpdata.core.errors import BlobCorruptedError
+    from warpdata.storage.blobcache import normalize_hash
+
+    key, want = ds.blob_key(s), normalize_hash(s.hash)
+    for attempt in (1, 2):
+        data = ds.remote.read_range(key, 0, s.byte_size, s.byte_size)
+        got = hashlib.sha256(data).hexdigest()
+        if got == want:
+            return data
+        log.debug(f"{ds.remote.url_of(key)}: hashes to {got}, not {want} (attempt {attempt})")
+    source = ds.remote.url_of(key)
+    raise BlobCorruptedError(f"{source}: downloaded bytes hash to {got}, expected {want} (fetched twice)",
+                             hint="the store copy is damaged or was replaced; republish the dataset",
+                             expected=want, got=got, source=source)
 
 
 def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
@@ -220,8 +273,10 @@ class _Prefetcher:
     Blobs of the window are pinned so a gc or another reader cannot evict them.
     """
 
-    def __init__(self, ds: BlobSource, shards: Sequence[ShardRef], order: list[int], depth: int) -> None:
+    def __init__(self, ds: BlobSource, shards: Sequence[ShardRef], order: list[int], depth: int,
+                 skip: Callable[[int], bool] | None = None) -> None:
         self.ds, self.shards, self.order, self.depth = ds, shards, order, depth
+        self.skip = skip or (lambda unit: False)  # shards the reader itself puts into the cache
         self.pos = 0
         self.cv = threading.Condition()
         self.stop = False
@@ -246,6 +301,8 @@ class _Prefetcher:
                     return
                 if k <= self.pos:
                     continue  # the reader is already on it, by ranged reads
+            if self.skip(i):
+                continue
             s = self.shards[i]
             try:
                 cache.pin([s.hash])
@@ -338,7 +395,6 @@ class BatchStream:
                 if not order or order[-1] != s.unit:
                     order.append(s.unit)
                 planned += s.stop - s.start
-        pre = _Prefetcher(ds, shards, order, self.depth) if self.depth and ds.cache is not None and ds.mode != "local" else None
         # Opening a remote shard costs round trips (size, footer): open the next few on
         # threads while this one is read, as pyarrow.dataset's fragment readahead does.
         # Not for limited reads (head): they must not fetch footers they never use.
@@ -363,6 +419,8 @@ class BatchStream:
             if self.limit is None else None
         if opener and groups:
             opener.skip = groups.reads_whole  # such a shard is one GET: no footer to fetch first
+        pre = _Prefetcher(ds, shards, order, self.depth, skip=groups.reads_whole if groups else None) \
+            if self.depth and ds.cache is not None and ds.mode != "local" else None
         pos = 0
         try:
             for j in self.batch_ids:
@@ -414,6 +472,7 @@ class BatchStream:
                 opener.close()
             if pre:
                 pre.close()
+            files.close()
 
 
     def _row_group_keys(self, bounds_of) -> Iterator[tuple[int, int]]:
@@ -457,6 +516,7 @@ class _RowGroupBatcher:
         self._pending: list[tuple[list[tuple[int, int]], bool, int]] = []  # planned, not submitted
         self._seen: set[int] = set()
         self._whole: set[int] = set()
+        self._plan_mu = threading.RLock()  # planning advances one generator: the prefetcher asks too
         self._inflight: list[tuple[list[tuple[int, int]], bool, int, Any]] = []  # (keys, whole, bytes, future)
         self._ready: dict[tuple[int, int], Any] = {}
         self._pool = None
@@ -508,20 +568,22 @@ class _RowGroupBatcher:
                     yield chunk, False, est
 
     def _plan_next(self) -> bool:
-        c = next(self._chunks, None)
-        if c is None:
-            return False
-        self._pending.append(c)
-        self._seen.add(c[0][0][0])
-        if c[1]:
-            self._whole.add(c[0][0][0])
-        return True
+        with self._plan_mu:
+            c = next(self._chunks, None)
+            if c is None:
+                return False
+            self._pending.append(c)
+            self._seen.add(c[0][0][0])
+            if c[1]:
+                self._whole.add(c[0][0][0])
+            return True
 
     def reads_whole(self, unit: int) -> bool:
         """Whether shard ``unit`` is read whole (by one GET, no footer request first)."""
-        while unit not in self._seen and self._plan_next():
-            pass
-        return unit in self._whole
+        with self._plan_mu:
+            while unit not in self._seen and self._plan_next():
+                pass
+            return unit in self._whole
 
     def _load(self, chunk: list[tuple[int, int]], whole: bool):
         return self._files.read_groups(chunk[0][0], [g for _, g in chunk], self._cols, whole=whole)
@@ -530,10 +592,11 @@ class _RowGroupBatcher:
         from concurrent.futures import Future
 
         while len(self._inflight) < max(1, self._ahead) and (self._pending or self._plan_next()):
-            c, whole, est = self._pending[0]
-            if self._inflight and sum(x[2] for x in self._inflight) + est > self._budget:
-                return
-            self._pending.pop(0)
+            with self._plan_mu:
+                c, whole, est = self._pending[0]
+                if self._inflight and sum(x[2] for x in self._inflight) + est > self._budget:
+                    return
+                self._pending.pop(0)
             if self._pool is not None:
                 fut = self._pool.submit(self._load, c, whole)
             else:
