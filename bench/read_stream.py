@@ -391,7 +391,7 @@ def run(server, a, s3_env) -> None:
     print(f"load average at start {' '.join(f'{x:.2f}' for x in load0)}, "
           f"at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if a.only == set(SECTIONS):
-        emit("read_stream", figures)
+        emit("read_stream", figures, load_start=load0[0])
     else:
         print("(a subset of the sections ran: bench/out/read_stream.figures.json left as it was)")
 
