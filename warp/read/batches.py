@@ -60,6 +60,7 @@ class _ShardFiles:
         self._opening: dict[int, threading.Lock] = {}
         self._mu = threading.Lock()
         self._keeper: Any = None  # the thread putting shards read whole into the blob cache
+        self._queued = 0  # bytes handed to it, not written yet
 
     def get(self, i: int):
         with self._mu:
@@ -156,8 +157,14 @@ class _ShardFiles:
 
     def _keep(self, s: ShardRef, data: bytes) -> None:
         """Put a whole shard read from the store into the blob cache, on one background thread
-        (hashed again as it lands; a full cache keeps nothing and reads on)."""
+        (hashed again as it lands; a full cache keeps nothing and reads on). At most
+        :data:`READAHEAD_BYTES` wait to be written: past that a shard is not cached (a disk
+        slower than the store never makes the stream hold more)."""
         with self._mu:
+            if self._queued and self._queued + len(data) > READAHEAD_BYTES:
+                log.debug(f"shard {s.hash[:12]} not cached: {self._queued} bytes still to write")
+                return
+            self._queued += len(data)
             if self._keeper is None:
                 from concurrent.futures import ThreadPoolExecutor
 
@@ -171,6 +178,9 @@ class _ShardFiles:
                 log.debug(f"shard {s.hash[:12]} not cached: {e.message}")
             except Exception as e:  # caching is an optimisation: the stream has its rows already
                 log.warning(f"shard {s.hash[:12]} not cached: {e}")
+            finally:
+                with self._mu:
+                    self._queued -= len(data)
 
         keeper.submit(put)
 
@@ -666,12 +676,12 @@ class _ShardOpener:
         import contextlib
 
         with contextlib.suppress(Exception):  # the reader opens it again and reports the error itself
-            self._files.get(unit)
+            if not self.skip(unit):  # asked here: planning a shard may need another's footer
+                self._files.get(unit)
 
     def advance(self, pos: int) -> None:
         while self._next < len(self._order) and self._next <= pos + self._ahead:
-            if not self.skip(self._order[self._next]):
-                self._pool.submit(self._open, self._order[self._next])
+            self._pool.submit(self._open, self._order[self._next])
             self._next += 1
 
     def close(self) -> None:
