@@ -103,6 +103,7 @@ def test_s3_ranged_reads_are_one_get_each_without_head(s3):
     assert r.read_range("blobs/obj", 0, 102_400) == bytes(range(256)) * 400
     reqs = s3.requests(key_prefix="warp/blobs/")
     assert [(q["method"], q["range"]) for q in reqs] == [("GET", "bytes=10-29"), ("GET", "bytes=0-102399")]
+    assert all("X-Amz-Algorithm=AWS4-HMAC-SHA256" in q["query"] for q in reqs)  # SigV4: every region takes it
     assert r.stats.to_dict()["by_kind"] == {"GET": 2}
 
 

@@ -868,6 +868,13 @@ class _PresignedRanges:
         client = _s3_client(config)
         if client is None:
             return None
+        if not config.anon:  # SigV4 query signing, which every region accepts (botocore may pick SigV2)
+            import boto3
+            from botocore.config import Config
+
+            session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
+            client = session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region,
+                                    config=client.meta.config.merge(Config(signature_version="s3v4")))
         endpoint = client.meta.endpoint_url
         host = urlsplit(endpoint).hostname or ""
         proxies = urllib.request.getproxies()
