@@ -127,12 +127,11 @@ def test_a_proxy_keeps_pyarrows_client(s3, monkeypatch):
     from warpdata.storage.locations import StorageConfig
 
     cfg = StorageConfig.from_env()
-    stats = remote_module.RequestStats()
-    assert _PresignedRanges.for_config(cfg, stats) is not None
+    assert _PresignedRanges.for_config(cfg) is not None
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    assert _PresignedRanges.for_config(cfg, stats) is None
+    assert _PresignedRanges.for_config(cfg) is None
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    assert _PresignedRanges.for_config(cfg, stats) is not None
+    assert _PresignedRanges.for_config(cfg) is not None

@@ -617,6 +617,7 @@ def _pyarrow_s3(config):
 
 
 _S3_CLIENTS: dict[tuple, tuple[float, Any]] = {}
+_PRESIGNED: dict[tuple, tuple[float, Any]] = {}  # _PresignedRanges (or None) per configuration, like _S3_CLIENTS
 
 
 def _s3_client(config):
@@ -750,7 +751,7 @@ class _ArrowTransport:
         if self.protocol == "s3":
             pre = self._presigned()
             if pre is not None:
-                return pre.read_range(self._path(key).lstrip("/"), start, length)
+                return pre.read_range(self._path(key).lstrip("/"), start, length, self.stats)
         try:
             f = self._open(key)
             self._count("GET")
@@ -764,7 +765,7 @@ class _ArrowTransport:
         """The presigned-URL reader of this S3 store, or None where it cannot stand in for
         pyarrow's (no boto3, or a proxy applies to the endpoint); decided once."""
         if self._pre is None:
-            self._pre = _PresignedRanges.for_config(self.config, self.stats) or False
+            self._pre = _PresignedRanges.for_config(self.config) or False
         return self._pre or None
 
     def size(self, key: str) -> int | None:
@@ -849,22 +850,44 @@ class _PresignedRanges:
     as a few MB of transfer). A URL is signed by botocore (the same client, credentials and
     addressing as the store's other requests; no request to sign it) and reused for
     :data:`PRESIGN_TTL` seconds. Answers that are not the range asked for raise
-    :class:`S3ResponseError` (its S3 error code from the body) for the retry policy.
+    :class:`S3ResponseError` (its S3 error code from the body) for the retry policy. One reader
+    serves every store of a configuration in a process (its signing client, URLs and
+    connections), shared like :func:`_s3_client`; each read counts in its caller's stats.
     """
 
-    def __init__(self, client: Any, endpoint: str, cafile: str | None, config, stats: RequestStats) -> None:
-        self.client, self.endpoint, self.cafile, self.config, self.stats = client, endpoint, cafile, config, stats
+    def __init__(self, client: Any, endpoint: str, cafile: str | None, config) -> None:
+        self.client, self.endpoint, self.cafile, self.config = client, endpoint, cafile, config
         self._urls: dict[str, tuple[float, str]] = {}
         self._local = threading.local()
         self._ssl: Any = None
 
     @classmethod
-    def for_config(cls, config, stats: RequestStats) -> _PresignedRanges | None:
+    def for_config(cls, config) -> _PresignedRanges | None:
         """The reader for ``config``, or None without boto3 or where a proxy applies to the
         endpoint (pyarrow's client honours proxies; this one does not)."""
         import urllib.request
         from urllib.parse import urlsplit
 
+        key = (config, tuple(os.environ.get(k) for k in _CRED_ENV), os.getpid())
+        now = time.monotonic()
+        hit = _PRESIGNED.get(key)
+        if hit is not None and now - hit[0] < _S3_FS_TTL:
+            reader = hit[1]
+        else:
+            reader = cls._make(config)
+            if len(_PRESIGNED) >= 16:
+                _PRESIGNED.clear()
+            _PRESIGNED[key] = (now, reader)
+        if reader is None:
+            return None
+        proxies = urllib.request.getproxies()
+        if any(k in proxies for k in ("http", "https", "all")) \
+                and not urllib.request.proxy_bypass(urlsplit(reader.endpoint).hostname or ""):
+            return None
+        return reader
+
+    @classmethod
+    def _make(cls, config) -> _PresignedRanges | None:
         client = _s3_client(config)
         if client is None:
             return None
@@ -876,10 +899,6 @@ class _PresignedRanges:
             client = session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region,
                                     config=client.meta.config.merge(Config(signature_version="s3v4")))
         endpoint = client.meta.endpoint_url
-        host = urlsplit(endpoint).hostname or ""
-        proxies = urllib.request.getproxies()
-        if any(k in proxies for k in ("http", "https", "all")) and not urllib.request.proxy_bypass(host):
-            return None
         cafile = None
         if endpoint.startswith("https:"):
             import botocore.httpsession
@@ -887,7 +906,7 @@ class _PresignedRanges:
 
             session = botocore.session.Session(profile=config.profile) if config.profile else botocore.session.Session()
             cafile = session.get_config_variable("ca_bundle") or botocore.httpsession.get_cert_path(True)
-        return cls(client, endpoint, cafile, config, stats)
+        return cls(client, endpoint, cafile, config)
 
     def _url(self, path: str, fresh: bool = False) -> str:
         now = time.monotonic()
@@ -925,14 +944,14 @@ class _PresignedRanges:
             conns[(scheme, netloc)] = c
         return c
 
-    def _send(self, url: str, headers: dict[str, str]):
+    def _send(self, url: str, headers: dict[str, str], stats: RequestStats):
         """(response, body) of one GET; a keep-alive connection the server closed is opened again once."""
         import http.client
         from urllib.parse import urlsplit
 
         u = urlsplit(url)
         target = f"{u.path}?{u.query}" if u.query else u.path
-        self.stats.request("GET")
+        stats.request("GET")
         for attempt in (0, 1):
             c = self._conn(u.scheme, u.netloc, fresh=attempt == 1)
             reused = c.sock is not None
@@ -962,14 +981,14 @@ class _PresignedRanges:
             return r, body
         raise AssertionError("unreachable")
 
-    def read_range(self, path: str, start: int, length: int) -> bytes:
+    def read_range(self, path: str, start: int, length: int, stats: RequestStats) -> bytes:
         """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key)."""
         headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
         url = self._url(path)
-        r, body = self._send(url, headers)
+        r, body = self._send(url, headers, stats)
         if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
             url = self._url(path, fresh=True)
-            r, body = self._send(url, headers)
+            r, body = self._send(url, headers, stats)
         if r.status == 206:
             cr = r.getheader("Content-Range") or ""
             if not cr.startswith(f"bytes {start}-"):
@@ -1032,6 +1051,7 @@ def _close_s3() -> None:
         t.close()
     _S3_FS.clear()
     _S3_CLIENTS.clear()
+    _PRESIGNED.clear()
 
 
 def _is_not_found(e: Exception) -> bool:
