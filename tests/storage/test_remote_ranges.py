@@ -135,3 +135,27 @@ def test_a_proxy_keeps_pyarrows_client(s3, monkeypatch):
     assert _PresignedRanges.for_config(cfg) is None
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     assert _PresignedRanges.for_config(cfg) is not None
+
+
+@pytest.mark.s3
+def test_s3_connections_are_kept_alive_across_threads(s3, monkeypatch):
+    """A stream's threads come and go; their reads reuse the idle connections of earlier ones
+    (on real S3 each new connection is a TLS handshake). moto closes every connection, so the
+    reads go through a keep-alive proxy in front of it (tests/support/httpserve.py)."""
+    import threading
+
+    from support.httpserve import FaultProxy
+
+    s3.client.put_object(Bucket=s3.bucket, Key="warp/blobs/obj", Body=b"y" * 1000)
+    with FaultProxy(s3.endpoint, fail_every=0) as proxy:
+        for var in ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL"):
+            monkeypatch.setenv(var, proxy.url)
+        r = Remote(s3.url("warp"))
+        pre = r.transport._presigned()
+        got = []
+        for _ in range(4):
+            t = threading.Thread(target=lambda: got.append(r.read_range("blobs/obj", 0, 10)))
+            t.start()
+            t.join()
+        assert got == [b"y" * 10] * 4 and proxy.requests == 4
+        assert sum(len(v) for v in pre._idle.values()) == 1  # one connection served all four threads

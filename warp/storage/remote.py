@@ -813,6 +813,7 @@ class _ArrowTransport:
 
 PRESIGN_TTL = 300.0  # seconds a presigned URL is reused ...
 PRESIGN_EXPIRES = 900  # ... of the seconds it is signed for (refreshed sooner after a 403)
+MAX_IDLE_CONNECTIONS = 16  # kept-alive connections per host, shared by every thread
 
 
 class S3ResponseError(OSError):
@@ -842,7 +843,7 @@ class _S3ConnectError(OSError):
 
 class _PresignedRanges:
     """Ranged GETs of S3 objects through presigned URLs, sent with the standard library's
-    ``http.client`` on keep-alive connections per thread and process.
+    ``http.client`` on keep-alive connections shared by the process's threads.
 
     pyarrow's S3 files send a HEAD for the size before their first read of each object; the
     reader knows every size from the manifest, so here each ranged read is one GET and nothing
@@ -858,7 +859,9 @@ class _PresignedRanges:
     def __init__(self, client: Any, endpoint: str, cafile: str | None, config) -> None:
         self.client, self.endpoint, self.cafile, self.config = client, endpoint, cafile, config
         self._urls: dict[str, tuple[float, str]] = {}
-        self._local = threading.local()
+        self._idle: dict[tuple[str, str], list[Any]] = {}  # keep-alive connections not in use
+        self._pid = os.getpid()
+        self._mu = threading.Lock()
         self._ssl: Any = None
 
     @classmethod
@@ -921,28 +924,32 @@ class _PresignedRanges:
         self._urls[path] = (now, url)
         return url
 
-    def _conn(self, scheme: str, netloc: str, fresh: bool):
+    def _take(self, scheme: str, netloc: str, fresh: bool):
+        """An idle keep-alive connection to ``netloc`` (any thread's: a stream's threads come and
+        go, TLS handshakes are dear), or a new one; never one made before a fork."""
         import http.client
 
-        conns = getattr(self._local, "conns", None)
-        if conns is None or self._local.pid != os.getpid():  # never a connection made before a fork
-            conns = self._local.conns = {}
-            self._local.pid = os.getpid()
-        c = conns.get((scheme, netloc))
-        if c is not None and fresh:
-            c.close()
-            c = None
-        if c is None:
-            if scheme == "https":
-                if self._ssl is None:
-                    import ssl
+        with self._mu:
+            if self._pid != os.getpid():
+                self._idle, self._pid = {}, os.getpid()
+            idle = self._idle.get((scheme, netloc))
+            if idle and not fresh:
+                return idle.pop()
+        if scheme == "https":
+            if self._ssl is None:
+                import ssl
 
-                    self._ssl = ssl.create_default_context(cafile=self.cafile)
-                c = http.client.HTTPSConnection(netloc, timeout=self.config.connect_timeout, context=self._ssl)
-            else:
-                c = http.client.HTTPConnection(netloc, timeout=self.config.connect_timeout)
-            conns[(scheme, netloc)] = c
-        return c
+                self._ssl = ssl.create_default_context(cafile=self.cafile)
+            return http.client.HTTPSConnection(netloc, timeout=self.config.connect_timeout, context=self._ssl)
+        return http.client.HTTPConnection(netloc, timeout=self.config.connect_timeout)
+
+    def _give(self, scheme: str, netloc: str, c) -> None:
+        with self._mu:
+            idle = self._idle.setdefault((scheme, netloc), [])
+            if self._pid == os.getpid() and len(idle) < MAX_IDLE_CONNECTIONS:
+                idle.append(c)
+                return
+        c.close()
 
     def _send(self, url: str, headers: dict[str, str], stats: RequestStats):
         """(response, body) of one GET; a keep-alive connection the server closed is opened again once."""
@@ -953,7 +960,7 @@ class _PresignedRanges:
         target = f"{u.path}?{u.query}" if u.query else u.path
         stats.request("GET")
         for attempt in (0, 1):
-            c = self._conn(u.scheme, u.netloc, fresh=attempt == 1)
+            c = self._take(u.scheme, u.netloc, fresh=attempt == 1)
             reused = c.sock is not None
             try:
                 if c.sock is None:
@@ -978,6 +985,8 @@ class _PresignedRanges:
                 raise
             if r.will_close:
                 c.close()
+            else:
+                self._give(u.scheme, u.netloc, c)
             return r, body
         raise AssertionError("unreachable")
 
