@@ -4,14 +4,18 @@
 gives this rank and DataLoader worker and cuts exact-size batches. Shards open through
 :class:`_ShardFiles` (the blob cache when a shard is there, ranged reads otherwise); the next
 shards are prefetched into the cache in the background and the next row groups are read
-ahead on threads (their ranged GETs and decoding release the GIL).
+ahead on threads, across shard boundaries, within a stated number of bytes in flight (their
+ranged GETs and decoding release the GIL). A remote shard the stream reads whole is one GET,
+footer included; otherwise its footer, then its column chunks as coalesced ranged GETs
+(:func:`warpdata.storage.remote.plan_ranges`). Each row group's row count is checked against
+the manifest, each footer against the manifest's footer length.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +35,17 @@ log = logging.getLogger(__name__)
 
 PREFETCH_DEPTH = {"auto": 2, "hybrid": 8, "remote": 0, "local": 0}
 DEFAULT_BATCH = 65536
-# stream read-ahead: row-group reads (up to 4 row groups of one shard each) in flight, and threads
-# running them (each read's ranged GETs and decoding release the GIL)
+# Stream read-ahead (:class:`_RowGroupBatcher`): reads of consecutive row groups of one shard, up
+# to CHUNK_BYTES each (estimated from the manifest's shard size and row counts), run ahead of the
+# consumer across shard boundaries on ROWGROUP_THREADS threads (their ranged GETs and decoding
+# release the GIL): at most ROWGROUP_AHEAD reads and READAHEAD_BYTES of them in flight (always one).
+# A read of a whole shard of at most WHOLE_SHARD_BYTES, every column, is one ranged GET of the
+# whole object (footer included) decoded from memory: no footer request before it.
 ROWGROUP_AHEAD = 3
 ROWGROUP_THREADS = 2
+CHUNK_BYTES = 16 << 20
+READAHEAD_BYTES = 64 << 20
+WHOLE_SHARD_BYTES = 16 << 20
 
 
 class _ShardFiles:
@@ -48,6 +59,8 @@ class _ShardFiles:
         self._src: dict[int, Any] = {}  # the RangeFile under a remotely opened shard
         self._opening: dict[int, threading.Lock] = {}
         self._mu = threading.Lock()
+        self._keeper: Any = None  # the thread putting shards read whole into the blob cache
+        self._queued = 0  # bytes handed to it, not written yet
 
     def get(self, i: int):
         with self._mu:
@@ -87,9 +100,16 @@ class _ShardFiles:
             self._src[i] = None if local else src
         return pf
 
-    def read_groups(self, i: int, groups: Sequence[int], columns: Sequence[str] | None):
+    def read_groups(self, i: int, groups: Sequence[int], columns: Sequence[str] | None, whole: bool = False):
         """Row groups ``groups`` of shard ``i`` as one table; a remote shard's column chunks are fetched
-        first as a few coalesced ranged GETs in parallel, then decoded from memory."""
+        first as a few coalesced ranged GETs in parallel, then decoded from memory.
+
+        ``whole``: the caller reads every row group and column of the shard; a remote shard of at
+        most :data:`WHOLE_SHARD_BYTES` not opened yet is then fetched by one GET (footer included)."""
+        if whole:
+            pf = self._whole(i)
+            if pf is not None:
+                return pf.read_row_groups(list(groups), columns=columns, use_threads=True)
         pf = self.get(i)
         with self._mu:
             src = self._src.get(i) if self._open.get(i) is pf else None
@@ -101,6 +121,76 @@ class _ShardFiles:
         # exception"). The readers' own threads (_RowGroupBatcher) decode calls in parallel.
         with src.prefetched(chunk_ranges(pf.metadata, groups, columns)):
             return pf.read_row_groups(list(groups), columns=columns, use_threads=False)
+
+    def _whole(self, i: int):
+        """A ParquetFile over the whole remote shard ``i``, fetched once, or None (cached already,
+        open already, too large, or no recorded footer length: the usual path).
+
+        It is one ranged GET held in memory, checked against its content hash (a mismatch is
+        fetched once more, then BlobCorruptedError; docs/formats/registry.md, "Readers"); with a
+        blob cache (auto, hybrid) the same bytes then go into it on a background thread, so the
+        shard is downloaded once (the prefetcher skips shards read whole). The footer is checked
+        against the manifest's ``footer_size`` as :func:`_read_footer` does; decoding from Arrow
+        memory holds no Python file, so it runs on Arrow's threads."""
+        s = self.shards[i]
+        size = (s.stats or {}).get("footer_size")
+        with self._mu:
+            if i in self._open:
+                return None
+        if not size or not 12 <= size + 4 <= s.byte_size <= WHOLE_SHARD_BYTES or self.ds.mode == "local" \
+                or self.ds.cached_path(s) is not None:
+            return None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from warpdata.core.errors import DataError
+
+        key = self.ds.blob_key(s)
+        data = _verified_get(self.ds, s)
+        if self.ds.cache is not None:
+            self._keep(s, data)
+        md = _parse_recorded_footer(self.ds, s, data[len(data) - size:])
+        try:
+            return pq.ParquetFile(pa.BufferReader(data), metadata=md)
+        except Exception as e:
+            raise DataError(f"{self.ds.remote.url_of(key)}: not a readable Parquet shard: {e}",
+                            hint="the store copy is damaged; republish the dataset") from None
+
+    def _keep(self, s: ShardRef, data: bytes) -> None:
+        """Put a whole shard read from the store into the blob cache, on one background thread
+        (hashed again as it lands; a full cache keeps nothing and reads on). At most
+        :data:`READAHEAD_BYTES` wait to be written: past that a shard is not cached (a disk
+        slower than the store never makes the stream hold more)."""
+        with self._mu:
+            if self._queued and self._queued + len(data) > READAHEAD_BYTES:
+                log.debug(f"shard {s.hash[:12]} not cached: {self._queued} bytes still to write")
+                return
+            self._queued += len(data)
+            if self._keeper is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._keeper = ThreadPoolExecutor(1, thread_name_prefix="warp-cache-put")
+            keeper = self._keeper
+
+        def put() -> None:
+            try:
+                self.ds.cache.put_bytes(s.hash, data)
+            except CacheTooSmallError as e:
+                log.debug(f"shard {s.hash[:12]} not cached: {e.message}")
+            except Exception as e:  # caching is an optimisation: the stream has its rows already
+                log.warning(f"shard {s.hash[:12]} not cached: {e}")
+            finally:
+                with self._mu:
+                    self._queued -= len(data)
+
+        keeper.submit(put)
+
+    def close(self) -> None:
+        """Wait for the background cache writes (at most the read-ahead's bytes): after a stream,
+        the cache holds every shard it read whole."""
+        with self._mu:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.shutdown(wait=True)
 
     def row_groups(self, i: int) -> list[int]:
         """Rows per row group: from the manifest's shard statistics when it has them (format 2;
@@ -133,6 +223,27 @@ def chunk_ranges(md: Any, groups: Sequence[int], columns: Sequence[str] | None) 
     return out
 
 
+def _verified_get(ds: BlobSource, s: ShardRef) -> bytes:
+    """The whole blob ``s`` by one ranged GET, its SHA-256 checked against its content address
+    (hashlib releases the GIL); fetched once more on a mismatch, then BlobCorruptedError."""
+    import hashlib
+
+    from warpdata.core.errors import BlobCorruptedError
+    from warpdata.storage.blobcache import normalize_hash
+
+    key, want = ds.blob_key(s), normalize_hash(s.hash)
+    for attempt in (1, 2):
+        data = ds.remote.read_range(key, 0, s.byte_size, s.byte_size)
+        got = hashlib.sha256(data).hexdigest()
+        if got == want:
+            return data
+        log.debug(f"{ds.remote.url_of(key)}: hashes to {got}, not {want} (attempt {attempt})")
+    source = ds.remote.url_of(key)
+    raise BlobCorruptedError(f"{source}: downloaded bytes hash to {got}, expected {want} (fetched twice)",
+                             hint="the store copy is damaged or was replaced; republish the dataset",
+                             expected=want, got=got, source=source)
+
+
 def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
     """The shard's footer metadata by one ranged GET of exactly its recorded length, or None.
 
@@ -142,13 +253,20 @@ def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
     size = (s.stats or {}).get("footer_size")
     if not size or size > s.byte_size:
         return None
-    from warpdata.core.errors import ManifestCorruptedError
-    from warpdata.registry.parquet_stats import parse_footer
-
     try:
         data = src.read_at(size, s.byte_size - size)
     except Exception as e:
         raise ds.remote._wrap(e, ds.blob_key(s)) from e
+    return _parse_recorded_footer(ds, s, data)
+
+
+def _parse_recorded_footer(ds: BlobSource, s: ShardRef, data: bytes):
+    """The footer metadata from the shard's last ``footer_size`` bytes (the manifest's length);
+    ManifestCorruptedError when they are not a footer of that length."""
+    from warpdata.core.errors import ManifestCorruptedError
+    from warpdata.registry.parquet_stats import parse_footer
+
+    size = len(data)
     try:
         return parse_footer(data)
     except (ValueError, OSError) as e:
@@ -165,8 +283,10 @@ class _Prefetcher:
     Blobs of the window are pinned so a gc or another reader cannot evict them.
     """
 
-    def __init__(self, ds: BlobSource, shards: Sequence[ShardRef], order: list[int], depth: int) -> None:
+    def __init__(self, ds: BlobSource, shards: Sequence[ShardRef], order: list[int], depth: int,
+                 skip: Callable[[int], bool] | None = None) -> None:
         self.ds, self.shards, self.order, self.depth = ds, shards, order, depth
+        self.skip = skip or (lambda unit: False)  # shards the reader itself puts into the cache
         self.pos = 0
         self.cv = threading.Condition()
         self.stop = False
@@ -191,6 +311,8 @@ class _Prefetcher:
                     return
                 if k <= self.pos:
                     continue  # the reader is already on it, by ranged reads
+            if self.skip(i):
+                continue
             s = self.shards[i]
             try:
                 cache.pin([s.hash])
@@ -283,7 +405,6 @@ class BatchStream:
                 if not order or order[-1] != s.unit:
                     order.append(s.unit)
                 planned += s.stop - s.start
-        pre = _Prefetcher(ds, shards, order, self.depth) if self.depth and ds.cache is not None and ds.mode != "local" else None
         # Opening a remote shard costs round trips (size, footer): open the next few on
         # threads while this one is read, as pyarrow.dataset's fragment readahead does.
         # Not for limited reads (head): they must not fetch footers they never use.
@@ -303,8 +424,13 @@ class BatchStream:
 
         # Unlimited reads decode the next few row groups of a shard in one call, so
         # pyarrow decodes them in parallel (one row group at a time keeps one core busy).
-        groups = _RowGroupBatcher(files, self._row_group_keys(bounds_of), cols, bounds_of) \
+        groups = _RowGroupBatcher(files, self._row_group_keys(bounds_of), cols, bounds_of,
+                                  all_columns=cols is None or set(cols) >= set(self.table.schema_names())) \
             if self.limit is None else None
+        if opener and groups:
+            opener.skip = groups.reads_whole  # such a shard is one GET: no footer to fetch first
+        pre = _Prefetcher(ds, shards, order, self.depth, skip=groups.reads_whole if groups else None) \
+            if self.depth and ds.cache is not None and ds.mode != "local" else None
         pos = 0
         try:
             for j in self.batch_ids:
@@ -356,6 +482,7 @@ class BatchStream:
                 opener.close()
             if pre:
                 pre.close()
+            files.close()
 
 
     def _row_group_keys(self, bounds_of) -> Iterator[tuple[int, int]]:
@@ -374,22 +501,33 @@ class BatchStream:
 
 
 class _RowGroupBatcher:
-    """Reads the row groups the stream will use, up to ``width`` of one shard per call, ``ahead``
-    calls in advance on a background thread, across shard boundaries.
+    """Reads the row groups the stream will use, in stream order, ahead of the consumer on
+    background threads, across shard boundaries.
 
-    So the next shard's ranged GETs (or page-cache reads) and its decoding (pyarrow, GIL
-    released, columns in parallel) overlap the consumer's work on the current batch; each row
-    group is handed out as a slice of the table read for it (zero-copy). Memory: at most
-    ``ahead + 1`` calls' tables.
+    A read is consecutive row groups of one shard, up to ``chunk_bytes`` (estimated from the
+    manifest: the shard's bytes over its rows; always one row group), or the whole shard when the
+    stream reads all of it (:meth:`_ShardFiles.read_groups` then fetches it by one GET). At most
+    ``ahead`` reads and ``budget`` estimated bytes are in flight (always one), so the next
+    shard's ranged GETs and decoding (pyarrow, GIL released) overlap the consumer's work on the
+    current batch. Each row group is handed out as a slice of the table read for it (zero-copy).
+    Memory: the reads in flight plus the one being consumed.
     """
 
     def __init__(self, files: _ShardFiles, keys: Iterator[tuple[int, int]], columns, bounds_of,
-                 width: int = 4, ahead: int | None = None, threads: int | None = None) -> None:
+                 ahead: int | None = None, threads: int | None = None, all_columns: bool = False,
+                 chunk_bytes: int | None = None, budget: int | None = None) -> None:
         ahead = ROWGROUP_AHEAD if ahead is None else ahead
         threads = ROWGROUP_THREADS if threads is None else threads
-        self._files, self._cols, self._bounds_of, self._width, self._ahead = files, columns, bounds_of, width, ahead
+        self._files, self._cols, self._bounds_of, self._ahead = files, columns, bounds_of, ahead
+        self._chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+        self._budget = READAHEAD_BYTES if budget is None else budget
+        self._all_columns = all_columns
         self._chunks = self._chunked(keys)
-        self._inflight: list[tuple[list[tuple[int, int]], Any]] = []  # (keys, future), in stream order
+        self._pending: list[tuple[list[tuple[int, int]], bool, int]] = []  # planned, not submitted
+        self._seen: set[int] = set()
+        self._whole: set[int] = set()
+        self._plan_mu = threading.RLock()  # planning advances one generator: the prefetcher asks too
+        self._inflight: list[tuple[list[tuple[int, int]], bool, int, Any]] = []  # (keys, whole, bytes, future)
         self._ready: dict[tuple[int, int], Any] = {}
         self._pool = None
         if ahead:
@@ -397,32 +535,84 @@ class _RowGroupBatcher:
 
             self._pool = ThreadPoolExecutor(max(1, min(threads, ahead)), thread_name_prefix="warp-rowgroups")
 
-    def _chunked(self, keys: Iterator[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
-        chunk: list[tuple[int, int]] = []
-        for k in keys:
-            if chunk and (k[0] != chunk[0][0] or len(chunk) >= self._width):
-                yield chunk
-                chunk = []
-            chunk.append(k)
-        if chunk:
-            yield chunk
+    def _estimate(self, unit: int, rows: int) -> int:
+        s = self._files.shards[unit]
+        total = sum(self._files.row_groups(unit)) or 1
+        return max(1, (s.byte_size or 0) * rows // total)
 
-    def _load(self, chunk: list[tuple[int, int]]):
-        return self._files.read_groups(chunk[0][0], [g for _, g in chunk], self._cols)
+    def _runs(self, keys: Iterator[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+        """Consecutive keys of one shard."""
+        run: list[tuple[int, int]] = []
+        for k in keys:
+            if run and k[0] != run[0][0]:
+                yield run
+                run = []
+            run.append(k)
+        if run:
+            yield run
+
+    def _chunked(self, keys: Iterator[tuple[int, int]]) -> Iterator[tuple[list[tuple[int, int]], bool, int]]:
+        """(keys, whole, estimated bytes) of each read, in stream order (planned lazily: a shard's
+        row counts may need its footer)."""
+        for run in self._runs(keys):
+            unit = run[0][0]
+            b = self._bounds_of(unit)
+            n_groups = len(b) - 1
+            whole = (self._all_columns and len(run) == n_groups
+                     and sorted(g for _, g in run) == list(range(n_groups))
+                     and self._estimate(unit, b[-1]) <= WHOLE_SHARD_BYTES)
+            if whole:
+                yield run, True, self._estimate(unit, b[-1])
+            else:
+                chunk: list[tuple[int, int]] = []
+                est = 0
+                for key in run:
+                    g = key[1]
+                    e = self._estimate(unit, b[g + 1] - b[g])
+                    if chunk and est + e > self._chunk_bytes:
+                        yield chunk, False, est
+                        chunk, est = [], 0
+                    chunk.append(key)
+                    est += e
+                if chunk:
+                    yield chunk, False, est
+
+    def _plan_next(self) -> bool:
+        with self._plan_mu:
+            c = next(self._chunks, None)
+            if c is None:
+                return False
+            self._pending.append(c)
+            self._seen.add(c[0][0][0])
+            if c[1]:
+                self._whole.add(c[0][0][0])
+            return True
+
+    def reads_whole(self, unit: int) -> bool:
+        """Whether shard ``unit`` is read whole (by one GET, no footer request first)."""
+        with self._plan_mu:
+            while unit not in self._seen and self._plan_next():
+                pass
+            return unit in self._whole
+
+    def _load(self, chunk: list[tuple[int, int]], whole: bool):
+        return self._files.read_groups(chunk[0][0], [g for _, g in chunk], self._cols, whole=whole)
 
     def _fill(self) -> None:
         from concurrent.futures import Future
 
-        while len(self._inflight) < max(1, self._ahead):
-            c = next(self._chunks, None)
-            if c is None:
-                return
+        while len(self._inflight) < max(1, self._ahead) and (self._pending or self._plan_next()):
+            with self._plan_mu:
+                c, whole, est = self._pending[0]
+                if self._inflight and sum(x[2] for x in self._inflight) + est > self._budget:
+                    return
+                self._pending.pop(0)
             if self._pool is not None:
-                fut = self._pool.submit(self._load, c)
+                fut = self._pool.submit(self._load, c, whole)
             else:
                 fut = Future()
                 fut.set_result(None)  # loaded when taken
-            self._inflight.append((c, fut))
+            self._inflight.append((c, whole, est, fut))
 
     def take(self, key: tuple[int, int]):
         tab = self._ready.pop(key, None)
@@ -433,13 +623,13 @@ class _RowGroupBatcher:
             self._fill()
             if not self._inflight:  # past the planned keys: read it alone
                 return self._files.read_groups(key[0], [key[1]], self._cols)
-            chunk, fut = self._inflight.pop(0)
+            chunk, whole, _est, fut = self._inflight.pop(0)
             if key not in chunk:  # the consumer skipped ahead: follow it
                 fut.cancel()
                 continue
             tab = fut.result()
             if tab is None:
-                tab = self._load(chunk)
+                tab = self._load(chunk, whole)
             self._fill()  # the next reads start before this table is handed out
             b = self._bounds_of(key[0])
             _check_rows(self._files, key[0], [g for _, g in chunk], tab.num_rows,
@@ -453,7 +643,7 @@ class _RowGroupBatcher:
 
     def close(self) -> None:
         if self._pool is not None:
-            for _, fut in self._inflight:
+            for *_, fut in self._inflight:
                 fut.cancel()
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._inflight.clear()
@@ -479,13 +669,15 @@ class _ShardOpener:
 
         self._files, self._order, self._ahead = files, order, ahead
         self._next = 1  # index in order of the next shard to open
+        self.skip: Callable[[int], bool] = lambda unit: False  # shards never to open (read without footer)
         self._pool = ThreadPoolExecutor(ahead, thread_name_prefix="warp-open")
 
     def _open(self, unit: int) -> None:
         import contextlib
 
         with contextlib.suppress(Exception):  # the reader opens it again and reports the error itself
-            self._files.get(unit)
+            if not self.skip(unit):  # asked here: planning a shard may need another's footer
+                self._files.get(unit)
 
     def advance(self, pos: int) -> None:
         while self._next < len(self._order) and self._next <= pos + self._ahead:

@@ -4,6 +4,10 @@
 *transport* that knows three requests: get a whole object, get a byte range of it, and ask
 its size.
 
+* Ranged reads of S3 objects are one GET each through a presigned URL on the standard library's
+  ``http.client`` (:class:`_PresignedRanges`): pyarrow's S3 files send a HEAD for the size
+  before their first read of an object, and the reader knows every size from the manifest.
+  Where a proxy applies to the endpoint (or without boto3) they go through pyarrow as below.
 * S3, local and memory stores go through pyarrow filesystems, built on first use: S3 through
   pyarrow's native client built from the one :class:`~warpdata.storage.locations.StorageConfig`,
   with the AWS SDK's own retries turned off (the loop below retries instead, so every attempt
@@ -33,7 +37,7 @@ tried twice, a connect timeout once, so a wrong endpoint still fails in seconds.
 :class:`RangeFile` is one object opened for random access: thread-safe :meth:`RangeFile.read_at`
 (member reads, footers) and the file protocol pyarrow's Parquet reader wraps, plus
 :meth:`RangeFile.prefetch`, which fetches the column chunks a row-group read will need as a
-few coalesced ranges in parallel, so the decoder then reads from memory.
+few coalesced ranges in parallel (:func:`plan_ranges`), so the decoder then reads from memory.
 """
 
 from __future__ import annotations
@@ -56,10 +60,16 @@ BACKOFF_BASE = 0.1  # seconds: the first pause is uniform in [0, 0.1 s]
 BACKOFF_CAP = 5.0  # seconds: no single pause is longer (unless Retry-After asks for it)
 CONNECT_ATTEMPTS = 2  # refused / unresolvable: one retry, then the error
 CONNECT_TIMEOUT_ATTEMPTS = 1  # a connect that timed out already waited connect_timeout
-# prefetch coalescing, as pyarrow's pre-buffering does: column chunks closer than the hole are
-# fetched by one GET, up to the range limit each
-HOLE_SIZE = 8 << 10
-RANGE_LIMIT = 32 << 20
+# Planning the ranged GETs of a read (:func:`plan_ranges`; docs/design.md §9, "S3": nearby ranged
+# GETs are coalesced). A request costs about what a few MB of transfer cost (on S3 its latency; on
+# a local moto server its CPU), so needed ranges up to HOLE_SIZE apart are fetched by one GET, as
+# long as the bytes fetched beyond the needed ones stay within MAX_WASTE of them; no GET is longer
+# than SPLIT_SIZE, so a long run is fetched as several GETs in parallel. Gaps up to SMALL_HOLE
+# (pyarrow's pre-buffering hole) are merged whatever they cost: a small read is one GET.
+SMALL_HOLE = 8 << 10
+HOLE_SIZE = 1 << 20
+SPLIT_SIZE = 16 << 20
+MAX_WASTE = 0.04
 PREFETCH_THREADS = 8
 MAX_REDIRECTS = 5
 
@@ -345,19 +355,60 @@ def _pool():
         return _POOL[1]
 
 
-def coalesce(ranges: Sequence[tuple[int, int]], hole: int = HOLE_SIZE, limit: int = RANGE_LIMIT) -> list[tuple[int, int]]:
-    """(offset, length) ranges merged where the gap between them is at most ``hole`` bytes,
-    each merged range at most ``limit`` bytes (unless one range alone is longer)."""
-    out: list[list[int]] = []
-    for off, n in sorted((o, n) for o, n in ranges if n > 0):
-        if out:
-            last = out[-1]
-            end = last[0] + last[1]
-            if off - end <= hole and max(end, off + n) - last[0] <= limit:
-                last[1] = max(end, off + n) - last[0]
-                continue
-        out.append([off, n])
-    return [(o, n) for o, n in out]
+def plan_ranges(ranges: Sequence[tuple[int, int]], hole: int | None = None, split: int | None = None,
+                waste: float | None = None, small: int | None = None) -> list[tuple[int, int]]:
+    """The ranged GETs that fetch ``(offset, length)`` ranges: sorted, disjoint ``(offset, length)``.
+
+    Overlapping and touching ranges are one run. The gaps between runs are then merged, smallest
+    first, while the merged run stays at most ``split`` bytes and the gap is at most ``small``
+    bytes, or at most ``hole`` bytes with all merged gaps together at most ``waste`` times the
+    needed bytes. A run still longer than ``split`` is cut into near-equal pieces of at most
+    ``split`` bytes. So every needed byte is fetched once, and every other byte fetched lies in
+    a merged gap of at most ``hole`` bytes. Defaults: :data:`HOLE_SIZE`, :data:`SPLIT_SIZE`,
+    :data:`MAX_WASTE`, :data:`SMALL_HOLE`.
+    """
+    hole = HOLE_SIZE if hole is None else hole
+    split = SPLIT_SIZE if split is None else split
+    waste = MAX_WASTE if waste is None else waste
+    small = SMALL_HOLE if small is None else small
+    runs: list[list[int]] = []
+    for off, n in sorted((int(o), int(n)) for o, n in ranges if n > 0):
+        if runs and off <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], off + n)
+        else:
+            runs.append([off, off + n])
+    if not runs:
+        return []
+    budget = waste * sum(e - s for s, e in runs)
+    # union-find over runs: a merged group keeps its [start, end) at its root
+    parent = list(range(len(runs)))
+    span = [list(r) for r in runs]
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for gap, i in sorted((runs[i + 1][0] - runs[i][1], i) for i in range(len(runs) - 1)):
+        if gap > small and (gap > hole or gap > budget):
+            continue
+        a, b = root(i), root(i + 1)
+        if span[b][1] - span[a][0] > split:
+            continue
+        parent[b] = a
+        span[a][1] = span[b][1]
+        budget -= gap
+    out: list[tuple[int, int]] = []
+    for i in range(len(runs)):
+        if root(i) != i:
+            continue
+        s, e = span[i]
+        pieces = -(-(e - s) // split)
+        step = -(-(e - s) // pieces)
+        for k in range(s, e, step):
+            out.append((k, min(step, e - k)))
+    return out
 
 
 class RangeFile:
@@ -386,11 +437,22 @@ class RangeFile:
         return self._size
 
     def _from_held(self, off: int, n: int) -> bytes | None:
+        """``n`` bytes at ``off`` from prefetched ranges (which may be consecutive pieces of one
+        run, cut at the split size), or None when some of them were not prefetched."""
         with self._mu:
-            for start, data in self._held.values():
+            held = self._held.values()
+            for start, data in held:
                 if start <= off and off + n <= start + len(data):
                     return data[off - start:off - start + n]
-        return None
+            parts, at, end = [], off, off + n
+            while at < end:
+                nxt = next(((s, d) for s, d in held if s <= at < s + len(d)), None)
+                if nxt is None:
+                    return None
+                s, d = nxt
+                parts.append(d[at - s:min(end, s + len(d)) - s])
+                at = s + len(d)
+        return b"".join(parts)
 
     def read_at(self, nbytes: int, offset: int) -> bytes:
         n = max(0, min(nbytes, self.size() - offset))
@@ -402,8 +464,9 @@ class RangeFile:
         return self.remote.read_range(self.key, offset, n, self._size)
 
     def prefetch(self, ranges: Sequence[tuple[int, int]]) -> list[int]:
-        """Fetch ``(offset, length)`` ranges, coalesced, in parallel; tokens for :meth:`release`."""
-        merged = coalesce(ranges)
+        """Fetch ``(offset, length)`` ranges as :func:`plan_ranges` plans them, in parallel; tokens
+        for :meth:`release`."""
+        merged = plan_ranges(ranges)
         if not merged:
             return []
         if len(merged) == 1:
@@ -554,6 +617,7 @@ def _pyarrow_s3(config):
 
 
 _S3_CLIENTS: dict[tuple, tuple[float, Any]] = {}
+_PRESIGNED: dict[tuple, tuple[float, Any]] = {}  # _PresignedRanges (or None) per configuration, like _S3_CLIENTS
 
 
 def _s3_client(config):
@@ -597,6 +661,7 @@ class _ArrowTransport:
         self.root = loc.path.rstrip("/")
         self._files: dict[str, Any] = {}  # key -> open native file: S3 pays its HEAD once per key
         self._mu = threading.Lock()
+        self._pre: Any = None  # S3 ranged reads by presigned URLs (None: not decided yet; False: not used)
         if loc.protocol == "s3":
             _before_s3_finalize(self)
 
@@ -683,6 +748,10 @@ class _ArrowTransport:
             raise
 
     def read_range(self, key: str, start: int, length: int, size: int | None) -> bytes:
+        if self.protocol == "s3":
+            pre = self._presigned()
+            if pre is not None:
+                return pre.read_range(self._path(key).lstrip("/"), start, length, self.stats)
         try:
             f = self._open(key)
             self._count("GET")
@@ -691,6 +760,13 @@ class _ArrowTransport:
             if _is_not_found(e):
                 raise FileNotFoundError(key) from None
             raise
+
+    def _presigned(self) -> _PresignedRanges | None:
+        """The presigned-URL reader of this S3 store, or None where it cannot stand in for
+        pyarrow's (no boto3, or a proxy applies to the endpoint); decided once."""
+        if self._pre is None:
+            self._pre = _PresignedRanges.for_config(self.config) or False
+        return self._pre or None
 
     def size(self, key: str) -> int | None:
         try:
@@ -723,12 +799,239 @@ class _ArrowTransport:
         if type(e).__name__ in ("ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError",
                                 "IncompleteReadError"):
             return "transient"
+        import http.client
+
+        if isinstance(e, http.client.HTTPException | ConnectionError | TimeoutError):  # presigned reads
+            return "transient"
         text = str(e)
         if any(t in text for t in _THROTTLE_TEXT):
             return "throttle"
         if any(t in text for t in _TRANSIENT_TEXT):
             return "transient"
         return None
+
+
+PRESIGN_TTL = 300.0  # seconds a presigned URL is reused ...
+PRESIGN_EXPIRES = 900  # ... of the seconds it is signed for (refreshed sooner after a 403)
+MAX_IDLE_CONNECTIONS = 16  # kept-alive connections per host, shared by every thread
+
+
+class S3ResponseError(OSError):
+    """An S3 error answer to a presigned read, shaped like botocore's ClientError (``response``),
+    so the retry policy (:meth:`_ArrowTransport.classify`) and the typed errors
+    (:func:`~warpdata.storage.errors.translate_storage_error`) treat both alike."""
+
+    def __init__(self, status: int, code: str, message: str, url: str, retry_after: float | None = None) -> None:
+        super().__init__(f"HTTP status {status} {code}: {message} ({url.split('?', 1)[0]})")
+        self.status, self.retry_after = status, retry_after
+        self.response = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+
+
+class ConnectTimeoutError(OSError):
+    """Connecting to the S3 endpoint timed out (named as botocore's, which
+    :func:`~warpdata.storage.errors.connection_cause` recognises)."""
+
+
+class _S3ConnectError(OSError):
+    """A connection to the S3 endpoint failed (the socket error is its cause); ``kwargs`` names
+    the endpoint as botocore's EndpointConnectionError does."""
+
+    def __init__(self, endpoint: str, e: BaseException) -> None:
+        super().__init__(f"could not connect to {endpoint}: {e}")
+        self.kwargs = {"endpoint_url": endpoint, "error": e}
+
+
+class _PresignedRanges:
+    """Ranged GETs of S3 objects through presigned URLs, sent with the standard library's
+    ``http.client`` on keep-alive connections shared by the process's threads.
+
+    pyarrow's S3 files send a HEAD for the size before their first read of each object; the
+    reader knows every size from the manifest, so here each ranged read is one GET and nothing
+    else (on a Python S3 server such as moto, every request also costs the server as much CPU
+    as a few MB of transfer). A URL is signed by botocore (the same client, credentials and
+    addressing as the store's other requests; no request to sign it) and reused for
+    :data:`PRESIGN_TTL` seconds. Answers that are not the range asked for raise
+    :class:`S3ResponseError` (its S3 error code from the body) for the retry policy. One reader
+    serves every store of a configuration in a process (its signing client, URLs and
+    connections), shared like :func:`_s3_client`; each read counts in its caller's stats.
+    """
+
+    def __init__(self, client: Any, endpoint: str, cafile: str | None, config) -> None:
+        self.client, self.endpoint, self.cafile, self.config = client, endpoint, cafile, config
+        self._urls: dict[str, tuple[float, str]] = {}
+        self._idle: dict[tuple[str, str], list[Any]] = {}  # keep-alive connections not in use
+        self._pid = os.getpid()
+        self._mu = threading.Lock()
+        self._ssl: Any = None
+
+    @classmethod
+    def for_config(cls, config) -> _PresignedRanges | None:
+        """The reader for ``config``, or None without boto3 or where a proxy applies to the
+        endpoint (pyarrow's client honours proxies; this one does not)."""
+        import urllib.request
+        from urllib.parse import urlsplit
+
+        key = (config, tuple(os.environ.get(k) for k in _CRED_ENV), os.getpid())
+        now = time.monotonic()
+        hit = _PRESIGNED.get(key)
+        if hit is not None and now - hit[0] < _S3_FS_TTL:
+            reader = hit[1]
+        else:
+            reader = cls._make(config)
+            if len(_PRESIGNED) >= 16:
+                _PRESIGNED.clear()
+            _PRESIGNED[key] = (now, reader)
+        if reader is None:
+            return None
+        proxies = urllib.request.getproxies()
+        if any(k in proxies for k in ("http", "https", "all")) \
+                and not urllib.request.proxy_bypass(urlsplit(reader.endpoint).hostname or ""):
+            return None
+        return reader
+
+    @classmethod
+    def _make(cls, config) -> _PresignedRanges | None:
+        client = _s3_client(config)
+        if client is None:
+            return None
+        if not config.anon:  # SigV4 query signing, which every region accepts (botocore may pick SigV2)
+            import boto3
+            from botocore.config import Config
+
+            session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
+            client = session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region,
+                                    config=client.meta.config.merge(Config(signature_version="s3v4")))
+        endpoint = client.meta.endpoint_url
+        cafile = None
+        if endpoint.startswith("https:"):
+            import botocore.httpsession
+            import botocore.session
+
+            session = botocore.session.Session(profile=config.profile) if config.profile else botocore.session.Session()
+            cafile = session.get_config_variable("ca_bundle") or botocore.httpsession.get_cert_path(True)
+        return cls(client, endpoint, cafile, config)
+
+    def _url(self, path: str, fresh: bool = False) -> str:
+        now = time.monotonic()
+        hit = self._urls.get(path)
+        if hit is not None and not fresh and now - hit[0] < PRESIGN_TTL:
+            return hit[1]
+        bucket, _, name = path.partition("/")
+        url = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": name},
+                                                 ExpiresIn=PRESIGN_EXPIRES)
+        if len(self._urls) >= 4096:
+            self._urls.clear()
+        self._urls[path] = (now, url)
+        return url
+
+    def _take(self, scheme: str, netloc: str, fresh: bool):
+        """An idle keep-alive connection to ``netloc`` (any thread's: a stream's threads come and
+        go, TLS handshakes are dear), or a new one; never one made before a fork."""
+        import http.client
+
+        with self._mu:
+            if self._pid != os.getpid():
+                self._idle, self._pid = {}, os.getpid()
+            idle = self._idle.get((scheme, netloc))
+            if idle and not fresh:
+                return idle.pop()
+        if scheme == "https":
+            if self._ssl is None:
+                import ssl
+
+                self._ssl = ssl.create_default_context(cafile=self.cafile)
+            return http.client.HTTPSConnection(netloc, timeout=self.config.connect_timeout, context=self._ssl)
+        return http.client.HTTPConnection(netloc, timeout=self.config.connect_timeout)
+
+    def _give(self, scheme: str, netloc: str, c) -> None:
+        with self._mu:
+            idle = self._idle.setdefault((scheme, netloc), [])
+            if self._pid == os.getpid() and len(idle) < MAX_IDLE_CONNECTIONS:
+                idle.append(c)
+                return
+        c.close()
+
+    def _send(self, url: str, headers: dict[str, str], stats: RequestStats):
+        """(response, body) of one GET; a keep-alive connection the server closed is opened again once."""
+        import http.client
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        target = f"{u.path}?{u.query}" if u.query else u.path
+        stats.request("GET")
+        for attempt in (0, 1):
+            c = self._take(u.scheme, u.netloc, fresh=attempt == 1)
+            reused = c.sock is not None
+            try:
+                if c.sock is None:
+                    try:
+                        c.connect()
+                    except TimeoutError as e:
+                        raise ConnectTimeoutError(f"connecting to {self.endpoint} timed out") from e
+                    except OSError as e:
+                        raise _S3ConnectError(self.endpoint, e) from e
+                    c.sock.settimeout(self.config.read_timeout)
+                c.request("GET", target, headers=headers)
+                r = c.getresponse()
+                body = r.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                    http.client.CannotSendRequest, http.client.ResponseNotReady):
+                c.close()
+                if not reused or attempt == 1:
+                    raise
+                continue
+            except BaseException:
+                c.close()
+                raise
+            if r.will_close:
+                c.close()
+            else:
+                self._give(u.scheme, u.netloc, c)
+            return r, body
+        raise AssertionError("unreachable")
+
+    def read_range(self, path: str, start: int, length: int, stats: RequestStats) -> bytes:
+        """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key)."""
+        headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
+        url = self._url(path)
+        r, body = self._send(url, headers, stats)
+        if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
+            url = self._url(path, fresh=True)
+            r, body = self._send(url, headers, stats)
+        if r.status == 206:
+            cr = r.getheader("Content-Range") or ""
+            if not cr.startswith(f"bytes {start}-"):
+                raise S3ResponseError(206, "BadContentRange", f"answered Content-Range {cr!r} to a range at {start}",
+                                      url)
+            return body
+        if r.status == 200 and start == 0 and len(body) == length:
+            return body  # the whole object was asked for
+        code, message = _s3_error_of(body)
+        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+            raise FileNotFoundError(path)
+        if r.status == 416:
+            from warpdata.core.errors import DataError
+
+            raise DataError(f"s3://{path}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
+                            hint="the stored object is shorter than the manifest says; republish the dataset")
+        after = r.getheader("Retry-After")
+        try:
+            ra = float(after) if after else None
+        except ValueError:
+            ra = None
+        if r.status == 200:
+            code, message = "RangeIgnored", f"answered a range at {start} with {len(body)} bytes (the whole object)"
+        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, ra)
+
+
+def _s3_error_of(body: bytes) -> tuple[str, str]:
+    """(Code, Message) of an S3 XML error body; empty strings when it has none."""
+    import re
+
+    text = body[:4096].decode("utf-8", "replace")
+    code = re.search(r"<Code>([^<]*)</Code>", text)
+    msg = re.search(r"<Message>([^<]*)</Message>", text)
+    return (code.group(1) if code else ""), (msg.group(1) if msg else "")
 
 
 _OPEN_S3: Any = None  # the S3 transports alive (a WeakSet), closed before pyarrow finalizes S3
@@ -757,6 +1060,7 @@ def _close_s3() -> None:
         t.close()
     _S3_FS.clear()
     _S3_CLIENTS.clear()
+    _PRESIGNED.clear()
 
 
 def _is_not_found(e: Exception) -> bool:
