@@ -34,8 +34,11 @@ Contract
   or ``WARP_CACHE_VERIFY=stamp``) hashes a cached blob again whenever its file
   changed; ``"full"`` (``WARP_CACHE_VERIFY=full``) hashes each cached blob on its
   first use by every process; ``"off"`` uses cached blobs without a check.
-  Ranged remote reads are not hashed (Parquet's own page checksums apply).
-* S3 reads go through pyarrow's native S3 filesystem built from the one
+  A shard read whole from the store (one GET) is hashed like a cached blob; other
+  ranged reads are not (Parquet's own page checksums apply).
+* S3 ranged reads are single GETs to presigned URLs over pooled keep-alive
+  connections (no HEAD: the manifest gives every size), falling back to pyarrow's
+  native S3 filesystem (behind a proxy, or without boto3), both built from the one
   :class:`~warpdata.storage.locations.StorageConfig` (timeouts, AWS SDK retries with
   jittered backoff); DuckDB gets the same settings through s3fs.
 """
