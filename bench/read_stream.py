@@ -304,18 +304,32 @@ def run(server, a, s3_env) -> None:
             """Warm-cache epochs, warp and pyarrow in turns (who goes first alternates): per run the
             rate ratio and each one's CPU time (all threads), which the load of other processes on a
             shared machine disturbs far less than wall time."""
-            pyarrow_local(), warp_warm()
+            pyarrow_local(), warp_warm(), warp_held()
             pairs = []
             for r in range(n):
                 one = []
-                for fn in ((warp_warm, pyarrow_local) if r % 2 else (pyarrow_local, warp_warm)):
+                for fn in ((warp_warm, warp_held, pyarrow_local) if r % 2 else (pyarrow_local, warp_held, warp_warm)):
                     c0 = time.process_time()
                     secs, rate = fn()
                     one.append((fn, secs, rate, time.process_time() - c0))
                 by = {fn: (rate, cpu) for fn, _s, rate, cpu in one}
+                held.append(by[warp_held][0] / by[pyarrow_local][0])
+                t0 = time.perf_counter()
+                warpdata.dataset("bench/stream").table("main")
+                opens.append(time.perf_counter() - t0)
                 pairs.append((by[warp_warm], by[pyarrow_local]))
             return pairs
 
+        held_table = warpdata.dataset("bench/stream").table("main")
+
+        def warp_held():
+            """An epoch of a dataset opened before (a training loop's second epoch): no `latest` GET."""
+            t0 = time.perf_counter()
+            n = sum(b.num_rows for b in held_table.batches(B, prefetch="off"))
+            return time.perf_counter() - t0, n / (time.perf_counter() - t0)
+
+        held: list[float] = []
+        opens: list[float] = []
         warm_pairs = warm_epochs(max(a.runs, 7))
         ww_rate = statistics.median(w[0] for w, _ in warm_pairs)
         loc_rate = statistics.median(p[0] for _, p in warm_pairs)
@@ -326,11 +340,17 @@ def run(server, a, s3_env) -> None:
                      f"{loc_rate / 1e6:.2f} M rows/s (pyarrow, local Parquet)", ww_rate / loc_rate))
         warm_text = (f"warm-cache epoch, per run (warp / pyarrow rate): {', '.join(f'{x:.2f}' for x in warm_ratios)} "
                      f"(median {statistics.median(warm_ratios):.2f}x); CPU per epoch, all threads: warp "
-                     f"{ww_cpu * 1e3:.0f} ms, pyarrow {loc_cpu * 1e3:.0f} ms ({loc_cpu / ww_cpu:.2f}x the rate per CPU-s)")
+                     f"{ww_cpu * 1e3:.0f} ms, pyarrow {loc_cpu * 1e3:.0f} ms ({loc_cpu / ww_cpu:.2f}x the rate per CPU-s)" +
+                     f"\nwarm-cache epoch of a dataset opened before (no `latest` GET), per-run median "
+                     f"{statistics.median(held):.2f}x pyarrow; opening (one GET of `latest` to moto, manifest "
+                     f"from the cache) {statistics.median(opens) * 1e3:.1f} ms")
         figures += [
             figure("warm-cache epoch vs pyarrow on local Parquet", ww_rate / loc_rate, "x", target=0.9,
                    note=f"per-run median {statistics.median(warm_ratios):.2f}x"),
-            figure("warm-cache epoch rows per CPU-s vs pyarrow on local Parquet", loc_cpu / ww_cpu, "x")]
+            figure("warm-cache epoch rows per CPU-s vs pyarrow on local Parquet", loc_cpu / ww_cpu, "x"),
+            figure("warm-cache epoch, dataset opened before, vs pyarrow on local Parquet", statistics.median(held), "x",
+                   target=0.9, note="per-run median; no `latest` round trip in the epoch"),
+            figure("dataset open on a warm cache (one GET of latest)", statistics.median(opens) * 1e3, "ms")]
 
     filter_text = ""
     if "filter" in a.only:

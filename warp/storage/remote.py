@@ -704,9 +704,13 @@ class _ArrowTransport:
         return f
 
     def get(self, key: str) -> bytes | None:
-        """A whole small object: on S3 one GET through botocore (pyarrow would HEAD first), a
-        plain read from a local store, else through the pyarrow filesystem."""
+        """A whole small object: on S3 one GET (a presigned URL on a kept-alive connection, else
+        botocore; pyarrow would HEAD first), a plain read from a local store, else through the
+        pyarrow filesystem."""
         if self.protocol == "s3":
+            pre = self._presigned()
+            if pre is not None:
+                return pre.get_object(self._path(key).lstrip("/"), self.stats)
             client = _s3_client(self.config)
             if client is not None:
                 return self._s3_get(client, key)
@@ -989,6 +993,26 @@ class _PresignedRanges:
                 self._give(u.scheme, u.netloc, c)
             return r, body
         raise AssertionError("unreachable")
+
+    def get_object(self, path: str, stats: RequestStats) -> bytes | None:
+        """The whole (small) object ``bucket/key`` by one GET; None when there is no such key."""
+        headers = {"Accept-Encoding": "identity"}
+        url = self._url(path)
+        r, body = self._send(url, headers, stats)
+        if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
+            url = self._url(path, fresh=True)
+            r, body = self._send(url, headers, stats)
+        if r.status == 200:
+            return body
+        code, message = _s3_error_of(body)
+        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+            return None
+        after = r.getheader("Retry-After")
+        try:
+            ra = float(after) if after else None
+        except ValueError:
+            ra = None
+        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, ra)
 
     def read_range(self, path: str, start: int, length: int, stats: RequestStats) -> bytes:
         """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key)."""
