@@ -108,6 +108,20 @@ def test_s3_ranged_reads_are_one_get_each_without_head(s3):
 
 
 @pytest.mark.s3
+def test_s3_small_objects_are_one_get_each(s3):
+    """``latest`` and manifests: one presigned GET, no HEAD; a missing key is None, not an error."""
+    s3.client.put_object(Bucket=s3.bucket, Key="warp/refs/ws/ds/latest.json", Body=b'{"v": 1}')
+    r = Remote(s3.url("warp"))
+    s3.reset_counts()
+    assert r.get("refs/ws/ds/latest.json") == b'{"v": 1}'
+    assert r.get("refs/ws/ds/missing.json") is None
+    reqs = s3.requests(key_prefix="warp/refs/")
+    assert [q["method"] for q in reqs] == ["GET", "GET"]
+    assert all("X-Amz-Algorithm=AWS4-HMAC-SHA256" in q["query"] for q in reqs)
+    assert r.stats.to_dict()["by_kind"] == {"GET": 2}
+
+
+@pytest.mark.s3
 def test_s3_presigned_reads_fail_typed(s3):
     s3.client.put_object(Bucket=s3.bucket, Key="warp/blobs/obj", Body=b"x" * 1000)
     r = Remote(s3.url("warp"))
