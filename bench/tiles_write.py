@@ -259,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, best, med, per_cpu, r in rows:
         print(f"{name:24} {best:9.3f} {med:11.3f} {per_cpu:8.3f} {r:6.3f} {warp[1] / best:14.2f} "
               f"{warp[3] / per_cpu:13.2f} {100 * best / ceiling:8.1f}% {100 * per_cpu / one_cpu:11.1f}%")
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _figures import emit, figure
+
+    note = f"{a.nbytes / 2**30:.2f} GiB u16, median of {a_.runs}, load {load0[0]:.2f} -> {load1[0]:.2f}"
+    emit("tiles_write", [figure(f"tiles write vs {name.split()[0]} (median GB/s)", warp[2] / med, "x", note=note)
+                         for name, _best, med, _c, _r in rows[1:3]]
+         + [figure(f"tiles write, warp ({a_.backend}), % of the {n}-core zstd ceiling", 100 * warp[1] / ceiling, "%",
+                   note=note)], load_start=load0[0])
     return 0
 
 

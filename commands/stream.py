@@ -78,10 +78,10 @@ def _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size) -> 
         raise UsageError(f"--columns {columns!r} names no column", hint="e.g. --columns id,label; leave it out for all")
     if cols:
         t = t.select(cols)
+    rank, world = parse_shard("--shard", shard)  # no --shard: the whole table, even under torchrun
     if filter_:
-        batches = t.filter(filter_).batches(batch_size, shard=shard, limit=limit)
+        batches = t.filter(filter_).batches(batch_size, limit=limit, rank=rank, world_size=world)
     else:
-        rank, world = parse_shard("--shard", shard)  # no --shard: the whole table, even under torchrun
         stream = t.batches(batch_size, limit=limit, rank=rank, world_size=world, pad=pad)
         p = stream.plan
         repeats = max(0, min(p.rows_per_rank, (p.rank + 1) * p.rows_per_rank - p.total_rows)) if pad else 0

@@ -101,9 +101,15 @@ def test_filter_errors_and_sharding(s3, stores):
     with pytest.raises(UsageError, match="filter"):
         t.filter("id >").to_arrow()
     # ranks still split whole shards round-robin, pruning inside each rank's part
-    per_rank = [list(t.filter("id >= 300").batches(shard=(r, 2))) for r in range(2)]
+    per_rank = [list(t.filter("id >= 300").batches(rank=r, world_size=2)) for r in range(2)]
     ids = sorted(i for batches in per_rank for b in batches for i in b.column("id").to_pylist())
     assert ids == list(range(300, 1600))
+    assert all(per_rank)  # both ranks got rows
+    with pytest.warns(DeprecationWarning, match="rank= and world_size="):  # the old name, for one release
+        old = list(t.filter("id >= 300").batches(shard=(1, 2)))
+    assert [b.column("id").to_pylist() for b in old] == [b.column("id").to_pylist() for b in per_rank[1]]
+    with pytest.raises(UsageError, match="together"):
+        list(t.filter("id >= 300").batches(rank=1))
 
 
 def test_local_mode_needs_only_the_shards_that_may_match(s3, stores, tmp_path):

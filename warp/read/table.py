@@ -488,12 +488,22 @@ class Query:
                              hint=f"write a DuckDB SQL boolean expression over the columns "
                                   f"{', '.join(self.table.schema_names())}") from None
 
-    def batches(self, batch_size: int = DEFAULT_BATCH, shard: Any = None, limit: int | None = None) -> Iterator[pa.RecordBatch]:
-        """Matching rows as RecordBatches; with ``shard`` each rank scans whole shard files round-robin
-        (a filter's per-rank row counts are data dependent, so batch counts may differ)."""
+    def batches(self, batch_size: int = DEFAULT_BATCH, shard: Any = UNSET, limit: int | None = None, *,
+                rank: int | None = None, world_size: int | None = None) -> Iterator[pa.RecordBatch]:
+        """Matching rows as RecordBatches; with ``rank`` / ``world_size`` (docs/partitioning.md) each
+        rank scans whole shard files round-robin (a filter's per-rank row counts are data dependent,
+        so batch counts may differ). Without them, every matching row. ``shard=`` (``(rank, world)``,
+        ``"r/w"``, ``"auto"``) is the deprecated name of these keywords."""
         import duckdb
 
-        con, rel = self._run(self.sql(limit), shard, self.columns)
+        where = "Query.batches"
+        if shard is not UNSET:
+            rank, world_size = renamed(where, "shard", shard, "rank= and world_size=", (rank, world_size),
+                                       (None, None), lambda v: parse_shard(where, v))
+        if (rank is None) != (world_size is None):
+            raise UsageError(f"{where}: give rank= and world_size= together",
+                             hint="rank=0, world_size=1 reads every matching row")
+        con, rel = self._run(self.sql(limit), None if rank is None else (rank, world_size), self.columns)
         if rel is None:
             return
         try:
