@@ -1,26 +1,27 @@
 """Large-blob publish: parallel multipart uploads against one stream, same moto server, same run.
 
-The issue's figure: a 1 GiB artifact published to S3 with multipart uploads
-reaches >= 1.5x the throughput of a single-stream upload. The artifact is
-``--blobs`` files of ``--blob-mb`` MB of random bytes (incompressible, like
-JPEG shards of a warehouse), published with ``--shard-size`` equal to the
-file size, so each file is one blob of 64 MB or more: the size at which
-``warp publish`` switches to multipart.
+The issue's figure: a 1 GiB warehouse published to S3 with multipart uploads
+reaches >= 1.5x the throughput of a single-stream upload. The warehouse is
+built by ``warp etl`` from the sample detection corpus (2,000 photos at
+416x416 u8, 256 samples per shard: 8 shards of ~130 MB, ~1.04 GB), then
+published with ``warp publish --from``: every shard is one blob of 64 MB or
+more, the size at which ``warp publish`` switches to multipart.
 
 Systems, alternating round by round, each against a fresh moto server
 (moto keeps objects in memory):
 
-* ``warp``          — ``warp publish`` (subprocess) with the defaults:
+* ``warp``          — ``warp publish --from`` (subprocess) with the defaults:
                       ``WARP_UPLOAD_CONCURRENCY=8`` parts of 16 MB per blob, 8 workers;
-* ``warp-1stream``  — ``warp publish --workers 1`` with ``WARP_UPLOAD_CONCURRENCY=1``:
+* ``warp-1stream``  — the same with ``--workers 1`` and ``WARP_UPLOAD_CONCURRENCY=1``:
                       warp's own path, one part in flight;
-* ``put_object``    — boto3 ``put_object`` of each file in turn: one stream,
-                      no multipart (what an upload without parts does).
+* ``put_object``    — boto3 ``put_object`` of each file of the warehouse in turn: one
+                      stream, no multipart (what an upload without parts does).
 
 The limit here is the server: moto is a Python process on the same cores,
-so its CPU seconds per GB are printed next to each system's wall time.
+so its CPU seconds per GB are printed next to each system's wall time, with
+the ingest rate its cheapest path allows.
 
-    python bench/publish_multipart.py [--blobs 4] [--blob-mb 256] [--runs 3]
+    python bench/publish_multipart.py [--n 2000] [--size 416] [--runs 3]
 """
 
 from __future__ import annotations
@@ -45,20 +46,47 @@ def _proc_cpu(pid: int) -> float:
     return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def make_data(root: Path, blobs: int, blob_mb: int) -> int:
-    root.mkdir(parents=True, exist_ok=True)
-    total = 0
-    for i in range(blobs):
-        p = root / f"part-{i:02d}.bin"
-        if not p.exists() or p.stat().st_size != blob_mb << 20:
-            with open(p, "wb") as f:
-                for _ in range(blob_mb):
-                    f.write(os.urandom(1 << 20))
-        total += p.stat().st_size
-    return total
+def make_data(n: int, size: int) -> Path:
+    """A warehouse version directory of ``n`` photos at ``size``², 256 samples per shard."""
+    import json
+
+    sys.path.insert(0, str(HERE))
+    from etl_scale import corpus
+
+    d = corpus(n)
+    out = HERE / "out" / f"publish-multipart-wh-{n}-{size}"
+    versions = sorted(out.glob("v*/manifest.json")) if out.is_dir() else []
+    if versions:
+        return versions[-1].parent
+    cfg = d / f"multipart-{size}.toml"
+    cfg.write_text(f"""
+[source]
+format = "coco"
+path = "."
+
+[transform]
+target_size = {size}
+max_boxes = 32
+
+[validation]
+max_invalid_fraction = {{ warn = 0.0, fail = 0.5 }}
+max_missing_fraction = {{ warn = 0.0, fail = 0.5 }}
+
+[output]
+root = "{out}"
+shard_samples = 256
+
+[build]
+durable = false
+""")
+    r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", "-q"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"warp etl failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return Path(json.loads(r.stdout)["path"])
 
 
-def run_one(name: str, data: Path, blob_mb: int) -> dict:
+def run_one(name: str, data: Path) -> dict:
     import boto3
     from support.s3fixtures import s3_env, start_moto_server
 
@@ -73,12 +101,12 @@ def run_one(name: str, data: Path, blob_mb: int) -> dict:
         s0 = _proc_cpu(server.proc.pid)
         t = time.perf_counter()
         if name == "put_object":
-            for p in sorted(data.iterdir()):
+            for p in sorted(x for x in data.iterdir() if x.is_file()):
                 with open(p, "rb") as f:
                     client.put_object(Bucket="bench", Key=f"single/{p.name}", Body=f)
         else:
-            args = [sys.executable, "-m", "warpdata", "publish", "ws/big", "--artifact", f"raw={data}",
-                    "--shard-size", f"{blob_mb}MB", "--store", "s3://bench/reg", "--json"]
+            args = [sys.executable, "-m", "warpdata", "publish", "ws/big", "--from", str(data),
+                    "--store", "s3://bench/reg", "--json"]
             if name == "warp-1stream":
                 args += ["--workers", "1"]
                 env["WARP_UPLOAD_CONCURRENCY"] = "1"
@@ -98,17 +126,17 @@ def run_one(name: str, data: Path, blob_mb: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blobs", type=int, default=4)
-    ap.add_argument("--blob-mb", type=int, default=256)
+    ap.add_argument("--n", type=int, default=2000, help="photos in the warehouse")
+    ap.add_argument("--size", type=int, default=416, help="sample side in pixels (416: ~1.04 GB for 2,000)")
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
-    if a.blob_mb < 64:
-        raise SystemExit("--blob-mb must be at least 64: smaller blobs are not sent in parts")
 
-    data = HERE / "out" / f"publish-multipart-{a.blobs}x{a.blob_mb}"
-    total = make_data(data, a.blobs, a.blob_mb)
+    data = make_data(a.n, a.size)
+    files = [p for p in data.iterdir() if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    big = sum(p.stat().st_size >= 64 << 20 for p in files)
     # warm the page cache so every system reads the files from memory
-    for p in data.iterdir():
+    for p in files:
         with open(p, "rb") as f:
             while f.read(16 << 20):
                 pass
@@ -117,12 +145,13 @@ def main() -> int:
     loads = []
     for i in range(a.runs):
         for n in (names if i % 2 == 0 else names[::-1]):
-            res[n].append(run_one(n, data, a.blob_mb))
+            res[n].append(run_one(n, data))
             loads.append(os.getloadavg()[0])
     med = {n: {f: statistics.median(r[f] for r in v) for f in v[0]} for n, v in res.items()}
     gb = total / 1e9
     load = statistics.median(loads)
-    print(f"{a.blobs} blobs x {a.blob_mb} MB = {total / 2**30:.2f} GiB, {a.runs} rounds, {os.cpu_count()} CPUs, "
+    print(f"warehouse {data.name}: {len(files)} files ({big} of 64 MB or more) = {total / 2**30:.2f} GiB, "
+          f"{a.runs} rounds, {os.cpu_count()} CPUs, "
           f"load average (1 min, median) {load:.2f}")
     print(f"{'system':14} {'wall s':>8} {'MB/s':>8} {'moto CPU s/GB':>14} {'PUTs':>6} {'part PUTs':>10}")
     for n, m in med.items():
@@ -141,7 +170,8 @@ def main() -> int:
 
     from _figures import emit, figure
 
-    note = f"{total / 2**30:.2f} GiB in {a.blobs} blobs, median of {a.runs}, load {load:.2f}, moto on the same cores"
+    note = (f"{total / 2**30:.2f} GiB warehouse, {big} shards of 64 MB or more, median of {a.runs}, load {load:.2f}, "
+            "moto on the same cores")
     emit("publish_multipart", [
         figure("publish 1 GiB, multipart / single-stream put_object (MB/s)", round(over_single, 3), "x", target=1.5,
                note=note),
