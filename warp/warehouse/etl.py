@@ -374,6 +374,15 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
     written = {r.index for r in results if r.samples}
     cols: dict[str, list] = {c: [] for c in ("key", "shard_id", "shard_index", "n_boxes", "class_ids",
                                              "frame_id", "run_id", "source_path")}
+    # the driver's per-sample work bounds a cluster's rate (docs/design.md §11): plain string and
+    # list operations here, no Path object per sample
+    prefix = os.path.join(str(dataset_root), "")
+
+    def source_path(image: str) -> str:
+        if image.startswith(prefix) and os.path.normpath(image) == image:
+            return image[len(prefix):].replace(os.sep, "/")
+        return wlabels.rel_path(dataset_root, Path(image))
+
     for t in tasks:
         if t.index not in written:
             continue
@@ -385,10 +394,10 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
             cols["shard_id"].append(t.shard_id)
             cols["shard_index"].append(i)
             cols["n_boxes"].append(len(s.boxes))
-            cols["class_ids"].append([int(c) for c in s.classes])
+            cols["class_ids"].append(s.classes.tolist() if hasattr(s.classes, "tolist") else [int(c) for c in s.classes])
             cols["frame_id"].append(int(s.frame_id))
             cols["run_id"].append(s.run_id)
-            cols["source_path"].append(wlabels.rel_path(dataset_root, Path(s.image)))
+            cols["source_path"].append(source_path(s.image))
             i += 1
     n = len(cols["key"])
     table = pa.table({
