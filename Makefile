@@ -91,7 +91,8 @@ bench: install
 	$(PY) bench/read_stream.py
 	$(PY) bench/tiles_write.py
 	$(PY) bench/tbl_bench.py
-	$(PIP) install -q -c constraints.txt --no-deps litdata mosaicml-streaming webdataset lightning-utilities braceexpand Brotli python-snappy zstd tqdm catalogue cramjam && $(PY) bench/warehouse_etl.py && $(PY) bench/warehouse_reader.py  # peers --no-deps: they pull CUDA torch/torchvision (DESIGN.md §8)
+	$(PY) bench/etl_kit.py && $(PY) bench/etl_scale.py && $(PY) bench/publish_multipart.py
+	$(PIP) install -q -c constraints.txt --no-deps litdata mosaicml-streaming webdataset lightning-utilities braceexpand Brotli python-snappy zstd tqdm catalogue cramjam && $(PY) bench/warehouse_etl.py && $(PY) bench/warehouse_reader.py  # peers --no-deps: they pull CUDA torch/torchvision (docs/design.md §8)
 	$(PY) bench/summary.py
 
 # the summary table of whatever bench/out/*.figures.json the last runs left

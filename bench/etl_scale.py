@@ -258,7 +258,27 @@ def main() -> int:
     report = {"n": a.n, "runs": a.runs, "cpus": os.cpu_count(), "loadavg_1m_median": round(statistics.median(loads), 2),
               "median": {k: {f: round(v, 3) for f, v in m.items()} for k, m in med.items()},
               "ratios": ratios, "model": model, "get_cost": get_report}
-    from _figures import emit, figure
+    from _figures import emit, figure, pyplot
+
+    plots = []
+    plt = pyplot()
+    if plt is not None:  # the scaling curve: measured points and the model's prediction for 1 M images
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ws = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+        ax.plot(ws, [predict(w) for w in ws], "o-", label="model, 1 M images (docs/design.md §11)")
+        ax.plot([1, 2], [med["dask-1"]["rate"], med["dask-2"]["rate"]], "s", label=f"measured, dask ({a.n} photos)")
+        ax.plot([1, 2], [med["local-1"]["rate"], med["local-2"]["rate"]], "^", label=f"measured, local ({a.n} photos)")
+        if d:
+            ax.axhline(1 / d, ls="--", c="grey", label="driver limit")
+        ax.axhline(5500, ls=":", c="grey", label="S3 GET limit, one prefix (S3 sources)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers")
+        ax.set_ylabel("img/s")
+        ax.set_title(f"warehouse ETL scaling ({os.cpu_count()} CPUs, load {report['loadavg_1m_median']})")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(OUT / "etl_scale.png", dpi=110)
+        plots.append("etl_scale.png")
 
     load = f"load {report['loadavg_1m_median']}, median of {a.runs}"
     emit("etl_scale", [
@@ -275,7 +295,9 @@ def main() -> int:
         figure("warehouse ETL, dask-2 / dask-1 (img/s)", ratios["dask2_over_dask1"], "x", note=load),
         figure("model: 64 Dask workers (img/s)", model["predicted_rate_64"], "img/s",
                note=f"T(n) = {model['serial_s']} s + {model['parallel_s']} s / n"),
-    ])
+        figure("model: 1 M images on 64 workers (img/s)", model["rate_1M_images"][64], "img/s",
+               note="docs/design.md §11: S0 + N*d + N*c/W"),
+    ], plots=plots)
     if a.json:
         print(json.dumps(report, indent=2))
     else:
