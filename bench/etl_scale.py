@@ -54,7 +54,8 @@ def corpus(n: int) -> Path:
     return d
 
 
-def config(d: Path, out: str, source: str = ".", name: str = "scale.toml") -> Path:
+def config(d: Path, out: str, source: str = ".", name: str = "scale.toml", size: int = 320,
+           shard_samples: int = 64) -> Path:
     p = d / name
     p.write_text(f"""
 [source]
@@ -62,7 +63,7 @@ format = "coco"
 path = "{source}"
 
 [transform]
-target_size = 320
+target_size = {size}
 max_boxes = 32
 
 [validation]
@@ -71,7 +72,7 @@ max_missing_fraction = {{ warn = 0.0, fail = 0.5 }}
 
 [output]
 root = "{out}"
-shard_samples = 64
+shard_samples = {shard_samples}
 
 [build]
 durable = false

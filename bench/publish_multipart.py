@@ -51,34 +51,14 @@ def make_data(n: int, size: int) -> Path:
     import json
 
     sys.path.insert(0, str(HERE))
-    from etl_scale import corpus
+    from etl_scale import config, corpus
 
     d = corpus(n)
     out = HERE / "out" / f"publish-multipart-wh-{n}-{size}"
     versions = sorted(out.glob("v*/manifest.json")) if out.is_dir() else []
     if versions:
         return versions[-1].parent
-    cfg = d / f"multipart-{size}.toml"
-    cfg.write_text(f"""
-[source]
-format = "coco"
-path = "."
-
-[transform]
-target_size = {size}
-max_boxes = 32
-
-[validation]
-max_invalid_fraction = {{ warn = 0.0, fail = 0.5 }}
-max_missing_fraction = {{ warn = 0.0, fail = 0.5 }}
-
-[output]
-root = "{out}"
-shard_samples = 256
-
-[build]
-durable = false
-""")
+    cfg = config(d, str(out), name=f"multipart-{size}.toml", size=size, shard_samples=256)
     r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", "-q"],
                        capture_output=True, text=True)
     if r.returncode != 0:
