@@ -845,6 +845,41 @@ class _S3ConnectError(OSError):
         self.kwargs = {"endpoint_url": endpoint, "error": e}
 
 
+def _exchange(take: Callable[[bool], Any], method: str, target: str, headers: dict[str, str], read_timeout: float,
+              connect_error: Callable[[OSError], OSError]):
+    """(connection, response, body) of one request over ``http.client`` on a kept-alive connection
+    from ``take(fresh)``; a connection the server closed while it was idle is opened again once.
+    ``connect_error`` names a failed connect (it may return the error itself). Body b"" for HEAD."""
+    import http.client
+
+    for attempt in (0, 1):
+        c = take(attempt == 1)
+        reused = c.sock is not None
+        try:
+            if c.sock is None:
+                try:
+                    c.connect()
+                except OSError as e:
+                    err = connect_error(e)
+                    if err is e:
+                        raise
+                    raise err from e
+                c.sock.settimeout(read_timeout)
+            c.request(method, target, headers=headers)
+            r = c.getresponse()
+            body = r.read()  # a HEAD answer has none: this returns b"" and frees the connection
+            return c, r, body
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
+                http.client.CannotSendRequest, http.client.ResponseNotReady):
+            c.close()
+            if not reused or attempt == 1:
+                raise
+        except BaseException:
+            c.close()
+            raise
+    raise AssertionError("unreachable")
+
+
 class _PresignedRanges:
     """Ranged GETs of S3 objects through presigned URLs, sent with the standard library's
     ``http.client`` on keep-alive connections shared by the process's threads.
@@ -957,42 +992,24 @@ class _PresignedRanges:
 
     def _send(self, url: str, headers: dict[str, str], stats: RequestStats):
         """(response, body) of one GET; a keep-alive connection the server closed is opened again once."""
-        import http.client
         from urllib.parse import urlsplit
 
         u = urlsplit(url)
         target = f"{u.path}?{u.query}" if u.query else u.path
         stats.request("GET")
-        for attempt in (0, 1):
-            c = self._take(u.scheme, u.netloc, fresh=attempt == 1)
-            reused = c.sock is not None
-            try:
-                if c.sock is None:
-                    try:
-                        c.connect()
-                    except TimeoutError as e:
-                        raise ConnectTimeoutError(f"connecting to {self.endpoint} timed out") from e
-                    except OSError as e:
-                        raise _S3ConnectError(self.endpoint, e) from e
-                    c.sock.settimeout(self.config.read_timeout)
-                c.request("GET", target, headers=headers)
-                r = c.getresponse()
-                body = r.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-                    http.client.CannotSendRequest, http.client.ResponseNotReady):
-                c.close()
-                if not reused or attempt == 1:
-                    raise
-                continue
-            except BaseException:
-                c.close()
-                raise
-            if r.will_close:
-                c.close()
-            else:
-                self._give(u.scheme, u.netloc, c)
-            return r, body
-        raise AssertionError("unreachable")
+
+        def connect_error(e: OSError) -> OSError:
+            if isinstance(e, TimeoutError):
+                return ConnectTimeoutError(f"connecting to {self.endpoint} timed out")
+            return _S3ConnectError(self.endpoint, e)
+
+        c, r, body = _exchange(lambda fresh: self._take(u.scheme, u.netloc, fresh), "GET", target, headers,
+                               self.config.read_timeout, connect_error)
+        if r.will_close:
+            c.close()
+        else:
+            self._give(u.scheme, u.netloc, c)
+        return r, body
 
     def get_object(self, path: str, stats: RequestStats) -> bytes | None:
         """The whole (small) object ``bucket/key`` by one GET; None when there is no such key."""
@@ -1133,7 +1150,6 @@ class _HttpTransport:
 
     def _request(self, method: str, key: str, headers: dict[str, str]):
         """(status, headers, body) after following redirects; body b"" for HEAD."""
-        import http.client
         from urllib.parse import urljoin, urlsplit
 
         from warpdata import __version__
@@ -1144,30 +1160,12 @@ class _HttpTransport:
             u = urlsplit(url)
             target = u.path + (f"?{u.query}" if u.query else "")
             self.stats.request(method)
-            for attempt in (0, 1):
-                c = self._conn(u.scheme, u.netloc, fresh=attempt == 1)
-                reused = c.sock is not None
-                try:
-                    if c.sock is None:
-                        try:
-                            c.connect()
-                        except TimeoutError as e:
-                            raise _ConnectTimeout(f"connecting to {u.netloc} timed out") from e
-                        c.sock.settimeout(self.config.read_timeout)
-                    c.request(method, target, headers=hdrs)
-                    r = c.getresponse()
-                    body = r.read() if method != "HEAD" else b""
-                    if method == "HEAD":
-                        r.read()
-                    break
-                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
-                        http.client.CannotSendRequest, http.client.ResponseNotReady):
-                    c.close()
-                    if not reused or attempt == 1:  # a keep-alive connection the server closed: once more
-                        raise
-                except BaseException:
-                    c.close()
-                    raise
+
+            def connect_error(e: OSError, netloc: str = u.netloc) -> OSError:
+                return _ConnectTimeout(f"connecting to {netloc} timed out") if isinstance(e, TimeoutError) else e
+
+            c, r, body = _exchange(lambda fresh, u=u: self._conn(u.scheme, u.netloc, fresh), method, target, hdrs,
+                                   self.config.read_timeout, connect_error)
             if r.will_close:
                 c.close()
             if r.status in (301, 302, 303, 307, 308) and r.getheader("Location"):
