@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.clusters import dask_cluster
+from support.featurecache import write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("features_golden", ROOT / "tests/golden/features/make_golden.py")
@@ -165,41 +166,6 @@ def test_resources_no_worker_offers_fail_fast(sources, tmp_path, cluster):
 
 
 # -- the CLI: [build] executor, its own LocalCluster, receipts --------------------------------------
-
-def write_config(sources: Path, out: Path, build: str = "", name: str = "fc.toml") -> Path:
-    p = sources / name
-    p.write_text(f"""
-[[directory]]
-path = "a/media"
-
-[[directory]]
-path = "b/media"
-num_repeats = 3
-caption_prefix = "photo: "
-
-[source]
-format = "captions"
-
-[transform]
-resolution = 32
-
-[encoder]
-name = ""
-
-[cache]
-shard_size = 5
-
-[validation]
-max_invalid_fraction = {{ warn = 0.9, fail = 0.9 }}
-max_missing_fraction = {{ warn = 0.9, fail = 0.9 }}
-
-[output]
-path = "{out}"
-
-[build]
-{build}
-""")
-    return p
 
 
 def test_config_executor_dask_starts_its_own_local_cluster(cli, sources, reference, tmp_path):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.featurecache import write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("features_golden", ROOT / "tests/golden/features/make_golden.py")
@@ -137,36 +138,7 @@ def test_shard_uploads_are_create_only(sources, reference, s3, cache_dir):
 
 
 def etl_config(sources: Path, out: str, build: str = "workers = 1", name: str = "fc-s3.toml") -> Path:
-    p = sources / name
-    p.write_text(f"""
-[[directory]]
-path = "a/media"
-
-[[directory]]
-path = "b/media"
-num_repeats = 3
-caption_prefix = "photo: "
-
-[source]
-format = "captions"
-
-[transform]
-resolution = 32
-
-[cache]
-shard_size = 5
-
-[validation]
-max_invalid_fraction = {{ warn = 0.9, fail = 0.9 }}
-max_missing_fraction = {{ warn = 0.9, fail = 0.9 }}
-
-[output]
-path = "{out}"
-
-[build]
-{build}
-""")
-    return p
+    return write_config(sources, out, build, name)
 
 
 def test_cli_json_names_the_version_and_counts_shards(cli, sources, reference, s3, cache_dir):
