@@ -172,3 +172,68 @@ def test_a_shorter_store_copy_fails_typed(s3, stream):
     with pytest.raises(DataError) as e:
         list(t.batches(700))
     assert s.hash in e.value.message and "shorter" in (e.value.hint or "")
+
+
+@pytest.fixture
+def format1(s3, tmp_path, monkeypatch):
+    """7 shards of 100 rows in row groups of 25, published without shard statistics (format 1):
+    every shard's row counts come from its footer, fetched by the reader."""
+    monkeypatch.setenv("WARP_STORE", s3.url("warp"))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    parts = [make_rows(100, k * 100) for k in range(7)]
+    publish(s3.url("warp"), "ws/fmt1", {"main": parts}, tmp_path, row_group_size=25, stats=False)
+    dataset_module._MANIFESTS.clear()
+    return pa.concat_tables(parts)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ranks_get_their_own_rows_while_footers_arrive_late(s3, format1, monkeypatch, world):
+    """The planner's threads learn a shard's row groups while the reader is on it: a rank whose
+    part starts mid-shard must still get exactly its rows (a half-built bound list once gave
+    rank 1 of 2 rows 325-699 instead of 350-699), with footers slow as S3's."""
+    import time
+
+    slow = batches_module._ShardFiles.row_groups
+
+    def row_groups(self, unit):
+        time.sleep(0.05)
+        return slow(self, unit)
+
+    monkeypatch.setattr(batches_module._ShardFiles, "row_groups", row_groups)
+    t = warpdata.dataset("ws/fmt1", mode="remote").table("main")
+    got = []
+    for r in range(world):
+        ids = [i for b in t.batches(64, rank=r, world_size=world) for i in b.column("id").to_pylist()]
+        got.append(ids)
+    assert sorted(i for ids in got for i in ids) == format1.column("id").to_pylist()  # each row once
+    for ids in got:
+        assert ids == list(range(ids[0], ids[0] + len(ids)))  # each rank a contiguous run, in order
+
+
+def _planned_whole(ds) -> list[bool]:
+    """Which shards the stream's planner would read whole (so the prefetcher skips them)."""
+    t = ds.table("main")
+    files = batches_module._ShardFiles(ds, t.shards)
+    bounds = {}
+
+    def bounds_of(u):
+        b = [0]
+        for n in files.row_groups(u):
+            b.append(b[-1] + n)
+        return bounds.setdefault(u, b)
+
+    keys = ((u, g) for u in range(len(t.shards)) for g in range(len(bounds_of(u)) - 1))
+    planner = batches_module._RowGroupBatcher(files, keys, None, bounds_of, all_columns=True)
+    try:
+        return [planner.reads_whole(u) for u in range(len(t.shards))]
+    finally:
+        planner.close()
+
+
+@pytest.mark.parametrize("mode", ["auto", "hybrid"])
+def test_only_shards_read_whole_are_left_to_the_whole_shard_get(s3, format1, stream, mode):
+    """The prefetcher skips the shards the planner reads whole by one GET (that GET fills the
+    cache). Shards without a recorded footer length (format 1) cannot be read so: they must be
+    planned as ranged reads and left to the prefetcher, or no epoch would ever cache them."""
+    assert _planned_whole(warpdata.dataset("ws/fmt1", mode=mode)) == [False] * 7
+    assert _planned_whole(warpdata.dataset("ws/stream", mode=mode)) == [True] * SHARDS

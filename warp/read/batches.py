@@ -122,6 +122,16 @@ class _ShardFiles:
         with src.prefetched(chunk_ranges(pf.metadata, groups, columns)):
             return pf.read_row_groups(list(groups), columns=columns, use_threads=False)
 
+    def whole_candidate(self, i: int) -> bool:
+        """Whether shard ``i`` can be read whole by one GET (:meth:`_whole`): it has a recorded
+        footer length, is at most :data:`WHOLE_SHARD_BYTES`, and is neither local nor cached. The
+        planner asks this, so a shard it plans as read whole is one that :meth:`_whole` reads
+        (and, in auto mode, keeps): the prefetcher skips exactly those."""
+        s = self.shards[i]
+        size = (s.stats or {}).get("footer_size")
+        return bool(size) and 12 <= size + 4 <= s.byte_size <= WHOLE_SHARD_BYTES and self.ds.mode != "local" \
+            and self.ds.cached_path(s) is None
+
     def _whole(self, i: int):
         """A ParquetFile over the whole remote shard ``i``, fetched once, or None (cached already,
         open already, too large, or no recorded footer length: the usual path).
@@ -137,8 +147,7 @@ class _ShardFiles:
         with self._mu:
             if i in self._open:
                 return None
-        if not size or not 12 <= size + 4 <= s.byte_size <= WHOLE_SHARD_BYTES or self.ds.mode == "local" \
-                or self.ds.cached_path(s) is not None:
+        if not self.whole_candidate(i):
             return None
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -415,11 +424,13 @@ class BatchStream:
         bounds: dict[int, list[int]] = {}
 
         def bounds_of(unit: int) -> list[int]:
+            # the planner's threads (opener, prefetcher) ask too: a list is published only whole
             b = bounds.get(unit)
             if b is None:
-                b = bounds[unit] = [0]
+                built = [0]
                 for n in files.row_groups(unit):
-                    b.append(b[-1] + n)
+                    built.append(built[-1] + n)
+                b = bounds.setdefault(unit, built)
             return b
 
         # Unlimited reads decode the next few row groups of a shard in one call, so
@@ -560,7 +571,8 @@ class _RowGroupBatcher:
             n_groups = len(b) - 1
             whole = (self._all_columns and len(run) == n_groups
                      and sorted(g for _, g in run) == list(range(n_groups))
-                     and self._estimate(unit, b[-1]) <= WHOLE_SHARD_BYTES)
+                     and self._estimate(unit, b[-1]) <= WHOLE_SHARD_BYTES
+                     and self._files.whole_candidate(unit))
             if whole:
                 yield run, True, self._estimate(unit, b[-1])
             else:
