@@ -80,6 +80,11 @@ def _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size) -> 
         t = t.select(cols)
     rank, world = parse_shard("--shard", shard)  # no --shard: the whole table, even under torchrun
     if filter_:
+        if shard == "auto":  # --shard auto: this process's rank and world (torchrun's, or RANK/WORLD_SIZE)
+            from warpdata.partition.world import resolve_world
+
+            w = resolve_world()
+            rank, world = w.rank, w.world_size
         batches = t.filter(filter_).batches(batch_size, limit=limit, rank=rank, world_size=world)
     else:
         stream = t.batches(batch_size, limit=limit, rank=rank, world_size=world, pad=pad)

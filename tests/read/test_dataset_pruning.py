@@ -110,6 +110,13 @@ def test_filter_errors_and_sharding(s3, stores):
     assert [b.column("id").to_pylist() for b in old] == [b.column("id").to_pylist() for b in per_rank[1]]
     with pytest.raises(UsageError, match="together"):
         list(t.filter("id >= 300").batches(rank=1))
+    # the old shard="auto" still means this process's rank and world (RANK / WORLD_SIZE here)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RANK", "1")
+        mp.setenv("WORLD_SIZE", "2")
+        with pytest.warns(DeprecationWarning):
+            auto = list(t.filter("id >= 300").batches(shard="auto"))
+    assert [b.column("id").to_pylist() for b in auto] == [b.column("id").to_pylist() for b in per_rank[1]]
 
 
 def test_local_mode_needs_only_the_shards_that_may_match(s3, stores, tmp_path):

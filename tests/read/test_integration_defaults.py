@@ -86,6 +86,16 @@ def test_stream_default_on_s3(cli, s3, tmp_path, monkeypatch):
     r = cli("stream", "ws/remote", "--filter", "id >= 12", "--columns", "id", "--mode", "remote")
     assert r.code == 0, r.err
     assert [json.loads(x)["id"] for x in r.out.splitlines()] == [12, 13]
+    # --shard auto with a filter: this process's rank of RANK/WORLD_SIZE (ranks split whole shard
+    # files; the one file here is rank 0's), the same rows as --shard R/W
+    for rank, want in (("0", [12, 13]), ("1", [])):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        for shard in ("auto", f"{rank}/2"):
+            r = cli("stream", "ws/remote", "--filter", "id >= 12", "--columns", "id", "--mode", "remote",
+                    "--shard", shard)
+            assert r.code == 0, r.err
+            assert [json.loads(x)["id"] for x in r.out.splitlines()] == want, (rank, shard)
 
 
 def test_wd_dataset_callable_after_submodule_import(local_store):

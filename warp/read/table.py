@@ -500,6 +500,9 @@ class Query:
         if shard is not UNSET:
             rank, world_size = renamed(where, "shard", shard, "rank= and world_size=", (rank, world_size),
                                        (None, None), lambda v: parse_shard(where, v))
+            if shard == "auto":  # this process's rank and world (torch.distributed, then RANK/WORLD_SIZE)
+                w = resolve_world()
+                rank, world_size = w.rank, w.world_size
         if (rank is None) != (world_size is None):
             raise UsageError(f"{where}: give rank= and world_size= together",
                              hint="rank=0, world_size=1 reads every matching row")
