@@ -186,6 +186,50 @@ def test_kill_driver_then_rerun_builds_only_unreceipted_ranges(cli, volume, refe
     reads_back(out, volume)
 
 
+@pytest.mark.parametrize("args", [(), ("--executor", "process", "-j", "2")], ids=["local", "process"])
+def test_a_failure_that_is_not_the_datas_keeps_the_receipts(cli, volume, reference, tmp_path, monkeypatch, args):
+    """An unreachable store (or Ctrl-C, or a lost worker) stops the run like a kill -9 does: what
+    is receipted stays and the rerun resumes from it. Only bad data or config start afresh."""
+    from warpdata.core.errors import InfrastructureError
+    from warpdata.etl import receipts
+
+    real = receipts.Journal.record
+    calls = []
+
+    def record(self, *a, **k):
+        calls.append(a[0])
+        if len(calls) == 5:
+            raise InfrastructureError("the store stopped answering", hint="rerun")
+        return real(self, *a, **k)
+
+    out = tmp_path / "o.zarr"
+    cfg = config(volume, out)
+    monkeypatch.setattr(receipts.Journal, "record", record)
+    r = cli("etl", "--config", cfg, "--json", *args)
+    assert r.code == 75, r.err
+    assert not out.exists()  # no half array under the output name
+    monkeypatch.setattr(receipts.Journal, "record", real)
+    rerun_matches(cli, volume, reference, out, 4, *args)
+
+
+def test_the_build_directory_is_a_sibling_of_the_output():
+    from warpdata.tiles.etl import build_base
+
+    # a top-level output's build directory is its sibling under /, not inside it
+    assert build_base("file", "/tiles", "0123456789abcdef", "/tiles") == "/.warp-tmp-build-0123456789ab-tiles"
+    assert build_base("s3", "b/x/v.zarr", "0123456789abcdef", "s3://b/x/v.zarr") == \
+        "b/x/.warp-tmp-build-0123456789ab-v.zarr"
+
+
+def test_a_bucket_root_output_is_refused(cli, volume, s3):
+    cfg = config(volume, f"s3://{s3.bucket}", "root.toml")
+    s3.reset_counts()
+    r = cli("etl", "--config", cfg)
+    assert r.code == 78, r.err
+    assert "bucket's root" in r.err and f"s3://{s3.bucket}/volume.zarr" in r.err
+    assert s3.count("PUT") == 0
+
+
 def test_a_receipt_is_trusted_only_when_its_objects_still_hash_to_it(cli, volume, reference, tmp_path):
     """A chunk object changed under its receipt, or a receipt naming another task: that range is rebuilt."""
     out = tmp_path / "o.zarr"

@@ -43,7 +43,13 @@ from typing import Any, BinaryIO
 
 from warpdata.core import progress as _progress
 from warpdata.core.config import Field, validate
-from warpdata.core.errors import ConfigError, DataError, InternalError, MissingInputError
+from warpdata.core.errors import (
+    ConfigError,
+    DataError,
+    InternalError,
+    MissingInputError,
+    UsageError,
+)
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.tiles.pyramid import METHODS
@@ -497,6 +503,20 @@ def range_sha256(part: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def build_base(protocol: str, path: str, key: str, url: str) -> str:
+    """The build directory (local) or journal prefix (object store) of an output at ``path``: a
+    sibling of the output, never inside it. A bucket's root has no sibling: ConfigError."""
+    import posixpath
+
+    path = path.rstrip("/") or "/"
+    if protocol != "file" and "/" not in path.strip("/"):
+        raise ConfigError(f"[output] path {url}: a bucket's root cannot hold a tiled array beside its build "
+                          "journal", hint=f"give a prefix in the bucket, like {url.rstrip('/')}/volume.zarr")
+    name = posixpath.basename(path)
+    parent = posixpath.dirname(path)
+    return f"{'' if parent == '/' else parent}/{BUILD_PREFIX}{key[:12]}-{name}"
+
+
 class _Build:
     """One resumable build: the plan's row ranges, a receipt per finished range, then the commit.
 
@@ -517,9 +537,7 @@ class _Build:
         self.key = identity({"recipe_key": recipe_key, "input": inp.fingerprint()})
         self.counts: dict[str, int] = {}
         self.recipe_key = recipe_key
-        name = loc.path.rstrip("/").rsplit("/", 1)[-1]
-        parent = loc.path.rstrip("/").rsplit("/", 1)[0] if "/" in loc.path.strip("/") else loc.path.rstrip("/")
-        self.base = f"{parent}/{BUILD_PREFIX}{self.key[:12]}-{name}"  # the build directory / journal prefix
+        self.base = build_base(loc.protocol, loc.path, self.key, url)  # the build directory / journal prefix
 
     # -- the whole run ----------------------------------------------------------------------
     def run(self, up_to_date):
@@ -657,9 +675,13 @@ class _Build:
             result = w.commit_parts([parts[i] for i in range(len(tasks))])
             result.cluster = cluster
             return result
-        except BaseException:
-            w.abort()
-            if not local:  # the prefix was empty (or --clear emptied it), or held this build's own objects
+        except BaseException as e:
+            # bad input or config: nothing here is worth resuming. Anything else (an unreachable
+            # store, a worker lost, Ctrl-C) keeps what is receipted, as a kill -9 does, so the
+            # rerun resumes (docs/formats/receipts.md, "Tiled arrays")
+            resumable = not isinstance(e, DataError | ConfigError | UsageError | MissingInputError)
+            w.abort(discard=not resumable)
+            if not local and not resumable:  # the prefix was empty (or --clear emptied it), or held this build's own objects
                 import contextlib
 
                 with contextlib.suppress(Exception):

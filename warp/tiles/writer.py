@@ -840,9 +840,11 @@ class TileWriter(CommitOnSuccess):
             self._io.shutdown(wait=True)
         self.backend.close()
 
-    def abort(self) -> None:
+    def abort(self, discard: bool = True) -> None:
         """Stop without writing metadata, and remove everything written so far (the temporary
-        directory of a local output; the objects already PUT to an object store)."""
+        directory of a local output; the objects already PUT to an object store). With
+        ``discard=False`` what was written stays for a rerun to resume from (the ETL's receipts
+        name it; docs/formats/receipts.md, "Tiled arrays")."""
         if self._closed:
             return
         self._closed = True
@@ -851,9 +853,10 @@ class TileWriter(CommitOnSuccess):
             self._collector.join(timeout=60)
             self._io.shutdown(wait=True, cancel_futures=True)
         if self._next is not None:
-            self._next.abort()
+            self._next.abort(discard)
         self.backend.close()
-        self._discard()
+        if discard:
+            self._discard()
 
 
 def slab_digest(objects) -> str:
