@@ -258,6 +258,26 @@ def test_a_dataloader_with_workers_reads_the_s3_cache_fetching_each_shard_once(s
     assert s3.count() == 2
 
 
+def test_shard_downloads_survive_throttling(sources, built, s3, cache_dir, monkeypatch):
+    """Every other request answered 503 SlowDown: each shard is still fetched whole and verified,
+    each fault retried once (the store's retry policy, as for every other read)."""
+    from support.httpserve import FaultProxy
+    from warpdata.features.reader import ShardCache
+
+    url, res = built
+    local = ShardCache(sources / "cache-pixels-multi-1")
+    with FaultProxy(s3.endpoint, fail_every=2) as proxy:
+        for var in ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL"):
+            monkeypatch.setenv(var, proxy.url)
+        with ShardCache(url) as c:
+            got = c.get_batch(range(len(c)))
+            assert c.verify_all() == []
+        assert proxy.faults >= len(res.manifest["shards"])
+    want = local.get_batch(range(len(local)))
+    for k in want:
+        assert np.array_equal(got[k], want[k]), k
+
+
 def test_the_version_url_opens_too_and_pickles_without_the_connection(built, s3, cache_dir):
     import pickle
 

@@ -147,6 +147,13 @@ def open_version(url: str) -> tuple[str, dict[str, Any], Any]:
 STREAM_CHUNK = 1 << 20
 
 
+class _LocalWriteFailed(DataError):
+    """Stops the store's retry loop when writing the local copy failed (re-raised as that error)."""
+
+    def __init__(self) -> None:
+        super().__init__("writing the local copy failed")
+
+
 def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
     """Object ``key`` of ``remote`` (a :class:`warpdata.storage.remote.Remote`) into ``dst``, 1 MiB at a
     time: on S3 one GET, no HEAD; elsewhere the store's ranged reads.
@@ -163,21 +170,36 @@ def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
         remote.copy_to(key, dst, expect)
         return
     bucket, _, name = remote.path(key).lstrip("/").partition("/")
-    remote.stats.request("GET")
     got = 0
-    try:
-        body = client.get_object(Bucket=bucket, Key=name)["Body"]
+    local: list[OSError] = []
+
+    def attempt() -> None:
+        # under the store's retry policy (throttling, dropped connections); a retry goes on
+        # from the bytes already written (the destination hashes as it goes: it cannot rewind)
+        nonlocal got
+        remote.stats.request("GET")
+        try:
+            body = client.get_object(Bucket=bucket, Key=name, **({"Range": f"bytes={got}-"} if got else {}))["Body"]
+        except Exception as e:
+            code = str(((getattr(e, "response", None) or {}).get("Error") or {}).get("Code", ""))
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise remote._missing(key) from None
+            raise
         for chunk in body.iter_chunks(STREAM_CHUNK):
+            if got + len(chunk) > expect:
+                got += len(chunk)
+                return
+            try:
+                dst.write(chunk)
+            except OSError as e:  # this machine's disk, not the store: not retried, not named a store error
+                local.append(e)
+                raise _LocalWriteFailed() from e
             got += len(chunk)
-            if got > expect:
-                break
-            dst.write(chunk)
-    except Exception as e:
-        err = getattr(e, "response", None) or {}
-        code = str((err.get("Error") or {}).get("Code", ""))
-        if code in ("NoSuchKey", "404", "NotFound"):
-            raise remote._missing(key) from None
-        raise remote._wrap(e, key) from None
+
+    try:
+        remote._call(key, attempt)
+    except _LocalWriteFailed:
+        raise local[0] from None
     remote.stats.received(min(got, expect))
     if got != expect:
         raise DataError(f"{remote.url_of(key)}: the manifest says {expect} bytes, the store "
