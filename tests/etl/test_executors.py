@@ -18,12 +18,15 @@ def _env_of(name: str) -> tuple[str, str | None, int]:
 def test_workers_see_the_environment_of_now(spec, monkeypatch):
     ex = parse_executor(spec)
     monkeypatch.setenv("WARP_TEST_RUN", "first")
+    monkeypatch.setenv("WARP_TEST_GONE", "stale")  # in the fork server's environment from its start
     with open_runner(ex, 2) as r:  # starts the fork server (process) with this environment
         got = sorted(r.imap_unordered(_env_of, ["WARP_TEST_RUN"] * 4))
     assert {v for _, v, _ in got} == {"first"}
     monkeypatch.setenv("WARP_TEST_RUN", "second")
     monkeypatch.setenv("WARP_TEST_ADDED", "yes")
+    monkeypatch.delenv("WARP_TEST_GONE", raising=False)
     with open_runner(ex, 2) as r:
-        got = list(r.imap_unordered(_env_of, ["WARP_TEST_RUN", "WARP_TEST_ADDED"] * 3))
-    assert {(k, v) for k, v, _ in got} == {("WARP_TEST_RUN", "second"), ("WARP_TEST_ADDED", "yes")}
+        got = list(r.imap_unordered(_env_of, ["WARP_TEST_RUN", "WARP_TEST_ADDED", "WARP_TEST_GONE"] * 3))
+    assert {(k, v) for k, v, _ in got} == {("WARP_TEST_RUN", "second"), ("WARP_TEST_ADDED", "yes"),
+                                           ("WARP_TEST_GONE", None)}  # unset since: unset in workers too
     assert all(pid != os.getpid() for _, _, pid in got)  # it did run in other processes

@@ -199,6 +199,7 @@ class DaskRunner(Runner):
             raise missing_dependency("--executor dask", "distributed", "dask") from None
         self.cluster = None
         self.address = spec.address
+        env: dict[str, str] | None = None
         try:
             if spec.address is None:
                 # an own cluster offers what the tasks ask for: one task per worker at a time
@@ -224,14 +225,17 @@ class DaskRunner(Runner):
             self.close()
             raise InfrastructureError(f"could not reach the Dask scheduler {spec.text}: {e}",
                                       hint="check the scheduler is running and reachable, then rerun") from None
-        if initializer is not None:
+        if initializer is not None or env:
             from distributed.diagnostics.plugin import WorkerPlugin
 
             class _Init(WorkerPlugin):
                 name = "warp-etl-init"
 
                 def setup(self, worker):  # runs on every worker, including replacements
-                    initializer()
+                    if env:  # forked from the fork server: exactly the driver's environment of now
+                        _init_worker(env, initializer)
+                    elif initializer is not None:
+                        initializer()
 
             self.client.register_plugin(_Init(), name="warp-etl-init")
         info = self.client.scheduler_info(n_workers=-1) if _accepts_n_workers(self.client) else self.client.scheduler_info()
