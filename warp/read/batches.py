@@ -538,6 +538,7 @@ class _RowGroupBatcher:
         self._seen: set[int] = set()
         self._whole: set[int] = set()
         self._plan_mu = threading.RLock()  # planning advances one generator: the prefetcher asks too
+        self._plan_error: BaseException | None = None
         self._inflight: list[tuple[list[tuple[int, int]], bool, int, Any]] = []  # (keys, whole, bytes, future)
         self._ready: dict[tuple[int, int], Any] = {}
         self._pool = None
@@ -591,7 +592,13 @@ class _RowGroupBatcher:
 
     def _plan_next(self) -> bool:
         with self._plan_mu:
-            c = next(self._chunks, None)
+            if self._plan_error is not None:  # planning failed (a footer that would not load): the
+                raise self._plan_error         # consumer's thread gets the error, every time it plans
+            try:
+                c = next(self._chunks, None)
+            except BaseException as e:
+                self._plan_error = e
+                raise
             if c is None:
                 return False
             self._pending.append(c)
@@ -601,10 +608,14 @@ class _RowGroupBatcher:
             return True
 
     def reads_whole(self, unit: int) -> bool:
-        """Whether shard ``unit`` is read whole (by one GET, no footer request first)."""
+        """Whether shard ``unit`` is read whole (by one GET, no footer request first). Asked from
+        the prefetcher's and opener's threads: a planning error is left to the consumer's."""
         with self._plan_mu:
-            while unit not in self._seen and self._plan_next():
-                pass
+            try:
+                while unit not in self._seen and self._plan_next():
+                    pass
+            except Exception:
+                return False
             return unit in self._whole
 
     def _load(self, chunk: list[tuple[int, int]], whole: bool):
