@@ -173,3 +173,36 @@ def test_s3_connections_are_kept_alive_across_threads(s3, monkeypatch):
             t.join()
         assert got == [b"y" * 10] * 4 and proxy.requests == 4
         assert sum(len(v) for v in pre._idle.values()) == 1  # one connection served all four threads
+
+
+@pytest.mark.s3
+def test_a_fork_while_a_reader_is_locked_does_not_hang_the_child(s3):
+    """A DataLoader worker forked while another thread held the presigned reader's lock: the child
+    gets a fresh lock and no connections of the parent's, and reads."""
+    import os
+    import signal
+    import time
+
+    s3.client.put_object(Bucket=s3.bucket, Key="warp/blobs/obj", Body=b"0123456789" * 10)
+    r = Remote(s3.url("warp"))
+    assert r.read_range("blobs/obj", 0, 4) == b"0123"
+    pre = r.transport._presigned()
+    with pre._mu:  # held, as by another thread, at the moment of the fork
+        pid = os.fork()
+        if pid == 0:  # the child: read, then leave without running the parent's atexit hooks
+            try:
+                ok = r.read_range("blobs/obj", 10, 4) == b"0123"
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the reader's lock")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0

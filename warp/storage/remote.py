@@ -620,6 +620,28 @@ _S3_CLIENTS: dict[tuple, tuple[float, Any]] = {}
 _PRESIGNED: dict[tuple, tuple[float, Any]] = {}  # _PresignedRanges (or None) per configuration, like _S3_CLIENTS
 
 
+def _live_readers():
+    import weakref
+
+    return weakref.WeakSet()
+
+
+_LIVE_READERS = _live_readers()  # every _PresignedRanges, for the fork hook below
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held a reader's lock would wait on it forever: give each
+    reader a new lock and no connections (they belong to the parent)."""
+    for r in list(_LIVE_READERS):
+        r._mu = threading.Lock()
+        r._idle = {}
+        r._pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _s3_client(config):
     """One botocore S3 client per configuration, credential environment and process (a forked
     DataLoader worker must not share its parent's connection pool), reused like
@@ -902,6 +924,7 @@ class _PresignedRanges:
         self._pid = os.getpid()
         self._mu = threading.Lock()
         self._ssl: Any = None
+        _LIVE_READERS.add(self)
 
     @classmethod
     def for_config(cls, config) -> _PresignedRanges | None:
