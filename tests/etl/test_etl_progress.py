@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.warehouses import coco_config
 from warpdata.sampledata.detection import generate
 
 
@@ -23,22 +24,7 @@ def dataset(tmp_path_factory):
 
 
 def config(d: Path, out: Path) -> Path:
-    p = d / f"{out.name}.toml"
-    p.write_text(f"""
-[source]
-format = "coco"
-path = "."
-[transform]
-target_size = 64
-max_boxes = 8
-[validation]
-max_invalid_fraction = {{ warn = 0.0, fail = 0.9 }}
-max_missing_fraction = {{ warn = 0.0, fail = 0.9 }}
-[output]
-root = "{out}"
-shard_samples = 4
-""")
-    return p
+    return coco_config(d, out, name=f"{out.name}.toml", fail=0.9)
 
 
 def warp(*args: str, tty: bool, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.warehouses import coco_config
 from warpdata.sampledata.detection import generate
 
 SMALL = dict(min_side=64, max_side=150)
@@ -29,28 +30,7 @@ def dataset(tmp_path_factory):
 
 
 def config(d: Path, out: Path, *, build: str = "", name: str = "t.toml") -> Path:
-    p = d / name
-    p.write_text(f"""
-[source]
-format = "coco"
-path = "."
-
-[transform]
-target_size = 64
-max_boxes = 8
-
-[validation]
-max_invalid_fraction = {{ warn = 0.0, fail = 0.3 }}
-max_missing_fraction = {{ warn = 0.0, fail = 0.3 }}
-
-[output]
-root = "{out}"
-shard_samples = 4
-
-[build]
-{build}
-""")
-    return p
+    return coco_config(d, out, name=name, build=build, fail=0.3)
 
 
 def etl(cli, cfg, *args):

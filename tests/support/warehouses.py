@@ -5,27 +5,34 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def warehouse_config(d: Path, out: Path, workers: int) -> Path:
-    p = d / f"t-{workers}.toml"
+def coco_config(d: Path, out: Path | str, *, name: str = "t.toml", build: str = "", fail: float = 0.5,
+                labels: str | None = None) -> Path:
+    """A warehouse ETL config over the COCO dataset in ``d``: 64 px, up to 8 boxes, 4 samples per
+    shard, invalid/missing fractions failing above ``fail``; ``build``: the [build] table's lines."""
+    p = d / name
+    src = f'labels = "{labels}"\n' if labels else ""
     p.write_text(f"""
 [source]
 format = "coco"
 path = "."
-labels = "annotations.json"
-
+{src}
 [transform]
 target_size = 64
 max_boxes = 8
 
 [validation]
-max_invalid_fraction = {{ warn = 0.0, fail = 0.5 }}
-max_missing_fraction = {{ warn = 0.0, fail = 0.5 }}
+max_invalid_fraction = {{ warn = 0.0, fail = {fail} }}
+max_missing_fraction = {{ warn = 0.0, fail = {fail} }}
 
 [output]
 root = "{out}"
 shard_samples = 4
 
 [build]
-workers = {workers}
+{build}
 """)
     return p
+
+
+def warehouse_config(d: Path, out: Path, workers: int) -> Path:
+    return coco_config(d, out, name=f"t-{workers}.toml", build=f"workers = {workers}", labels="annotations.json")
