@@ -226,6 +226,18 @@ def _probe_prefix() -> str:
     return f".warp-doctor/{uuid.uuid4().hex}"
 
 
+def _probe_store():
+    """(store, None) for a check that writes probe objects, or (None, the result to report) when
+    it cannot run here (no store, or a read-only one)."""
+    blocked = store_blocker()
+    if blocked is not None:
+        return None, blocked
+    store = _registry_store()
+    if (ro := _read_only(store)) is not None:
+        return None, ro
+    return store, None
+
+
 def _cleanup(store, prefix: str) -> None:
     with contextlib.suppress(Exception):
         store.fs.rm(store.location.join(prefix).path, recursive=True)
@@ -234,12 +246,9 @@ def _cleanup(store, prefix: str) -> None:
 @check("store-create-only", "store")
 def create_only() -> CheckResult:
     """A create-only write succeeds once and is refused the second time, bytes intact."""
-    blocked = store_blocker()
-    if blocked is not None:
-        return blocked
-    store = _registry_store()
-    if (ro := _read_only(store)) is not None:
-        return ro
+    store, skip = _probe_store()
+    if skip is not None:
+        return skip
     prefix = _probe_prefix()
     data = uuid.uuid4().bytes
     key = f"{prefix}/probe"
@@ -267,12 +276,9 @@ def create_only() -> CheckResult:
 @check("store-cas", "store")
 def compare_and_swap() -> CheckResult:
     """A conditional update of a pointer with a stale token is refused."""
-    blocked = store_blocker()
-    if blocked is not None:
-        return blocked
-    store = _registry_store()
-    if (ro := _read_only(store)) is not None:
-        return ro
+    store, skip = _probe_store()
+    if skip is not None:
+        return skip
     prefix = _probe_prefix()
     key = f"{prefix}/latest.json"
     try:
