@@ -496,18 +496,23 @@ def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, 
                                   if (k := os.path.relpath(r.image, cfg.root).replace(os.sep, "/")) in sizes},
                                  params, cfg.limits)
                for i, part in enumerate(cut(records, REMOTE_PROBE_BATCH))]
-    own = runner is None
-    if own:
-        runner = LocalRunner(max(1, min(workers, len(batches) or 1)))
-    parts = {}
+    if runner is not None:
+        return _probe_batches(runner, remote.probe_batch, batches, len(records))
+    own = LocalRunner(max(1, min(workers, len(batches) or 1)))
     try:
-        with _progress.progress("reading images", total=len(records), unit="img") as bar:
-            for i, part in runner.imap_unordered(remote.probe_batch, batches):
-                parts[i] = part
-                bar.advance(len(part))
+        return _probe_batches(own, remote.probe_batch, batches, len(records))
     finally:
-        if own:
-            runner.close()
+        own.close()
+
+
+def _probe_batches(runner: Any, fn: Any, batches: list, total: int) -> list:
+    """The header pass's outcomes, in record order, from ``fn`` over ``batches`` on ``runner``
+    (each batch returns ``(index, outcomes)``; they finish in any order)."""
+    parts = {}
+    with _progress.progress("reading images", total=total, unit="img") as bar:
+        for i, part in runner.imap_unordered(fn, batches):
+            parts[i] = part
+            bar.advance(len(part))
     return [o for i in range(len(batches)) for o in parts[i]]
 
 
@@ -518,12 +523,7 @@ def _probe_on_runner(cfg: wconfig.WarehouseConfig, records: list, params: dict[s
     from warpdata.warehouse.validate import PROBE_BATCH, LocalProbeBatch, probe_local_batch
 
     batches = [LocalProbeBatch(i, list(part), params, cfg.limits) for i, part in enumerate(cut(records, PROBE_BATCH))]
-    parts = {}
-    with _progress.progress("reading images", total=len(records), unit="img") as bar:
-        for i, part in runner.imap_unordered(probe_local_batch, batches):
-            parts[i] = part
-            bar.advance(len(part))
-    return [o for i in range(len(batches)) for o in parts[i]]
+    return _probe_batches(runner, probe_local_batch, batches, len(records))
 
 
 def _preload() -> None:
