@@ -134,7 +134,7 @@ def test_range_plan_keeps_every_level_whole(volume):
     w = TileWriter(volume / "plan.zarr", (37, 50, 70), "uint16", (3, 16, 32), shards=(3, 32, 64), levels=3,
                    backend="cpu", threads=1)
     try:
-        ranges = plan_ranges(w, workers=4, task_bytes=1)
+        ranges = plan_ranges(w, task_bytes=1)
         assert ranges[0][0] == 0 and ranges[-1][1] == 37 and len(ranges) > 3
         assert all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:], strict=False))
         # tiles along dimension 0: 3 at every level (min(3, size)); rows per level row: 1, 2, 4

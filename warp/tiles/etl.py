@@ -461,11 +461,16 @@ def _open_range(path: str, offset: int, length: int):
     return f
 
 
-def plan_ranges(w, workers: int, task_bytes: int = TASK_BYTES) -> list[tuple[int, int]]:
-    """Row ranges of the writer ``w``'s array: whole slabs of every pyramid level each (so no task
-    needs another's rows), about ``task_bytes`` of input, at least one per worker when there is room.
+MIN_RANGES = 16  # a small array is still cut this fine (when its slabs allow): up to 16 workers busy
 
-    The objects do not depend on the cut: it may follow the worker count.
+
+def plan_ranges(w, task_bytes: int = TASK_BYTES) -> list[tuple[int, int]]:
+    """Row ranges of the writer ``w``'s array: whole slabs of every pyramid level each (so no task
+    needs another's rows), about ``task_bytes`` of input, and at least :data:`MIN_RANGES` when
+    there is room.
+
+    The cut depends only on the array, the pyramid and ``task_bytes``: never on the executor or the
+    worker count, so a run killed on one executor resumes on another from the same receipts.
     """
     import math
 
@@ -483,7 +488,7 @@ def plan_ranges(w, workers: int, task_bytes: int = TASK_BYTES) -> list[tuple[int
             below *= lw._down.factors[0]
         lw = lw._next
     per = max(1, task_bytes // max(1, align * row)) * align
-    share = -(-total // max(1, workers))  # rows per worker, rounded up
+    share = -(-total // MIN_RANGES)
     per = min(per, max(align, -(-share // align) * align))
     return [(a, min(a + per, total)) for a in range(0, total, per)]
 
@@ -638,7 +643,7 @@ class _Build:
         journal = None
         try:
             journal = Journal(self.base if local else Location(self.loc.protocol, self.base).url)
-            ranges = plan_ranges(w, self.workers, self.task_bytes)
+            ranges = plan_ranges(w, self.task_bytes)
             root = w.root.url if not w.root.local else w.root.location.path
             tasks = self._tasks(ranges, root, w.plan.row_nbytes)
             parts: dict[int, dict] = {}
