@@ -186,6 +186,34 @@ def test_kill_driver_then_rerun_builds_only_unreceipted_ranges(cli, volume, refe
     reads_back(out, volume)
 
 
+def test_a_run_killed_on_one_executor_resumes_on_another(cli, volume, reference, tmp_path):
+    """The range plan never follows the executor or the worker count: receipts of a local run
+    killed at -j 1 are reused by a process pool at -j 2. With the default task size this small
+    array is cut by the minimum range count alone (once it was one range for a local run and two
+    for two workers)."""
+    for j, ex in (("1", ()), ("2", ("--executor", "process")), ("3", ("--executor", "process"))):
+        whole = tmp_path / f"plan-{j}-{len(ex)}"
+        whole.mkdir()
+        c = config(volume, whole / "o.zarr", f"plan-{j}-{len(ex)}.toml")
+        c.write_text(c.read_text().replace("task_mb = 0.01", "task_mb = 64"))
+        assert etl(cli, c, "-j", j, *ex)["ranges"] == 12, (j, ex)  # one plan for every executor and -j
+    out = tmp_path / "o.zarr"
+    cfg = config(volume, out, "big-tasks.toml")
+    cfg.write_text(cfg.read_text().replace("task_mb = 0.01", "task_mb = 64"))
+    for _attempt in range(5):
+        proc = spawn(cfg, "-j", "1")
+        kill_when(proc, lambda: len(local_receipts(tmp_path)) >= 3)
+        done = None if out.exists() else len(local_receipts(tmp_path))
+        if done is not None:
+            break
+        shutil.rmtree(out)
+    else:
+        pytest.skip("the build finished before it could be killed, 5 times")
+    res = etl(cli, cfg, "-j", "2", "--executor", "process")
+    assert res["ranges"] == 12 and res["ranges_reused"] == done >= 3 and res["ranges_built"] == 12 - done
+    assert tree(out) == reference
+
+
 @pytest.mark.parametrize("args", [(), ("--executor", "process", "-j", "2")], ids=["local", "process"])
 def test_a_failure_that_is_not_the_datas_keeps_the_receipts(cli, volume, reference, tmp_path, monkeypatch, args):
     """An unreachable store (or Ctrl-C, or a lost worker) stops the run like a kill -9 does: what
