@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.processes import kill_when, spawn_etl
 from support.warehouses import coco_config
 from warpdata.sampledata.detection import generate
 
@@ -209,23 +210,8 @@ def test_unreachable_dask_scheduler_is_a_temporary_failure(cli, dataset, tmp_pat
 
 # -- receipts and resume ----------------------------------------------------
 
-def _spawn_etl(cfg: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-
-
 def _kill_driver_after(cfg: Path, out: Path, receipts: int, *args: str) -> None:
-    proc = _spawn_etl(cfg, *args)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if len(list(out.glob(".warp-tmp-build-*/receipts/shard-*.json"))) >= receipts:
-                break
-            time.sleep(0.005)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
+    kill_when(spawn_etl(cfg, *args), lambda: len(list(out.glob(".warp-tmp-build-*/receipts/shard-*.json"))) >= receipts)
 
 
 def _driver_kill_trial(cli, dataset, reference, out: Path, receipts: int, *args: str) -> dict:
@@ -286,7 +272,7 @@ def test_kill_a_dask_worker_mid_run_leaves_the_output_unchanged(cli, dataset, re
     import psutil
 
     cfg = config(dataset, tmp_path / "wh")
-    proc = _spawn_etl(cfg, "--executor", f"dask://{dask_cluster['address']}")
+    proc = spawn_etl(cfg, "--executor", f"dask://{dask_cluster['address']}")
     try:
         worker = dask_cluster["procs"][1]
         # the worker process proper is a child of the nanny started by `dask worker`
@@ -469,17 +455,7 @@ def test_kill_driver_with_output_on_s3_resumes_from_the_store_alone(cli, dataset
         return [o["Key"] for o in got if "/receipts/" in o["Key"]]
 
     env = {**os.environ, **s3.env, "WARP_CACHE_DIR": str(cache)}
-    proc = subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", "-j", "1",
-                             "--output", url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None and len(receipts()) < 2:
-            time.sleep(0.01)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
+    kill_when(spawn_etl(cfg, "-j", "1", "--output", url, env=env), lambda: len(receipts()) >= 2, poll=0.01)
     if s3.count("PUT", "wh/latest"):
         pytest.skip("the build finished before it could be killed")
     done = len(receipts())

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from support.clusters import dask_cluster
 from support.featurecache import write_config
+from support.processes import kill_when, spawn_etl
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("features_golden", ROOT / "tests/golden/features/make_golden.py")
@@ -210,18 +208,7 @@ def test_kill_the_driver_then_rerun_reuses_the_receipted_parts(cli, sources, ref
     out = tmp_path / "c"
     cfg = write_config(sources, out, "workers = 1", "kill.toml")
     for _attempt in range(5):
-        proc = subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None:
-                if len(list(tmp_path.glob(".warp-tmp-build-*/receipts/part-*.json"))) >= 2:
-                    break
-                time.sleep(0.005)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=60)
+        kill_when(spawn_etl(cfg), lambda: len(list(tmp_path.glob(".warp-tmp-build-*/receipts/part-*.json"))) >= 2)
         if not out.exists():
             break
         import shutil

@@ -16,15 +16,12 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.featurecache import write_config
+from support.processes import kill_when, spawn_etl
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("features_golden", ROOT / "tests/golden/features/make_golden.py")
@@ -164,16 +161,7 @@ def test_kill_the_driver_then_rerun_resumes_from_the_store_alone(cli, sources, r
 
     env = {**os.environ, **s3.env, "WARP_CACHE_DIR": str(cache_dir)}
     for _attempt in range(5):
-        proc = subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and proc.poll() is None and len(receipts()) < 2:
-                time.sleep(0.005)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=60)
+        kill_when(spawn_etl(cfg, env=env), lambda: len(receipts()) >= 2)
         if not s3.count("PUT", "fc-kill/latest"):
             break
         s3.client.delete_object(Bucket=s3.bucket, Key="fc-kill/latest")

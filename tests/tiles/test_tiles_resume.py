@@ -11,17 +11,13 @@ uninterrupted run, read back bit-exact by zarr-python and tensorstore.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import kill_when, spawn_etl
 
 SHAPE = (96, 64, 80)
 
@@ -97,25 +93,6 @@ def reads_back(path: str | Path, volume: Path) -> None:
     np.testing.assert_array_equal(t2.read().result(), lvl2)
 
 
-def spawn(cfg: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-
-
-def kill_when(proc: subprocess.Popen, ready, delay: float = 0.0) -> None:
-    """SIGKILL the driver's process group once ``ready()`` holds (plus ``delay`` seconds)."""
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None and not ready():
-            time.sleep(0.002)
-        if delay:
-            time.sleep(delay)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=60)
-
-
 def local_receipts(parent: Path) -> list[Path]:
     return sorted(parent.glob(".warp-tmp-build-*/receipts/range-*.json"))
 
@@ -124,7 +101,7 @@ def kill_local(volume: Path, out: Path, receipts: int, *args: str, delay: float 
     """Run until ``receipts`` receipts exist (+ ``delay``), kill; the receipts left, or None when the run
     finished first. Nothing but a complete array is ever under the output name."""
     cfg = config(volume, out, f"{out.name}.toml")
-    proc = spawn(cfg, *args)
+    proc = spawn_etl(cfg, *args)
     kill_when(proc, lambda: len(local_receipts(out.parent)) >= receipts, delay)
     if out.exists():
         assert (out / "manifest.json").exists() and (out / "zarr.json").exists()  # complete, never half
@@ -201,7 +178,7 @@ def test_a_run_killed_on_one_executor_resumes_on_another(cli, volume, reference,
     cfg = config(volume, out, "big-tasks.toml")
     cfg.write_text(cfg.read_text().replace("task_mb = 0.01", "task_mb = 64"))
     for _attempt in range(5):
-        proc = spawn(cfg, "-j", "1")
+        proc = spawn_etl(cfg, "-j", "1")
         kill_when(proc, lambda: len(local_receipts(tmp_path)) >= 3)
         done = None if out.exists() else len(local_receipts(tmp_path))
         if done is not None:
@@ -288,7 +265,7 @@ def test_a_changed_input_invalidates_the_journal(cli, volume, reference, tmp_pat
     shutil.copy(volume / "v.npy", d / "v.npy")
     out = tmp_path / "o.zarr"
     cfg = config(d, out)
-    proc = spawn(cfg, "-j", "1")
+    proc = spawn_etl(cfg, "-j", "1")
     kill_when(proc, lambda: len(local_receipts(tmp_path)) >= 4)
     if out.exists():
         pytest.skip("the build finished before it could be killed")
@@ -341,7 +318,7 @@ def test_s3_kill_then_resume_from_the_store_alone(cli, volume, reference, tmp_pa
     is the local reference's, read back by zarr-python and tensorstore."""
     url = s3.url("o.zarr")
     cfg = config(volume, url, "s3.toml")
-    proc = spawn(cfg, "-j", "1")
+    proc = spawn_etl(cfg, "-j", "1")
     kill_when(proc, lambda: len(_s3_receipts(s3)) >= 4)
     got = _s3_tree(s3, "o.zarr")
     if "manifest.json" in got:
