@@ -17,7 +17,7 @@ LOCKED_INSTALL := $(PIP) install -q --disable-pip-version-check --require-hashes
 PROJECT_INSTALL := { $(PIP) uninstall -q -y warpdata 2>/dev/null || true; } && \
 	$(PIP) install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-.PHONY: install install-demo test demo bench bench-summary lint docs docs-check lock clean
+.PHONY: install install-demo test demo bench bench-summary gpu-wheels gpu-check lint docs docs-check lock clean
 
 install: $(VENV)/.installed
 
@@ -98,6 +98,18 @@ bench: install
 # the summary table of whatever bench/out/*.figures.json the last runs left
 bench-summary:
 	$(PY) bench/summary.py
+
+# The GPU check (bench/gpu_check.py): `make gpu-wheels` here downloads the wheels a CUDA
+# machine of this workplace lacks into .whl/ (CPython 3.12, the lock's versions); `make
+# gpu-check` there runs `pytest -m gpu`, the cpu/gpu identity check and the GPU tiles
+# benchmark with its own python3 and writes the figures to $$OUT/gpu_check.json or
+# bench/out/gpu_check.json. GPU_CHECK_ARGS=--dry-run prints the plan anywhere.
+GPU_CHECK_ARGS ?=
+gpu-wheels:
+	$(PYTHON) bench/gpu_check.py --download-wheels .whl
+
+gpu-check:
+	$(PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .
