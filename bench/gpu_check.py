@@ -96,17 +96,23 @@ def default_out() -> Path:
     return Path(out) / "gpu_check.json" if out else ROOT / "bench" / "out" / "gpu_check.json"
 
 
-def _site() -> None:
-    """Make ``warpdata`` (from this checkout) and the carried wheels importable, here and in children."""
+def _site() -> str:
+    """Make ``warpdata`` (from this checkout) and the carried wheels importable, here and in
+    children; returns what it did, for the figures file."""
     SITE.mkdir(parents=True, exist_ok=True)
     wheels = sorted((ROOT / ".whl").glob("*.whl"))
+    note = "nothing to install"
     try:
         import nvidia.nvcomp  # noqa: F401
         import zstandard  # noqa: F401
     except ImportError:
-        if wheels:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                            "--upgrade", "--target", str(SITE), *map(str, wheels)], check=True)
+        if wheels and sys.version_info[:2] != (3, 12):
+            note = f"the wheels in .whl/ are for CPython 3.12, this is {sys.version.split()[0]}: not installed"
+        elif wheels:
+            p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                                "--upgrade", "--target", str(SITE), *map(str, wheels)], capture_output=True, text=True)
+            note = (f"installed {len(wheels)} wheels into {SITE}" if p.returncode == 0
+                    else f"pip could not install .whl/: {p.stderr.strip()[-500:]}")
     try:
         import warpdata  # noqa: F401
     except ImportError:
@@ -119,6 +125,7 @@ def _site() -> None:
             _link(ROOT / sub, pkg / sub)
     sys.path.insert(0, str(SITE))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), os.environ.get("PYTHONPATH")) if p)
+    return note
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -275,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print("\n".join(plan(args)))
         return 0
-    _site()
     steps = args.only or list(STEPS)
-    result: dict = {"format": "warp-gpu-check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result: dict = {"format": "warp-gpu-check/1", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "setup": _site()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     base = tempfile.mkdtemp(prefix="warp-gpu-check-", dir=args.dir)
     ok = True
