@@ -45,6 +45,12 @@ def _native() -> Any:
     return None
 
 
+def native_extend() -> Any:
+    """The GIL-free ``crc32c_extend(crc, address, nbytes)`` itself, or None where
+    :func:`extend` falls back; for hot loops that checksum memory they own by address."""
+    return _native()
+
+
 def releases_gil() -> bool:
     """Whether :func:`extend` runs without the GIL on this installation."""
     return _native() is not None
