@@ -398,3 +398,78 @@ def combine_digests(states: Sequence[Any]) -> str:
     exactly when every sample was yielded once over all runs (pad repeats and the dropped tail
     are accounted for: docs/partitioning.md)."""
     return digest_report(states).digest
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one rank of a fresh epoch reads (:meth:`EpochOrder.share`)."""
+
+    rank: int
+    world_size: int
+    start: int  # its first position in the epoch's order
+    samples: int  # in their own place
+    digest: str
+    pad_samples: int
+    pad_digest: str
+    dropped_samples: int  # of the whole epoch, read by no rank (drop_last)
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """One epoch of one artifact as a loader orders it: the ground truth ``warp order`` prints.
+
+    ``sequence``: the sample indices in the epoch's order (before the split over ranks).
+    """
+
+    kind: str
+    content: str
+    mode: str
+    seed: int
+    epoch: int
+    shuffle: bool
+    sequence: Any  # np.ndarray of int64
+
+    @property
+    def samples(self) -> int:
+        return len(self.sequence)
+
+    def set_digest(self) -> str:
+        return SampleKeys(self.content).digest(self.sequence).hex()
+
+    def order_digest(self) -> str:
+        return order_digest(self.content, self.mode, self.seed, self.epoch, runs_of(self.sequence))
+
+    def _span(self, rank: int, world_size: int, batch_size: int) -> tuple[int, int]:
+        from warpdata.partition.split import check_drop_leaves_batches, rank_span
+
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ResumeMismatchError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})",
+                                      hint="pass --world-size W and --rank R with 0 <= R < W")
+        if self.mode == "drop":
+            check_drop_leaves_batches(self.samples, world_size, batch_size)
+        return rank_span(self.samples, rank, world_size, self.mode, batch_size)
+
+    def share(self, rank: int, world_size: int, batch_size: int = 1) -> RankShare:
+        """Rank ``rank`` of ``world_size``'s share of this epoch, read from its start."""
+        import numpy as np
+
+        start, count = self._span(rank, world_size, batch_size)
+        n = self.samples
+        items = np.arange(start, start + count, dtype=np.int64)
+        keys = SampleKeys(self.content)
+        own, pad = items[items < n], items[items >= n]
+        dropped = n - world_size * count if self.mode == "drop" else 0
+        return RankShare(rank, world_size, start, len(own), keys.digest(self.sequence[own]).hex(), len(pad),
+                         keys.digest(self.sequence[pad % n]).hex() if len(pad) else Digest().hex(), dropped)
+
+    def keys(self, rank: int | None = None, world_size: int = 1, batch_size: int = 1):
+        """The sample indices in order (of one rank's share when ``rank`` is given), a chunk at a time."""
+        if rank is None:
+            lo, hi = 0, self.samples
+        else:
+            lo, count = self._span(rank, world_size, batch_size)
+            hi = lo + count
+        import numpy as np
+
+        for at in range(lo, hi, CHUNK):
+            yield self.sequence[np.arange(at, min(hi, at + CHUNK), dtype=np.int64) % self.samples]

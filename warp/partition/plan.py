@@ -52,7 +52,7 @@ from warpdata.partition.split import (
     merge_intervals,
     rank_span,
 )
-from warpdata.partition.world import ShardingError, _from_env
+from warpdata.partition.world import ResumeMismatchError, ShardingError, _from_env
 
 POLICIES = MODES  # ("exact", "pad", "drop")
 __all__ = ["POLICIES", "ResumeState", "ShardPlan", "ShardingError", "Slice", "auto_shard", "merge_intervals"]
@@ -354,7 +354,8 @@ class ShardPlan:
             hint = ("resume with the same dataset version and table" if k in ("manifest", "table") else
                     "to resume at another rank or world size, pass the states of every rank of the old run "
                     "(a list); one rank's state resumes only that rank")
-            raise ShardingError(f"resume state is for {k}={old!r}, this run has {k}={new!r}", hint=hint)
+            error = ResumeMismatchError if k in ("manifest", "table") else ShardingError
+            raise error(f"resume state is for {k}={old!r}, this run has {k}={new!r}", hint=hint)
         if state.elastic:
             if rank is None or world is None:
                 raise ShardingError("a merged resume state needs this run's rank and world_size",

@@ -336,7 +336,7 @@ class TblLoader:
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         for st in states:
             if st.get("kind") != "tbl" or st.get("fingerprint") != self._fingerprint():
-                raise UsageError("TblLoader resume state comes from another file, filter, seed or shuffle",
+                raise ResumeMismatchError("TblLoader resume state comes from another file, filter, seed or shuffle",
                                  hint="resume with the same .tbl file, filter, seed and shuffle")
         epochs = {int(st["epoch"]) for st in states}
         if len(epochs) != 1:
