@@ -198,9 +198,10 @@ _warp_complete_in() {
                 --refs) :; return 0;;
                 --mode) _warp_words "auto remote hybrid local"; return 0;;
                 --version) _warp_files; return 0;;
+                --states) _warp_files; return 0;;
                 --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--only --table --rows --refs --mode --version --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--only --table --rows --refs --mode --version --states --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         "")
             if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor"; fi

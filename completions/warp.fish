@@ -184,6 +184,7 @@ complete -c warp -n '__fish_seen_subcommand_from doctor' -l rows -x -d 'WS/NAME:
 complete -c warp -n '__fish_seen_subcommand_from doctor' -l refs -x -d 'WS/NAME: members to read through a bound column'
 complete -c warp -n '__fish_seen_subcommand_from doctor' -l mode -x -a 'auto remote hybrid local' -d 'WS/NAME: read mode (remote measures the store, not the cache)'
 complete -c warp -n '__fish_seen_subcommand_from doctor' -l version -r -F -d 'WS/NAME: a version hash (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from doctor' -l states -r -F -d 'WS/NAME or artifact path: check these saved final resume states (JSON; repeat...'
 complete -c warp -n '__fish_seen_subcommand_from doctor' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from doctor' -F
 

@@ -122,3 +122,50 @@ def test_usage_and_missing_target_errors(cli, table, tmp_path):
     assert r.code == 2 and "opposite things" in r.err
     r = cli("order", str(tmp_path))
     assert r.code == 66 and f"{tmp_path}: not a .tbl file" in r.err
+
+
+def _restarted(table, tmp_path):
+    """A run of 2 ranks stopped after 2 batches each, resumed at 3 ranks to the end: state files."""
+    old = []
+    for r in range(2):
+        stream = table.batches(5, columns=["id"], rank=r, world_size=2, shuffle=True, seed=1)
+        for k, _b in enumerate(stream):
+            if k == 1:
+                break
+        old.append(stream.state_dict(2))
+    files, mid = [], []
+    for r in range(3):
+        stream = table.batches(5, columns=["id"], rank=r, world_size=3, resume=old)
+        mid.append(stream.state_dict(1))
+        for _b in stream:
+            pass
+        f = tmp_path / f"rank{r}.json"
+        f.write_text(stream.state_dict().to_json())
+        files.append(f)
+    return files, mid
+
+
+def test_doctor_passes_the_states_of_a_restarted_epoch(cli, table, tmp_path):
+    files, _mid = _restarted(table, tmp_path)
+    args = [a for f in files for a in ("--states", f)]
+    r = cli("doctor", "ws/o", *args)
+    assert r.code == 0, r.out + r.err
+    assert "PASS" in r.out and "states/exactly-once" in r.out and "53 of 53 samples yielded once" in r.out
+    assert "4 checks: 0 failed" in r.err
+    doc = json.loads(cli("--json", "doctor", "ws/o", *args).out)
+    assert doc["ok"] and [c["name"] for c in doc["checks"]] == ["states", "version", "order", "exactly-once"]
+
+
+def test_doctor_fails_a_lost_batch_and_a_missing_rank(cli, table, tmp_path):
+    files, mid = _restarted(table, tmp_path)
+    lost = tmp_path / "lost.json"
+    lost.write_text(mid[1].to_json())  # rank 1 saved after its first batch: the rest of it is not counted
+    r = cli("--json", "doctor", "ws/o", "--states", files[0], "--states", lost, "--states", files[2])
+    assert r.code == 1
+    doc = json.loads(r.out)
+    bad = [c for c in doc["checks"] if c["status"] == "FAIL"]
+    assert [c["name"] for c in bad] == ["exactly-once"] and "is not the epoch's set digest" in bad[0]["detail"]
+    r = cli("doctor", "ws/o", "--states", files[0], "--states", files[2])
+    assert r.code == 1 and "missing [1]" in r.out
+    r = cli("doctor", "--states", files[0])
+    assert r.code == 2 and "--states needs the dataset" in r.err

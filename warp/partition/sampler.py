@@ -371,7 +371,8 @@ class ShardAwareSampler:
                 "fingerprint": self._fingerprint(), "data": self._data_fingerprint(),
                 "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "window": self.window, "mode": self.mode,
-                "done": [list(x) for x in self._rem.done], **self.tally(n).fields()}
+                "done": [list(x) for x in self._rem.done], "seed": self.seed, "shuffle": self.shuffle,
+                **self.tally(n).fields()}
 
     def _consumed_positions(self, state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
         """Positions of the sequence consumed by the rank that saved ``state`` (its done ones too)."""

@@ -329,7 +329,8 @@ class TblLoader:
                              hint="pass the number of batches the training loop used in this pass")
         return {"kind": "tbl", "epoch": self.epoch, "fingerprint": self._fingerprint(), "rank": self.rank,
                 "world_size": self.world_size, "batch_size": self.batch_size, "mode": self.mode,
-                "done": [list(x) for x in self._rem.done], "consumed": int(k), **self.tally(int(k)).fields()}
+                "done": [list(x) for x in self._rem.done], "consumed": int(k), "seed": self.seed,
+                "shuffle": bool(self.shuffle), **self.tally(int(k)).fields()}
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume from this rank's state, or from the list of every rank's states (any world size)."""
