@@ -12,8 +12,8 @@ weighted record read ``k`` times per epoch is ``k`` samples with one key.
 Digests
 -------
 :class:`Digest`: two 64-bit lanes, each the sum modulo 2^64 of a per-key hash
-(``fmix64(index·M + salt)``, MurmurHash3's finaliser, a bijection of the index, with
-two salts taken from SHA-256 of ``content``). A sum is order-independent, O(1) per
+(``fmix64(index·M + salt)``, MurmurHash3's finaliser, a bijection of the index, with a
+salt taken from SHA-256 of ``content``; the second lane sums it rotated by 29 bits). A sum is order-independent, O(1) per
 key and vectorised over a batch with numpy (no Python object per sample); unlike
 XOR a repeated key does not cancel: a missing, repeated or extra sample changes
 both lanes. It guards against accidents (lost, repeated or skipped samples), not
@@ -54,21 +54,10 @@ MASK = (1 << 64) - 1
 _M = 0x9E3779B97F4A7C15  # odd: index·M is a bijection modulo 2^64
 _C1 = 0xFF51AFD7ED558CCD  # MurmurHash3's fmix64 constants
 _C2 = 0xC4CEB9FE1A85EC53
-CHUNK = 1 << 20  # keys hashed per numpy pass (bounds the temporaries at 8 MiB)
+CHUNK = 1 << 20  # positions mapped to keys per step (bounds the temporaries at 8 MiB)
+HASH_CHUNK = 1 << 14  # keys hashed per numpy pass: two 128 KiB buffers that stay in cache
 __all__ = ["Digest", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
            "order_digest", "set_digest"]
-
-
-def _fmix64(x: np.ndarray) -> np.ndarray:
-    import numpy as np
-
-    s33 = np.uint64(33)
-    x ^= x >> s33
-    x *= np.uint64(_C1)
-    x ^= x >> s33
-    x *= np.uint64(_C2)
-    x ^= x >> s33
-    return x
 
 
 @dataclass(frozen=True)
@@ -106,22 +95,40 @@ class SampleKeys:
     def __init__(self, content: str) -> None:
         self.content = content
         h = hashlib.sha256(b"warp-sample-key/1\0" + content.encode()).digest()
-        self._salts = (int.from_bytes(h[:8], "little"), int.from_bytes(h[8:16], "little"))
+        self._salt = int.from_bytes(h[:8], "little")
+        self._k: tuple | None = None  # the numpy scalars, made on first use
 
     def digest(self, indices: np.ndarray | Sequence[int]) -> Digest:
-        """The digest of the keys of samples ``indices`` (repeats count each time)."""
+        """The digest of the keys of samples ``indices`` (repeats count each time).
+
+        Lane a sums ``h = fmix64(index·M + salt)``; lane b sums ``h`` rotated left by 29 bits
+        (the carries make it a second, non-linear check). In place on one buffer: 14 numpy
+        passes over the keys, no Python object per key."""
         import numpy as np
 
-        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
-        lanes = [0, 0]
-        salts = [np.uint64(s) for s in self._salts]
-        with np.errstate(over="ignore"):
-            for at in range(0, len(idx), CHUNK):
-                x = idx[at:at + CHUNK].view(np.uint64) * np.uint64(_M)
-                for k, salt in enumerate(salts):
-                    y = _fmix64(x + salt)
-                    lanes[k] += int(y.sum(dtype=np.uint64))
-        return Digest(lanes[0] & MASK, lanes[1] & MASK)
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1).view(np.uint64)
+        a = b = 0
+        size = min(len(idx), HASH_CHUNK)
+        buf, tmp = np.empty(size, np.uint64), np.empty(size, np.uint64)  # cache-sized, reused
+        if self._k is None:
+            self._k = tuple(np.uint64(v) for v in (_M, self._salt, 33, 29, 35, _C1, _C2))
+        m, salt, s33, s29, s35, c1, c2 = self._k
+        for at in range(0, len(idx), HASH_CHUNK):
+            part = idx[at:at + HASH_CHUNK]
+            x, t = buf[:len(part)], tmp[:len(part)]
+            np.multiply(part, m, out=x)
+            x += salt
+            for c in (c1, c2, None):  # MurmurHash3's fmix64
+                np.right_shift(x, s33, out=t)
+                x ^= t
+                if c is not None:
+                    x *= c
+            a += int(x.sum(dtype=np.uint64))
+            np.left_shift(x, s29, out=t)
+            x >>= s35
+            x |= t
+            b += int(x.sum(dtype=np.uint64))
+        return Digest(a & MASK, b & MASK)
 
     def digest_range(self, start: int, stop: int) -> Digest:
         """The digest of samples ``start .. stop-1``, a chunk at a time."""
@@ -247,11 +254,21 @@ class Ledger:
     grow incrementally (a state saved every few steps hashes each sample once).
     """
 
-    def __init__(self, keys: SampleKeys, rem: Remainder, index_of: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.keys, self.rem, self.index_of = keys, rem, index_of
+    def __init__(self, keys: SampleKeys, rem: Remainder, index_of: Callable[[np.ndarray], np.ndarray],
+                 ranges_of: Callable[[int, int], Iterable[tuple[int, int]]] | None = None) -> None:
+        # ranges_of (optional): items [a, b) as runs of consecutive sample indices, for orders made of runs
+        self.keys, self.rem, self.index_of, self.ranges_of = keys, rem, index_of, ranges_of
         self._iv: tuple[tuple[int, int], ...] = ()
         self._prefix: tuple[int, int] = (0, 0)  # (id of the items array, items tallied)
         self._sum = (Digest(), 0, Digest(), 0)
+
+    def _digest(self, a: int, b: int) -> Digest:
+        if self.ranges_of is None:
+            return self.keys.digest(self.index_of(self.rem.array(a, b)))
+        out = Digest()
+        for lo, hi in self.ranges_of(a, b):
+            out += self.keys.digest_range(lo, hi)
+        return out
 
     def _add(self, acc, intervals) -> tuple[Digest, int, Digest, int]:
         c, n, p, q = acc
@@ -259,14 +276,12 @@ class Ledger:
         for lo, hi in intervals:
             for at in range(lo, hi, CHUNK):
                 a, b = at, min(hi, at + CHUNK)
-                d = self.keys.digest(self.index_of(self.rem.array(a, b)))
                 if b <= m:
-                    c, n = c + d, n + b - a
+                    c, n = c + self._digest(a, b), n + b - a
                 elif a >= m:
-                    p, q = p + d, q + b - a
+                    p, q = p + self._digest(a, b), q + b - a
                 else:  # straddles the end of the order: split it
-                    d1 = self.keys.digest(self.index_of(self.rem.array(a, m)))
-                    c, n, p, q = c + d1, n + m - a, p + d - d1, q + b - m
+                    c, n, p, q = c + self._digest(a, m), n + m - a, p + self._digest(m, b), q + b - m
         return c, n, p, q
 
     def tally(self, items: Iterable[tuple[int, int]]) -> tuple[Digest, int, Digest, int]:

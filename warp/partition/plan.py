@@ -256,6 +256,18 @@ class ShardPlan:
         k = np.searchsorted(cum, positions, side="right") - 1
         return first[k] + positions - cum[k]
 
+    def row_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Row index ranges (manifest order) that items ``lo .. hi-1`` of this run's order read."""
+        offsets = getattr(self, "_offsets", None)
+        if offsets is None:
+            offsets = self._offsets = [0]
+            for n in self.unit_rows:
+                offsets.append(offsets[-1] + int(n))
+        out: list[Slice] = []
+        for a, b in self._rem.ranges(lo, hi):
+            self._global_slices(a, b, out)
+        return [(offsets[s.unit] + s.start, offsets[s.unit] + s.stop) for s in out]
+
     def runs(self) -> list[tuple[int, int]]:
         """The epoch's order as runs ``(first row, rows)``, one per unit."""
         offsets = [0]
@@ -278,7 +290,7 @@ class ShardPlan:
 
         ledger = getattr(self, "_ledger", None)
         if ledger is None or ledger.keys.content != content:
-            ledger = self._ledger = Ledger(SampleKeys(content), self._rem, self.row_indices)
+            ledger = self._ledger = Ledger(SampleKeys(content), self._rem, self.row_indices, self.row_ranges)
         own = ledger.tally(self._items(consumed))
         dropped = self.rows_per_rank * self.world if self.policy == "drop" and self.rank == 0 else None
         return ledger.make(content=content, order=self.order_digest(content), own=own,

@@ -240,6 +240,7 @@ class TblLoader:
         self._carried = None  # what earlier runs at another world size consumed (rank 0; digest.carry)
         self._content: str | None = None
         self._orders: dict[int, np.ndarray] = {}
+        self._order_digests: dict[int, str] = {}
         self._split(())
         self._pool = BufferPool(self.prefetch + 3)
         if resume is not None:
@@ -288,7 +289,10 @@ class TblLoader:
 
     def order_digest(self, epoch: int | None = None) -> str:
         e = self.epoch if epoch is None else int(epoch)
-        return order_digest(self.content, self.mode, self.seed, e, runs_of(self.order(e)))
+        got = self._order_digests.get(e)
+        if got is None:
+            got = self._order_digests[e] = order_digest(self.content, self.mode, self.seed, e, runs_of(self.order(e)))
+        return got
 
     def tally(self, batches_consumed: int) -> Tally:
         """The digests of this rank's first ``batches_consumed`` batches of the epoch (and what it carries)."""
