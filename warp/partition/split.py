@@ -186,10 +186,13 @@ class Remainder:
         items = np.asarray(items, np.int64)
         if self.size == 0:
             return np.zeros(0, np.int64)
-        q = items % self.size
-        cum = np.asarray(self._cum, np.int64)
+        q = items % self.size if len(items) and int(items.max()) >= self.size else items
+        if self.avail == [(0, self.n)]:  # nothing taken out: items are positions
+            return q
+        if getattr(self, "_arrays", None) is None:
+            self._arrays = (np.asarray(self._cum, np.int64), np.asarray([a for a, _ in self.avail], np.int64))
+        cum, starts = self._arrays
         k = np.searchsorted(cum, q, side="right") - 1
-        starts = np.asarray([a for a, _ in self.avail], np.int64)
         return starts[k] + q - cum[k]
 
     def array(self, lo: int, hi: int) -> np.ndarray:
