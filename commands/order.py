@@ -47,7 +47,9 @@ def main(
     batch_size: Annotated[int, typer.Option(
         "--batch-size", min=1, help="Batch size (drop_last keeps full batches: the share depends on it).")] = 1,
     keys: Annotated[bool, typer.Option("--keys", help="Print the sample indices in order (of --rank's share with it).")] = False,
-    table: Annotated[str | None, typer.Option("--table", help="WS/NAME: table to order (default: the only table, else main).")] = None,
+    table: Annotated[str | None, typer.Option(
+        "--table", help="WS/NAME: order this table (Table.batches); default: a published warehouse or feature cache "
+                        "as its loader reads it, else the only table, else main.")] = None,
     version: Annotated[str | None, typer.Option("--version", help="WS/NAME: a version hash (default: latest).")] = None,
     store: StoreOption = None,
 ) -> int:

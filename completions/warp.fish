@@ -167,7 +167,7 @@ complete -c warp -n '__fish_seen_subcommand_from order' -l world-size -x -d 'Num
 complete -c warp -n '__fish_seen_subcommand_from order' -l rank -x -d 'Show this rank\'s share of a fresh epoch'
 complete -c warp -n '__fish_seen_subcommand_from order' -l batch-size -x -d 'Batch size (drop_last keeps full batches: the share depends on it)'
 complete -c warp -n '__fish_seen_subcommand_from order' -l keys -d 'Print the sample indices in order (of --rank\'s share with it)'
-complete -c warp -n '__fish_seen_subcommand_from order' -l table -r -F -d 'WS/NAME: table to order (default: the only table, else main)'
+complete -c warp -n '__fish_seen_subcommand_from order' -l table -r -F -d 'WS/NAME: order this table (Table.batches); default: a published warehouse or...'
 complete -c warp -n '__fish_seen_subcommand_from order' -l version -r -F -d 'WS/NAME: a version hash (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from order' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from order' -F

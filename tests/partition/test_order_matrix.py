@@ -338,3 +338,16 @@ def test_a_lost_or_repeated_batch_changes_the_combined_digest(artifacts, monkeyp
     assert combine_digests([final[0], *again, *final[2:]]) == order.set_digest()
     assert combine_digests(final[:1] + final[2:]) != order.set_digest()  # rank 1's samples missing
     assert combine_digests(final + final[1:2]) != order.set_digest()  # rank 1's samples twice
+
+
+@pytest.mark.parametrize("kind", ["warehouse", "features"])
+def test_a_published_artifact_orders_as_its_directory(kind, artifacts, monkeypatch, tmp_path, cli):
+    """``warp order ws/name`` of a published warehouse or feature cache is ``warp order DIR`` of it."""
+    monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    r = cli("-q", "publish", f"ws/{kind}", "--from", artifacts[kind])
+    assert r.code == 0, r.err
+    published = json.loads(cli("--json", "order", f"ws/{kind}", "--seed", "3", "--epoch", "1").out)
+    local = json.loads(cli("--json", "order", artifacts[kind], "--seed", "3", "--epoch", "1").out)
+    assert published["kind"] == kind and published["shuffle"]
+    assert {k: v for k, v in published.items() if k != "target"} == {k: v for k, v in local.items() if k != "target"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warpdata.core.errors import MissingInputError, UsageError
+from warpdata.core.errors import MissingInputError
 from warpdata.partition.digest import EpochOrder, content_of_manifest
 from warpdata.partition.split import mode_of
 
@@ -87,6 +87,29 @@ def _published(name: str, table: str | None, version: str | None, store: str | N
     from warpdata.read.dataset import dataset
 
     ds = dataset(name, version=version, store=store)
+    from warpdata.features.manifest import KIND as FEATURES
+    from warpdata.warehouse.manifest import KIND as WAREHOUSE
+
+    kinds = set(ds.artifacts)  # a warehouse or feature cache is published as the artifact named by its kind
+    # a published warehouse or feature cache is ordered as its loader reads it, unless --table asks
+    # for one of the dataset's tables (Table.batches)
+    if table is None and WAREHOUSE in kinds:
+        from warpdata.warehouse.reader import Warehouse
+
+        wh = Warehouse.from_published(name, version=version, store=store, verify="off", allow_invalid=True)
+        try:
+            return "warehouse", _sampler_order(wh.shard_sizes.tolist(), None, content_of_manifest(wh.manifest))
+        finally:
+            wh.close()
+    if table is None and FEATURES in kinds:
+        from warpdata.features.reader import ShardCache
+
+        cache = ShardCache(name, version=version, store=store, verify="off")
+        try:
+            return "features", _sampler_order(cache.shard_sizes.tolist(), cache.record_repeats(),
+                                              content_of_manifest(cache.manifest))
+        finally:
+            cache.close()
     if ds.tables:
         t = ds.table(table)
 
@@ -98,29 +121,5 @@ def _published(name: str, table: str | None, version: str | None, store: str | N
             parts = [np.arange(a, a + n, dtype=np.int64) for a, n in plan.runs()]
             return content_of_table(ds.version, t.name), np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return "table", make
-    if table is not None:
-        raise UsageError(f"{name} has no tables; --table applies to published tables",
-                         hint=f"warp order {name}  (its artifact is ordered as its loader orders it)")
-    from warpdata.features.manifest import KIND as FEATURES
-    from warpdata.warehouse.manifest import KIND as WAREHOUSE
-
-    kinds = {ds.manifest.artifacts[a].kind for a in ds.artifacts}
-    if WAREHOUSE in kinds:
-        from warpdata.warehouse.reader import Warehouse
-
-        wh = Warehouse.from_published(name, version=version, store=store, verify="off", allow_invalid=True)
-        try:
-            return "warehouse", _sampler_order(wh.shard_sizes.tolist(), None, content_of_manifest(wh.manifest))
-        finally:
-            wh.close()
-    if FEATURES in kinds:
-        from warpdata.features.reader import ShardCache
-
-        cache = ShardCache(name, version=version, store=store, verify="off")
-        try:
-            return "features", _sampler_order(cache.shard_sizes.tolist(), cache.record_repeats(),
-                                              content_of_manifest(cache.manifest))
-        finally:
-            cache.close()
     raise MissingInputError(f"{name} has no table, tensor warehouse or feature cache to order",
                             hint=f"warp info {name}  (lists its tables and artifacts)")
