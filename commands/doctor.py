@@ -9,6 +9,13 @@ hash), the first --rows rows of a table stream, and --refs members named by a
 bound column read back. It reports rows/s, refs/s, requests per 1,000 rows and
 bytes fetched, and names the slowest part (throttling, request latency or
 bytes). The default --mode remote measures the store itself, not the cache.
+
+With --states FILE (repeatable; each a JSON state or a list of them), checks the
+final resume states of every rank of a training run against ``warp order``: one
+run, the artifact's content, the order digest, and that the combined digest is
+the epoch's set digest (every sample yielded exactly once over all restarts).
+TARGET may then also be a local artifact path (a .tbl file, a warehouse or
+feature-cache directory).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ EXAMPLES = """
   WARP_STORE=s3://bucket/warp warp doctor
   warp doctor vision/coco-mini     # can this dataset be read from here, and what is slow?
   warp doctor vision/coco-mini --rows 50000 --refs 100 --json | jq .metrics
+  warp doctor vision/coco-mini --states states/epoch3.json   # did every rank read every sample once?
 """
 
 
@@ -50,9 +58,19 @@ def main(
     mode: Annotated[str, typer.Option("--mode", metavar="auto|remote|hybrid|local",
                                       help="WS/NAME: read mode (remote measures the store, not the cache).")] = "remote",
     version: Annotated[str | None, typer.Option("--version", help="WS/NAME: a version hash (default: latest).")] = None,
+    states: Annotated[list[str] | None, typer.Option(
+        "--states", metavar="FILE",
+        help="WS/NAME or artifact path: check these saved final resume states (JSON; repeatable) against "
+             "'warp order'.")] = None,
     store: StoreOption = None,
 ) -> int:
     from warpdata.core.errors import UsageError
+
+    if states:
+        if dataset is None:
+            raise UsageError("--states needs the dataset or artifact the states were saved for",
+                             hint="warp doctor WS/NAME --states rank0.json --states rank1.json")
+        return _states(dataset, states, version, store)
 
     if dataset is not None:
         if only:
@@ -85,6 +103,23 @@ def main(
         })
     else:
         failed, warned = render(results)
+        out.info(f"{len(results)} checks: {failed} failed, {warned} warnings")
+    return 1 if failed else 0
+
+
+def _states(target: str, files: list[str], version: str | None, store: str | None) -> int:
+    from warpdata.doctor.registry import FAIL
+    from warpdata.doctor.states import check_states
+
+    results = check_states(target, files, version=version, store=store)
+    failed = sum(r.status == FAIL for _, r in results)
+    if out.options().json:
+        out.emit_json({"ok": failed == 0, "failed": failed, "target": target,
+                       "checks": [{"name": n, "group": "states", "status": r.status, "detail": r.detail,
+                                   "remedy": r.remedy, **({"facts": r.facts} if r.facts else {})}
+                                  for n, r in results]})
+    else:
+        failed, warned = render([("states", n, r) for n, r in results])
         out.info(f"{len(results)} checks: {failed} failed, {warned} warnings")
     return 1 if failed else 0
 

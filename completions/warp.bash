@@ -169,6 +169,19 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--limit --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_words "stats gc verify clear"; fi
             ;;
+        order)
+            case "$prev" in
+                --seed) :; return 0;;
+                --epoch) :; return 0;;
+                --world-size) :; return 0;;
+                --rank) :; return 0;;
+                --batch-size) :; return 0;;
+                --table) _warp_files; return 0;;
+                --version) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--seed --epoch --drop-last --pad --shuffle --no-shuffle --world-size --rank --batch-size --keys --table --version --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
         init)
             case "$prev" in
                 --table) _warp_files; return 0;;
@@ -185,12 +198,13 @@ _warp_complete_in() {
                 --refs) :; return 0;;
                 --mode) _warp_words "auto remote hybrid local"; return 0;;
                 --version) _warp_files; return 0;;
+                --states) _warp_files; return 0;;
                 --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--only --table --rows --refs --mode --version --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--only --table --rows --refs --mode --version --states --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor"; fi
             ;;
     esac
 }
@@ -200,7 +214,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|ingest|embeddings|tar-to-tbl|publish|register|unregister|ls|info|schema|head|inspect|stream|cat|warm|cache|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|embeddings|tar-to-tbl|publish|register|unregister|ls|info|schema|head|inspect|stream|cat|warm|cache|order|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

@@ -89,7 +89,7 @@ def test_resume_twice_with_other_worker_counts(unit_rows, world, bs, w1, w2, w3,
         got.update(rows_of(plan, order[:k]))
         state = plan.state_after(k, w, manifest="m" * 64, table="main")
         state = ResumeState.from_json(state.to_json())  # travels as tiny JSON
-        assert len(state.to_json()) < 400
+        assert len(state.to_json()) < 700  # its digests (docs/partitioning.md) take about 250 bytes
         plan = ShardPlan.resume(unit_rows, state, manifest="m" * 64, table="main")
     got.update(rows_of(plan, plan.remaining()))
     assert got == expected

@@ -65,6 +65,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     # serve to training
     CommandSpec("warm", "warpdata.commands.warm", "Download a published dataset's shards into the blob cache ahead of training."),
     CommandSpec("cache", "warpdata.commands.cache", "Show, garbage-collect, verify or clear the content-addressed blob cache."),
+    CommandSpec("order", "warpdata.commands.order", "Print an epoch's sample count, set digest and order digest, the ground truth for loaders' digests."),
     CommandSpec("init", "warpdata.commands.init", "Generate a loader module for a published dataset, with a smoke test."),
     # when something is wrong
     CommandSpec("doctor", "warpdata.commands.doctor", "Check the installation, backends, cache and store, and say how to fix what fails."),

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from warpdata.features.reader import ShardCache, caption_text
+from warpdata.partition.digest import content_of_manifest
 from warpdata.partition.sampler import ShardAwareSampler
 from warpdata.partition.world import UNSET, renamed
 
@@ -166,7 +167,8 @@ class BigBatchLoader:
             num_workers=max(1, num_workers), batch_size=self.big_batch_size, shuffle=shuffle, seed=seed,
             # default window: one shard, so a worker's reads stay inside <= 2 resident shards
             window=window or shard_size, drop_last=drop_last, pad=pad,
-            repeats=self.dataset.cache.record_repeats() if repeat else None)
+            repeats=self.dataset.cache.record_repeats() if repeat else None,
+            content=content_of_manifest(self.dataset.cache.manifest))
         self.drop_last, self.pad = self.sampler.drop_last, self.sampler.pad
         self.rank, self.world_size = self.sampler.rank, self.sampler.world_size
         self._batches = _BatchIndexSampler(self.sampler)
@@ -203,7 +205,8 @@ class BigBatchLoader:
     def state_dict(self) -> dict[str, Any]:
         """Resume state after the steps yielded so far (prefetched batches are not counted)."""
         return {"epoch": self.sampler.epoch, "step": self._step,
-                "sampler": self.sampler.state_dict(consumed=self._step * self.big_batch_size)}
+                "sampler": self.sampler.state_dict(consumed=min(self._step * self.big_batch_size,
+                                                                len(self.sampler)))}
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
         """Resume from this rank's state, or from the list of every rank's states (any world size).

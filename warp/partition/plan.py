@@ -31,7 +31,7 @@ order), ``rank``/``world``, ``batch_size``, a split ``policy`` and ``seed``/``ep
   the new run's ranks split the rows left by the same rules, so each row is
   read exactly once over both runs (``exact``).
 
-Pure Python and the standard library: it is imported in every worker.
+Pure Python and the standard library, but for the digests (numpy, :mod:`warpdata.partition.digest`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warpdata.core.errors import UsageError
+from warpdata.partition.digest import carry, check_same_epoch
 from warpdata.partition.split import (
     MODES,
     Remainder,
@@ -51,7 +52,7 @@ from warpdata.partition.split import (
     merge_intervals,
     rank_span,
 )
-from warpdata.partition.world import ShardingError, _from_env
+from warpdata.partition.world import ResumeMismatchError, ShardingError, _from_env
 
 POLICIES = MODES  # ("exact", "pad", "drop")
 __all__ = ["POLICIES", "ResumeState", "ShardPlan", "ShardingError", "Slice", "auto_shard", "merge_intervals"]
@@ -84,6 +85,16 @@ class ResumeState:
     consumed: tuple[tuple[int, int], ...] = ()
     num_batches: int = 0
     done_rows: tuple[tuple[int, int], ...] = ()  # sequence positions read before this run (any rank)
+    # digests of what this rank consumed (warpdata.partition.digest, docs/partitioning.md)
+    content: str = ""
+    order_digest: str = ""
+    consumed_digest: str = ""
+    consumed_samples: int = 0
+    pad_digest: str = ""
+    pad_samples: int = 0
+    dropped_digest: str = ""
+    dropped_samples: int = 0
+    carried: tuple = ()
 
     @property
     def done(self) -> bool:
@@ -98,6 +109,7 @@ class ResumeState:
         d = dict(self.__dict__)
         d["consumed"] = [list(x) for x in self.consumed]
         d["done_rows"] = [list(x) for x in self.done_rows]
+        d["carried"] = list(self.carried)
         d["v"] = 1
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
@@ -109,13 +121,19 @@ class ResumeState:
                 raise ValueError("unknown resume-state version")
             d["consumed"] = tuple((int(a), int(b)) for a, b in d.get("consumed", []))
             d["done_rows"] = tuple((int(a), int(b)) for a, b in d.get("done_rows", []))
+            d["carried"] = tuple(d.get("carried", ()))
             return cls(**d)
         except (ValueError, TypeError, KeyError) as e:
             raise UsageError(f"not a warp resume state: {e}",
                              hint="pass the JSON produced by state_dict()/ResumeState.to_json()") from None
 
     def next_epoch(self) -> ResumeState:
-        return ResumeState(**{**self.__dict__, "epoch": self.epoch + 1, "consumed": (), "done_rows": ()})
+        fresh = {k: v for k, v in self.__dict__.items() if k not in _TALLY_FIELDS}
+        return ResumeState(**{**fresh, "epoch": self.epoch + 1, "consumed": (), "done_rows": ()})
+
+
+_TALLY_FIELDS = ("order_digest", "consumed_digest", "consumed_samples", "pad_digest", "pad_samples",
+                 "dropped_digest", "dropped_samples", "carried")
 
 
 @dataclass
@@ -132,6 +150,7 @@ class ShardPlan:
     shuffle: bool = False
     consumed: tuple[tuple[int, int], ...] = ()
     done_rows: tuple[tuple[int, int], ...] = ()
+    carried: tuple = ()  # what earlier runs at another world size consumed (rank 0 only; digest.Tally)
     order: list[int] = field(init=False)
     total_rows: int = field(init=False)
     rows_per_rank: int = field(init=False)
@@ -218,6 +237,65 @@ class ShardPlan:
         """Sequence positions (merged intervals) that batches ``batches`` of this rank read."""
         return merge_intervals(iv for j in batches for iv in self._positions(j))
 
+    def _items(self, batches: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Items of the remainder (pad repeats past its size) that batch intervals ``batches`` read."""
+        bs, base, r = self.batch_size, self._base, self.rows_per_rank
+        return [(base + a * bs, base + min(b * bs, r)) for a, b in batches if a < b and a * bs < r]
+
+    # -- digests (docs/partitioning.md) -----------------------------------------
+    def row_indices(self, positions):
+        """Row indices (manifest order of units) of sequence positions ``positions`` (an int64 array)."""
+        import numpy as np
+
+        if getattr(self, "_np", None) is None:
+            rows = np.asarray(self.unit_rows, np.int64)
+            offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+            order = np.asarray(self.order, np.int64)
+            self._np = (np.asarray(self._cum, np.int64), offsets[order] if len(order) else order)
+        cum, first = self._np
+        k = np.searchsorted(cum, positions, side="right") - 1
+        return first[k] + positions - cum[k]
+
+    def row_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Row index ranges (manifest order) that items ``lo .. hi-1`` of this run's order read."""
+        offsets = getattr(self, "_offsets", None)
+        if offsets is None:
+            offsets = self._offsets = [0]
+            for n in self.unit_rows:
+                offsets.append(offsets[-1] + int(n))
+        out: list[Slice] = []
+        for a, b in self._rem.ranges(lo, hi):
+            self._global_slices(a, b, out)
+        return [(offsets[s.unit] + s.start, offsets[s.unit] + s.stop) for s in out]
+
+    def runs(self) -> list[tuple[int, int]]:
+        """The epoch's order as runs ``(first row, rows)``, one per unit."""
+        offsets = [0]
+        for n in self.unit_rows:
+            offsets.append(offsets[-1] + int(n))
+        return [(offsets[u], int(self.unit_rows[u])) for u in self.order]
+
+    def order_digest(self, content: str) -> str:
+        from warpdata.partition.digest import merge_runs, order_digest
+
+        cached = getattr(self, "_order_digest", None)
+        if cached is None or cached[0] != content:
+            self._order_digest = (content, order_digest(content, self.policy, self.seed, self.epoch,
+                                                        merge_runs(self.runs())))
+        return self._order_digest[1]
+
+    def tally(self, consumed: Iterable[tuple[int, int]], content: str):
+        """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``."""
+        from warpdata.partition.digest import Ledger, SampleKeys
+
+        ledger = getattr(self, "_ledger", None)
+        if ledger is None or ledger.keys.content != content:
+            ledger = self._ledger = Ledger(SampleKeys(content), self._rem, self.row_indices, self.row_ranges)
+        own = ledger.tally(self._items(consumed))
+        dropped = self.rows_per_rank * self.world if self.policy == "drop" and self.rank == 0 else None
+        return ledger.make(content=content, order=self.order_digest(content), own=own,
+                           carried=_carried(self.carried), dropped_from=dropped)
+
     # -- workers ----------------------------------------------------------------
     def remaining(self) -> list[int]:
         out: list[int] = []
@@ -263,10 +341,12 @@ class ShardPlan:
         """Resume state once the first ``n_yielded`` batches of this run were consumed."""
         done = self.yield_order(num_workers)[:n_yielded] if n_yielded else []
         consumed = merge_intervals(list(self.consumed) + [(j, j + 1) for j in done])
+        tally = self.tally(consumed, content_of_table(manifest, table)).fields()
+        tally["carried"] = tuple(tally.get("carried", ()))
         return ResumeState(manifest=manifest, table=table, seed=self.seed, epoch=self.epoch, rank=self.rank,
                            world=self.world, batch_size=self.batch_size, policy=self.policy,
                            shuffle=self.shuffle, consumed=consumed, num_batches=self.num_batches,
-                           done_rows=self.done_rows)
+                           done_rows=self.done_rows, **tally)
 
     @classmethod
     def resume(cls, unit_rows: Sequence[int], state: ResumeState, *, manifest: str = "",
@@ -286,16 +366,18 @@ class ShardPlan:
             hint = ("resume with the same dataset version and table" if k in ("manifest", "table") else
                     "to resume at another rank or world size, pass the states of every rank of the old run "
                     "(a list); one rank's state resumes only that rank")
-            raise ShardingError(f"resume state is for {k}={old!r}, this run has {k}={new!r}", hint=hint)
+            error = ResumeMismatchError if k in ("manifest", "table") else ShardingError
+            raise error(f"resume state is for {k}={old!r}, this run has {k}={new!r}", hint=hint)
         if state.elastic:
             if rank is None or world is None:
                 raise ShardingError("a merged resume state needs this run's rank and world_size",
                                     hint="pass rank= and world_size= (or run under torchrun)")
             return cls(unit_rows, rank=rank, world=world, batch_size=state.batch_size, policy=state.policy,
-                       seed=state.seed, epoch=state.epoch, shuffle=state.shuffle, done_rows=state.done_rows)
+                       seed=state.seed, epoch=state.epoch, shuffle=state.shuffle, done_rows=state.done_rows,
+                       carried=state.carried if rank == 0 else ())
         plan = cls(unit_rows, rank=state.rank, world=state.world, batch_size=state.batch_size,
                    policy=state.policy, seed=state.seed, epoch=state.epoch, shuffle=state.shuffle,
-                   consumed=state.consumed, done_rows=state.done_rows)
+                   consumed=state.consumed, done_rows=state.done_rows, carried=state.carried)
         if state.num_batches and state.num_batches != plan.num_batches:
             raise ShardingError(f"resume state counts {state.num_batches} batches, the table now gives "
                                 f"{plan.num_batches}", hint="resume against the same dataset version")
@@ -325,14 +407,36 @@ class ShardPlan:
         if elastic:
             return first
         check_all_ranks("resume", [(s.rank, s.world) for s in states])
+        if all(s.consumed_digest for s in states):
+            check_same_epoch("resume", states)
         done: list[tuple[int, int]] = []
         for s in states:
             plan = cls.resume(unit_rows, s, manifest=manifest, table=table)
             done.extend(plan.done_rows)
-            done.extend(plan.rows_read(j for a, b in plan.consumed for j in range(a, min(b, plan.num_batches))))
+            # a pad repeat (an item past the order's end) does not consume the sample it repeats
+            m = plan.rows_left
+            for lo, hi in plan._items(plan.consumed):
+                done.extend(plan._rem.ranges(lo, min(hi, m)))
+        carried = carry(states) if all(s.consumed_digest for s in states) else None
         return ResumeState(manifest=first.manifest, table=first.table, seed=first.seed, epoch=first.epoch,
                            rank=0, world=0, batch_size=first.batch_size, policy=first.policy,
-                           shuffle=first.shuffle, consumed=(), num_batches=0, done_rows=merge_intervals(done))
+                           shuffle=first.shuffle, consumed=(), num_batches=0, done_rows=merge_intervals(done),
+                           content=first.content, order_digest=first.order_digest,
+                           carried=(carried[0].hex(), carried[1], carried[2].hex(), carried[3]) if carried else ())
+
+
+def content_of_table(manifest: str, table: str) -> str:
+    """A table's content name in its sample keys: the dataset version (manifest hash) and table name."""
+    return f"{manifest}/{table}"
+
+
+def _carried(carried: tuple):
+    from warpdata.partition.digest import Digest
+
+    if not carried:
+        return None
+    c, n, p, q = carried
+    return Digest.from_hex(c), int(n), Digest.from_hex(p), int(q)
 
 
 def auto_shard(environ: Mapping[str, str] | None = None) -> tuple[int, int]:

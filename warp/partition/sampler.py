@@ -62,6 +62,16 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import ConfigError
+from warpdata.partition.digest import (
+    Ledger,
+    SampleKeys,
+    Tally,
+    carried_of,
+    carry,
+    check_same_epoch,
+    order_digest,
+    runs_of,
+)
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -70,7 +80,13 @@ from warpdata.partition.split import (
     mode_of,
     rank_span,
 )
-from warpdata.partition.world import UNSET, renamed, resolve_world, split_policy
+from warpdata.partition.world import (
+    UNSET,
+    ResumeMismatchError,
+    renamed,
+    resolve_world,
+    split_policy,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -92,7 +108,7 @@ class ShardAwareSampler:
     def __init__(self, shard_sizes: Sequence[int], *, rank: int | None = None, world_size: int | None = None,
                  num_workers: int = 1, batch_size: int = 1, shuffle: bool = True, seed: int = 0,
                  window: int = 1024, drop_last: bool = False, pad: bool = False,
-                 repeats: Sequence[int] | np.ndarray | None = None,
+                 repeats: Sequence[int] | np.ndarray | None = None, content: str | None = None,
                  num_replicas: Any = UNSET, uneven: Any = UNSET) -> None:
         import numpy as np
 
@@ -137,9 +153,15 @@ class ShardAwareSampler:
         if self.drop_last:
             check_drop_leaves_batches(self.num_samples_total, self.world_size, self.batch_size)
         self.epoch = 0
+        self._epoch_pinned = False  # set_epoch() was called: a resume state must be of this epoch
         self._skip = 0  # samples to skip at the next __iter__ (mid-epoch resume)
         self._yielded = 0
         self.resumed_elsewhere = False
+        self._complete = False  # a pass ended: the next one starts the epoch whole
+        # the sample keys' content name (docs/partitioning.md); a bare sampler names its shards and weights
+        self.content = content or f"sampler:{self._data_fingerprint()}"
+        self._carried = None  # what earlier runs at another world size consumed (rank 0; digest.carry)
+        self._cache: dict[str, Any] = {}
         self._set_done(())
 
     def _set_done(self, done) -> None:
@@ -147,6 +169,8 @@ class ShardAwareSampler:
         self._rem = Remainder(self.num_samples_total, done)
         self._start, self.per_rank = rank_span(self._rem.size, self.rank, self.world_size, self.mode,
                                                self.batch_size)
+        self._ledger = None
+        self._items = None  # (epoch, this rank's items in yield order)
 
     # the names of the first release
     @property
@@ -164,8 +188,11 @@ class ShardAwareSampler:
         """Choose the epoch; another epoch than the current one forgets any resume state."""
         if int(epoch) != self.epoch:
             self._skip = 0
+            self._carried = None
+            self._complete = False
             self._set_done(())
         self.epoch = int(epoch)
+        self._epoch_pinned = True
 
     def shard_order(self, epoch: int | None = None) -> np.ndarray:
         """Shard ids in this epoch's order (with ``repeats``: ids into the shard copies)."""
@@ -239,34 +266,47 @@ class ShardAwareSampler:
 
     def epoch_positions(self, epoch: int | None = None) -> np.ndarray:
         """Positions in :meth:`sequence` of this rank's epoch, in the order ``__iter__`` yields them."""
+        return self._rem.positions(self.epoch_items(epoch))
+
+    def epoch_items(self, epoch: int | None = None) -> np.ndarray:
+        """Items of the remainder (past its size: pad repeats) of this rank's epoch, in yield order."""
         import numpy as np
 
         e = self.epoch if epoch is None else epoch
-        pos = self.rank_positions()
+        if self._items is not None and self._items[0] == e:
+            return self._items[1]
+        pos = np.arange(self._start, self._start + self.per_rank, dtype=np.int64)
         parts = [self._worker_part(w, e, pos) for w in range(self.num_workers)]
         if self.num_workers == 1:
-            return parts[0]
-        bs = self.batch_size
-        batches = [[p[j:j + bs] for j in range(0, len(p), bs)] for p in parts]
-        out: list[np.ndarray] = []
-        for j in range(max((len(b) for b in batches), default=0)):
-            out.extend(b[j] for b in batches if j < len(b))
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+            items = parts[0]
+        else:
+            bs = self.batch_size
+            batches = [[p[j:j + bs] for j in range(0, len(p), bs)] for p in parts]
+            out: list[np.ndarray] = []
+            for j in range(max((len(b) for b in batches), default=0)):
+                out.extend(b[j] for b in batches if j < len(b))
+            items = np.concatenate(out) if out else np.zeros(0, np.int64)
+        self._items = (e, items)
+        return items
 
     def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
         """This rank's full epoch order as ``__iter__`` yields it (no resume skip)."""
         return self.sequence(epoch)[self.epoch_positions(epoch)]
 
     def _pass(self) -> tuple[np.ndarray, int]:
+        if self._complete:  # the last pass ended: this one reads the whole epoch again
+            self._complete = False
+            self._carried = None
+            self._set_done(())
         idx = self.epoch_indices()
         skip, self._skip = self._skip, 0
         self._yielded = skip
         return idx, skip
 
     def _finish(self) -> None:
-        # a whole pass done: the next pass of this epoch (and the next epoch) is complete again
-        if self._rem.done:
-            self._set_done(())
+        # a whole pass done: the next pass of this epoch (and the next epoch) is complete again; the
+        # reset waits for that pass, so state_dict() after this one still describes it
+        self._complete = True
 
     def __iter__(self) -> Iterator[int]:
         idx, skip = self._pass()
@@ -303,13 +343,36 @@ class ShardAwareSampler:
             h.update(self.repeats.tobytes())
         return h.hexdigest()[:16]
 
+    def order_digest(self, epoch: int | None = None) -> str:
+        """The epoch's order digest (:func:`warpdata.partition.digest.order_digest`)."""
+        e = self.epoch if epoch is None else int(epoch)
+        key = f"order:{e}"
+        if key not in self._cache:
+            self._cache = {key: order_digest(self.content, self.mode, self.seed, e, runs_of(self.sequence(e)))}
+        return self._cache[key]
+
+    def tally(self, consumed: int) -> Tally:
+        """The digests of the first ``consumed`` samples of this rank's epoch (and what it carries)."""
+        if self._ledger is None:
+            seq = self.sequence()
+            self._ledger = Ledger(SampleKeys(self.content), self._rem, seq.__getitem__)
+        own = self._ledger.tally_prefix(self.epoch_items(), consumed)
+        dropped = self.per_rank * self.world_size if self.mode == "drop" and self.rank == 0 else None
+        return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
+                                 carried=self._carried, dropped_from=dropped)
+
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """JSON-able resume state; ``consumed`` = samples used so far this epoch."""
-        return {"epoch": self.epoch, "consumed": int(self._yielded if consumed is None else consumed),
+        n = int(self._yielded if consumed is None else consumed)
+        if not 0 <= n <= self.per_rank:
+            raise ConfigError(f"consumed={n} is not in [0, {self.per_rank}] (this rank's samples this epoch)",
+                              hint="pass the number of samples the training loop used this epoch")
+        return {"epoch": self.epoch, "consumed": n,
                 "fingerprint": self._fingerprint(), "data": self._data_fingerprint(),
                 "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "window": self.window, "mode": self.mode,
-                "done": [list(x) for x in self._rem.done]}
+                "done": [list(x) for x in self._rem.done], "seed": self.seed, "shuffle": self.shuffle,
+                **self.tally(n).fields()}
 
     def _consumed_positions(self, state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
         """Positions of the sequence consumed by the rank that saved ``state`` (its done ones too)."""
@@ -323,7 +386,9 @@ class ShardAwareSampler:
         consumed = int(state["consumed"])
         if not 0 <= consumed <= twin.per_rank:
             raise ConfigError(f"sampler state of rank {twin.rank} consumed={consumed} is not in [0, {twin.per_rank}]")
-        pos = twin.epoch_positions()[:consumed]
+        items = twin.epoch_items()[:consumed]
+        # a pad repeat (an item past the order's end) does not consume the sample it repeats
+        pos = twin._rem.positions(items[items < twin._rem.size])
         return tuple(twin._rem.done) + intervals_of_array(pos)
 
     def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
@@ -344,6 +409,7 @@ class ShardAwareSampler:
             raise ConfigError("sampler state was saved with different shards or settings",
                               hint="resume with the same data, world size, workers, batch size, seed and window, "
                                    "or pass the list of the states of every rank of the old run")
+        self._check_states([state])
         self._set_done(tuple(map(tuple, state.get("done", ()))))
         consumed = int(state["consumed"])
         if not 0 <= consumed <= self.per_rank:
@@ -351,6 +417,8 @@ class ShardAwareSampler:
         self.epoch = int(state["epoch"])
         self._skip = consumed
         self._yielded = consumed
+        self._complete = False
+        self._carried = carried_of(state)
         self.resumed_elsewhere = False
 
     def _load_elastic(self, states: list[dict[str, Any]]) -> None:
@@ -365,13 +433,30 @@ class ShardAwareSampler:
             raise ConfigError(f"sampler states come from different epochs {sorted(epochs)}",
                               hint="pass the states every rank saved at one step")
         check_all_ranks("sampler resume", [(int(st["rank"]), int(st["world_size"])) for st in states])
+        modes = sorted({str(st.get("mode")) for st in states} | {self.mode})
+        if len(modes) > 1:
+            raise ResumeMismatchError(f"sampler resume: the states' split mode and this sampler's differ {modes}",
+                                      hint="resume with the drop_last / pad of the run that saved the states")
+        self._check_states(states)
         done: list[tuple[int, int]] = []
         for st in states:
             done.extend(self._consumed_positions(st))
         self.epoch = epochs.pop()
         self._set_done(done)
         self._skip = self._yielded = 0
+        self._complete = False
+        # rank 0 carries what the old run consumed, so the final states sum to the epoch's digest
+        self._carried = carry(states) if self.rank == 0 else None
         self.resumed_elsewhere = True  # this run splits what the old run's ranks left
+
+    def _check_states(self, states: list[dict[str, Any]]) -> None:
+        """Refuse states of another artifact, epoch order, or (after ``set_epoch``) epoch."""
+        epochs = sorted({int(st["epoch"]) for st in states})
+        if self._epoch_pinned and epochs != [self.epoch]:
+            raise ResumeMismatchError(f"sampler resume: the state is for epoch {epochs[0]}, this sampler was set "
+                                      f"to epoch {self.epoch}",
+                                      hint="call set_epoch() with the state's epoch, or load the state first")
+        check_same_epoch("sampler resume", states, content=self.content, order=self.order_digest(epochs[0]))
 
 
 def torch_sampler(sampler: ShardAwareSampler):

@@ -104,6 +104,24 @@ def merge_intervals(iv: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...
     return tuple((a, b) for a, b in out)
 
 
+def subtract_intervals(a: Iterable[tuple[int, int]], b: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The merged half-open intervals of ``a`` less those of ``b``."""
+    out: list[tuple[int, int]] = []
+    cut = merge_intervals(b)
+    for lo, hi in merge_intervals(a):
+        for c, d in cut:
+            if d <= lo or c >= hi:
+                continue
+            if c > lo:
+                out.append((lo, c))
+            lo = max(lo, d)
+            if lo >= hi:
+                break
+        if lo < hi:
+            out.append((lo, hi))
+    return tuple(out)
+
+
 def intervals_of(positions: Iterable[int]) -> tuple[tuple[int, int], ...]:
     """Sorted positions (any order, repeats allowed) as merged half-open intervals."""
     return merge_intervals((p, p + 1) for p in positions)
@@ -160,6 +178,22 @@ class Remainder:
                 out.append((start, start + take))
             lo += take
         return out
+
+    def positions(self, items: np.ndarray) -> np.ndarray:
+        """:meth:`array` for any items (an int64 array; items past ``size`` wrap), vectorised."""
+        import numpy as np
+
+        items = np.asarray(items, np.int64)
+        if self.size == 0:
+            return np.zeros(0, np.int64)
+        q = items % self.size if len(items) and int(items.max()) >= self.size else items
+        if self.avail == [(0, self.n)]:  # nothing taken out: items are positions
+            return q
+        if getattr(self, "_arrays", None) is None:
+            self._arrays = (np.asarray(self._cum, np.int64), np.asarray([a for a, _ in self.avail], np.int64))
+        cum, starts = self._arrays
+        k = np.searchsorted(cum, q, side="right") - 1
+        return starts[k] + q - cum[k]
 
     def array(self, lo: int, hi: int) -> np.ndarray:
         """:meth:`ranges` as an int64 array of positions."""

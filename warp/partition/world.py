@@ -50,6 +50,12 @@ class ShardingError(UsageError):
     code = "sharding"
 
 
+class ResumeMismatchError(ShardingError):
+    """A resume state from another run: another dataset version, seed, epoch, shuffle or split mode."""
+
+    code = "resume-mismatch"
+
+
 @dataclass(frozen=True)
 class World:
     """One reader: ``rank`` of ``world_size`` ranks, DataLoader worker ``worker_id`` of ``num_workers``.

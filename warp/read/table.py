@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 from warpdata.core.errors import MissingInputError, UsageError
 from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.split import mode_of
-from warpdata.partition.world import UNSET, parse_shard, renamed, resolve_world, split_policy
+from warpdata.partition.world import (
+    UNSET,
+    ResumeMismatchError,
+    parse_shard,
+    renamed,
+    resolve_world,
+    split_policy,
+)
 from warpdata.read.batches import (
     DEFAULT_BATCH,
     BatchStream,
@@ -120,8 +127,9 @@ class Table:
 
     def batches(self, batch_size: int = DEFAULT_BATCH, columns: Sequence[str] | None = None,
                 shard: Any = UNSET, limit: int | None = None, prefetch: Any = "auto", *,
-                rank: int | None = None, world_size: int | None = None, drop_last: bool = False,
-                pad: bool = False, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+                rank: int | None = None, world_size: int | None = None, drop_last: bool | None = None,
+                pad: bool | None = None, shuffle: bool | None = None, seed: int | None = None,
+                epoch: int | None = None,
                 resume: ResumeState | str | bytes | Sequence[ResumeState | str | bytes] | None = None,
                 worker: tuple[int, int] | None = None, policy: Any = UNSET) -> BatchStream:
         """Arrow RecordBatches of ``batch_size`` rows for this rank and DataLoader worker.
@@ -139,7 +147,9 @@ class Table:
         ``resume``: a :class:`ResumeState` (or its JSON) from ``state_dict()``
         resumes that rank; the list of every rank's states resumes the rest of
         the epoch at any world size (each row still read once over both runs).
-        The split settings then come from the states. ``shard=`` (``(rank,
+        The split settings then come from the states; any of ``seed``, ``epoch``,
+        ``shuffle``, ``drop_last`` / ``pad`` given must match them (else
+        :class:`~warpdata.partition.world.ResumeMismatchError`). ``shard=`` (``(rank,
         world)``, ``"r/w"``, ``"auto"``, None) and ``policy=`` (``"exact"``,
         ``"pad"``, ``"drop"``) are the deprecated names of these keywords.
         """
@@ -148,29 +158,42 @@ class Table:
             rank, world_size = renamed(where, "shard", shard, "rank= and world_size=", (rank, world_size),
                                        (None, None), lambda v: parse_shard(where, v))
         if policy is not UNSET:
-            drop_last, pad = renamed(where, "policy", policy, "drop_last= / pad=", (drop_last, pad), (False, False),
+            drop_last, pad = renamed(where, "policy", policy, "drop_last= / pad=", (drop_last, pad), (None, None),
                                      lambda v: split_policy(where, "policy", v))
-        mode = mode_of(drop_last, pad, where)
+        mode = mode_of(bool(drop_last), bool(pad), where)
         cols = self._check_columns(columns)
         if limit is not None and limit < 0:
             raise UsageError(f"limit must be >= 0, not {limit}")
         wid, nw = worker if worker is not None else _worker_info()
         counts = self._row_counts()
         if resume is not None:
-            plan = self._resume_plan(counts, resume, rank, world_size)
+            given = {"seed": seed, "epoch": epoch, "shuffle": shuffle,
+                     "policy": None if drop_last is None and pad is None else mode}
+            plan = self._resume_plan(counts, resume, rank, world_size, given)
         else:
             w = resolve_world(rank, world_size, worker=(wid, nw))
             plan = ShardPlan(counts, rank=w.rank, world=w.world_size, batch_size=batch_size, policy=mode,
-                             seed=seed, epoch=epoch, shuffle=shuffle)
+                             seed=seed or 0, epoch=epoch or 0, shuffle=bool(shuffle))
         ids = plan.worker_batches(wid, nw) if plan.remaining() else []
         return BatchStream(self, plan, ids, cols, limit, _prefetch_depth(prefetch, self.ds.mode), num_workers=nw)
 
-    def _resume_plan(self, counts: list[int], resume: Any, rank: int | None, world_size: int | None) -> ShardPlan:
-        """The plan resuming from one rank's state, or from every rank's states at any world size."""
+    def _resume_plan(self, counts: list[int], resume: Any, rank: int | None, world_size: int | None,
+                     given: dict[str, Any]) -> ShardPlan:
+        """The plan resuming from one rank's state, or from every rank's states at any world size.
+
+        ``given``: the split settings the caller passed (None: not passed), which the states must have."""
         many = isinstance(resume, (list, tuple))
         states = [ResumeState.from_json(r) if isinstance(r, (str, bytes)) else r
                   for r in (resume if many else [resume])]
         manifest, table = self.ds.version, self.name
+        for st in states:
+            for k, v in given.items():
+                if v is not None and getattr(st, k) != v:
+                    what = {"policy": "split mode"}.get(k, k)
+                    raise ResumeMismatchError(
+                        f"Table.batches: the resume state is for {what} {getattr(st, k)!r}, this call asks for {v!r}",
+                        hint="resume with the seed, epoch, shuffle and drop_last / pad of the run that saved the "
+                             "state (or leave them out: they come from the state)")
         one = states[0] if len(states) == 1 else None
         if one is not None and not one.elastic:
             if rank is None and world_size is None:
@@ -304,8 +327,8 @@ class Table:
 
     def to_torch(self, batch_size: int = 1024, columns: Sequence[str] | None = None, *,
                  num_workers: int = 0, rank: int | None = None, world_size: int | None = None,
-                 drop_last: bool = False, pad: bool = False, seed: int = 0, read_refs: bool = False,
-                 **kw: Any) -> TorchLoader:
+                 drop_last: bool | None = None, pad: bool | None = None, seed: int | None = None,
+                 read_refs: bool = False, **kw: Any) -> TorchLoader:
         """A PyTorch DataLoader over this table (IterableDataset, one worker per run of batches).
 
         ``rank``, ``world_size``, ``drop_last``, ``pad``, ``seed`` and the rest
@@ -327,7 +350,7 @@ class Table:
                                        (None, None), lambda v: parse_shard(where, v))
         if "policy" in kw:
             drop_last, pad = renamed(where, "policy", kw.pop("policy"), "drop_last= / pad=", (drop_last, pad),
-                                     (False, False), lambda v: split_policy(where, "policy", v))
+                                     (None, None), lambda v: split_policy(where, "policy", v))
         res = kw.get("resume")
         first = (res[0] if len(res) == 1 else None) if isinstance(res, (list, tuple)) else res
         if isinstance(first, (str, bytes)):
@@ -337,7 +360,7 @@ class Table:
         else:
             w = resolve_world(rank, world_size, worker=(0, 1))
             rw = (w.rank, w.world_size)
-        kw.update(drop_last=drop_last, pad=pad, seed=seed)
+        kw.update({k: v for k, v in (("drop_last", drop_last), ("pad", pad), ("seed", seed)) if v is not None})
         loader = TorchLoader(self, batch_size, self._check_columns(columns), num_workers, rw, kw)
         loader.read_refs = read_refs
         return loader

@@ -59,6 +59,16 @@ import numpy as np
 from warpdata.core.errors import DataError, UsageError
 from warpdata.core.verify import verify_level
 from warpdata.formats.tbl import FORMAT_CODES, SampleInfo, TblReader
+from warpdata.partition.digest import (
+    Ledger,
+    SampleKeys,
+    Tally,
+    carried_of,
+    carry,
+    check_same_epoch,
+    order_digest,
+    runs_of,
+)
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -67,7 +77,7 @@ from warpdata.partition.split import (
     mode_of,
     rank_span,
 )
-from warpdata.partition.world import resolve_world
+from warpdata.partition.world import ResumeMismatchError, resolve_world
 
 OLD_VERIFY = {True: "fast", False: "off"}
 
@@ -223,8 +233,14 @@ class TblLoader:
         if self.drop_last:
             check_drop_leaves_batches(len(self.selection), self.world_size, batch_size)
         self.epoch = 0
+        self._epoch_pinned = False  # set_epoch() was called: a resume state must be of this epoch
         self._skip = 0  # batches of this rank's epoch consumed before this pass (resume)
         self._yielded = 0
+        self._complete = False  # a pass ended: the next one starts the epoch whole
+        self._carried = None  # what earlier runs at another world size consumed (rank 0; digest.carry)
+        self._content: str | None = None
+        self._orders: dict[int, np.ndarray] = {}
+        self._order_digests: dict[int, str] = {}
         self._split(())
         self._pool = BufferPool(self.prefetch + 3)
         if resume is not None:
@@ -235,24 +251,59 @@ class TblLoader:
         self._start, self._count = rank_span(self._rem.size, self.rank, self.world_size, self.mode,
                                              self.batch_size)
         self._num_batches = -(-self._count // self.batch_size)
+        self._ledger = None
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the shuffle of the next iteration (same on every rank); a new epoch drops resume state."""
         if int(epoch) != self.epoch:
             self._skip = 0
+            self._carried = None
+            self._complete = False
             self._split(())
         self.epoch = int(epoch)
+        self._epoch_pinned = True
 
     def __len__(self) -> int:
         """Batches this rank yields in the next pass of this epoch."""
         return self._num_batches - self._skip
 
-    def order(self) -> np.ndarray:
+    def order(self, epoch: int | None = None) -> np.ndarray:
         """This epoch's global order of sample indices (before splitting by rank)."""
+        e = self.epoch if epoch is None else int(epoch)
         if not self.shuffle:
             return self.selection
-        rng = np.random.default_rng([self.seed, self.epoch])
-        return self.selection[rng.permutation(len(self.selection))]
+        got = self._orders.get(e)
+        if got is None:
+            rng = np.random.default_rng([self.seed, e])
+            got = self._orders = {e: self.selection[rng.permutation(len(self.selection))]}
+            got = got[e]
+        return got
+
+    # -- digests (docs/partitioning.md) -----------------------------------------
+    @property
+    def content(self) -> str:
+        """The sample keys' content name: SHA-256 of the file's index (each payload's offset, size and CRC-32)."""
+        if self._content is None:
+            self._content = "tbl:" + hashlib.sha256(np.ascontiguousarray(self.reader.index).tobytes()).hexdigest()
+        return self._content
+
+    def order_digest(self, epoch: int | None = None) -> str:
+        e = self.epoch if epoch is None else int(epoch)
+        got = self._order_digests.get(e)
+        if got is None:
+            got = self._order_digests[e] = order_digest(self.content, self.mode, self.seed, e, runs_of(self.order(e)))
+        return got
+
+    def tally(self, batches_consumed: int) -> Tally:
+        """The digests of this rank's first ``batches_consumed`` batches of the epoch (and what it carries)."""
+        if self._ledger is None:
+            order = self.order()
+            self._ledger = Ledger(SampleKeys(self.content), self._rem, order.__getitem__)
+        stop = self._start + min(batches_consumed * self.batch_size, self._count)
+        own = self._ledger.tally([(self._start, stop)])
+        dropped = self._count * self.world_size if self.mode == "drop" and self.rank == 0 else None
+        return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
+                                 carried=self._carried, dropped_from=dropped)
 
     def _batch_positions(self, j: int) -> tuple[int, int]:
         """Items ``[lo, hi)`` of the remainder that batch ``j`` of this rank reads."""
@@ -277,22 +328,39 @@ class TblLoader:
         """JSON-able resume state once the loop used ``batches_consumed`` batches of this pass
         (default: what this loader yielded in-process); batches skipped on resume count too."""
         k = self._yielded if batches_consumed is None else self._skip + int(batches_consumed)
+        if not 0 <= k <= self._num_batches:
+            raise UsageError(f"TblLoader: {k} batches consumed is not in 0..{self._num_batches} (this rank's batches)",
+                             hint="pass the number of batches the training loop used in this pass")
         return {"kind": "tbl", "epoch": self.epoch, "fingerprint": self._fingerprint(), "rank": self.rank,
                 "world_size": self.world_size, "batch_size": self.batch_size, "mode": self.mode,
-                "done": [list(x) for x in self._rem.done], "consumed": int(k)}
+                "done": [list(x) for x in self._rem.done], "consumed": int(k), "seed": self.seed,
+                "shuffle": bool(self.shuffle), **self.tally(int(k)).fields()}
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume from this rank's state, or from the list of every rank's states (any world size)."""
         states = list(state) if isinstance(state, (list, tuple)) else [state]
         for st in states:
             if st.get("kind") != "tbl" or st.get("fingerprint") != self._fingerprint():
-                raise UsageError("TblLoader resume state comes from another file, filter, seed or shuffle",
+                raise ResumeMismatchError("TblLoader resume state comes from another file, filter, seed or shuffle",
                                  hint="resume with the same .tbl file, filter, seed and shuffle")
         epochs = {int(st["epoch"]) for st in states}
         if len(epochs) != 1:
-            raise UsageError(f"TblLoader resume states come from different epochs {sorted(epochs)}",
-                             hint="pass the states every rank saved at one step")
-        self.epoch = epochs.pop()
+            raise ResumeMismatchError(f"TblLoader resume states come from different epochs {sorted(epochs)}",
+                                      hint="pass the states every rank saved at one step")
+        epoch = epochs.pop()
+        if self._epoch_pinned and epoch != self.epoch:
+            raise ResumeMismatchError(f"TblLoader: the resume state is for epoch {epoch}, this loader was set to "
+                                      f"epoch {self.epoch}",
+                                      hint="call set_epoch() with the state's epoch, or load the state first")
+        modes = sorted({str(st["mode"]) for st in states} | {self.mode})
+        if len(modes) > 1:
+            raise ResumeMismatchError(f"TblLoader: the resume states' split mode and this loader's differ {modes}",
+                                      hint="resume with the drop_last / pad of the run that saved the states")
+        check_same_epoch("TblLoader resume", states, content=self.content, order=self.order_digest(epoch))
+        if epoch != self.epoch:
+            self._orders = {}
+        self.epoch = epoch
+        self._complete = False
         one = states[0]
         if len(states) == 1 and (one["rank"], one["world_size"], one["batch_size"], one["mode"]) == \
                 (self.rank, self.world_size, self.batch_size, self.mode):
@@ -301,6 +369,7 @@ class TblLoader:
             if not 0 <= k <= self._num_batches:
                 raise UsageError(f"TblLoader resume state consumed={k} is not in 0..{self._num_batches}")
             self._skip = self._yielded = k
+            self._carried = carried_of(one)
             return
         check_all_ranks("TblLoader resume", [(int(st["rank"]), int(st["world_size"])) for st in states])
         done: list[tuple[int, int]] = []
@@ -310,9 +379,12 @@ class TblLoader:
             bs = int(st["batch_size"])
             start, count = rank_span(rem.size, int(st["rank"]), int(st["world_size"]), st["mode"], bs)
             done.extend(rem.done)
-            done.extend(rem.ranges(start, start + min(int(st["consumed"]) * bs, count)))
+            # a pad repeat (an item past the order's end) does not consume the sample it repeats
+            done.extend(rem.ranges(start, min(start + min(int(st["consumed"]) * bs, count), rem.size)))
         self._split(merge_intervals(done))
         self._skip = self._yielded = 0
+        # rank 0 carries what the old run consumed, so the final states sum to the epoch's digest
+        self._carried = carry(states) if self.rank == 0 else None
 
     def _outputs(self, idx: np.ndarray) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
         """The batch array (with ``size``) and each image's output slot, carved from one pooled buffer.
@@ -354,15 +426,20 @@ class TblLoader:
                             path=r.path, sample=i) from None
 
     def iter_batches(self, worker: int = 0, num_workers: int = 1) -> Iterator[Batch]:
+        if self._complete:  # the last pass ended: this one reads the whole epoch again
+            self._complete = False
+            self._skip = 0
+            self._carried = None
+            if self._rem.done:
+                self._split(())
         plans = self.batch_indices(worker, num_workers)
         self._yielded = self._skip
         for b in self._iter_plans(plans):
             self._yielded += 1
             yield b
-        # a whole pass done: the next pass of this epoch is complete again
-        self._skip = 0
-        if self._rem.done:
-            self._split(())
+        # a whole pass done: the next pass of this epoch is complete again (reset when it starts,
+        # so state_dict() after this pass still describes it)
+        self._complete = True
 
     def _iter_plans(self, plans: list[np.ndarray]) -> Iterator[Batch]:
         if self.threads <= 1:

@@ -103,6 +103,7 @@ class TblIterableDataset(IterableDataset):
             loader_kwargs["verify"] = "fast"  # the whole file was checked once, by the probe
         self.kwargs = loader_kwargs
         self.epoch = probe.epoch
+        self._epoch_pinned = False  # set_epoch() was called: a resume state must be of this epoch
         self._len = len(probe)
         probe.reader.close()
 
@@ -115,6 +116,7 @@ class TblIterableDataset(IterableDataset):
         if int(epoch) != self.epoch:
             self.kwargs.pop("resume", None)
         self.epoch = int(epoch)
+        self._epoch_pinned = True
         probe = self._probe()
         self._len = len(probe)
         probe.reader.close()
@@ -132,7 +134,10 @@ class TblIterableDataset(IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume from this rank's state, or from the list of every rank's states (any world size)."""
-        probe = TblLoader(self.path, self.batch_size, **{**self.kwargs, "resume": state, "prefetch": 1})
+        probe = TblLoader(self.path, self.batch_size, **{**self.kwargs, "resume": None, "prefetch": 1})
+        if self._epoch_pinned:
+            probe.set_epoch(self.epoch)
+        probe.load_state_dict(state)
         self.epoch = probe.epoch
         self.kwargs["resume"] = probe.state_dict(0)  # this rank's own state: workers need no merging
         self._len = len(probe)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from warpdata.partition.digest import content_of_manifest
 from warpdata.partition.sampler import ShardAwareSampler
 from warpdata.partition.world import UNSET, renamed, split_policy
 from warpdata.warehouse.reader import Warehouse
@@ -63,6 +64,7 @@ class WarehouseDataset(Dataset):
         probe = opened if self._published else Warehouse(self.path, allow_invalid=allow_invalid, verify="off")
         self._len = len(probe)
         self.shard_sizes = probe.shard_sizes.tolist()
+        self.content = content_of_manifest(probe.manifest)  # the sample keys' content name
         self._wh: Warehouse | None = None
         self._pid = -1
 
@@ -163,7 +165,7 @@ def make_loader(path: str | os.PathLike | Warehouse, *, batch_size: int, num_wor
     ds = WarehouseDataset(path, allow_invalid=allow_invalid, verify=verify)
     inner = ShardAwareSampler(ds.shard_sizes, rank=rank, world_size=world_size,
                               num_workers=max(1, num_workers), batch_size=batch_size, shuffle=shuffle,
-                              seed=seed, window=window, drop_last=drop_last, pad=pad)
+                              seed=seed, window=window, drop_last=drop_last, pad=pad, content=ds.content)
     if num_workers:
         loader_kwargs.setdefault("persistent_workers", True)
     return DataLoader(ds, batch_size=None, sampler=ShardBatchSampler(inner), num_workers=num_workers,

@@ -1,0 +1,226 @@
+"""What the resume-state digests cost the loaders (docs/partitioning.md, "Digests").
+
+Each loader reads one epoch of a small local artifact while the loop saves a resume
+state after *every* step (the worst case: a job checkpoints every few hundred steps),
+alternating runs with the digests and runs with them switched off (this script replaces
+each loader's ``tally`` by one returning an empty tally: a switch of the benchmark only,
+not of the library). The ratio is epoch throughput with / without, median of the
+rounds, from one run. A second ratio saves a state only at epoch end (one state per
+epoch, as the recipe does).
+
+    .venv/bin/python bench/order_digest.py [--rounds 3]
+
+Loaders: ``Table.batches`` (the read path of ``to_torch``, a 200,000-row local table,
+batches of 256), ``make_loader`` (a 2,000-sample warehouse of 32×24 images, batches of
+32, 0 workers), ``BigBatchLoader`` (a 4,000-record feature cache of 16×16 pixels, big
+batches of 64, 0 workers), ``TblLoader`` (3,000 64×48 JPEGs decoded, batches of 32,
+1 thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "bench" / "out" / "order"
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def build() -> dict:
+    OUT.mkdir(parents=True, exist_ok=True)
+    arts: dict = {}
+    store = OUT / "store"
+    if not (OUT / "table.ok").exists():
+        import pyarrow as pa
+        from support.datasets import publish
+
+        parts = [pa.table({"id": np.arange(a, a + 50_000, dtype=np.int64),
+                           "x": np.random.default_rng(a).random(50_000)}) for a in range(0, 200_000, 50_000)]
+        publish(str(store), "bench/order", {"main": parts}, OUT / "pub", row_group_size=10_000)
+        (OUT / "table.ok").write_text("ok")
+    arts["store"] = str(store)
+    tbl = OUT / "photos.tbl"
+    if not tbl.exists():
+        from warpdata.formats import tbl as tblfmt
+        from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
+
+        rng = np.random.default_rng(0)
+        with tblfmt.TblWriter(tbl, fsync=False) as w:
+            for _ in range(3000):
+                w.add(encode_jpeg(synthetic_photo(rng, 64, 48), 85))
+    arts["tbl"] = tbl
+    cache = OUT / "cache"
+    if not cache.exists():
+        from PIL import Image
+        from warpdata.features.writer import CacheSpec, build_cache
+
+        src = OUT / "captions"
+        src.mkdir(exist_ok=True)
+        for i in range(4000):
+            Image.fromarray(np.full((16, 16, 3), i % 256, np.uint8)).save(src / f"{i:04d}.png")
+            (src / f"{i:04d}.txt").write_text(f"sample {i}")
+        build_cache(CacheSpec(source=str(src), output=str(cache), size=(16, 16), shard_size=256,
+                              encoder="pool8-hash", caching_device="cpu", caching_batch_size=256))
+    arts["features"] = cache
+    wh_root = OUT / "wh"
+    if not wh_root.exists():
+        from warpdata.cli.app import main
+        from warpdata.sampledata.detection import generate
+
+        d = OUT / "coco"
+        generate(d, count=2000, seed=5, min_side=32, max_side=48, broken=False)
+        cfg = d / "t.toml"
+        cfg.write_text('[source]\nformat = "coco"\n[transform]\ntarget_size = [32, 24]\nmax_boxes = 4\n'
+                       f'[output]\nroot = "{wh_root}"\nshard_samples = 200\n')
+        assert main(["-q", "etl", "--config", str(cfg)]) == 0
+    arts["warehouse"] = next(wh_root.glob("v*"))
+    return arts
+
+
+@contextmanager
+def digests_off():
+    """Every loader's tally replaced by an empty one (this benchmark's switch)."""
+    from warpdata.partition.digest import Tally
+    from warpdata.partition.plan import ShardPlan
+    from warpdata.partition.sampler import ShardAwareSampler
+    from warpdata.tbl.loader import TblLoader
+
+    saved = (ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally)
+    ShardPlan.tally = lambda self, consumed, content: Tally()
+    ShardAwareSampler.tally = lambda self, consumed: Tally()
+    TblLoader.tally = lambda self, batches_consumed: Tally()
+    try:
+        yield
+    finally:
+        ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = saved
+
+
+SPENT = [0.0]  # seconds inside the loaders' tally() (the digests' whole cost) in the runs with digests
+
+
+@contextmanager
+def digests_timed():
+    """Every loader's tally timed (the runs with digests): its share of the epoch, measured in place."""
+    from warpdata.partition.plan import ShardPlan
+    from warpdata.partition.sampler import ShardAwareSampler
+    from warpdata.tbl.loader import TblLoader
+
+    saved = (ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally)
+
+    def timed(fn):
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                SPENT[0] += time.perf_counter() - t0
+        return run
+
+    ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = (timed(f) for f in saved)
+    try:
+        yield
+    finally:
+        ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = saved
+
+
+def epoch_table(arts, every: bool) -> int:
+    import warpdata
+
+    t = warpdata.dataset("bench/order", store=arts["store"], mode="remote").table("main")
+    stream = t.batches(256, rank=0, world_size=1, shuffle=True, seed=1, prefetch="off")
+    n = 0
+    for k, b in enumerate(stream):
+        n += b.num_rows
+        if every:
+            stream.state_dict(k + 1)
+    stream.state_dict()
+    return n
+
+
+def epoch_warehouse(arts, every: bool) -> int:
+    from warpdata.warehouse.torch import make_loader
+
+    dl = make_loader(arts["warehouse"], batch_size=32, num_workers=0, seed=1, rank=0, world_size=1)
+    n = 0
+    for b in dl:
+        n += len(b["index"])
+        if every:
+            dl.sampler.state_dict(consumed=n)
+    dl.sampler.state_dict(consumed=n)
+    return n
+
+
+def epoch_features(arts, every: bool) -> int:
+    from warpdata.features.torch import BigBatchLoader
+
+    loader = BigBatchLoader(arts["features"], micro_batch_size=16, accumulation_steps=4, num_workers=0, rank=0,
+                            world_size=1, seed=1)
+    n = 0
+    for step in loader:
+        n += len(step)
+        if every:
+            loader.state_dict()
+    loader.state_dict()
+    return n
+
+
+def epoch_tbl(arts, every: bool) -> int:
+    from warpdata.tbl.loader import TblLoader
+
+    loader = TblLoader(arts["tbl"], 32, shuffle=True, seed=1, threads=1, rank=0, world_size=1)
+    n = 0
+    for k, b in enumerate(loader):
+        n += len(b)
+        if every:
+            loader.state_dict(k + 1)
+    loader.state_dict()
+    return n
+
+
+LOADERS = {"Table.batches": epoch_table, "make_loader": epoch_warehouse, "BigBatchLoader": epoch_features,
+           "TblLoader": epoch_tbl}
+
+
+def timed(fn, arts, every: bool, off: bool) -> tuple[float, float]:
+    """(samples/s, share of the epoch's wall time spent computing digests)."""
+    SPENT[0] = 0.0
+    with digests_off() if off else digests_timed():
+        t0 = time.perf_counter()
+        n = fn(arts, every)
+        wall = time.perf_counter() - t0
+    return n / wall, SPENT[0] / wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    arts = build()
+    print(f"| loader | states saved | samples/s with digests | without | ratio (median of {a.rounds}) |"
+          " per-round ratios | time in digests (median) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, fn in LOADERS.items():
+        fn(arts, True)  # warm: page cache, imports, first-touch verification
+        for every in (True, False):
+            on, off, share = [], [], []
+            for r in range(a.rounds):  # alternate, the first run of a round swapping each round
+                for digest in ((True, False) if r % 2 == 0 else (False, True)):
+                    rate, spent = timed(fn, arts, every, off=not digest)
+                    (on if digest else off).append(rate)
+                    if digest:
+                        share.append(spent)
+            ratios = [x / y for x, y in zip(on, off, strict=True)]
+            print(f"| {name} | {'every step' if every else 'epoch end'} | {statistics.median(on):,.0f} | "
+                  f"{statistics.median(off):,.0f} | {statistics.median(ratios):.3f} | "
+                  f"{', '.join(f'{x:.3f}' for x in ratios)} | {100 * statistics.median(share):.2f} % |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

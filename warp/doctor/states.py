@@ -1,0 +1,109 @@
+"""``warp doctor TARGET --states FILE...``: check saved resume states against the epoch's order.
+
+The states are the final ``state_dict()`` of every rank of a run (docs/partitioning.md,
+"Digests"), saved as JSON: one state per file or a list of them. They are checked
+against :func:`warpdata.read.order.epoch_order` for the seed, epoch, shuffle and split
+mode they carry: one run of one epoch, every rank of its world, the artifact's content,
+the order digest, and that :func:`~warpdata.partition.digest.combine_digests` equals the
+set digest (every sample yielded exactly once over all runs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from warpdata.core.errors import MissingInputError, WarpError
+from warpdata.doctor.registry import FAIL, PASS, CheckResult
+
+
+def load_states(files: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Every state in ``files`` (a JSON state, or a list of them, per file)."""
+    out: list[dict[str, Any]] = []
+    for f in files:
+        p = Path(f)
+        try:
+            doc = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise MissingInputError(f"{p}: no such state file",
+                                    hint="save every rank's state_dict() as JSON, e.g. json.dump(state, f)") from None
+        except ValueError as e:
+            raise MissingInputError(f"{p}: not JSON ({e})",
+                                    hint="save every rank's state_dict() as JSON (ResumeState.to_json())") from None
+        for st in doc if isinstance(doc, list) else [doc]:
+            out.append(json.loads(st) if isinstance(st, str) else st)
+    return out
+
+
+def _settings(st: dict[str, Any]) -> dict[str, Any]:
+    s = st.get("sampler", st)
+    mode = s.get("policy", s.get("mode"))
+    return {"seed": int(s.get("seed", 0)), "epoch": int(s.get("epoch", 0)), "shuffle": bool(s.get("shuffle")),
+            "drop_last": mode == "drop", "pad": mode == "pad", "table": s.get("table") or None,
+            "rank": int(s.get("rank", 0)), "world": int(s.get("world", s.get("world_size", 1)))}
+
+
+def check_states(target: str, files: Sequence[str | Path], *, version: str | None = None,
+                 store: str | None = None) -> list[tuple[str, CheckResult]]:
+    """The checks of a saved set of final states against ``warp order TARGET``."""
+    from warpdata.partition.digest import check_same_epoch, digest_report
+    from warpdata.read.order import epoch_order
+
+    states = load_states(files)
+    checks: list[tuple[str, CheckResult]] = []
+    if not states:
+        return [("states", CheckResult(FAIL, "no states in the files", "pass every rank's final state"))]
+    try:
+        check_same_epoch("states", states)
+        report = digest_report(states)
+    except WarpError as e:
+        return [("states", CheckResult(FAIL, e.message, e.hint))]
+    sets = [_settings(s) for s in states]
+    first = sets[0]
+    same = all({k: v for k, v in s.items() if k != "rank"} == {k: v for k, v in first.items() if k != "rank"}
+               for s in sets)
+    ranks = sorted(s["rank"] for s in sets)
+    if not same or ranks != list(range(first["world"])):
+        missing = sorted(set(range(first["world"])) - set(ranks))
+        checks.append(("states", CheckResult(
+            FAIL, f"{len(states)} state(s) are not one per rank of one run (ranks {ranks}, world size "
+                  f"{first['world']}" + (f", missing {missing})" if missing else ")"),
+            "pass the final state of every rank of the last run")))
+        return checks
+    checks.append(("states", CheckResult(PASS, f"{len(states)} state(s): ranks 0..{first['world'] - 1} of one run, "
+                                               f"epoch {first['epoch']}", facts={"ranks": len(states)})))
+    order = epoch_order(target, seed=first["seed"], epoch=first["epoch"], drop_last=first["drop_last"],
+                        pad=first["pad"], shuffle=first["shuffle"], table=first["table"], version=version,
+                        store=store)
+    if report.content != order.content:
+        checks.append(("version", CheckResult(
+            FAIL, f"the states are of content {report.content[:24]}…, {target} is {order.content[:24]}…",
+            f"check them against the version they were saved with (--version), or resume against {target}")))
+        return checks
+    checks.append(("version", CheckResult(PASS, f"content {order.content[:24]}…")))
+    if report.order_digest != order.order_digest():
+        checks.append(("order", CheckResult(
+            FAIL, f"order digest {report.order_digest} of the states, {order.order_digest()} of the epoch",
+            "the loader ordered another epoch than its settings say: report it as a warp bug")))
+    else:
+        checks.append(("order", CheckResult(PASS, f"order digest {report.order_digest} ({order.mode}, seed "
+                                                  f"{order.seed}, epoch {order.epoch})")))
+    want = order.set_digest()
+    facts = {"samples": order.samples, "consumed_samples": report.consumed_samples,
+             "pad_samples": report.pad_samples, "dropped_samples": report.dropped_samples,
+             "digest": report.digest, "set_digest": want}
+    if report.digest == want:
+        extra = "".join([f", {report.pad_samples} pad repeat(s)" if report.pad_samples else "",
+                         f", {report.dropped_samples} dropped by drop_last" if report.dropped_samples else ""])
+        checks.append(("exactly-once", CheckResult(
+            PASS, f"{report.consumed_samples} of {order.samples} samples yielded once{extra}; digest {want}",
+            facts=facts)))
+    else:
+        checks.append(("exactly-once", CheckResult(
+            FAIL, f"combined digest {report.digest} is not the epoch's set digest {want} "
+                  f"({report.consumed_samples + report.dropped_samples} of {order.samples} samples accounted for)",
+            "a sample was skipped, repeated or added over the runs: resume from the list of every rank's "
+            "states (docs/partitioning.md, Resume)", facts=facts)))
+    return checks
