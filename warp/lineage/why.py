@@ -1,0 +1,436 @@
+"""``warp why``: everything one sample came from, read from manifests and side tables only.
+
+Contract (docs/lineage.md, "warp why"):
+
+* Targets: a tensor-warehouse version directory, a feature-cache directory, a ``.tbl`` file,
+  a Zarr array written by ``warp etl`` (its directory, with ``manifest.json``), or a published
+  dataset ``WS/NAME[@VERSION]``. The sample is an index (an integer) or a key.
+* Sample payloads are never read. Warehouses and feature caches answer from the sealed
+  manifest and the per-sample side tables (``samples.parquet`` + ``sources.parquet``,
+  ``records.parquet``), reading one row group of each (found from the footer's statistics);
+  a feature-cache record's byte offset needs its shard's 64-byte header. A published row is
+  read from its one Parquet shard; its bound refs are resolved through the member index.
+* What an artifact does not record is named in :attr:`Lineage.missing`, never guessed.
+* A key that was quarantined answers with its quarantine record (reason and message) instead
+  of a location: "why is it *not* in there" is the same question.
+
+Errors: :class:`MissingInputError` for an unknown target or a sample that is in neither the
+artifact nor its quarantine; :class:`UsageError` for an index out of range.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
+
+__all__ = ["Lineage", "WhyRequest", "why"]
+
+# TWH1 writers put the image region at 4096 (docs/formats/twh1.md); bytes per element by dtype
+_TWH1_IMAGE_OFFSET = 4096
+_DTYPE_BYTES = {"U8": 1, "F16": 2, "F32": 4}
+
+
+@dataclass
+class WhyRequest:
+    target: str
+    sample: str  # an index (digits) or a key
+    store_url: str | None = None
+    table: str | None = None  # published datasets: the table (default: the one readers use)
+
+
+@dataclass
+class Lineage:
+    """The answer for one sample. Sections are None when the artifact kind has no such thing."""
+
+    target: str
+    kind: str
+    index: int | None
+    key: str | None
+    status: str = "kept"  # kept | quarantined
+    source: dict[str, Any] | None = None  # path or url, sha256, size
+    label: dict[str, Any] | None = None  # file, sha256
+    annotation_ids: list[Any] | None = None
+    validation: dict[str, Any] | None = None
+    transform: dict[str, Any] | None = None  # recipe and its sha256
+    encoder: dict[str, Any] | None = None  # feature caches
+    location: dict[str, Any] | None = None  # shard, its sha256, index in shard, offset, length
+    receipt: dict[str, Any] | None = None
+    row: dict[str, Any] | None = None  # published tables: table, row, shard, row group, values, refs
+    producer: list[dict[str, Any]] | None = None  # published --from: the source artifact's identity
+    missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def why(req: WhyRequest) -> Lineage:
+    target = req.target
+    p = Path(target)
+    if p.is_file() and p.suffix == ".tbl":
+        return _why_tbl(p, req.sample)
+    if p.is_dir() or p.name == MANIFEST_NAME and p.is_file():
+        d = p if p.is_dir() else p.parent
+        kind = _local_kind(d)
+        if kind == TENSOR_WAREHOUSE:
+            return _why_warehouse(d, req.sample)
+        if kind == FEATURE_CACHE:
+            return _why_feature_cache(d, req.sample)
+        if kind == ZARR_ARRAY:
+            return _why_zarr(d, req.sample)
+        raise UsageError(f"{d}: warp why does not trace a {kind or 'directory without a warp manifest'}",
+                         hint="give a tensor-warehouse version, a feature cache, a .tbl file, a Zarr array "
+                              "written by 'warp etl', or WS/NAME of a published dataset")
+    if os.path.exists(target) or "/" not in target or target.startswith((".", "/", "~")):
+        raise MissingInputError(f"{target}: not a warp artifact or a published dataset (WS/NAME)",
+                                hint="give a tensor-warehouse version directory, a feature cache, a .tbl file, "
+                                     "a Zarr array or WS/NAME[@VERSION]")
+    return _why_published(target, req.sample, req.store_url, req.table)
+
+
+def _local_kind(d: Path) -> str | None:
+    import json
+
+    m = d / MANIFEST_NAME
+    if not m.is_file():
+        versions = sorted(d.glob(f"v*/{MANIFEST_NAME}"))
+        if versions:
+            raise UsageError(f"{d} is a warehouse root with {len(versions)} version(s), not one version",
+                             hint=f"name the version directory, e.g. {versions[-1].parent}")
+        return None
+    try:
+        kind = json.loads(m.read_bytes()).get("kind")
+    except (ValueError, AttributeError):
+        raise DataError(f"{m}: not a JSON manifest", hint="rebuild the artifact", path=str(m)) from None
+    return kind if isinstance(kind, str) else None
+
+
+def _as_index(sample: str) -> int | None:
+    s = sample.strip()
+    return int(s) if s.isdigit() else None
+
+
+def _check_index(i: int, n: int, where: str) -> None:
+    if not 0 <= i < n:
+        raise UsageError(f"{where}: sample {i} is out of range (it holds {n} samples, 0..{n - 1})",
+                         hint="give an index below the sample count, or a key")
+
+
+def _parquet_row(path: Path, column: str, value: Any, columns: list[str] | None = None) -> dict[str, Any] | None:
+    """The first row of ``path`` whose ``column`` equals ``value``: the footer's statistics pick
+    the row groups, so a sorted column costs one row group, not the file."""
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        return None
+    t = pq.read_table(path, columns=columns, filters=[(column, "==", value)])
+    return t.slice(0, 1).to_pylist()[0] if t.num_rows else None
+
+
+def _quarantined(d: Path, files: dict[str, str], key: str) -> dict[str, Any] | None:
+    name = files.get("quarantine")
+    return _parquet_row(d / name, "sample_id", key) if name else None
+
+
+def _not_found(d: Path, key: str, what: str) -> MissingInputError:
+    return MissingInputError(f"{d}: no {what} with key {key!r}, and none was quarantined under it",
+                             hint=f"give an index or a key listed by 'warp head' / the {what}s table")
+
+
+def _quarantine_answer(base: Lineage, q: dict[str, Any]) -> Lineage:
+    base.status = "quarantined"
+    base.validation = {"verdict": q["reason"], "message": q["message"], "run": q.get("run")}
+    base.label = {"file": q.get("source")}
+    return base
+
+
+# -- tensor warehouse -----------------------------------------------------------------------
+
+def _why_warehouse(d: Path, sample: str) -> Lineage:
+    import json
+
+    from warpdata.warehouse import manifest as wmanifest
+
+    doc = wmanifest.read(d)
+    files = doc.get("files", {})
+    samples = d / files.get("samples", "samples.parquet")
+    i = _as_index(sample)
+    base = Lineage(str(d), TENSOR_WAREHOUSE, i, None)
+    if i is not None:
+        _check_index(i, doc["num_samples"], str(d))
+        row = _parquet_row(samples, "sample", i)
+    else:
+        row = _parquet_row(samples, "key", sample)
+        if row is None:
+            base.key = sample
+            q = _quarantined(d, files, sample)
+            if q is None:
+                raise _not_found(d, sample, "sample")
+            return _quarantine_answer(base, q)
+    if row is None:
+        raise DataError(f"{samples}: no row for sample {i} although the manifest holds {doc['num_samples']}",
+                        hint=wmanifest.REBUILD_HINT, path=str(samples))
+    base.index, base.key = row["sample"], row["key"]
+    recipe = json.loads(doc["version_recipe"])
+    root = str(recipe.get("dataset_root", doc.get("dataset_root", ".")))
+    src = _parquet_row(d / files.get("sources", "sources.parquet"), "key", row["key"]) or {}
+    rel = row["source_path"]
+    where = f"{root.rstrip('/')}/{rel}" if "://" in root else rel
+    base.source = {"url" if "://" in root else "path": where, "dataset_root": root,
+                   "sha256": src.get("sha256"), "size": src.get("size")}
+    labels = {f: h for f, h in recipe.get("labels", [])}
+    label_file = row.get("label_source")
+    if label_file is None:  # written before samples.parquet named the label file
+        base.missing.append("label file per sample (samples.parquet of this version has no label_source column)")
+        if len(labels) == 1:
+            label_file = next(iter(labels))
+    base.label = {"file": label_file, "sha256": labels.get(label_file)} if label_file else None
+    base.annotation_ids = None
+    base.missing.append("annotation ids (the warehouse does not record them per sample)")
+    base.validation = {"verdict": "passed", "boxes": row["n_boxes"], "class_ids": row["class_ids"],
+                       "dataset_verdict": doc["summary"]["verdict"]["status"],
+                       "checks": doc["summary"]["verdict"]["checks"], "thresholds": doc["thresholds"]}
+    if row.get("run_id") or row.get("frame_id", -1) >= 0:
+        base.validation.update(run_id=row.get("run_id"), frame_id=row.get("frame_id"))
+    base.transform = {"recipe": doc["transform"], "version_recipe_sha256": doc["version"],
+                      "code_version": doc["code_version"]}
+    firsts = [s["first_sample"] for s in doc["shards"]]
+    sh = doc["shards"][bisect.bisect_right(firsts, base.index) - 1]
+    k = base.index - sh["first_sample"]
+    stride = sh["channels"] * sh["height"] * sh["width"] * _DTYPE_BYTES.get(sh["dtype"], 1)
+    base.location = {"shard": sh["id"], "file": sh["relative_path"], "shard_sha256": sh["checksum_sha256"],
+                     "index_in_shard": k, "image_offset": _TWH1_IMAGE_OFFSET + k * stride, "image_bytes": stride}
+    base.receipt = {"shard_id": sh["id"], "sha256": sh["checksum_sha256"], "size_bytes": sh["size_bytes"]}
+    base.missing.append("the receipt's task_sha256 (the journal is removed once a version is built: "
+                        "docs/formats/receipts.md); its shard id, sha256 and size are the manifest's")
+    return base
+
+
+# -- feature cache ------------------------------------------------------------------------------
+
+def _why_feature_cache(d: Path, sample: str) -> Lineage:
+    from warpdata.features import manifest as fmanifest
+
+    doc = fmanifest.read(d)
+    records = d / "records.parquet"
+    i = _as_index(sample)
+    base = Lineage(str(d), FEATURE_CACHE, i, None)
+    if i is not None:
+        _check_index(i, doc["records"], str(d))
+        row = _parquet_row(records, "record", i)
+    else:
+        row = _parquet_row(records, "key", sample)
+        if row is None:
+            base.key = sample
+            q = _parquet_row(d / "quarantine.parquet", "sample_id", sample)
+            if q is None:
+                raise _not_found(d, sample, "record")
+            return _quarantine_answer(base, q)
+    if row is None:
+        raise DataError(f"{records}: no row for record {i}", hint=fmanifest.REBUILD_HINT, path=str(records))
+    base.index, base.key = row["record"], row["key"]
+    src_name = row.get("source") or "d0"
+    src = next((s for s in doc.get("sources", []) if s["name"] == src_name), None)
+    base.source = {"path": row["key"], "directory": src_name, "caption": row["caption"],
+                   "caption_prefix": src["caption_prefix"] if src else "", "is_video": row["is_video"],
+                   "size": [row["width"], row["height"]]}
+    base.missing.append("the source file's SHA-256 (a feature cache records one xxh3-128 digest over all "
+                        "sources, fingerprint_inputs.dataset.source_digest, not one per file)")
+    base.validation = {"verdict": "passed", "dataset_verdict": doc["verdict"]["status"]}
+    inputs = doc["fingerprint_inputs"]
+    base.transform = {"recipe": inputs["dataset"], "code": inputs["code"], "fingerprint": doc["fingerprint"]}
+    enc = inputs.get("encoder")
+    base.encoder = {"encoder": enc, "fingerprint": doc["fingerprint"]} if enc else \
+        {"encoder": None, "fingerprint": doc["fingerprint"], "note": "pixels stored, no encoder"}
+    shard = next(s for s in doc["shards"] if s["path"] == row["shard"])
+    k = row["shard_index"]
+    loc = {"shard": shard["path"], "shard_sha256": shard["sha256"], "index_in_shard": k,
+           "record_bytes": doc["record_size"]}
+    try:  # data_offset: bytes 16..24 of the shard's 64-byte header (docs/formats/feature-shard.md)
+        with open(d / shard["path"], "rb") as f:
+            head = f.read(24)
+        loc["offset"] = struct.unpack_from("<Q", head, 16)[0] + k * doc["record_size"]
+    except (OSError, struct.error):
+        base.missing.append(f"the record's byte offset ({shard['path']} could not be read)")
+    base.location = loc
+    base.receipt = {"shard_id": shard["path"], "sha256": shard["sha256"], "size_bytes": shard["bytes"]}
+    base.missing.append("the receipt's task_sha256 (the journal is removed once the cache is built: "
+                        "docs/formats/receipts.md)")
+    return base
+
+
+# -- .tbl --------------------------------------------------------------------------------------
+
+def _why_tbl(p: Path, sample: str) -> Lineage:
+    from warpdata.formats.tbl import SampleNotFound, TblReader
+
+    r = TblReader(p, verify=False)
+    try:
+        i = _as_index(sample)
+        if i is None:
+            try:
+                i = r.index_of(sample)
+            except (SampleNotFound, KeyError):
+                raise MissingInputError(f"{p}: no sample with key {sample!r}",
+                                        hint="give an index, or a key 'warp inspect --head' lists") from None
+        _check_index(i, r.num_samples, str(p))
+        info = r.info(i)
+        meta = r.metadata(i) if info.has_metadata else None
+        base = Lineage(str(p), "tbl", i, r.key(i))
+        base.source = {"path": str(p), "member": meta.get("name") if isinstance(meta, dict) else None,
+                       "sidecars": sorted((meta or {}).get("sidecars", {})) if isinstance(meta, dict) else None}
+        base.location = {"offset": info.offset, "stored_bytes": info.size, "bytes": info.uncompressed_size,
+                         "format": info.format, "compression": info.compression, "crc16": info.crc16,
+                         "size": [info.width, info.height]}
+        base.missing.append("a SHA-256 of the source tar or of the sample (TBL v2 records CRCs only: "
+                            "docs/formats/tbl-v2.md)")
+        return base
+    finally:
+        r.close()
+
+
+# -- Zarr array ---------------------------------------------------------------------------------
+
+def _why_zarr(d: Path, sample: str) -> Lineage:
+    from warpdata.artifacts import kinds
+    from warpdata.artifacts.manifests import read_manifest
+
+    doc = kinds.validate(read_manifest(d), str(d / MANIFEST_NAME))
+    i = _as_index(sample)
+    if i is None:
+        raise UsageError(f"{d}: a Zarr array's samples are rows of its first dimension; {sample!r} is not one",
+                         hint=f"give an index from 0 to {doc['shape'][0] - 1}")
+    _check_index(i, doc["shape"][0], str(d))
+    base = Lineage(str(d), ZARR_ARRAY, i, None)
+    src = doc.get("source") or {}
+    base.source = {"path": src.get("name"), "format": src.get("format"), "input_crc32c": doc["input_crc32c"]}
+    base.missing.append("the input's SHA-256 (a Zarr build records its CRC-32C)")
+    base.transform = {"recipe": doc.get("recipe"), "recipe_sha256": doc.get("recipe_key")}
+    lv = doc["levels"][0]
+    per_object = (lv.get("shards") or lv["chunks"])[0]
+    rest = ["0"] * (len(lv["shape"]) - 1)
+    key = "/".join(x for x in (lv["path"], "c", str(i // per_object), *rest) if x)
+    base.location = {"level": 0, "object": key, "row_in_object": i % per_object,
+                     "level_sha256": lv.get("sha256"), "shape": lv["shape"], "chunks": lv["chunks"],
+                     "shards": lv.get("shards")}
+    base.missing.append("per-object SHA-256 (the manifest keeps one digest per level: docs/formats/zarr-tiles.md)")
+    return base
+
+
+# -- published dataset ----------------------------------------------------------------------------
+
+KEY_COLUMNS = ("key", "path", "id", "sample_id", "name")
+
+
+def _why_published(target: str, sample: str, store_url: str | None, table: str | None) -> Lineage:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from warpdata.registry.store import Store
+    from warpdata.registry.tarpack import ArtifactIndex
+
+    name, _, version = target.partition("@")
+    st = Store(store_url)
+    m = st.resolve(name, version or None)
+    tname = table or _default_table(m)
+    t = m.table(tname) if tname in m.tables else None
+    if t is None:
+        raise MissingInputError(f"{name}@{m.version_hash[:12]} has no table {tname!r}",
+                                hint=f"tables: {', '.join(sorted(m.tables)) or 'none'}")
+    i = _as_index(sample)
+    base = Lineage(f"{name}@{m.version_hash}", "dataset", i, None)
+    if i is not None:
+        _check_index(i, t.row_count, f"{name} table {tname}")
+        counts = [s.row_count or 0 for s in t.shards]
+        starts = [sum(counts[:k]) for k in range(len(counts))]
+        si = bisect.bisect_right(starts, i) - 1
+        candidates = [(si, i - starts[si])]
+    else:
+        cols = t.columns
+        kcol = next((c for c in KEY_COLUMNS if c in cols), None) or next(iter(m.bindings_for(tname)), None)
+        if kcol is None:
+            raise UsageError(f"{name} table {tname} has no key column ({', '.join(KEY_COLUMNS)}) or bound column",
+                             hint="give the row's index instead of a key")
+        candidates = [(k, None) for k, s in enumerate(t.shards) if _may_hold(s.stats, kcol, sample)]
+    for si, offset in candidates:
+        shard = t.shards[si]
+        f = pq.ParquetFile(pa.BufferReader(st.get_blob(shard.hash)))
+        if offset is None:
+            col = f.read(columns=[kcol]).column(kcol).to_pylist()
+            if sample not in col:
+                continue
+            offset = col.index(sample)
+        rg, in_rg = _row_group_of(f.metadata, offset)
+        values = f.read_row_group(rg).slice(in_rg, 1).to_pylist()[0]
+        start = sum(s.row_count or 0 for s in t.shards[:si])
+        base.index = start + offset
+        base.key = str(values[kcol]) if i is None else next((str(values[c]) for c in KEY_COLUMNS if c in values), None)
+        refs = []
+        for col, b in sorted(m.bindings_for(tname).items()):
+            member = values.get(col)
+            art = m.artifacts[b.artifact]
+            ref = {"column": col, "artifact": b.artifact, "member": member, "ref_type": b.ref_type}
+            if member and art.index is not None:
+                idx = ArtifactIndex.from_bytes(st.get_blob(art.index.hash), source=f"index of {b.artifact}")
+                if member in idx:
+                    blob, off, ln = idx.lookup(member)
+                    ref.update(blob_sha256=blob, offset=off, length=ln)
+                else:
+                    ref["dangling"] = True
+            refs.append(ref)
+        base.row = {"table": tname, "row": base.index, "shard": si, "shard_sha256": shard.hash,
+                    "row_in_shard": offset, "row_group": rg, "values": _jsonable(values), "refs": refs}
+        base.producer = m.metadata.get("sources")
+        base.source = {"url": st.url_of(shard.uri) if "://" not in shard.uri else shard.uri,
+                       "sha256": shard.hash}
+        base.transform = {"version_hash": m.version_hash}
+        return base
+    raise MissingInputError(f"{name} table {tname}: no row with {kcol} = {sample!r}",
+                            hint=f"list keys with 'warp head {name} -n 20'")
+
+
+def _default_table(m) -> str:
+    names = sorted(m.tables)
+    if len(names) == 1:
+        return names[0]
+    if "main" in names:
+        return "main"
+    declared = m.metadata.get("default_table")
+    if isinstance(declared, str) and declared in names:
+        return declared
+    raise UsageError(f"{m.dataset_id} has several tables ({', '.join(names)}) and no default",
+                     hint="name one with --table")
+
+
+def _may_hold(stats: dict | None, column: str, value: str) -> bool:
+    col = ((stats or {}).get("columns") or {}).get(column) or {}
+    lo, hi = col.get("min"), col.get("max")
+    if isinstance(lo, str) and isinstance(hi, str):
+        return lo <= value <= hi
+    return True
+
+
+def _row_group_of(md, offset: int) -> tuple[int, int]:
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if offset < n:
+            return g, offset
+        offset -= n
+    raise DataError("row beyond the shard's row groups", hint="republish the dataset")
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, bytes | bytearray):
+            out[k] = f"<{len(v)} bytes>"
+        elif isinstance(v, int | float | str | bool | list | dict) or v is None:
+            out[k] = v
+        else:
+            out[k] = str(v)
+    return out
