@@ -153,8 +153,6 @@ def _quarantine_answer(base: Lineage, q: dict[str, Any]) -> Lineage:
 # -- tensor warehouse -----------------------------------------------------------------------
 
 def _why_warehouse(d: Path, sample: str) -> Lineage:
-    import json
-
     from warpdata.warehouse import manifest as wmanifest
 
     doc = wmanifest.read(d)
@@ -176,10 +174,17 @@ def _why_warehouse(d: Path, sample: str) -> Lineage:
     if row is None:
         raise DataError(f"{samples}: no row for sample {i} although the manifest holds {doc['num_samples']}",
                         hint=wmanifest.REBUILD_HINT, path=str(samples))
+    src = _parquet_row(d / files.get("sources", "sources.parquet"), "key", row["key"]) or {}
+    return _warehouse_lineage(base, doc, row, src)
+
+
+def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], src: dict[str, Any]) -> Lineage:
+    """Fill ``base`` from a warehouse manifest, its ``samples.parquet`` row and ``sources.parquet`` row."""
+    import json
+
     base.index, base.key = row["sample"], row["key"]
     recipe = json.loads(doc["version_recipe"])
     root = str(recipe.get("dataset_root", doc.get("dataset_root", ".")))
-    src = _parquet_row(d / files.get("sources", "sources.parquet"), "key", row["key"]) or {}
     rel = row["source_path"]
     where = f"{root.rstrip('/')}/{rel}" if "://" in root else rel
     base.source = {"url" if "://" in root else "path": where, "dataset_root": root,
@@ -329,69 +334,131 @@ KEY_COLUMNS = ("key", "path", "id", "sample_id", "name")
 
 
 def _why_published(target: str, sample: str, store_url: str | None, table: str | None) -> Lineage:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from warpdata.registry.store import Store
-    from warpdata.registry.tarpack import ArtifactIndex
 
     name, _, version = target.partition("@")
     st = Store(store_url)
     m = st.resolve(name, version or None)
     tname = table or _default_table(m)
-    t = m.table(tname) if tname in m.tables else None
-    if t is None:
+    if tname not in m.tables:
         raise MissingInputError(f"{name}@{m.version_hash[:12]} has no table {tname!r}",
                                 hint=f"tables: {', '.join(sorted(m.tables)) or 'none'}")
+    t = m.tables[tname]
     i = _as_index(sample)
     base = Lineage(f"{name}@{m.version_hash}", "dataset", i, None)
     if i is not None:
         _check_index(i, t.row_count, f"{name} table {tname}")
-        counts = [s.row_count or 0 for s in t.shards]
-        starts = [sum(counts[:k]) for k in range(len(counts))]
-        si = bisect.bisect_right(starts, i) - 1
-        candidates = [(si, i - starts[si])]
+        found = _row_at(st, t, i)
     else:
-        cols = t.columns
-        kcol = next((c for c in KEY_COLUMNS if c in cols), None) or next(iter(m.bindings_for(tname)), None)
+        kcol = next((c for c in KEY_COLUMNS if c in t.columns), None) or next(iter(m.bindings_for(tname)), None)
         if kcol is None:
             raise UsageError(f"{name} table {tname} has no key column ({', '.join(KEY_COLUMNS)}) or bound column",
                              hint="give the row's index instead of a key")
-        candidates = [(k, None) for k, s in enumerate(t.shards) if _may_hold(s.stats, kcol, sample)]
-    for si, offset in candidates:
-        shard = t.shards[si]
-        f = pq.ParquetFile(pa.BufferReader(st.get_blob(shard.hash)))
-        if offset is None:
-            col = f.read(columns=[kcol]).column(kcol).to_pylist()
-            if sample not in col:
-                continue
-            offset = col.index(sample)
-        rg, in_rg = _row_group_of(f.metadata, offset)
-        values = f.read_row_group(rg).slice(in_rg, 1).to_pylist()[0]
-        start = sum(s.row_count or 0 for s in t.shards[:si])
-        base.index = start + offset
-        base.key = str(values[kcol]) if i is None else next((str(values[c]) for c in KEY_COLUMNS if c in values), None)
-        refs = []
-        for col, b in sorted(m.bindings_for(tname).items()):
-            member = values.get(col)
-            art = m.artifacts[b.artifact]
-            ref = {"column": col, "artifact": b.artifact, "member": member, "ref_type": b.ref_type}
-            if member and art.index is not None:
-                idx = ArtifactIndex.from_bytes(st.get_blob(art.index.hash), source=f"index of {b.artifact}")
-                if member in idx:
-                    blob, off, ln = idx.lookup(member)
-                    ref.update(blob_sha256=blob, offset=off, length=ln)
-                else:
-                    ref["dangling"] = True
-            refs.append(ref)
-        base.row = {"table": tname, "row": base.index, "shard": si, "shard_sha256": shard.hash,
-                    "row_in_shard": offset, "row_group": rg, "values": _jsonable(values), "refs": refs}
-        base.producer = m.metadata.get("sources")
-        base.source = {"url": st.url_of(shard.uri) if "://" not in shard.uri else shard.uri,
-                       "sha256": shard.hash}
-        base.transform = {"version_hash": m.version_hash}
-        return base
-    raise MissingInputError(f"{name} table {tname}: no row with {kcol} = {sample!r}",
-                            hint=f"list keys with 'warp head {name} -n 20'")
+        found = _find_row(st, t, kcol, sample)
+        if found is None:
+            raise MissingInputError(f"{name} table {tname}: no row with {kcol} = {sample!r}",
+                                    hint=f"list keys with 'warp head {name} --table {tname} -n 20'")
+    si, offset, rg, values = found
+    shard = t.shards[si]
+    base.index = sum(s.row_count or 0 for s in t.shards[:si]) + offset
+    base.key = next((str(values[c]) for c in KEY_COLUMNS if values.get(c) is not None), None)
+    base.row = {"table": tname, "row": base.index, "shard": si, "shard_sha256": shard.hash,
+                "row_in_shard": offset, "row_group": rg, "values": _jsonable(values),
+                "refs": _refs(st, m, tname, values)}
+    base.producer = m.metadata.get("sources")
+    base.transform = {"version_hash": m.version_hash}
+    base.source = {"url": shard.uri if "://" in shard.uri else st.url_of(shard.uri), "sha256": shard.hash}
+    wh = _published_warehouse(st, m, tname)
+    if wh is not None and "source_path" in values:  # a warehouse's samples table: trace on to its sources
+        doc, sources_table, idx = wh
+        src = _find_row(st, m.tables[sources_table], "key", values["key"]) if sources_table else None
+        _warehouse_lineage(base, doc, dict(values), src[3] if src else {})
+        loc = base.location or {}
+        if loc.get("file") in idx:  # the TWH1 shard is a member of a tar shard: where its image lies there
+            blob, off, _ln = idx.lookup(loc["file"])
+            loc.update(blob_sha256=blob, blob_offset=off + loc["image_offset"])
+        base.index = sum(s.row_count or 0 for s in t.shards[:si]) + offset
+        base.transform["version_hash"] = m.version_hash
+    return base
+
+
+def _row_at(st, t, i: int) -> tuple[int, int, int, dict[str, Any]]:
+    """(shard number, row in shard, row group, values) of row ``i`` of table ``t``."""
+    start = 0
+    for si, s in enumerate(t.shards):
+        if i < start + (s.row_count or 0):
+            f = _open_parquet(st, s.hash)
+            rg, in_rg = _row_group_of(f.metadata, i - start)
+            return si, i - start, rg, f.read_row_group(rg).slice(in_rg, 1).to_pylist()[0]
+        start += s.row_count or 0
+    raise DataError(f"row {i} is beyond the table's shards", hint="republish the dataset")
+
+
+def _find_row(st, t, column: str, value: Any) -> tuple[int, int, int, dict[str, Any]] | None:
+    """The first row whose ``column`` equals ``value``; shards whose statistics exclude it are not read."""
+    for si, s in enumerate(t.shards):
+        if not _may_hold(s.stats, column, value):
+            continue
+        f = _open_parquet(st, s.hash)
+        col = f.read(columns=[column]).column(column).to_pylist()
+        if value in col:
+            offset = col.index(value)
+            rg, in_rg = _row_group_of(f.metadata, offset)
+            return si, offset, rg, f.read_row_group(rg).slice(in_rg, 1).to_pylist()[0]
+    return None
+
+
+def _open_parquet(st, blob: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(pa.BufferReader(st.get_blob(blob)))
+
+
+def _refs(st, m, tname: str, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each bound column's member, with the tar shard (blob) holding it and the byte range."""
+    from warpdata.registry.tarpack import ArtifactIndex
+
+    refs, indexes = [], {}
+    for col, b in sorted(m.bindings_for(tname).items()):
+        member = values.get(col)
+        art = m.artifacts[b.artifact]
+        ref = {"column": col, "artifact": b.artifact, "member": member, "ref_type": b.ref_type}
+        if member and art.index is not None:
+            if b.artifact not in indexes:
+                indexes[b.artifact] = ArtifactIndex.from_bytes(st.get_blob(art.index.hash),
+                                                               source=f"index of {b.artifact}")
+            idx = indexes[b.artifact]
+            if member in idx:
+                blob, off, ln = idx.lookup(member)
+                ref.update(blob_sha256=blob, offset=off, length=ln)
+            else:
+                ref["dangling"] = True
+        refs.append(ref)
+    return refs
+
+
+def _published_warehouse(st, m, tname: str) -> tuple[dict[str, Any], str | None, Any] | None:
+    """For a table published from a tensor warehouse (``--from``): the warehouse's sealed manifest
+    (one ranged read of its ``manifest.json`` member), the name of its sources table and the
+    artifact's member index."""
+    from warpdata.registry.tarpack import ArtifactIndex
+    from warpdata.warehouse import manifest as wmanifest
+
+    for p in m.metadata.get("sources") or []:
+        if not isinstance(p, dict) or p.get("kind") != TENSOR_WAREHOUSE or tname not in (p.get("tables") or []):
+            continue
+        art = m.artifacts.get(p.get("artifact"))
+        if art is None or art.index is None:
+            return None
+        idx = ArtifactIndex.from_bytes(st.get_blob(art.index.hash), source=f"index of {p['artifact']}")
+        if MANIFEST_NAME not in idx:
+            return None
+        blob, off, ln = idx.lookup(MANIFEST_NAME)
+        doc = wmanifest.parse(st.read_range(blob, off, ln), f"{p['artifact']}:{MANIFEST_NAME}")
+        sources = next((n for n in p["tables"] if n == "sources" or n.endswith("_sources")), None)
+        return doc, sources, idx
+    return None
 
 
 def _default_table(m) -> str:
