@@ -138,3 +138,14 @@ def test_a_published_row_on_s3_is_traced_through_the_warehouse_without_reading_i
     data = blob["Body"].read()
     start = loc["blob_offset"]
     assert data[start:start + loc["image_bytes"]] == shard.read_bytes()[loc["image_offset"]:][:loc["image_bytes"]]
+
+
+def test_an_edited_manifest_is_refused(cli, coco_warehouse, tmp_path):
+    import shutil
+
+    copy = tmp_path / coco_warehouse.name
+    shutil.copytree(coco_warehouse, copy)
+    m = copy / "manifest.json"
+    m.write_text(m.read_text().replace('"pad_value":114', '"pad_value":115'))
+    r = cli("why", copy, "0")
+    assert r.code == 65 and "content_sha256" in r.err and r.out == ""

@@ -77,13 +77,14 @@ def why(req: WhyRequest) -> Lineage:
         return _why_tbl(p, req.sample)
     if p.is_dir() or p.name == MANIFEST_NAME and p.is_file():
         d = p if p.is_dir() else p.parent
-        kind = _local_kind(d)
+        doc = _local_manifest(d)
+        kind = doc.get("kind") if doc is not None else None
         if kind == TENSOR_WAREHOUSE:
-            return _why_warehouse(d, req.sample)
+            return _why_warehouse(d, doc, req.sample)
         if kind == FEATURE_CACHE:
-            return _why_feature_cache(d, req.sample)
+            return _why_feature_cache(d, doc, req.sample)
         if kind == ZARR_ARRAY:
-            return _why_zarr(d, req.sample)
+            return _why_zarr(d, doc, req.sample)
         raise UsageError(f"{d}: warp why does not trace a {kind or 'directory without a warp manifest'}",
                          hint="give a tensor-warehouse version, a feature cache, a .tbl file, a Zarr array "
                               "written by 'warp etl', or WS/NAME of a published dataset")
@@ -94,9 +95,7 @@ def why(req: WhyRequest) -> Lineage:
     return _why_published(target, req.sample, req.store_url, req.table)
 
 
-def _local_kind(d: Path) -> str | None:
-    import json
-
+def _local_manifest(d: Path) -> dict[str, Any] | None:
     m = d / MANIFEST_NAME
     if not m.is_file():
         versions = sorted(d.glob(f"v*/{MANIFEST_NAME}"))
@@ -104,11 +103,7 @@ def _local_kind(d: Path) -> str | None:
             raise UsageError(f"{d} is a warehouse root with {len(versions)} version(s), not one version",
                              hint=f"name the version directory, e.g. {versions[-1].parent}")
         return None
-    try:
-        kind = json.loads(m.read_bytes()).get("kind")
-    except (ValueError, AttributeError):
-        raise DataError(f"{m}: not a JSON manifest", hint="rebuild the artifact", path=str(m)) from None
-    return kind if isinstance(kind, str) else None
+    return _read_json(m)
 
 
 def _as_index(sample: str) -> int | None:
@@ -152,10 +147,78 @@ def _quarantine_answer(base: Lineage, q: dict[str, Any]) -> Lineage:
 
 # -- tensor warehouse -----------------------------------------------------------------------
 
-def _why_warehouse(d: Path, sample: str) -> Lineage:
+def _read_json(m: Path) -> dict[str, Any]:
+    import json
+
+    where = str(m)
+    try:
+        doc = json.loads(m.read_bytes())
+    except FileNotFoundError:
+        raise MissingInputError(f"{m} does not exist", hint="point at a directory written by 'warp etl'") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{where}: not valid JSON: {e}", hint="rebuild the artifact with 'warp etl'",
+                        path=where) from None
+    if not isinstance(doc, dict):
+        raise DataError(f"{where}: not a warp manifest (not a JSON object)", hint="rebuild the artifact with 'warp etl'",
+                        path=where)
+    return doc
+
+
+def _sealed(doc: dict[str, Any], d: Path) -> dict[str, Any]:
+    """``doc`` (the parsed manifest of ``d``) once its seal checks.
+
+    The schema is checked by :func:`_checked_shard` on the top level and the one shard entry a
+    lookup uses: validating every entry of a million-sample manifest costs seconds, and the seal
+    proves every field is the writer's (docs/lineage.md, "Cost"). The seal is recomputed from
+    ``json.dumps`` with the canonical settings: for a document parsed from JSON that is the byte
+    string ``warpdata.core.canonical`` hashes (keys are strings, values JSON types, and
+    ``allow_nan=False`` refuses what it refuses) without its per-value type walk.
+    """
+    import hashlib
+    import json
+
+    from warpdata.core.canonical import CONTENT_HASH_FIELD
+
+    where = str(d / MANIFEST_NAME)
+    stored = doc.get(CONTENT_HASH_FIELD)
+    try:
+        raw = json.dumps({k: v for k, v in doc.items() if k != CONTENT_HASH_FIELD}, sort_keys=True,
+                         separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except ValueError:
+        raw = b""
+    if not isinstance(stored, str) or hashlib.sha256(raw).hexdigest() != stored:
+        raise DataError(f"{where}: manifest content does not match its {CONTENT_HASH_FIELD} (or has none): "
+                        "the manifest was edited, damaged or written by an older warp",
+                        hint="rebuild the artifact with 'warp etl'", path=where)
+    return doc
+
+
+def _checked_shard(doc: dict[str, Any], shard: dict[str, Any], d: Path, path_field: str) -> None:
+    """Schema-check ``doc`` with ``shards`` cut to ``shard``, and confine the shard's path to ``d``."""
+    from warpdata.artifacts import kinds
+
+    where = str(d / MANIFEST_NAME)
+    kinds.validate({**doc, "shards": [shard]}, where)
+    rel = shard[path_field]
+    base = d.resolve()
+    if os.path.isabs(rel) or ".." in Path(rel).parts or not (base / rel).resolve().is_relative_to(base):
+        raise DataError(f"{where}: shard path {rel!r} resolves outside {d}",
+                        hint="the manifest is damaged or hostile; rebuild it with 'warp etl'", path=where)
+
+
+def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, Any]:
+    try:
+        firsts = [s[first] for s in doc["shards"]]
+        return doc["shards"][bisect.bisect_right(firsts, i) - 1]
+    except (KeyError, TypeError, IndexError):
+        raise DataError(f"{where}: the manifest's shard list is malformed",
+                        hint="rebuild the artifact with 'warp etl'", path=where) from None
+
+
+def _why_warehouse(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
     from warpdata.warehouse import manifest as wmanifest
 
-    doc = wmanifest.read(d)
+    _sealed(doc, d)
     files = doc.get("files", {})
     samples = d / files.get("samples", "samples.parquet")
     i = _as_index(sample)
@@ -174,6 +237,7 @@ def _why_warehouse(d: Path, sample: str) -> Lineage:
     if row is None:
         raise DataError(f"{samples}: no row for sample {i} although the manifest holds {doc['num_samples']}",
                         hint=wmanifest.REBUILD_HINT, path=str(samples))
+    _checked_shard(doc, _shard_of(doc, "first_sample", row["sample"], str(d)), d, "relative_path")
     src = _parquet_row(d / files.get("sources", "sources.parquet"), "key", row["key"]) or {}
     return _warehouse_lineage(base, doc, row, src)
 
@@ -205,8 +269,7 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
         base.validation.update(run_id=row.get("run_id"), frame_id=row.get("frame_id"))
     base.transform = {"recipe": doc["transform"], "version_recipe_sha256": doc["version"],
                       "code_version": doc["code_version"]}
-    firsts = [s["first_sample"] for s in doc["shards"]]
-    sh = doc["shards"][bisect.bisect_right(firsts, base.index) - 1]
+    sh = _shard_of(doc, "first_sample", base.index, base.target)
     k = base.index - sh["first_sample"]
     stride = sh["channels"] * sh["height"] * sh["width"] * _DTYPE_BYTES.get(sh["dtype"], 1)
     base.location = {"shard": sh["id"], "file": sh["relative_path"], "shard_sha256": sh["checksum_sha256"],
@@ -219,10 +282,10 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
 
 # -- feature cache ------------------------------------------------------------------------------
 
-def _why_feature_cache(d: Path, sample: str) -> Lineage:
+def _why_feature_cache(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
     from warpdata.features import manifest as fmanifest
 
-    doc = fmanifest.read(d)
+    _sealed(doc, d)
     records = d / "records.parquet"
     i = _as_index(sample)
     base = Lineage(str(d), FEATURE_CACHE, i, None)
@@ -253,7 +316,11 @@ def _why_feature_cache(d: Path, sample: str) -> Lineage:
     enc = inputs.get("encoder")
     base.encoder = {"encoder": enc, "fingerprint": doc["fingerprint"]} if enc else \
         {"encoder": None, "fingerprint": doc["fingerprint"], "note": "pixels stored, no encoder"}
-    shard = next(s for s in doc["shards"] if s["path"] == row["shard"])
+    shard = next((s for s in doc["shards"] if isinstance(s, dict) and s.get("path") == row["shard"]), None)
+    if shard is None:
+        raise DataError(f"{records}: record {base.index} names shard {row['shard']!r}, which the manifest lacks",
+                        hint=fmanifest.REBUILD_HINT, path=str(records))
+    _checked_shard(doc, shard, d, "path")
     k = row["shard_index"]
     loc = {"shard": shard["path"], "shard_sha256": shard["sha256"], "index_in_shard": k,
            "record_bytes": doc["record_size"]}
@@ -302,11 +369,10 @@ def _why_tbl(p: Path, sample: str) -> Lineage:
 
 # -- Zarr array ---------------------------------------------------------------------------------
 
-def _why_zarr(d: Path, sample: str) -> Lineage:
+def _why_zarr(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
     from warpdata.artifacts import kinds
-    from warpdata.artifacts.manifests import read_manifest
 
-    doc = kinds.validate(read_manifest(d), str(d / MANIFEST_NAME))
+    kinds.validate(doc, str(d / MANIFEST_NAME))
     i = _as_index(sample)
     if i is None:
         raise UsageError(f"{d}: a Zarr array's samples are rows of its first dimension; {sample!r} is not one",
