@@ -77,12 +77,13 @@ def why(req: WhyRequest) -> Lineage:
         return _why_tbl(p, req.sample)
     if p.is_dir() or p.name == MANIFEST_NAME and p.is_file():
         d = p if p.is_dir() else p.parent
-        doc = _local_manifest(d)
-        kind = doc.get("kind") if doc is not None else None
+        found = _local_manifest(d)
+        doc, before = found if found is not None else ({}, None)
+        kind = doc.get("kind")
         if kind == TENSOR_WAREHOUSE:
-            return _why_warehouse(d, doc, req.sample)
+            return _why_warehouse(d, _sealed(doc, d, before), req.sample)
         if kind == FEATURE_CACHE:
-            return _why_feature_cache(d, doc, req.sample)
+            return _why_feature_cache(d, _sealed(doc, d, before), req.sample)
         if kind == ZARR_ARRAY:
             return _why_zarr(d, doc, req.sample)
         raise UsageError(f"{d}: warp why does not trace a {kind or 'directory without a warp manifest'}",
@@ -95,7 +96,7 @@ def why(req: WhyRequest) -> Lineage:
     return _why_published(target, req.sample, req.store_url, req.table)
 
 
-def _local_manifest(d: Path) -> dict[str, Any] | None:
+def _local_manifest(d: Path) -> tuple[dict[str, Any], list[int]] | None:
     m = d / MANIFEST_NAME
     if not m.is_file():
         versions = sorted(d.glob(f"v*/{MANIFEST_NAME}"))
@@ -120,12 +121,32 @@ def _check_index(i: int, n: int, where: str) -> None:
 def _parquet_row(path: Path, column: str, value: Any, columns: list[str] | None = None) -> dict[str, Any] | None:
     """The first row of ``path`` whose ``column`` equals ``value``: the footer's statistics pick
     the row groups, so a sorted column costs one row group, not the file."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     if not path.is_file():
         return None
-    t = pq.read_table(path, columns=columns, filters=[(column, "==", value)])
-    return t.slice(0, 1).to_pylist()[0] if t.num_rows else None
+    f = pq.ParquetFile(path)
+    md = f.metadata
+    try:
+        ci = f.schema_arrow.get_field_index(column)
+    except KeyError:
+        ci = -1
+    if ci < 0:
+        raise DataError(f"{path}: no column {column!r}", hint="rebuild the artifact with 'warp etl'", path=str(path))
+    for g in range(md.num_row_groups):
+        st = md.row_group(g).column(ci).statistics
+        if st is not None and st.has_min_max:
+            try:
+                if not st.min <= value <= st.max:
+                    continue
+            except TypeError:
+                pass
+        rg = f.read_row_group(g, columns=columns)
+        hit = pc.index(rg.column(column), value).as_py()
+        if hit >= 0:
+            return rg.slice(hit, 1).to_pylist()[0]
+    return None
 
 
 def _quarantined(d: Path, files: dict[str, str], key: str) -> dict[str, Any] | None:
@@ -147,11 +168,18 @@ def _quarantine_answer(base: Lineage, q: dict[str, Any]) -> Lineage:
 
 # -- tensor warehouse -----------------------------------------------------------------------
 
-def _read_json(m: Path) -> dict[str, Any]:
+def _stat_key(m: Path) -> list[int]:
+    st = m.stat()  # ctime: os.utime cannot set it back, so an edit always changes the key
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+def _read_json(m: Path) -> tuple[dict[str, Any], list[int]]:
+    """The parsed JSON object in ``m`` and the file's stat key taken before it was read."""
     import json
 
     where = str(m)
     try:
+        before = _stat_key(m)
         doc = json.loads(m.read_bytes())
     except FileNotFoundError:
         raise MissingInputError(f"{m} does not exist", hint="point at a directory written by 'warp etl'") from None
@@ -161,26 +189,48 @@ def _read_json(m: Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise DataError(f"{where}: not a warp manifest (not a JSON object)", hint="rebuild the artifact with 'warp etl'",
                         path=where)
-    return doc
+    return doc, before
 
 
-def _sealed(doc: dict[str, Any], d: Path) -> dict[str, Any]:
-    """``doc`` (the parsed manifest of ``d``) once its seal checks.
+def _seal_stamp(m: Path) -> Path:
+    import hashlib
+
+    from warpdata.core import envvars
+
+    name = hashlib.sha256(str(m.resolve()).encode()).hexdigest()[:32]
+    return Path(envvars.default_cache_dir()) / "lineage-seals" / f"{name}.json"
+
+
+def _sealed(doc: dict[str, Any], d: Path, before: list[int] | None) -> dict[str, Any]:
+    """``doc`` (the parsed manifest of ``d``, whose stat key was ``before`` it was read) once its
+    seal checks.
 
     The schema is checked by :func:`_checked_shard` on the top level and the one shard entry a
     lookup uses: validating every entry of a million-sample manifest costs seconds, and the seal
     proves every field is the writer's (docs/lineage.md, "Cost"). The seal is recomputed from
     ``json.dumps`` with the canonical settings: for a document parsed from JSON that is the byte
     string ``warpdata.core.canonical`` hashes (keys are strings, values JSON types, and
-    ``allow_nan=False`` refuses what it refuses) without its per-value type walk.
+    ``allow_nan=False`` refuses what it refuses) without its per-value type walk. A manifest
+    whose seal checked is stamped in the cache directory with its size, mtime, inode and ctime
+    (taken before it was read) and its seal; a later call on the same unchanged file skips the
+    recomputation, as the blob cache's stamps do (docs/lineage.md, "Cost").
     """
     import hashlib
     import json
 
+    from warpdata.core.atomic import atomic_write_bytes
     from warpdata.core.canonical import CONTENT_HASH_FIELD
 
-    where = str(d / MANIFEST_NAME)
+    m = d / MANIFEST_NAME
+    where = str(m)
     stored = doc.get(CONTENT_HASH_FIELD)
+    stamp = _seal_stamp(m)
+    want = {"stat": before, "content_sha256": stored}
+    try:
+        if before is not None and isinstance(stored, str) and json.loads(stamp.read_bytes()) == want:
+            return doc
+    except (OSError, ValueError):
+        pass
     try:
         raw = json.dumps({k: v for k, v in doc.items() if k != CONTENT_HASH_FIELD}, sort_keys=True,
                          separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
@@ -190,6 +240,12 @@ def _sealed(doc: dict[str, Any], d: Path) -> dict[str, Any]:
         raise DataError(f"{where}: manifest content does not match its {CONTENT_HASH_FIELD} (or has none): "
                         "the manifest was edited, damaged or written by an older warp",
                         hint="rebuild the artifact with 'warp etl'", path=where)
+    if before is not None:
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(stamp, json.dumps(want).encode(), fsync=False)
+        except OSError:
+            pass  # a read-only cache only costs the recomputation next time
     return doc
 
 
@@ -218,7 +274,6 @@ def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, 
 def _why_warehouse(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
     from warpdata.warehouse import manifest as wmanifest
 
-    _sealed(doc, d)
     files = doc.get("files", {})
     samples = d / files.get("samples", "samples.parquet")
     i = _as_index(sample)
@@ -285,7 +340,6 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
 def _why_feature_cache(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
     from warpdata.features import manifest as fmanifest
 
-    _sealed(doc, d)
     records = d / "records.parquet"
     i = _as_index(sample)
     base = Lineage(str(d), FEATURE_CACHE, i, None)

@@ -354,7 +354,7 @@ def _build_lock(root: Path, version: str):
 
 # per-sample side tables are cut in row groups of this many rows, so `warp why` reads one row group
 # (found from the footer's statistics) instead of a million rows (docs/lineage.md)
-LOOKUP_ROW_GROUP = 65536
+LOOKUP_ROW_GROUP = 16384
 
 
 def _write_parquet(path: Path, columns: dict[str, Any], row_group_size: int | None = None) -> None:
