@@ -4,9 +4,9 @@ TARGET is a tensor-warehouse version directory, a feature cache, a .tbl file, a
 Zarr array written by `warp etl`, or a published dataset WS/NAME[@VERSION]. SAMPLE
 is an index (0-based) or a key. The answer names the source file (its path
 relative to the dataset root, or its store URL) and SHA-256, the label file and
-its hash, the validation verdict, the transform recipe and its hash, the encoder
-and its fingerprint (feature caches), the shard and the offset inside it, the
-shard's receipt facts, and for a published row its shard, row group and the
+its hash, the annotation of each box in it, the validation verdict, the
+transform recipe and its hash, the encoder and its fingerprint (feature
+caches), the shard and the offset inside it, the shard's receipt facts, and for a published row its shard, row group and the
 blob hashes of its bound refs. A key that was quarantined answers with its
 quarantine reason. Sample payloads are never read. What an artifact does not
 record is listed under "not recorded".
@@ -48,6 +48,8 @@ def main(
     out.data(f"{'in:':<14}{res.target} ({res.kind})")
     if res.status != "kept":
         out.data(f"{'status:':<14}{res.status}")
+    if res.label and res.annotation_ids is not None:
+        res.label = {**res.label, "annotation_ids": res.annotation_ids}
     for title, section in (("source", res.source), ("label", res.label), ("validation", res.validation),
                            ("transform", res.transform), ("encoder", res.encoder), ("location", res.location),
                            ("receipt", res.receipt), ("row", res.row)):

@@ -128,7 +128,7 @@ SECTIONS = [
 
 # (section, the command (or a regex only it matches), stable text the README shows under it and the command prints)
 EXPECTED: list[tuple[str, str, str]] = [
-    (SECTIONS[10], 'warp why "$WH" 2', "not recorded: annotation ids (the warehouse does not record them per sample)"),
+    (SECTIONS[10], 'warp why "$WH" 2', 'annotation_ids ["11"]'),
     (SECTIONS[10], 'warp why "$WH" 2', "label:        file annotations.json"),
     (SECTIONS[10], "warp diff vision/coco", "- samples images/img_00005.jpg"),
     (SECTIONS[10], "warp diff vision/coco", "samples  key  0      1        4        changed"),

@@ -39,7 +39,11 @@ def test_a_warehouse_sample_is_traced_to_a_file_whose_sha256_matches(cli, coco_w
     assert np.array_equal(np.frombuffer(raw, np.uint8), np.asarray(wh[2].image).reshape(-1))
     assert wh[2].key == d["key"]
     assert d["validation"]["verdict"] == "passed" and d["validation"]["dataset_verdict"] == "warn"
-    assert any("annotation ids" in m for m in d["missing"])
+    coco = json.loads((root / "annotations.json").read_text())
+    image_id = next(im["id"] for im in coco["images"] if im["file_name"] == d["key"].removeprefix("images/"))
+    want = [str(a["id"]) for a in coco["annotations"] if a["image_id"] == image_id][:8]  # max_boxes = 8
+    assert d["annotation_ids"] == want and len(want) == d["validation"]["boxes"]
+    assert not any("annotation ids" in m for m in d["missing"])
 
 
 def test_a_key_gives_the_same_answer_and_the_human_form_names_the_hash(cli, coco_warehouse):

@@ -315,8 +315,10 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
         if len(labels) == 1:
             label_file = next(iter(labels))
     base.label = {"file": label_file, "sha256": labels.get(label_file)} if label_file else None
-    base.annotation_ids = None
-    base.missing.append("annotation ids (the warehouse does not record them per sample)")
+    if "annotation_ids" in row:
+        base.annotation_ids = row["annotation_ids"]
+    else:  # written before samples.parquet recorded them
+        base.missing.append("annotation ids (samples.parquet of this version has no annotation_ids column)")
     base.validation = {"verdict": "passed", "boxes": row["n_boxes"], "class_ids": row["class_ids"],
                        "dataset_verdict": doc["summary"]["verdict"]["status"],
                        "checks": doc["summary"]["verdict"]["checks"], "thresholds": doc["thresholds"]}

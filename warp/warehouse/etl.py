@@ -29,7 +29,8 @@ Phases (each timed into ``metrics.json``):
    missed) join the quarantine and the verdict is re-checked; then the
    manifest (canonical JSON, validated against ``manifest.schema.json``),
    ``metrics.json``, Parquet summaries and ``samples.parquet`` (one row per
-   written sample: key, shard, index, boxes, classes, ids, source path, label file) are
+   written sample: key, shard, index, boxes, classes, ids, source path, label file and the
+   annotation of each box in it) are
    written (outputs, not version inputs) and the build
    directory is renamed to ``<root>/vYYYYMMDD-<hash12>/`` in one step: a
    killed ETL never leaves a visible version.
@@ -378,7 +379,8 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
     failed = {r.index: {f[1] for f in r.failures} for r in results}
     written = {r.index for r in results if r.samples}
     cols: dict[str, list] = {c: [] for c in ("key", "shard_id", "shard_index", "n_boxes", "class_ids",
-                                             "frame_id", "run_id", "source_path", "label_source")}
+                                             "frame_id", "run_id", "source_path", "label_source",
+                                             "annotation_ids")}
     # the driver's per-sample work bounds a cluster's rate (docs/design.md §11): plain string and
     # list operations here, no Path object per sample
     prefix = os.path.join(str(dataset_root), "")
@@ -404,6 +406,7 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
             cols["run_id"].append(s.run_id)
             cols["source_path"].append(source_path(s.image))
             cols["label_source"].append(s.source)
+            cols["annotation_ids"].append(s.ann_ids)
             i += 1
     n = len(cols["key"])
     table = pa.table({
@@ -417,6 +420,7 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
         "run_id": pa.array(cols["run_id"], pa.string()),
         "source_path": pa.array(cols["source_path"], pa.string()),
         "label_source": pa.array(cols["label_source"], pa.string()),
+        "annotation_ids": pa.array(cols["annotation_ids"], pa.list_(pa.string())),
     })
     _write_parquet(d / "samples.parquet", table, LOOKUP_ROW_GROUP)
     return "samples.parquet"
