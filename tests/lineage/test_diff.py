@@ -148,3 +148,30 @@ def test_two_local_warehouse_versions_compare_by_sample_key_and_shard_hash(cli, 
     assert shards["changed"] == 1 and shards["added"] == shards["removed"] == 0
     r = cli("diff", coco_warehouse, coco_warehouse)
     assert r.code == 0 and "rows +0 -0 ~0" in r.out
+
+
+def test_two_feature_caches_compare_records_by_key(cli, feature_cache, tmp_path):
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("features_golden", root / "golden/features/make_golden.py")
+    golden = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(golden)
+    golden.make_sources(tmp_path)
+    (tmp_path / "a" / "media" / "group_000" / "00002.txt").write_text("a caption written again")
+    other = Path(golden.build("pixels-multi", tmp_path, workers=1, executor="local"))
+    r = cli("diff", feature_cache, other, "--rows", "--json")
+    assert r.code == 1, r.err
+    d = r.json()
+    assert d["kind"] == "feature-cache" and d["tables"][0]["table"] == "records"
+    assert d["tables"][0]["changed_keys"] == ["d0/group_000/00002.jpg"]
+    assert d["tables"][0]["added"] == d["tables"][0]["removed"] == 0
+    assert d["artifacts"][0]["changed"] >= 1
+
+
+def test_a_zarr_array_compared_with_itself_is_the_same(cli):
+    root = Path(__file__).resolve().parents[1] / "golden" / "zarr"
+    r = cli("diff", root / "sharded.zarr", root / "sharded.zarr", "--json")
+    assert r.code == 0 and r.json()["artifacts"][0]["artifact"] == "levels"
+    r = cli("diff", root / "sharded.zarr", root / "pyramid.zarr", "--json")
+    assert r.code == 1 and r.json()["artifacts"][0]["status"] == "changed"
