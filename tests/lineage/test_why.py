@@ -154,3 +154,20 @@ def test_an_edited_manifest_is_refused(cli, coco_warehouse, tmp_path):
     m.write_text(m.read_text().replace('"pad_value":114', '"pad_value":115'))  # same size, new ctime
     r = cli("why", copy, "0")
     assert r.code == 65 and "content_sha256" in r.err and r.out == ""
+
+
+def test_a_published_feature_cache_record_is_traced_to_its_bytes_inside_a_tar_shard(cli, feature_cache, tmp_path):
+    from warpdata.registry.store import Store
+
+    store = tmp_path / "store"
+    assert cli("publish", "ws/fc", "--from", feature_cache, "--store", store).code == 0
+    r = cli("why", "ws/fc", "d1/group_000/00002.jpg", "--store", store, "--json")
+    assert r.code == 0, r.err
+    d = r.json()
+    local = cli("why", feature_cache, "d1/group_000/00002.jpg", "--json").json()
+    assert d["encoder"] == local["encoder"] and d["row"]["table"] == "records"
+    loc = d["location"]
+    assert {k: loc[k] for k in local["location"]} == local["location"]
+    tar = Store(store).get_blob(loc["blob_sha256"])
+    record = (feature_cache / loc["shard"]).read_bytes()[loc["offset"]:loc["offset"] + loc["record_bytes"]]
+    assert tar[loc["blob_offset"]:loc["blob_offset"] + loc["record_bytes"]] == record

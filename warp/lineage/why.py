@@ -358,6 +358,22 @@ def _why_feature_cache(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
             return _quarantine_answer(base, q)
     if row is None:
         raise DataError(f"{records}: no row for record {i}", hint=fmanifest.REBUILD_HINT, path=str(records))
+    shard = next((s for s in doc["shards"] if isinstance(s, dict) and s.get("path") == row["shard"]), None)
+    if shard is None:
+        raise DataError(f"{records}: record {row['record']} names shard {row['shard']!r}, which the manifest lacks",
+                        hint=fmanifest.REBUILD_HINT, path=str(records))
+    _checked_shard(doc, shard, d, "path")
+
+    def header(name: str) -> bytes:
+        with open(d / name, "rb") as f:
+            return f.read(24)
+
+    return _feature_lineage(base, doc, row, header)
+
+
+def _feature_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], header) -> Lineage:
+    """Fill ``base`` from a feature-cache manifest and its ``records.parquet`` row; ``header(name)``
+    returns the first 24 bytes of a shard (for the record's byte offset)."""
     base.index, base.key = row["record"], row["key"]
     src_name = row.get("source") or "d0"
     src = next((s for s in doc.get("sources", []) if s["name"] == src_name), None)
@@ -372,18 +388,12 @@ def _why_feature_cache(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
     enc = inputs.get("encoder")
     base.encoder = {"encoder": enc, "fingerprint": doc["fingerprint"]} if enc else \
         {"encoder": None, "fingerprint": doc["fingerprint"], "note": "pixels stored, no encoder"}
-    shard = next((s for s in doc["shards"] if isinstance(s, dict) and s.get("path") == row["shard"]), None)
-    if shard is None:
-        raise DataError(f"{records}: record {base.index} names shard {row['shard']!r}, which the manifest lacks",
-                        hint=fmanifest.REBUILD_HINT, path=str(records))
-    _checked_shard(doc, shard, d, "path")
+    shard = next(s for s in doc["shards"] if s.get("path") == row["shard"])
     k = row["shard_index"]
     loc = {"shard": shard["path"], "shard_sha256": shard["sha256"], "index_in_shard": k,
            "record_bytes": doc["record_size"]}
     try:  # data_offset: bytes 16..24 of the shard's 64-byte header (docs/formats/feature-shard.md)
-        with open(d / shard["path"], "rb") as f:
-            head = f.read(24)
-        loc["offset"] = struct.unpack_from("<Q", head, 16)[0] + k * doc["record_size"]
+        loc["offset"] = struct.unpack_from("<Q", header(shard["path"]), 16)[0] + k * doc["record_size"]
     except (OSError, struct.error):
         base.missing.append(f"the record's byte offset ({shard['path']} could not be read)")
     base.location = loc
@@ -490,6 +500,22 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
     base.producer = m.metadata.get("sources")
     base.transform = {"version_hash": m.version_hash}
     base.source = {"url": shard.uri if "://" in shard.uri else st.url_of(shard.uri), "sha256": shard.hash}
+    fc = _published_producer(st, m, tname, FEATURE_CACHE)
+    if fc is not None and "record" in values and "shard_index" in values:  # a feature cache's records table
+        doc, idx = fc
+        names = [s.get("path") for s in doc["shards"] if isinstance(s, dict)]
+        if values.get("shard") in names:
+            def header(name: str) -> bytes:
+                blob, off, _ln = idx.lookup(name)
+                return st.read_range(blob, off, 24)
+
+            _feature_lineage(base, doc, dict(values), header)
+            base.index = sum(s.row_count or 0 for s in t.shards[:si]) + offset
+            base.transform["version_hash"] = m.version_hash
+            loc = base.location
+            if loc.get("shard") in idx and "offset" in loc:
+                blob, off, _ln = idx.lookup(loc["shard"])
+                loc.update(blob_sha256=blob, blob_offset=off + loc["offset"])
     wh = _published_warehouse(st, m, tname)
     if wh is not None and "source_path" in values:  # a warehouse's samples table: trace on to its sources
         doc, sources_table, idx = wh
@@ -560,15 +586,15 @@ def _refs(st, m, tname: str, values: dict[str, Any]) -> list[dict[str, Any]]:
     return refs
 
 
-def _published_warehouse(st, m, tname: str) -> tuple[dict[str, Any], str | None, Any] | None:
-    """For a table published from a tensor warehouse (``--from``): the warehouse's sealed manifest
-    (one ranged read of its ``manifest.json`` member), the name of its sources table and the
-    artifact's member index."""
+def _published_producer(st, m, tname: str, kind: str) -> tuple[dict[str, Any], Any] | None:
+    """For a table published ``--from`` an artifact of ``kind``: that artifact's ``manifest.json``
+    (one ranged read of the member, its seal checked) and the artifact's member index."""
+    import json
+
     from warpdata.registry.tarpack import ArtifactIndex
-    from warpdata.warehouse import manifest as wmanifest
 
     for p in m.metadata.get("sources") or []:
-        if not isinstance(p, dict) or p.get("kind") != TENSOR_WAREHOUSE or tname not in (p.get("tables") or []):
+        if not isinstance(p, dict) or p.get("kind") != kind or tname not in (p.get("tables") or []):
             continue
         art = m.artifacts.get(p.get("artifact"))
         if art is None or art.index is None:
@@ -577,10 +603,32 @@ def _published_warehouse(st, m, tname: str) -> tuple[dict[str, Any], str | None,
         if MANIFEST_NAME not in idx:
             return None
         blob, off, ln = idx.lookup(MANIFEST_NAME)
-        doc = wmanifest.parse(st.read_range(blob, off, ln), f"{p['artifact']}:{MANIFEST_NAME}")
-        sources = next((n for n in p["tables"] if n == "sources" or n.endswith("_sources")), None)
-        return doc, sources, idx
+        where = f"{p['artifact']}:{MANIFEST_NAME}"
+        if kind == TENSOR_WAREHOUSE:
+            from warpdata.warehouse import manifest as wmanifest
+
+            return wmanifest.parse(st.read_range(blob, off, ln), where), idx
+        from warpdata.features import manifest as fmanifest
+
+        try:
+            doc = json.loads(st.read_range(blob, off, ln))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise DataError(f"{where}: not valid JSON: {e}", hint="republish the dataset", path=where) from None
+        return fmanifest.check(doc, where), idx
     return None
+
+
+def _published_warehouse(st, m, tname: str) -> tuple[dict[str, Any], str | None, Any] | None:
+    """For a table published from a tensor warehouse (``--from``): the warehouse's sealed manifest,
+    the name of its sources table and the artifact's member index."""
+    found = _published_producer(st, m, tname, TENSOR_WAREHOUSE)
+    if found is None:
+        return None
+    doc, idx = found
+    p = next(p for p in m.metadata["sources"] if isinstance(p, dict) and p.get("kind") == TENSOR_WAREHOUSE
+             and tname in (p.get("tables") or []))
+    sources = next((n for n in p["tables"] if n == "sources" or n.endswith("_sources")), None)
+    return doc, sources, idx
 
 
 def _default_table(m) -> str:
