@@ -1,8 +1,9 @@
 """Show everything one sample came from, read from manifests and side tables only.
 
-TARGET is a tensor-warehouse version directory, a feature cache, a .tbl file, a
-Zarr array written by `warp etl`, or a published dataset WS/NAME[@VERSION]. SAMPLE
-is an index (0-based) or a key. The answer names the source file (its path
+TARGET is a tensor-warehouse version directory, a feature cache (either also as
+the s3:// URL `warp etl` wrote it to), a .tbl file, a Zarr array written by
+`warp etl`, or a published dataset WS/NAME[@VERSION]. SAMPLE is an index
+(0-based; all digits) or a key. The answer names the source file (its path
 relative to the dataset root, or its store URL) and SHA-256, the label file and
 its hash, the annotation of each box in it, the validation verdict, the
 transform recipe and its hash, the encoder and its fingerprint (feature
@@ -23,6 +24,7 @@ EXAMPLES = """
   warp why warehouse/v20261122-3f2a9c1e0b7d 17
   warp why warehouse/v20261122-3f2a9c1e0b7d images/img_00042.jpg --json
   warp why captions-cache d0/group_000/00002.jpg
+  warp why s3://bucket/warehouse/v20261122-3f2a9c1e0b7d 17    # ranged reads of the side tables
   warp why vision/coco-mini 1234              # a published row: shard, row group, bound blobs
   warp why vision/coco-mini@3f2a9c1e0b7d photos/cat.jpg --table main
 """

@@ -70,8 +70,65 @@ class Lineage:
         return {k: v for k, v in self.__dict__.items()}
 
 
+class _Remote:
+    """An artifact directory on an object store (``s3://…``): files read by ranged GETs."""
+
+    def __init__(self, url: str) -> None:
+        from warpdata.storage.locations import open_url
+
+        self.url = url.rstrip("/")
+        self.fs, path = open_url(self.url)
+        self.path = path.rstrip("/")
+
+    def __truediv__(self, name: str) -> _RemoteFile:
+        return _RemoteFile(self, name)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class _RemoteFile:
+    def __init__(self, d: _Remote, name: str) -> None:
+        self.fs, self.path, self.url, self.name = d.fs, f"{d.path}/{name}", f"{d.url}/{name}", name
+
+    def is_file(self) -> bool:
+        return self.fs.isfile(self.path)
+
+    def open(self, mode: str = "rb"):
+        return self.fs.open(self.path, mode, cache_type="none")  # each read one ranged GET (docs/design.md §6)
+
+    def read_bytes(self) -> bytes:
+        return self.fs.cat_file(self.path)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def _why_remote(url: str, sample: str) -> Lineage:
+    import json
+
+    d = _Remote(url)
+    m = d / MANIFEST_NAME
+    try:
+        doc = json.loads(m.read_bytes())
+    except FileNotFoundError:
+        raise MissingInputError(f"{m} does not exist", hint="give the version prefix 'warp etl' wrote "
+                                "(<root>/vYYYYMMDD-<hash>) or a feature cache's URL") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"{m}: not valid JSON: {e}", hint="rebuild the artifact with 'warp etl'", path=str(m)) from None
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind == TENSOR_WAREHOUSE:
+        return _why_warehouse(d, _sealed(doc, d, None), sample)
+    if kind == FEATURE_CACHE:
+        return _why_feature_cache(d, _sealed(doc, d, None), sample)
+    raise UsageError(f"{url}: warp why traces a tensor warehouse or a feature cache on object storage, not {kind!r}",
+                     hint="publish it and trace WS/NAME, or give a local copy")
+
+
 def why(req: WhyRequest) -> Lineage:
     target = req.target
+    if "://" in target and not target.startswith("file://"):
+        return _why_remote(target, req.sample)
     p = Path(target)
     if p.is_file() and p.suffix == ".tbl":
         return _why_tbl(p, req.sample)
@@ -126,7 +183,7 @@ def _parquet_row(path: Path, column: str, value: Any, columns: list[str] | None 
 
     if not path.is_file():
         return None
-    f = pq.ParquetFile(path)
+    f = pq.ParquetFile(path if isinstance(path, Path) else path.open())
     md = f.metadata
     try:
         ci = f.schema_arrow.get_field_index(column)
@@ -201,7 +258,7 @@ def _seal_stamp(m: Path) -> Path:
     return Path(envvars.default_cache_dir()) / "lineage-seals" / f"{name}.json"
 
 
-def _sealed(doc: dict[str, Any], d: Path, before: list[int] | None) -> dict[str, Any]:
+def _sealed(doc: dict[str, Any], d: Path | _Remote, before: list[int] | None) -> dict[str, Any]:
     """``doc`` (the parsed manifest of ``d``, whose stat key was ``before`` it was read) once its
     seal checks.
 
@@ -224,10 +281,10 @@ def _sealed(doc: dict[str, Any], d: Path, before: list[int] | None) -> dict[str,
     m = d / MANIFEST_NAME
     where = str(m)
     stored = doc.get(CONTENT_HASH_FIELD)
-    stamp = _seal_stamp(m)
+    stamp = _seal_stamp(m) if before is not None else None
     want = {"stat": before, "content_sha256": stored}
     try:
-        if before is not None and isinstance(stored, str) and json.loads(stamp.read_bytes()) == want:
+        if stamp is not None and isinstance(stored, str) and json.loads(stamp.read_bytes()) == want:
             return doc
     except (OSError, ValueError):
         pass
@@ -240,7 +297,7 @@ def _sealed(doc: dict[str, Any], d: Path, before: list[int] | None) -> dict[str,
         raise DataError(f"{where}: manifest content does not match its {CONTENT_HASH_FIELD} (or has none): "
                         "the manifest was edited, damaged or written by an older warp",
                         hint="rebuild the artifact with 'warp etl'", path=where)
-    if before is not None:
+    if stamp is not None:
         try:
             stamp.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(stamp, json.dumps(want).encode(), fsync=False)
@@ -249,13 +306,17 @@ def _sealed(doc: dict[str, Any], d: Path, before: list[int] | None) -> dict[str,
     return doc
 
 
-def _checked_shard(doc: dict[str, Any], shard: dict[str, Any], d: Path, path_field: str) -> None:
+def _checked_shard(doc: dict[str, Any], shard: dict[str, Any], d: Path | _Remote, path_field: str) -> None:
     """Schema-check ``doc`` with ``shards`` cut to ``shard``, and confine the shard's path to ``d``."""
     from warpdata.artifacts import kinds
 
     where = str(d / MANIFEST_NAME)
     kinds.validate({**doc, "shards": [shard]}, where)
     rel = shard[path_field]
+    if not isinstance(d, Path):  # an object-store prefix: no symlinks, only the name can leave it
+        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
+            raise DataError(f"{where}: shard path {rel!r} leaves {d}", hint="rebuild it with 'warp etl'", path=where)
+        return
     base = d.resolve()
     if os.path.isabs(rel) or ".." in Path(rel).parts or not (base / rel).resolve().is_relative_to(base):
         raise DataError(f"{where}: shard path {rel!r} resolves outside {d}",
@@ -271,7 +332,7 @@ def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, 
                         hint="rebuild the artifact with 'warp etl'", path=where) from None
 
 
-def _why_warehouse(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
+def _why_warehouse(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
     from warpdata.warehouse import manifest as wmanifest
 
     files = doc.get("files", {})
@@ -339,7 +400,7 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
 
 # -- feature cache ------------------------------------------------------------------------------
 
-def _why_feature_cache(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
+def _why_feature_cache(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
     from warpdata.features import manifest as fmanifest
 
     records = d / "records.parquet"
@@ -365,7 +426,7 @@ def _why_feature_cache(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
     _checked_shard(doc, shard, d, "path")
 
     def header(name: str) -> bytes:
-        with open(d / name, "rb") as f:
+        with (d / name).open("rb") as f:
             return f.read(24)
 
     return _feature_lineage(base, doc, row, header)
