@@ -4,6 +4,9 @@ Shows each dataset's latest version, its tables, rows and bytes. Nothing but
 the `latest` pointers and manifests is read (no shard listing). A dataset
 published only with --no-set-latest has no latest version: its version hashes
 are listed instead, for `warp stream NAME --version HASH`.
+
+`warp ls WS/NAME --versions` lists every version of one dataset, oldest first,
+with its date, rows and size (one GET per version); the latest is marked.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ EXAMPLES = """
   warp ls vision/         # one workspace
   WARP_STORE=s3://bucket/warp warp ls --json
   WARP_STORE=https://data.example.org/warp warp ls vision/coco-mini   # HTTP stores: by name only
+  warp ls vision/coco-mini --versions    # every version: date, rows, size
 """
 
 
@@ -26,6 +30,8 @@ def main(
     workspace: Annotated[str | None, typer.Argument(
         help="WORKSPACE/ (default: every workspace), or one dataset WORKSPACE/NAME.")] = None,
     store: StoreOption = None,
+    versions: Annotated[bool, typer.Option(
+        "--versions", help="List every version of the dataset WORKSPACE/NAME, oldest first, with dates and sizes.")] = False,
 ) -> int:
     from warpdata.core import envvars
     from warpdata.core.errors import MissingInputError
@@ -45,6 +51,8 @@ def main(
             out.info(f"no datasets: nothing has been published to the default store {st.url} yet "
                      "(set WARP_STORE or pass --store to read another one)")
         return 0
+    if versions:
+        return _versions(st, ws)
     only = None
     if ws and "/" in ws:  # `warp ls ws/name`: that one dataset
         only = ws
@@ -102,3 +110,21 @@ def _no_latest(versions: list[str]) -> str:
         return "(no versions)"
     more = f" (+{len(versions) - 3} more, see --json)" if len(versions) > 3 else ""
     return "(no latest) " + " ".join(v[:12] for v in versions[:3]) + more
+
+
+def _versions(st, dataset: str | None) -> int:
+    from warpdata.core.errors import UsageError
+    from warpdata.core.sizes import format_size
+    from warpdata.lineage.history import versions
+
+    if not dataset or "/" not in dataset:
+        raise UsageError("--versions lists the versions of one dataset: give WORKSPACE/NAME",
+                         hint="e.g. 'warp ls vision/coco-mini --versions'")
+    hist = versions(st, dataset)
+    if out.options().json:
+        out.emit_json({"store": st.url, "dataset": dataset, "versions": [v.to_dict() for v in hist]})
+        return 0
+    out.table(None, ["version", "created", "rows", "size", "latest"],
+              [[v.version_hash[:12], v.created_at or "", v.rows,
+                format_size(v.bytes) if v.bytes is not None else "", "*" if v.latest else ""] for v in hist])
+    return 0

@@ -38,6 +38,7 @@ EXAMPLES = """
   warp publish vision/coco-mini --from warehouse/v20261122-3f2a9c1e0b7d --json
   warp publish text/captions --table main=captions.jsonl --dry-run
   WARP_STORE=s3://team-bucket/warp warp publish ws/name --table main=out/*.parquet --no-set-latest
+  warp publish vision/coco-mini --from warehouse/v20261122-3f2a9c1e0b7d --card CARD.md
 """
 
 
@@ -68,6 +69,8 @@ def main(
         "--link-cache", help="Hard-link the published files into the local blob cache, so this machine reads "
                              "the dataset from them instead of downloading it (remote stores).")] = False,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
+    card: Annotated[str | None, typer.Option(
+        "--card", metavar="FILE", help="A Markdown dataset card (see 'warp card') kept with the version in the non-hashed metadata.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
     from warpdata.core.sizes import format_size, parse_size_option
@@ -87,10 +90,24 @@ def main(
         req.artifacts[name] = directory
     req.bindings = [parse_binding(b) for b in bind or []]
     req.from_paths = list(from_ or [])
+    if card is not None:
+        from pathlib import Path
+
+        from warpdata.core.errors import DataError, MissingInputError
+
+        try:
+            req.card = Path(card).read_text("utf-8")
+        except FileNotFoundError:
+            raise MissingInputError(f"--card {card}: no such file", hint="write one with 'warp card WS/NAME --out FILE'") from None
+        except UnicodeDecodeError:
+            raise DataError(f"--card {card}: not UTF-8 text", hint="a card is a Markdown file") from None
 
     with out.progress("uploading", unit="B") as bar:
         result = publish(req, on_upload=bar.advance)
 
+    if result.card_stored is False:
+        out.warn(f"--card: version {result.version_hash[:12]} was already published, and a stored manifest is never "
+                 "rewritten: the card stored with it (if any) stays; 'warp card' regenerates around it")
     for binding, n in sorted(result.dangling_refs.items()):
         out.warn(f"--allow-dangling: {n} value(s) of {binding} name no member; reads of them will fail")
     if out.options().json:

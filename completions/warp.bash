@@ -71,8 +71,9 @@ _warp_complete_in() {
                 --shard-size) _warp_files; return 0;;
                 --workers) :; return 0;;
                 --description) _warp_files; return 0;;
+                --card) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --link-cache --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --link-cache --description --card --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         register)
             case "$prev" in
@@ -91,7 +92,7 @@ _warp_complete_in() {
             case "$prev" in
                 --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--store --versions --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         info)
             case "$prev" in
@@ -142,6 +143,30 @@ _warp_complete_in() {
                 --store) _warp_files; return 0;;
             esac
             if [[ $cur == -* ]]; then _warp_words "--table --format --columns --filter --shard --pad --limit --batch-size --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            ;;
+        why)
+            case "$prev" in
+                --table) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--table --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
+        diff)
+            case "$prev" in
+                --from) _warp_files; return 0;;
+                --to) _warp_files; return 0;;
+                --table) _warp_files; return 0;;
+                --key) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--from --to --table --key --rows --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            ;;
+        card)
+            case "$prev" in
+                --out) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--out --no-history --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         cat)
             case "$prev" in
@@ -204,7 +229,7 @@ _warp_complete_in() {
             if [[ $cur == -* ]]; then _warp_words "--only --table --rows --refs --mode --version --states --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor"; fi
             ;;
     esac
 }
@@ -214,7 +239,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|ingest|embeddings|tar-to-tbl|publish|register|unregister|ls|info|schema|head|inspect|stream|cat|warm|cache|order|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|embeddings|tar-to-tbl|publish|register|unregister|ls|info|schema|head|inspect|stream|why|diff|card|cat|warm|cache|order|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

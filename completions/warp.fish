@@ -9,25 +9,28 @@ complete -c warp -l color -x -a 'auto always never' -d 'auto, always or never (N
 complete -c warp -l debug -d 'Show tracebacks for errors (also WARP_DEBUG=1)'
 complete -c warp -l version -d 'Print warp\'s version and exit'
 complete -c warp -s h -l help -d 'Show the help and exit'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a ingest -d 'Publish a raw image folder, file list (CSV/JSONL/Parquet) or paired folders a...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a embeddings -d 'Compute embeddings of a published column with an encoder plugin; list, descri...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a register -d 'Make a dataset of local Parquet files and directories, read in place (nothing...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a unregister -d 'Remove a dataset registered in place; its files stay where they are'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a ls -d 'List the datasets published in a store, from their manifests only'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a info -d 'Show a published dataset\'s version, tables, rows, artifacts and bindings, fro...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a schema -d 'List a published table\'s columns and Arrow types, from the manifest (no shard...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a head -d 'Show the first rows of a published table, reading one row group, never a whol...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a order -d 'Print an epoch\'s sample count, set digest and order digest, the ground truth...'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
-complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream cat warm cache order init doctor' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a etl -d 'Build a training-ready artifact (tensor warehouse, Zarr array, feature cache)...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a ingest -d 'Publish a raw image folder, file list (CSV/JSONL/Parquet) or paired folders a...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a embeddings -d 'Compute embeddings of a published column with an encoder plugin; list, descri...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a tar-to-tbl -d 'Pack a WebDataset tar into one TBL v2 file: O(1) random access, cached sizes,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a publish -d 'Publish a dataset version (tables, raw artifacts, bindings) to the store: con...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a register -d 'Make a dataset of local Parquet files and directories, read in place (nothing...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a unregister -d 'Remove a dataset registered in place; its files stay where they are'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a ls -d 'List the datasets published in a store, from their manifests only'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a info -d 'Show a published dataset\'s version, tables, rows, artifacts and bindings, fro...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a schema -d 'List a published table\'s columns and Arrow types, from the manifest (no shard...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a head -d 'Show the first rows of a published table, reading one row group, never a whol...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a inspect -d 'Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a stream -d 'Stream a published table\'s rows to stdout as JSONL, CSV or Arrow IPC, without...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a why -d 'Show everything one sample came from (source file and hash, labels, verdicts,...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a diff -d 'Show rows (by key) and members added, removed and changed between two version...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a card -d 'Write a Markdown dataset card from the manifest and data, keeping hand-writte...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a cat -d 'Write one artifact member\'s raw bytes to stdout (one ranged read, no extraction)'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a warm -d 'Download a published dataset\'s shards into the blob cache ahead of training'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a cache -d 'Show, garbage-collect, verify or clear the content-addressed blob cache'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a order -d 'Print an epoch\'s sample count, set digest and order digest, the ground truth...'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a init -d 'Generate a loader module for a published dataset, with a smoke test'
+complete -c warp -n 'not __fish_seen_subcommand_from etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor' -a doctor -d 'Check the installation, backends, cache and store, and say how to fix what fails'
 
 complete -c warp -n '__fish_seen_subcommand_from etl' -s c -l config -r -F -d 'The TOML config (see examples/)'
 complete -c warp -n '__fish_seen_subcommand_from etl' -l clear -d 'Rebuild even if an identical version exists (also WAREHOUSE_CLEAR=1)'
@@ -87,6 +90,7 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l workers -x -d 'Para
 complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore the stat cache: hash and pack every input again'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l link-cache -d 'Hard-link the published files into the local blob cache, so this machine read...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l card -r -F -d 'A Markdown dataset card (see \'warp card\') kept with the version in the non-ha...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -F
 
 complete -c warp -n '__fish_seen_subcommand_from register' -l table -r -F -d 'Table NAME from Parquet files (comma-separated paths or globs); repeatable'
@@ -101,6 +105,7 @@ complete -c warp -n '__fish_seen_subcommand_from register' -F
 complete -c warp -n '__fish_seen_subcommand_from unregister' -F
 
 complete -c warp -n '__fish_seen_subcommand_from ls' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
+complete -c warp -n '__fish_seen_subcommand_from ls' -l versions -d 'List every version of the dataset WORKSPACE/NAME, oldest first, with dates an...'
 complete -c warp -n '__fish_seen_subcommand_from ls' -F
 
 complete -c warp -n '__fish_seen_subcommand_from info' -l version -r -F -d 'A version hash (default: latest)'
@@ -139,6 +144,23 @@ complete -c warp -n '__fish_seen_subcommand_from stream' -l version -r -F -d 'A 
 complete -c warp -n '__fish_seen_subcommand_from stream' -l mode -x -a 'auto remote hybrid local' -d 'Read mode (default: WARP_MODE or auto)'
 complete -c warp -n '__fish_seen_subcommand_from stream' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from stream' -F
+
+complete -c warp -n '__fish_seen_subcommand_from why' -l table -r -F -d 'Published datasets: the table (default: the one readers use)'
+complete -c warp -n '__fish_seen_subcommand_from why' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
+complete -c warp -n '__fish_seen_subcommand_from why' -F
+
+complete -c warp -n '__fish_seen_subcommand_from diff' -l from -r -F -d 'The older version (hash or prefix)'
+complete -c warp -n '__fish_seen_subcommand_from diff' -l to -r -F -d 'The newer version (default: latest)'
+complete -c warp -n '__fish_seen_subcommand_from diff' -l table -r -F -d 'Compare only this table'
+complete -c warp -n '__fish_seen_subcommand_from diff' -l key -r -F -d 'The column rows are matched by'
+complete -c warp -n '__fish_seen_subcommand_from diff' -l rows -d 'List the keys added, removed and changed'
+complete -c warp -n '__fish_seen_subcommand_from diff' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
+complete -c warp -n '__fish_seen_subcommand_from diff' -F
+
+complete -c warp -n '__fish_seen_subcommand_from card' -l out -r -F -d 'Write the card to FILE, keeping its text outside the markers'
+complete -c warp -n '__fish_seen_subcommand_from card' -l no-history -d 'Leave out the version history (it diffs each version against the one before)'
+complete -c warp -n '__fish_seen_subcommand_from card' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
+complete -c warp -n '__fish_seen_subcommand_from card' -F
 
 complete -c warp -n '__fish_seen_subcommand_from cat' -l artifact -r -F -d 'Artifact name (see \'warp inspect ws/name\')'
 complete -c warp -n '__fish_seen_subcommand_from cat' -l ref -r -F -d 'Member path inside the artifact'

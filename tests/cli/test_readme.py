@@ -123,10 +123,15 @@ SECTIONS = [
     "warp info / schema / head (looking at a dataset)",
     "warp ingest / embeddings (raw folders → a published dataset)",
     "warp register / unregister (datasets read in place)",
+    "warp why / diff / card (lineage: where a sample came from, what changed)",
 ]
 
 # (section, the command (or a regex only it matches), stable text the README shows under it and the command prints)
 EXPECTED: list[tuple[str, str, str]] = [
+    (SECTIONS[10], 'warp why "$WH" 2', 'annotation_ids ["11"]'),
+    (SECTIONS[10], 'warp why "$WH" 2', "label:        file annotations.json"),
+    (SECTIONS[10], "warp diff vision/coco", "- samples images/img_00005.jpg"),
+    (SECTIONS[10], "warp diff vision/coco", "samples  key  0      1        4        changed"),
     (SECTIONS[9], "warp stream demo/local", '{"id":1,"label":"cat","image":"img/0001.png"}'),
     (SECTIONS[9], "warp doctor demo/local", "PASS dataset/refs 8 member(s) of media via main.image"),
     (SECTIONS[9], "warp unregister demo/local", "its files were left in place"),
@@ -172,7 +177,7 @@ EXPECTED: list[tuple[str, str, str]] = [
 
 # start of a command -> exit status the README documents for it (the rest: 0). `# exit 1 if ...`
 # comments describe failure cases; on the README's sample data every command succeeds.
-EXIT_CODES: dict[str, int] = {}
+EXIT_CODES: dict[str, int] = {"warp diff vision/coco": 1}  # the versions differ
 
 
 def _has_torch() -> bool:

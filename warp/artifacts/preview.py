@@ -186,10 +186,10 @@ def tbl(path: str, n: int = 16) -> Preview:
             r.close()
 
 
-def published(name: str, n: int = 16) -> Preview:
+def published(name: str, n: int = 16, store: str | None = None, version: str | None = None) -> Preview:
     import warpdata
 
-    ds = warpdata.dataset(name)
+    ds = warpdata.dataset(name, store=store, version=version)
     for b in ds.manifest.bindings:
         if b.ref_type == "image":
             rows = ds.table(b.table).select([b.column]).head(n).column(b.column).to_pylist()

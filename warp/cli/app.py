@@ -61,6 +61,9 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("head", "warpdata.commands.head", "Show the first rows of a published table, reading one row group, never a whole shard."),
     CommandSpec("inspect", "warpdata.commands.inspect", "Describe any warp artifact: manifests, .tbl files, TWH1 shards, Zarr arrays, datasets."),
     CommandSpec("stream", "warpdata.commands.stream", "Stream a published table's rows to stdout as JSONL, CSV or Arrow IPC, without pulling."),
+    CommandSpec("why", "warpdata.commands.why", "Show everything one sample came from (source file and hash, labels, verdicts, recipe, shard), from manifests only."),
+    CommandSpec("diff", "warpdata.commands.diff", "Show rows (by key) and members added, removed and changed between two versions; unchanged shards are never read."),
+    CommandSpec("card", "warpdata.commands.card", "Write a Markdown dataset card from the manifest and data, keeping hand-written text outside its markers."),
     CommandSpec("cat", "warpdata.commands.cat", "Write one artifact member's raw bytes to stdout (one ranged read, no extraction)."),
     # serve to training
     CommandSpec("warm", "warpdata.commands.warm", "Download a published dataset's shards into the blob cache ahead of training."),

@@ -1117,8 +1117,8 @@ def _write_records(path: Path, keys: list[str], rows: list[tuple[str, bool, int,
     })
     if sources is not None:  # multi-source caches: which [[directory]] (d<i>) each record came from
         table = table.append_column("source", pa.array(sources, pa.string()))
-    with atomic_file(path, fsync=False) as f:
-        pq.write_table(table, f, compression="zstd")
+    with atomic_file(path, fsync=False) as f:  # row groups: `warp why` reads one (docs/lineage.md)
+        pq.write_table(table, f, compression="zstd", row_group_size=16384)
 
 
 def _record_size(fields: Sequence[FieldSpec]) -> int:

@@ -112,6 +112,8 @@ class PublishRequest:
     # reads its dataset from its originals instead of downloading it
     link_cache: bool = False
     description: str | None = None
+    # a Markdown dataset card kept in the non-hashed envelope as metadata.card (docs/lineage.md)
+    card: str | None = None
     allow_dangling: bool = False  # publish bindings whose values name no member (count kept in metadata)
     follow_symlinks: bool = False  # walk symlinked directories inside --artifact directories
 
@@ -141,6 +143,9 @@ class PublishResult:
     cache_linked: int = 0  # published blobs hard-linked into the local blob cache (remote stores)
     stat_cache_hits: int = 0
     dangling_refs: dict[str, int] = field(default_factory=dict)  # with allow_dangling
+    # with a card: True when this publish wrote the manifest holding it; False when the version was
+    # already stored (manifests are create-only, so the stored envelope and its card stay)
+    card_stored: bool | None = None
 
     @property
     def bytes_total(self) -> int:
@@ -161,6 +166,7 @@ class PublishResult:
             "plan": [{"hash": b.hash, "byte_size": b.byte_size, "role": b.role, "upload": b.upload}
                      for b in self.blobs] if self.dry_run else None,
             "dangling_refs": self.dangling_refs or None,
+            "card_stored": self.card_stored,
         }
 
 
@@ -520,7 +526,8 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
                              hint=f"columns: {', '.join(tables[b.table].columns)}")
     dangling = _check_bindings(req, stager)
     from warpdata import __version__
-    metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    # microseconds: two versions published within a second still order (warp ls --versions, docs/lineage.md)
+    metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                                 "warp_version": __version__}
     if dangling:
         metadata["dangling_refs"] = dangling
@@ -531,6 +538,14 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
             metadata["default_table"] = primary[0]
     if req.description:
         metadata["description"] = req.description
+    if req.card is not None:
+        from warpdata.lineage.card import CARD_MAX_BYTES
+
+        if len(req.card.encode("utf-8")) > CARD_MAX_BYTES:
+            raise UsageError(f"--card: the card is {len(req.card.encode('utf-8')):,} bytes, over the "
+                             f"{CARD_MAX_BYTES:,} a manifest's envelope holds",
+                             hint="shorten the card; large tables belong in the dataset, not its card")
+        metadata["card"] = req.card
     return Manifest(validate_dataset_id(req.dataset_id), tables=tables, artifacts=artifacts,
                     bindings=tuple(bindings), metadata=metadata)
 
@@ -585,6 +600,8 @@ def publish(req: PublishRequest, *, store: Store | None = None,
         _upload(store, [stager.blobs[b.hash] for b in planned if b.upload], req.workers, result, on_upload)
         if not result.already_published:
             result.manifest_written = store.put_manifest(manifest)
+        if req.card is not None:
+            result.card_stored = result.manifest_written
         if req.set_latest and result.latest != version:
             # one conditional write against the pointer read above; if another publisher moved
             # it meanwhile, set_latest re-reads and retries (the manifest is known to be there)

@@ -29,7 +29,8 @@ Phases (each timed into ``metrics.json``):
    missed) join the quarantine and the verdict is re-checked; then the
    manifest (canonical JSON, validated against ``manifest.schema.json``),
    ``metrics.json``, Parquet summaries and ``samples.parquet`` (one row per
-   written sample: key, shard, index, boxes, classes, ids, source path) are
+   written sample: key, shard, index, boxes, classes, ids, source path, label file and the
+   annotation of each box in it) are
    written (outputs, not version inputs) and the build
    directory is renamed to ``<root>/vYYYYMMDD-<hash12>/`` in one step: a
    killed ETL never leaves a visible version.
@@ -352,13 +353,18 @@ def _build_lock(root: Path, version: str):
     return build_lock(root / f"{BUILD_PREFIX}{version[:12]}.lock", f"version {version[:12]} in {root}")
 
 
-def _write_parquet(path: Path, columns: dict[str, Any]) -> None:
+# per-sample side tables are cut in row groups of this many rows, so `warp why` reads one row group
+# (found from the footer's statistics) instead of a million rows (docs/lineage.md)
+LOOKUP_ROW_GROUP = 16384
+
+
+def _write_parquet(path: Path, columns: dict[str, Any], row_group_size: int | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = columns if isinstance(columns, pa.Table) else pa.table(columns)
     with atomic_file(path, fsync=False) as f:
-        pq.write_table(table, f, compression="zstd")
+        pq.write_table(table, f, compression="zstd", row_group_size=row_group_size)
 
 
 def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult], dataset_root: Path) -> str:
@@ -373,7 +379,8 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
     failed = {r.index: {f[1] for f in r.failures} for r in results}
     written = {r.index for r in results if r.samples}
     cols: dict[str, list] = {c: [] for c in ("key", "shard_id", "shard_index", "n_boxes", "class_ids",
-                                             "frame_id", "run_id", "source_path")}
+                                             "frame_id", "run_id", "source_path", "label_source",
+                                             "annotation_ids")}
     # the driver's per-sample work bounds a cluster's rate (docs/design.md §11): plain string and
     # list operations here, no Path object per sample
     prefix = os.path.join(str(dataset_root), "")
@@ -398,6 +405,8 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
             cols["frame_id"].append(int(s.frame_id))
             cols["run_id"].append(s.run_id)
             cols["source_path"].append(source_path(s.image))
+            cols["label_source"].append(s.source)
+            cols["annotation_ids"].append(s.ann_ids)
             i += 1
     n = len(cols["key"])
     table = pa.table({
@@ -410,15 +419,17 @@ def _export_samples(d: Path, tasks: list[ShardTask], results: list[ShardResult],
         "frame_id": pa.array(cols["frame_id"], pa.int64()),
         "run_id": pa.array(cols["run_id"], pa.string()),
         "source_path": pa.array(cols["source_path"], pa.string()),
+        "label_source": pa.array(cols["label_source"], pa.string()),
+        "annotation_ids": pa.array(cols["annotation_ids"], pa.list_(pa.string())),
     })
-    _write_parquet(d / "samples.parquet", table)
+    _write_parquet(d / "samples.parquet", table, LOOKUP_ROW_GROUP)
     return "samples.parquet"
 
 
 def _export_summaries(d: Path, q: Quarantine, sources: list[tuple[str, str, int]]) -> dict[str, str]:
     files = q.write_parquet(d)
     _write_parquet(d / "sources.parquet", {"key": [s[0] for s in sources], "sha256": [s[1] for s in sources],
-                                           "size": [s[2] for s in sources]})
+                                           "size": [s[2] for s in sources]}, LOOKUP_ROW_GROUP)
     return {**files, "sources": "sources.parquet", "metrics": "metrics.json"}
 
 

@@ -124,6 +124,9 @@ class LabelRecord:
     frame_id: int = -1
     run_id: str = ""
     root_real: str | None = None  # the dataset root after symlinks: images must stay inside it
+    # per box, where it came from in the label file: the COCO annotation id, YOLO "line N", JSONL
+    # "line N box K" (samples.parquet annotation_ids; `warp why`, docs/lineage.md)
+    ann_ids: list[str] | None = None
 
     @property
     def image(self) -> str:
@@ -287,9 +290,10 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
                 rec.boxes, rec.classes = _NONE, _NONE  # free them now: the sample is out
                 continue
             if rec.boxes is _NONE:
-                rec.boxes, rec.classes = [], []
+                rec.boxes, rec.classes, rec.ann_ids = [], [], []
             rec.boxes.append([x, y, x + bw, y + bh])
             rec.classes.append(cat)
+            rec.ann_ids.append(str(ann.get("id", f"annotations[{j}]")))
         records.extend(r for iid, r in by_id.items() if iid not in rejected)
     return LabelSet(records, [{"id": k, "name": v} for k, v in sorted(classes.items())], list(label_files), rejects)
 
@@ -326,7 +330,7 @@ def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[s
         lp = labels_dir / (stem + ".txt")
         src = rel_path(root, lp)
         rec = LabelRecord(key=key, root=str(root), run=run, boxes=[], classes=[], source=src, normalized=True,
-                          root_real=root_real)
+                          root_real=root_real, ann_ids=[])
         problem = None
         if os.path.lexists(lp) and not lp.is_dir():
             try:
@@ -369,6 +373,7 @@ def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[s
                     break
                 rec.boxes.append(vals)
                 rec.classes.append(cls)
+                rec.ann_ids.append(f"line {ln}")
                 used_ids.add(cls)
         if problem:
             rejects.append((run, key, src, problem[0], problem[1]))
@@ -479,7 +484,8 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
         used.update(ids)
         records.append(LabelRecord(key=key, root=str(root), run=run, root_real=root_real,
                                    boxes=[[float(v) for v in b] for b in boxes], classes=ids, source=src,
-                                   width=w, height=h, frame_id=frame_id, run_id=run_id))
+                                   width=w, height=h, frame_id=frame_id, run_id=run_id,
+                                   ann_ids=[f"line {ln} box {k}" for k in range(len(boxes))]))
     if not names and used:
         names = [str(i) for i in range(max(used) + 1)]
     return LabelSet(records, [{"id": i, "name": n} for i, n in enumerate(names)], list(label_files), rejects)

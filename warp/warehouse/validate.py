@@ -48,6 +48,7 @@ class ValidSample:
     # object's URL and the spooled copy of the bytes the header pass read, which the build reads
     url: str | None = None
     local: str | None = None
+    ann_ids: list[str] | None = None  # per stored box: its annotation in the label file (labels.LabelRecord)
 
     @property
     def empty(self) -> bool:
@@ -124,7 +125,8 @@ def check_bytes(rec: LabelRecord, data: bytes, stat_key: tuple[int, int, int], *
         truncated = len(boxes) - max_boxes
         boxes, classes = boxes[:max_boxes], classes[:max_boxes]
     return ProbeOutcome(ValidSample(key, str(rec.image), rec.run, rec.source, boxes, classes, rec.frame_id,
-                                    rec.run_id, pr, digest, len(data), stat_key, url, local),
+                                    rec.run_id, pr, digest, len(data), stat_key, url, local,
+                                    rec.ann_ids[:len(boxes)] if rec.ann_ids is not None else None),
                         None, src_hash, truncated)
 
 
