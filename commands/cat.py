@@ -37,7 +37,8 @@ def main(
         data = ds.artifact(artifact).read(ref)
     finally:
         out.report_requests(ds.stats.to_dict())
+    stdout = sys.stdout.buffer  # held by name: a failed write is reported as stdout's (warp/cli/app.py)
     sys.stdout.flush()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    stdout.write(data)
+    stdout.flush()
     return 0
