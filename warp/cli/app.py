@@ -189,14 +189,30 @@ def _failed_stream(e: BaseException) -> str | None:
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
+    def named_file(v: object) -> str | None:
+        if not isinstance(v, io.IOBase):
+            return None
+        name = getattr(v, "name", None)
+        if isinstance(name, str):
+            return name
+        if isinstance(name, int) and not v.closed:  # opened from a descriptor (mkstemp): /proc names it
+            try:
+                return os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                return None
+        return None
+
     for frame in reversed(frames):
         if frame.f_code in printers:
             return "stdout"
         for v in frame.f_locals.values():
             if any(v is o for o in outs if o is not None):
                 return "stdout"
-            if isinstance(v, io.IOBase) and isinstance(getattr(v, "name", None), str) and not v.closed:
-                return v.name
+            # an open file held directly, or by the writer object whose method failed (self.f)
+            name = named_file(v) or next(
+                (n for a in getattr(v, "__dict__", {}).values() if (n := named_file(a))), None)
+            if name:
+                return name
     return None
 
 

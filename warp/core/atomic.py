@@ -277,12 +277,23 @@ def atomic_file(path: str | os.PathLike, *, fsync: bool = True, mode: int = 0o64
             rename_noreplace(tmp, target)
         else:
             os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        name_write_error(e, target)
         raise
     if fsync:
         fsync_dir(target.parent)
+
+
+# errors of a write(2) that names no file: the CLI names the file from ``filename`` (warp/cli/app.py)
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO})
+
+
+def name_write_error(e: BaseException, path: str | os.PathLike) -> None:
+    """Give a nameless write error (disk full, file too large, quota) the file it was writing."""
+    if isinstance(e, OSError) and e.filename is None and e.errno in _WRITE_ERRNOS:
+        e.filename = os.fspath(path)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memoryview, *, fsync: bool = True,
@@ -325,6 +336,9 @@ def create_exclusive(path: str | os.PathLike, data: bytes | bytearray | memoryvi
             return False
         fsync_dir(target.parent)
         return True
+    except OSError as e:
+        name_write_error(e, target)
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
