@@ -154,7 +154,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-# (variable, its value or default) pairs of the directories warp writes under by itself
+# (variable, its value or default, whether it is set) for the directories warp writes under by itself
 def _env_dirs() -> list[tuple[str, str, bool]]:
     return [("WARP_CACHE_DIR", envvars.default_cache_dir(), bool(envvars.get("WARP_CACHE_DIR"))),
             ("WARP_STORE", envvars.default_store(), bool(envvars.get("WARP_STORE")))]
@@ -189,30 +189,32 @@ def _failed_stream(e: BaseException) -> str | None:
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    def named_file(v: object) -> str | None:
-        if not isinstance(v, io.IOBase):
-            return None
-        name = getattr(v, "name", None)
-        if isinstance(name, str):
-            return name
-        if isinstance(name, int) and not v.closed:  # opened from a descriptor (mkstemp): /proc names it
-            try:
-                return os.readlink(f"/proc/self/fd/{name}")
-            except OSError:
-                return None
-        return None
-
     for frame in reversed(frames):
         if frame.f_code in printers:
             return "stdout"
         for v in frame.f_locals.values():
             if any(v is o for o in outs if o is not None):
                 return "stdout"
-            # an open file held directly, or by the writer object whose method failed (self.f)
-            name = named_file(v) or next(
-                (n for a in getattr(v, "__dict__", {}).values() if (n := named_file(a))), None)
+            # a file held directly, or by the writer object whose method failed (self.f)
+            name = _file_name(v) or next(
+                (n for a in getattr(v, "__dict__", {}).values() if (n := _file_name(a))), None)
             if name:
                 return name
+    return None
+
+
+def _file_name(v: object) -> str | None:
+    """The path of file object ``v`` (None for anything else, or a closed one opened from a descriptor)."""
+    if not isinstance(v, io.IOBase):
+        return None
+    name = getattr(v, "name", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(name, int) and not v.closed:  # opened from a descriptor (mkstemp): /proc names it
+        try:
+            return os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            return None
     return None
 
 
