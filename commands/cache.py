@@ -44,6 +44,12 @@ def main(
     # before the cache is opened: a bad --limit must change nothing
     target = parse_size_option(limit, "--limit", "500GB") if limit is not None else None
     cache = BlobCache()
+    if cache.root.exists() and not cache.root.is_dir():
+        # a file where the cache belongs: the CLI names WARP_CACHE_DIR (exit 78), never "0 blobs"
+        import errno
+        import os
+
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(cache.root))
     as_json = out.options().json
     if action == "stats":
         s = cache.stats()

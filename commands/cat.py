@@ -3,7 +3,9 @@
 The member is located through the artifact's index and read with one ranged
 GET (or from the cached shard): nothing is extracted or downloaded whole.
 -v reports the store traffic on stderr (with --json as one JSON line there,
-{"requests": {...}}: stdout holds the member's bytes).
+{"requests": {...}}: stdout holds the member's bytes). A binary member (one
+that is not UTF-8 text) is not written to a terminal (exit 2): redirect it,
+or pass --force.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main(
     ref: Annotated[str, typer.Option("--ref", metavar="MEMBER", help="Member path inside the artifact.")],
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Write a binary member even when stdout is a terminal.")] = False,
     store: StoreOption = None,
 ) -> int:
     import sys
@@ -37,7 +40,24 @@ def main(
         data = ds.artifact(artifact).read(ref)
     finally:
         out.report_requests(ds.stats.to_dict())
+    if not force and out.stdout_is_tty() and _binary(data):
+        from warpdata.core.errors import UsageError
+
+        raise UsageError(f"{ref} is binary ({len(data)} bytes) and stdout is a terminal",
+                         hint=f"redirect it (> {ref.rsplit('/', 1)[-1]}), pipe it, or pass --force")
+    stdout = sys.stdout.buffer  # held by name: a failed write is reported as stdout's (warp/cli/app.py)
     sys.stdout.flush()
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    stdout.write(data)
+    stdout.flush()
     return 0
+
+
+def _binary(data: bytes) -> bool:
+    """Not text a terminal can show: a NUL byte, or not UTF-8."""
+    if b"\0" in data:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False

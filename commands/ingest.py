@@ -51,7 +51,8 @@ def main(
     names: Annotated[str | None, typer.Option("--names", metavar="A,B",
                                               help="paired: column/artifact names (default: the folder names).")] = None,
     max_file_size: Annotated[str, typer.Option("--max-file-size", metavar="SIZE",
-                                               help="Quarantine files larger than this.")] = "256MiB",
+                                               help="Quarantine files larger than this, with a unit (e.g. 256MiB); "
+                                                    "a bare number is refused.")] = "256MiB",
     keep: Annotated[str | None, typer.Option("--keep", metavar="DIR",
                                              help="Keep the written main/quarantine Parquet files in DIR.")] = None,
     set_latest: Annotated[bool, typer.Option(
@@ -59,12 +60,13 @@ def main(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check and plan; upload nothing.")] = False,
     store: StoreOption = None,
     shard_size: Annotated[str, typer.Option(
-        "--shard-size", metavar="SIZE", help="Target size of artifact tar shards (e.g. 256MiB).")] = "256MiB",
+        "--shard-size", metavar="SIZE", help="Target size of artifact tar shards, with a unit (e.g. 256MiB); "
+                                             "a bare number is refused.")] = "256MiB",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel file checks, hashing and uploads.")] = 8,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
-    from warpdata.core.sizes import format_size, parse_size
+    from warpdata.core.sizes import format_size, parse_size_option
     from warpdata.registry.ingest import (
         IngestOptions,
         ingest_imagefolder,
@@ -81,15 +83,10 @@ def main(
                          hint=f"e.g. warp ingest {layout} {shape}")
     *inputs, dataset = args
 
-    def size(value: str, option: str) -> int:
-        try:
-            return parse_size(value)
-        except Exception:
-            raise UsageError(f"{option} {value!r} is not a size", hint=f"e.g. {option} 256MiB") from None
-
     opts = IngestOptions(dataset, store_url=store, set_latest=set_latest, dry_run=dry_run,
-                         shard_size=size(shard_size, "--shard-size"), workers=workers,
-                         max_bytes=size(max_file_size, "--max-file-size"), keep_dir=keep, description=description)
+                         shard_size=parse_size_option(shard_size, "--shard-size", "256MiB"), workers=workers,
+                         max_bytes=parse_size_option(max_file_size, "--max-file-size", "256MiB"), keep_dir=keep,
+                         description=description)
     with out.progress("checking files", unit="files") as files_bar, out.progress("uploading", unit="B") as up_bar:
         if layout == "imagefolder":
             result = ingest_imagefolder(inputs[0], opts, id_mode=id_, pair=pair,

@@ -81,7 +81,12 @@ def main(
     if os.path.exists(path) and not force:
         raise UsageError(f"{path} already exists", hint="pass --force to overwrite it, or --out another file")
     module = os.path.basename(path)
-    atomic_write_text(path, TEMPLATE.format(name=name, table=table, module=module, refs=sorted(t.bindings)))
+    try:  # without --force the file goes in only if the name is still free (two runs: one wins)
+        atomic_write_text(path, TEMPLATE.format(name=name, table=table, module=module, refs=sorted(t.bindings)),
+                          exclusive=not force)
+    except FileExistsError:
+        raise UsageError(f"{path} already exists (created while this run wrote it)",
+                         hint="pass --force to overwrite it, or --out another file") from None
     if out.options().json:
         out.emit_json({"path": path, "dataset": name, "table": table, "version": ds.version})
     else:

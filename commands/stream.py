@@ -8,9 +8,13 @@ exactly, by default, so the ranks' outputs together hold every row once (their
 row counts may differ by one), as the library's loaders do by default
 (docs/partitioning.md). --pad makes every rank stream the same number of rows
 by repeating rows from the start of the table, like PyTorch's
-DistributedSampler (pad=True in the library); it says on stderr how many rows
-it repeated. --limit N reads only the row groups its N rows are in, then
+DistributedSampler (pad=True in the library); every rank says on stderr how many
+of the rows it streamed were repeats (with --json as one JSON line on stderr,
+{"pad": {...}}). --limit N reads only the row groups its N rows are in, then
 stops: nothing else of the table is fetched.
+
+--format arrow is binary: it is refused when stdout is a terminal (exit 2);
+redirect it to a file or a pipe, or pass --force.
 
 -v ends with a line about the store traffic (requests by kind, bytes received,
 retries of throttled requests); with --json that report is one JSON line on
@@ -42,6 +46,8 @@ def main(
     pad: Annotated[bool, typer.Option(
         "--pad", help="With --shard: equal row counts on every rank by repeating rows (default: exact, no repeats).")] = False,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="Stop after N rows.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Write --format arrow (binary) even when stdout is a terminal.")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Rows per Arrow batch.")] = 65536,
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", metavar="auto|remote|hybrid|local", help="Read mode (default: WARP_MODE or auto).")] = None,
@@ -51,6 +57,10 @@ def main(
     from warpdata.core.errors import UsageError
     from warpdata.read.dataset import dataset
 
+    if fmt == "arrow" and not force and out.stdout_is_tty():
+        raise UsageError("--format arrow writes binary Arrow IPC, and stdout is a terminal",
+                         hint="redirect it (> rows.arrow, | python train.py), use --format jsonl or csv, "
+                              "or pass --force")
     if pad and shard is None:
         raise UsageError("--pad only applies with --shard", hint="e.g. warp stream NAME --shard 0/8 --pad")
     if pad and filter_:
@@ -68,7 +78,6 @@ def _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size) -> 
     import json
     import sys
 
-    from warpdata.cli import output as out
     from warpdata.core.errors import UsageError
     from warpdata.partition.world import parse_shard
 
@@ -88,13 +97,7 @@ def _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size) -> 
         batches = t.filter(filter_).batches(batch_size, limit=limit, rank=rank, world_size=world)
     else:
         stream = t.batches(batch_size, limit=limit, rank=rank, world_size=world, pad=pad)
-        p = stream.plan
-        repeats = max(0, min(p.rows_per_rank, (p.rank + 1) * p.rows_per_rank - p.total_rows)) if pad else 0
-        if repeats:
-            out.info(f"--pad: rank {p.rank}/{p.world} streams {p.rows_per_rank} rows, {repeats} of them "
-                     f"repeated from the start of the table so every rank gets the same count "
-                     f"({p.pad_rows} repeats over all ranks, {p.total_rows} rows in the table)")
-        batches = iter(stream)
+        batches = _report_pad(stream.plan, limit, iter(stream)) if pad else iter(stream)
     stdout = sys.stdout.buffer
     sys.stdout.flush()
     if fmt == "arrow":
@@ -129,3 +132,31 @@ def _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size) -> 
         stdout.write(("\n".join(lines) + "\n").encode("utf-8"))
     stdout.flush()
     return 0
+
+
+def _report_pad(p, limit, batches):
+    """Yield ``batches``, then say how many of the rows streamed were repeats (docs/partitioning.md).
+
+    A rank's repeats are the tail of its share (positions past the end of the table wrap to
+    its start), so of the first n rows streamed, max(0, n - fresh) are repeats.
+    """
+    from warpdata.cli import output as out
+
+    repeats = max(0, min(p.rows_per_rank, (p.rank + 1) * p.rows_per_rank - p.total_rows))
+    fresh = p.rows_per_rank - repeats
+    streamed = 0
+    for b in batches:
+        streamed += b.num_rows
+        yield b
+    repeated = max(0, streamed - fresh)
+    facts = {"rank": p.rank, "world": p.world, "rows": streamed, "repeated": repeated,
+             "repeated_all_ranks": p.pad_rows, "table_rows": p.total_rows}
+    if repeated:
+        line = (f"--pad: rank {p.rank}/{p.world} streamed {streamed} rows, {repeated} of them repeated from the "
+                f"start of the table so every rank gets the same count ({p.pad_rows} repeats over all ranks, "
+                f"{p.total_rows} rows in the table)")
+    else:
+        line = (f"--pad: rank {p.rank}/{p.world} streamed {streamed} rows, none of them repeats "
+                f"({p.pad_rows} repeats over all ranks{', cut off by --limit' if repeats else ''}, "
+                f"{p.total_rows} rows in the table)")
+    out.report("pad", facts, line)

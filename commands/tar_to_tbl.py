@@ -51,11 +51,11 @@ def main(
 
         workers = env_workers() or 0  # a malformed WARP_WORKERS is a ConfigError (exit 78), as in every ETL
 
-    if os.path.exists(output) and not force:
+    if os.path.lexists(output) and not force:  # fails early; the final move checks again, atomically
         raise UsageError(f"{output} already exists", hint="pass --force to replace it, or choose another OUT")
     req = ConvertRequest(input=input, output=output, compression=compression, level=level,
                          workers=workers, verify=verify, on_error=on_error,
-                         max_member_bytes=max_member_mb << 20)
+                         max_member_bytes=max_member_mb << 20, replace=force)
     total = os.path.getsize(input) if input != "-" and os.path.isfile(input) else None
     with out.progress(f"tar-to-tbl {os.path.basename(output)}", total=total, unit="B") as bar:
         last = [0]

@@ -41,21 +41,24 @@ def main(
     name: Annotated[str, typer.Argument(help="Published dataset, WORKSPACE/NAME.")],
     tables: Annotated[str | None, typer.Option("--tables", help="Comma-separated tables (default: all).")] = None,
     shards: Annotated[str | None, typer.Option("--shards", metavar="START:STOP", help="Shard positions to warm in each table/artifact.")] = None,
-    max_bytes: Annotated[str | None, typer.Option("--max-bytes", metavar="SIZE", help="Download at most SIZE (e.g. 200GB).")] = None,
+    max_bytes: Annotated[str | None, typer.Option("--max-bytes", metavar="SIZE",
+                                                  help="Download at most SIZE, with a unit (e.g. 200GB); a bare number is refused.")] = None,
     artifacts: Annotated[bool, typer.Option("--artifacts/--no-artifacts", help="Also warm artifact shards and indexes.")] = True,
     version: Annotated[str | None, typer.Option("--version", help="A version hash (default: latest).")] = None,
     store: StoreOption = None,
 ) -> int:
-    from warpdata.core.sizes import format_size
+    from warpdata.core.sizes import format_size, parse_size_option
     from warpdata.read.dataset import dataset
 
+    # before the store is touched: a bad --max-bytes must cost nothing
+    budget = parse_size_option(max_bytes, "--max-bytes", "200GB") if max_bytes is not None else None
     ds = dataset(name, mode="auto", version=version, store=store)
     names = [t.strip() for t in tables.split(",") if t.strip()] if tables else None
     sel = parse_shards(shards)
     total = sum(s.byte_size for t in (names or ds.tables) for s in list(ds.manifest.tables[t].shards)[sel or slice(None)]) if all(
         t in ds.manifest.tables for t in (names or ds.tables)) else None
     with out.progress(f"warming {name}", total=total, unit="B") as bar:
-        res = ds.warm(tables=names, shards=sel, max_bytes=max_bytes, artifacts=artifacts, on_blob=bar.advance)
+        res = ds.warm(tables=names, shards=sel, max_bytes=budget, artifacts=artifacts, on_blob=bar.advance)
     traffic = ds.stats.to_dict()
     if out.options().json:
         out.emit_json({**res.to_dict(), "requests": traffic})

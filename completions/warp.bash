@@ -142,7 +142,7 @@ _warp_complete_in() {
                 --mode) _warp_words "auto remote hybrid local"; return 0;;
                 --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --format --columns --filter --shard --pad --limit --batch-size --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --format --columns --filter --shard --pad --limit --force --batch-size --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         why)
             case "$prev" in
@@ -176,7 +176,7 @@ _warp_complete_in() {
                 --mode) _warp_words "auto remote hybrid local"; return 0;;
                 --store) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--artifact --ref --version --mode --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--artifact --ref --version --mode --force --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         warm)
             case "$prev" in

@@ -28,6 +28,14 @@ with the condition and the reason. The other ```sh blocks are not run:
 "Install" / "Set up" / "Developing" install packages or run make targets,
 "warp inspect" uses placeholder paths, and "warp doctor" exits 1 by design
 on machines missing optional backends (tested in tests/doctor/test_doctor.py).
+
+Python: every ```python block runs too, as written, in a ``python`` subprocess
+in the scratch directory of its section, after that section's commands (the
+README's own set-up: the dataset or file the snippet opens is the one those
+commands made); a block whose set-up is another section's runs after that
+section's commands (``PY_SETUP``). It must exit 0. Blocks that cannot run as
+written (placeholders for the reader's own model or camera, a dated path) are
+listed in ``PY_SKIPS`` with the reason.
 """
 
 from __future__ import annotations
@@ -85,6 +93,8 @@ def parse_readme(text: str) -> list[Block]:
         i += 1
         if lang == "console" or (lang == "sh" and section == FLOW):
             blocks.append(Block(section, lang, _commands(lang, body)))
+        elif lang == "python":
+            blocks.append(Block(section, lang, [Command("\n".join(body))]))
     return blocks
 
 
@@ -108,8 +118,11 @@ def _commands(lang: str, body: list[str]) -> list[Command]:
     return cmds
 
 
-BLOCKS = parse_readme(README.read_text(encoding="utf-8"))
+_PARSED = parse_readme(README.read_text(encoding="utf-8"))
+BLOCKS = [b for b in _PARSED if b.lang != "python"]
 BY_SECTION = {b.section: b for b in BLOCKS}
+# the ```python blocks, by the section (heading) they are under; a heading may hold several
+PY_BLOCKS = [b for b in _PARSED if b.lang == "python"]
 
 # Sections whose blocks must be run (a block added, dropped or renamed shows up here).
 SECTIONS = [
@@ -188,7 +201,41 @@ def _has_torch() -> bool:
 SKIPS: list[tuple[str, bool, str]] = [
     ("| jq ", shutil.which("jq") is not None, "needs jq, which a fresh CI machine may not have"),
     ("python examples/train_detector.py", _has_torch(), "needs torch (pip install '.[torch]')"),
+    ("make_loader(", _has_torch(), "needs torch (pip install '.[torch]')"),
+    (".to_torch(", _has_torch(), "needs torch (pip install '.[torch]')"),
 ]
+
+# ```python blocks (by the section they are under, and a line only that block has) that cannot run
+# as written, and why. The others run after the commands of their section, or of PY_SETUP's.
+PY_SKIPS: list[tuple[str, str, str]] = [
+    ("warp etl (detection labels → tensor warehouse)", "v20261122-4bbe7f21acbe",
+     "opens the version directory by its name, which holds the day it was built"),
+    ("warp etl (captioned media → feature cache for pretraining)", "opt.zero_grad()",
+     "a training loop: model and opt are the reader's own"),
+    ("warp etl (arrays → tiled, compressed Zarr v3)", "chunks_from_camera()",
+     "chunks_from_camera() is the reader's own data source"),
+    ("warp info / schema / head (looking at a dataset)", 'row["audio"]',
+     "continues the block above (wd) and reads an audio column the sample table does not have"),
+]
+# section of a ```python block -> the section whose commands are its set-up (default: its own)
+PY_SETUP: dict[str, str] = {
+    # DatasetBuilder over data/p0.parquet, data/p1.parquet and imgs/: the photos sample files
+    "warp publish (a dataset version to the store)":
+        "warp ls / stream / cat / warm / cache / init (reading published datasets)",
+}
+
+
+def _py_skip(block: Block) -> str | None:
+    for section, needle, reason in PY_SKIPS:
+        if block.section == section and needle in block.commands[0].text:
+            return reason
+    return None
+
+
+def _py_blocks_after(section: str) -> list[Block]:
+    """The ```python blocks that run after ``section``'s commands, in README order."""
+    return [b for b in PY_BLOCKS if PY_SETUP.get(b.section, b.section) == section and not _py_skip(b)]
+
 
 S3_BUCKET = "s3://team-datasets/"
 
@@ -225,8 +272,15 @@ def test_readme_blocks_and_lists_agree():
     for prefix in EXIT_CODES:
         assert any(c.text.startswith(prefix) for b in BLOCKS for c in b.commands), prefix
     for needle, _, _ in SKIPS:
-        assert any(needle in c.text for b in BLOCKS for c in b.commands), needle
+        assert any(needle in c.text for b in _PARSED for c in b.commands), needle
     assert any(S3_BUCKET in c.text for c in BY_SECTION[FLOW].commands)
+    for section, needle, _ in PY_SKIPS:
+        assert sum(b.section == section and needle in b.commands[0].text for b in PY_BLOCKS) == 1, needle
+    assert set(PY_SETUP.values()) <= set(SECTIONS) and set(PY_SETUP) <= {b.section for b in PY_BLOCKS}
+    # every ```python block runs after some section's commands, or is skipped with a reason
+    for b in PY_BLOCKS:
+        assert _py_skip(b) or PY_SETUP.get(b.section, b.section) in SECTIONS, b.section
+    assert len(PY_BLOCKS) >= 8 and sum(not _py_skip(b) for b in PY_BLOCKS) >= 4
 
 
 def test_photos_sample_data_is_the_readme_dataset(tmp_path):
@@ -258,6 +312,14 @@ def _script(block: Block, rundir: Path, bucket: str | None) -> tuple[str, dict[i
             continue
         text = cmd.text.replace(S3_BUCKET, f"s3://{bucket}/") if bucket else cmd.text
         lines.append(f"{{ {text}\n}} >'{rundir}/{k}.out' 2>'{rundir}/{k}.err'; echo $? >'{rundir}/{k}.rc'")
+    for i, py in enumerate(_py_blocks_after(block.section)):
+        reason = _skip_reason(py.commands[0])
+        if reason:
+            continue
+        code = py.commands[0].text
+        assert "WARP_README_PY" not in code
+        lines.append(f"{{ python - <<'WARP_README_PY'\n{code}\nWARP_README_PY\n}} "
+                     f">'{rundir}/py{i}.out' 2>'{rundir}/py{i}.err'; echo $? >'{rundir}/py{i}.rc'")
     return "\n".join(lines) + "\n", skipped
 
 
@@ -292,6 +354,14 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
         assert rc_file.exists() and int(rc_file.read_text()) == want, (
             f"{section}: `{cmd.text}` exited {rc_file.read_text().strip() if rc_file.exists() else '?'}, "
             f"README expects {want}\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-3000:]}")
+    for i, py in enumerate(_py_blocks_after(section)):
+        if _skip_reason(py.commands[0]):
+            continue
+        rc_file = rundir / f"py{i}.rc"
+        err = (rundir / f"py{i}.err").read_text(errors="replace") if rc_file.exists() else ""
+        assert rc_file.exists() and int(rc_file.read_text()) == 0, (
+            f"{section}: the ```python block under {py.section!r} failed:\n{py.commands[0].text}\n"
+            f"--- stderr\n{err[-3000:]}")
     for sec, needle, text in EXPECTED:
         if sec != section:
             continue

@@ -17,6 +17,7 @@ from warpdata.core.atomic import (
     atomic_write_bytes,
     atomic_write_text,
     create_exclusive,
+    rename_noreplace,
 )
 
 
@@ -158,6 +159,44 @@ def test_atomic_dir_loses_a_race_cleanly(tmp_path):
         (target / "theirs").write_bytes(b"theirs")
     assert sorted(os.listdir(target)) == ["theirs"]
     assert leftovers(tmp_path) == []
+
+
+def test_atomic_dir_keeps_a_racing_writers_empty_directory(tmp_path):
+    """rename(2) replaces an empty directory; the no-replace move keeps the other writer's."""
+    target = tmp_path / "art"
+    with pytest.raises(FileExistsError), atomic_dir(target) as d:
+        (d / "mine").write_bytes(b"mine")
+        target.mkdir()  # another writer has just claimed the name
+    assert os.listdir(target) == [] and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("route", ["renameat2", "link"])
+def test_rename_noreplace(tmp_path, route, monkeypatch):
+    """Moves a file to a free name; refuses a taken one (file or directory), leaving both as they were."""
+    import warpdata.core.atomic as atomic
+
+    if route == "link":  # the fallback where renameat2 is missing (old glibc, other systems)
+        monkeypatch.setattr(atomic, "_renameat2", False)
+    src, dst = tmp_path / "new", tmp_path / "out"
+    src.write_bytes(b"new")
+    rename_noreplace(src, dst)
+    assert dst.read_bytes() == b"new" and not src.exists()
+    src.write_bytes(b"second")
+    with pytest.raises(FileExistsError):
+        rename_noreplace(src, dst)
+    assert dst.read_bytes() == b"new" and src.read_bytes() == b"second"
+    (tmp_path / "d").mkdir()
+    with pytest.raises(FileExistsError):
+        rename_noreplace(src, tmp_path / "d")
+    assert src.exists()
+
+
+def test_atomic_file_exclusive_never_replaces(tmp_path):
+    p = tmp_path / "loader.py"
+    atomic_write_text(p, "first", exclusive=True)
+    with pytest.raises(FileExistsError), atomic_file(p, exclusive=True) as f:
+        f.write(b"second")
+    assert p.read_text() == "first" and leftovers(tmp_path) == []
 
 
 def test_exchange_swaps_two_directories_in_one_step(tmp_path):

@@ -10,7 +10,6 @@ import pytest
 import warpdata
 from support.datasets import make_rows, publish, range_bytes, write_media
 from warpdata.core.errors import MissingInputError, UsageError
-from warpdata.partition.plan import ShardingError
 from warpdata.storage.blobcache import BlobCache, CacheTooSmallError
 
 pytestmark = pytest.mark.s3
@@ -228,8 +227,13 @@ def test_to_torch_with_workers(s3, published):
             n += 1
         assert n == len(loader)
     assert sorted(seen) == list(range(2700))
-    with pytest.raises(ShardingError, match="would get no batches"):
-        t.to_torch(batch_size=2000, num_workers=2, rank=0, world_size=2)
+    # one batch on the rank and two workers asked for: one worker runs it (no worker is left idle,
+    # none fails), as with the README's 500 rows in batches of 256 with drop_last=True
+    loader = t.to_torch(batch_size=2000, num_workers=2, rank=0, world_size=2)
+    assert len(loader) == 1 and loader.num_workers == 1
+    assert [b["id"].tolist() for b in loader] == [list(range(1350))]
+    dropped = t.to_torch(batch_size=1000, num_workers=2, rank=1, world_size=2, drop_last=True)
+    assert len(dropped) == 1 and [len(b["id"]) for b in dropped] == [1000]
 
 
 def test_errors_name_what_is_wrong(s3, published):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.manifests import unsealed
 from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import DataError, LocalPathError, ManifestCorruptedError, UsageError
 from warpdata.registry.manifest import (
@@ -47,7 +48,7 @@ def test_golden_manifest_hash_is_stable():
     expected = (GOLDEN / "manifest-v1.version").read_text().strip()
     m = Manifest.from_bytes(data, expected_hash=expected)
     assert m.version_hash == expected
-    assert sample_manifest(created_at="2025-01-01T00:00:00Z").to_bytes() == data
+    assert unsealed(sample_manifest(created_at="2025-01-01T00:00:00Z").to_bytes()) == data  # the golden predates the seal
 
 
 def test_roundtrip_and_blobs():
@@ -231,7 +232,10 @@ def test_read_affecting_metadata_is_hashed_in_format_3():
     with pytest.raises(ManifestCorruptedError, match="hash mismatch"):
         Manifest.from_dict(doc, expected_hash=a.version_hash)
     doc = json.loads(a.to_bytes())
-    doc["metadata"]["created_at"] = "1999-01-01T00:00:00Z"  # the envelope: not read-affecting
+    doc["metadata"]["created_at"] = "1999-01-01T00:00:00Z"  # the envelope: not read-affecting, but sealed
+    with pytest.raises(ManifestCorruptedError, match="seal"):
+        Manifest.from_dict(doc, expected_hash=a.version_hash)
+    doc["metadata"].pop("seal_sha256")  # as written before the seal: the version still checks
     assert Manifest.from_dict(doc, expected_hash=a.version_hash).version_hash == a.version_hash
 
 

@@ -16,14 +16,21 @@ in ``warp --help`` from their ``COMMANDS`` summary without being imported.
 Help is Click's plain formatter (``rich_markup_mode=None``): Typer's Rich
 help imports rich.markdown and markdown-it, ~90 ms per call here.
 Expected failures are :class:`~warpdata.core.errors.WarpError` and print one line
-of cause plus a hint, with the documented exit code; anything else is a bug
-(exit 70), with a traceback only under ``--debug`` / ``WARP_DEBUG=1``.
+of cause plus a hint, with the documented exit code. An ``OSError`` a command
+lets through (a full disk, a file-size limit, a read-only directory, a full
+stdout) is the operating system's answer, not a bug: it is typed here by its
+errno (:func:`~warpdata.core.errors.os_failure`, exits 73/74/77/78), naming the
+path, or ``stdout``, or the environment variable that points at a file where a
+directory belongs. A closed stdout (EPIPE) ends quietly with 141, as Unix tools
+do. Anything else is a bug (exit 70), with a traceback only under ``--debug`` /
+``WARP_DEBUG=1``.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import io
 import os
 import sys
 import traceback
@@ -35,7 +42,7 @@ import typer
 from warpdata import __version__
 from warpdata.cli import output as out
 from warpdata.core import envvars
-from warpdata.core.errors import ExitCode, InternalError, WarpError
+from warpdata.core.errors import ConfigError, ExitCode, InternalError, WarpError, os_failure
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,10 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         except BrokenPipeError:
             _silence_stdout()
             raise typer.Exit(int(ExitCode.BROKEN_PIPE)) from None
+        except OSError as e:  # the operating system's answer (disk full, limits, permissions)
+            if out.options().debug:
+                traceback.print_exc()
+            raise typer.Exit(_report_os_error(e)) from None
         except Exception as e:  # a bug: say so, and how to report it
             if out.options().debug:
                 traceback.print_exc()
@@ -145,6 +156,85 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(rc)
 
     return wrapper
+
+
+# (variable, its value or default, whether it is set) for the directories warp writes under by itself
+def _env_dirs() -> list[tuple[str, str, bool]]:
+    return [("WARP_CACHE_DIR", envvars.default_cache_dir(), bool(envvars.get("WARP_CACHE_DIR"))),
+            ("WARP_STORE", envvars.default_store(), bool(envvars.get("WARP_STORE")))]
+
+
+def _env_dir_at_fault(path: str) -> ConfigError | None:
+    """A ConfigError naming the variable when ``path`` lies under a warp directory that is a file."""
+    where = os.path.abspath(path)
+    for var, value, is_set in _env_dirs():
+        if "://" in value:
+            continue
+        root = os.path.abspath(os.path.expanduser(value))
+        if (where == root or where.startswith(root.rstrip(os.sep) + os.sep)) \
+                and os.path.lexists(root) and not os.path.isdir(root):
+            said = f"{var}={value}" if is_set else f"{value} (the default of {var})"
+            return ConfigError(f"{said} is not a directory: it is a file",
+                               hint=f"point {var} at a directory (or move the file away)", variable=var, path=value)
+    return None
+
+
+def _failed_stream(e: BaseException) -> str | None:
+    """What an OSError without a file name was writing: ``stdout``, or an open file's name.
+
+    The OS names no path for a failed ``write``/``flush``; the innermost frame that holds
+    stdout or an open file (or is one of the functions that print data) says what it was.
+    """
+    stdout = sys.stdout
+    outs = [stdout, getattr(stdout, "buffer", None)]
+    printers = {out.data.__code__, out.emit_json.__code__}
+    frames = []
+    tb = e.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        if frame.f_code in printers:
+            return "stdout"
+        for v in frame.f_locals.values():
+            if any(v is o for o in outs if o is not None):
+                return "stdout"
+            # a file held directly, or by the writer object whose method failed (self.f)
+            name = _file_name(v) or next(
+                (n for a in getattr(v, "__dict__", {}).values() if (n := _file_name(a))), None)
+            if name:
+                return name
+    return None
+
+
+def _file_name(v: object) -> str | None:
+    """The path of file object ``v`` (None for anything else, or a closed one opened from a descriptor)."""
+    if not isinstance(v, io.IOBase):
+        return None
+    name = getattr(v, "name", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(name, int) and not v.closed:  # opened from a descriptor (mkstemp): /proc names it
+        try:
+            return os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            return None
+    return None
+
+
+def _report_os_error(e: OSError, where: str | None = None) -> int:
+    """Report an OSError as its typed warp error; the exit code. ``where``: the stream, when known."""
+    if where is None and e.filename is None:
+        where = _failed_stream(e)
+    err: WarpError | None = None
+    for f in (e.filename, e.filename2):
+        if err is None and isinstance(f, (str, bytes, os.PathLike)):
+            err = _env_dir_at_fault(os.fsdecode(f))
+    err = err or os_failure(e, where)
+    if where == "stdout":
+        _silence_stdout()  # what is still buffered for stdout cannot be written either
+    report_error(err)
+    return int(err.exit_code)
 
 
 def _silence_stdout() -> None:
@@ -289,6 +379,11 @@ def _main(argv: Sequence[str] | None) -> int:
             code = 1
     except (KeyboardInterrupt, typer.Abort):
         return int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        _silence_stdout()
+        return int(ExitCode.BROKEN_PIPE)
+    except OSError as e:  # Click printing help or usage to a stdout that cannot take it
+        return _report_os_error(e, "stdout" if e.filename is None else None)
     except Exception as e:
         if not (isinstance(getattr(e, "exit_code", None), int) and callable(getattr(e, "show", None))):
             # outside any command (e.g. a command module failed to import): still a bug, exit 70
@@ -312,6 +407,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return int(ExitCode.BROKEN_PIPE)
+    except OSError as e:  # a full device (ENOSPC on `> /dev/full`): the data did not reach stdout
+        return _report_os_error(e, "stdout")
     except ValueError:  # stdout closed by the caller
         pass
     return code

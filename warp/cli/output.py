@@ -76,6 +76,15 @@ def stderr_is_tty() -> bool:
         return False
 
 
+def stdout_is_tty() -> bool:
+    """True when stdout is a terminal: binary output (Arrow IPC, raw image bytes) is refused there
+    unless forced (``--force``)."""
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # no stdout, or a closed one
+        return False
+
+
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, default=str))
     sys.stdout.write("\n")
@@ -245,6 +254,16 @@ def requests_line(stats: dict) -> str:
         line += (f", {stats['retries']} retried ({stats['throttled']} throttled, "
                  f"{stats['backoff_seconds']:.2f}s backing off)")
     return line
+
+
+def report(key: str, facts: dict, line: str) -> None:
+    """A fact about a command whose stdout is data (stream): ``line`` on stderr (silenced by -q),
+    or with --json ``{key: facts}`` as one JSON line on stderr."""
+    if _opts.json:
+        sys.stderr.write(json.dumps({key: facts}, sort_keys=True) + "\n")
+        sys.stderr.flush()
+    else:
+        info(line)
 
 
 def report_requests(stats: dict) -> None:

@@ -18,6 +18,14 @@ then the new one in; a kill between the two leaves the target missing and
 the old tree under a ``.warp-tmp-old-`` name (docs/formats/feature-shard.md).
 Directories are created with the mode the umask gives (``0777 & ~umask``),
 not ``mkdtemp``'s 0700.
+
+Outputs that must not be overwritten (``warp tar-to-tbl`` without ``--force``,
+``warp init``) are moved into place with no-replace semantics
+(:func:`rename_noreplace`): ``renameat2(RENAME_NOREPLACE)``, else ``link`` +
+``unlink`` (a hard link fails if the name exists), so of two runs racing for
+one output exactly one succeeds and the other gets ``FileExistsError``; a
+check for the name before the work starts only makes the common case fail
+early.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import BinaryIO
 
 TMP_PREFIX = ".warp-tmp-"
 _AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 _renameat2 = None  # resolved on first use: the libc function, or False where there is none
 
@@ -76,6 +85,42 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def rename_noreplace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Rename ``src`` to ``dst`` only if ``dst`` does not exist; FileExistsError if it does.
+
+    Atomic: of several processes moving files to one ``dst`` exactly one wins.
+    ``renameat2(RENAME_NOREPLACE)`` (Linux >= 3.15; files and directories); where the
+    call or the filesystem lacks it, a file is hard-linked to ``dst`` (``link`` fails
+    on an existing name) and ``src`` unlinked; a filesystem without hard links gets
+    ``dst`` claimed with ``O_CREAT | O_EXCL`` and then replaced by ``src`` (a reader
+    may see an empty ``dst`` for that instant, never a partial one).
+    """
+    fn = _libc_renameat2()
+    if fn:
+        import ctypes
+
+        if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(dst))
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), str(src), None, str(dst))
+    if os.path.isdir(src) and not os.path.islink(src):
+        os.mkdir(dst)  # claims the name (FileExistsError if taken); rename(2) replaces an empty directory
+        os.rename(src, dst)
+        return
+    try:
+        os.link(src, dst, follow_symlinks=False)  # FileExistsError when dst is taken
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        os.close(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.replace(src, dst)
+        return
+    os.unlink(src)
 
 
 def current_umask() -> int:
@@ -210,10 +255,13 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, *, fsync: bool = True, mode: int = 0o644) -> Iterator[BinaryIO]:
+def atomic_file(path: str | os.PathLike, *, fsync: bool = True, mode: int = 0o644,
+                exclusive: bool = False) -> Iterator[BinaryIO]:
     """Open a temporary file for binary writing; on success rename it to ``path``.
 
     On any exception the temporary file is removed and ``path`` is untouched.
+    With ``exclusive`` an existing ``path`` is never replaced: FileExistsError,
+    also when another process created it while this one wrote (:func:`rename_noreplace`).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -225,22 +273,37 @@ def atomic_file(path: str | os.PathLike, *, fsync: bool = True, mode: int = 0o64
             if fsync:
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
+        if exclusive:
+            rename_noreplace(tmp, target)
+        else:
+            os.replace(tmp, target)
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        name_write_error(e, target)
         raise
     if fsync:
         fsync_dir(target.parent)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memoryview, *, fsync: bool = True) -> None:
-    with atomic_file(path, fsync=fsync) as f:
+# errors of a write(2) that names no file: the CLI names the file from ``filename`` (warp/cli/app.py)
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO})
+
+
+def name_write_error(e: BaseException, path: str | os.PathLike) -> None:
+    """Give a nameless write error (disk full, file too large, quota) the file it was writing."""
+    if isinstance(e, OSError) and e.filename is None and e.errno in _WRITE_ERRNOS:
+        e.filename = os.fspath(path)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | bytearray | memoryview, *, fsync: bool = True,
+                       exclusive: bool = False) -> None:
+    with atomic_file(path, fsync=fsync, exclusive=exclusive) as f:
         f.write(data)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+def atomic_write_text(path: str | os.PathLike, text: str, *, fsync: bool = True, exclusive: bool = False) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync, exclusive=exclusive)
 
 
 def create_exclusive(path: str | os.PathLike, data: bytes | bytearray | memoryview | None = None, *,
@@ -273,6 +336,9 @@ def create_exclusive(path: str | os.PathLike, data: bytes | bytearray | memoryvi
             return False
         fsync_dir(target.parent)
         return True
+    except OSError as e:
+        name_write_error(e, target)
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -321,7 +387,7 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
                 shutil.rmtree(old, ignore_errors=True)
         else:
             try:
-                os.rename(tmp, target)  # fails if a racing writer put a non-empty dir there
+                rename_noreplace(tmp, target)  # a racing writer's result, even an empty dir, is kept
             except OSError as e:
                 if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     raise FileExistsError(errno.EEXIST, "created concurrently", str(target)) from None

@@ -168,6 +168,14 @@ class AlignedFile:
 
     def write(self, offset: int, buf: Any) -> None:
         """Write all of ``buf`` at ``offset`` (blocking)."""
+        try:
+            self._write(offset, buf)
+        except OSError as e:
+            if e.filename is None:  # pwrite(2) names no file (ENOSPC, EFBIG): name the one being written
+                e.filename = self.path
+            raise
+
+    def _write(self, offset: int, buf: Any) -> None:
         mv = memoryview(buf).cast("B")
         n = len(mv)
         if not n:
@@ -210,7 +218,12 @@ class AlignedFile:
             f.result()
 
     def truncate(self, size: int) -> None:
-        os.ftruncate(self.fd, size)
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as e:
+            if e.filename is None:
+                e.filename = self.path
+            raise
 
     def close(self) -> None:
         try:

@@ -33,6 +33,24 @@ class                      warp base             exit builtin
 ``StoreBusyError``         ``InfrastructureError`` 75 ``ConnectionError``
 ========================== ===================== ==== ==========================
 
+Operating-system failures (:func:`os_failure` maps an ``OSError`` by its errno;
+the CLI applies it to any ``OSError`` a command lets through, naming the path
+or stream):
+
+=========================== ==================== ==== =========================
+class                       errno                exit builtin
+=========================== ==================== ==== =========================
+``NoSpaceError``            ENOSPC, EDQUOT       74   ``OSError``
+``FileTooLargeError``       EFBIG                74   ``OSError``
+``OSIOError``               EIO and the rest     74   ``OSError``
+``ReadOnlyFileSystemError`` EROFS                73   ``OSError``
+``CannotCreateError``       ENOTDIR, EISDIR, ... 73   ``OSError``
+``OSPermissionError``       EACCES, EPERM        77   ``PermissionError``
+``TooManyOpenFilesError``   EMFILE, ENFILE       78   ``OSError``
+=========================== ==================== ==== =========================
+
+A closed stdout (EPIPE) is no error: the CLI ends quietly with 141.
+
 Store clients' own exceptions are translated into these by
 :func:`warpdata.storage.errors.translate_storage_error`.
 """
@@ -49,7 +67,10 @@ class ExitCode(IntEnum):
     DATA = 65  # input data is malformed (EX_DATAERR)
     NO_INPUT = 66  # input missing or unreadable (EX_NOINPUT)
     INTERNAL = 70  # a bug in warp (EX_SOFTWARE)
+    CANTCREAT = 73  # an output cannot be created: read-only file system, not a directory (EX_CANTCREAT)
+    IOERR = 74  # reading or writing failed: no space, file too large, quota, I/O error (EX_IOERR)
     TEMPFAIL = 75  # infrastructure failed (object store unreachable); a rerun resumes (EX_TEMPFAIL)
+    NOPERM = 77  # the operating system refused access to a file or directory (EX_NOPERM)
     CONFIG = 78  # bad configuration (EX_CONFIG)
     INTERRUPTED = 130  # SIGINT
     BROKEN_PIPE = 141  # stdout closed early (SIGPIPE)
@@ -62,8 +83,13 @@ EXIT_CODE_DOCS: dict[ExitCode, str] = {
     ExitCode.DATA: "input data is malformed or failed validation",
     ExitCode.NO_INPUT: "an input file, dataset or version does not exist or cannot be read",
     ExitCode.INTERNAL: "internal error (a bug in warp: please report it with --debug output)",
+    ExitCode.CANTCREAT: "an output cannot be created (read-only file system, a path component that is "
+                        "not a directory, a directory where a file should be)",
+    ExitCode.IOERR: "reading or writing failed (no space left, file too large or over the file-size limit, "
+                    "disk quota exceeded, I/O error; also a full stdout)",
     ExitCode.TEMPFAIL: "temporary failure of the infrastructure (object store or cluster unreachable); "
                        "rerun the same command: it resumes from the finished shards",
+    ExitCode.NOPERM: "permission denied by the operating system on a file or directory",
     ExitCode.CONFIG: "bad configuration (config file, environment variable or storage settings)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); nothing half-written is left behind",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (e.g. `| head`)",
@@ -316,3 +342,107 @@ class StoreBusyError(InfrastructureError, ConnectionError):
 # BlobCorruptedError) and CacheLockTimeout (the cache's twin of LockTimeoutError).
 BlobCorruptError = BlobCorruptedError
 CacheLockTimeout = LockTimeoutError
+
+
+# -- the operating system (docs/design.md §10) ------------------------------------------------
+
+
+class OSFailure(WarpError, OSError):
+    """The operating system refused a read or write: a full disk, a limit, a permission.
+
+    Not a bug and not bad data: ``path`` (or ``stream``, for stdout) names what failed and the
+    hint says what to change. Built from an ``OSError`` by :func:`os_failure`.
+    """
+
+    exit_code = ExitCode.IOERR
+    code = "os-error"
+
+
+class NoSpaceError(OSFailure):
+    code = "no-space"
+
+
+class FileTooLargeError(OSFailure):
+    code = "file-too-large"
+
+
+class OSIOError(OSFailure):
+    code = "io-error"
+
+
+class ReadOnlyFileSystemError(OSFailure):
+    exit_code = ExitCode.CANTCREAT
+    code = "read-only-file-system"
+
+
+class CannotCreateError(OSFailure):
+    exit_code = ExitCode.CANTCREAT
+    code = "cannot-create"
+
+
+class OSPermissionError(OSFailure, PermissionError):
+    exit_code = ExitCode.NOPERM
+    code = "os-permission-denied"
+
+
+class TooManyOpenFilesError(OSFailure):
+    exit_code = ExitCode.CONFIG
+    code = "too-many-open-files"
+
+
+# errno -> (class, what happened, what to do). ``{where}`` is the path or stream.
+_OS_FAILURES: dict[str, tuple[type[OSFailure], str, str]] = {
+    "ENOSPC": (NoSpaceError, "no space left on the device writing {where}",
+               "free space on that file system, or write the output somewhere else"),
+    "EDQUOT": (NoSpaceError, "disk quota exceeded writing {where}",
+               "free space under your quota, or write the output somewhere else"),
+    "EFBIG": (FileTooLargeError, "file too large writing {where}: over the file-size limit "
+                                 "(ulimit -f) or the file system's largest file",
+              "raise the limit (ulimit -f unlimited) or write to a file system that takes larger files"),
+    "EROFS": (ReadOnlyFileSystemError, "cannot create {where}: the file system is read-only",
+              "write the output to a writable directory"),
+    "ENOTDIR": (CannotCreateError, "cannot use {where}: a part of the path is a file, not a directory",
+                "remove or rename that file, or choose another path"),
+    "EISDIR": (CannotCreateError, "cannot write {where}: it is a directory",
+               "give a file name, or remove the directory"),
+    "EEXIST": (CannotCreateError, "cannot create {where}: something else is already there",
+               "remove it or choose another path"),
+    "ENAMETOOLONG": (CannotCreateError, "cannot use {where}: the name is too long",
+                     "choose a shorter path"),
+    "ELOOP": (CannotCreateError, "cannot use {where}: too many levels of symbolic links",
+              "fix the symbolic link loop in the path"),
+    "EACCES": (OSPermissionError, "permission denied on {where}",
+               "check the file's and its directory's permissions, or use another path"),
+    "EPERM": (OSPermissionError, "operation not permitted on {where}",
+              "check the file's owner and permissions, or use another path"),
+    "EMFILE": (TooManyOpenFilesError, "too many open files (this process's limit) opening {where}",
+               "raise the limit (ulimit -n 4096) or use fewer workers"),
+    "ENFILE": (TooManyOpenFilesError, "too many open files on this system opening {where}",
+               "close other programs' files or raise the system limit (fs.file-max)"),
+    "EIO": (OSIOError, "I/O error on {where}", "check the device (dmesg) and the file system, then rerun"),
+    "EPIPE": (OSIOError, "broken pipe writing {where}", "check that the reading side stays open"),
+}
+
+
+def os_failure(err: OSError, where: str | None = None) -> WarpError:
+    """The typed error for ``err``: :class:`OSFailure` subclasses by errno, ``ENOENT`` as
+    :class:`MissingInputError`, connection and timeout errors as :class:`InfrastructureError`.
+
+    ``where`` names the path or stream (default: the error's own file names).
+    """
+    import errno as _errno
+
+    name = _errno.errorcode.get(err.errno or 0, "")
+    if where is None:
+        names = [str(f) for f in (err.filename, err.filename2) if f is not None]
+        where = " -> ".join(names) if names else "a file (the operating system did not say which)"
+    facts = {"errno": name or err.errno, "path": where, "os_message": err.strerror or str(err)}
+    if name in _OS_FAILURES:
+        cls, what, hint = _OS_FAILURES[name]
+        return cls(what.format(where=where), hint=hint, **facts)
+    if name == "ENOENT":
+        return MissingInputError(f"{where} does not exist", hint="check the path", **facts)
+    if isinstance(err, (ConnectionError, TimeoutError)) or name in ("ETIMEDOUT", "ECONNREFUSED", "EHOSTUNREACH"):
+        return InfrastructureError(f"{err.strerror or err} ({where})", hint="check the network and rerun", **facts)
+    return OSIOError(f"{err.strerror or err} ({name or err.errno}) on {where}",
+                     hint="check the device and the path, then rerun", **facts)

@@ -5,6 +5,12 @@ cache. On the command line a bare number is ambiguous (bytes? GB, like
 WARP_CACHE_SIZE_GB?), so options that take a SIZE refuse it and ask for a
 unit; the library's :func:`parse_size` still reads bare
 numbers as bytes for callers that pass ints.
+
+:func:`parse_size_option` is the one parser of every SIZE option of every
+command (``cache gc --limit``, ``publish``/``ingest --shard-size``, ``ingest
+--max-file-size``, ``warm --max-bytes``); ``tests/cli/test_output_edges.py``
+finds every option whose metavar is SIZE and checks that each refuses a bare
+number.
 """
 
 from __future__ import annotations

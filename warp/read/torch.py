@@ -41,10 +41,13 @@ class TorchLoader:
         self._probe = table.batches(batch_size, columns, rank=self.rank, world_size=self.world_size,
                                     worker=(0, 1), **kw)
         self.rank, self.world_size = self._probe.plan.rank, self._probe.plan.world
-        # fail now, in the main process, if some worker would get nothing
-        if self._probe.plan.remaining():
-            for w in range(max(1, num_workers)):
-                self._probe.plan.worker_batches(w, max(1, num_workers))
+        # No more DataLoader workers than this rank has batches: the plan refuses a worker with
+        # no batch (docs/partitioning.md), and a small table with drop_last=True (the README's
+        # 500 rows in batches of 256: one batch) would otherwise fail for a worker that had
+        # nothing to do. Same batches, same order; the extra processes are just not started.
+        left = len(self._probe.plan.remaining())
+        if left:
+            self.num_workers = min(num_workers, left)
 
     def __len__(self) -> int:
         return len(self._probe.plan.remaining())

@@ -76,8 +76,13 @@ def _suggestion(value: str, members: set[str], member_list: Sequence[str]) -> st
     return None
 
 
-def check_binding(binding: str, files: Iterable[str], column: str, member_list: Sequence[str]) -> BindingCheck:
-    """Count the non-null values of ``column`` in ``files`` that are not in ``member_list``."""
+def check_binding(binding: str, files: Iterable[str], column: str, member_list: Sequence[str], *,
+                  nfc: bool = False) -> BindingCheck:
+    """Count the non-null values of ``column`` in ``files`` that are not in ``member_list``.
+
+    ``nfc``: the values are compared in Unicode NFC, as published members are named and
+    looked up (``member_list`` already in NFC; docs/formats/registry.md).
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -90,6 +95,8 @@ def check_binding(binding: str, files: Iterable[str], column: str, member_list: 
             raise DataError(f"--bind {binding}: column {column!r} holds {col.type}, not member paths (strings)",
                             hint="bind a column of paths relative to the artifact directory")
         col = col.cast(pa.string())
+        if nfc:
+            col = pc.utf8_normalize(col, form="NFC")
         valid = pc.is_valid(col)
         bad = pc.and_(valid, pc.invert(pc.is_in(col, value_set=value_set)))
         values += pc.sum(valid.cast(pa.int64())).as_py() or 0

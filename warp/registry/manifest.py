@@ -43,6 +43,16 @@ Contract:
   integers, so equal content hashes equally on any machine. ``metadata`` is
   the non-hashed envelope (``created_at``, ``warp_version``, source facts);
   timestamps live only there (the schema forbids ``stats.created_at``).
+* **Seal.** The envelope is outside ``version_hash``, so it is sealed by a
+  second hash: ``metadata.seal_sha256`` = SHA-256 of the canonical JSON of the
+  whole normalised document with that one key left out (:func:`seal_of`). It
+  covers whatever the envelope holds (``created_at``, ``description``, a
+  dataset card, keys added later) without naming them. :meth:`Manifest.to_dict`
+  writes it; :meth:`Manifest.from_dict` checks it when present
+  (:class:`~warpdata.core.errors.ManifestCorruptedError` on any edit) and reads
+  a manifest without it (written before the seal existed). It lives inside
+  ``metadata`` so readers that predate it, whose schema allows no new top-level
+  field, still read sealed manifests; it changes no version hash.
 * **Blobs.** Every shard and index is a blob named by the SHA-256 of its bytes;
   ``uri`` is the store-relative key :func:`blob_key` (``blobs/sha256/ab/<hash>``)
   or a remote URL (``s3://``, ``gs://``, ``http(s)://``). Readers resolve
@@ -95,6 +105,7 @@ __all__ = [
     "encode_arrow_schema",
     "hashed_part",
     "normalize",
+    "seal_of",
     "validate_dataset_id",
     "version_hash_of",
 ]
@@ -116,6 +127,8 @@ HASH_RE = re.compile(r"^[a-f0-9]{64}\Z")
 _REMOTE_SCHEMES = ("s3://", "s3a://", "gs://", "gcs://", "az://", "abfs://", "http://", "https://", "hf://")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 _NON_HASHED = ("version_hash", "metadata")
+# the envelope's own hash, inside the envelope (docs/formats/registry.md "Seal")
+SEAL_KEY = "seal_sha256"
 
 
 def validate_dataset_id(dataset_id: str) -> str:
@@ -198,6 +211,17 @@ def version_hash_of(doc: dict[str, Any]) -> str:
     except CanonicalJSONError as e:
         raise ManifestCorruptedError(f"manifest is not canonical JSON: {e}",
                                      hint="remove NaN/inf and non-JSON values") from None
+
+
+def seal_of(doc: dict[str, Any]) -> str:
+    """SHA-256 hex of the canonical JSON of the normalised ``doc`` without ``metadata.seal_sha256``:
+    the hash that seals everything ``version_hash`` leaves out (the envelope)."""
+    md = doc.get("metadata")
+    body = {**doc, "metadata": {k: v for k, v in md.items() if k != SEAL_KEY}} if isinstance(md, dict) else doc
+    try:
+        return sha256_hex(canonical_json(normalize(body)))
+    except CanonicalJSONError as e:
+        raise ManifestCorruptedError(f"manifest is not canonical JSON: {e}", hint="check the metadata values") from None
 
 
 def _is_local_path(s: str) -> bool:
@@ -607,8 +631,12 @@ class Manifest:
         return version_hash_of(self.content())
 
     def to_dict(self) -> dict[str, Any]:
-        """The full document: hashed part + ``version_hash`` + ``metadata`` (the whole envelope)."""
-        return {**self.content(), "version_hash": self.version_hash, "metadata": normalize(self.metadata)}
+        """The full document: hashed part + ``version_hash`` + ``metadata`` (the whole envelope),
+        sealed (``metadata.seal_sha256``)."""
+        md = {k: v for k, v in normalize(self.metadata).items() if k != SEAL_KEY}
+        doc = {**self.content(), "version_hash": self.version_hash, "metadata": md}
+        md[SEAL_KEY] = seal_of(doc)
+        return doc
 
     def to_bytes(self) -> bytes:
         """Canonical JSON bytes, validated (schema, I1, references) before they are returned."""
@@ -635,13 +663,23 @@ class Manifest:
                 f"expected {expected_hash or doc['version_hash']}, computed {computed})",
                 hint="the manifest was altered or truncated; try 'warp cache gc', then republish if the store copy is bad",
                 stored=doc["version_hash"], computed=computed)
+        md = doc.get("metadata", {})
+        if SEAL_KEY in md:  # absent: a manifest from before the seal (docs/formats/registry.md)
+            sealed = seal_of(doc)
+            if md[SEAL_KEY] != sealed:
+                raise ManifestCorruptedError(
+                    f"{source}: the manifest was edited after publishing: its seal (metadata.{SEAL_KEY}, "
+                    f"over the envelope and the rest) does not match (stored {md[SEAL_KEY]}, computed {sealed})",
+                    hint="the store copy was altered; republish the dataset (no blob is uploaded again), "
+                         "or run 'warp cache gc' if only the cached copy is bad",
+                    stored=md[SEAL_KEY], computed=sealed)
         m = cls(
             dataset_id=doc["dataset_id"],
             tables={k: Table.from_dict(v) for k, v in doc["tables"].items()},
             artifacts={k: Artifact.from_dict(v) for k, v in doc.get("artifacts", {}).items()},
             bindings=tuple(Binding.from_dict(b) for b in doc.get("bindings", [])),
             stats=dict(doc.get("stats", {})),
-            metadata=dict(doc.get("metadata", {})),
+            metadata={k: v for k, v in doc.get("metadata", {}).items() if k != SEAL_KEY},
         )
         if m.version_hash != computed:  # the model dropped or added something: a bug, not bad data
             raise ManifestCorruptedError(f"{source}: manifest does not round-trip through the model",

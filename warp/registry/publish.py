@@ -74,6 +74,8 @@ from warpdata.registry.store import Store
 from warpdata.registry.tarpack import (
     DEFAULT_ALONE_SIZE,
     DEFAULT_TARGET_SIZE,
+    member_name,
+    nfc_members,
     pack_files,
     scan_members,
 )
@@ -362,9 +364,14 @@ class _Stager:
                 f" (symlinked directories not followed: {', '.join(scan.skipped_dir_links[:3])})"
                 if scan.skipped_dir_links else ""), hint="pass --follow-symlinks to publish what they link to"
                 if scan.skipped_dir_links else "--artifact NAME=DIR needs files to publish")
-        self.members[name] = [m[0] for m in members]
+        # members are published under their NFC names (docs/formats/registry.md), so bindings are checked so
+        named = nfc_members(members)
+        self.members[name] = [m[0] for m in named]
         # the packing rule is part of the key: a cached result of an older rule would not re-pack the same
-        key = self.cache.key("artifact", self.req.shard_size, f"alone={DEFAULT_ALONE_SIZE}", scan.fingerprint)
+        # (names that NFC changes were packed as they were before the rule; other keys stay as they were)
+        renamed = ("names=nfc",) if any(member_name(m[0]) != m[0] for m in members) else ()
+        key = self.cache.key("artifact", self.req.shard_size, f"alone={DEFAULT_ALONE_SIZE}", *renamed,
+                             scan.fingerprint)
         out = self.stage / f"artifact-{name}"
 
         def pack() -> dict[str, Any]:
@@ -558,7 +565,8 @@ def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
     for b in req.bindings:  # bindings made by --from list the members themselves
         key = f"{b.table}.{b.column}={b.artifact}"
         artifact_of[key] = b.artifact
-        checks.append(check_binding(key, stager.table_files[b.table], b.column, stager.members[b.artifact]))
+        checks.append(check_binding(key, stager.table_files[b.table], b.column, stager.members[b.artifact],
+                                    nfc=True))
     return check_bindings(checks, stager.members, artifact_of, allow_dangling=req.allow_dangling,
                           skipped_links=stager.skipped_links)
 

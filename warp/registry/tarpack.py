@@ -4,7 +4,11 @@ Spec: ``docs/formats/registry.md``. Contract:
 
 * Members are the regular files under the source directory (symlinks to
   files are read through; empty directories are dropped), named by their
-  POSIX path relative to it, in bytewise UTF-8 order of that name.
+  POSIX path relative to it in Unicode NFC (:func:`nfc_members`: macOS and
+  some tools give NFD), in bytewise UTF-8 order of that name. Two files whose
+  names are equal in NFC cannot both be members (a DataError names them).
+  :meth:`ArtifactIndex.lookup` normalises the name asked for the same way, so
+  ``café`` typed in either form finds the member.
 * Each member is one POSIX.1-2001 (pax) tar entry with fixed metadata:
   mtime 0, uid/gid 0, empty uname/gname, mode 0644, so the same files give
   byte-identical shards on any machine. A shard ends with two zero blocks.
@@ -28,10 +32,12 @@ Spec: ``docs/formats/registry.md``. Contract:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
 import tarfile
+import unicodedata
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -42,7 +48,8 @@ from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import DataError, ManifestCorruptedError, MissingInputError
 from warpdata.registry.manifest import HASH_RE, INDEX_FORMAT
 
-__all__ = ["ArtifactIndex", "MemberScan", "PackResult", "PackedShard", "list_members", "pack_files", "scan_members"]
+__all__ = ["ArtifactIndex", "MemberScan", "PackResult", "PackedShard", "list_members", "member_name", "nfc_members",
+           "pack_files", "scan_members"]
 
 BLOCK = 512
 DEFAULT_TARGET_SIZE = 256 << 20
@@ -214,9 +221,32 @@ class _ShardWriter:
         return PackedShard(str(final), digest, self.offset, self.count)
 
 
+def member_name(name: str) -> str:
+    """The form member names are published and looked up in: Unicode NFC (docs/formats/registry.md)."""
+    return unicodedata.normalize("NFC", name)
+
+
+def nfc_members(members: Sequence[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """``members`` named in NFC, in bytewise order of that name; two names equal in NFC are a DataError."""
+    seen: dict[str, tuple[str, str]] = {}
+    out = []
+    for name, path, size in members:
+        n = member_name(name)
+        if n in seen:
+            raise DataError(f"{seen[n][1]} and {path}: the member names {seen[n][0]!r} and {name!r} are the same "
+                            "name in Unicode NFC, so a reader could not tell them apart",
+                            hint="rename one of the two files", first=seen[n][1], second=path)
+        seen[n] = (name, path)
+        out.append((n, path, size))
+    if any(n != name for (n, _, _), (name, _, _) in zip(out, members, strict=True)):
+        out.sort(key=lambda m: m[0].encode("utf-8", "surrogateescape"))
+    return out
+
+
 def pack_files(members: Sequence[tuple[str, str, int]], out_dir: str | os.PathLike,
                target_size: int = DEFAULT_TARGET_SIZE, alone_size: int = DEFAULT_ALONE_SIZE) -> PackResult:
-    """Write ``members`` (from :func:`list_members`) as tar shards into ``out_dir``."""
+    """Write ``members`` (from :func:`list_members`) as tar shards into ``out_dir``, named in NFC."""
+    members = nfc_members(members)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     shards: list[PackedShard] = []
@@ -287,17 +317,33 @@ class ArtifactIndex:
         return cls(shards, members)
 
     def lookup(self, member: str) -> tuple[str, int, int]:
-        try:
-            si, off, ln = self.members[member]
-        except KeyError:
-            raise KeyError(member) from None
+        """Where ``member`` is; the name in any Unicode normalization (NFC, as published, or NFD)."""
+        hit = self.members.get(member)
+        if hit is None and isinstance(member, str):
+            key = member_name(member)
+            hit = self.members.get(key)
+            if hit is None:  # an index published before names were NFC: match it in NFC too
+                hit = self.members.get(self._nfc_keys.get(key, ""))
+        if hit is None:
+            raise KeyError(member)
+        si, off, ln = hit
         return self.shards[si], off, ln
+
+    @functools.cached_property
+    def _nfc_keys(self) -> dict[str, str]:
+        return {member_name(k): k for k in self.members if member_name(k) != k}
 
     def __len__(self) -> int:
         return len(self.members)
 
     def __contains__(self, member: object) -> bool:
-        return member in self.members
+        if not isinstance(member, str):
+            return False
+        try:
+            self.lookup(member)
+        except KeyError:
+            return False
+        return True
 
 
 def read_member_from_tar(tar_bytes: bytes, member: str) -> bytes:

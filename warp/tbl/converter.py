@@ -31,7 +31,10 @@ order, so the output bytes do not depend on the worker count or the input
 route. At most ``4 * workers`` samples are in flight, and the writer spools
 index and metadata to disk, so peak memory does not grow with the number of
 samples. The output is written under a temporary name and renamed at the
-end: an interrupted run leaves no ``OUT``.
+end: an interrupted run leaves no ``OUT``. Unless ``replace`` (``--force``),
+that rename never replaces a file (:func:`warpdata.core.atomic.rename_noreplace`):
+of two runs into one ``OUT`` exactly one succeeds, the other fails with
+"already exists" (exit 2) and leaves the winner's file as it is.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from json.encoder import encode_basestring as _jstr  # json.dumps' own (C) strin
 from pathlib import Path
 from typing import Any
 
+from warpdata.core.atomic import rename_noreplace, temp_prefix
 from warpdata.core.errors import DataError, UsageError
 from warpdata.formats.imageinfo import EXTENSION_FORMATS, image_info
 from warpdata.formats.tbl import (
@@ -92,6 +96,7 @@ class ConvertRequest:
     on_error: str = "raise"
     fsync: bool = True
     max_member_bytes: int = DEFAULT_MAX_MEMBER  # a bigger member is an error (gzip bombs, bad headers)
+    replace: bool = False  # replace an existing output (--force); else it is an error, checked atomically
 
 
 @dataclass
@@ -364,19 +369,47 @@ def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = 
     if req.max_member_bytes <= 0:
         raise UsageError(f"--max-member-mb must be positive (got {req.max_member_bytes} bytes)",
                          hint="the default is 1024 MiB")
+    if not req.replace and os.path.lexists(req.output):
+        raise _exists(req.output)
     f, res.tar_bytes = open_input(req.input, buffering=_READ_BUFFER)
+    # without replace, the file is written under a temporary sibling and moved to OUT only if
+    # OUT is still free then (another run may have made it meanwhile)
+    write_to = req.output if req.replace else _exclusive_temp(req.output)
     try:
-        return _convert_open(req, f, res, on_skip, reasons, formats, workers, t0, progress, warn)
+        res = _convert_open(req, f, res, on_skip, reasons, formats, workers, t0, progress, warn, write_to)
+        if write_to != req.output:
+            try:
+                rename_noreplace(write_to, req.output)
+            except FileExistsError:
+                raise _exists(req.output, meanwhile=True) from None
+        return res
     finally:
         if req.input != "-":
             f.close()
+        if write_to != req.output:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(write_to)
+
+
+def _exists(output: str, meanwhile: bool = False) -> UsageError:
+    when = " (another run created it while this one converted; its file is kept)" if meanwhile else ""
+    return UsageError(f"{output} already exists{when}", hint="pass --force to replace it, or choose another OUT",
+                      path=output)
+
+
+def _exclusive_temp(output: str) -> str:
+    """A fresh name beside ``output`` (same directory, so the final move is a rename)."""
+    import uuid
+
+    head, name = os.path.split(os.path.abspath(output))
+    return os.path.join(head, f"{temp_prefix()}{uuid.uuid4().hex[:12]}-{name}")
 
 
 def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: Counter[str],
                   formats: Counter[str], workers: int, t0: float,
                   progress: Callable[[int, int], None] | None,
-                  warn: Callable[[str], None] | None) -> ConvertResult:
-    """Plan every sample (pass 1), then write them (pass 2); see the module docstring."""
+                  warn: Callable[[str], None] | None, write_to: str) -> ConvertResult:
+    """Plan every sample (pass 1), then write them (pass 2) into ``write_to``; see the module docstring."""
     try:  # members that come without (all of) their bytes are read on from here: plain files, stdin included
         fd = f.fileno()
     except (OSError, AttributeError, ValueError):
@@ -479,7 +512,7 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
 
     try:
         if not two_pass:  # streamed: the sample count is not known up front (the writer moves payloads at close)
-            writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
+            writer = TblWriter(write_to, compression=req.compression, level=req.level, extensions=True,
                                expected_samples=None, fsync=req.fsync)
         # members come as (name, size, kind, file offset, bytes or their head): a big member of a
         # plain file is read only once known to be a payload, straight into the writer's staging buffer
@@ -505,7 +538,7 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
         if cur:
             plan(key, cur)  # type: ignore[arg-type]
         if two_pass and plans.count:
-            writer = TblWriter(req.output, compression=req.compression, level=req.level, extensions=True,
+            writer = TblWriter(write_to, compression=req.compression, level=req.level, extensions=True,
                                expected_samples=plans.count, fsync=req.fsync)
             # pass 2, its common case inline (a payload stored as is, nothing compressed in flight):
             # one preadv into the staging buffer, two CRC passes over it while it is in cache, one add
@@ -544,11 +577,11 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
             pool.shutdown(wait=True, cancel_futures=True)
     res.input_bytes, res.stored_bytes = writer.bytes_in, writer.bytes_stored
     res.compressed_samples = writer.compressed_samples
-    res.output_bytes = Path(req.output).stat().st_size
+    res.output_bytes = Path(write_to).stat().st_size
     res.skipped_by_reason = dict(sorted(reasons.items()))
     res.formats = dict(sorted(formats.items()))
     if req.verify:
-        with TblReader(req.output, verify=True) as r:
+        with TblReader(write_to, verify=True) as r:
             problems = r.verify_all()
             if len(r) != res.samples:
                 raise DataError(f"{req.output}: holds {len(r)} samples after writing {res.samples}",

@@ -45,6 +45,7 @@ import contextlib
 import gzip
 import io
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterator
@@ -636,7 +637,9 @@ def open_input(path: str, buffering: int = 1 << 20) -> tuple[BinaryIO, int | Non
         except IsADirectoryError:
             raise MissingInputError(f"{path} is a directory, not a tar archive",
                                     hint="give a WebDataset .tar/.tar.gz path") from None
-        size = os.fstat(raw.fileno()).st_size
+        st = os.fstat(raw.fileno())
+        # a FIFO or a process substitution (<(curl ...)) is read as a stream, like stdin: no pread
+        size = st.st_size if stat.S_ISREG(st.st_mode) else None
     if size is not None:
         peek = os.pread(raw.fileno(), 2, 0)
     else:
