@@ -61,7 +61,18 @@ RUNS: dict[str, Callable[[Path], list[str]]] = {
     "cache": lambda w: ["cache", "stats"],
     "init": lambda w: ["init", "demo/photos", "--out", f"{w}/loader-{_n()}.py"],
     "doctor": lambda w: ["doctor", "--only", "store"],
+    "order": lambda w: ["order", "demo/photos", "--seed", "1"],
+    "why": lambda w: ["why", "demo/photos", "0"],
+    "diff": lambda w: ["diff", "demo/photos", "--from", _version(w)],
+    "card": lambda w: ["card", "demo/photos", "--out", f"{w}/card-{_n()}.md"],
 }
+def _version(w: Path) -> str:
+    """demo/photos' published version (diff of a version against itself: exit 0)."""
+    import json
+
+    return json.loads((w / "store" / "datasets" / "demo" / "photos" / "latest.json").read_text())["version_hash"]
+
+
 # commands that run only after another (unregister needs a registration)
 BEFORE: dict[str, list[str]] = {"unregister": ["register"]}
 

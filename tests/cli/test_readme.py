@@ -216,6 +216,8 @@ PY_SKIPS: list[tuple[str, str, str]] = [
      "chunks_from_camera() is the reader's own data source"),
     ("warp info / schema / head (looking at a dataset)", 'row["audio"]',
      "continues the block above (wd) and reads an audio column the sample table does not have"),
+    ("Resuming, and proving the epoch was read exactly once", "dist.all_gather_object",
+     "needs torch.distributed ranks: tests/partition/test_order_recipe.py runs it as written on two gloo ranks"),
 ]
 # section of a ```python block -> the section whose commands are its set-up (default: its own)
 PY_SETUP: dict[str, str] = {
