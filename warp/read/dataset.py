@@ -111,6 +111,8 @@ class Dataset:
         # manifests and member indexes go through the blob cache in every mode, so DataLoader
         # workers (forked or spawned) and later opens on this node fetch them once
         self.meta_cache = self.cache if self.cache is not None else _meta_cache()
+        if self.meta_cache is not None:  # objects of a host that ignores Range are kept there
+            self.remote.blob_cache = self.meta_cache
         self.offline_fallback = False
         self.version, self.manifest = self._resolve(version)
 
