@@ -221,3 +221,31 @@ def test_format1_manifest_filters_over_http(tmp_path, monkeypatch):
         got = t.filter("id BETWEEN 290 AND 310").select(["id"]).to_arrow().column("id").to_pylist()
         assert sorted(got) == list(range(290, 311))
         assert t.filter("id >= 0").count() == 500
+
+
+def test_a_down_store_never_serves_another_stores_rows(cli, published, host, monkeypatch):
+    """The pointer and manifest caches are keyed by store: after reading ws/demo from store A, a down
+    store B with the same ws/name fails typed; store A itself, when down, falls back and says so."""
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3")  # store A (the host), seen and cached
+    assert r.code == 0 and len(r.out.splitlines()) == 3, r.err
+    assert cli("warm", "ws/demo").code == 0
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("WARP_STORE", f"http://127.0.0.1:{port}/b")  # store B: down
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3")
+    assert r.code == 78 and r.out == "" and f"127.0.0.1:{port}" in r.err and "last known" not in r.err
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3", "--mode", "local")
+    assert r.code == 66 and r.out == "" and f"127.0.0.1:{port}/b" in r.err
+    monkeypatch.setenv("WARP_STORE", f"{published['folder']}-moved")  # a local store B without it
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3")
+    assert r.code == 66 and r.out == ""
+    a_url = host.url
+    monkeypatch.setenv("WARP_STORE", a_url + "/")
+    host.stop()  # store A, down: its own last known version, said so
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3", "--mode", "auto")
+    assert r.code == 0 and len(r.out.splitlines()) == 3, r.err
+    assert "last known version" in r.err and "seen in this store" in r.err and a_url.split("//")[1] in r.err
