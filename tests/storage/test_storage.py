@@ -194,8 +194,8 @@ def _count_sends(client) -> list[int]:
 def test_refused_connection_is_tried_twice_not_five_times(closed_port, fake_creds_env, monkeypatch):
     """botocore retried a refused connection 5 times with back-off (15-20 s before any message)."""
     from warpdata.core.errors import StoreUnavailableError
-    from warpdata.registry.store import boto3_client
     from warpdata.storage.errors import translate_storage_error
+    from warpdata.storage.s3client import boto3_client
 
     endpoint = f"http://127.0.0.1:{closed_port}"
     cfg = StorageConfig(endpoint_url=endpoint, path_style=True)

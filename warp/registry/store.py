@@ -76,6 +76,7 @@ from warpdata.registry.manifest import (
 )
 from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.locations import Location, StorageConfig, filesystem, parse_location
+from warpdata.storage.s3client import boto3_client
 
 __all__ = ["FileLock", "LatestPointer", "Store", "open_store"]
 
@@ -366,37 +367,6 @@ class _S3Backend(_Backend):
             raise
         self.fs.invalidate_cache(self.path(key))
         return r["ETag"]
-
-
-def boto3_client(config: StorageConfig, attempts: int | None = None):
-    """A boto3 S3 client configured exactly like the s3fs/pyarrow/DuckDB clients of ``config``;
-    ``attempts`` (1: no retry) replaces botocore's retries, for a caller with its own retry loop."""
-    try:
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
-    except ImportError:
-        from warpdata.core.errors import DependencyError, install_hint
-
-        raise DependencyError("S3 stores need the 'boto3' package, which is not installed",
-                              hint=install_hint("s3")) from None
-    kw: dict[str, Any] = {
-        "connect_timeout": config.connect_timeout,
-        "read_timeout": config.read_timeout,
-        "retries": {"max_attempts": config.retries, "mode": "adaptive"} if attempts is None else
-                   {"total_max_attempts": attempts, "mode": "standard"},
-    }
-    if config.path_style:
-        kw["s3"] = {"addressing_style": "path"}
-    if config.anon:
-        kw["signature_version"] = UNSIGNED
-    session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
-    from warpdata.storage.locations import (
-        limit_connect_retries,  # refused/DNS: fail in seconds, not 15-20 s
-    )
-
-    return limit_connect_retries(
-        session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw)))
 
 
 # -- local lock with stale-holder detection ---------------------------------

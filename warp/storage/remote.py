@@ -725,9 +725,11 @@ def _s3_client(config):
         import boto3  # noqa: F401  (the [s3] extra)
     except ImportError:
         return None
-    from warpdata.registry.store import boto3_client
+    from warpdata.storage.s3client import boto3_client
 
-    client = boto3_client(config, attempts=1)
+    # SigV4 (which every region accepts for query signing; botocore may pick SigV2): this one client
+    # both sends whole-object GETs and signs the presigned URLs of ranged reads
+    client = boto3_client(config, attempts=1, signature="s3v4")
     if len(_S3_CLIENTS) >= 16:
         _S3_CLIENTS.clear()
     _S3_CLIENTS[key] = (now, client)
@@ -1048,16 +1050,9 @@ class _PresignedRanges:
 
     @classmethod
     def _make(cls, config) -> _PresignedRanges | None:
-        client = _s3_client(config)
+        client = _s3_client(config)  # the process's one signing client of this configuration
         if client is None:
             return None
-        if not config.anon:  # SigV4 query signing, which every region accepts (botocore may pick SigV2)
-            import boto3
-            from botocore.config import Config
-
-            session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
-            client = session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region,
-                                    config=client.meta.config.merge(Config(signature_version="s3v4")))
         endpoint = client.meta.endpoint_url
         cafile = None
         if endpoint.startswith("https:"):

@@ -1,0 +1,44 @@
+"""The S3 client of the storage layer: one boto3 client configured from a
+:class:`~warpdata.storage.locations.StorageConfig` exactly like the s3fs, pyarrow and DuckDB
+clients of the same configuration (endpoint, region, profile, addressing, timeouts), with the
+connection-retry limit of :func:`~warpdata.storage.locations.limit_connect_retries`.
+boto3 is imported only when a client is made: local, memory and HTTP stores never import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from warpdata.storage.locations import StorageConfig, limit_connect_retries
+
+__all__ = ["boto3_client"]
+
+
+def boto3_client(config: StorageConfig, attempts: int | None = None, signature: str | None = None):
+    """A boto3 S3 client configured exactly like the s3fs/pyarrow/DuckDB clients of ``config``;
+    ``attempts`` (1: no retry) replaces botocore's retries, for a caller with its own retry loop;
+    ``signature`` (e.g. ``"s3v4"``) fixes the signature version (ignored for anonymous clients)."""
+    try:
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+    except ImportError:
+        from warpdata.core.errors import DependencyError, install_hint
+
+        raise DependencyError("S3 stores need the 'boto3' package, which is not installed",
+                              hint=install_hint("s3")) from None
+    kw: dict[str, Any] = {
+        "connect_timeout": config.connect_timeout,
+        "read_timeout": config.read_timeout,
+        "retries": {"max_attempts": config.retries, "mode": "adaptive"} if attempts is None else
+                   {"total_max_attempts": attempts, "mode": "standard"},
+    }
+    if config.path_style:
+        kw["s3"] = {"addressing_style": "path"}
+    if config.anon:
+        kw["signature_version"] = UNSIGNED
+    elif signature is not None:
+        kw["signature_version"] = signature
+    session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
+    return limit_connect_retries(  # refused/DNS: fail in seconds, not 15-20 s
+        session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw)))
