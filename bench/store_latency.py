@@ -21,6 +21,7 @@ which this offline machine cannot do. Ratios against it need a networked machine
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+T0 = time.perf_counter()
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
@@ -59,45 +61,60 @@ def cli_seconds(args: list[str], env: dict, runs: int) -> float:
     return statistics.median(times)
 
 
-def api_seconds(store: str, runs: int) -> dict[str, float]:
+def child(op: str, store: str) -> None:
+    """In this fresh process: import, open bench/lat, then ``op``; one JSON line (the peer's shape)."""
     import warpdata
-    from warpdata.read import dataset as dataset_module
 
-    out: dict[str, list[float]] = {"open": [], "schema": [], "head": [], "filter": []}
-    for _ in range(runs):
-        dataset_module._MANIFESTS.clear()
-        t0 = time.perf_counter()
-        ds = warpdata.dataset("bench/lat", store=store, mode="remote")
-        out["open"].append(time.perf_counter() - t0)
-        t = ds.table("main")
-        t0 = time.perf_counter()
-        t.schema()
-        out["schema"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        t.head(5)
-        out["head"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        n = t.filter("id BETWEEN 100 AND 200").count()
-        out["filter"].append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    ds = warpdata.dataset("bench/lat", store=store, mode="remote")
+    opened = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if op == "info":
+        ds.info()
+    elif op == "schema":
+        ds.table("main").schema()
+    elif op == "head":
+        ds.table("main").head(5)
+    elif op == "filter":
+        n = ds.table("main").filter("id BETWEEN 100 AND 200").count()
         assert n == 101, n
-    return {k: statistics.median(v) for k, v in out.items()}
+    print(json.dumps({"open": opened, op: time.perf_counter() - t0, "total": time.perf_counter() - T0}))
+
+
+def run_child(argv: list[str], env: dict, cwd: Path) -> dict:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=cwd)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(argv[:3])} failed:\n{p.stderr[-3000:]}")
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    doc["process"] = time.perf_counter() - t0
+    return doc
+
+
+OPS = ("info", "schema", "head", "filter")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--peer-python", default="/tmp/peer-venv/bin/python")
+    ap.add_argument("--peer-home", default="/tmp/peer-home",
+                    help="HOME for the peer: holds DuckDB's httpfs extension (see bench/_peer_latency.py)")
+    ap.add_argument("--child", nargs=2, metavar=("OP", "STORE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        child(*a.child)
+        return
     from support.httpserve import StaticServer
     from support.s3fixtures import s3_env, start_moto_server
 
     tmp = Path(tempfile.mkdtemp(prefix="warp-lat-"))
-    make_data(tmp)
+    files = make_data(tmp)
     server = start_moto_server()
     try:
         import boto3
 
-        senv = s3_env(server.endpoint)
-        os.environ.update(senv)
+        os.environ.update(s3_env(server.endpoint))
         os.environ["WARP_CACHE_DIR"] = str(tmp / "cache")
         boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
         stores = {"local": str(tmp / "store"), "s3 (moto)": "s3://bench/store"}
@@ -105,19 +122,48 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "warpdata", "publish", "bench/lat", "--table",
                             f"main={tmp}/part-*.parquet", "--store", url], env=dict(os.environ), check=True,
                            capture_output=True)
+        peer_env = None
+        if Path(a.peer_python).exists():
+            peer_env = {**os.environ, "WARPDATASETS_S3_ENDPOINT_URL": server.endpoint, "PYTHONPATH": "",
+                        "WARPDATASETS_MANIFEST_BASE": "s3://bench/peer", "WARPDATASETS_S3_REGION": "us-east-1",
+                        "WARPDATASETS_SCOPE": "published", "WARPDATASETS_MODE": "remote", "HOME": a.peer_home}
+            subprocess.run([a.peer_python, str(HERE / "_peer_latency.py"), "publish", "s3://bench/peer", *files],
+                           env=peer_env, check=True, capture_output=True, cwd=tmp)
         with StaticServer(tmp / "store") as host:
             stores["http"] = host.url
             load = os.getloadavg()
             print(f"store latency, medians of {a.runs} runs, load avg {load[0]:.2f} (2 shared cores)\n")
-            print(f"{'store':<10} {'CLI info':>9} {'schema':>8} {'head':>8} | {'open':>7} {'schema()':>9} "
-                  f"{'head(5)':>8} {'filter':>8}   (seconds)")
+            print("fresh process each: import + open + the operation (seconds); peer = warpdata 3.0.27")
+            print(f"{'store':<10} {'op':<7} {'warp open':>9} {'op':>7} {'process':>8} | {'peer open':>9} {'op':>7} "
+                  f"{'process':>8} | {'speed vs peer (process)':>23}")
             for name, url in stores.items():
-                env = {**os.environ, "WARP_STORE": url, "WARP_CACHE_DIR": str(tmp / f"cache-{len(url)}")}
+                for op in OPS:
+                    w, p = [], []
+                    for k in range(a.runs):
+                        env = {**os.environ, "WARP_CACHE_DIR": str(tmp / f"cache-w{k}")}
+                        w.append(run_child([sys.executable, __file__, "--child", op, url], env, tmp))
+                        if peer_env is not None and name == "s3 (moto)":
+                            ws = tmp / f"peer-ws-{op}-{k}"
+                            e = {**peer_env, "WARPDATASETS_WORKSPACE_ROOT": str(ws),
+                                 "WARPDATASETS_CACHE_DIR": str(ws / "cache")}
+                            p.append(run_child([a.peer_python, str(HERE / "_peer_latency.py"), "op", op], e, tmp))
+
+                    def med(rows: list[dict], key: str) -> float:
+                        return statistics.median(r[key] for r in rows)
+
+                    line = f"{name:<10} {op:<7} {med(w, 'open'):>9.3f} {med(w, op):>7.3f} {med(w, 'process'):>8.3f}"
+                    if p:
+                        line += (f" | {med(p, 'open'):>9.3f} {med(p, op):>7.3f} {med(p, 'process'):>8.3f} | "
+                                 f"open {med(p, 'open') / med(w, 'open'):.2f}x, op+open "
+                                 f"{(med(p, 'open') + med(p, op)) / (med(w, 'open') + med(w, op)):.2f}x, "
+                                 f"process {med(p, 'process') / med(w, 'process'):.2f}x")
+                    print(line, flush=True)
+            print("\nwarp CLI, whole process (seconds)")
+            for name, url in stores.items():
+                env = {**os.environ, "WARP_STORE": url, "WARP_CACHE_DIR": str(tmp / f"cache-cli-{len(url)}")}
                 cli = [cli_seconds([cmd, "bench/lat", *extra], env, a.runs)
                        for cmd, extra in (("info", []), ("schema", []), ("head", ["-n", "5", "--mode", "remote"]))]
-                api = api_seconds(url, a.runs)
-                print(f"{name:<10} {cli[0]:>9.3f} {cli[1]:>8.3f} {cli[2]:>8.3f} | {api['open']:>7.4f} "
-                      f"{api['schema']:>9.4f} {api['head']:>8.4f} {api['filter']:>8.4f}")
+                print(f"{name:<10} info {cli[0]:.3f}  schema {cli[1]:.3f}  head {cli[2]:.3f}", flush=True)
     finally:
         server.stop()
 

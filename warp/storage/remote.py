@@ -69,6 +69,7 @@ from warpdata.storage.policy import (
     request_deadline,
     retry_budget,
 )
+from warpdata.storage.s3sign import SigV4Presigner
 
 log = logging.getLogger(__name__)
 
@@ -721,9 +722,9 @@ def _s3_client(config):
     hit = _S3_CLIENTS.get(key)
     if hit is not None and now - hit[0] < _S3_FS_TTL:
         return hit[1]
-    try:
-        import boto3  # noqa: F401  (the [s3] extra)
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("boto3") is None:  # the [s3] extra
         return None
     from warpdata.storage.s3client import boto3_client
 
@@ -1050,6 +1051,20 @@ class _PresignedRanges:
 
     @classmethod
     def _make(cls, config) -> _PresignedRanges | None:
+        import importlib.util
+
+        if importlib.util.find_spec("boto3") is None:  # the [s3] extra
+            return None
+        from warpdata.storage.s3sign import SigV4Presigner
+
+        signer = SigV4Presigner.for_config(config)  # static credentials: signed here, botocore never imported
+        if signer is not None:
+            cafile = os.environ.get("AWS_CA_BUNDLE") or None
+            if cafile is None and signer.endpoint.startswith("https:") and importlib.util.find_spec("certifi"):
+                import certifi  # botocore's default trust store
+
+                cafile = certifi.where()
+            return cls(signer, signer.endpoint, cafile, config)
         client = _s3_client(config)  # the process's one signing client of this configuration
         if client is None:
             return None
@@ -1069,8 +1084,13 @@ class _PresignedRanges:
         if hit is not None and not fresh and now - hit[0] < PRESIGN_TTL:
             return hit[1]
         bucket, _, name = path.partition("/")
-        url = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": name},
-                                                 ExpiresIn=PRESIGN_EXPIRES)
+        url = None
+        if isinstance(self.client, SigV4Presigner):
+            url = self.client.presign(bucket, name, PRESIGN_EXPIRES)
+        if url is None:  # botocore's client, or a bucket name only botocore addresses
+            client = self.client if not isinstance(self.client, SigV4Presigner) else _s3_client(self.config)
+            url = client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": name},
+                                                ExpiresIn=PRESIGN_EXPIRES)
         if len(self._urls) >= 4096:
             self._urls.clear()
         self._urls[path] = (now, url)
