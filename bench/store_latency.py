@@ -4,18 +4,21 @@ One small dataset (20,000 rows in 4 Parquet files) is published by warp to a loc
 127.0.0.1 (tests/support/s3fixtures.py) and served over HTTP from the local folder
 (tests/support/httpserve.py). For each store the script times, as medians of ``--runs``:
 
-* in a fresh interpreter per run (what a user's first call pays, imports included):
-  ``warp info``, ``warp schema`` and ``warp head -n 5`` (the CLI, whole process);
-* in one process: ``warpdata.dataset()`` (open: pointer + manifest), ``Table.schema()``,
-  ``Table.head(5)`` and ``Table.filter("id BETWEEN 100 AND 200").count()``, each on a freshly opened
-  dataset with the process's manifest memo cleared.
+* in a fresh interpreter per run (what a user's first call pays, imports included): open
+  (``warpdata.dataset``: pointer + manifest), then one of ``info()``, ``schema()``, ``head(5)`` or a
+  filtered count (``id BETWEEN 100 AND 200``); the open, the operation and the whole process;
+* ``warp info``, ``warp schema`` and ``warp head -n 5`` (the CLI, whole process).
 
 The peer (PyPI ``warpdata`` 3.0.27, the registry design's own implementation) installs a module of the
-same name, so it can only run from its own interpreter (``--peer-python``); it is not driven here:
-its table reader downloads DuckDB's httpfs extension at run time (BENCHMARKS.md, "Remote refs"),
-which this offline machine cannot do. Ratios against it need a networked machine.
+same name, so it runs from its own interpreter (``--peer-python``, bench/_peer_latency.py), on the S3
+store only (its own publisher and layout, same Parquet files), alternating with warp run by run; the
+ratios are peer seconds ÷ warp seconds (above 1: warp is faster).
 
-    python bench/store_latency.py --runs 5
+    python bench/store_latency.py --runs 5 [--only s3] [--no-cli]
+
+Install the peer outside the project (``python3 -m venv /tmp/peer-venv && /tmp/peer-venv/bin/pip install
+warpdata==3.0.27 duckdb==1.5.5 duckdb-extension-httpfs``) and copy the wheel's
+``httpfs.duckdb_extension`` to ``/tmp/peer-home/.duckdb/extensions/v1.5.5/linux_amd64/`` (``--peer-home``).
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ def main() -> None:
     ap.add_argument("--peer-python", default="/tmp/peer-venv/bin/python")
     ap.add_argument("--peer-home", default="/tmp/peer-home",
                     help="HOME for the peer: holds DuckDB's httpfs extension (see bench/_peer_latency.py)")
+    ap.add_argument("--only", choices=("local", "s3", "http"), help="time one store kind only")
+    ap.add_argument("--no-cli", action="store_true", help="skip the warp CLI timings")
     ap.add_argument("--child", nargs=2, metavar=("OP", "STORE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -131,6 +136,8 @@ def main() -> None:
                            env=peer_env, check=True, capture_output=True, cwd=tmp)
         with StaticServer(tmp / "store") as host:
             stores["http"] = host.url
+            if a.only:
+                stores = {k: v for k, v in stores.items() if k.startswith(a.only)}
             load = os.getloadavg()
             print(f"store latency, medians of {a.runs} runs, load avg {load[0]:.2f} (2 shared cores)\n")
             print("fresh process each: import + open + the operation (seconds); peer = warpdata 3.0.27")
@@ -159,7 +166,7 @@ def main() -> None:
                                  f"process {med(p, 'process') / med(w, 'process'):.2f}x")
                     print(line, flush=True)
             print("\nwarp CLI, whole process (seconds)")
-            for name, url in stores.items():
+            for name, url in stores.items() if not a.no_cli else ():
                 env = {**os.environ, "WARP_STORE": url, "WARP_CACHE_DIR": str(tmp / f"cache-cli-{len(url)}")}
                 cli = [cli_seconds([cmd, "bench/lat", *extra], env, a.runs)
                        for cmd, extra in (("info", []), ("schema", []), ("head", ["-n", "5", "--mode", "remote"]))]

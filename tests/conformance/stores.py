@@ -104,6 +104,20 @@ class StoreConformance:
         assert store.get_manifest_bytes("ws/rt", m.version_hash) == m.to_bytes()
         assert store.get_manifest("ws/rt", m.version_hash) == m
 
+    # -- objects by key (the interface under the dataset contract) -------------------------------
+    def test_objects_by_key(self, store):
+        assert store.put_object("probe/a", b"first") is True
+        assert store.put_object("probe/a", b"second") is False  # create-only: the first bytes stay
+        assert store.get_object("probe/a") == b"first"
+        t1 = store.swap_object("probe/latest.json", b"1", None)
+        assert t1 is not None and store.swap_object("probe/latest.json", b"x", None) is None  # exists already
+        t2 = store.swap_object("probe/latest.json", b"2", t1)
+        assert t2 is not None and store.swap_object("probe/latest.json", b"3", t1) is None  # a stale token
+        assert store.get_object("probe/latest.json") == b"2"
+        store.remove_prefix("probe")
+        with pytest.raises(FileNotFoundError):
+            store.get_object("probe/a")
+
     # -- create-only -----------------------------------------------------------------------------
     def test_second_put_never_replaces_the_first(self, store, tmp_path):
         first, other = b"first bytes", b"other bytes"

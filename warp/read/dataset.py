@@ -159,7 +159,7 @@ class Dataset:
             return ptr["version"], self._manifest(ptr["version"])
         if raw is None:
             # a local store is listed for close names; S3 and HTTP stores are not listed on the read path
-            raise Store(self.remote.url)._not_found(self.id) if self.remote.loc.protocol in ("file", "memory") else \
+            raise Store(self.remote.url).not_found(self.id) if self.remote.loc.protocol in ("file", "memory") else \
                 DatasetNotFoundError(f"dataset {self.id} is not published in store {self.remote.url} "
                                      "(no latest pointer)",
                                      hint="check the spelling of workspace/name; 'warp ls ws/' lists datasets"

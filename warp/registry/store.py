@@ -561,6 +561,29 @@ class Store:
                 raise
             raise err from e
 
+    # -- objects by key ------------------------------------------------------
+    # The storage interface under the dataset contract: get, put create-only, compare-and-swap and
+    # remove of one object by its key under the store root; callers (the doctor's probes) use these,
+    # never a backend's members. Untyped client errors come back typed as in :meth:`_call`.
+    def get_object(self, key: str) -> bytes:
+        """The object's bytes (FileNotFoundError when there is none)."""
+        return self._call(self._b.get, self.url_of(key), "read", key)
+
+    def put_object(self, key: str, data: bytes) -> bool:
+        """Create-only write: True when written, False when an object was already there (kept)."""
+        return bool(self._call(self._b.put_if_absent, self.url_of(key), "write", key, bytes(data)))
+
+    def swap_object(self, key: str, data: bytes, token: str | None) -> str | None:
+        """Compare-and-swap: write ``data`` if the object's version token is still ``token`` (None: no
+        object yet); the new token, or None when another writer changed it first."""
+        return self._call(self._b.write_if, self.url_of(key), "write", key, bytes(data), token)
+
+    def remove_prefix(self, prefix: str) -> None:
+        """Remove every object under ``prefix`` (a probe's scratch folder); read-only stores refuse."""
+        self.require_writable("remove objects")
+        self._call(lambda: self.fs.rm(self.location.join(prefix).path, recursive=True), self.url_of(prefix),
+                   "write")
+
     # -- blobs -------------------------------------------------------------
     def has_blob(self, hash_hex: str) -> bool:
         return bool(self._call(self._b.exists, self.blob_url(hash_hex), "read", blob_key(hash_hex)))
@@ -706,7 +729,7 @@ class Store:
         if version is None or version == "latest":
             ptr = self.read_latest(dataset_id)
             if ptr is None:
-                raise self._not_found(dataset_id)
+                raise self.not_found(dataset_id)
             return ptr.version_hash
         if HASH_RE.match(version):
             return version
@@ -723,7 +746,8 @@ class Store:
         """The manifest of ``version`` (default: latest) of ``dataset_id``."""
         return self.get_manifest(dataset_id, self.resolve_version(dataset_id, version))
 
-    def _not_found(self, dataset_id: str) -> DatasetNotFoundError:
+    def not_found(self, dataset_id: str) -> DatasetNotFoundError:
+        """The error for ``dataset_id`` having no ``latest`` here, with close names where the store lists."""
         import difflib
 
         from warpdata.storage.locations import missing_store_folder

@@ -256,6 +256,16 @@ class Remote:
             raise self._missing(key)
         return int(n)
 
+    def probe(self, key: str) -> int | None:
+        """One HEAD of ``key``, not retried (a reachability check): its size, or None when the host
+        answers that it has no such object. The host's other answers raise :class:`HttpStatusError`
+        on HTTP stores; failures to reach it raise raw (:meth:`typed_error` types them)."""
+        return self.transport.size(key)
+
+    def typed_error(self, e: Exception, key: str = "", action: str = "read") -> Exception:
+        """The typed warp error for a failure of a request for ``key`` (what the retry loop raises)."""
+        return self._wrap(e, key, action)
+
     def _missing(self, key: str):
         from warpdata.core.errors import BlobNotFoundError
 
