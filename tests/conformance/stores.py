@@ -114,6 +114,10 @@ class StoreConformance:
         t2 = store.swap_object("probe/latest.json", b"2", t1)
         assert t2 is not None and store.swap_object("probe/latest.json", b"3", t1) is None  # a stale token
         assert store.get_object("probe/latest.json") == b"2"
+        store.delete_object("probe/latest.json")
+        store.delete_object("probe/latest.json")  # deleting what is gone is no error
+        with pytest.raises(FileNotFoundError):
+            store.get_object("probe/latest.json")
         store.remove_prefix("probe")
         with pytest.raises(FileNotFoundError):
             store.get_object("probe/a")

@@ -100,6 +100,8 @@ def test_writes_to_an_http_store_fail_naming_the_url(cli, published, host, tmp_p
 
     with pytest.raises(ReadOnlyStoreError, match="read-only"):
         Store(host.url).put_blob("0" * 64, b"", verify=False)
+    with pytest.raises(ReadOnlyStoreError, match="read-only"):
+        Store(host.url).delete_object("datasets/ws/demo/latest.json")
 
 
 def test_listing_and_version_prefixes_need_names(cli, published, host):
