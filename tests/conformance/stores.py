@@ -365,6 +365,15 @@ class RequestPolicyConformance:
             assert "deadline" in str(err) and "WARP_RETRY_BUDGET" in err.hint
             assert 1 <= host.requests <= 3  # retried as a timeout, within the budget
 
+    def test_trickling_headers_end_at_the_deadline(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("slow-headers") as host:
+            remote = remote_at(host.url)
+            err = self.typed(lambda: remote.get("datasets/ws/name/latest.json"),
+                             within=DEADLINE + BUDGET + DEADLINE + 1, code=ExitCode.TEMPFAIL)
+            assert "deadline" in str(err) and 1 <= host.requests <= 3
+
     def test_oversize_body_is_refused_before_it_is_read(self, remote_at):
         from support.hostile import HostileHost
 

@@ -7,6 +7,7 @@ hostile way, over plain TCP or, with ``tls=(certfile, keyfile)``, over TLS:
 ``endless``       ``200`` (``206`` to a range), ``Transfer-Encoding: chunked``, 64 KiB chunks until the
                   client leaves
 ``trickle``       ``200`` (``206`` to a range) announcing ``len(body)`` bytes, then one byte a second
+``slow-headers``  ``200`` then one header byte a second, never ending the headers
 ``oversize``      ``206`` with a matching ``Content-Range`` but 64 MiB of body announced and sent
 ``bad-range``     ``206`` whose ``Content-Range`` starts 5 bytes after the range asked for
 ``redirect``      ``301`` to ``location`` (an http:// URL: the downgrade test)
@@ -113,6 +114,11 @@ class HostileHost:
                 self._send(sock, self.body[start + i:start + i + 1])
                 time.sleep(1.0)
             return True
+        if self.mode == "slow-headers":
+            self._send(sock, b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while True:
+                self._send(sock, b"a")
+                time.sleep(1.0)
         if self.mode == "oversize":
             n = 64 << 20
             sock.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Length: {n}\r\n"

@@ -24,6 +24,7 @@ docs/formats/registry.md, "Request policy") follows these rules:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -144,6 +145,59 @@ def read_body(r: Any, sock: Any, url: str, deadline: float, allowed: float, cap:
         if got > cap:
             raise BodyTooLarge(url, cap, got, False)
         parts.append(chunk)
+
+
+class Watchdog:
+    """Shuts down the socket of an attempt still running at its deadline: the backstop for the parts
+    of a request the chunked body read cannot check (``http.client`` reads the status line and the
+    headers itself, one ``recv`` at a time, so a host trickling its headers would pass every per-
+    operation timeout). One thread per process, started on first use (again after a fork)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._armed: dict[int, tuple[float, Any]] = {}
+        self._fired: set[int] = set()
+        self._seq = 0
+        self._pid = 0
+
+    def arm(self, deadline: float, sock: Any) -> int:
+        import os
+
+        with self._cv:
+            if self._pid != os.getpid():  # a forked child has no thread: start one
+                self._pid, self._armed, self._fired = os.getpid(), {}, set()
+                threading.Thread(target=self._run, name="warp-deadline", daemon=True).start()
+            self._seq += 1
+            self._armed[self._seq] = (deadline, sock)
+            self._cv.notify()
+            return self._seq
+
+    def disarm(self, token: int) -> bool:
+        """Stop watching; True when the deadline had already fired (the socket was shut down)."""
+        with self._cv:
+            self._armed.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            return False
+
+    def _run(self) -> None:
+        import socket
+
+        with self._cv:
+            while True:
+                now = time.monotonic()
+                for token, (deadline, sock) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[token]
+                        self._fired.add(token)
+                        with contextlib.suppress(OSError):  # already closed: nothing to stop
+                            sock.shutdown(socket.SHUT_RDWR)
+                nxt = min((d for d, _ in self._armed.values()), default=None)
+                self._cv.wait(None if nxt is None else max(0.0, nxt - now) + 0.01)
+
+
+WATCHDOG = Watchdog()
 
 
 class RequestStats:

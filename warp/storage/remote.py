@@ -59,6 +59,7 @@ from warpdata.storage.policy import (
     JSON_CAP,
     THROTTLE_STATUS,
     TRANSIENT_STATUS,
+    WATCHDOG,
     BodyTooLarge,
     DeadlineExceeded,
     InsecureRedirect,
@@ -987,8 +988,16 @@ def _exchange(take: Callable[[bool], Any], method: str, target: str, headers: di
             if left <= 0:
                 raise DeadlineExceeded(url, base, 0)
             c.sock.settimeout(min(read_timeout, left))
-            c.request(method, target, headers=headers)
-            r = c.getresponse()
+            watch = WATCHDOG.arm(t0 + base, c.sock)  # the status line and headers: http.client reads them
+            try:
+                c.request(method, target, headers=headers)
+                r = c.getresponse()
+            except BaseException as e:
+                if WATCHDOG.disarm(watch):
+                    raise DeadlineExceeded(url, base, 0) from e
+                raise
+            if WATCHDOG.disarm(watch):
+                raise DeadlineExceeded(url, base, 0)
             if method == "HEAD":
                 return c, r, r.read()  # a HEAD answer has no body: this frees the connection
             cap = cap_of(r)
