@@ -286,3 +286,12 @@ def test_anonymous_reads_are_opt_in(s3, no_creds_env, monkeypatch):
     monkeypatch.setenv("WARP_S3_ANON", "1")
     cfg = StorageConfig.from_env()
     assert cfg.anon and cfg.pyarrow_s3() is not None
+
+
+@pytest.mark.s3
+def test_s3_stores_of_one_configuration_share_one_client(s3):
+    from warpdata.storage.base import open_object_store
+
+    a, b = open_object_store(s3.url("a")), open_object_store(s3.url("b"))
+    assert a.client is b.client  # made once per configuration and process, on first use
+    assert a.put_if_absent("k", b"v") is True and a.get("k") == b"v"

@@ -70,6 +70,7 @@ from warpdata.storage.policy import (
     request_deadline,
     retry_budget,
 )
+from warpdata.storage.s3client import CRED_ENV
 from warpdata.storage.s3sign import SigV4Presigner
 
 log = logging.getLogger(__name__)
@@ -677,8 +678,7 @@ class _RemoteHandler:
 _S3_FS: dict[tuple, tuple[float, Any]] = {}
 _S3_FS_TTL = 300.0  # seconds a filesystem (and the credentials resolved into it) is reused
 
-_CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-             "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED")
+_CRED_ENV = CRED_ENV
 
 
 def _pyarrow_s3(config):
@@ -1074,8 +1074,6 @@ class _PresignedRanges:
 
         if importlib.util.find_spec("boto3") is None:  # the [s3] extra
             return None
-        from warpdata.storage.s3sign import SigV4Presigner
-
         signer = SigV4Presigner.for_config(config)  # static credentials: signed here, botocore never imported
         if signer is not None:
             cafile = os.environ.get("AWS_CA_BUNDLE") or None

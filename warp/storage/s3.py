@@ -9,7 +9,7 @@ from typing import Any
 
 from warpdata.storage.base import ObjectStore
 from warpdata.storage.locations import StorageConfig
-from warpdata.storage.s3client import boto3_client
+from warpdata.storage.s3client import shared_client
 
 __all__ = ["S3ObjectStore"]
 
@@ -28,7 +28,7 @@ class S3ObjectStore(ObjectStore):
     @property
     def client(self):
         if self._client is None:
-            self._client = boto3_client(self.config)
+            self._client = shared_client(self.config)
         return self._client
 
     def _key(self, key: str) -> str:

@@ -8,11 +8,34 @@ boto3), from a plain botocore session.
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from warpdata.storage.locations import StorageConfig, limit_connect_retries
 
-__all__ = ["boto3_client"]
+__all__ = ["boto3_client", "shared_client"]
+
+# what decides which credentials a client resolves: a client is shared only while these are unchanged
+CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+            "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED")
+_SHARED: dict[tuple, Any] = {}
+_SHARED_MU = threading.Lock()
+
+
+def shared_client(config: StorageConfig):
+    """The process's one writing client (botocore's own retries) of ``config`` and the credential
+    environment, made on first use; a forked child makes its own (connection pools are not shared)."""
+    key = (config, tuple(os.environ.get(k) for k in CRED_ENV), os.getpid())
+    with _SHARED_MU:
+        client = _SHARED.get(key)
+    if client is None:
+        client = boto3_client(config)
+        with _SHARED_MU:
+            if len(_SHARED) >= 16:
+                _SHARED.clear()
+            client = _SHARED.setdefault(key, client)
+    return client
 
 
 def boto3_client(config: StorageConfig, attempts: int | None = None, signature: str | None = None):
