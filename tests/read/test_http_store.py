@@ -251,3 +251,19 @@ def test_a_down_store_never_serves_another_stores_rows(cli, published, host, mon
     r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3", "--mode", "auto")
     assert r.code == 0 and len(r.out.splitlines()) == 3, r.err
     assert "last known version" in r.err and "seen in this store" in r.err and a_url.split("//")[1] in r.err
+
+
+def test_a_blob_larger_than_a_document_cap_reads_whole(tmp_path):
+    """Documents (pointers, manifests) are capped at 32 MiB; a blob is read by its own size."""
+    import hashlib
+
+    from warpdata.registry.store import Store
+    from warpdata.storage.policy import JSON_CAP
+
+    data = bytes(range(256)) * ((JSON_CAP >> 8) + 4096)
+    h = hashlib.sha256(data).hexdigest()
+    p = tmp_path / "store" / "blobs" / "sha256" / h[:2] / h
+    p.parent.mkdir(parents=True)
+    p.write_bytes(data)
+    with StaticServer(tmp_path / "store") as srv:
+        assert Store(srv.url).get_blob(h) == data

@@ -32,6 +32,11 @@ class HttpObjectStore(ObjectStore):
         return True
 
     def get(self, key: str) -> bytes:
+        """The whole object: a JSON document by one GET (capped like every document); a blob, which
+        may be far larger, by its size (HEAD) and ranged reads, each capped at what it asked for."""
+        if key.startswith("blobs/"):
+            size = self.size(key)
+            return self.remote.read_range(key, 0, size, size) if size else b""
         data = self.remote.get(key)
         if data is None:
             raise FileNotFoundError(self.remote.url_of(key))
