@@ -295,3 +295,23 @@ def test_s3_stores_of_one_configuration_share_one_client(s3):
     a, b = open_object_store(s3.url("a")), open_object_store(s3.url("b"))
     assert a.client is b.client  # made once per configuration and process, on first use
     assert a.put_if_absent("k", b"v") is True and a.get("k") == b"v"
+
+
+def test_s3_client_tls_to_a_plain_host_is_typed_at_once(monkeypatch, tmp_path):
+    """The registry's S3 client (writes, HEADs) names a TLS failure and does not retry it as throttling."""
+    import time
+
+    from support.hostile import HostileHost
+    from support.s3fixtures import s3_env
+    from warpdata.core.errors import StoreUnavailableError
+    from warpdata.registry.store import Store
+
+    pytest.importorskip("boto3")
+    with HostileHost("no-range") as host:
+        for k, v in s3_env(host.url.replace("http://", "https://")).items():
+            monkeypatch.setenv(k, v)
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailableError) as e:
+            Store("s3://bucket/store").has_blob("ab" * 32)
+        assert e.value.details.get("cause") == "tls" and "TLS" in e.value.message and "http://" in e.value.hint
+        assert time.monotonic() - t0 < 15
