@@ -678,7 +678,7 @@ def upload_concurrency() -> int:
 def _s3_backend(store: Store):
     from warpdata.storage.s3 import S3ObjectStore
 
-    b = getattr(store, "_b", None)
+    b = store.objects
     return b if isinstance(b, S3ObjectStore) else None
 
 

@@ -115,6 +115,11 @@ class Store:
         return f"Store({self.url!r})"
 
     @property
+    def objects(self) -> ObjectStore:
+        """The storage layer's object store under this dataset store (warp/storage/base.py)."""
+        return self._b
+
+    @property
     def url(self) -> str:
         return self.location.url
 

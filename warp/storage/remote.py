@@ -264,9 +264,23 @@ class Remote:
         on HTTP stores; failures to reach it raise raw (:meth:`typed_error` types them)."""
         return self.transport.size(key)
 
+    def s3_client(self):
+        """The process's botocore client for this S3 store's configuration (None for other stores, or
+        without boto3), for a caller that streams an object itself under :meth:`call`'s policy."""
+        return _s3_client(self.config) if self.loc.protocol == "s3" else None
+
+    def call(self, key: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (one request for ``key``) under the request policy: retried within the budget,
+        failures typed (:meth:`typed_error`)."""
+        return self._call(key, fn)
+
     def typed_error(self, e: Exception, key: str = "", action: str = "read") -> Exception:
         """The typed warp error for a failure of a request for ``key`` (what the retry loop raises)."""
         return self._wrap(e, key, action)
+
+    def missing_error(self, key: str):
+        """The typed error of ``key`` missing from the store (BlobNotFoundError naming its URL)."""
+        return self._missing(key)
 
     def _missing(self, key: str):
         from warpdata.core.errors import BlobNotFoundError
