@@ -25,6 +25,7 @@ docs/formats/registry.md, "Request policy") follows these rules:
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -161,8 +162,6 @@ class Watchdog:
         self._pid = 0
 
     def arm(self, deadline: float, sock: Any) -> int:
-        import os
-
         with self._cv:
             if self._pid != os.getpid():  # a forked child has no thread: start one
                 self._pid, self._armed, self._fired = os.getpid(), {}, set()
@@ -197,7 +196,16 @@ class Watchdog:
                 self._cv.wait(None if nxt is None else max(0.0, nxt - now) + 0.01)
 
 
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's thread may have held it at the fork) and no
+        thread yet (:meth:`arm` starts one)."""
+        self._cv = threading.Condition()
+        self._armed, self._fired, self._pid = {}, set(), 0
+
+
 WATCHDOG = Watchdog()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=WATCHDOG._after_fork)
 
 
 class RequestStats:
