@@ -154,3 +154,14 @@ def test_no_module_cycles():
 def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_storage_is_below_the_registry():
+    """warp/storage is the storage layer: it imports no read, registry or higher module, not even
+    inside a function (in-function imports are counted)."""
+    above = ("warpdata.registry", "warpdata.read", "warpdata.cli", "warpdata.commands", "warpdata.doctor",
+             "warpdata.etl")
+    bad = {m: sorted(d for d in deps if d.startswith(above))
+           for m, deps in _graph(False).items() if m.startswith("warpdata.storage")}
+    bad = {m: d for m, d in bad.items() if d}
+    assert not bad, f"warp/storage must not import the layers above it: {bad}"

@@ -104,6 +104,24 @@ class StoreConformance:
         assert store.get_manifest_bytes("ws/rt", m.version_hash) == m.to_bytes()
         assert store.get_manifest("ws/rt", m.version_hash) == m
 
+    # -- objects by key (the interface under the dataset contract) -------------------------------
+    def test_objects_by_key(self, store):
+        assert store.put_object("probe/a", b"first") is True
+        assert store.put_object("probe/a", b"second") is False  # create-only: the first bytes stay
+        assert store.get_object("probe/a") == b"first"
+        t1 = store.swap_object("probe/latest.json", b"1", None)
+        assert t1 is not None and store.swap_object("probe/latest.json", b"x", None) is None  # exists already
+        t2 = store.swap_object("probe/latest.json", b"2", t1)
+        assert t2 is not None and store.swap_object("probe/latest.json", b"3", t1) is None  # a stale token
+        assert store.get_object("probe/latest.json") == b"2"
+        store.delete_object("probe/latest.json")
+        store.delete_object("probe/latest.json")  # deleting what is gone is no error
+        with pytest.raises(FileNotFoundError):
+            store.get_object("probe/latest.json")
+        store.remove_prefix("probe")
+        with pytest.raises(FileNotFoundError):
+            store.get_object("probe/a")
+
     # -- create-only -----------------------------------------------------------------------------
     def test_second_put_never_replaces_the_first(self, store, tmp_path):
         first, other = b"first bytes", b"other bytes"
@@ -264,3 +282,164 @@ class StoreConformance:
         for ws in HOSTILE_WORKSPACES:
             check(InvalidDatasetIdError, ws, f"list_datasets({ws!r})", lambda ws=ws: store.list_datasets(ws))
         assert self.objects(store, beside=True) == before, "a refused key still wrote something"
+
+
+# -- the request policy (warp/storage/policy.py) ----------------------------------------------------
+
+DEADLINE = 1.5  # seconds: WARP_REQUEST_DEADLINE in these tests
+BUDGET = 2.0  # seconds: WARP_RETRY_BUDGET in these tests
+MEMORY_CEILING = 96 << 20  # bytes of Python allocations one hostile read may peak at (JSON_CAP is 32 MiB)
+SHARD = bytes(range(256)) * 64  # a 16 KiB object, stored as a blob (its key names its hash)
+
+
+def bounded(fn) -> tuple[BaseException | None, Any, float, int]:
+    """(error, result, seconds, peak bytes allocated) of ``fn()``."""
+    import time
+    import tracemalloc
+
+    tracemalloc.start()
+    t0 = time.monotonic()
+    err, out = None, None
+    try:
+        out = fn()
+    except BaseException as e:  # what it raised is the result
+        err = e
+    seconds = time.monotonic() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return err, out, seconds, peak
+
+
+class RequestPolicyConformance:
+    """The request-policy cases every protocol that sends requests passes (HTTP(S) stores; S3 through
+    presigned reads): a hostile or broken host ends each read with a typed error, within the attempt
+    deadline plus the retry budget, under a memory ceiling. Local and memory stores send no request.
+
+    A subclass supplies ``remote_at(url)``: a fixture returning a function that makes a
+    :class:`~warpdata.storage.remote.Remote` whose requests go to the host at ``url``
+    (``http://`` or ``https://127.0.0.1:PORT``).
+    """
+
+    startup: ClassVar[float] = 0.0  # seconds a first request may spend making its client (S3: boto3)
+
+    @pytest.fixture(autouse=True)
+    def _policy_env(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("WARP_REQUEST_DEADLINE", str(DEADLINE))
+        monkeypatch.setenv("WARP_RETRY_BUDGET", str(BUDGET))
+        monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+
+    @staticmethod
+    def blob(data: bytes = SHARD) -> str:
+        return f"blobs/sha256/{sha(data)[:2]}/{sha(data)}"
+
+    def typed(self, fn, *, within: float, code: ExitCode, cause: str | None = None) -> WarpError:
+        err, _, seconds, peak = bounded(fn)
+        assert isinstance(err, WarpError), f"untyped: {err!r}"
+        assert err.exit_code == code, f"{err!r} exits {err.exit_code}, not {code}"
+        if cause is not None:
+            assert err.details.get("cause") == cause, (err, err.details)
+        assert err.hint, err
+        assert seconds <= within + self.startup, f"{err!r} took {seconds:.1f}s (limit {within + self.startup}s)"
+        assert peak <= MEMORY_CEILING, f"peak {peak >> 20} MiB"
+        return err
+
+    def test_endless_body_is_cut_at_the_cap(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("endless") as host:
+            remote = remote_at(host.url)
+            err = self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)), within=DEADLINE + 1,
+                             code=ExitCode.CONFIG, cause="oversize")
+            assert host.url.split("//")[1] in str(err)
+            self.typed(lambda: remote.get("datasets/ws/name/latest.json"), within=DEADLINE + 10,
+                       code=ExitCode.CONFIG, cause="oversize")
+            assert host.requests == 2  # permanent: never retried
+
+    def test_trickling_body_ends_at_the_deadline(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("trickle") as host:
+            remote = remote_at(host.url)
+            err = self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)),
+                             within=DEADLINE + BUDGET + DEADLINE + 1, code=ExitCode.TEMPFAIL)
+            assert "deadline" in str(err) and "WARP_RETRY_BUDGET" in err.hint
+            assert 1 <= host.requests <= 3  # retried as a timeout, within the budget
+
+    def test_trickling_headers_end_at_the_deadline(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("slow-headers") as host:
+            remote = remote_at(host.url)
+            err = self.typed(lambda: remote.get("datasets/ws/name/latest.json"),
+                             within=DEADLINE + BUDGET + DEADLINE + 1, code=ExitCode.TEMPFAIL)
+            assert "deadline" in str(err) and 1 <= host.requests <= 3
+
+    def test_oversize_body_is_refused_before_it_is_read(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("oversize") as host:
+            remote = remote_at(host.url)
+            self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)), within=DEADLINE,
+                       code=ExitCode.CONFIG, cause="oversize")
+            assert host.requests == 1
+
+    def test_wrong_content_range_is_refused(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("bad-range", body=SHARD) as host:
+            remote = remote_at(host.url)
+            self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)), within=DEADLINE,
+                       code=ExitCode.CONFIG, cause="content-range")
+            assert host.requests == 1
+
+    def test_tls_to_a_plain_host_fails_at_once(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("no-range", body=SHARD) as host:
+            remote = remote_at(host.url.replace("http://", "https://"))
+            err = self.typed(lambda: remote.get("datasets/ws/name/latest.json"), within=DEADLINE,
+                             code=ExitCode.CONFIG, cause="tls")
+            assert "TLS" in str(err) and "http://" in err.hint
+            assert host.requests == 0  # the handshake failed: no request was read, none retried
+
+    def test_untrusted_certificate_fails_at_once(self, remote_at, tmp_path):
+        from support.hostile import HostileHost, self_signed
+
+        with HostileHost("no-range", body=SHARD, tls=self_signed(tmp_path)) as host:
+            remote = remote_at(host.url)
+            self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)), within=DEADLINE,
+                       code=ExitCode.CONFIG, cause="tls")
+            assert host.requests == 0
+
+    def test_redirect_is_not_followed_to_plain_http(self, remote_at, tmp_path, monkeypatch):
+        from support.hostile import HostileHost, self_signed
+
+        cert = self_signed(tmp_path)
+        monkeypatch.setenv("SSL_CERT_FILE", cert[0])  # the host's certificate is trusted
+        with HostileHost("no-range", body=SHARD) as plain, \
+                HostileHost("redirect", location=plain.url + "/elsewhere", tls=cert) as host:
+            remote = remote_at(host.url)
+            self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)), within=DEADLINE,
+                       code=ExitCode.CONFIG, cause="redirect-downgrade")
+            assert host.requests == 1 and plain.requests == 0
+
+    def test_host_without_range_is_read_whole_and_verified(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("no-range", body=SHARD) as host:
+            remote = remote_at(host.url)
+            err, got, seconds, peak = bounded(lambda: [remote.read_range(self.blob(), o, 100, len(SHARD))
+                                                       for o in (0, 1000, 5000)])
+            assert err is None, err
+            assert got == [SHARD[o:o + 100] for o in (0, 1000, 5000)]
+            assert remote.ignores_range and peak <= MEMORY_CEILING
+            assert host.requests == 2  # the ranged read answered whole, then one whole GET; then the cache
+
+    def test_host_without_range_must_send_the_hashed_bytes(self, remote_at):
+        from support.hostile import HostileHost
+
+        with HostileHost("no-range", body=SHARD[:-1] + b"!") as liar:  # a whole answer is checked
+            remote = remote_at(liar.url)
+            err = self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)), within=DEADLINE,
+                             code=ExitCode.DATA)
+            assert sha(SHARD) in str(err)

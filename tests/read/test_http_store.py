@@ -100,6 +100,8 @@ def test_writes_to_an_http_store_fail_naming_the_url(cli, published, host, tmp_p
 
     with pytest.raises(ReadOnlyStoreError, match="read-only"):
         Store(host.url).put_blob("0" * 64, b"", verify=False)
+    with pytest.raises(ReadOnlyStoreError, match="read-only"):
+        Store(host.url).delete_object("datasets/ws/demo/latest.json")
 
 
 def test_listing_and_version_prefixes_need_names(cli, published, host):
@@ -113,11 +115,71 @@ def test_listing_and_version_prefixes_need_names(cli, published, host):
     assert r.code == 66 and "not published in store" in r.err and host.url in r.err
 
 
-def test_a_host_that_ignores_range_is_refused(cli, published, monkeypatch):
-    with StaticServer(published["folder"], ranges=False) as plain:  # like python -m http.server
-        monkeypatch.setenv("WARP_STORE", plain.url)
+@pytest.fixture
+def http_server(published):
+    """``python -m http.server`` (it ignores Range: 200 and the whole file) serving the store folder."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    p = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                          str(published["folder"])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_python_http_server_serves_head_stream_cat_and_refs(cli, published, http_server, monkeypatch, tmp_path):
+    """A host that ignores Range: the first ranged read that comes back whole switches it to whole-object
+    reads, verified and kept in the blob cache; one note on stderr says so."""
+    monkeypatch.setenv("WARP_STORE", http_server)
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    r = cli("head", "ws/demo", "-n", "3", "--columns", "id,label", "--mode", "remote")
+    assert r.code == 0, r.err
+    assert "ignores HTTP Range" in r.err and r.err.count("ignores HTTP Range") == 1
+    assert http_server.removeprefix("http://") in r.err
+    r = cli("stream", "ws/demo", "--columns", "id,label", "--mode", "remote")
+    assert r.code == 0, r.err
+    assert [json.loads(x)["id"] for x in r.out.splitlines()] == list(range(500))
+    r = cli("cat", "ws/demo", "--artifact", "media", "--ref", "img/0002.png", "--mode", "remote")
+    assert r.code == 0, r.err
+    ds = warpdata.dataset("ws/demo", mode="remote")
+    d = next(iter(ds.table("main").batch_dicts(8)))
+    assert d["image"][3].read_bytes() == (published["media"] / "img" / "0003.png").read_bytes()
+    assert ds.remote.ignores_range
+    shards = {s.hash for t in ds.manifest.tables.values() for s in t.shards}
+    cached = {p.name for p in (tmp_path / "fresh-cache" / "blobs").glob("*/*")}
+    assert shards <= cached  # each shard downloaded whole once, kept (verified) in the blob cache
+
+
+def test_a_whole_answer_that_does_not_hash_is_refused(cli, published, monkeypatch, tmp_path):
+    """Correctness never depends on the host honouring Range: a whole object is checked against its hash."""
+    shard = next(iter(warpdata.dataset("ws/demo", store=str(published["folder"])).manifest.tables["main"].shards))
+
+    def lie(method, path, rng):
+        if method == "GET" and shard.hash in path:
+            data = (published["folder"] / path.lstrip("/")).read_bytes()
+            return 200, {}, bytes([data[0] ^ 1]) + data[1:]
+        return None
+
+    with StaticServer(published["folder"], ranges=False, lie=lie) as bad:
+        monkeypatch.setenv("WARP_STORE", bad.url)
+        monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "other-cache"))
         r = cli("stream", "ws/demo", "--columns", "id", "--mode", "remote")
-        assert r.code == 78 and "ignores HTTP Range" in r.err and "http.server" in r.err and r.out == ""
+        assert r.code == 65 and shard.hash in r.err and "hash" in r.err, r.err
 
 
 def test_unreachable_http_store_is_typed(cli, published, monkeypatch):
@@ -161,3 +223,47 @@ def test_format1_manifest_filters_over_http(tmp_path, monkeypatch):
         got = t.filter("id BETWEEN 290 AND 310").select(["id"]).to_arrow().column("id").to_pylist()
         assert sorted(got) == list(range(290, 311))
         assert t.filter("id >= 0").count() == 500
+
+
+def test_a_down_store_never_serves_another_stores_rows(cli, published, host, monkeypatch):
+    """The pointer and manifest caches are keyed by store: after reading ws/demo from store A, a down
+    store B with the same ws/name fails typed; store A itself, when down, falls back and says so."""
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3")  # store A (the host), seen and cached
+    assert r.code == 0 and len(r.out.splitlines()) == 3, r.err
+    assert cli("warm", "ws/demo").code == 0
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    monkeypatch.setenv("WARP_STORE", f"http://127.0.0.1:{port}/b")  # store B: down
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3")
+    assert r.code == 78 and r.out == "" and f"127.0.0.1:{port}" in r.err and "last known" not in r.err
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3", "--mode", "local")
+    assert r.code == 66 and r.out == "" and f"127.0.0.1:{port}/b" in r.err
+    monkeypatch.setenv("WARP_STORE", f"{published['folder']}-moved")  # a local store B without it
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3")
+    assert r.code == 66 and r.out == ""
+    a_url = host.url
+    monkeypatch.setenv("WARP_STORE", a_url + "/")
+    host.stop()  # store A, down: its own last known version, said so
+    r = cli("stream", "ws/demo", "--columns", "id", "--limit", "3", "--mode", "auto")
+    assert r.code == 0 and len(r.out.splitlines()) == 3, r.err
+    assert "last known version" in r.err and "seen in this store" in r.err and a_url.split("//")[1] in r.err
+
+
+def test_a_blob_larger_than_a_document_cap_reads_whole(tmp_path):
+    """Documents (pointers, manifests) are capped at 32 MiB; a blob is read by its own size."""
+    import hashlib
+
+    from warpdata.registry.store import Store
+    from warpdata.storage.policy import JSON_CAP
+
+    data = bytes(range(256)) * ((JSON_CAP >> 8) + 4096)
+    h = hashlib.sha256(data).hexdigest()
+    p = tmp_path / "store" / "blobs" / "sha256" / h[:2] / h
+    p.parent.mkdir(parents=True)
+    p.write_bytes(data)
+    with StaticServer(tmp_path / "store") as srv:
+        assert Store(srv.url).get_blob(h) == data

@@ -194,8 +194,8 @@ def _count_sends(client) -> list[int]:
 def test_refused_connection_is_tried_twice_not_five_times(closed_port, fake_creds_env, monkeypatch):
     """botocore retried a refused connection 5 times with back-off (15-20 s before any message)."""
     from warpdata.core.errors import StoreUnavailableError
-    from warpdata.registry.store import boto3_client
     from warpdata.storage.errors import translate_storage_error
+    from warpdata.storage.s3client import boto3_client
 
     endpoint = f"http://127.0.0.1:{closed_port}"
     cfg = StorageConfig(endpoint_url=endpoint, path_style=True)
@@ -286,3 +286,32 @@ def test_anonymous_reads_are_opt_in(s3, no_creds_env, monkeypatch):
     monkeypatch.setenv("WARP_S3_ANON", "1")
     cfg = StorageConfig.from_env()
     assert cfg.anon and cfg.pyarrow_s3() is not None
+
+
+@pytest.mark.s3
+def test_s3_stores_of_one_configuration_share_one_client(s3):
+    from warpdata.storage.base import open_object_store
+
+    a, b = open_object_store(s3.url("a")), open_object_store(s3.url("b"))
+    assert a.client is b.client  # made once per configuration and process, on first use
+    assert a.put_if_absent("k", b"v") is True and a.get("k") == b"v"
+
+
+def test_s3_client_tls_to_a_plain_host_is_typed_at_once(monkeypatch, tmp_path):
+    """The registry's S3 client (writes, HEADs) names a TLS failure and does not retry it as throttling."""
+    import time
+
+    from support.hostile import HostileHost
+    from support.s3fixtures import s3_env
+    from warpdata.core.errors import StoreUnavailableError
+    from warpdata.registry.store import Store
+
+    pytest.importorskip("boto3")
+    with HostileHost("no-range") as host:
+        for k, v in s3_env(host.url.replace("http://", "https://")).items():
+            monkeypatch.setenv(k, v)
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailableError) as e:
+            Store("s3://bucket/store").has_blob("ab" * 32)
+        assert e.value.details.get("cause") == "tls" and "TLS" in e.value.message and "http://" in e.value.hint
+        assert time.monotonic() - t0 < 15

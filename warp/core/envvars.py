@@ -35,6 +35,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("AWS_DEFAULT_REGION", "S3 region when WARP_S3_REGION and AWS_REGION are unset", None),
     EnvVar("AWS_PROFILE", "AWS profile when WARP_S3_PROFILE is unset", None),
     EnvVar("WARP_RETRY_BUDGET", "seconds one store read may spend retrying throttled (429, 503 SlowDown) or failed requests, with jittered exponential back-off, before it fails with exit 75; 0 retries nothing", "60"),
+    EnvVar("WARP_REQUEST_DEADLINE", "seconds one attempt of a store request may take, connect, headers and body together, plus one second per MiB expected; a host that answers slower is retried within WARP_RETRY_BUDGET", "30"),
     EnvVar("WARP_DEBUG", "1 prints tracebacks for errors (same as --debug)", "0"),
     EnvVar("WARP_CONFIG_DIR", "where warp looks for its user config file `config.toml`", "$XDG_CONFIG_HOME/warp"),
     EnvVar("WARP_WORKERS", "default worker count for ETL and conversion commands", "number of CPUs"),

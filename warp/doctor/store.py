@@ -141,13 +141,13 @@ def _http_store(url: str) -> CheckResult:
     remote = Remote(url)
     facts: dict = {"url": url, "read_only": True}
     try:
-        remote.transport.size("datasets/")
+        remote.probe("datasets/")
         answered = "answers"
     except HttpStatusError as e:  # any answer means the host is there; reads of keys decide the rest
         answered = f"answers (HTTP {e.status} for datasets/: static hosts do not list)"
         facts["status"] = e.status
     except Exception as e:
-        err = remote._wrap(e, "")
+        err = remote.typed_error(e)
         return CheckResult(FAIL, getattr(err, "message", str(err)), getattr(err, "hint", None) or
                            "check the store URL (WARP_STORE) and the network", facts={"url": url})
     return CheckResult(PASS, f"{url} {answered}; read-only HTTP store: publish to the bucket or folder it serves",
@@ -240,7 +240,7 @@ def _probe_store():
 
 def _cleanup(store, prefix: str) -> None:
     with contextlib.suppress(Exception):
-        store.fs.rm(store.location.join(prefix).path, recursive=True)
+        store.remove_prefix(prefix)
 
 
 @check("store-create-only", "store")
@@ -253,9 +253,9 @@ def create_only() -> CheckResult:
     data = uuid.uuid4().bytes
     key = f"{prefix}/probe"
     try:
-        first = store._b.put_if_absent(key, data)
-        second = store._b.put_if_absent(key, b"other bytes")
-        got = store._b.get(key)
+        first = store.put_object(key, data)
+        second = store.put_object(key, b"other bytes")
+        got = store.get_object(key)
     except Exception as e:
         from warpdata.storage.errors import translate_storage_error
 
@@ -282,10 +282,10 @@ def compare_and_swap() -> CheckResult:
     prefix = _probe_prefix()
     key = f"{prefix}/latest.json"
     try:
-        t1 = store._b.write_if(key, b'{"v": 1}', None)
-        t2 = store._b.write_if(key, b'{"v": 2}', t1) if t1 else None
-        stale = store._b.write_if(key, b'{"v": 3}', t1) if t2 else "skipped"
-        final = store._b.get(key)
+        t1 = store.swap_object(key, b'{"v": 1}', None)
+        t2 = store.swap_object(key, b'{"v": 2}', t1) if t1 else None
+        stale = store.swap_object(key, b'{"v": 3}', t1) if t2 else "skipped"
+        final = store.get_object(key)
     except Exception as e:
         return CheckResult(FAIL, f"store {store.url}: conditional write failed: {type(e).__name__}: {e}",
                            "use an S3 service that honours If-Match (AWS S3, recent MinIO) or a local store")

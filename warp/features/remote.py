@@ -162,10 +162,7 @@ def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
     as soon as it passes it and a shorter one is caught at the end (both :class:`DataError`), so a
     lying manifest or store never sizes a buffer.
     """
-    from warpdata.storage.remote import _s3_client
-
-    transport = remote.transport
-    client = _s3_client(transport.config) if getattr(transport, "protocol", None) == "s3" else None
+    client = remote.s3_client()
     if client is None:
         remote.copy_to(key, dst, expect)
         return
@@ -183,7 +180,7 @@ def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
         except Exception as e:
             code = str(((getattr(e, "response", None) or {}).get("Error") or {}).get("Code", ""))
             if code in ("NoSuchKey", "404", "NotFound"):
-                raise remote._missing(key) from None
+                raise remote.missing_error(key) from None
             raise
         for chunk in body.iter_chunks(STREAM_CHUNK):
             if got + len(chunk) > expect:
@@ -197,7 +194,7 @@ def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
             got += len(chunk)
 
     try:
-        remote._call(key, attempt)
+        remote.call(key, attempt)
     except _LocalWriteFailed:
         raise local[0] from None
     remote.stats.received(min(got, expect))

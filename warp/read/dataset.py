@@ -6,7 +6,8 @@ Contract
   pinned version hash, and loads the manifest, which is cached by
   ``(dataset, version hash)`` and verified against its hash: the manifest lists
   every shard, so nothing is ever listed on the read path. When the store
-  cannot be reached, the last ``latest`` seen is used with a warning.
+  cannot be reached, the last ``latest`` seen in that same store is used with a
+  warning; never one seen in another store.
 * Modes (``mode=`` or ``WARP_MODE``):
 
   ======== ==========================================================
@@ -64,9 +65,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "remote", "hybrid", "local")
-# Manifests parsed and verified against their version hash in this process, by (dataset, version):
-# a version is immutable, so a second open of it skips the schema check and the hash (~30-60 ms)
-_MANIFESTS: dict[tuple[str, str], tuple[Manifest, bytes]] = {}
+# Manifests parsed and verified against their version hash in this process, by (store, dataset, version):
+# a version is immutable, so a second open of it skips the schema check and the hash (~30-60 ms); the
+# store is part of the key so what was seen through one store is never used for another
+_MANIFESTS: dict[tuple[str, str, str], tuple[Manifest, bytes]] = {}
 _MANIFESTS_MU = threading.Lock()
 def dataset(name: str, mode: str | None = None, version: str | None = None, *,
             store: str | None = None, cache: BlobCache | None = None, verify: str | None = None) -> Dataset:
@@ -111,6 +113,8 @@ class Dataset:
         # manifests and member indexes go through the blob cache in every mode, so DataLoader
         # workers (forked or spawned) and later opens on this node fetch them once
         self.meta_cache = self.cache if self.cache is not None else _meta_cache()
+        if self.meta_cache is not None:  # objects of a host that ignores Range are kept there
+            self.remote.blob_cache = self.meta_cache
         self.offline_fallback = False
         self.version, self.manifest = self._resolve(version)
 
@@ -135,25 +139,27 @@ class Dataset:
                 vh = Store(self.remote.url).resolve_version(self.id, version)
             return vh, self._manifest(vh)
         if self.mode == "local":
-            ptr = self.cache.get_pointer(self.id) if self.cache else None
+            ptr = self.cache.get_pointer(self.id, store=self.remote.url) if self.cache else None
             if ptr is None:
-                raise MissingInputError(f"{self.id} has never been read on this machine: no cached version in "
+                raise MissingInputError(f"{self.id} has never been read from {self.remote.url} on this machine: "
+                                        "no cached version in "
                                         f"{self.cache.root if self.cache else 'the cache'}",
                                         hint=f"run 'warp warm {self.id}' while online, or use mode='auto'")
             return ptr["version"], self._manifest(ptr["version"])
         try:
             raw = self.remote.get(Store.latest_key(self.id))
         except (StoreUnavailableError, StoreBusyError) as e:  # unreachable, or throttling past the budget
-            ptr = self.cache.get_pointer(self.id) if self.cache else None
+            # only a version seen in this same store stands in: another store's may be another dataset
+            ptr = self.cache.get_pointer(self.id, store=self.remote.url) if self.cache else None
             if ptr is None:
                 raise
             self.offline_fallback = True
             log.warning(f"store unreachable ({e.message}); using the last known version "
-                     f"{ptr['version'][:12]} of {self.id}")
+                        f"{ptr['version'][:12]} of {self.id} seen in this store ({self.remote.url})")
             return ptr["version"], self._manifest(ptr["version"])
         if raw is None:
             # a local store is listed for close names; S3 and HTTP stores are not listed on the read path
-            raise Store(self.remote.url)._not_found(self.id) if self.remote.loc.protocol in ("file", "memory") else \
+            raise Store(self.remote.url).not_found(self.id) if self.remote.loc.protocol in ("file", "memory") else \
                 DatasetNotFoundError(f"dataset {self.id} is not published in store {self.remote.url} "
                                      "(no latest pointer)",
                                      hint="check the spelling of workspace/name; 'warp ls ws/' lists datasets"
@@ -164,13 +170,13 @@ class Dataset:
             import hashlib
 
             etag = hashlib.sha256(raw).hexdigest()
-            old = self.cache.get_pointer(self.id)
+            old = self.cache.get_pointer(self.id, store=self.remote.url)
             if old is None or old.get("etag") != etag:
-                self.cache.put_pointer(self.id, vh, etag)
+                self.cache.put_pointer(self.id, vh, etag, store=self.remote.url)
         return vh, self._manifest(vh)
 
     def _manifest(self, vh: str) -> Manifest:
-        memo = _MANIFESTS.get((self.id, vh))
+        memo = _MANIFESTS.get((self.remote.url, self.id, vh))
         if memo is not None:
             m, raw = memo
             if self.meta_cache is None or self.meta_cache.has_manifest(self.id, vh):
@@ -184,7 +190,7 @@ class Dataset:
         with _MANIFESTS_MU:
             if len(_MANIFESTS) >= 64:
                 _MANIFESTS.pop(next(iter(_MANIFESTS)))
-            _MANIFESTS[(self.id, vh)] = (m, raw)
+            _MANIFESTS[(self.remote.url, self.id, vh)] = (m, raw)
         return m
 
     def _keep_manifest(self, vh: str, data: bytes) -> None:

@@ -226,7 +226,7 @@ class ArtifactReader:
         try:
             data = f.read_at(length, off)
         except Exception as e:
-            raise self.ds.remote._wrap(e, self.ds.blob_key(self._refs[shard])) from e
+            raise self.ds.remote.typed_error(e, self.ds.blob_key(self._refs[shard])) from e
         self.stats["remote_reads"] += 1
         return data
 

@@ -701,10 +701,10 @@ def upload_concurrency() -> int:
 
 
 def _s3_backend(store: Store):
-    from warpdata.registry.store import _S3Backend
+    from warpdata.storage.s3 import S3ObjectStore
 
-    b = getattr(store, "_b", None)
-    return b if isinstance(b, _S3Backend) else None
+    b = store.objects
+    return b if isinstance(b, S3ObjectStore) else None
 
 
 def part_size(size: int) -> int:

@@ -8,7 +8,9 @@ A :class:`Store` is a root URL (local directory, ``s3://bucket/prefix``,
     datasets/<ws>/<name>/versions/<version_hash>.json  immutable, create-only
     datasets/<ws>/<name>/latest.json                   mutable, compare-and-swap
 
-Guarantees, per backend:
+The objects themselves are kept by the storage layer's :class:`~warpdata.storage.base.ObjectStore`
+of the URL (one class per protocol: ``warp/storage/local.py``, ``memory.py``, ``s3.py``,
+``http.py``); this module holds the dataset contract on top of it. Guarantees, per protocol:
 
 * **Create-only writes** (blobs, manifests): a write never replaces existing
   bytes. S3: ``PUT If-None-Match: *`` (412 = already there); local:
@@ -42,12 +44,9 @@ filesystem is ``store.fs`` and the S3 settings ``store.config``.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -57,7 +56,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from warpdata.core import envvars
-from warpdata.core.atomic import create_exclusive
 from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import (
     BlobCorruptedError,
@@ -74,10 +72,13 @@ from warpdata.registry.manifest import (
     validate_hash,
     validate_workspace,
 )
+from warpdata.storage.base import ObjectStore, open_object_store
 from warpdata.storage.errors import translate_storage_error
-from warpdata.storage.locations import Location, StorageConfig, filesystem, parse_location
+from warpdata.storage.http import read_only_error
+from warpdata.storage.locations import Location, StorageConfig, parse_location
+from warpdata.storage.locks import FileLock
 
-__all__ = ["FileLock", "LatestPointer", "Store", "open_store"]
+__all__ = ["FileLock", "LatestPointer", "Store", "open_store"]  # FileLock: warpdata.storage.locks
 
 LATEST_KIND = "dataset-latest"
 
@@ -91,426 +92,6 @@ class LatestPointer:
     updated_at: str
     token: str  # S3 ETag / sha256 of the local file's bytes
 
-
-# -- backends ----------------------------------------------------------------
-
-class _Backend:
-    """Key/value operations over one fsspec filesystem rooted at ``root``."""
-
-    def __init__(self, fs: Any, root: str) -> None:
-        self.fs = fs
-        self.root = root.rstrip("/")
-
-    def path(self, key: str) -> str:
-        return f"{self.root}/{key}"
-
-    def exists(self, key: str) -> bool:
-        return bool(self.fs.exists(self.path(key)))
-
-    def get(self, key: str) -> bytes:
-        return self.fs.cat_file(self.path(key))
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path(key), start=start, end=end)
-
-    def size(self, key: str) -> int:
-        return int(self.fs.size(self.path(key)))
-
-    def list_names(self, prefix: str) -> list[str]:
-        p = self.path(prefix).rstrip("/")
-        with contextlib.suppress(AttributeError):
-            self.fs.invalidate_cache(p)
-        try:
-            entries = self.fs.ls(p, detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
-
-    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
-        """The bytes and a version token (their SHA-256; S3 uses the ETag); None if absent."""
-        try:
-            data = self.get(key)
-        except FileNotFoundError:
-            return None
-        return data, hashlib.sha256(data).hexdigest()
-
-    # subclasses: put_if_absent, put_file_if_absent, write_if
-
-
-class _LocalBackend(_Backend):
-    def __init__(self, fs: Any, root: str, stale_after: float) -> None:
-        super().__init__(fs, root)
-        self.stale_after = stale_after
-
-    def exists(self, key: str) -> bool:
-        return os.path.exists(self.path(key))
-
-    def get(self, key: str) -> bytes:
-        with open(self.path(key), "rb") as f:
-            return f.read()
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        return create_exclusive(self.path(key), data)
-
-    def put_file_if_absent(self, key: str, local: str) -> bool:
-        if os.path.exists(self.path(key)):
-            return False
-        return create_exclusive(self.path(key), source=local)
-
-    def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
-        from warpdata.core.atomic import atomic_write_bytes
-
-        path = self.path(key)
-        with FileLock(path + ".lock", stale_after=self.stale_after):
-            current = self.read_versioned(key)
-            if (current[1] if current else None) != token:
-                return None
-            atomic_write_bytes(path, data)
-        return hashlib.sha256(data).hexdigest()
-
-
-_MEMORY_LOCK = threading.Lock()
-
-
-class _HttpBackend(_Backend):
-    """A store served over HTTP(S): reads by key through :class:`~warpdata.storage.remote.Remote`;
-    no listing, no writes."""
-
-    def __init__(self, location: Location) -> None:
-        from warpdata.storage.remote import Remote
-
-        super().__init__(None, location.path)
-        self.url = location.url
-        self.remote = Remote(location.url)
-
-    def exists(self, key: str) -> bool:
-        try:
-            self.remote.size(key)
-        except BlobNotFoundError:
-            return False
-        return True
-
-    def get(self, key: str) -> bytes:
-        data = self.remote.get(key)
-        if data is None:
-            raise FileNotFoundError(self.remote.url_of(key))
-        return data
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        try:
-            return self.remote.read_range(key, start, end - start)
-        except BlobNotFoundError:
-            raise FileNotFoundError(self.remote.url_of(key)) from None
-
-    def size(self, key: str) -> int:
-        try:
-            return self.remote.size(key)
-        except BlobNotFoundError:
-            raise FileNotFoundError(self.remote.url_of(key)) from None
-
-    def list_names(self, prefix: str) -> list[str]:
-        from warpdata.core.errors import NotListableError
-
-        raise NotListableError(
-            f"store {self.url} is served over HTTP and cannot be listed ({prefix}/)",
-            hint="name the dataset (e.g. 'warp ls ws/name', 'warp stream ws/name') and give versions as "
-                 "full 64-hex hashes; list from the s3:// bucket or folder behind the host")
-
-    def _read_only(self, key: str, *args: Any) -> Any:
-        raise read_only_error(self.url, f"write {self.remote.url_of(key)}")
-
-    put_if_absent = put_file_if_absent = write_if = _read_only
-
-
-def read_only_error(url: str, action: str):
-    from warpdata.core.errors import ReadOnlyStoreError
-
-    return ReadOnlyStoreError(
-        f"cannot {action}: store {url} is served over HTTP(S), which is read-only",
-        hint="publish to the s3:// bucket or folder the web host serves (--store or WARP_STORE), "
-             "then read it back over HTTP", store=url)
-
-
-class _MemoryBackend(_Backend):
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        with _MEMORY_LOCK:
-            if self.fs.exists(self.path(key)):
-                return False
-            self.fs.pipe_file(self.path(key), bytes(data))
-            return True
-
-    def put_file_if_absent(self, key: str, local: str) -> bool:
-        with open(local, "rb") as f:
-            return self.put_if_absent(key, f.read())
-
-    def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
-        with _MEMORY_LOCK:
-            current = self.read_versioned(key)
-            if (current[1] if current else None) != token:
-                return None
-            self.fs.pipe_file(self.path(key), bytes(data))
-        return hashlib.sha256(data).hexdigest()
-
-
-_CONFLICT_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
-
-
-class _S3Backend(_Backend):
-    """s3fs for blob traffic; a boto3 client for the ETag-conditional ``latest`` pointer."""
-
-    def __init__(self, fs: Any, root: str, config: StorageConfig) -> None:
-        super().__init__(fs, root)
-        self.config = config
-        self.bucket, _, self.prefix = self.root.partition("/")
-        self._client = None
-
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = boto3_client(self.config)
-        return self._client
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    # s3fs answers exists/size (and whole-object cat_file, which sizes first)
-    # from its listings cache; another process may have written since that
-    # listing, so point lookups drop the cached entry first.
-    def exists(self, key: str) -> bool:
-        """One HEAD of the object (s3fs's exists() LISTs the key as a "directory" after a 404)."""
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as e:
-            status = str(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-            if status == "404" or e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return False
-            raise
-        return True
-
-    def list_keys(self, prefix: str, max_pages: int) -> set[str] | None:
-        """Every key under ``prefix`` (relative to the store root), or None past ``max_pages`` LIST pages."""
-        out: set[str] = set()
-        token = None
-        base = self._key(prefix)
-        strip = len(self._key(""))
-        for _ in range(max_pages):
-            kw = {"Bucket": self.bucket, "Prefix": base, "MaxKeys": 1000}
-            if token:
-                kw["ContinuationToken"] = token
-            r = self.client.list_objects_v2(**kw)
-            out.update(o["Key"][strip:] for o in r.get("Contents", ()))
-            if not r.get("IsTruncated"):
-                return out
-            token = r.get("NextContinuationToken")
-        return None
-
-    def get(self, key: str) -> bytes:
-        self.fs.invalidate_cache(self.path(key))
-        return super().get(key)
-
-    def size(self, key: str) -> int:
-        self.fs.invalidate_cache(self.path(key))
-        return super().size(key)
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        # S3 answers a range that starts at or past the end with 416 (s3fs: OSError EINVAL);
-        # the other backends, like a file's read(), return what is there: nothing
-        try:
-            return super().get_range(key, start, end)
-        except OSError as e:
-            if e.errno == errno.EINVAL and start >= self.size(key):
-                return b""
-            raise
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        try:
-            self.fs.pipe_file(self.path(key), bytes(data), mode="create")
-        except FileExistsError:
-            return False
-        return True
-
-    def put_file_if_absent(self, key: str, local: str) -> bool:
-        try:
-            self.fs.put_file(local, self.path(key), mode="create")
-        except FileExistsError:
-            return False
-        return True
-
-    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise
-        return r["Body"].read(), r["ETag"]
-
-    def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
-        from botocore.exceptions import ClientError
-
-        cond = {"IfMatch": token} if token is not None else {"IfNoneMatch": "*"}
-        try:
-            r = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
-                                       ContentType="application/json", **cond)
-        except ClientError as e:
-            err = e.response.get("Error", {})
-            status = str(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-            if err.get("Code") in _CONFLICT_CODES or status in ("412", "409"):
-                return None
-            if token is not None and err.get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise
-        self.fs.invalidate_cache(self.path(key))
-        return r["ETag"]
-
-
-def boto3_client(config: StorageConfig, attempts: int | None = None):
-    """A boto3 S3 client configured exactly like the s3fs/pyarrow/DuckDB clients of ``config``;
-    ``attempts`` (1: no retry) replaces botocore's retries, for a caller with its own retry loop."""
-    try:
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
-    except ImportError:
-        from warpdata.core.errors import DependencyError, install_hint
-
-        raise DependencyError("S3 stores need the 'boto3' package, which is not installed",
-                              hint=install_hint("s3")) from None
-    kw: dict[str, Any] = {
-        "connect_timeout": config.connect_timeout,
-        "read_timeout": config.read_timeout,
-        "retries": {"max_attempts": config.retries, "mode": "adaptive"} if attempts is None else
-                   {"total_max_attempts": attempts, "mode": "standard"},
-    }
-    if config.path_style:
-        kw["s3"] = {"addressing_style": "path"}
-    if config.anon:
-        kw["signature_version"] = UNSIGNED
-    session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
-    from warpdata.storage.locations import (
-        limit_connect_retries,  # refused/DNS: fail in seconds, not 15-20 s
-    )
-
-    return limit_connect_retries(
-        session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region, config=Config(**kw)))
-
-
-# -- local lock with stale-holder detection ---------------------------------
-
-class FileLock:
-    """An exclusive lock file holding ``{"pid", "host", "time", "id"}``.
-
-    Acquired with ``O_CREAT | O_EXCL``. A lock is *stale* when its holder is
-    a dead process on this host, or when it is older than ``stale_after``
-    seconds (a holder on another host, or a reused pid); a stale lock is
-    moved aside with an atomic rename (so two breakers cannot both win) and
-    removed. Waiting longer than ``timeout`` raises LockTimeoutError naming
-    the holder.
-    """
-
-    def __init__(self, path: str | os.PathLike, *, stale_after: float = 30.0, timeout: float = 60.0) -> None:
-        self.path = os.fspath(path)
-        self.stale_after = stale_after
-        self.timeout = timeout
-        self.id = uuid.uuid4().hex
-
-    def _record(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
-                           "id": self.id}).encode()
-
-    @staticmethod
-    def holder_is_stale(raw: bytes, stale_after: float) -> bool:
-        try:
-            info = json.loads(raw)
-            pid, host, t = int(info["pid"]), str(info["host"]), float(info["time"])
-        except (ValueError, KeyError, TypeError):
-            return True  # a half-written or garbage lock file: its writer died mid-write
-        if time.time() - t > stale_after:
-            return True
-        if host == socket.gethostname():
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:
-                return False
-        return False
-
-    def acquire(self) -> None:
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        deadline = time.monotonic() + self.timeout
-        delay = 0.001
-        while True:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._maybe_break()
-            else:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self._record())
-                return
-            if time.monotonic() > deadline:
-                raise LockTimeoutError(
-                    f"lock {self.path} is held by a live process: {self._holder_text()}",
-                    hint=f"wait for it to finish; if that process is gone, delete {self.path}")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-
-    def _holder_text(self) -> str:
-        try:
-            with open(self.path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return "(released)"
-
-    def _maybe_break(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
-            return
-        if not raw:
-            # the holder may be between open() and write(): judge emptiness by age only
-            try:
-                if time.time() - os.stat(self.path).st_mtime < min(self.stale_after, 5.0):
-                    return
-            except FileNotFoundError:
-                return
-        elif not self.holder_is_stale(raw, self.stale_after):
-            return
-        aside = f"{self.path}.stale-{self.id}"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return
-        with open(aside, "rb") as f:
-            moved = f.read()
-        if moved != raw:
-            # between our read and rename a new holder took the lock: give it back
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, self.path)
-        os.unlink(aside)
-
-    def release(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                info = json.loads(f.read() or b"{}")
-        except (FileNotFoundError, ValueError):
-            return
-        if info.get("id") == self.id:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
-
-    def __enter__(self) -> FileLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 # -- the store ---------------------------------------------------------------
@@ -526,20 +107,17 @@ class Store:
                  stale_lock_after: float = 30.0) -> None:
         self.location: Location = parse_location(url if url is not None else envvars.default_store())
         self.config = config or StorageConfig.from_env()
-        if self.location.read_only:
-            self.fs = None
-            self._b: _Backend = _HttpBackend(self.location)
-            return
-        self.fs = filesystem(self.location, self.config)
-        if self.location.protocol == "file":
-            self._b = _LocalBackend(self.fs, self.location.path, stale_lock_after)
-        elif self.location.protocol == "memory":
-            self._b = _MemoryBackend(self.fs, self.location.path)
-        else:
-            self._b = _S3Backend(self.fs, self.location.path, self.config)
+        # the storage layer's object store of this URL (warp/storage/base.py); the dataset contract below
+        self._b: ObjectStore = open_object_store(self.location, self.config, stale_lock_after=stale_lock_after)
+        self.fs = self._b.fs
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    @property
+    def objects(self) -> ObjectStore:
+        """The storage layer's object store under this dataset store (warp/storage/base.py)."""
+        return self._b
 
     @property
     def url(self) -> str:
@@ -590,6 +168,33 @@ class Store:
             if err is e:
                 raise
             raise err from e
+
+    # -- objects by key ------------------------------------------------------
+    # The storage interface under the dataset contract: get, put create-only, compare-and-swap and
+    # remove of one object by its key under the store root; callers (the doctor's probes) use these,
+    # never a backend's members. Untyped client errors come back typed as in :meth:`_call`.
+    def get_object(self, key: str) -> bytes:
+        """The object's bytes (FileNotFoundError when there is none)."""
+        return self._call(self._b.get, self.url_of(key), "read", key)
+
+    def put_object(self, key: str, data: bytes) -> bool:
+        """Create-only write: True when written, False when an object was already there (kept)."""
+        return bool(self._call(self._b.put_if_absent, self.url_of(key), "write", key, bytes(data)))
+
+    def swap_object(self, key: str, data: bytes, token: str | None) -> str | None:
+        """Compare-and-swap: write ``data`` if the object's version token is still ``token`` (None: no
+        object yet); the new token, or None when another writer changed it first."""
+        return self._call(self._b.write_if, self.url_of(key), "write", key, bytes(data), token)
+
+    def delete_object(self, key: str) -> None:
+        """Remove one object (nothing when it is not there); read-only stores refuse."""
+        self._call(self._b.delete, self.url_of(key), "write", key)
+
+    def remove_prefix(self, prefix: str) -> None:
+        """Remove every object under ``prefix`` (a probe's scratch folder); read-only stores refuse."""
+        self.require_writable("remove objects")
+        self._call(lambda: self.fs.rm(self.location.join(prefix).path, recursive=True), self.url_of(prefix),
+                   "write")
 
     # -- blobs -------------------------------------------------------------
     def has_blob(self, hash_hex: str) -> bool:
@@ -690,7 +295,7 @@ class Store:
     def open_blob(self, hash_hex: str):
         """A seekable binary file object over the blob (ranged reads on S3 and HTTP)."""
         if self.read_only:
-            return self._b.remote.open(blob_key(hash_hex))  # type: ignore[attr-defined]
+            return self._b.open(blob_key(hash_hex))  # type: ignore[attr-defined]
         try:
             return self._call(self.fs.open, self.blob_url(hash_hex), "read", self.blob_path(hash_hex), "rb")
         except FileNotFoundError:
@@ -736,7 +341,7 @@ class Store:
         if version is None or version == "latest":
             ptr = self.read_latest(dataset_id)
             if ptr is None:
-                raise self._not_found(dataset_id)
+                raise self.not_found(dataset_id)
             return ptr.version_hash
         if HASH_RE.match(version):
             return version
@@ -753,7 +358,8 @@ class Store:
         """The manifest of ``version`` (default: latest) of ``dataset_id``."""
         return self.get_manifest(dataset_id, self.resolve_version(dataset_id, version))
 
-    def _not_found(self, dataset_id: str) -> DatasetNotFoundError:
+    def not_found(self, dataset_id: str) -> DatasetNotFoundError:
+        """The error for ``dataset_id`` having no ``latest`` here, with close names where the store lists."""
         import difflib
 
         from warpdata.storage.locations import missing_store_folder

@@ -30,9 +30,11 @@ Contract
   in-process and advertised in ``<root>/pins/<host>-<pid>-<id>.json`` for other
   processes) and blobs being fetched are never evicted. If the working set
   alone exceeds the cap, :class:`CacheTooSmallError` names both sizes.
-* Manifests are cached by ``(dataset, version hash)`` under ``manifests/`` and
-  the last seen ``latest`` pointer (with its ETag) under ``pointers/``, so a
-  dataset can be opened offline from the last known version.
+* Manifests are cached by ``(dataset, version hash)`` under ``manifests/`` (a
+  version hash names the manifest's bytes, checked on every load) and the last
+  seen ``latest`` pointer (with its ETag and the URL of the store it was seen
+  in) under ``pointers/``, so a dataset can be opened offline from the last
+  known version of the same store.
 """
 
 from __future__ import annotations
@@ -606,12 +608,17 @@ class BlobCache:
         except FileNotFoundError:
             return None
 
-    def put_pointer(self, dataset: str, version: str, etag: str | None) -> None:
+    def put_pointer(self, dataset: str, version: str, etag: str | None, store: str | None = None) -> None:
+        """Remember ``version`` as the last ``latest`` of ``dataset`` seen in ``store`` (its URL)."""
         p = self._dataset_dir(self.pointers_dir, dataset).with_suffix(".json")
         doc = {"dataset": dataset, "version": normalize_hash(version), "etag": etag, "seen_at": time.time()}
+        if store is not None:
+            doc["store"] = store
         atomic_write_bytes(p, json.dumps(doc, sort_keys=True).encode(), fsync=False)
 
-    def get_pointer(self, dataset: str) -> dict | None:
+    def get_pointer(self, dataset: str, store: str | None = None) -> dict | None:
+        """The last ``latest`` of ``dataset`` seen; with ``store``, only one seen in that store (a
+        pointer seen through store A never stands in for store B)."""
         p = self._dataset_dir(self.pointers_dir, dataset).with_suffix(".json")
         try:
             doc = json.loads(p.read_bytes())
@@ -621,6 +628,8 @@ class BlobCache:
             return None
         # a damaged pointer is as good as none: the next online open rewrites it
         if not isinstance(doc, dict) or not isinstance(doc.get("version"), str) or not _HEX.match(doc["version"]):
+            return None
+        if store is not None and doc.get("store") != store:
             return None
         return doc
 

@@ -147,6 +147,13 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
         return StoreUnavailableError(
             f"bucket for {url} does not exist",
             hint="create the bucket, or set WARP_STORE to an existing s3://BUCKET/PREFIX")
+    from warpdata.storage.policy import is_tls_error
+
+    if is_tls_error(exc):  # permanent (docs/formats/registry.md, "Request policy")
+        return StoreUnavailableError(
+            f"cannot {action} {url}: the TLS handshake with the S3 endpoint failed: {text}",
+            hint="check the scheme of WARP_S3_ENDPOINT / AWS_ENDPOINT_URL (a plain-HTTP endpoint needs http://) "
+                 "and that its certificate is trusted (AWS_CA_BUNDLE names extra CAs)", cause="tls")
     cause = connection_cause(exc)
     if cause is not None:
         kind, host = cause

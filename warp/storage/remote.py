@@ -17,22 +17,24 @@ its size.
   it opens) and a plain ``open()`` on a local store, so ``warp info`` never imports pyarrow.
 * ``http://`` and ``https://`` stores (any static web host or CDN serving a store folder) go
   through the standard library's ``http.client``: keep-alive connections per thread, one
-  ranged ``GET`` per range (``Range: bytes=A-B``; a host that answers a range with the whole
-  object is refused with :class:`~warpdata.core.errors.RangeNotSupportedError`, because
-  every member read would download a whole shard), up to 5 redirects, no listing and no
-  writes (docs/formats/registry.md, "HTTP stores").
+  ranged ``GET`` per range (``Range: bytes=A-B``), up to 5 redirects (never https to http),
+  no listing and no writes (docs/formats/registry.md, "HTTP stores"). A host that answers a
+  range with the whole object (``python -m http.server``) is read whole from then on: each
+  blob once, verified against its hash and kept in the blob cache (:meth:`Remote._whole`).
 
+Every request warp sends itself follows the request policy of :mod:`warpdata.storage.policy`
+(a deadline per attempt, a body cap, permanent failures typed at once).
 Every request is counted in :attr:`Remote.stats` (:class:`RequestStats`: requests by kind,
 bytes received, retries, throttled answers, seconds backing off); ``warp stream``, ``warm``,
 ``cat`` and ``doctor ws/name`` report them with ``-v`` and ``--json``.
 
 Back-off (docs/formats/registry.md, "Retries"): a request answered 429 or 503 (S3's
-``SlowDown``), a 500/502/504, a reset connection or a read timeout is tried again after a
+``SlowDown``), a 408/500/502/504, a reset connection, a read timeout or a passed deadline is tried again after a
 jittered exponential pause (uniform in ``[0, min(5 s, 0.1 s × 2^(n-1))]``, or the server's
 ``Retry-After`` when longer), for at most ``WARP_RETRY_BUDGET`` seconds (default 60) per
 request; then :class:`~warpdata.core.errors.StoreBusyError` (exit 75) names the store,
-the key, the attempts and the last answer. A refused connection or an unresolvable host is
-tried twice, a connect timeout once, so a wrong endpoint still fails in seconds.
+the key, the attempts and the last answer. A refused connection is tried twice, a connect
+timeout and an unresolvable host once, so a wrong endpoint still fails in seconds.
 
 :class:`RangeFile` is one object opened for random access: thread-safe :meth:`RangeFile.read_at`
 (member reads, footers) and the file protocol pyarrow's Parquet reader wraps, plus
@@ -52,10 +54,29 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from warpdata.core import envvars
+from warpdata.storage.policy import (
+    ERROR_CAP,
+    JSON_CAP,
+    THROTTLE_STATUS,
+    TRANSIENT_STATUS,
+    WATCHDOG,
+    BodyTooLarge,
+    DeadlineExceeded,
+    InsecureRedirect,
+    RequestStats,
+    allowed_seconds,
+    is_tls_error,
+    read_body,
+    request_deadline,
+    retry_budget,
+)
+from warpdata.storage.s3client import CRED_ENV
+from warpdata.storage.s3sign import SigV4Presigner
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RETRY_BUDGET = 60.0  # seconds (WARP_RETRY_BUDGET)
+__all__ = ["HttpStatusError", "RangeFile", "Remote", "RequestStats", "plan_ranges", "retry_budget"]
+
 BACKOFF_BASE = 0.1  # seconds: the first pause is uniform in [0, 0.1 s]
 BACKOFF_CAP = 5.0  # seconds: no single pause is longer (unless Retry-After asks for it)
 CONNECT_ATTEMPTS = 2  # refused / unresolvable: one retry, then the error
@@ -72,71 +93,8 @@ SPLIT_SIZE = 16 << 20
 MAX_WASTE = 0.04
 PREFETCH_THREADS = 8
 MAX_REDIRECTS = 5
-
-
-def retry_budget() -> float:
-    """``WARP_RETRY_BUDGET`` in seconds (a ConfigError names a bad value)."""
-    raw = envvars.get("WARP_RETRY_BUDGET")
-    if raw is None:
-        return DEFAULT_RETRY_BUDGET
-    try:
-        v = float(raw)
-    except ValueError:
-        v = -1.0
-    if not v >= 0 or v == float("inf"):
-        from warpdata.core.errors import ConfigError
-
-        raise ConfigError(f"WARP_RETRY_BUDGET={raw!r} is not a number of seconds >= 0",
-                          hint="e.g. WARP_RETRY_BUDGET=60 (0 retries nothing)")
-    return v
-
-
-class RequestStats:
-    """Requests a :class:`Remote` sent and bytes it received, with the retries among them.
-
-    Thread-safe; :meth:`snapshot` / :meth:`since` measure one operation.
-    """
-
-    def __init__(self) -> None:
-        self._mu = threading.Lock()
-        self.requests = 0
-        self.bytes = 0
-        self.retries = 0
-        self.throttled = 0
-        self.backoff_seconds = 0.0
-        self.by_kind: dict[str, int] = {}
-
-    def request(self, kind: str) -> None:
-        with self._mu:
-            self.requests += 1
-            self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
-
-    def received(self, n: int) -> None:
-        with self._mu:
-            self.bytes += n
-
-    def retried(self, throttled: bool, pause: float) -> None:
-        with self._mu:
-            self.retries += 1
-            self.throttled += throttled
-            self.backoff_seconds += pause
-
-    def to_dict(self) -> dict[str, Any]:
-        with self._mu:
-            return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries,
-                    "throttled": self.throttled, "backoff_seconds": round(self.backoff_seconds, 3),
-                    "by_kind": dict(sorted(self.by_kind.items()))}
-
-    snapshot = to_dict
-
-    def since(self, before: dict[str, Any]) -> dict[str, Any]:
-        """What happened after ``before`` (a :meth:`snapshot`)."""
-        now = self.to_dict()
-        kinds = {k: v - before["by_kind"].get(k, 0) for k, v in now["by_kind"].items()}
-        return {"requests": now["requests"] - before["requests"], "bytes": now["bytes"] - before["bytes"],
-                "retries": now["retries"] - before["retries"], "throttled": now["throttled"] - before["throttled"],
-                "backoff_seconds": round(now["backoff_seconds"] - before["backoff_seconds"], 3),
-                "by_kind": {k: v for k, v in kinds.items() if v}}
+_WHOLE_HOSTS: set[str] = set()  # hosts seen to ignore Range in this process: their objects are read whole
+_WHOLE_MU = threading.Lock()
 
 
 class HttpStatusError(OSError):
@@ -157,12 +115,14 @@ class Remote:
         self.config = StorageConfig.from_env()
         self.stats = RequestStats()
         self.retry_budget = retry_budget()
+        self.deadline = request_deadline()
         self.root = self.loc.path.rstrip("/")
         if self.loc.protocol in HTTP_PROTOCOLS:
-            self.transport: Any = _HttpTransport(self.loc.url, self.config, self.stats)
+            self.transport: Any = _HttpTransport(self.loc.url, self.config, self.stats, self.deadline)
         else:
-            self.transport = _ArrowTransport(self.loc, self.config, self.stats)
+            self.transport = _ArrowTransport(self.loc, self.config, self.stats, self.deadline)
         self._fs = None
+        self._blob_cache = None
 
     @property
     def url(self) -> str:
@@ -205,6 +165,9 @@ class Remote:
         if isinstance(e, WarpError):
             return e
         where = self.url_of(key)
+        policy = _policy_error(e, where, action, self.url, self._host)
+        if policy is not None:
+            return policy
         if isinstance(e, HttpStatusError):
             if e.status == 401:
                 return AuthenticationError(f"{where}: the web host asks for credentials (HTTP 401)",
@@ -256,7 +219,7 @@ class Remote:
         while True:
             try:
                 return fn()
-            except (WarpError, FileNotFoundError):
+            except (WarpError, FileNotFoundError, RangeIgnored):
                 raise
             except Exception as e:
                 why = self.transport.classify(e)
@@ -295,6 +258,30 @@ class Remote:
             raise self._missing(key)
         return int(n)
 
+    def probe(self, key: str) -> int | None:
+        """One HEAD of ``key``, not retried (a reachability check): its size, or None when the host
+        answers that it has no such object. The host's other answers raise :class:`HttpStatusError`
+        on HTTP stores; failures to reach it raise raw (:meth:`typed_error` types them)."""
+        return self.transport.size(key)
+
+    def s3_client(self):
+        """The process's botocore client for this S3 store's configuration (None for other stores, or
+        without boto3), for a caller that streams an object itself under :meth:`call`'s policy."""
+        return _s3_client(self.config) if self.loc.protocol == "s3" else None
+
+    def call(self, key: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (one request for ``key``) under the request policy: retried within the budget,
+        failures typed (:meth:`typed_error`)."""
+        return self._call(key, fn)
+
+    def typed_error(self, e: Exception, key: str = "", action: str = "read") -> Exception:
+        """The typed warp error for a failure of a request for ``key`` (what the retry loop raises)."""
+        return self._wrap(e, key, action)
+
+    def missing_error(self, key: str):
+        """The typed error of ``key`` missing from the store (BlobNotFoundError naming its URL)."""
+        return self._missing(key)
+
     def _missing(self, key: str):
         from warpdata.core.errors import BlobNotFoundError
 
@@ -306,20 +293,95 @@ class Remote:
         return RangeFile(self, key, size)
 
     def read_range(self, key: str, start: int, length: int, size: int | None = None) -> bytes:
-        """``length`` bytes from ``start``: one ranged GET (retried; counted)."""
+        """``length`` bytes from ``start``: one ranged GET (retried; counted). From a host seen to
+        ignore Range, a slice of the whole object, fetched once into the blob cache (:meth:`_whole`)."""
         if length <= 0:
             return b""
-        try:
-            data = self._call(key, lambda: self.transport.read_range(key, start, length, size))
-        except FileNotFoundError:
-            raise self._missing(key) from None
-        self.stats.received(len(data))
+        if self._host in _WHOLE_HOSTS:
+            data = self._whole(key, start, length, size)
+        else:
+            try:
+                data = self._call(key, lambda: self.transport.read_range(key, start, length, size))
+            except FileNotFoundError:
+                raise self._missing(key) from None
+            except RangeIgnored as e:
+                data = self._whole(key, start, length, size if size is not None else e.total, e)
+            else:
+                self.stats.received(len(data))
         if len(data) != length:
             from warpdata.core.errors import DataError
 
             raise DataError(f"{self.url_of(key)}: asked for {length} bytes at {start}, got {len(data)}",
                             hint="the stored object is shorter than the manifest says; republish the dataset")
         return data
+
+    @property
+    def _host(self) -> str:
+        """The host whose answers decide how objects are read: an HTTP store's ``scheme://netloc``,
+        an S3 store's endpoint."""
+        t = self.transport
+        if isinstance(t, _HttpTransport):
+            return f"{t.scheme}://{t.netloc}"
+        return self.config.endpoint_url or self.loc.protocol
+
+    @property
+    def ignores_range(self) -> bool:
+        """Whether this store's host answered a ranged read with the whole object (this process)."""
+        return self._host in _WHOLE_HOSTS
+
+    def _whole(self, key: str, start: int, length: int, size: int | None, seen: RangeIgnored | None = None) -> bytes:
+        """``length`` bytes at ``start`` of object ``key`` read whole: from a host that ignores Range
+        the object is fetched by one GET, verified against the content hash its key names, kept in
+        the blob cache and sliced from there (docs/formats/registry.md, "HTTP stores"). An object
+        whose key names no hash cannot be verified: RangeNotSupportedError."""
+        import re
+
+        from warpdata.core.errors import RangeNotSupportedError
+
+        m = re.fullmatch(r"blobs/sha256/[0-9a-f]{2}/([0-9a-f]{64})", key)
+        if m is None:
+            raise RangeNotSupportedError(
+                f"{self.url_of(key)}: the host answered a ranged read with the whole object, and this object "
+                "has no content hash to verify a whole read against",
+                hint="serve the store from a host that honours HTTP Range (S3, nginx, Apache, CDNs do)",
+                url=self.url_of(key))
+        if size is None:
+            size = self.size(key)
+        with _WHOLE_MU:
+            first = self._host not in _WHOLE_HOSTS
+            _WHOLE_HOSTS.add(self._host)
+        if first:
+            log.warning(f"the host {self._host} ignores HTTP Range requests: each object is downloaded whole "
+                        f"(the first, {key.rsplit('/', 1)[-1][:12]}, is {size} bytes), verified and kept in the "
+                        "blob cache; a host that honours Range reads only the bytes needed")
+        cache = self.blob_cache
+        h = m.group(1)
+
+        def writer(f) -> None:
+            data = self._call(key, lambda: self.transport.get_whole(key, size))
+            self.stats.received(len(data))
+            f.write(data)
+
+        try:
+            path = cache.fetch(h, writer, size=size, source=self.url_of(key))
+        except FileNotFoundError:
+            raise self._missing(key) from None
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(length)
+
+    @property
+    def blob_cache(self):
+        """The blob cache whole objects are kept in (:meth:`_whole`): the one a reader set, or the default."""
+        if self._blob_cache is None:
+            from warpdata.storage.blobcache import BlobCache
+
+            self._blob_cache = BlobCache()
+        return self._blob_cache
+
+    @blob_cache.setter
+    def blob_cache(self, cache) -> None:
+        self._blob_cache = cache
 
     def copy_to(self, key: str, dst, size: int | None = None, chunk: int = 8 << 20) -> None:
         """Stream the whole object into ``dst`` (a writable file object), ``chunk`` bytes per ranged GET."""
@@ -329,6 +391,40 @@ class Remote:
             n = min(chunk, total - pos)
             dst.write(self.read_range(key, pos, n, total))
             pos += n
+
+
+def _policy_error(e: BaseException, where: str, action: str, store: str, endpoint: str):
+    """The typed error of a permanent failure the request policy names (TLS, an oversize body,
+    a redirect to plain http, an answer for another range) from the host at ``endpoint``, or
+    None for any other failure."""
+    from urllib.parse import urlsplit
+
+    from warpdata.core.errors import StoreUnavailableError
+
+    host = urlsplit(endpoint).netloc or endpoint
+    if is_tls_error(e):
+        return StoreUnavailableError(
+            f"cannot {action} {where}: the TLS handshake with {host} failed ({_reason(e)})",
+            hint="check that the host serves https on that port (a plain-HTTP host needs an http:// URL) and "
+                 "that its certificate is valid for the name and trusted (SSL_CERT_FILE names extra CAs)",
+            cause="tls", host=host)
+    if isinstance(e, BodyTooLarge):
+        return StoreUnavailableError(
+            f"cannot {action} {where}: the host {host} {'announced' if e.announced else 'sent'} more than the "
+            f"{e.cap} bytes expected", hint=f"check that {store} serves the store folder unchanged (a proxy or "
+                                              "host that rewrites answers cannot serve a store)",
+            cause="oversize", host=host, cap=e.cap)
+    if isinstance(e, InsecureRedirect):
+        return StoreUnavailableError(
+            f"cannot {action} {where}: the host {host} redirects to plain http ({e.target}); warp never downgrades "
+            "https", hint="use the https URL the host serves without a downgrade, or fix the host's redirect",
+            cause="redirect-downgrade", host=host)
+    if isinstance(e, HttpStatusError | S3ResponseError) and getattr(e, "status", None) == 206:
+        return StoreUnavailableError(
+            f"cannot {action} {where}: the host {host} answered a ranged read with another range ({_reason(e)})",
+            hint=f"check that {store} is served by a host (or CDN) that implements HTTP Range correctly",
+            cause="content-range", host=host)
+    return None
 
 
 def _reason(e: BaseException) -> str:
@@ -596,8 +692,7 @@ class _RemoteHandler:
 _S3_FS: dict[tuple, tuple[float, Any]] = {}
 _S3_FS_TTL = 300.0  # seconds a filesystem (and the credentials resolved into it) is reused
 
-_CRED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-             "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_EC2_METADATA_DISABLED")
+_CRED_ENV = CRED_ENV
 
 
 def _pyarrow_s3(config):
@@ -652,13 +747,15 @@ def _s3_client(config):
     hit = _S3_CLIENTS.get(key)
     if hit is not None and now - hit[0] < _S3_FS_TTL:
         return hit[1]
-    try:
-        import boto3  # noqa: F401  (the [s3] extra)
-    except ImportError:
-        return None
-    from warpdata.registry.store import boto3_client
+    import importlib.util
 
-    client = boto3_client(config, attempts=1)
+    if importlib.util.find_spec("boto3") is None:  # the [s3] extra
+        return None
+    from warpdata.storage.s3client import boto3_client
+
+    # SigV4 (which every region accepts for query signing; botocore may pick SigV2): this one client
+    # both sends whole-object GETs and signs the presigned URLs of ranged reads
+    client = boto3_client(config, attempts=1, signature="s3v4")
     if len(_S3_CLIENTS) >= 16:
         _S3_CLIENTS.clear()
     _S3_CLIENTS[key] = (now, client)
@@ -675,8 +772,9 @@ _TRANSIENT_TEXT = ("HTTP status 500", "HTTP status 502", "HTTP status 504", "INT
 class _ArrowTransport:
     """Requests through a pyarrow filesystem (native S3, local, or fsspec's memory filesystem)."""
 
-    def __init__(self, loc, config, stats: RequestStats) -> None:
+    def __init__(self, loc, config, stats: RequestStats, deadline: float) -> None:
         self.loc, self.config = loc, config
+        self.deadline = deadline  # seconds: an attempt's base deadline (WARP_REQUEST_DEADLINE)
         self.protocol = loc.protocol
         self.stats = stats
         self._fs: Any = None
@@ -732,7 +830,7 @@ class _ArrowTransport:
         if self.protocol == "s3":
             pre = self._presigned()
             if pre is not None:
-                return pre.get_object(self._path(key).lstrip("/"), self.stats)
+                return pre.get_object(self._path(key).lstrip("/"), self.stats, self.deadline)
             client = _s3_client(self.config)
             if client is not None:
                 return self._s3_get(client, key)
@@ -777,7 +875,7 @@ class _ArrowTransport:
         if self.protocol == "s3":
             pre = self._presigned()
             if pre is not None:
-                return pre.read_range(self._path(key).lstrip("/"), start, length, self.stats)
+                return pre.read_range(self._path(key).lstrip("/"), start, length, self.stats, self.deadline)
         try:
             f = self._open(key)
             self._count("GET")
@@ -786,6 +884,13 @@ class _ArrowTransport:
             if _is_not_found(e):
                 raise FileNotFoundError(key) from None
             raise
+
+    def get_whole(self, key: str, size: int) -> bytes:
+        """The whole object of ``size`` bytes (for an S3 endpoint that ignores Range)."""
+        pre = self._presigned()
+        if pre is None:  # pyarrow's reads honour Range on every S3 endpoint warp supports
+            return self.read_range(key, 0, size, size)
+        return pre.get_whole(self._path(key).lstrip("/"), size, self.stats, self.deadline)
 
     def _presigned(self) -> _PresignedRanges | None:
         """The presigned-URL reader of this S3 store, or None where it cannot stand in for
@@ -809,17 +914,19 @@ class _ArrowTransport:
 
         if self.protocol != "s3":
             return None
+        if isinstance(e, BodyTooLarge | InsecureRedirect | RangeIgnored) or is_tls_error(e):
+            return None  # permanent (warpdata.storage.policy)
         cause = connection_cause(e)
         if cause is not None:
-            return "connect-timeout" if cause[0] == "timeout" else "connect"
+            return {"timeout": "connect-timeout", "refused": "connect"}.get(cause[0])  # dns: permanent
         resp = getattr(e, "response", None)
         if isinstance(resp, dict):  # botocore's ClientError (whole-object GETs)
             code = str((resp.get("Error") or {}).get("Code", ""))
             status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-            if status in (429, 503) or code in ("SlowDown", "Throttling", "ThrottlingException",
+            if status in THROTTLE_STATUS or code in ("SlowDown", "Throttling", "ThrottlingException",
                                                 "RequestLimitExceeded", "TooManyRequests", "ServiceUnavailable"):
                 return "throttle"
-            if status in (500, 502, 504) or code in ("InternalError", "RequestTimeout"):
+            if status in TRANSIENT_STATUS or code in ("InternalError", "RequestTimeout"):
                 return "transient"
             return None
         if type(e).__name__ in ("ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError",
@@ -868,12 +975,17 @@ class _S3ConnectError(OSError):
 
 
 def _exchange(take: Callable[[bool], Any], method: str, target: str, headers: dict[str, str], read_timeout: float,
-              connect_error: Callable[[OSError], OSError]):
+              connect_error: Callable[[OSError], OSError], url: str, base: float,
+              cap_of: Callable[[Any], int | None]):
     """(connection, response, body) of one request over ``http.client`` on a kept-alive connection
-    from ``take(fresh)``; a connection the server closed while it was idle is opened again once.
+    from ``take(fresh)``, under the request policy (:mod:`warpdata.storage.policy`): the attempt
+    ends within ``base`` seconds plus one per MiB of the length the answer announces, its body
+    is at most ``cap_of(response)`` bytes, or not read at all when that is None (body None, the
+    connection closed). A connection the server closed while it was idle is opened again once.
     ``connect_error`` names a failed connect (it may return the error itself). Body b"" for HEAD."""
     import http.client
 
+    t0 = time.monotonic()
     for attempt in (0, 1):
         c = take(attempt == 1)
         reused = c.sock is not None
@@ -886,11 +998,30 @@ def _exchange(take: Callable[[bool], Any], method: str, target: str, headers: di
                     if err is e:
                         raise
                     raise err from e
-                c.sock.settimeout(read_timeout)
-            c.request(method, target, headers=headers)
-            r = c.getresponse()
-            body = r.read()  # a HEAD answer has none: this returns b"" and frees the connection
-            return c, r, body
+            left = t0 + base - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded(url, base, 0)
+            c.sock.settimeout(min(read_timeout, left))
+            watch = WATCHDOG.arm(t0 + base, c.sock)  # the status line and headers: http.client reads them
+            try:
+                c.request(method, target, headers=headers)
+                r = c.getresponse()
+            except BaseException as e:
+                if WATCHDOG.disarm(watch):
+                    raise DeadlineExceeded(url, base, 0) from e
+                raise
+            if WATCHDOG.disarm(watch):
+                raise DeadlineExceeded(url, base, 0)
+            if method == "HEAD":
+                return c, r, r.read()  # a HEAD answer has no body: this frees the connection
+            cap = cap_of(r)
+            if cap is None:
+                c.close()
+                return c, r, None
+            announced = r.getheader("Content-Length") or ""
+            n = min(int(announced), cap) if announced.strip().isdigit() else 0
+            allowed = base + allowed_seconds(0, n)
+            return c, r, read_body(r, c.sock, url, t0 + allowed, allowed, cap)
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
                 http.client.CannotSendRequest, http.client.ResponseNotReady):
             c.close()
@@ -953,16 +1084,21 @@ class _PresignedRanges:
 
     @classmethod
     def _make(cls, config) -> _PresignedRanges | None:
-        client = _s3_client(config)
+        import importlib.util
+
+        if importlib.util.find_spec("boto3") is None:  # the [s3] extra
+            return None
+        signer = SigV4Presigner.for_config(config)  # static credentials: signed here, botocore never imported
+        if signer is not None:
+            cafile = os.environ.get("AWS_CA_BUNDLE") or None
+            if cafile is None and signer.endpoint.startswith("https:") and importlib.util.find_spec("certifi"):
+                import certifi  # botocore's default trust store
+
+                cafile = certifi.where()
+            return cls(signer, signer.endpoint, cafile, config)
+        client = _s3_client(config)  # the process's one signing client of this configuration
         if client is None:
             return None
-        if not config.anon:  # SigV4 query signing, which every region accepts (botocore may pick SigV2)
-            import boto3
-            from botocore.config import Config
-
-            session = boto3.session.Session(profile_name=config.profile) if config.profile else boto3.session.Session()
-            client = session.client("s3", endpoint_url=config.endpoint_url, region_name=config.region,
-                                    config=client.meta.config.merge(Config(signature_version="s3v4")))
         endpoint = client.meta.endpoint_url
         cafile = None
         if endpoint.startswith("https:"):
@@ -979,8 +1115,13 @@ class _PresignedRanges:
         if hit is not None and not fresh and now - hit[0] < PRESIGN_TTL:
             return hit[1]
         bucket, _, name = path.partition("/")
-        url = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": name},
-                                                 ExpiresIn=PRESIGN_EXPIRES)
+        url = None
+        if isinstance(self.client, SigV4Presigner):
+            url = self.client.presign(bucket, name, PRESIGN_EXPIRES)
+        if url is None:  # botocore's client, or a bucket name only botocore addresses
+            client = self.client if not isinstance(self.client, SigV4Presigner) else _s3_client(self.config)
+            url = client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": name},
+                                                ExpiresIn=PRESIGN_EXPIRES)
         if len(self._urls) >= 4096:
             self._urls.clear()
         self._urls[path] = (now, url)
@@ -1013,8 +1154,10 @@ class _PresignedRanges:
                 return
         c.close()
 
-    def _send(self, url: str, headers: dict[str, str], stats: RequestStats):
-        """(response, body) of one GET; a keep-alive connection the server closed is opened again once."""
+    def _send(self, url: str, headers: dict[str, str], stats: RequestStats, base: float,
+              cap_of: Callable[[Any], int | None]):
+        """(response, body) of one GET under the request policy (:func:`_exchange`); a keep-alive
+        connection the server closed is opened again once."""
         from urllib.parse import urlsplit
 
         u = urlsplit(url)
@@ -1027,49 +1170,53 @@ class _PresignedRanges:
             return _S3ConnectError(self.endpoint, e)
 
         c, r, body = _exchange(lambda fresh: self._take(u.scheme, u.netloc, fresh), "GET", target, headers,
-                               self.config.read_timeout, connect_error)
-        if r.will_close:
+                               self.config.read_timeout, connect_error, url.split("?", 1)[0], base, cap_of)
+        if r.will_close or body is None:
             c.close()
         else:
             self._give(u.scheme, u.netloc, c)
         return r, body
 
-    def get_object(self, path: str, stats: RequestStats) -> bytes | None:
-        """The whole (small) object ``bucket/key`` by one GET; None when there is no such key."""
+    def get_object(self, path: str, stats: RequestStats, base: float) -> bytes | None:
+        """The whole (small) object ``bucket/key`` by one GET (at most :data:`JSON_CAP` bytes);
+        None when there is no such key."""
         headers = {"Accept-Encoding": "identity"}
+
+        def cap_of(r) -> int:
+            return JSON_CAP if r.status == 200 else ERROR_CAP
+
         url = self._url(path)
-        r, body = self._send(url, headers, stats)
+        r, body = self._send(url, headers, stats, base, cap_of)
         if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
             url = self._url(path, fresh=True)
-            r, body = self._send(url, headers, stats)
+            r, body = self._send(url, headers, stats, base, cap_of)
         if r.status == 200:
             return body
         code, message = _s3_error_of(body)
         if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
             return None
-        after = r.getheader("Retry-After")
-        try:
-            ra = float(after) if after else None
-        except ValueError:
-            ra = None
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, ra)
+        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
 
-    def read_range(self, path: str, start: int, length: int, stats: RequestStats) -> bytes:
-        """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key)."""
+    def read_range(self, path: str, start: int, length: int, stats: RequestStats, base: float) -> bytes:
+        """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key;
+        :class:`RangeIgnored` when the endpoint answers with the whole object)."""
         headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
+        cap_of = _range_cap(start, length)
         url = self._url(path)
-        r, body = self._send(url, headers, stats)
+        r, body = self._send(url, headers, stats, base, cap_of)
         if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
             url = self._url(path, fresh=True)
-            r, body = self._send(url, headers, stats)
+            r, body = self._send(url, headers, stats, base, cap_of)
         if r.status == 206:
             cr = r.getheader("Content-Range") or ""
-            if not cr.startswith(f"bytes {start}-"):
+            if not _content_range_ok(cr, start, length, body):
                 raise S3ResponseError(206, "BadContentRange", f"answered Content-Range {cr!r} to a range at {start}",
                                       url)
             return body
-        if r.status == 200 and start == 0 and len(body) == length:
-            return body  # the whole object was asked for
+        if r.status == 200:
+            if body is not None:
+                return body  # the whole object was asked for
+            raise RangeIgnored(f"s3://{path}", start, length, _content_length(r))
         code, message = _s3_error_of(body)
         if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
             raise FileNotFoundError(path)
@@ -1078,21 +1225,76 @@ class _PresignedRanges:
 
             raise DataError(f"s3://{path}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
                             hint="the stored object is shorter than the manifest says; republish the dataset")
-        after = r.getheader("Retry-After")
-        try:
-            ra = float(after) if after else None
-        except ValueError:
-            ra = None
+        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+
+    def get_whole(self, path: str, size: int, stats: RequestStats, base: float) -> bytes:
+        """The whole object ``bucket/key`` of ``size`` bytes by one GET (for an endpoint that ignores Range)."""
+        url = self._url(path)
+        r, body = self._send(url, {"Accept-Encoding": "identity"}, stats, base,
+                             lambda r: size if r.status == 200 else ERROR_CAP)
         if r.status == 200:
-            code, message = "RangeIgnored", f"answered a range at {start} with {len(body)} bytes (the whole object)"
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, ra)
+            return body
+        code, message = _s3_error_of(body)
+        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+            raise FileNotFoundError(path)
+        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+
+
+def _content_range_ok(cr: str, start: int, length: int, body: bytes) -> bool:
+    """Whether ``Content-Range: cr`` answers a range of ``length`` bytes at ``start`` with ``body``:
+    the same start, and the body is exactly the bytes it names (fewer where the object ends first)."""
+    import re
+
+    m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", cr.strip())
+    if m is None:
+        return False
+    a, b = int(m.group(1)), int(m.group(2))
+    return a == start and a <= b <= start + length - 1 and b - a + 1 == len(body)
+
+
+def _retry_after(r) -> float | None:
+    after = r.getheader("Retry-After")
+    try:
+        return float(after) if after else None
+    except ValueError:
+        return None
+
+
+def _content_length(r) -> int | None:
+    n = (r.getheader("Content-Length") or "").strip()
+    return int(n) if n.isdigit() else None
+
+
+def _range_cap(start: int, length: int) -> Callable[[Any], int | None]:
+    """The body cap of a ranged GET's answer: the range's length for 206, for 200 only when the
+    whole object is the range asked for (else None: the host ignored Range, the body is not
+    read), :data:`ERROR_CAP` for an error answer."""
+
+    def cap_of(r) -> int | None:
+        if r.status == 206:
+            return length
+        if r.status == 200:
+            return length if start == 0 and _content_length(r) == length else None
+        return ERROR_CAP
+
+    return cap_of
+
+
+class RangeIgnored(OSError):
+    """A ranged GET was answered 200 with the whole object (its body left unread): the host
+    ignores ``Range``. :class:`Remote` then reads that host's objects whole."""
+
+    def __init__(self, url: str, start: int, length: int, total: int | None) -> None:
+        super().__init__(f"{url}: a ranged read (bytes {start}-{start + length - 1}) was answered with the "
+                         f"whole object ({total if total is not None else 'unknown'} bytes)")
+        self.url, self.start, self.length, self.total = url, start, length, total
 
 
 def _s3_error_of(body: bytes) -> tuple[str, str]:
     """(Code, Message) of an S3 XML error body; empty strings when it has none."""
     import re
 
-    text = body[:4096].decode("utf-8", "replace")
+    text = (body or b"")[:4096].decode("utf-8", "replace")
     code = re.search(r"<Code>([^<]*)</Code>", text)
     msg = re.search(r"<Message>([^<]*)</Message>", text)
     return (code.group(1) if code else ""), (msg.group(1) if msg else "")
@@ -1140,13 +1342,14 @@ class _ConnectTimeout(OSError):
 class _HttpTransport:
     """GET / ranged GET / HEAD over ``http.client``, keep-alive connections per thread and process."""
 
-    def __init__(self, base_url: str, config, stats: RequestStats) -> None:
+    def __init__(self, base_url: str, config, stats: RequestStats, deadline: float) -> None:
         from urllib.parse import urlsplit
 
         u = urlsplit(base_url)
         self.scheme, self.netloc, self.prefix = u.scheme, u.netloc, u.path.strip("/")
         self.config = config
         self.stats = stats
+        self.deadline = deadline  # seconds: an attempt's base deadline (WARP_REQUEST_DEADLINE)
         self._local = threading.local()
 
     def url(self, key: str) -> str:
@@ -1171,14 +1374,20 @@ class _HttpTransport:
             c = conns[(scheme, netloc)] = cls(netloc, timeout=self.config.connect_timeout)
         return c
 
-    def _request(self, method: str, key: str, headers: dict[str, str]):
-        """(status, headers, body) after following redirects; body b"" for HEAD."""
+    def _request(self, method: str, key: str, headers: dict[str, str], cap_of: Callable[[Any], int | None]):
+        """(status, response, body) after following redirects, under the request policy
+        (:func:`_exchange`; ``cap_of`` gives the body cap of a 2xx answer, the body of any other
+        is not read: None). A redirect from https to http is refused (:class:`InsecureRedirect`)."""
         from urllib.parse import urljoin, urlsplit
 
         from warpdata import __version__
 
         url = self.url(key)
         hdrs = {"User-Agent": f"warp/{__version__}", "Accept-Encoding": "identity", **headers}
+
+        def cap(r) -> int | None:
+            return cap_of(r) if 200 <= r.status < 300 else None
+
         for _ in range(MAX_REDIRECTS + 1):
             u = urlsplit(url)
             target = u.path + (f"?{u.query}" if u.query else "")
@@ -1188,27 +1397,25 @@ class _HttpTransport:
                 return _ConnectTimeout(f"connecting to {netloc} timed out") if isinstance(e, TimeoutError) else e
 
             c, r, body = _exchange(lambda fresh, u=u: self._conn(u.scheme, u.netloc, fresh), method, target, hdrs,
-                                   self.config.read_timeout, connect_error)
+                                   self.config.read_timeout, connect_error, url, self.deadline, cap)
             if r.will_close:
                 c.close()
             if r.status in (301, 302, 303, 307, 308) and r.getheader("Location"):
-                url = urljoin(url, r.getheader("Location"))
-                if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-                    raise HttpStatusError(r.status, self.url(key), f"redirects to {url!r}, not an http(s) URL")
+                nxt = urljoin(url, r.getheader("Location"))
+                if urlsplit(nxt).scheme not in ("http", "https") or not urlsplit(nxt).netloc:
+                    raise HttpStatusError(r.status, self.url(key), f"redirects to {nxt!r}, not an http(s) URL")
+                if u.scheme == "https" and urlsplit(nxt).scheme == "http":
+                    raise InsecureRedirect(url, nxt)
+                url = nxt
                 continue
             return r.status, r, body
         raise HttpStatusError(310, url, "too many redirects")
 
     def _error(self, status: int, r, key: str) -> HttpStatusError:
-        after = r.getheader("Retry-After")
-        try:
-            ra = float(after) if after else None
-        except ValueError:
-            ra = None
-        return HttpStatusError(status, self.url(key), r.reason or "", ra)
+        return HttpStatusError(status, self.url(key), r.reason or "", _retry_after(r))
 
-    def get(self, key: str) -> bytes | None:
-        status, r, body = self._request("GET", key, {})
+    def get(self, key: str, cap: int = JSON_CAP) -> bytes | None:
+        status, r, body = self._request("GET", key, {}, lambda r: cap)
         if status == 200:
             return body
         if status in (404, 410):
@@ -1216,22 +1423,17 @@ class _HttpTransport:
         raise self._error(status, r, key)
 
     def read_range(self, key: str, start: int, length: int, size: int | None) -> bytes:
-        status, r, body = self._request("GET", key, {"Range": f"bytes={start}-{start + length - 1}"})
+        status, r, body = self._request("GET", key, {"Range": f"bytes={start}-{start + length - 1}"},
+                                        _range_cap(start, length))
         if status == 206:
             cr = r.getheader("Content-Range") or ""
-            if not cr.startswith(f"bytes {start}-"):
+            if not _content_range_ok(cr, start, length, body):
                 raise HttpStatusError(206, self.url(key), f"answered Content-Range {cr!r} to a range at {start}")
             return body
         if status == 200:
-            if start == 0 and len(body) == length:
+            if body is not None:
                 return body  # the whole object was asked for
-            from warpdata.core.errors import RangeNotSupportedError
-
-            raise RangeNotSupportedError(
-                f"{self.url(key)}: the web host answered a ranged read (bytes {start}-{start + length - 1}) "
-                f"with the whole object ({len(body)} bytes): it ignores HTTP Range requests",
-                hint="serve the store from a host that honours Range (S3 and its website endpoints, nginx, "
-                     "Apache, CDNs do; 'python -m http.server' does not)", url=self.url(key))
+            raise RangeIgnored(self.url(key), start, length, _content_length(r))
         if status in (404, 410):
             raise FileNotFoundError(self.url(key))
         if status == 416:
@@ -1241,37 +1443,55 @@ class _HttpTransport:
                             hint="the stored object is shorter than the manifest says; republish the dataset")
         raise self._error(status, r, key)
 
+    def get_whole(self, key: str, size: int) -> bytes:
+        """The whole object of ``size`` bytes by one GET (for a host that ignores Range)."""
+        status, r, body = self._request("GET", key, {}, lambda r: size)
+        if status == 200:
+            return body
+        if status in (404, 410):
+            raise FileNotFoundError(self.url(key))
+        raise self._error(status, r, key)
+
     def size(self, key: str) -> int | None:
-        status, r, _ = self._request("HEAD", key, {})
-        if status == 200 and r.getheader("Content-Length") is not None:
-            return int(r.getheader("Content-Length"))
+        status, r, _ = self._request("HEAD", key, {}, lambda r: 0)
+        if status == 200 and _content_length(r) is not None:
+            return _content_length(r)
         if status in (404, 410):
             return None
         if status in (200, 405, 501):  # no HEAD (or no length): the total from a one-byte range
-            status, r, _ = self._request("GET", key, {"Range": "bytes=0-0"})
+            status, r, _ = self._request("GET", key, {"Range": "bytes=0-0"}, _range_cap(0, 1))
             cr = r.getheader("Content-Range") or ""
             if status == 206 and "/" in cr and cr.rsplit("/", 1)[1].isdigit():
                 return int(cr.rsplit("/", 1)[1])
+            if status == 200 and _content_length(r) is not None:  # a host that ignores Range
+                return _content_length(r)
             if status in (404, 410):
                 return None
         raise self._error(status, r, key)
 
     def classify(self, e: BaseException) -> str | None:
-        import http.client
-        import socket
+        return classify_http(e)
 
-        if isinstance(e, HttpStatusError):
-            if e.status in (429, 503):
-                return "throttle"
-            if e.status in (500, 502, 504):
-                return "transient"
-            return None
-        if isinstance(e, _ConnectTimeout):
-            return "connect-timeout"
-        if isinstance(e, socket.gaierror | ConnectionRefusedError):
-            return "connect"
-        if isinstance(e, TimeoutError | socket.timeout):
-            return "transient"
-        if isinstance(e, ConnectionError | http.client.HTTPException | OSError):
-            return "transient"
+
+def classify_http(e: BaseException) -> str | None:
+    """The request policy's verdict on a failed request sent through ``http.client`` (an HTTP
+    store's or a presigned S3 read): "throttle" or "transient" (retried within the budget),
+    "connect" (a refused connection: tried twice), "connect-timeout" (once), None (permanent)."""
+    import http.client
+    import socket
+
+    if isinstance(e, HttpStatusError):
+        if e.status in THROTTLE_STATUS:
+            return "throttle"
+        return "transient" if e.status in TRANSIENT_STATUS else None
+    if isinstance(e, BodyTooLarge | InsecureRedirect | RangeIgnored) or is_tls_error(e):
         return None
+    if isinstance(e, _ConnectTimeout):
+        return "connect-timeout"
+    if isinstance(e, socket.gaierror):
+        return None  # a host name that does not resolve stays unresolved for a retry
+    if isinstance(e, ConnectionRefusedError):
+        return "connect"
+    if isinstance(e, TimeoutError | ConnectionError | http.client.HTTPException | OSError):
+        return "transient"
+    return None

@@ -1,0 +1,110 @@
+"""The one storage interface: objects by key under a store root, one class per protocol.
+
+:class:`ObjectStore` is what every protocol module implements (``local``, ``memory``, ``s3``,
+``http``): whole get, ranged get, size, exists, create-only put (of bytes or a local file),
+compare-and-swap (:meth:`ObjectStore.read_versioned` gives the token, ``write_if`` presents
+it), list one level, delete. :func:`open_object_store` picks the class for a URL. The registry
+builds the dataset contract (manifests, versions, ``latest``) on this interface
+(warp/registry/store.py) and nothing here imports it. Writes are create-only where the
+dataset contract needs them (blobs, manifests): docs/formats/registry.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from typing import Any
+
+from warpdata.storage.locations import (
+    HTTP_PROTOCOLS,
+    Location,
+    StorageConfig,
+    filesystem,
+    parse_location,
+)
+
+__all__ = ["ObjectStore", "open_object_store"]
+
+
+class ObjectStore:
+    """Objects by key over one fsspec filesystem rooted at ``root`` (each protocol overrides what it
+    does better)."""
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def exists(self, key: str) -> bool:
+        return bool(self.fs.exists(self.path(key)))
+
+    def get(self, key: str) -> bytes:
+        return self.fs.cat_file(self.path(key))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        return self.fs.cat_file(self.path(key), start=start, end=end)
+
+    def size(self, key: str) -> int:
+        return int(self.fs.size(self.path(key)))
+
+    def list_names(self, prefix: str) -> list[str]:
+        p = self.path(prefix).rstrip("/")
+        with contextlib.suppress(AttributeError):
+            self.fs.invalidate_cache(p)
+        try:
+            entries = self.fs.ls(p, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The bytes and a version token (their SHA-256; S3 uses the ETag); None if absent."""
+        try:
+            data = self.get(key)
+        except FileNotFoundError:
+            return None
+        return data, hashlib.sha256(data).hexdigest()
+
+    def delete(self, key: str) -> None:
+        """Remove the object (nothing when it is not there)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path(key))
+
+    # each protocol: put_if_absent (create-only), put_file_if_absent, write_if (compare-and-swap)
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def put_file_if_absent(self, key: str, local: str) -> bool:
+        raise NotImplementedError
+
+    def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
+        raise NotImplementedError
+
+
+
+
+def open_object_store(url: str | os.PathLike | Location, config: StorageConfig | None = None, *,
+                      stale_lock_after: float = 30.0) -> ObjectStore:
+    """The :class:`ObjectStore` of a store URL (local path, ``file://``, ``s3://``, ``memory://``,
+    ``http(s)://``); S3 configured from ``config`` or the environment."""
+    loc = url if isinstance(url, Location) else parse_location(url)
+    config = config or StorageConfig.from_env()
+    if loc.protocol in HTTP_PROTOCOLS:
+        from warpdata.storage.http import HttpObjectStore
+
+        return HttpObjectStore(loc)
+    fs = filesystem(loc, config)
+    if loc.protocol == "file":
+        from warpdata.storage.local import LocalObjectStore
+
+        return LocalObjectStore(fs, loc.path, stale_lock_after)
+    if loc.protocol == "memory":
+        from warpdata.storage.memory import MemoryObjectStore
+
+        return MemoryObjectStore(fs, loc.path)
+    from warpdata.storage.s3 import S3ObjectStore
+
+    return S3ObjectStore(fs, loc.path, config)
