@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,9 @@ def test_every_connection_is_locked_down():
         con.execute("SELECT * FROM read_text('/etc/passwd')").fetchall()
     with pytest.raises(duckdb.Error):
         con.execute("SET enable_external_access = true")
+    hidden = pa.table({"secret": [1]})  # noqa: F841 (a local DuckDB's replacement scan would read by name)
+    with pytest.raises(duckdb.CatalogException):
+        con.execute("SELECT * FROM hidden").fetchall()
 
 
 # -- Table.query: one read-only SELECT over the table, nothing else ---------------------------------
@@ -287,6 +291,16 @@ QUERY_ATTACKS = {
     "SELECT repeat(label, 1000000000) FROM main": "repeat()",
     "SELECT * FROM main WHERE id = $x": "parameter",
     "": "is empty",
+    # a WITH name counts only in its own scope, and never shadows a catalog object
+    "SELECT * FROM duckdb_views, (WITH duckdb_views AS (SELECT 1) SELECT 1)": "name of a catalog object",
+    "SELECT * FROM pg_settings, (WITH pg_settings AS (SELECT 1) SELECT 1)": "name of a catalog object",
+    "SELECT * FROM warp_all_columns, (WITH warp_all_columns AS (SELECT 1) SELECT 1)": "name of a catalog object",
+    "WITH main AS (SELECT 1 AS id) SELECT * FROM main": "the name of the table",
+    "SELECT * FROM t, (WITH t AS (SELECT 1) SELECT * FROM t)": "reads the table 't'",
+    "WITH a AS (SELECT * FROM b), b AS (SELECT * FROM main) SELECT * FROM a": "reads the table 'b'",
+    "WITH a AS (SELECT * FROM a) SELECT * FROM a": "reads the table 'a'",  # not recursive: not itself
+    "SELECT * FROM main WHERE " + "NOT " * 600 + "id > 1": "levels deep",
+    "SELECT * FROM main WHERE id IN (" + ",".join(map(str, range(200_000))) + ")": "over the limit",
 }
 
 
@@ -313,6 +327,85 @@ def test_allowed_queries_still_work(store):
     assert got.to_pylist() == [{"label": "label-0", "n": 15, "top": 98, "r": 1},
                                {"label": "label-1", "n": 15, "top": 99, "r": 2}]
     assert t.query("SELECT count(*) AS n FROM MAIN m1 JOIN main m2 USING (id)").to_pylist() == [{"n": 500}]
+    assert t.query("WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 5), "
+                   "s AS (SELECT * FROM r) SELECT sum(n) AS t FROM s").to_pylist() == [{"t": 15}]
+    assert t.query("SELECT count(*) AS n FROM (WITH a AS (SELECT id FROM main WHERE id < 10) SELECT * FROM a)"
+                   ).to_pylist() == [{"n": 10}]
+
+
+def test_a_select_view_hides_its_other_columns_from_filters_queries_and_reads(store):
+    import warpdata
+    from warpdata.core.errors import UsageError
+
+    view = warpdata.dataset("ws/demo").table("main").select(["id", "label"])
+    for run in (lambda: view.filter("x > 0").count(), lambda: view.filter("payload IS NOT NULL").to_arrow(),
+                lambda: view.query("SELECT x FROM main"), lambda: view.select(["id", "x"]),
+                lambda: view.filter("id > 0").select(["payload"]), lambda: list(view.batches(columns=["x"]))):
+        with pytest.raises(UsageError) as ei:
+            run()
+        assert re.search(r"\b(x|payload)\b", ei.value.message), ei.value.message
+    assert view.filter("id < 3").to_arrow().column_names == ["id", "label"]
+    assert view.filter("label = 'label-1'").count() == 72
+
+
+def test_a_runaway_query_is_stopped_by_the_time_limit(store):
+    import warpdata
+    from warpdata.core.sqlgate import QueryLimitError
+
+    t = warpdata.dataset("ws/demo").table("main")
+    with pytest.raises(QueryLimitError, match="time limit of 1 s") as ei:
+        t.query("WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r", timeout=1)
+    assert ei.value.exit_code == 2 and "WARP_SQL_TIMEOUT" in ei.value.hint
+
+
+def test_a_query_over_the_memory_limit_is_typed(store, monkeypatch):
+    import warpdata
+    from warpdata.core.sqlgate import QueryLimitError
+
+    monkeypatch.setenv("WARP_SQL_MEMORY", "16MB")
+    t = warpdata.dataset("ws/demo").table("main")
+    with pytest.raises(QueryLimitError, match="memory limit of 16.0 MB") as ei:
+        t.query("WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 2000000) "
+                "SELECT count(DISTINCT n) FROM r", timeout=120)
+    assert "WARP_SQL_MEMORY" in ei.value.hint
+
+
+def test_query_connections_are_bounded_and_settable(monkeypatch):
+    from warpdata.core import sqlgate
+    from warpdata.core.errors import ConfigError
+
+    def settings() -> dict:
+        con = sqlgate.connect()
+        try:
+            return dict(con.execute("SELECT name, value FROM duckdb_settings() WHERE name IN ('threads', "
+                                    "'memory_limit', 'max_expression_depth', 'temp_directory', "
+                                    "'python_enable_replacements')").fetchall())
+        finally:
+            con.close()
+
+    got = settings()
+    assert int(got["threads"]) == max(1, (os.cpu_count() or 1) // 2)
+    assert got["temp_directory"] == "" and got["python_enable_replacements"] == "false"
+    assert int(got["max_expression_depth"]) <= 2 * sqlgate.MAX_DEPTH
+    monkeypatch.setenv("WARP_SQL_THREADS", "1")
+    monkeypatch.setenv("WARP_SQL_MEMORY", "100MiB")
+    got = settings()
+    assert got["threads"] == "1" and got["memory_limit"] == "100.0 MiB"
+    for name, bad in (("WARP_SQL_MEMORY", "100"), ("WARP_SQL_THREADS", "0"), ("WARP_SQL_TIMEOUT", "soon")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ConfigError, match=name):
+            sqlgate.connect()
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("expr, named", [
+    ("NOT " * 600 + "id > 1", "levels deep"),
+    ("id IN (" + ",".join(map(str, range(200_000))) + ")", "over the limit"),
+])
+def test_filters_past_the_depth_and_length_limits_are_usage_errors(cli, store, expr, named):
+    r = cli("stream", "ws/demo", "--columns", "id", "--filter", expr, "--format", "csv")
+    assert r.code == 2, (r.code, r.err[-500:])
+    assert named in r.err and "internal error" not in r.err and r.out == ""
 
 
 # -- feature cache and publish: symlinks out of the folder -------------------------------------------
