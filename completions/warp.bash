@@ -82,7 +82,7 @@ _warp_complete_in() {
                 --workers) :; return 0;;
                 --description) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --workers --description --shadow --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         unregister)
             if [[ $cur == -* ]]; then _warp_words "--help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi

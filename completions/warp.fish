@@ -95,6 +95,7 @@ complete -c warp -n '__fish_seen_subcommand_from register' -l allow-dangling -d 
 complete -c warp -n '__fish_seen_subcommand_from register' -l follow-symlinks -d 'Walk symlinked directories inside --artifact directories'
 complete -c warp -n '__fish_seen_subcommand_from register' -l workers -x -d 'Files hashed in parallel'
 complete -c warp -n '__fish_seen_subcommand_from register' -l description -r -F -d 'Free text kept with the registration'
+complete -c warp -n '__fish_seen_subcommand_from register' -l shadow -d 'Register even if the store publishes WS/NAME; reads then use the local files'
 complete -c warp -n '__fish_seen_subcommand_from register' -F
 
 complete -c warp -n '__fish_seen_subcommand_from unregister' -F
