@@ -550,3 +550,97 @@ def test_tampered_registration_cannot_escape_its_folder(cli, tmp_path, monkeypat
     p.write_text(json.dumps(doc))
     r = cli("cat", "ws/r", "--artifact", "media", "--ref", "../../etc/passwd")
     assert r.code == 65 and "not a path inside" in r.err and str(p) in r.err and r.out == ""
+
+
+# -- ingest: decompression bombs, impossible headers, NUL bytes (tests/malformed/images/) -----------
+
+IMAGES = Path(__file__).parent / "malformed" / "images"
+
+
+def _png(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(synthetic_photo(np.random.default_rng(seed), 24, 16)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _ingested(store: Path, name: str) -> tuple[list[str], dict[str, str]]:
+    import warpdata
+
+    ds = warpdata.dataset(name, store=str(store))
+    main = ds.table("main").to_arrow().column("id").to_pylist()
+    q = ds.table("quarantine").to_arrow().to_pylist() if "quarantine" in ds.tables else []
+    return main, {r["path"]: r["reason"] for r in q}
+
+
+def test_ingest_quarantines_bombs_and_impossible_headers_and_keeps_same_named_classes(tmp_path):
+    root = tmp_path / "pets"
+    for d in ("cat", "dog", "odd"):
+        (root / d).mkdir(parents=True)
+    (root / "cat" / "0.png").write_bytes(_png(1))
+    (root / "dog" / "0.png").write_bytes(_png(2))  # the same stem in another class: its own row
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", root / "odd" / "bomb.png")
+    shutil.copy(IMAGES / "png_impossible_header.png", root / "odd" / "impossible.png")
+    env = {"WARP_STORE": str(tmp_path / "store"), "WARP_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_capped("ingest", "imagefolder", root, "ws/pets", cwd=tmp_path, env=env)
+    _assert_typed(r, 0)
+    assert r.peak_kib < 1 << 20  # 2.7 GB of declared pixels, never decoded
+    main, q = _ingested(tmp_path / "store", "ws/pets")
+    assert main == ["cat/0.png", "dog/0.png"]
+    assert q == {"odd/bomb.png": "too-many-pixels", "odd/impossible.png": "impossible-header"}
+    r = run_capped("ingest", "imagefolder", root, "ws/small", "--max-pixels", "100", cwd=tmp_path, env=env)
+    _assert_typed(r, 65)  # every image over a 100-pixel cap: nothing left to publish
+    assert "too-many-pixels" in r.err
+
+
+def test_ingest_csv_with_a_nul_byte_in_one_path_quarantines_that_row(tmp_path):
+    root = tmp_path / "files"
+    root.mkdir()
+    for i in range(3):
+        (root / f"{i}.png").write_bytes(_png(i))
+    (tmp_path / "list.csv").write_text("image,label\n0.png,a\n1\x00.png,b\n2.png,c\n")
+    env = {"WARP_STORE": str(tmp_path / "store"), "WARP_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_capped("ingest", "csv", tmp_path / "list.csv", "ws/nul", "--file-column", "image", "--root", root,
+                   cwd=tmp_path, env=env)
+    _assert_typed(r, 0)
+    assert "bad-path 1" in r.err
+    import warpdata
+
+    ds = warpdata.dataset("ws/nul", store=str(tmp_path / "store"))
+    assert ds.table("main").to_arrow().column("image").to_pylist() == ["0.png", "2.png"]
+    (q,) = ds.table("quarantine").to_arrow().to_pylist()
+    assert q["reason"] == "bad-path" and q["path"] == "1\x00.png" and q["source"] == "row 1"
+
+
+def test_etl_quarantines_bombs_and_impossible_headers_undecoded(tmp_path):
+    d = _case("coco_path_escape", tmp_path)
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", d / "images" / "bomb.png")
+    shutil.copy(IMAGES / "png_impossible_header.png", d / "images" / "impossible.png")
+    doc = json.loads((d / "annotations.json").read_text())
+    doc["images"] = [{"id": 1, "file_name": "ok.jpg"}, {"id": 2, "file_name": "bomb.png"},
+                     {"id": 3, "file_name": "impossible.png"}]
+    doc["annotations"] = []
+    (d / "annotations.json").write_text(json.dumps(doc))
+    r = run_capped("etl", "-c", "t.toml", "--allow-invalid", cwd=d)
+    _assert_typed(r, 0)
+    assert _quarantine(d) == {"images/bomb.png": "too-many-pixels", "images/impossible.png": "impossible-header"}
+    assert r.peak_kib < 1 << 20
+
+
+def test_feature_cache_quarantines_bombs_and_impossible_headers(tmp_path):
+    from warpdata.features.writer import CacheSpec, build_cache
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(_jpeg(1))
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", src / "b.png")
+    shutil.copy(IMAGES / "png_impossible_header.png", src / "c.png")
+    for k in "abc":
+        (src / f"{k}.txt").write_text(f"caption {k}")
+    build_cache(CacheSpec(source=str(src), output=str(tmp_path / "cache"), size=(16, 16)), allow_invalid=True)
+    q = [json.loads(x) for x in (tmp_path / "cache" / "quarantine.jsonl").read_text().splitlines()]
+    assert {r["sample_id"]: r["reason"] for r in q} == {"b.png": "too-many-pixels", "c.png": "impossible-header"}
+    assert (tmp_path / "cache" / "keys.txt").read_text().split() == ["a.jpg"]

@@ -74,12 +74,19 @@ from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_wri
 from warpdata.core.canonical import canonical_json, identity, seal
 from warpdata.core.errors import ConfigError, DataError
 from warpdata.core.names import FEATURE_CACHE
-from warpdata.etl.quarantine import Quarantine, RunSummary, Thresholds, evaluate_summaries
+from warpdata.etl.quarantine import (
+    Quarantine,
+    RunSummary,
+    Thresholds,
+    evaluate_summaries,
+    register_reason,
+)
 from warpdata.features.manifest import MANIFEST_VERSION
 from warpdata.features.scan import MediaItem, scan, source_digest
 from warpdata.features.transform import DecodeFailure, load_image, load_video_frame
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
+from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +149,10 @@ class ShardCacheWriter:
             self._cur = None
 
 
+for _reason in IMAGE_LIMIT_REASONS:  # header checks of every image pipeline (formats/imageinfo.py)
+    register_reason(*_reason)
+
+
 @dataclass(frozen=True)
 class SourceDir:
     """One ``[[directory]]`` of a multi-source cache (docs/features-config.md)."""
@@ -176,6 +187,7 @@ class CacheSpec:
     store_pixels: bool | None = None  # default: True without an encoder
     thresholds: Thresholds = field(default_factory=Thresholds)
     sources: list[SourceDir] | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS  # images declaring more are quarantined too-many-pixels, undecoded
 
     def scan_roots(self) -> list[tuple[str, str, str]]:
         """(directory, caption prefix, key prefix) of every source directory, in order."""
@@ -240,6 +252,8 @@ def fingerprint_inputs(spec: CacheSpec, digest: str, encoder_identity: dict[str,
         "target_size": [h, w], "interpolation": spec.interpolation,
         "max_caption_bytes": spec.max_caption_bytes, "store_pixels": spec.effective_store_pixels,
         "shard_size": spec.effective_shard_size, "source_digest": digest}
+    if spec.max_pixels != DEFAULT_MAX_PIXELS:  # another cap keeps other records
+        dataset["max_pixels"] = spec.max_pixels
     if spec.sources is not None:
         # num_repeats changes no stored byte but what a reader samples: the identity covers it
         # (docs/formats/feature-shard.md, "Sources"); the digest covers each directory's content by key
@@ -555,14 +569,44 @@ def _build_lock(build_dir: Path):
     return build_lock(build_dir.parent / f"{build_dir.name}.lock", str(build_dir.parent))
 
 
-def _probe_all(items: Sequence[MediaItem], workers: int) -> dict[int, DecodeFailure]:
+HEADER_BYTES = 1 << 18  # enough for any header imageinfo parses (a JPEG's SOF follows its EXIF segments)
+
+
+def header_problem(path: str, max_pixels: int) -> DecodeFailure | None:
+    """``too-many-pixels`` / ``impossible-header`` from the file's header alone
+    (:func:`warpdata.formats.imageinfo.size_problem`), before Pillow opens it; None if it passes
+    or is not a format imageinfo parses (the decoder's own checks then apply)."""
+    from warpdata.formats.imageinfo import (
+        ImageHeaderError,
+        UnknownImageFormat,
+        image_info,
+        size_problem,
+    )
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+            nbytes = os.fstat(f.fileno()).st_size
+        info = image_info(head, path)
+    except (OSError, ImageHeaderError, UnknownImageFormat):
+        return None  # the full probe names it
+    bad = size_problem(info.format, info.width, info.height, nbytes, max_pixels, head)
+    return DecodeFailure(*bad) if bad else None
+
+
+def _probe_all(items: Sequence[MediaItem], workers: int, max_pixels: int = DEFAULT_MAX_PIXELS
+               ) -> dict[int, DecodeFailure]:
     """Every item's header, on a thread pool: the failures a full decode is certain to meet."""
     from warpdata.features.transform import probe
 
     if not items:
         return {}
+
+    def one(it: MediaItem) -> DecodeFailure | None:
+        return (None if it.is_video else header_problem(it.path, max_pixels)) or probe(it.path, it.is_video)
+
     with ThreadPoolExecutor(max(1, min(workers, len(items)))) as pool:
-        found = pool.map(lambda it: probe(it.path, it.is_video), items, chunksize=64)
+        found = pool.map(one, items, chunksize=64)
         return {i: f for i, f in enumerate(found) if f is not None}
 
 
@@ -729,7 +773,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     # the driver pass: every header, so the plan holds only records a full decode can store
     t0 = time.perf_counter()
-    probed = _probe_all(items, n_workers)
+    probed = _probe_all(items, n_workers, spec.max_pixels)
     pre = Quarantine()
     pre.merge(q)
     for i, it in enumerate(items):
