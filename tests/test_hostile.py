@@ -644,3 +644,122 @@ def test_feature_cache_quarantines_bombs_and_impossible_headers(tmp_path):
     q = [json.loads(x) for x in (tmp_path / "cache" / "quarantine.jsonl").read_text().splitlines()]
     assert {r["sample_id"]: r["reason"] for r in q} == {"b.png": "too-many-pixels", "c.png": "impossible-header"}
     assert (tmp_path / "cache" / "keys.txt").read_text().split() == ["a.jpg"]
+
+
+# -- encoder plugins that return garbage ------------------------------------------------------------
+
+_PLUGIN = '''
+import numpy as np
+
+from warpdata.formats.featshard import FieldSpec
+
+
+class Emb:
+    def __init__(self, mode, dim=4):
+        self.mode, self.dim = mode, dim
+
+    def embed(self, items):
+        n = len(items)
+        if self.mode == "ragged":
+            return [[1.0] * (4 if i != 1 else 3) for i in range(n)]
+        if self.mode == "strings":
+            return [["a", "b", "c", "d"] for _ in range(n)]
+        if self.mode == "zero-width":
+            return np.zeros((n, 0), np.float32)
+        if self.mode == "nan":
+            v = np.ones((n, 4), np.float32)
+            v[2, 1] = np.nan
+            return v
+        if self.mode == "zeros":
+            v = np.ones((n, 4), np.float32)
+            v[[0, 3]] = 0
+            return v
+        if self.mode == "huge":  # finite, but a float32 norm overflows
+            v = np.full((n, 4), 3e38, np.float32)
+            v[:, 0] = (np.arange(n) % 10) * 1e37
+            return v
+        return np.ones((n, 4), np.float32)
+
+    def identity(self):
+        return {"name": "hostile-" + self.mode}
+
+
+def embedder(device="cpu", mode="ok"):
+    return Emb(mode)
+
+
+class Feat:
+    def __init__(self, mode):
+        self.mode = mode
+
+    def fields(self, h, w):
+        return [FieldSpec("z", "float32", (4,))]
+
+    def encode(self, pixels, captions):
+        n = len(captions)
+        if self.mode == "ragged":
+            return {"z": [[1.0] * (4 if i != 1 else 2) for i in range(n)]}
+        if self.mode == "strings":
+            return {"z": np.array([["x"] * 4] * n)}
+        return {"z": np.zeros((n, 0), np.float32)}
+
+    def identity(self):
+        return {"name": "hostile-feat-" + self.mode}
+
+
+def features(device="cpu", dtype="float16", mode="ragged"):
+    return Feat(mode)
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "hostile_encoders.py").write_text(_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
+    return "hostile_encoders"
+
+
+@pytest.mark.parametrize("mode, named", [
+    ("ragged", "ragged"), ("strings", "text"), ("zero-width", "zero-width"), ("nan", "NaN or infinite"),
+    ("zeros", "all-zero"),
+])
+def test_embedding_plugin_garbage_is_typed_and_names_the_rows(cli, store, plugin, mode, named):
+    r = cli("embeddings", "add", "ws/demo", "--column", "label", "--encoder", f"{plugin}:embedder",
+            "--option", f"mode={mode}")
+    assert r.code == 65, (r.code, r.err)
+    assert "internal error" not in r.err and named in r.err and f"{plugin}:embedder" in r.err
+    row = {"ragged": 1, "strings": 0, "nan": 2}.get(mode)
+    if row is not None:
+        assert f"row {row} (id {row})" in r.err, r.err
+    if mode == "zeros":  # rows 0 and 3 of each 256-row batch
+        assert "4 all-zero vector(s)" in r.err and "rows 0 (id 0), 3 (id 3), 256 (id 256)" in r.err
+
+
+def test_embedding_vectors_whose_length_overflows_float32_still_search(cli, store, plugin):
+    r = cli("embeddings", "add", "ws/demo", "--column", "label", "--encoder", f"{plugin}:embedder",
+            "--option", "mode=huge", "--name", "huge")
+    assert r.code == 0, r.err
+    import warpdata
+
+    hits = warpdata.dataset("ws/demo").embeddings("huge").search(7, k=1, exact=True)
+    assert hits[0]["row"] % 10 == 7 and abs(hits[0]["distance"]) < 1e-5  # not every distance 1.0
+
+
+@pytest.mark.parametrize("mode, named", [("ragged", "ragged"), ("strings", "text"), ("zero-width", "zero-width")])
+def test_feature_cache_encoder_garbage_is_typed_and_names_the_sample(tmp_path, plugin, mode, named):
+    from warpdata.features.encoders import EncoderOutputError
+    from warpdata.features.writer import CacheSpec, build_cache
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.jpg").write_bytes(_jpeg(i))
+        (src / f"{i}.txt").write_text(f"caption {i}")
+    spec = CacheSpec(source=str(src), output=str(tmp_path / "cache"), size=(16, 16),
+                     encoder=f"{plugin}:features", encoder_options={"mode": mode}, caching_device="cpu")
+    with pytest.raises(EncoderOutputError) as ei:
+        build_cache(spec, workers=1)
+    assert ei.value.exit_code == 65 and named in ei.value.message and f"{plugin}" in ei.value.message
+    if mode == "ragged":
+        assert "'1.jpg'" in ei.value.message, ei.value.message

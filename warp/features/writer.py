@@ -335,7 +335,7 @@ def worker_encoder(ref: EncoderRef):
 
             device = resolve_device(ref.device)
             enc = load_encoder(ref.name, device=device, dtype=ref.dtype, options=json.loads(ref.options))
-            be = _ENCODERS[ref] = BatchEncoder(enc, device, ref.size)
+            be = _ENCODERS[ref] = BatchEncoder(enc, device, ref.size, name=ref.name)
             _ENCODER_LOADS[0] += 1
         return be
 
@@ -482,7 +482,7 @@ def build_part(task: PartTask) -> PartResult:
                 rec: dict[str, np.ndarray] = {}
                 if be is not None:
                     t1 = time.perf_counter()
-                    rec.update(be(pix, caps))
+                    rec.update(be(pix, caps, [chunk[j].key for j in ok]))
                     t_enc = time.perf_counter() - t1
                 t2 = time.perf_counter()
                 if spec.effective_store_pixels:
@@ -703,7 +703,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         device = spec.caching_device if remote_cuda else resolve_device(spec.caching_device)
         enc = load_encoder(spec.encoder, device="cpu" if remote_cuda else device, dtype=spec.encoder_dtype,
                            options=spec.encoder_options)
-        batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size)
+        batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size, name=spec.encoder)
         enc_ref = EncoderRef(spec.encoder, device, spec.encoder_dtype,
                              canonical_json(spec.encoder_options).decode("utf-8"), tuple(spec.size))
     if resources is None:
