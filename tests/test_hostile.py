@@ -763,3 +763,16 @@ def test_feature_cache_encoder_garbage_is_typed_and_names_the_sample(tmp_path, p
     assert ei.value.exit_code == 65 and named in ei.value.message and f"{plugin}" in ei.value.message
     if mode == "ragged":
         assert "'1.jpg'" in ei.value.message, ei.value.message
+
+
+# -- formats: offsets past the end, absurd shapes ----------------------------------------------------
+
+def test_tbl_metadata_crc_offset_past_the_end_is_typed(cli):
+    path = Path(__file__).parent / "malformed" / "tbl" / "metadata_crc_offset_past_end.tbl"
+    r = cli("inspect", path, "--verify")
+    assert r.code == 1 and "internal error" not in r.err, r.err
+    assert f"{path}: metadata block 1" in r.err and "has no CRC in the block CRC table" in r.err
+    from warpdata.formats import tbl
+
+    problems = tbl.TblReader(path, verify=False).verify_all()
+    assert problems and problems[0].check.startswith("metadata")
