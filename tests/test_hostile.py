@@ -776,3 +776,24 @@ def test_tbl_metadata_crc_offset_past_the_end_is_typed(cli):
 
     problems = tbl.TblReader(path, verify=False).verify_all()
     assert problems and problems[0].check.startswith("metadata")
+
+
+_READ_ZARR = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+from warpdata.core.errors import WarpError
+from warpdata.storage.zarr_store import read_array
+try:
+    read_array(sys.argv[1])
+except WarpError as e:
+    print(type(e).__name__, e.exit_code, e.message)
+"""
+
+
+def test_zarr_row_of_objects_past_memory_is_typed_before_allocating(tmp_path):
+    """2 x 32768 x 32768 u16 with 2 GiB chunks: within every metadata limit, but one row of objects
+    would allocate 2 GiB (MemoryError under a 1.5 GiB address space before)."""
+    src = Path(__file__).parent / "malformed" / "zarr-rows" / "huge-row-block"
+    p = subprocess.run([sys.executable, "-c", _READ_ZARR, str(src)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "MemoryError" not in p.stderr, p.stderr[-2000:]
+    assert p.stdout.startswith("DataError 65") and "MAX_ROW_BLOCK_BYTES" in p.stdout, p.stdout
