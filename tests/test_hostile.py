@@ -797,3 +797,67 @@ def test_zarr_row_of_objects_past_memory_is_typed_before_allocating(tmp_path):
     p = subprocess.run([sys.executable, "-c", _READ_ZARR, str(src)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "MemoryError" not in p.stderr, p.stderr[-2000:]
     assert p.stdout.startswith("DataError 65") and "MAX_ROW_BLOCK_BYTES" in p.stdout, p.stdout
+
+
+def test_feature_cache_with_quarantined_files_publishes_with_relative_sources(cli, tmp_path, monkeypatch):
+    """The quarantine table names files relative to the source root: an absolute path in it made
+    `warp publish --from` refuse the cache as holding machine-local paths (exit 65)."""
+    from warpdata.features.writer import CacheSpec, build_cache
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.jpg").write_bytes(_jpeg(1))
+    shutil.copy(IMAGES / "png_impossible_header.png", src / "sub" / "c.png")
+    (src / "sub" / "d.png").write_bytes(_png(4))  # no caption
+    for k in ("a", "sub/c"):
+        (src / f"{k}.txt").write_text(f"caption {k}")
+    build_cache(CacheSpec(source=str(src.resolve()), output=str(tmp_path / "cache"), size=(16, 16)),
+                allow_invalid=True)
+    q = [json.loads(x) for x in (tmp_path / "cache" / "quarantine.jsonl").read_text().splitlines()]
+    assert sorted(r["source"] for r in q) == ["sub/c.png", "sub/d.png"]
+    monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "blobs"))
+    r = cli("publish", "ws/fc", "--from", tmp_path / "cache")
+    assert r.code == 0, r.err
+    assert str(tmp_path) not in "".join(p.read_text(errors="replace") for p in (tmp_path / "store").rglob("*.json"))
+
+
+IMAGE_CASES = json.loads((IMAGES / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_malformed_image_corpus_gets_the_same_reason_in_every_pipeline(name):
+    """tests/malformed/images: ingest, the warehouse header pass and the feature cache's driver pass
+    quarantine each reproducer with the reason in expected.json, from the header alone (header
+    checks only for the warehouse and feature cache, whose decoders find truncation later)."""
+    from warpdata.features.writer import header_problem
+    from warpdata.registry.ingest import Rejected, check_file
+    from warpdata.warehouse.images import ProbeError, probe
+
+    want = IMAGE_CASES[name]
+    with pytest.raises(Rejected) as ei:
+        check_file(str(IMAGES), name, max_bytes=1 << 20)
+    assert ei.value.reason == want, ei.value.message
+    if want in ("too-many-pixels", "impossible-header"):
+        with pytest.raises(ProbeError) as pe:
+            probe((IMAGES / name).read_bytes())
+        assert pe.value.reason == want
+        assert header_problem(str(IMAGES / name), 89_478_485).reason == want
+
+
+def test_paired_ingest_quarantines_a_bomb_on_either_side(tmp_path):
+    a, b = tmp_path / "images", tmp_path / "masks"
+    a.mkdir()
+    b.mkdir()
+    for i in range(2):
+        (a / f"{i}.png").write_bytes(_png(i))
+        (b / f"{i}.png").write_bytes(_png(10 + i))
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", a / "2.png")
+    (b / "2.png").write_bytes(_png(12))
+    (a / "3.png").write_bytes(_png(3))
+    shutil.copy(IMAGES / "gif_65535x65535.gif", b / "3.gif")
+    env = {"WARP_STORE": str(tmp_path / "store"), "WARP_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_capped("ingest", "paired", a, b, "ws/seg", cwd=tmp_path, env=env)
+    _assert_typed(r, 0)
+    _main, q = _ingested(tmp_path / "store", "ws/seg")
+    assert q == {"2.png": "too-many-pixels", "3.gif": "too-many-pixels"}, q

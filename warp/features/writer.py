@@ -569,6 +569,24 @@ def _build_lock(build_dir: Path):
     return build_lock(build_dir.parent / f"{build_dir.name}.lock", str(build_dir.parent))
 
 
+class _RootRelative:
+    """A quarantine whose records name files relative to their source root (with the ``d<i>/`` key
+    prefix of a multi-source cache), never by absolute path: the quarantine table is published
+    with the cache, and a machine-local path in it is refused by ``warp publish --from``."""
+
+    def __init__(self, q: Quarantine, root: str, key_prefix: str) -> None:
+        self._q, self._root, self._prefix = q, os.path.abspath(root), key_prefix
+
+    def reject(self, run: str, sample_id: str, source: str, code: str, message: str) -> bool:
+        if os.path.isabs(source):
+            rel = os.path.relpath(source, self._root)
+            source = self._prefix + (rel.replace(os.sep, "/") if not rel.startswith("..") else os.path.basename(source))
+        return self._q.reject(run, sample_id, source, code, message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._q, name)
+
+
 HEADER_BYTES = 1 << 18  # enough for any header imageinfo parses (a JPEG's SOF follows its EXIF segments)
 
 
@@ -715,7 +733,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     item_source: list[int] = []  # index of each item's source directory
     orphan_captions = 0
     for i, (root, prefix, key_prefix) in enumerate(spec.scan_roots()):
-        scanned = scan(root, q, caption_prefix=prefix, caption_ext=spec.caption_ext, exclude=(outp,),
+        scanned = scan(root, _RootRelative(q, root, key_prefix), caption_prefix=prefix, caption_ext=spec.caption_ext, exclude=(outp,),
                        key_prefix=key_prefix)
         items += scanned.items
         item_source += [i] * len(scanned.items)
@@ -781,7 +799,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         if f is None:
             pre.accept(it.run, it.key)
         else:
-            pre.reject(it.run, it.key, it.path, f.reason, f"{it.key}: {f.message}")
+            pre.reject(it.run, it.key, it.key, f.reason, f"{it.key}: {f.message}")
     pre.evaluate(spec.thresholds).raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
     t_probe = time.perf_counter() - t0
 
@@ -959,9 +977,9 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
             late[runs[task.index][pos]] = (reason, message)
     for i, it in enumerate(items):
         if i in probed:
-            q.reject(it.run, it.key, it.path, probed[i].reason, f"{it.key}: {probed[i].message}")
+            q.reject(it.run, it.key, it.key, probed[i].reason, f"{it.key}: {probed[i].message}")
         elif i in late:
-            q.reject(it.run, it.key, it.path, *late[i])
+            q.reject(it.run, it.key, it.key, *late[i])
         else:
             q.accept(it.run, it.key)
     verdict = q.evaluate(spec.thresholds)
