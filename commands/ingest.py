@@ -9,8 +9,10 @@ LAYOUT is one of:
 
 Every file is checked first: its path must stay inside its folder after
 symlinks are resolved, it must be a regular, non-empty file under
---max-file-size, and an image must have a readable header and not be cut
-short. Bad files are left out and listed, with their reason, in a
+--max-file-size, and an image must have a readable header, not be cut
+short, declare at most --max-pixels pixels (a decompression bomb) and no more
+than its bytes can hold. imagefolder row ids are the path relative to DIR
+(cat/0.jpg and dog/0.jpg are two rows); --id stem keeps the bare stem. Bad files are left out and listed, with their reason, in a
 `quarantine` table. The accepted rows become the `main` table, their files an
 artifact bound to it (main.image=images:image), published exactly as
 `warp publish` would publish the same table and files: ingesting unchanged
@@ -40,7 +42,7 @@ def main(
     args: Annotated[list[str], typer.Argument(help="The input folder(s) or table, then the dataset id WS/NAME.",
                                               metavar="INPUT... WS/NAME")],
     id_: Annotated[str, typer.Option("--id", metavar="stem|path|hash",
-                                     help="imagefolder: row ids from the file stem, relative path or content SHA-256.")] = "stem",
+                                     help="imagefolder: row ids from the relative path (default), file stem or content SHA-256.")] = "path",
     pair: Annotated[str | None, typer.Option("--pair", metavar="DIR",
                                              help="imagefolder: a folder of masks with the same stems, bound as main.mask.")] = None,
     file_column: Annotated[list[str] | None, typer.Option(
@@ -53,6 +55,9 @@ def main(
     max_file_size: Annotated[str, typer.Option("--max-file-size", metavar="SIZE",
                                                help="Quarantine files larger than this, with a unit (e.g. 256MiB); "
                                                     "a bare number is refused.")] = "256MiB",
+    max_pixels: Annotated[int, typer.Option(
+        "--max-pixels", min=1, metavar="N",
+        help="Quarantine images whose header declares more pixels (default: Pillow's cap, 89478485).")] = 89_478_485,
     keep: Annotated[str | None, typer.Option("--keep", metavar="DIR",
                                              help="Keep the written main/quarantine Parquet files in DIR.")] = None,
     set_latest: Annotated[bool, typer.Option(
@@ -85,7 +90,8 @@ def main(
 
     opts = IngestOptions(dataset, store_url=store, set_latest=set_latest, dry_run=dry_run,
                          shard_size=parse_size_option(shard_size, "--shard-size", "256MiB"), workers=workers,
-                         max_bytes=parse_size_option(max_file_size, "--max-file-size", "256MiB"), keep_dir=keep,
+                         max_bytes=parse_size_option(max_file_size, "--max-file-size", "256MiB"),
+                         max_pixels=max_pixels, keep_dir=keep,
                          description=description)
     with out.progress("checking files", unit="files") as files_bar, out.progress("uploading", unit="B") as up_bar:
         if layout == "imagefolder":

@@ -3,7 +3,9 @@
 Shows each dataset's latest version, its tables, rows and bytes. Nothing but
 the `latest` pointers and manifests is read (no shard listing). A dataset
 published only with --no-set-latest has no latest version: its version hashes
-are listed instead, for `warp stream NAME --version HASH`.
+are listed instead, for `warp stream NAME --version HASH`. Datasets registered in
+place (`warp register`) come first, marked "registered": reads find them before
+the store (--store lists that store alone).
 
 `warp ls WS/NAME --versions` lists every version of one dataset, oldest first,
 with its date, rows and size (one GET per version); the latest is marked.
@@ -35,18 +37,20 @@ def main(
 ) -> int:
     from warpdata.core import envvars
     from warpdata.core.errors import MissingInputError
-    from warpdata.core.sizes import format_size
     from warpdata.registry.store import Store
     from warpdata.storage.locations import missing_store_folder
 
     st = Store(store)
     ws = workspace.strip("/") if workspace else None
+    reg = _registrations(ws) if store is None else []
     missing = missing_store_folder(st.location)
     if missing and (store is not None or envvars.get("WARP_STORE")):
         raise MissingInputError(missing[0], hint=missing[1], store=st.url)
     if missing:  # the default store of a fresh install: nothing published yet
         if out.options().json:
-            out.emit_json({"store": st.url, "datasets": []})
+            out.emit_json({"store": st.url, "datasets": reg})
+        elif reg:
+            _render(reg)
         else:
             out.info(f"no datasets: nothing has been published to the default store {st.url} yet "
                      "(set WARP_STORE or pass --store to read another one)")
@@ -60,14 +64,14 @@ def main(
     if only is not None and st.read_only:  # an HTTP store cannot be listed: read the one pointer
         ptr = st.read_latest(only)
         listing = [(only, ptr)] if ptr is not None else []
-        if ptr is None:
+        if ptr is None and not reg:
             raise MissingInputError(f"dataset {only} is not in store {st.url} (no latest pointer)",
                                     hint="check the spelling of workspace/name and the store URL", store=st.url)
     else:
         listing = list(st.iter_latest(ws or None))
     if only is not None:
         listing = [(d, p) for d, p in listing if d == only]
-    if ws and not listing:
+    if ws and not listing and not reg:
         import difflib
 
         known = st.list_datasets()
@@ -78,7 +82,7 @@ def main(
                                 hint=(f"did you mean {', '.join(close)}?" if close else
                                       f"{'datasets' if only else 'workspaces'}: {', '.join(names[:8]) or 'none'}"),
                                 store=st.url)
-    rows = []
+    rows = list(reg)
     for did, ptr in listing:
         if ptr is None:
             rows.append({"dataset": did, "version": None, "versions": st.list_versions(did),
@@ -91,10 +95,7 @@ def main(
     if out.options().json:
         out.emit_json({"store": st.url, "datasets": rows})
         return 0
-    out.table(None, ["dataset", "version", "tables", "rows", "size"],
-              [[r["dataset"], r["version"][:12] if r["version"] else _no_latest(r["versions"]),
-                ",".join(r["tables"]), r["rows"], format_size(r["bytes"]) if r["bytes"] is not None else ""]
-               for r in rows])
+    _render(rows)
     unpointed = [r for r in rows if r["version"] is None and r["versions"]]
     if unpointed:
         r = unpointed[0]
@@ -103,6 +104,41 @@ def main(
     if not rows:
         out.info(f"no datasets in {st.url}" + (f" under {ws}/" if ws else ""))
     return 0
+
+
+def _registrations(ws: str | None) -> list[dict]:
+    """Rows of the datasets registered in place under ``ws`` (a workspace or one WS/NAME)."""
+    from warpdata.core.errors import DataError
+    from warpdata.registry.register import load, registered_ids, registry_path
+
+    rows = []
+    for did in registered_ids():
+        if ws and not (did == ws or did.startswith(ws + "/")):
+            continue
+        try:
+            doc = load(did)
+        except DataError as e:
+            out.warn(e.message)
+            continue
+        if doc is None:
+            continue
+        files = [f for t in doc["tables"].values() for f in t["files"]]
+        rows.append({"dataset": did, "version": doc["version_hash"], "registered": str(registry_path(did)),
+                     "tables": sorted(doc["tables"]), "artifacts": sorted(doc["artifacts"]),
+                     "rows": sum(f["row_count"] for f in files),
+                     "bytes": sum(f["byte_size"] for f in files) + sum(
+                         e[1] for a in doc["artifacts"].values() for e in a["members"].values())})
+    return rows
+
+
+def _render(rows: list[dict]) -> None:
+    from warpdata.core.sizes import format_size
+
+    out.table(None, ["dataset", "version", "tables", "rows", "size"],
+              [[r["dataset"], (r["version"][:12] + (" (registered)" if r.get("registered") else ""))
+                if r["version"] else _no_latest(r["versions"]),
+                ",".join(r["tables"]), r["rows"], format_size(r["bytes"]) if r["bytes"] is not None else ""]
+               for r in rows])
 
 
 def _no_latest(versions: list[str]) -> str:

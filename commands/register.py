@@ -4,15 +4,17 @@ Tables are Parquet files (a comma-separated list or globs per --table; repeatabl
 artifact directories are read member by member where they are; --bind works as in
 `warp publish`: every value of a bound column must name a member (a path relative to
 the artifact directory) unless --allow-dangling. Every file is hashed (SHA-256) and
-its absolute path, hash and stamp (size, mtime, inode) go into a registration under
-$WARP_CACHE_DIR/registered/WS/NAME.json. Registering again hashes only the files
-whose stamps moved, and replaces the registration.
+its absolute path, hash and stamp (size, mtime, inode, ctime) go into a registration
+under $WARP_CACHE_DIR/registered/WS/NAME.json. Registering again hashes only the files
+whose stamps moved, and replaces the registration. A name the store publishes is
+refused unless --shadow: reads of it would switch to the local files.
 
 warpdata.dataset("ws/name"), `warp stream`, `cat`, `inspect` and `doctor` find a
 registered dataset before the store (unless --store names one). A file changed
 since it was registered is hashed again when read; if its bytes differ the read
 fails (exit 65) naming the file and asking to register again. `warp unregister`
-removes the registration and leaves the files alone.
+removes the registration and leaves the files alone. `warp ls` lists registrations,
+marked as such; `warp inspect WS/NAME --verify` hashes every registered file.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def main(
         "--follow-symlinks", help="Walk symlinked directories inside --artifact directories.")] = False,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Files hashed in parallel.")] = 8,
     description: Annotated[str | None, typer.Option("--description", help="Free text kept with the registration.")] = None,
+    shadow: Annotated[bool, typer.Option(
+        "--shadow", help="Register even if the store publishes WS/NAME; reads then use the local files.")] = False,
 ) -> int:
     from warpdata.core.errors import UsageError
     from warpdata.core.sizes import format_size
@@ -53,7 +57,7 @@ def main(
     from warpdata.registry.register import RegisterRequest, register
 
     req = RegisterRequest(dataset_id=dataset, allow_dangling=allow_dangling, follow_symlinks=follow_symlinks,
-                          description=description, workers=workers)
+                          description=description, workers=workers, shadow=shadow)
     for spec in table or []:
         name, files = parse_named(spec, "--table")
         req.tables.setdefault(name, []).append(files)
@@ -66,6 +70,12 @@ def main(
     res = register(req)
     for binding, n in sorted(res.dangling_refs.items()):
         out.warn(f"--allow-dangling: {n} value(s) of {binding} name no member; reads of them will fail")
+    if res.store_unchecked:
+        out.warn(f"could not check whether the store publishes {res.dataset_id} ({res.store_unchecked}); if it "
+                 "does, reads of that name now use these local files")
+    if res.shadows:
+        out.warn(f"--shadow: reads of {res.dataset_id} now use these local files, not the version published in "
+                 f"{res.shadows} ('warp unregister {res.dataset_id}' restores it)")
     if out.options().json:
         out.emit_json(res.to_dict())
         return 0

@@ -94,7 +94,9 @@ def _stream(ds, table, fmt, columns, filter_, shard, pad, limit, batch_size) -> 
 
             w = resolve_world()
             rank, world = w.rank, w.world_size
-        batches = t.filter(filter_).batches(batch_size, limit=limit, rank=rank, world_size=world)
+        # the filter may test any column (a select() view would hide the others); --columns projects
+        batches = ds.table(table).filter(filter_).select(cols).batches(batch_size, limit=limit, rank=rank,
+                                                                       world_size=world)
     else:
         stream = t.batches(batch_size, limit=limit, rank=rank, world_size=world, pad=pad)
         batches = _report_pad(stream.plan, limit, iter(stream)) if pad else iter(stream)

@@ -30,13 +30,14 @@ _warp_complete_in() {
                 --type) _warp_words "image audio video file"; return 0;;
                 --names) _warp_files; return 0;;
                 --max-file-size) _warp_files; return 0;;
+                --max-pixels) :; return 0;;
                 --keep) _warp_files; return 0;;
                 --store) _warp_files; return 0;;
                 --shard-size) _warp_files; return 0;;
                 --workers) :; return 0;;
                 --description) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--id --pair --file-column --root --type --names --max-file-size --keep --set-latest --no-set-latest --dry-run --store --shard-size --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--id --pair --file-column --root --type --names --max-file-size --max-pixels --keep --set-latest --no-set-latest --dry-run --store --shard-size --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         embeddings)
             case "$prev" in
@@ -83,7 +84,7 @@ _warp_complete_in() {
                 --workers) :; return 0;;
                 --description) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --workers --description --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --workers --description --shadow --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         unregister)
             if [[ $cur == -* ]]; then _warp_words "--help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi

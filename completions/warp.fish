@@ -40,13 +40,14 @@ complete -c warp -n '__fish_seen_subcommand_from etl' -s i -l input -r -F -d 'Ov
 complete -c warp -n '__fish_seen_subcommand_from etl' -s o -l output -r -F -d 'Override [output] root'
 complete -c warp -n '__fish_seen_subcommand_from etl' -s x -l executor -r -F -d 'Where shard tasks run: local (default), process, dask (a LocalCluster), dask:...'
 
-complete -c warp -n '__fish_seen_subcommand_from ingest' -l id -x -a 'stem path hash' -d 'imagefolder: row ids from the file stem, relative path or content SHA-256'
+complete -c warp -n '__fish_seen_subcommand_from ingest' -l id -x -a 'stem path hash' -d 'imagefolder: row ids from the relative path (default), file stem or content S...'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l pair -r -F -d 'imagefolder: a folder of masks with the same stems, bound as main.mask'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l file-column -r -F -d 'csv: a column of file paths (relative to --root); repeatable'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l root -r -F -d 'csv: the folder the file paths are under'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l type -x -a 'image audio video file' -d 'csv, paired: what the files are; only images are decoded'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l names -r -F -d 'paired: column/artifact names (default: the folder names)'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-file-size -r -F -d 'Quarantine files larger than this, with a unit (e.g'
+complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-pixels -x -d 'Quarantine images whose header declares more pixels (default: Pillow\'s cap, 8...'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l keep -r -F -d 'Keep the written main/quarantine Parquet files in DIR'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l dry-run -d 'Check and plan; upload nothing'
@@ -100,6 +101,7 @@ complete -c warp -n '__fish_seen_subcommand_from register' -l allow-dangling -d 
 complete -c warp -n '__fish_seen_subcommand_from register' -l follow-symlinks -d 'Walk symlinked directories inside --artifact directories'
 complete -c warp -n '__fish_seen_subcommand_from register' -l workers -x -d 'Files hashed in parallel'
 complete -c warp -n '__fish_seen_subcommand_from register' -l description -r -F -d 'Free text kept with the registration'
+complete -c warp -n '__fish_seen_subcommand_from register' -l shadow -d 'Register even if the store publishes WS/NAME; reads then use the local files'
 complete -c warp -n '__fish_seen_subcommand_from register' -F
 
 complete -c warp -n '__fish_seen_subcommand_from unregister' -F

@@ -11,6 +11,16 @@ height)``. It never decodes pixels, so it costs microseconds per image.
 * Sizes are the stored (encoded) size: an EXIF orientation tag is not
   applied, as every decoder that ignores EXIF would not apply it either.
 
+:func:`size_problem` is the shared sanity check of every pipeline that decodes images
+(ingest, warehouse, feature cache), run on the header alone before any pixel is decoded:
+
+* ``too-many-pixels``: width × height over a cap (default :data:`DEFAULT_MAX_PIXELS`, Pillow's
+  ``MAX_IMAGE_PIXELS``), the decompression bomb (a 30000² PNG of a few MB decodes to 2.7 GB);
+* ``impossible-header``: a declared size the data cannot hold. PNG rows are deflated (at most
+  1032:1) from at least one filter byte plus one bit per pixel; GIF codes are at most 12 bits for
+  at most 4096 pixels; an uncompressed BMP stores every row. A file smaller than that bound
+  declares pixels it does not contain.
+
 :func:`sniff_format` only looks at the signature. Both accept ``bytes``,
 ``bytearray``, ``memoryview`` or anything exposing the buffer protocol and
 never copy more than a header's worth of bytes.
@@ -23,8 +33,18 @@ from dataclasses import dataclass
 
 from warpdata.core.errors import DataError
 
-__all__ = ["ImageHeaderError", "ImageInfo", "UnknownImageFormat", "image_info", "sniff_format",
-           "EXTENSION_FORMATS"]
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_LIMIT_REASONS", "ImageHeaderError", "ImageInfo", "UnknownImageFormat",
+           "image_info", "min_encoded_bytes", "size_problem", "sniff_format", "EXTENSION_FORMATS"]
+
+#: pixel cap of every image pipeline unless configured: Pillow's ``Image.MAX_IMAGE_PIXELS``
+DEFAULT_MAX_PIXELS = 89_478_485
+
+#: the quarantine reasons of :func:`size_problem` (code, category, help), registered by each pipeline
+IMAGE_LIMIT_REASONS = (
+    ("too-many-pixels", "invalid", "the image header declares more pixels than the cap ([limits] max_pixels, "
+                                   "--max-pixels); it was not decoded"),
+    ("impossible-header", "invalid", "the image header declares a size the file's bytes cannot hold"),
+)
 
 # file extensions (lower case, without dot) WebDataset tars use for images
 EXTENSION_FORMATS: dict[str, str] = {
@@ -196,3 +216,40 @@ def _tiff(mv) -> tuple[int, int]:
 
 
 _PARSERS = {"jpeg": _jpeg, "png": _png, "gif": _gif, "bmp": _bmp, "webp": _webp, "tiff": _tiff}
+
+
+def min_encoded_bytes(fmt: str, width: int, height: int, data=None) -> int:
+    """A lower bound on the bytes an image of ``fmt`` and this size takes (0: no bound known).
+
+    ``data`` (the file's bytes, or its first ones) lets a BMP header say whether it is
+    uncompressed and how many bits a pixel takes."""
+    if width <= 0 or height <= 0:
+        return 0
+    if fmt == "png":  # per row: a filter byte + >= 1 bit per pixel; deflate expands at most 1032:1
+        return (height * (1 + (width + 7) // 8)) // 1032
+    if fmt == "gif":  # LZW: one code of <= 12 bits yields <= 4096 pixels
+        return (width * height) // 4096
+    if fmt == "bmp" and data is not None:
+        try:
+            dib, = struct.unpack_from("<I", data, 14)
+            if dib >= 40:
+                bpp, comp = struct.unpack_from("<HI", data, 28)
+                if comp in (0, 3) and bpp in (1, 4, 8, 16, 24, 32):  # BI_RGB / BI_BITFIELDS: every row stored
+                    return 54 + height * (((width * bpp + 31) // 32) * 4)
+        except struct.error:
+            return 0
+    return 0
+
+
+def size_problem(fmt: str, width: int, height: int, nbytes: int, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 data=None) -> tuple[str, str] | None:
+    """``(reason, message)`` when an image's header fails the checks of the module docstring, else None."""
+    if width * height > max_pixels:
+        return ("too-many-pixels", f"{fmt.upper()} header declares {width}x{height} = {width * height:,} pixels, "
+                                   f"over the cap of {max_pixels:,}")
+    need = min_encoded_bytes(fmt, width, height, data)
+    if nbytes < need:
+        return ("impossible-header", f"{fmt.upper()} header declares {width}x{height} pixels, which take at least "
+                                     f"{need:,} bytes, but the file has {nbytes:,}")
+    return None
+

@@ -1150,7 +1150,13 @@ class TblReader:
     def _block_crc(self, k: int, pos: int, size: int) -> tuple[int, int]:
         """(stored, computed) CRC-32 of metadata block ``k`` (16-byte header + data) at ``pos``."""
         h = self.header
-        (stored,) = struct.unpack_from("<I", self._view, h.metadata_offset + h.metadata_size + TRAILER_SIZE * k)
+        at = h.metadata_offset + h.metadata_size + TRAILER_SIZE * k
+        if k >= h.meta_blocks or at + TRAILER_SIZE > len(self._view):  # the table holds meta_blocks entries
+            raise CorruptMetadata(f"{self.path}: metadata block {k} at offset {pos} has no CRC in the block CRC "
+                                  f"table (the header announces {h.meta_blocks} blocks; its CRC would be at "
+                                  f"offset {at}, the file has {len(self._view)} bytes)",
+                                  path=self.path, offset=pos)
+        (stored,) = struct.unpack_from("<I", self._view, at)
         return stored, crc32(self._view[pos:pos + META_BLOCK_SIZE + size])
 
     def _section_crc(self) -> tuple[int, int]:

@@ -56,6 +56,7 @@ MAX_OBJECTS = 2**32  # stored objects (shards or chunks) the grid declares
 MAX_CHUNK_BYTES = 2**31  # decoded bytes of one chunk (what decoding one allocates)
 MAX_CHUNKS_PER_SHARD = 2**24  # inner chunks of one shard (its index is 16 bytes each)
 MAX_JSON_BYTES = 1 << 20  # size of a zarr.json
+MAX_ROW_BLOCK_BYTES = 2**30  # decoded bytes of one row of objects (what iter_row_blocks allocates at once)
 
 
 class ZarrChecksumError(DataError):
@@ -476,16 +477,26 @@ def iter_object_chunks(store: KeyReader, layout: ArrayLayout, obj_index: Sequenc
         yield gidx, decode_chunk(mv[off: off + nb], layout, f"{where} (inner chunk {i})")
 
 
-def iter_row_blocks(store: KeyReader, layout: ArrayLayout) -> Iterator[np.ndarray]:
+def iter_row_blocks(store: KeyReader, layout: ArrayLayout,
+                    max_bytes: int = MAX_ROW_BLOCK_BYTES) -> Iterator[np.ndarray]:
     """The array as consecutive row blocks along dimension 0 (one object row each).
 
     Memory stays at one row of objects; concatenating the blocks gives the
-    whole array in C order (how ``verify`` recomputes the input checksum).
+    whole array in C order (how ``verify`` recomputes the input checksum). A row
+    of objects that decodes to more than ``max_bytes`` is a :class:`DataError`
+    raised before anything is allocated (an absurd shape is not a MemoryError).
     """
     if math.prod(layout.shape) == 0:
         return
     grid = layout.grid_shape
     step = (layout.shards or layout.chunks)[0]
+    row_bytes = min(step, layout.shape[0]) * math.prod(layout.shape[1:]) * layout.dtype.itemsize
+    if row_bytes > max_bytes:
+        where = f"{store.url}/{ZARR_JSON}"
+        raise DataError(f"{where}: one row of objects of shape {list(layout.shape)} (chunks {list(layout.chunks)}) "
+                        f"decodes to {row_bytes:,} bytes, over warp's limit MAX_ROW_BLOCK_BYTES = "
+                        f"{_pow2(max_bytes)}", hint="read it by slices with zarr-python or tensorstore, or "
+                        "rewrite it with smaller chunks along the first dimension", path=where)
     for i0 in range(grid[0]):
         r0, r1 = i0 * step, min((i0 + 1) * step, layout.shape[0])
         block = np.full((r1 - r0, *layout.shape[1:]), layout.fill_value, dtype=layout.dtype)

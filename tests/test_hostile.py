@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,9 @@ def test_every_connection_is_locked_down():
         con.execute("SELECT * FROM read_text('/etc/passwd')").fetchall()
     with pytest.raises(duckdb.Error):
         con.execute("SET enable_external_access = true")
+    hidden = pa.table({"secret": [1]})  # noqa: F841 (a local DuckDB's replacement scan would read by name)
+    with pytest.raises(duckdb.CatalogException):
+        con.execute("SELECT * FROM hidden").fetchall()
 
 
 # -- Table.query: one read-only SELECT over the table, nothing else ---------------------------------
@@ -287,6 +291,16 @@ QUERY_ATTACKS = {
     "SELECT repeat(label, 1000000000) FROM main": "repeat()",
     "SELECT * FROM main WHERE id = $x": "parameter",
     "": "is empty",
+    # a WITH name counts only in its own scope, and never shadows a catalog object
+    "SELECT * FROM duckdb_views, (WITH duckdb_views AS (SELECT 1) SELECT 1)": "name of a catalog object",
+    "SELECT * FROM pg_settings, (WITH pg_settings AS (SELECT 1) SELECT 1)": "name of a catalog object",
+    "SELECT * FROM warp_all_columns, (WITH warp_all_columns AS (SELECT 1) SELECT 1)": "name of a catalog object",
+    "WITH main AS (SELECT 1 AS id) SELECT * FROM main": "the name of the table",
+    "SELECT * FROM t, (WITH t AS (SELECT 1) SELECT * FROM t)": "reads the table 't'",
+    "WITH a AS (SELECT * FROM b), b AS (SELECT * FROM main) SELECT * FROM a": "reads the table 'b'",
+    "WITH a AS (SELECT * FROM a) SELECT * FROM a": "reads the table 'a'",  # not recursive: not itself
+    "SELECT * FROM main WHERE " + "NOT " * 600 + "id > 1": "levels deep",
+    "SELECT * FROM main WHERE id IN (" + ",".join(map(str, range(200_000))) + ")": "over the limit",
 }
 
 
@@ -313,6 +327,85 @@ def test_allowed_queries_still_work(store):
     assert got.to_pylist() == [{"label": "label-0", "n": 15, "top": 98, "r": 1},
                                {"label": "label-1", "n": 15, "top": 99, "r": 2}]
     assert t.query("SELECT count(*) AS n FROM MAIN m1 JOIN main m2 USING (id)").to_pylist() == [{"n": 500}]
+    assert t.query("WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 5), "
+                   "s AS (SELECT * FROM r) SELECT sum(n) AS t FROM s").to_pylist() == [{"t": 15}]
+    assert t.query("SELECT count(*) AS n FROM (WITH a AS (SELECT id FROM main WHERE id < 10) SELECT * FROM a)"
+                   ).to_pylist() == [{"n": 10}]
+
+
+def test_a_select_view_hides_its_other_columns_from_filters_queries_and_reads(store):
+    import warpdata
+    from warpdata.core.errors import UsageError
+
+    view = warpdata.dataset("ws/demo").table("main").select(["id", "label"])
+    for run in (lambda: view.filter("x > 0").count(), lambda: view.filter("payload IS NOT NULL").to_arrow(),
+                lambda: view.query("SELECT x FROM main"), lambda: view.select(["id", "x"]),
+                lambda: view.filter("id > 0").select(["payload"]), lambda: list(view.batches(columns=["x"]))):
+        with pytest.raises(UsageError) as ei:
+            run()
+        assert re.search(r"\b(x|payload)\b", ei.value.message), ei.value.message
+    assert view.filter("id < 3").to_arrow().column_names == ["id", "label"]
+    assert view.filter("label = 'label-1'").count() == 72
+
+
+def test_a_runaway_query_is_stopped_by_the_time_limit(store):
+    import warpdata
+    from warpdata.core.sqlgate import QueryLimitError
+
+    t = warpdata.dataset("ws/demo").table("main")
+    with pytest.raises(QueryLimitError, match="time limit of 1 s") as ei:
+        t.query("WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r", timeout=1)
+    assert ei.value.exit_code == 2 and "WARP_SQL_TIMEOUT" in ei.value.hint
+
+
+def test_a_query_over_the_memory_limit_is_typed(store, monkeypatch):
+    import warpdata
+    from warpdata.core.sqlgate import QueryLimitError
+
+    monkeypatch.setenv("WARP_SQL_MEMORY", "16MB")
+    t = warpdata.dataset("ws/demo").table("main")
+    with pytest.raises(QueryLimitError, match="memory limit of 16.0 MB") as ei:
+        t.query("WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r WHERE n < 2000000) "
+                "SELECT count(DISTINCT n) FROM r", timeout=120)
+    assert "WARP_SQL_MEMORY" in ei.value.hint
+
+
+def test_query_connections_are_bounded_and_settable(monkeypatch):
+    from warpdata.core import sqlgate
+    from warpdata.core.errors import ConfigError
+
+    def settings() -> dict:
+        con = sqlgate.connect()
+        try:
+            return dict(con.execute("SELECT name, value FROM duckdb_settings() WHERE name IN ('threads', "
+                                    "'memory_limit', 'max_expression_depth', 'temp_directory', "
+                                    "'python_enable_replacements')").fetchall())
+        finally:
+            con.close()
+
+    got = settings()
+    assert int(got["threads"]) == max(1, (os.cpu_count() or 1) // 2)
+    assert got["temp_directory"] == "" and got["python_enable_replacements"] == "false"
+    assert int(got["max_expression_depth"]) <= 2 * sqlgate.MAX_DEPTH
+    monkeypatch.setenv("WARP_SQL_THREADS", "1")
+    monkeypatch.setenv("WARP_SQL_MEMORY", "100MiB")
+    got = settings()
+    assert got["threads"] == "1" and got["memory_limit"] == "100.0 MiB"
+    for name, bad in (("WARP_SQL_MEMORY", "100"), ("WARP_SQL_THREADS", "0"), ("WARP_SQL_TIMEOUT", "soon")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ConfigError, match=name):
+            sqlgate.connect()
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("expr, named", [
+    ("NOT " * 600 + "id > 1", "levels deep"),
+    ("id IN (" + ",".join(map(str, range(200_000))) + ")", "over the limit"),
+])
+def test_filters_past_the_depth_and_length_limits_are_usage_errors(cli, store, expr, named):
+    r = cli("stream", "ws/demo", "--columns", "id", "--filter", expr, "--format", "csv")
+    assert r.code == 2, (r.code, r.err[-500:])
+    assert named in r.err and "internal error" not in r.err and r.out == ""
 
 
 # -- feature cache and publish: symlinks out of the folder -------------------------------------------
@@ -457,3 +550,314 @@ def test_tampered_registration_cannot_escape_its_folder(cli, tmp_path, monkeypat
     p.write_text(json.dumps(doc))
     r = cli("cat", "ws/r", "--artifact", "media", "--ref", "../../etc/passwd")
     assert r.code == 65 and "not a path inside" in r.err and str(p) in r.err and r.out == ""
+
+
+# -- ingest: decompression bombs, impossible headers, NUL bytes (tests/malformed/images/) -----------
+
+IMAGES = Path(__file__).parent / "malformed" / "images"
+
+
+def _png(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(synthetic_photo(np.random.default_rng(seed), 24, 16)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _ingested(store: Path, name: str) -> tuple[list[str], dict[str, str]]:
+    import warpdata
+
+    ds = warpdata.dataset(name, store=str(store))
+    main = ds.table("main").to_arrow().column("id").to_pylist()
+    q = ds.table("quarantine").to_arrow().to_pylist() if "quarantine" in ds.tables else []
+    return main, {r["path"]: r["reason"] for r in q}
+
+
+def test_ingest_quarantines_bombs_and_impossible_headers_and_keeps_same_named_classes(tmp_path):
+    root = tmp_path / "pets"
+    for d in ("cat", "dog", "odd"):
+        (root / d).mkdir(parents=True)
+    (root / "cat" / "0.png").write_bytes(_png(1))
+    (root / "dog" / "0.png").write_bytes(_png(2))  # the same stem in another class: its own row
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", root / "odd" / "bomb.png")
+    shutil.copy(IMAGES / "png_impossible_header.png", root / "odd" / "impossible.png")
+    env = {"WARP_STORE": str(tmp_path / "store"), "WARP_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_capped("ingest", "imagefolder", root, "ws/pets", cwd=tmp_path, env=env)
+    _assert_typed(r, 0)
+    assert r.peak_kib < 1 << 20  # 2.7 GB of declared pixels, never decoded
+    main, q = _ingested(tmp_path / "store", "ws/pets")
+    assert main == ["cat/0.png", "dog/0.png"]
+    assert q == {"odd/bomb.png": "too-many-pixels", "odd/impossible.png": "impossible-header"}
+    r = run_capped("ingest", "imagefolder", root, "ws/small", "--max-pixels", "100", cwd=tmp_path, env=env)
+    _assert_typed(r, 65)  # every image over a 100-pixel cap: nothing left to publish
+    assert "too-many-pixels" in r.err
+
+
+def test_ingest_csv_with_a_nul_byte_in_one_path_quarantines_that_row(tmp_path):
+    root = tmp_path / "files"
+    root.mkdir()
+    for i in range(3):
+        (root / f"{i}.png").write_bytes(_png(i))
+    (tmp_path / "list.csv").write_text("image,label\n0.png,a\n1\x00.png,b\n2.png,c\n")
+    env = {"WARP_STORE": str(tmp_path / "store"), "WARP_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_capped("ingest", "csv", tmp_path / "list.csv", "ws/nul", "--file-column", "image", "--root", root,
+                   cwd=tmp_path, env=env)
+    _assert_typed(r, 0)
+    assert "bad-path 1" in r.err
+    import warpdata
+
+    ds = warpdata.dataset("ws/nul", store=str(tmp_path / "store"))
+    assert ds.table("main").to_arrow().column("image").to_pylist() == ["0.png", "2.png"]
+    (q,) = ds.table("quarantine").to_arrow().to_pylist()
+    assert q["reason"] == "bad-path" and q["path"] == "1\x00.png" and q["source"] == "row 1"
+
+
+def test_etl_quarantines_bombs_and_impossible_headers_undecoded(tmp_path):
+    d = _case("coco_path_escape", tmp_path)
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", d / "images" / "bomb.png")
+    shutil.copy(IMAGES / "png_impossible_header.png", d / "images" / "impossible.png")
+    doc = json.loads((d / "annotations.json").read_text())
+    doc["images"] = [{"id": 1, "file_name": "ok.jpg"}, {"id": 2, "file_name": "bomb.png"},
+                     {"id": 3, "file_name": "impossible.png"}]
+    doc["annotations"] = []
+    (d / "annotations.json").write_text(json.dumps(doc))
+    r = run_capped("etl", "-c", "t.toml", "--allow-invalid", cwd=d)
+    _assert_typed(r, 0)
+    assert _quarantine(d) == {"images/bomb.png": "too-many-pixels", "images/impossible.png": "impossible-header"}
+    assert r.peak_kib < 1 << 20
+
+
+def test_feature_cache_quarantines_bombs_and_impossible_headers(tmp_path):
+    from warpdata.features.writer import CacheSpec, build_cache
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jpg").write_bytes(_jpeg(1))
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", src / "b.png")
+    shutil.copy(IMAGES / "png_impossible_header.png", src / "c.png")
+    for k in "abc":
+        (src / f"{k}.txt").write_text(f"caption {k}")
+    build_cache(CacheSpec(source=str(src), output=str(tmp_path / "cache"), size=(16, 16)), allow_invalid=True)
+    q = [json.loads(x) for x in (tmp_path / "cache" / "quarantine.jsonl").read_text().splitlines()]
+    assert {r["sample_id"]: r["reason"] for r in q} == {"b.png": "too-many-pixels", "c.png": "impossible-header"}
+    assert (tmp_path / "cache" / "keys.txt").read_text().split() == ["a.jpg"]
+
+
+# -- encoder plugins that return garbage ------------------------------------------------------------
+
+_PLUGIN = '''
+import numpy as np
+
+from warpdata.formats.featshard import FieldSpec
+
+
+class Emb:
+    def __init__(self, mode, dim=4):
+        self.mode, self.dim = mode, dim
+
+    def embed(self, items):
+        n = len(items)
+        if self.mode == "ragged":
+            return [[1.0] * (4 if i != 1 else 3) for i in range(n)]
+        if self.mode == "strings":
+            return [["a", "b", "c", "d"] for _ in range(n)]
+        if self.mode == "zero-width":
+            return np.zeros((n, 0), np.float32)
+        if self.mode == "nan":
+            v = np.ones((n, 4), np.float32)
+            v[2, 1] = np.nan
+            return v
+        if self.mode == "zeros":
+            v = np.ones((n, 4), np.float32)
+            v[[0, 3]] = 0
+            return v
+        if self.mode == "huge":  # finite, but a float32 norm overflows
+            v = np.full((n, 4), 3e38, np.float32)
+            v[:, 0] = (np.arange(n) % 10) * 1e37
+            return v
+        return np.ones((n, 4), np.float32)
+
+    def identity(self):
+        return {"name": "hostile-" + self.mode}
+
+
+def embedder(device="cpu", mode="ok"):
+    return Emb(mode)
+
+
+class Feat:
+    def __init__(self, mode):
+        self.mode = mode
+
+    def fields(self, h, w):
+        return [FieldSpec("z", "float32", (4,))]
+
+    def encode(self, pixels, captions):
+        n = len(captions)
+        if self.mode == "ragged":
+            return {"z": [[1.0] * (4 if i != 1 else 2) for i in range(n)]}
+        if self.mode == "strings":
+            return {"z": np.array([["x"] * 4] * n)}
+        return {"z": np.zeros((n, 0), np.float32)}
+
+    def identity(self):
+        return {"name": "hostile-feat-" + self.mode}
+
+
+def features(device="cpu", dtype="float16", mode="ragged"):
+    return Feat(mode)
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "hostile_encoders.py").write_text(_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path / "plugins"))
+    return "hostile_encoders"
+
+
+@pytest.mark.parametrize("mode, named", [
+    ("ragged", "ragged"), ("strings", "text"), ("zero-width", "zero-width"), ("nan", "NaN or infinite"),
+    ("zeros", "all-zero"),
+])
+def test_embedding_plugin_garbage_is_typed_and_names_the_rows(cli, store, plugin, mode, named):
+    r = cli("embeddings", "add", "ws/demo", "--column", "label", "--encoder", f"{plugin}:embedder",
+            "--option", f"mode={mode}")
+    assert r.code == 65, (r.code, r.err)
+    assert "internal error" not in r.err and named in r.err and f"{plugin}:embedder" in r.err
+    row = {"ragged": 1, "strings": 0, "nan": 2}.get(mode)
+    if row is not None:
+        assert f"row {row} (id {row})" in r.err, r.err
+    if mode == "zeros":  # rows 0 and 3 of each 256-row batch
+        assert "4 all-zero vector(s)" in r.err and "rows 0 (id 0), 3 (id 3), 256 (id 256)" in r.err
+
+
+def test_embedding_vectors_whose_length_overflows_float32_still_search(cli, store, plugin):
+    r = cli("embeddings", "add", "ws/demo", "--column", "label", "--encoder", f"{plugin}:embedder",
+            "--option", "mode=huge", "--name", "huge")
+    assert r.code == 0, r.err
+    import warpdata
+
+    hits = warpdata.dataset("ws/demo").embeddings("huge").search(7, k=1, exact=True)
+    assert hits[0]["row"] % 10 == 7 and abs(hits[0]["distance"]) < 1e-5  # not every distance 1.0
+
+
+@pytest.mark.parametrize("mode, named", [("ragged", "ragged"), ("strings", "text"), ("zero-width", "zero-width")])
+def test_feature_cache_encoder_garbage_is_typed_and_names_the_sample(tmp_path, plugin, mode, named):
+    from warpdata.features.encoders import EncoderOutputError
+    from warpdata.features.writer import CacheSpec, build_cache
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.jpg").write_bytes(_jpeg(i))
+        (src / f"{i}.txt").write_text(f"caption {i}")
+    spec = CacheSpec(source=str(src), output=str(tmp_path / "cache"), size=(16, 16),
+                     encoder=f"{plugin}:features", encoder_options={"mode": mode}, caching_device="cpu")
+    with pytest.raises(EncoderOutputError) as ei:
+        build_cache(spec, workers=1)
+    assert ei.value.exit_code == 65 and named in ei.value.message and f"{plugin}" in ei.value.message
+    if mode == "ragged":
+        assert "'1.jpg'" in ei.value.message, ei.value.message
+
+
+# -- formats: offsets past the end, absurd shapes ----------------------------------------------------
+
+def test_tbl_metadata_crc_offset_past_the_end_is_typed(cli):
+    path = Path(__file__).parent / "malformed" / "tbl" / "metadata_crc_offset_past_end.tbl"
+    r = cli("inspect", path, "--verify")
+    assert r.code == 1 and "internal error" not in r.err, r.err
+    assert f"{path}: metadata block 1" in r.err and "has no CRC in the block CRC table" in r.err
+    from warpdata.formats import tbl
+
+    problems = tbl.TblReader(path, verify=False).verify_all()
+    assert problems and problems[0].check.startswith("metadata")
+
+
+_READ_ZARR = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+from warpdata.core.errors import WarpError
+from warpdata.storage.zarr_store import read_array
+try:
+    read_array(sys.argv[1])
+except WarpError as e:
+    print(type(e).__name__, e.exit_code, e.message)
+"""
+
+
+def test_zarr_row_of_objects_past_memory_is_typed_before_allocating(tmp_path):
+    """2 x 32768 x 32768 u16 with 2 GiB chunks: within every metadata limit, but one row of objects
+    would allocate 2 GiB (MemoryError under a 1.5 GiB address space before)."""
+    src = Path(__file__).parent / "malformed" / "zarr-rows" / "huge-row-block"
+    p = subprocess.run([sys.executable, "-c", _READ_ZARR, str(src)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "MemoryError" not in p.stderr, p.stderr[-2000:]
+    assert p.stdout.startswith("DataError 65") and "MAX_ROW_BLOCK_BYTES" in p.stdout, p.stdout
+
+
+def test_feature_cache_with_quarantined_files_publishes_with_relative_sources(cli, tmp_path, monkeypatch):
+    """The quarantine table names files relative to the source root: an absolute path in it made
+    `warp publish --from` refuse the cache as holding machine-local paths (exit 65)."""
+    from warpdata.features.writer import CacheSpec, build_cache
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.jpg").write_bytes(_jpeg(1))
+    shutil.copy(IMAGES / "png_impossible_header.png", src / "sub" / "c.png")
+    (src / "sub" / "d.png").write_bytes(_png(4))  # no caption
+    for k in ("a", "sub/c"):
+        (src / f"{k}.txt").write_text(f"caption {k}")
+    build_cache(CacheSpec(source=str(src.resolve()), output=str(tmp_path / "cache"), size=(16, 16)),
+                allow_invalid=True)
+    q = [json.loads(x) for x in (tmp_path / "cache" / "quarantine.jsonl").read_text().splitlines()]
+    assert sorted(r["source"] for r in q) == ["sub/c.png", "sub/d.png"]
+    monkeypatch.setenv("WARP_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "blobs"))
+    r = cli("publish", "ws/fc", "--from", tmp_path / "cache")
+    assert r.code == 0, r.err
+    assert str(tmp_path) not in "".join(p.read_text(errors="replace") for p in (tmp_path / "store").rglob("*.json"))
+
+
+IMAGE_CASES = json.loads((IMAGES / "expected.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_malformed_image_corpus_gets_the_same_reason_in_every_pipeline(name):
+    """tests/malformed/images: ingest, the warehouse header pass and the feature cache's driver pass
+    quarantine each reproducer with the reason in expected.json, from the header alone (header
+    checks only for the warehouse and feature cache, whose decoders find truncation later)."""
+    from warpdata.features.writer import header_problem
+    from warpdata.registry.ingest import Rejected, check_file
+    from warpdata.warehouse.images import ProbeError, probe
+
+    want = IMAGE_CASES[name]
+    with pytest.raises(Rejected) as ei:
+        check_file(str(IMAGES), name, max_bytes=1 << 20)
+    assert ei.value.reason == want, ei.value.message
+    if want in ("too-many-pixels", "impossible-header"):
+        with pytest.raises(ProbeError) as pe:
+            probe((IMAGES / name).read_bytes())
+        assert pe.value.reason == want
+        assert header_problem(str(IMAGES / name), 89_478_485).reason == want
+
+
+def test_paired_ingest_quarantines_a_bomb_on_either_side(tmp_path):
+    a, b = tmp_path / "images", tmp_path / "masks"
+    a.mkdir()
+    b.mkdir()
+    for i in range(2):
+        (a / f"{i}.png").write_bytes(_png(i))
+        (b / f"{i}.png").write_bytes(_png(10 + i))
+    shutil.copy(IMAGES / "png_bomb_30000x30000.png", a / "2.png")
+    (b / "2.png").write_bytes(_png(12))
+    (a / "3.png").write_bytes(_png(3))
+    shutil.copy(IMAGES / "gif_65535x65535.gif", b / "3.gif")
+    env = {"WARP_STORE": str(tmp_path / "store"), "WARP_CACHE_DIR": str(tmp_path / "cache")}
+    r = run_capped("ingest", "paired", a, b, "ws/seg", cwd=tmp_path, env=env)
+    _assert_typed(r, 0)
+    _main, q = _ingested(tmp_path / "store", "ws/seg")
+    assert q == {"2.png": "too-many-pixels", "3.gif": "too-many-pixels"}, q

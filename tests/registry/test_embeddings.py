@@ -18,7 +18,7 @@ def pets(cli, tmp_path):
         for i in range(3):
             shade = tuple(v - 5 * i for v in c)
             Image.new("RGB", (24, 24), shade).save(tmp_path / "f" / cname / f"{cname}{i}.png")
-    r = cli("ingest", "imagefolder", tmp_path / "f", "ws/pets", "--json")
+    r = cli("ingest", "imagefolder", tmp_path / "f", "ws/pets", "--id", "stem", "--json")
     assert r.code == 0, r.err
     return r.json()["version_hash"]
 
@@ -149,7 +149,7 @@ def test_changed_image_is_the_only_one_encoded(cli, pets, tmp_path):
     first = cli("embeddings", "add", "ws/pets", "--column", "image", "--encoder", "color-hist", "--json").json()
     assert first["encoded"] == 9
     Image.new("RGB", (24, 24), (200, 200, 20)).save(tmp_path / "f" / "red" / "red1.png")  # new bytes, same name
-    r = cli("ingest", "imagefolder", tmp_path / "f", "ws/pets", "--json")
+    r = cli("ingest", "imagefolder", tmp_path / "f", "ws/pets", "--id", "stem", "--json")
     assert r.code == 0, r.err
     second = cli("embeddings", "add", "ws/pets", "--column", "image", "--encoder", "color-hist", "--json").json()
     assert (second["encoded"], second["reused"], second["reused_from"]) == (1, 8, first["version_hash"])

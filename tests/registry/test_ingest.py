@@ -50,7 +50,7 @@ def test_imagefolder_table_artifact_binding(cli, tmp_path):
     assert doc["rows"] == 6 and doc["quarantined"] == 0 and doc["manifest_written"]
     rows = rows_of("ws/pets")
     assert [x["image"] for x in rows] == sorted(files)
-    assert rows[0] == {"id": "cat0", "label": "cat", "image": "cat/cat0.jpg", "width": 10, "height": 20,
+    assert rows[0] == {"id": "cat/cat0.jpg", "label": "cat", "image": "cat/cat0.jpg", "width": 10, "height": 20,
                        "bytes": len(files["cat/cat0.jpg"])}
     assert {x["label"] for x in rows} == {"cat", "dog"}
     ds = warpdata.dataset("ws/pets")
@@ -99,11 +99,11 @@ def test_ids_stem_path_hash_and_duplicates(cli, tmp_path):
     (root / "b").mkdir()
     (root / "a" / "x.jpg").write_bytes(jpeg(4, 4))
     (root / "b" / "x.jpg").write_bytes(jpeg(5, 5))
-    r = cli("ingest", "imagefolder", root, "ws/ids", "--json")
+    r = cli("ingest", "imagefolder", root, "ws/ids", "--id", "stem", "--json")
     assert r.code == 0 and r.json()["rows"] == 1
     (q,) = rows_of("ws/ids", "quarantine")
     assert q["path"] == "b/x.jpg" and q["reason"] == "duplicate" and "--id path" in q["message"]
-    assert cli("ingest", "imagefolder", root, "ws/ids", "--id", "path").code == 0
+    assert cli("ingest", "imagefolder", root, "ws/ids").code == 0  # ids default to the relative path
     assert [x["id"] for x in rows_of("ws/ids")] == ["a/x.jpg", "b/x.jpg"]
     assert cli("ingest", "imagefolder", root, "ws/ids", "--id", "hash").code == 0
     import hashlib

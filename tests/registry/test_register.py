@@ -72,8 +72,18 @@ def test_register_with_real_dataloader_workers(cli, files):
 def test_registered_before_the_store_unless_store_is_named(cli, files, tmp_path):
     m = publish(str(tmp_path / "store"), "ws/local", {"main": [make_rows(7)]}, tmp_path / "pub")
     assert warpdata.dataset("ws/local").table("main").num_rows == 7
-    assert _register(cli, files).code == 0
+    r = _register(cli, files)  # the store publishes ws/local: shadowing it needs --shadow
+    assert r.code == 2 and "ws/local is published in the store" in r.err and "--shadow" in r.err
+    assert not (files / "cache" / "registered" / "ws" / "local.json").exists()
+    assert warpdata.dataset("ws/local").table("main").num_rows == 7
+    r = _register(cli, files, "--shadow")
+    assert r.code == 0 and "--shadow: reads of ws/local now use these local files" in r.err
     assert warpdata.dataset("ws/local").table("main").num_rows == 500
+    r = cli("ls", "--json")
+    assert [(d["dataset"], d["version"], "registered" in d) for d in r.json()["datasets"]] == [
+        ("ws/local", warpdata.dataset("ws/local").version, True), ("ws/local", m.version_hash, False)]
+    r = cli("ls")
+    assert r.code == 0 and "(registered)" in r.out and r.out.count("ws/local") == 2
     assert warpdata.dataset("ws/local", store=str(tmp_path / "store")).version == m.version_hash
     r = cli("unregister", "ws/local")
     assert r.code == 0 and "unregistered ws/local" in r.err
@@ -140,3 +150,46 @@ def test_damaged_registration_is_named(cli, files):
     p.write_text(json.dumps(doc))
     r = cli("stream", "ws/local", "--limit", "1")
     assert r.code == 65 and str(p) in r.err and "warp unregister ws/local" in r.err
+
+
+def _edit_in_place_keeping_mtime(path):
+    """What `cp -p` / `rsync --inplace -t` leave: other bytes, same size, inode and mtime."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(st.st_size // 2)
+        b = f.read(1)
+        f.seek(st.st_size // 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def test_an_edit_with_the_mtime_put_back_is_detected(cli, files):
+    assert _register(cli, files).code == 0
+    img = files / "media" / "img" / "0004.png"
+    _edit_in_place_keeping_mtime(img)
+    r = cli("cat", "ws/local", "--artifact", "media", "--ref", "img/0004.png")
+    assert r.code == 65 and str(img) in r.err and "changed since it was registered" in r.err and r.out == ""
+    part = files / "data" / "part-0.parquet"
+    _edit_in_place_keeping_mtime(part)
+    r = cli("stream", "ws/local", "--columns", "id")
+    assert r.code == 65 and str(part) in r.err and r.out == ""
+
+
+def test_inspect_verify_hashes_every_file_whatever_the_stamps(cli, files):
+    from warpdata.registry import register as reg
+
+    assert _register(cli, files).code == 0
+    r = cli("inspect", "ws/local", "--verify")
+    assert r.code == 0, r.err
+    img = files / "media" / "img" / "0001.png"
+    img.write_bytes(img.read_bytes()[:-1] + b"\0")
+    p = reg.registry_path("ws/local")
+    doc = json.loads(p.read_text())  # stamps are not content: a registration that trusts the new one
+    doc["artifacts"]["media"]["members"]["img/0001.png"][2] = reg.stamp_now(os.stat(img))
+    p.write_text(json.dumps(doc))
+    assert cli("cat", "ws/local", "--artifact", "media", "--ref", "img/0001.png").code == 0  # reads trust stamps
+    r = cli("inspect", "ws/local", "--verify")
+    assert r.code == 1, (r.code, r.err)
+    assert str(img) in r.out + r.err and "changed since it was registered" in r.out + r.err

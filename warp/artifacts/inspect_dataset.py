@@ -44,7 +44,9 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
     summary = {"dataset": ds.id, "version": ds.version, "mode": ds.mode, "store": ds.remote.url,
                "stats": m.stats, "tables_count": len(ds.tables), "artifacts_count": len(ds.artifacts)}
     problems: list[str] = []
-    if verify:
+    if verify and getattr(ds, "registered", False):  # files read in place: hash each one, stamps or not
+        problems += ds.verify_files()
+    elif verify:
         from warpdata.core.errors import BlobCorruptedError
 
         for s in m.blobs():

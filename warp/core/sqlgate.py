@@ -29,22 +29,111 @@ itself or one of its own ``WITH`` names (no table functions such as
 ``read_csv``, no other catalog or schema); every function is a pure one of
 :data:`ALLOWED_FUNCTIONS`, an aggregate or a window function of
 :data:`QUERY_FUNCTIONS`. It runs on a :func:`connect` + :func:`lock` connection
-that holds nothing but the registered table.
+that holds nothing but the registered table. A ``WITH`` name is visible only in
+its own scope (the statement that defines it, later ``WITH`` items, and itself
+when recursive), exactly as DuckDB resolves it, and may not be named like a
+catalog object (the table, warp's internal names, DuckDB's system views such
+as ``pg_settings``): a CTE defined in a subquery cannot make an outer reference
+to ``duckdb_views`` look like a CTE.
+
+Every connection is bounded (:class:`QueryLimits`, docs/sql.md): a thread count,
+a memory limit with spilling to disk turned off, DuckDB's expression depth,
+and, for the queries :mod:`warpdata.read.table` runs, a time limit enforced by
+``con.interrupt()`` from a timer (DuckDB has no statement timeout). Text longer
+than :data:`MAX_SQL_CHARS` and expressions nested deeper than :data:`MAX_DEPTH`
+are refused before DuckDB parses them into a tree. Running past a limit is a
+:class:`QueryLimitError` (exit 2) naming the limit and how to raise it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from warpdata.core.errors import UsageError
+from warpdata.core import envvars
+from warpdata.core.errors import ConfigError, UsageError
 
-__all__ = ["ALLOWED_FUNCTIONS", "QUERY_FUNCTIONS", "SAFE_CONFIG", "check_filter", "check_query", "confine", "connect",
-           "lock", "where_sql"]
+__all__ = ["ALLOWED_FUNCTIONS", "MAX_DEPTH", "MAX_SQL_CHARS", "QUERY_FUNCTIONS", "SAFE_CONFIG", "QueryLimitError",
+           "QueryLimits", "check_filter", "check_query", "confine", "connect", "guarded", "lock", "where_sql"]
 
-#: settings every warp DuckDB connection starts with
-SAFE_CONFIG: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+#: settings every warp DuckDB connection starts with: no extension fetched behind the user's back,
+#: no Python variable read as a table (DuckDB's replacement scan of the caller's locals)
+SAFE_CONFIG: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                               "python_enable_replacements": False}
+
+#: longest filter or query text parsed (DuckDB's parse tree of 1.3 MB of SQL took 0.85 GB here)
+MAX_SQL_CHARS = 262_144
+#: deepest expression nesting a filter or query may have (DuckDB's own parse tree nests deeper
+#: than Python's default recursion limit at ~330 levels)
+MAX_DEPTH = 200
+
+
+class QueryLimitError(UsageError):
+    """A filter or query went past a limit: its length, depth, time or memory (exit 2)."""
+
+    code = "query-limit"
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """What one DuckDB connection may use (docs/sql.md).
+
+    Defaults keep a laptop responsive: half the cores, a quarter of the memory, five minutes.
+    ``WARP_SQL_THREADS``, ``WARP_SQL_MEMORY`` (a size with a unit) and ``WARP_SQL_TIMEOUT``
+    (seconds, 0 for none) change them.
+    """
+
+    threads: int
+    memory_bytes: int
+    timeout_s: float
+    max_depth: int = MAX_DEPTH
+
+    @classmethod
+    def defaults(cls) -> QueryLimits:
+        cpus = os.cpu_count() or 1
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram = 4 << 30
+        return cls(threads=max(1, cpus // 2), memory_bytes=max(256 << 20, ram // 4), timeout_s=300.0)
+
+    @classmethod
+    def from_env(cls) -> QueryLimits:
+        from warpdata.core.sizes import parse_size
+
+        d = cls.defaults()
+        threads, memory, timeout = d.threads, d.memory_bytes, d.timeout_s
+        raw = envvars.get("WARP_SQL_THREADS")
+        if raw is not None:
+            threads = _env_number("WARP_SQL_THREADS", raw, int, "a whole number of threads like 2", minimum=1)
+        raw = envvars.get("WARP_SQL_MEMORY")
+        if raw is not None:
+            try:
+                memory = parse_size(raw) if not raw.strip().replace(".", "", 1).isdigit() else -1
+            except UsageError:
+                memory = -1
+            if memory < 10**7:
+                raise ConfigError(f"WARP_SQL_MEMORY={raw!r} is not a size of at least 10MB",
+                                  hint="write a size with a unit, like WARP_SQL_MEMORY=4GB")
+        raw = envvars.get("WARP_SQL_TIMEOUT")
+        if raw is not None:
+            timeout = _env_number("WARP_SQL_TIMEOUT", raw, float, "seconds like 60 (0: no time limit)", minimum=0)
+        return cls(threads=threads, memory_bytes=memory, timeout_s=timeout)
+
+
+def _env_number(name: str, raw: str, kind: type, what: str, minimum: float) -> Any:
+    try:
+        v = kind(raw.strip())
+    except ValueError:
+        v = None
+    if v is None or v != v or v < minimum or v == float("inf"):
+        raise ConfigError(f"{name}={raw!r} is not valid", hint=f"write {what}")
+    return v
 
 #: pure scalar functions (and the operator spellings DuckDB's parser gives LIKE, arithmetic, ...).
 #: Left out on purpose: anything reading files or settings, and functions whose output size a
@@ -87,11 +176,78 @@ _OPERATORS = {"OPERATOR_NOT", "OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL", "COMPA
               "OPERATOR_COALESCE", "OPERATOR_NULLIF"}
 
 
-def connect():
-    """A DuckDB connection that never installs or auto-loads an extension."""
+def connect(limits: QueryLimits | None = None):
+    """A DuckDB connection that never installs or auto-loads an extension, bounded by ``limits``
+    (:meth:`QueryLimits.from_env` when None): threads, memory (no spilling to disk) and depth."""
     import duckdb
 
-    return duckdb.connect(config=dict(SAFE_CONFIG))
+    lim = limits or QueryLimits.from_env()
+    return duckdb.connect(config={**SAFE_CONFIG, "threads": lim.threads, "memory_limit": f"{lim.memory_bytes}B",
+                                  "temp_directory": "", "max_expression_depth": max(lim.max_depth * 2, 100)})
+
+
+@contextmanager
+def guarded(con, what: str, limits: QueryLimits | None = None) -> Iterator[None]:
+    """Run DuckDB work on ``con`` under the time limit (``con.interrupt()`` from a timer), turning
+    an interrupt by the timer or DuckDB running out of its memory limit into a :class:`QueryLimitError`
+    that names ``what`` (e.g. "query 'SELECT ...' on ws/name/main")."""
+    import duckdb
+
+    lim = limits or QueryLimits.from_env()
+    fired = threading.Event()
+    timer = None
+    if lim.timeout_s > 0:
+        def stop() -> None:
+            fired.set()
+            con.interrupt()
+
+        timer = threading.Timer(lim.timeout_s, stop)
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    except duckdb.InterruptException:
+        if not fired.is_set():
+            raise
+        raise QueryLimitError(f"{what} ran past its time limit of {lim.timeout_s:g} s and was stopped",
+                              hint="narrow it (a WHERE clause, a LIMIT), or raise WARP_SQL_TIMEOUT "
+                                   "(seconds, 0 for no limit)", timeout_s=lim.timeout_s) from None
+    except duckdb.OutOfMemoryException:
+        from warpdata.core.sizes import format_size
+
+        raise QueryLimitError(f"{what} needs more than its memory limit of {format_size(lim.memory_bytes)}",
+                              hint="narrow it (fewer columns, a WHERE clause, fewer groups), or raise "
+                                   "WARP_SQL_MEMORY (e.g. 8GB)", memory_bytes=lim.memory_bytes) from None
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _parse(con, sql: str, fail) -> dict:
+    """DuckDB's parse tree of ``sql`` as JSON, under the length, depth and time limits."""
+    if len(sql) > MAX_SQL_CHARS:
+        raise fail(f"is {len(sql):,} characters long, over the limit of {MAX_SQL_CHARS:,}",
+                   "write it shorter: a range (BETWEEN) instead of a long IN list, or a join instead of literals",
+                   QueryLimitError)
+    try:
+        lock(con)
+        with guarded(con, "parsing"):
+            raw = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+    except QueryLimitError as e:
+        raise fail(f"takes too long to parse ({e.message})", None, QueryLimitError) from None
+    except Exception as e:  # duckdb.Error; the parser itself failing is the text's fault
+        raise fail(f"cannot be parsed: {e}", None, UsageError) from None
+    finally:
+        con.close()
+    deep = (f"nests expressions more than {MAX_DEPTH} levels deep",
+            "flatten it: an IN (...) list instead of chained ORs, NOT once instead of NOT NOT ...", QueryLimitError)
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise fail(*deep) from None
+    if doc.get("error") and "expression depth" in str(doc.get("error_message")):  # DuckDB's own depth limit
+        raise fail(*deep)
+    return doc
 
 
 def lock(con) -> None:
@@ -112,11 +268,16 @@ def where_sql(expr: str) -> str:
     return f"(\n{expr}\n)"
 
 
-def _fail(expr: str, what: str, columns: Iterable[str], hint: str | None = None) -> UsageError:
-    return UsageError(f"filter {expr!r}: {what}",
-                      hint=hint or "write one boolean expression over the columns " + ", ".join(columns)
-                      + " (comparisons, AND/OR/NOT, IN, BETWEEN, LIKE, IS NULL, simple functions)",
-                      filter=expr)
+def _short(text: str) -> str:
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _fail(expr: str, what: str, columns: Iterable[str], hint: str | None = None,
+          cls: type[UsageError] = UsageError) -> UsageError:
+    return cls(f"filter {_short(expr)!r}: {what}",
+               hint=hint or "write one boolean expression over the columns " + ", ".join(columns)
+               + " (comparisons, AND/OR/NOT, IN, BETWEEN, LIKE, IS NULL, simple functions)",
+               filter=expr)
 
 
 def check_filter(expr: str, columns: Iterable[str]) -> set[str]:
@@ -129,15 +290,8 @@ def check_filter(expr: str, columns: Iterable[str]) -> set[str]:
         raise _fail(str(expr), "is empty", columns)
     if "\x00" in expr:
         raise _fail(expr, "contains a NUL character", columns)
-    con = connect()
-    try:
-        lock(con)
-        raw = con.execute("SELECT json_serialize_sql(?)", [f"SELECT * FROM {_TABLE} WHERE {where_sql(expr)}"]).fetchone()[0]
-    except Exception as e:  # duckdb.Error; the parser itself failing is the filter's fault
-        raise _fail(expr, f"cannot be parsed: {e}", columns) from None
-    finally:
-        con.close()
-    doc = json.loads(raw)
+    doc = _parse(connect(), f"SELECT * FROM {_TABLE} WHERE {where_sql(expr)}",
+                 lambda what, hint, cls: _fail(expr, what, columns, hint, cls))
     if doc.get("error"):
         raise _fail(expr, f"is not one SQL expression ({doc.get('error_message', 'parse error')})", columns)
     stmts = doc.get("statements") or []
@@ -183,14 +337,22 @@ def _check_frame(expr: str, node: dict, columns: list[str]) -> None:
         raise _fail(expr, "is not a single expression (it adds " + ", ".join(problems) + ")", columns)
 
 
+def _deep(expr: str, columns: list[str]) -> UsageError:
+    return _fail(expr, f"nests expressions more than {MAX_DEPTH} levels deep", columns,
+                 "flatten it: an IN (...) list instead of chained ORs, NOT once instead of NOT NOT ...", QueryLimitError)
+
+
 def _walk(expr: str, root: Any, lower: dict[str, list[str]], refs: set[str], columns: list[str]) -> None:
-    stack = [root]
+    stack: list[tuple[Any, int]] = [(root, 1)]
     while stack:
-        n = stack.pop()
+        n, depth = stack.pop()
         if n is None:
             continue
+        if depth > MAX_DEPTH:
+            raise _deep(expr, columns)
         if not isinstance(n, dict):
             raise _fail(expr, f"has an unexpected parse node {n!r}", columns)
+        kids: list[Any] = []
         cls, typ = n.get("class"), n.get("type")
         if cls == "COLUMN_REF":
             names = n.get("column_names") or []
@@ -207,19 +369,19 @@ def _walk(expr: str, root: Any, lower: dict[str, list[str]], refs: set[str], col
         elif cls == "CONSTANT":
             pass
         elif cls == "CONJUNCTION" and typ in ("CONJUNCTION_AND", "CONJUNCTION_OR"):
-            stack.extend(n.get("children") or [])
+            kids.extend(n.get("children") or [])
         elif cls == "COMPARISON" and isinstance(typ, str) and typ.startswith(_COMPARISONS_PREFIX):
-            stack.extend([n.get("left"), n.get("right")])
+            kids.extend([n.get("left"), n.get("right")])
         elif cls == "BETWEEN":
-            stack.extend([n.get("input"), n.get("lower"), n.get("upper")])
+            kids.extend([n.get("input"), n.get("lower"), n.get("upper")])
         elif cls == "OPERATOR" and typ in _OPERATORS:
-            stack.extend(n.get("children") or [])
+            kids.extend(n.get("children") or [])
         elif cls == "CASE":
             for c in n.get("case_checks") or []:
-                stack.extend([c.get("when_expr"), c.get("then_expr")])
-            stack.append(n.get("else_expr"))
+                kids.extend([c.get("when_expr"), c.get("then_expr")])
+            kids.append(n.get("else_expr"))
         elif cls == "CAST":
-            stack.append(n.get("child"))
+            kids.append(n.get("child"))
         elif cls == "FUNCTION":
             name = n.get("function_name")
             if n.get("schema") or n.get("catalog"):
@@ -232,40 +394,61 @@ def _walk(expr: str, root: Any, lower: dict[str, list[str]], refs: set[str], col
                     or n.get("export_state"):
                 raise _fail(expr, f"uses {name}() as an aggregate (FILTER/ORDER BY/DISTINCT)", columns)
             for a in n.get("arguments") or n.get("children") or []:
-                stack.append(a.get("expression") if isinstance(a, dict) and "expression" in a else a)
+                kids.append(a.get("expression") if isinstance(a, dict) and "expression" in a else a)
         else:
             what = {"SUBQUERY": "a subquery", "STAR": "*", "LAMBDA": "a lambda", "PARAMETER": "a parameter",
                     "WINDOW": "a window function", "COLLATE": "COLLATE"}.get(cls, f"{cls} {typ}".lower())
             raise _fail(expr, f"uses {what}, which is not allowed in a filter", columns)
+        stack.extend((k, depth + 1) for k in kids)
 
 
-def _query_fail(sql: str, what: str, table: str, hint: str | None = None) -> UsageError:
-    short = sql if len(sql) <= 200 else sql[:197] + "..."
-    return UsageError(f"query {short!r}: {what}",
-                      hint=hint or f"write one read-only SELECT over the table {table!r} (WHERE, GROUP BY, ORDER BY, "
-                                   "LIMIT, joins of the table with itself, aggregates, simple functions)",
-                      query=sql)
+def _query_fail(sql: str, what: str, table: str, hint: str | None = None,
+                cls: type[UsageError] = UsageError) -> UsageError:
+    return cls(f"query {_short(sql)!r}: {what}",
+               hint=hint or f"write one read-only SELECT over the table {table!r} (WHERE, GROUP BY, ORDER BY, "
+                            "LIMIT, joins of the table with itself, aggregates, simple functions)",
+               query=sql)
+
+
+#: names warp itself gives relations on a query connection (a select() view's underlying scan)
+INTERNAL_NAMES = frozenset({_TABLE, "warp_all_columns"})
+_CATALOG: frozenset[str] | None = None
+
+
+def catalog_names() -> frozenset[str]:
+    """Lower-cased names of every relation a fresh DuckDB connection can read unqualified
+    (``duckdb_views``, ``pg_settings``, ``information_schema``'s ``tables``, ...), plus
+    :data:`INTERNAL_NAMES`: what a ``WITH`` name may not shadow."""
+    global _CATALOG
+    if _CATALOG is None:
+        con = connect()
+        try:
+            rows = con.execute("SELECT lower(view_name) FROM duckdb_views() UNION "
+                               "SELECT lower(table_name) FROM duckdb_tables()").fetchall()
+        finally:
+            con.close()
+        _CATALOG = frozenset(r[0] for r in rows) | INTERNAL_NAMES
+    return _CATALOG
+
+
+def _cte_items(n: dict) -> list[tuple[str, Any]]:
+    cte_map = n.get("cte_map")
+    items = (cte_map.get("map") or []) if isinstance(cte_map, dict) else []
+    return [(str(i.get("key")), i.get("value")) for i in items if isinstance(i, dict)]
 
 
 def check_query(sql: str, table: str) -> None:
     """Check a whole ``SELECT`` over ``table`` (see the module docstring), or raise UsageError.
 
     DuckDB's own parser reads ``sql``; the tree is walked whole, so a construct hidden in a
-    subquery, a CTE, a join or a set operation is found too.
+    subquery, a CTE, a join or a set operation is found too. Each table reference is resolved
+    in its own scope: a ``WITH`` name counts only where DuckDB would see it.
     """
     if not isinstance(sql, str) or not sql.strip():
         raise _query_fail(str(sql), "is empty", table)
     if "\x00" in sql:
         raise _query_fail(sql, "contains a NUL character", table)
-    con = connect()
-    try:
-        lock(con)
-        raw = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
-    except Exception as e:  # duckdb.Error: the parser failing is the query's fault
-        raise _query_fail(sql, f"cannot be parsed: {e}", table) from None
-    finally:
-        con.close()
-    doc = json.loads(raw)
+    doc = _parse(connect(), sql, lambda what, hint, cls: _query_fail(sql, what, table, hint, cls))
     if doc.get("error"):
         msg = str(doc.get("error_message", "parse error"))
         if "Only SELECT" in msg:
@@ -278,28 +461,39 @@ def check_query(sql: str, table: str) -> None:
         raise _query_fail(sql, f"holds {len(stmts)} statements; one SELECT is allowed", table)
     if stmts[0].get("named_param_map"):
         raise _query_fail(sql, "uses a named parameter", table)
-    ctes: set[str] = set()
-    stack: list[Any] = [stmts[0].get("node")]
-    while stack:  # first pass: the query's own WITH names, which it may read like tables
-        n = stack.pop()
-        if isinstance(n, dict):
-            cte_map = n.get("cte_map")
-            for item in (cte_map.get("map") or []) if isinstance(cte_map, dict) else []:
-                if isinstance(item, dict) and isinstance(item.get("key"), str):
-                    ctes.add(item["key"].lower())
-            stack.extend(n.values())
-        elif isinstance(n, list):
-            stack.extend(n)
+    shadowed = catalog_names() | {table.lower()}
     allowed = ALLOWED_FUNCTIONS | QUERY_FUNCTIONS
-    stack = [stmts[0].get("node")]
+    # (node, WITH names visible here, expression depth)
+    stack: list[tuple[Any, frozenset[str], int]] = [(stmts[0].get("node"), frozenset(), 1)]
     while stack:
-        n = stack.pop()
+        n, scope, depth = stack.pop()
         if isinstance(n, list):
-            stack.extend(n)
+            stack.extend((k, scope, depth) for k in n)
             continue
         if not isinstance(n, dict):
             continue
         typ, cls = n.get("type"), n.get("class")
+        if cls is not None:
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _query_fail(sql, f"nests expressions more than {MAX_DEPTH} levels deep", table,
+                                  "flatten it: an IN (...) list instead of chained ORs, NOT once instead of NOT NOT ...",
+                                  QueryLimitError)
+        ctes = _cte_items(n)
+        if ctes:
+            names = [k.lower() for k, _ in ctes]
+            for k, _ in ctes:
+                if k.lower() in shadowed:
+                    raise _query_fail(sql, f"names a WITH query {k!r}, the name of "
+                                           f"{'the table' if k.lower() == table.lower() else 'a catalog object'}",
+                                      table, "give the WITH query another name")
+            for i, (k, value) in enumerate(ctes):
+                node = value.get("query_node") if isinstance(value, dict) else None
+                recursive = isinstance(node, dict) and node.get("type") == "RECURSIVE_CTE_NODE" \
+                    and str(node.get("cte_name", "")).lower() == k.lower()
+                stack.append((value, scope | frozenset(names[:i]) | ({k.lower()} if recursive else frozenset()),
+                              depth))
+            scope = scope | frozenset(names)
         if typ == "TABLE_FUNCTION":
             fn = (n.get("function") or {}).get("function_name", "?")
             raise _query_fail(sql, f"calls the table function {fn}(); a query reads only the table {table!r}", table)
@@ -309,7 +503,7 @@ def check_query(sql: str, table: str) -> None:
                 raise _query_fail(sql, f"reads {n.get('catalog_name') or n.get('schema_name')}.{name}: qualified "
                                        "tables are not allowed", table)
             # DuckDB identifiers are case-insensitive: MAIN reads main
-            if not isinstance(name, str) or (name.lower() != table.lower() and name.lower() not in ctes):
+            if not isinstance(name, str) or (name.lower() != table.lower() and name.lower() not in scope):
                 raise _query_fail(sql, f"reads the table {name!r}; a query may read only {table!r}", table)
         if cls in ("FUNCTION", "WINDOW") or (typ == "FUNCTION" and cls is None):
             name = n.get("function_name")
@@ -321,4 +515,4 @@ def check_query(sql: str, table: str) -> None:
                                   hint="queries may call: " + ", ".join(sorted(f for f in allowed if f[0].isalpha())))
         if cls == "PARAMETER":
             raise _query_fail(sql, "uses a parameter", table)
-        stack.extend(n.values())
+        stack.extend((v, scope, depth) for k, v in n.items() if k != "cte_map")

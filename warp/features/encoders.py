@@ -20,6 +20,10 @@ point in the ``warpdata.encoders`` group; the factory is called as
 :class:`BatchEncoder` moves each batch to the device, runs the encoder under
 ``torch.inference_mode`` (and autocast on CUDA), checks every output against
 the declared fields and returns numpy arrays for the shard writer.
+:func:`checked_output` is that check, shared with the embedding encoders of
+``warp embeddings``: ragged, zero-width, text or object, wrongly shaped and
+non-finite output is an :class:`EncoderOutputError` naming the encoder, the
+field and the first sample at fault, never a numpy ``ValueError``.
 
 :class:`Pool8HashEncoder` is the built-in, weight-free CPU/GPU encoder that
 exercises the whole path: an 8× average-pool "latent" and a hashing text
@@ -40,6 +44,58 @@ import numpy as np
 import xxhash
 from warpdata.core.errors import ConfigError, DataError, missing_dependency
 from warpdata.formats.featshard import FieldSpec
+
+
+class EncoderOutputError(DataError):
+    """An encoder plugin returned output that is not a numeric array of the declared shape."""
+
+    code = "encoder-output"
+
+
+def checked_output(value: Any, *, encoder: str, field: str, shape: tuple[int, ...], samples: Sequence[str],
+                   dtype: Any = None) -> np.ndarray:
+    """``value`` as an array of ``(len(samples), *shape)`` numbers, or :class:`EncoderOutputError`
+    naming ``encoder``, ``field`` and the first of ``samples`` (one name per row) at fault."""
+    b = len(samples)
+
+    def fail(what: str, i: int | None = None) -> EncoderOutputError:
+        at = f" (sample {samples[i]!r})" if i is not None and 0 <= i < b else ""
+        return EncoderOutputError(f"encoder {encoder!r} {field}: {what}{at}",
+                                  hint="fix the encoder plugin: one row of numbers per sample, "
+                                       f"each of shape {shape}", encoder=encoder, field=field,
+                                  sample=samples[i] if i is not None and 0 <= i < b else None)
+
+    if any(d <= 0 for d in shape):
+        raise fail(f"declares a zero-width shape {shape}")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):  # ragged rows: numpy refuses to stack them
+        arr = None
+    if arr is None or arr.dtype == object:
+        rows = list(value) if isinstance(value, Sequence) or hasattr(value, "__iter__") else []
+        want = shape[0] if shape else None
+        for i, r in enumerate(rows):
+            n = len(r) if hasattr(r, "__len__") and not isinstance(r, (str, bytes)) else None
+            if n != want:
+                raise fail(f"rows differ in length (ragged): this one has {n if n is not None else type(r).__name__}, "
+                           f"expected {want}", i)
+        raise fail(f"is not an array of numbers ({type(value).__name__})")
+    if arr.dtype.kind not in "biuf":
+        flat = arr.reshape(len(arr), -1) if arr.ndim and len(arr) == b else None
+        i = 0 if flat is not None else None
+        raise fail(f"holds {arr.dtype} values ({'text' if arr.dtype.kind in 'US' else 'not numbers'})", i)
+    if arr.shape != (b, *shape):
+        zero = next((k for k, d in enumerate(arr.shape[1:]) if d == 0), None)
+        what = "zero-width output" if zero is not None else "output"
+        raise fail(f"{what} of shape {arr.shape}, expected {(b, *shape)}")
+    if dtype is not None and not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+        raise fail(f"has dtype {arr.dtype}, declared {np.dtype(dtype)}")
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr.reshape(b, -1)).all(axis=1)
+        if bad.any():
+            raise fail("has NaN or infinite values (fp16 overflow under autocast?)", int(np.flatnonzero(bad)[0]))
+    return arr
+
 
 ENTRY_POINT_GROUP = "warpdata.encoders"
 BUILTIN: dict[str, str] = {
@@ -122,15 +178,18 @@ def load_encoder(name: str, *, device: str = "cpu", dtype: str = "float16",
 class BatchEncoder:
     """Runs an encoder over uint8 pixel batches on a device; returns checked numpy arrays."""
 
-    def __init__(self, encoder, device: str, size: tuple[int, int]) -> None:
+    def __init__(self, encoder, device: str, size: tuple[int, int], name: str | None = None) -> None:
         self.encoder = encoder
+        self.name = name  # the config's name of the encoder, for errors
         self.device = device
         self.fields = list(encoder.fields(*size))
         names = [f.name for f in self.fields]
         if len(set(names)) != len(names):
             raise ConfigError(f"encoder declares duplicate fields {names}")
 
-    def __call__(self, pixels: np.ndarray, captions: Sequence[str]) -> dict[str, np.ndarray]:
+    def __call__(self, pixels: np.ndarray, captions: Sequence[str],
+                 keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """One batch; ``keys`` name the samples in errors (default: their positions)."""
         torch = _torch()
         cuda = self.device.startswith("cuda")
         x = torch.from_numpy(pixels)
@@ -144,6 +203,8 @@ class BatchEncoder:
                 raw = self.encoder.encode(x, list(captions))
         out: dict[str, np.ndarray] = {}
         b = len(captions)
+        names = list(keys) if keys is not None else [f"#{i}" for i in range(b)]
+        enc_name = self.name or type(self.encoder).__name__
         for f in self.fields:
             if f.name not in raw:
                 raise DataError(f"encoder output lacks declared field {f.name!r}",
@@ -154,16 +215,8 @@ class BatchEncoder:
                 if v.dtype == torch.bfloat16:  # autocast may hand back bf16; numpy has none
                     v = v.float()
                 v = v.cpu().numpy()
-            v = np.asarray(v)
-            if v.shape != (b, *f.shape):
-                raise DataError(f"encoder field {f.name!r} has shape {v.shape}, declared {(b, *f.shape)}",
-                                hint="fix the encoder's fields() or encode()")
-            if not np.can_cast(v.dtype, f.dtype, casting="same_kind"):
-                raise DataError(f"encoder field {f.name!r} has dtype {v.dtype}, declared {np.dtype(f.dtype)}")
-            if v.dtype.kind == "f" and not np.isfinite(v).all():
-                raise DataError(f"encoder field {f.name!r} has NaN or infinite values",
-                                hint="check the encoder (fp16 overflow under autocast?)")
-            out[f.name] = v
+            out[f.name] = checked_output(v, encoder=enc_name, field=f"field {f.name!r}", shape=tuple(f.shape),
+                                         samples=names, dtype=f.dtype)
         extra = set(raw) - {f.name for f in self.fields}
         if extra:
             raise DataError(f"encoder returned undeclared fields {sorted(extra)}",

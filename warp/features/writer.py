@@ -74,12 +74,19 @@ from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_wri
 from warpdata.core.canonical import canonical_json, identity, seal
 from warpdata.core.errors import ConfigError, DataError
 from warpdata.core.names import FEATURE_CACHE
-from warpdata.etl.quarantine import Quarantine, RunSummary, Thresholds, evaluate_summaries
+from warpdata.etl.quarantine import (
+    Quarantine,
+    RunSummary,
+    Thresholds,
+    evaluate_summaries,
+    register_reason,
+)
 from warpdata.features.manifest import MANIFEST_VERSION
 from warpdata.features.scan import MediaItem, scan, source_digest
 from warpdata.features.transform import DecodeFailure, load_image, load_video_frame
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
+from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +149,10 @@ class ShardCacheWriter:
             self._cur = None
 
 
+for _reason in IMAGE_LIMIT_REASONS:  # header checks of every image pipeline (formats/imageinfo.py)
+    register_reason(*_reason)
+
+
 @dataclass(frozen=True)
 class SourceDir:
     """One ``[[directory]]`` of a multi-source cache (docs/features-config.md)."""
@@ -176,6 +187,7 @@ class CacheSpec:
     store_pixels: bool | None = None  # default: True without an encoder
     thresholds: Thresholds = field(default_factory=Thresholds)
     sources: list[SourceDir] | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS  # images declaring more are quarantined too-many-pixels, undecoded
 
     def scan_roots(self) -> list[tuple[str, str, str]]:
         """(directory, caption prefix, key prefix) of every source directory, in order."""
@@ -240,6 +252,8 @@ def fingerprint_inputs(spec: CacheSpec, digest: str, encoder_identity: dict[str,
         "target_size": [h, w], "interpolation": spec.interpolation,
         "max_caption_bytes": spec.max_caption_bytes, "store_pixels": spec.effective_store_pixels,
         "shard_size": spec.effective_shard_size, "source_digest": digest}
+    if spec.max_pixels != DEFAULT_MAX_PIXELS:  # another cap keeps other records
+        dataset["max_pixels"] = spec.max_pixels
     if spec.sources is not None:
         # num_repeats changes no stored byte but what a reader samples: the identity covers it
         # (docs/formats/feature-shard.md, "Sources"); the digest covers each directory's content by key
@@ -321,7 +335,7 @@ def worker_encoder(ref: EncoderRef):
 
             device = resolve_device(ref.device)
             enc = load_encoder(ref.name, device=device, dtype=ref.dtype, options=json.loads(ref.options))
-            be = _ENCODERS[ref] = BatchEncoder(enc, device, ref.size)
+            be = _ENCODERS[ref] = BatchEncoder(enc, device, ref.size, name=ref.name)
             _ENCODER_LOADS[0] += 1
         return be
 
@@ -468,7 +482,7 @@ def build_part(task: PartTask) -> PartResult:
                 rec: dict[str, np.ndarray] = {}
                 if be is not None:
                     t1 = time.perf_counter()
-                    rec.update(be(pix, caps))
+                    rec.update(be(pix, caps, [chunk[j].key for j in ok]))
                     t_enc = time.perf_counter() - t1
                 t2 = time.perf_counter()
                 if spec.effective_store_pixels:
@@ -555,14 +569,62 @@ def _build_lock(build_dir: Path):
     return build_lock(build_dir.parent / f"{build_dir.name}.lock", str(build_dir.parent))
 
 
-def _probe_all(items: Sequence[MediaItem], workers: int) -> dict[int, DecodeFailure]:
+class _RootRelative:
+    """A quarantine whose records name files relative to their source root (with the ``d<i>/`` key
+    prefix of a multi-source cache), never by absolute path: the quarantine table is published
+    with the cache, and a machine-local path in it is refused by ``warp publish --from``."""
+
+    def __init__(self, q: Quarantine, root: str, key_prefix: str) -> None:
+        self._q, self._root, self._prefix = q, os.path.abspath(root), key_prefix
+
+    def reject(self, run: str, sample_id: str, source: str, code: str, message: str) -> bool:
+        if os.path.isabs(source):
+            rel = os.path.relpath(source, self._root)
+            source = self._prefix + (rel.replace(os.sep, "/") if not rel.startswith("..") else os.path.basename(source))
+        return self._q.reject(run, sample_id, source, code, message)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._q, name)
+
+
+HEADER_BYTES = 1 << 18  # enough for any header imageinfo parses (a JPEG's SOF follows its EXIF segments)
+
+
+def header_problem(path: str, max_pixels: int) -> DecodeFailure | None:
+    """``too-many-pixels`` / ``impossible-header`` from the file's header alone
+    (:func:`warpdata.formats.imageinfo.size_problem`), before Pillow opens it; None if it passes
+    or is not a format imageinfo parses (the decoder's own checks then apply)."""
+    from warpdata.formats.imageinfo import (
+        ImageHeaderError,
+        UnknownImageFormat,
+        image_info,
+        size_problem,
+    )
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+            nbytes = os.fstat(f.fileno()).st_size
+        info = image_info(head, path)
+    except (OSError, ImageHeaderError, UnknownImageFormat):
+        return None  # the full probe names it
+    bad = size_problem(info.format, info.width, info.height, nbytes, max_pixels, head)
+    return DecodeFailure(*bad) if bad else None
+
+
+def _probe_all(items: Sequence[MediaItem], workers: int, max_pixels: int = DEFAULT_MAX_PIXELS
+               ) -> dict[int, DecodeFailure]:
     """Every item's header, on a thread pool: the failures a full decode is certain to meet."""
     from warpdata.features.transform import probe
 
     if not items:
         return {}
+
+    def one(it: MediaItem) -> DecodeFailure | None:
+        return (None if it.is_video else header_problem(it.path, max_pixels)) or probe(it.path, it.is_video)
+
     with ThreadPoolExecutor(max(1, min(workers, len(items)))) as pool:
-        found = pool.map(lambda it: probe(it.path, it.is_video), items, chunksize=64)
+        found = pool.map(one, items, chunksize=64)
         return {i: f for i, f in enumerate(found) if f is not None}
 
 
@@ -659,7 +721,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         device = spec.caching_device if remote_cuda else resolve_device(spec.caching_device)
         enc = load_encoder(spec.encoder, device="cpu" if remote_cuda else device, dtype=spec.encoder_dtype,
                            options=spec.encoder_options)
-        batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size)
+        batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size, name=spec.encoder)
         enc_ref = EncoderRef(spec.encoder, device, spec.encoder_dtype,
                              canonical_json(spec.encoder_options).decode("utf-8"), tuple(spec.size))
     if resources is None:
@@ -671,7 +733,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     item_source: list[int] = []  # index of each item's source directory
     orphan_captions = 0
     for i, (root, prefix, key_prefix) in enumerate(spec.scan_roots()):
-        scanned = scan(root, q, caption_prefix=prefix, caption_ext=spec.caption_ext, exclude=(outp,),
+        scanned = scan(root, _RootRelative(q, root, key_prefix), caption_prefix=prefix, caption_ext=spec.caption_ext, exclude=(outp,),
                        key_prefix=key_prefix)
         items += scanned.items
         item_source += [i] * len(scanned.items)
@@ -729,7 +791,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     # the driver pass: every header, so the plan holds only records a full decode can store
     t0 = time.perf_counter()
-    probed = _probe_all(items, n_workers)
+    probed = _probe_all(items, n_workers, spec.max_pixels)
     pre = Quarantine()
     pre.merge(q)
     for i, it in enumerate(items):
@@ -737,7 +799,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         if f is None:
             pre.accept(it.run, it.key)
         else:
-            pre.reject(it.run, it.key, it.path, f.reason, f"{it.key}: {f.message}")
+            pre.reject(it.run, it.key, it.key, f.reason, f"{it.key}: {f.message}")
     pre.evaluate(spec.thresholds).raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
     t_probe = time.perf_counter() - t0
 
@@ -915,9 +977,9 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
             late[runs[task.index][pos]] = (reason, message)
     for i, it in enumerate(items):
         if i in probed:
-            q.reject(it.run, it.key, it.path, probed[i].reason, f"{it.key}: {probed[i].message}")
+            q.reject(it.run, it.key, it.key, probed[i].reason, f"{it.key}: {probed[i].message}")
         elif i in late:
-            q.reject(it.run, it.key, it.path, *late[i])
+            q.reject(it.run, it.key, it.key, *late[i])
         else:
             q.accept(it.run, it.key)
     verdict = q.evaluate(spec.thresholds)

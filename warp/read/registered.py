@@ -6,11 +6,13 @@ and docs/formats/registry.md, "Registered datasets"). Tables, filters, batches, 
 and refs work unchanged: a table shard's "cached copy" is the registered Parquet file, and an
 artifact is read member by member from its directory by :class:`DirArtifactReader`.
 
-Before a file is read its stamp ``(size, mtime_ns, inode)`` is compared with the registered
-one; when it moved, the file is hashed again in full, and bytes that no longer hash to the
+Before a file is read its stamp ``(size, mtime_ns, inode, ctime_ns)`` is compared with the
+registered one (ctime: an edit that puts the mtime back still moves it); when it moved, the file is hashed again in full, and bytes that no longer hash to the
 registered SHA-256 raise :class:`~warpdata.registry.register.RegisteredFileChangedError`
 (exit 65) naming the file and the command that re-registers it. A file that is gone is a
 MissingInputError. Each file is checked once per process while its stamp holds.
+:meth:`RegisteredDataset.verify_files` (``warp inspect --verify``) hashes every file in full,
+stamps or not.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from warpdata.read.dataset import Dataset
 from warpdata.read.source import WarmResult
 from warpdata.storage.remote import RequestStats
 
-_CHECKED: dict[str, tuple[int, int, int]] = {}  # path -> stamp that was verified in this process
+_CHECKED: dict[str, list[int]] = {}  # path -> stamp that was verified in this process
 _CHECKED_MU = threading.Lock()
 
 
-def _verify(path: str, want_hash: str, stamp: Sequence[int] | None, dataset_id: str) -> str:
-    """``path`` if it still holds the registered bytes (stamp, else a full hash); typed errors otherwise."""
-    from warpdata.registry.register import RegisteredFileChangedError
+def _verify(path: str, want_hash: str, stamp: Sequence[int] | None, dataset_id: str, full: bool = False) -> str:
+    """``path`` if it still holds the registered bytes (stamp, else a full hash; ``full``: always a
+    full hash); typed errors otherwise."""
+    from warpdata.registry.register import RegisteredFileChangedError, stamp_now
 
     try:
         st = os.stat(path)
@@ -40,10 +43,10 @@ def _verify(path: str, want_hash: str, stamp: Sequence[int] | None, dataset_id: 
         raise MissingInputError(f"{path}, registered in {dataset_id}, is gone",
                                 hint=f"restore it, or register the dataset again ('warp register {dataset_id} ...') "
                                      f"or drop it ('warp unregister {dataset_id}')") from None
-    now = (st.st_size, st.st_mtime_ns, st.st_ino)
-    if stamp is not None and list(now) == list(stamp):
+    now = stamp_now(st)
+    if not full and stamp is not None and now == list(stamp):
         return path
-    if _CHECKED.get(path) == now:
+    if not full and _CHECKED.get(path) == now:
         return path
     from warpdata.core.canonical import sha256_file
 
@@ -158,6 +161,22 @@ class RegisteredDataset(Dataset):
                 if on_blob:
                     on_blob(s.byte_size)
         return res
+
+    def verify_files(self) -> list[str]:
+        """Hash every registered file in full (table files and artifact members), whatever their
+        stamps say; one message per file that is gone or holds other bytes (empty: all intact)."""
+        from warpdata.core.errors import DataError
+
+        files = [(f["path"], f["hash"]) for t in self.doc["tables"].values() for f in t["files"]]
+        files += [(os.path.join(a["root"], m), e[0]) for a in self.doc["artifacts"].values()
+                  for m, e in a["members"].items()]
+        problems = []
+        for path, want in files:
+            try:
+                _verify(path, want, None, self.id, full=True)
+            except (DataError, MissingInputError) as e:
+                problems.append(e.message)
+        return problems
 
 
 class DirArtifactReader:

@@ -96,7 +96,7 @@ class Table:
         if columns is None:
             return self.columns
         cols = [c.strip() for c in (columns.split(",") if isinstance(columns, str) else columns) if c.strip()]
-        names = self.schema_names()
+        names = self.visible_names()
         bad = [c for c in cols if c not in names]
         if bad:
             import difflib
@@ -105,6 +105,11 @@ class Table:
             raise UsageError(f"table {self.name} of {self.ds.id} has no column {bad[0]!r} "
                              f"(columns: {', '.join(names)})", hint=f"did you mean {close[0]!r}?" if close else None)
         return cols
+
+    def visible_names(self) -> list[str]:
+        """The columns this table exposes: a :meth:`select` view's, else every column. Reads,
+        filters and queries of a view see these and no others."""
+        return list(self.columns) if self.columns else self.schema_names()
 
     def schema_names(self) -> list[str]:
         if self.meta.schema:
@@ -279,7 +284,7 @@ class Table:
             for vals in zip(*(d[c] for c in names), strict=True):
                 yield dict(zip(names, vals, strict=True))
 
-    def query(self, sql: str) -> pa.Table:
+    def query(self, sql: str, *, timeout: float | None = None) -> pa.Table:
         """Run a read-only DuckDB ``SELECT`` over this table, named by its table name
         (``"SELECT label, count(*) FROM main GROUP BY label"``); returns an Arrow table.
 
@@ -288,14 +293,24 @@ class Table:
         functions) and runs on a locked connection that holds this table and nothing else.
         DuckDB pushes the query's columns and filters down into the shard scan, so only the
         row groups and columns it needs are fetched. A :meth:`select` view exposes only its
-        columns.
+        columns. The connection is bounded (docs/sql.md): ``timeout`` seconds (default
+        ``WARP_SQL_TIMEOUT``, 300; 0 for none), ``WARP_SQL_MEMORY`` and ``WARP_SQL_THREADS``;
+        going past a limit is a :class:`~warpdata.core.sqlgate.QueryLimitError`.
         """
-        import duckdb
-        from warpdata.core.sqlgate import check_query, connect, lock
+        import dataclasses
 
+        import duckdb
+        from warpdata.core.sqlgate import QueryLimits, check_query, connect, guarded, lock
+
+        limits = QueryLimits.from_env()
+        if timeout is not None:
+            if not timeout >= 0:
+                raise UsageError(f"Table.query: timeout must be >= 0 seconds, not {timeout!r}",
+                                 hint="0 runs without a time limit")
+            limits = dataclasses.replace(limits, timeout_s=float(timeout))
         check_query(sql, self.name)
         dset = Query(self, "true", None)._arrow_dataset(None, picked=self.shards)
-        con = connect()
+        con = connect(limits)
         try:
             if dset is None:
                 dset = self.full_schema().empty_table()
@@ -307,7 +322,8 @@ class Table:
                 con.register(self.name, dset)
             lock(con)  # no file, network or extension access beyond the registered shards
             try:
-                return con.sql(sql).to_arrow_table()
+                with guarded(con, f"query on {self.ds.id}/{self.name}", limits):
+                    return con.sql(sql).to_arrow_table()
             except duckdb.Error as e:
                 raise UsageError(f"query on {self.ds.id}/{self.name} failed: {e}",
                                  hint=f"the table is {self.name!r}, its columns "
@@ -480,7 +496,7 @@ class Query:
     def sql(self, limit: int | None = None, what: str | None = None) -> str:
         from warpdata.core.sqlgate import check_filter, where_sql
 
-        check_filter(self.expr, self.table.schema_names())  # one expression over the columns, or UsageError
+        check_filter(self.expr, self.table.visible_names())  # one expression over the view's columns, or UsageError
         cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
         sql = f"SELECT {cols} FROM warp_table WHERE {where_sql(self.expr)}"
         if limit is not None:
@@ -498,26 +514,33 @@ class Query:
             dset = self._arrow_dataset(shard)
         if dset is None:
             return None, None
-        from warpdata.core.sqlgate import connect, lock
+        from warpdata.core.sqlgate import connect, guarded, lock
 
         con = connect()
         con.register("warp_table", dset)
         lock(con)  # no file, network or extension access beyond the registered shards
         try:
-            return con, con.sql(sql)
+            with guarded(con, self._what()):
+                return con, con.sql(sql)
         except duckdb.Error as e:
             con.close()
             raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
                              hint=f"write a DuckDB SQL boolean expression over the columns "
                                   f"{', '.join(self.table.schema_names())}") from None
 
+    def _what(self) -> str:
+        short = self.expr if len(self.expr) <= 200 else self.expr[:197] + "..."
+        return f"filter {short!r} on {self.table.ds.id}/{self.table.name}"
+
     def batches(self, batch_size: int = DEFAULT_BATCH, shard: Any = UNSET, limit: int | None = None, *,
                 rank: int | None = None, world_size: int | None = None) -> Iterator[pa.RecordBatch]:
         """Matching rows as RecordBatches; with ``rank`` / ``world_size`` (docs/partitioning.md) each
         rank scans whole shard files round-robin (a filter's per-rank row counts are data dependent,
         so batch counts may differ). Without them, every matching row. ``shard=`` (``(rank, world)``,
-        ``"r/w"``, ``"auto"``) is the deprecated name of these keywords."""
+        ``"r/w"``, ``"auto"``) is the deprecated name of these keywords. Each fetch runs under
+        the time limit (docs/sql.md), not the whole stream, which goes at the reader's pace."""
         import duckdb
+        from warpdata.core.sqlgate import QueryLimits, guarded
 
         where = "Query.batches"
         if shard is not UNSET:
@@ -532,12 +555,18 @@ class Query:
         con, rel = self._run(self.sql(limit), None if rank is None else (rank, world_size), self.columns)
         if rel is None:
             return
+        limits = QueryLimits.from_env()
         try:
             try:
                 # a relation streams (DuckDB 2.x: to_arrow_reader; 1.x: fetch_arrow_reader)
-                reader = (rel.to_arrow_reader(batch_size) if hasattr(rel, "to_arrow_reader")
-                          else rel.fetch_arrow_reader(batch_size))
-                for b in reader:
+                with guarded(con, self._what(), limits):
+                    reader = iter(rel.to_arrow_reader(batch_size) if hasattr(rel, "to_arrow_reader")
+                                  else rel.fetch_arrow_reader(batch_size))
+                while True:
+                    with guarded(con, self._what(), limits):
+                        b = next(reader, None)
+                    if b is None:
+                        break
                     if b.num_rows:
                         yield b
             except duckdb.Error as e:
@@ -562,8 +591,11 @@ class Query:
         con, rel = self._run(self.sql(what="count(*)"), None, [])
         if rel is None:
             return 0
+        from warpdata.core.sqlgate import guarded
+
         try:
-            return int(rel.fetchall()[0][0])
+            with guarded(con, self._what()):
+                return int(rel.fetchall()[0][0])
         finally:
             con.close()
 

@@ -55,6 +55,12 @@ makes its vectors differ: model, weights, options; reuse compares it). The
 built-in ``color-hist`` (images: a normalised 4×4×4 RGB histogram plus an
 8×8 grey thumbnail) and ``hash-text`` (strings: signed feature hashing of
 tokens) need no weights; ``examples/openclip_encoder.py`` wraps OpenCLIP.
+Output that is ragged, text, zero-width, wrongly shaped or non-finite is an
+:class:`~warpdata.features.encoders.EncoderOutputError` naming the encoder and
+the row (:func:`~warpdata.features.encoders.checked_output`); all-zero vectors
+(no direction: every cosine distance to them is 1.0) are refused naming their
+rows; vectors are normalised in float64, so large finite values do not
+overflow to zero.
 """
 
 from __future__ import annotations
@@ -171,7 +177,7 @@ def load_embedder(name: str, *, device: str = "cpu", options: dict[str, Any] | N
         raise ConfigError(f"encoder {name!r} rejected its options {sorted(options or {})}: {e}",
                           hint="check the encoder's documentation") from e
     if not isinstance(getattr(enc, "dim", None), int) or not callable(getattr(enc, "embed", None)) \
-            or not callable(getattr(enc, "identity", None)):
+            or not callable(getattr(enc, "identity", None)) or enc.dim <= 0:
         raise ConfigError(f"encoder {name!r} returned {type(enc).__name__}, which is not an embedding encoder",
                           hint="an embedding encoder has dim, embed(items) and identity(); "
                                f"built-ins: {', '.join(BUILTIN)}")
@@ -205,11 +211,19 @@ class AddResult:
         return dict(self.__dict__)
 
 
+def zero_rows(v: np.ndarray) -> np.ndarray:
+    """Row numbers of all-zero vectors: no direction, so no cosine distance."""
+    import numpy as np
+
+    return np.flatnonzero(~v.any(axis=1))
+
+
 def _normalize(v: np.ndarray) -> np.ndarray:
     import numpy as np
 
-    n = np.linalg.norm(v, axis=1, keepdims=True)
-    return np.divide(v, n, out=np.zeros_like(v), where=n > 0)
+    v64 = v.astype(np.float64)  # a float32 norm overflows for large finite values
+    n = np.linalg.norm(v64, axis=1, keepdims=True)
+    return np.divide(v64, n, out=np.zeros_like(v64), where=n > 0).astype(np.float32)
 
 
 def content_hash(value: Any) -> str | None:
@@ -402,11 +416,15 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     def flush() -> None:
         if not pending_items:
             return
-        v = np.asarray(enc.embed(pending_items), np.float32)
-        if v.shape != (len(pending_items), enc.dim) or not np.isfinite(v).all():
-            raise DataError(f"encoder {encoder!r} returned {v.shape} (or non-finite values) for rows "
-                            f"{pending_rows[0]}..{pending_rows[-1]} ({len(pending_items)} rows), "
-                            f"expected ({len(pending_items)}, {enc.dim})", hint="fix the encoder plugin")
+        from warpdata.features.encoders import checked_output
+
+        samples = [f"row {r} (id {ids[r]})" for r in pending_rows]
+        v = checked_output(enc.embed(pending_items), encoder=encoder, field="embed()", shape=(enc.dim,),
+                           samples=samples).astype(np.float32)
+        if not np.isfinite(v).all():  # finite float64 values past float32's range
+            i = int(np.flatnonzero(~np.isfinite(v).all(axis=1))[0])
+            raise DataError(f"encoder {encoder!r} embed(): values overflow float32 ({samples[i]})",
+                            hint="fix the encoder plugin (scale its output)")
         vectors[pending_rows] = v
         counts["encoded"] += len(pending_rows)
         pending_rows.clear()
@@ -424,6 +442,8 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
                 [str(row + i) for i in range(len(vals))]
             for item, rid in zip(items, bids, strict=True):
                 h = content_hash(item)
+                ids.append(rid)  # before a flush, which names the rows by id
+                hashes.append(h)
                 hit = lookup.get((rid, h)) if h is not None else None
                 if hit is not None:
                     vectors[row] = prev_vectors[hit]
@@ -433,14 +453,20 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
                     pending_items.append(item)
                     if len(pending_items) >= BATCH:
                         flush()
-                ids.append(rid)
-                hashes.append(h)
                 row += 1
             bar.advance(len(vals))
         flush()
     if row != n:
         raise DataError(f"{dataset_id}: table {tname} yielded {row} rows, its manifest says {n}",
                         hint="republish the dataset")
+    zero = zero_rows(vectors)
+    if len(zero):
+        named = ", ".join(f"{int(r)} (id {ids[r]})" for r in zero[:5]) + (f" and {len(zero) - 5} more"
+                                                                          if len(zero) > 5 else "")
+        raise DataError(f"encoder {encoder!r} gave {len(zero)} all-zero vector(s), which have no direction (every "
+                        f"cosine distance to them would be 1.0): rows {named}",
+                        hint="fix the encoder, or leave those rows out of the table before embedding it",
+                        rows=[int(r) for r in zero[:100]])
     kind = "ivf-flat" if index == "ivf-flat" or (index == "auto" and n >= ANN_MIN_ROWS and _faiss() is not None) \
         else "exact"
     if kind == "ivf-flat" and n == 0:

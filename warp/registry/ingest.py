@@ -15,7 +15,11 @@ other entry (files, symlinks, FIFOs, sockets) is yielded so that
 * it is not empty (``empty-content``) and at most ``max_bytes``
   (``too-large``),
 * for images: its header parses (``formats/imageinfo.py``; Pillow for
-  formats it does not know) and a JPEG/PNG is not cut short (``truncated``).
+  formats it does not know), a JPEG/PNG is not cut short (``truncated``),
+  it declares at most ``max_pixels`` pixels (``too-many-pixels``, a
+  decompression bomb) and no more than its bytes can hold
+  (``impossible-header``), both from the header alone
+  (:func:`warpdata.formats.imageinfo.size_problem`).
 
 Reason codes are the quarantine vocabulary of :mod:`warpdata.etl.quarantine`.
 """
@@ -33,6 +37,7 @@ from typing import Any
 from warpdata.core.atomic import TMP_PREFIX
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.etl.quarantine import register_reason
+from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS, size_problem
 from warpdata.registry.manifest import validate_dataset_id
 
 __all__ = ["IMAGE_EXTENSIONS", "FileInfo", "IngestOptions", "IngestResult", "Rejected", "check_file",
@@ -43,6 +48,8 @@ IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "jpe", "png", "webp", "bmp", "dib",
 for _code, _cat, _help in (
     ("unsupported-extension", "invalid", "the file's extension is not one of the accepted image types"),
     ("unpaired", "missing", "a paired layout has this stem on one side only"),
+    ("bad-path", "invalid", "the path holds a NUL byte, which no file name can contain"),
+    *IMAGE_LIMIT_REASONS,
 ):
     register_reason(_code, _cat, _help)
 
@@ -96,7 +103,7 @@ def walk(root: str, *, skip: frozenset[str] = frozenset()) -> Iterator[str]:
             yield rel
 
 
-def _image_dims(data: bytes, rel: str) -> tuple[str, int, int]:
+def _image_dims(data: bytes, rel: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[str, int, int]:
     from warpdata.formats.imageinfo import ImageHeaderError, UnknownImageFormat, image_info
 
     try:
@@ -105,15 +112,28 @@ def _image_dims(data: bytes, rel: str) -> tuple[str, int, int]:
         raise Rejected("decode-error", e.message) from None
     except UnknownImageFormat:
         import io
+        import warnings
 
         from PIL import Image, UnidentifiedImageError
 
         try:  # formats imageinfo.py does not parse (e.g. TGA, PPM): Pillow's header check
-            with Image.open(io.BytesIO(data)) as im:
-                im.verify()
-                return (im.format or "unknown").lower(), int(im.size[0]), int(im.size[1])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own cap decides below
+                with Image.open(io.BytesIO(data)) as im:
+                    fmt, w, h = (im.format or "unknown").lower(), int(im.size[0]), int(im.size[1])
+                    if w * h <= max_pixels:
+                        im.verify()
+        except Image.DecompressionBombError as e:
+            raise Rejected("too-many-pixels", f"{e}") from None
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
             raise Rejected("decode-error", f"not a readable image: {e}") from None
+        bad = size_problem(fmt, w, h, len(data), max_pixels)
+        if bad:
+            raise Rejected(*bad) from None
+        return fmt, w, h
+    bad = size_problem(info.format, info.width, info.height, len(data), max_pixels, data)
+    if bad:
+        raise Rejected(*bad)
     if info.width <= 0 or info.height <= 0:
         raise Rejected("decode-error", f"{info.format.upper()} header gives an empty size {info.width}x{info.height}")
     tail = data[-64:]
@@ -125,8 +145,10 @@ def _image_dims(data: bytes, rel: str) -> tuple[str, int, int]:
 
 
 def check_file(root_real: str, rel: str, *, max_bytes: int, image: bool = True,
-               want_hash: bool = False) -> FileInfo:
+               want_hash: bool = False, max_pixels: int = DEFAULT_MAX_PIXELS) -> FileInfo:
     """Check ``rel`` under the real path ``root_real``; raise :class:`Rejected` with a reason."""
+    if "\x00" in rel:  # the OS refuses such a name (ValueError from every os call): this row only
+        raise Rejected("bad-path", f"{rel!r} holds a NUL byte; no file can have that name")
     parts = rel.split("/")
     if rel.startswith("/") or ".." in parts or "" in parts:
         raise Rejected("path-outside-root", f"{rel!r} is not a relative path inside {root_real}")
@@ -155,14 +177,14 @@ def check_file(root_real: str, rel: str, *, max_bytes: int, image: bool = True,
         return FileInfo(rel, st.st_size)
     try:
         with open(real, "rb") as f:
-            data = f.read(max_bytes + 1)
+            data = f.read(st.st_size + 1)  # read(n) allocates n bytes up front: the size, not the cap
     except OSError as e:
         raise Rejected("unreadable", f"cannot be read: {e.strerror}") from None
     if len(data) != st.st_size:
         raise Rejected("unreadable", f"changed while being read ({st.st_size} bytes stat'ed, {len(data)} read)")
     fmt = w = h = None
     if image:
-        fmt, w, h = _image_dims(data, rel)
+        fmt, w, h = _image_dims(data, rel, max_pixels)
     digest = hashlib.sha256(data).hexdigest() if want_hash else None
     return FileInfo(rel, st.st_size, w, h, fmt, digest)
 
@@ -198,6 +220,7 @@ class IngestOptions:
     shard_size: int | None = None
     workers: int = 8
     max_bytes: int = DEFAULT_MAX_BYTES
+    max_pixels: int = DEFAULT_MAX_PIXELS  # images declaring more are quarantined (too-many-pixels)
     keep_dir: str | None = None  # write the tables here (kept) instead of a temporary folder
     rehash: bool = False
     description: str | None = None
@@ -360,7 +383,7 @@ def _publish(layout: str, opts: IngestOptions, ws: _Workspace, rows: int, q: _Qu
                         {k: v[0] for k, v in tables.items()}, result)
 
 
-def ingest_imagefolder(root: str, opts: IngestOptions, *, id_mode: str = "stem", pair: str | None = None,
+def ingest_imagefolder(root: str, opts: IngestOptions, *, id_mode: str = "path", pair: str | None = None,
                        on_file: Callable[[int], None] | None = None,
                        on_upload: Callable[[int], None] | None = None) -> IngestResult:
     """``ROOT/<label>/<file>`` -> ``main`` (id, label, image, width, height, bytes[, mask]) + ``images``."""
@@ -390,7 +413,8 @@ def ingest_imagefolder(root: str, opts: IngestOptions, *, id_mode: str = "stem",
         mask_members: list[str] = []
 
         def check(rel: str) -> FileInfo:
-            return check_file(root_real, rel, max_bytes=opts.max_bytes, want_hash=id_mode == "hash")
+            return check_file(root_real, rel, max_bytes=opts.max_bytes, want_hash=id_mode == "hash",
+                              max_pixels=opts.max_pixels)
 
         skip = frozenset({pair_real}) if pair_real else frozenset()
         for rel, got in _checked(walk(root_real, skip=skip), check, opts.workers):
@@ -414,7 +438,7 @@ def ingest_imagefolder(root: str, opts: IngestOptions, *, id_mode: str = "stem",
                     q.add("images", rel, "unpaired", f"no single file with its stem in {pair}")
                     continue
                 try:
-                    check_file(pair_real, mrel, max_bytes=opts.max_bytes)
+                    check_file(pair_real, mrel, max_bytes=opts.max_bytes, max_pixels=opts.max_pixels)
                 except Rejected as r:
                     q.add("masks", mrel, r.reason, f"{r.message} (mask of {rel})")
                     continue
@@ -469,7 +493,7 @@ def ingest_paired(a: str, b: str, opts: IngestOptions, *, names: tuple[str, str]
         mb: list[str] = []
 
         def check(rel: str) -> FileInfo:
-            return check_file(a_real, rel, max_bytes=opts.max_bytes, image=image)
+            return check_file(a_real, rel, max_bytes=opts.max_bytes, image=image, max_pixels=opts.max_pixels)
 
         skip = frozenset({b_real})
         for rel, got in _checked(walk(a_real, skip=skip), check, opts.workers):
@@ -492,7 +516,7 @@ def ingest_paired(a: str, b: str, opts: IngestOptions, *, names: tuple[str, str]
                 q.add(nb, k, "duplicate", f"several files in {b} have stem {k!r}")
                 continue
             try:
-                check_file(b_real, brel, max_bytes=opts.max_bytes, image=image)
+                check_file(b_real, brel, max_bytes=opts.max_bytes, image=image, max_pixels=opts.max_pixels)
             except Rejected as r:
                 q.add(nb, brel, r.reason, f"{r.message} (pair of {rel})")
                 continue
@@ -583,7 +607,7 @@ def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], roo
             return p
 
         def check(rel: str) -> FileInfo:
-            return check_file(root_real, rel, max_bytes=opts.max_bytes, image=image)
+            return check_file(root_real, rel, max_bytes=opts.max_bytes, image=image, max_pixels=opts.max_pixels)
 
         for batch in _batches(path):
             names = batch.schema.names

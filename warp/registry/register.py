@@ -4,7 +4,9 @@ Nothing is copied into a store. A *registration* is one JSON document per datase
 local registry, ``$WARP_CACHE_DIR/registered/<ws>/<name>.json`` (docs/formats/registry.md,
 "Registered datasets"), holding what a manifest holds — tables of Parquet files, artifacts,
 bindings, row counts, shard statistics — plus, for every file, its absolute path, its SHA-256
-and the *stamp* it had when hashed: ``(size, mtime_ns, inode)``.
+and the *stamp* it had when hashed: ``(size, mtime_ns, inode, ctime_ns)``. The change time is
+the field ``utime`` cannot set back: an in-place edit that restores the mtime (``cp -p``,
+``rsync --inplace -t``) still moves it.
 
 * ``version_hash`` is the SHA-256 of the canonical JSON of the content only (hashes, sizes,
   row counts, member names, bindings; no paths, no stamps): registering the same files again,
@@ -21,6 +23,10 @@ and the *stamp* it had when hashed: ``(size, mtime_ns, inode)``.
   converts CSV/JSONL).
 * Re-registering reuses the hashes of files whose stamps did not move; only changed or new
   files are hashed. The document is written atomically; :func:`unregister` deletes it.
+* A name the store (``WARP_STORE``) publishes is refused (:class:`ShadowsPublishedError`) unless
+  ``shadow=True`` (``--shadow``): reads would silently switch from the store's version to the
+  local files. A store that cannot be reached refuses nothing (registering works offline); the
+  result says why it was not checked.
 """
 
 from __future__ import annotations
@@ -39,11 +45,11 @@ from typing import Any
 
 from warpdata.core import envvars
 from warpdata.core.canonical import canonical_json, sha256_file, sha256_hex
-from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import DataError, ExitCode, MissingInputError, UsageError, WarpError
 from warpdata.registry.manifest import Binding, validate_dataset_id
 
-__all__ = ["RegisterRequest", "RegisterResult", "RegisteredFileChangedError", "load", "register",
-           "registered_ids", "registry_path", "unregister"]
+__all__ = ["RegisterRequest", "RegisterResult", "RegisteredFileChangedError", "ShadowsPublishedError", "load",
+           "register", "registered_ids", "registry_path", "stamp_now", "unregister"]
 
 KIND = "warp-registered-dataset"
 FORMAT = 1
@@ -56,6 +62,12 @@ class RegisteredFileChangedError(DataError):
     code = "registered-file-changed"
 
 
+class ShadowsPublishedError(UsageError):
+    """``warp register ws/name`` where the store publishes ``ws/name``: reads would switch to the local files."""
+
+    code = "shadows-published"
+
+
 @dataclass
 class RegisterRequest:
     dataset_id: str
@@ -66,6 +78,7 @@ class RegisterRequest:
     follow_symlinks: bool = False
     description: str | None = None
     workers: int = 8
+    shadow: bool = False  # register even if the store publishes this name (reads then use the local files)
 
 
 @dataclass
@@ -82,6 +95,8 @@ class RegisterResult:
     replaced: str | None  # the version this registration replaced, if any
     seconds: float
     dangling_refs: dict[str, int] = field(default_factory=dict)
+    shadows: str | None = None  # the store whose published dataset of this name the registration hides
+    store_unchecked: str | None = None  # why the store could not be asked (unreachable): nothing refused
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -153,11 +168,32 @@ def content_hash(doc: dict[str, Any]) -> str:
     return sha256_hex(canonical_json(content))
 
 
+def stamp_now(st: os.stat_result) -> list[int]:
+    """``[size, mtime_ns, inode, ctime_ns]``: ctime because ``utime`` can put an mtime back, never a ctime."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
 def stamp_of(st: os.stat_result, scanned_at_ns: int) -> list[int] | None:
-    """``[size, mtime_ns, inode]``; None when the file changed too recently to trust a stamp."""
+    """:func:`stamp_now`; None when the file changed too recently to trust a stamp."""
     if max(st.st_mtime_ns, st.st_ctime_ns) >= scanned_at_ns - RACY_WINDOW_NS:
         return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+    return stamp_now(st)
+
+
+def published_in_store(dataset_id: str) -> str | None:
+    """The URL of the store (``WARP_STORE``) when it publishes ``dataset_id`` (a latest pointer or a
+    version), else None; a default store that was never created publishes nothing."""
+    from warpdata.registry.store import Store
+    from warpdata.storage.locations import missing_store_folder
+
+    st = Store(None)
+    if missing_store_folder(st.location):
+        return None
+    if st.read_latest(dataset_id) is not None:
+        return st.url
+    if not st.read_only and st.list_versions(dataset_id):
+        return st.url
+    return None
 
 
 def _expand(name: str, specs: Iterable[str]) -> list[str]:
@@ -188,6 +224,19 @@ def register(req: RegisterRequest) -> RegisterResult:
     dataset_id = validate_dataset_id(req.dataset_id)
     if not req.tables and not req.artifacts:
         raise UsageError("nothing to register", hint="give --table NAME=FILES and/or --artifact NAME=DIR")
+    shadows, unchecked = None, None
+    try:
+        shadows = published_in_store(dataset_id)
+    except WarpError as e:
+        if e.exit_code not in (ExitCode.CONFIG, ExitCode.TEMPFAIL, ExitCode.NO_INPUT):
+            raise
+        unchecked = e.message
+    if shadows and not req.shadow:
+        raise ShadowsPublishedError(
+            f"{dataset_id} is published in the store {shadows}; registering it would make every read of "
+            f"{dataset_id} use the local files instead",
+            hint="register it under another name, or pass --shadow to hide the store's version on purpose "
+                 "('warp ls' marks registrations)", store=shadows)
     previous = None
     with contextlib.suppress(DataError):
         previous = load(dataset_id)
@@ -206,8 +255,7 @@ def register(req: RegisterRequest) -> RegisterResult:
         with hashed_mu:
             hashed["files"] += 1
             hashed["bytes"] += st.st_size
-        after = os.stat(path)
-        if (after.st_size, after.st_mtime_ns, after.st_ino) != (st.st_size, st.st_mtime_ns, st.st_ino):
+        if stamp_now(os.stat(path)) != stamp_now(st):
             raise DataError(f"{path} changed while it was being hashed", hint="rerun 'warp register' when it is settled")
         return h, st.st_size, stamp
 
@@ -285,7 +333,7 @@ def register(req: RegisterRequest) -> RegisterResult:
         files=sum(len(v["files"]) for v in tables.values()) + sum(len(v["members"]) for v in artifacts.values()),
         hashed_files=hashed["files"], hashed_bytes=hashed["bytes"],
         replaced=previous["version_hash"] if previous and previous["version_hash"] != doc["version_hash"] else None,
-        seconds=time.perf_counter() - t0, dangling_refs=dangling)
+        seconds=time.perf_counter() - t0, dangling_refs=dangling, shadows=shadows, store_unchecked=unchecked)
 
 
 def _known_hashes(doc: dict[str, Any] | None) -> dict[str, tuple[str, list[int]]]:

@@ -19,7 +19,10 @@ image file is quarantined ``too-large`` before it is read),
 (10000 per sample; more is quarantined ``too-many-boxes`` before the boxes
 are kept) and ``max_shard_mb`` (4096: the in-memory size of one shard being
 built, ``shard_samples`` x (pixels + ``max_boxes`` x 24 bytes), and the
-largest ``shard_size_mb``; a config over it is a config error). Every image
+largest ``shard_size_mb``; a config over it is a config error) and
+``max_pixels`` (89478485, Pillow's cap: an image whose header declares more
+pixels is quarantined ``too-many-pixels`` before it is decoded; one whose
+header declares more than its bytes can hold is ``impossible-header``). Every image
 and label path must stay inside the dataset root after symlinks are
 resolved (else ``path-outside-root``), and only regular files are opened.
 Raise a limit in the config when the machine and the data warrant it.
@@ -120,6 +123,8 @@ SCHEMA: dict = {
                                  check=positive),
         "max_shard_mb": Field(float, 4096.0, "largest in-memory shard (MB) a build may allocate per worker",
                               check=positive),
+        "max_pixels": Field(int, 89_478_485, "images whose header declares more pixels are quarantined "
+                            "(too-many-pixels), undecoded", check=positive),
     },
     "build": {
         "workers": Field(int, 0, "parallel shard builders; 0 = WARP_WORKERS or the CPU count",
@@ -147,6 +152,7 @@ class Limits:
     max_class_id: int = 65535
     max_label_boxes: int = 10000
     max_shard_bytes: int = 4_096_000_000
+    max_pixels: int = 89_478_485
 
 
 @dataclass(frozen=True)
@@ -231,7 +237,7 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
     lim = v["limits"]
     limits = Limits(max_image_bytes=int(lim["max_image_mb"] * 1e6), max_label_bytes=int(lim["max_label_mb"] * 1e6),
                     max_class_id=lim["max_class_id"], max_label_boxes=lim["max_label_boxes"],
-                    max_shard_bytes=int(lim["max_shard_mb"] * 1e6))
+                    max_shard_bytes=int(lim["max_shard_mb"] * 1e6), max_pixels=lim["max_pixels"])
     _check_shard_memory(source, w, h, t["dtype"], t["max_boxes"], o["shard_samples"], o["shard_size_mb"], limits)
     out_root = Path(output_override).resolve() if output_override else (base / o["root"]).resolve()
     return WarehouseConfig(

@@ -4,8 +4,9 @@
 an :class:`ImageProbe` with the stored size, the EXIF orientation (1-8) and
 the *oriented* size (what a viewer shows, the frame labels are drawn in), or
 raises :class:`ProbeError` with a quarantine reason code: ``decode-error``
-(not an image / unreadable header) or ``truncated`` (a JPEG without its end
-marker). JPEG headers come from simplejpeg (libjpeg-turbo); the EXIF
+(not an image / unreadable header), ``truncated`` (a JPEG without its end
+marker), ``too-many-pixels`` or ``impossible-header`` (the header checks of
+:func:`warpdata.formats.imageinfo.size_problem`, before any decode). JPEG headers come from simplejpeg (libjpeg-turbo); the EXIF
 orientation is read by a small APP1/TIFF parser below, so JPEG probing never
 builds a PIL image. Other formats fall back to Pillow's lazy open.
 """
@@ -13,7 +14,16 @@ builds a PIL image. Other formats fall back to Pillow's lazy open.
 from __future__ import annotations
 
 import struct
+import warnings
 from dataclasses import dataclass
+
+from warpdata.formats.imageinfo import (
+    DEFAULT_MAX_PIXELS,
+    ImageHeaderError,
+    UnknownImageFormat,
+    image_info,
+    size_problem,
+)
 
 JPEG_SOI = b"\xff\xd8"
 JPEG_EOI = b"\xff\xd9"
@@ -89,7 +99,15 @@ def _tiff_orientation(t: memoryview) -> int:
     return 1
 
 
-def probe(data: bytes) -> ImageProbe:
+def probe(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageProbe:
+    try:
+        info = image_info(data)
+    except (ImageHeaderError, UnknownImageFormat):
+        info = None  # the decoders below name the problem, or read formats imageinfo does not know
+    if info is not None:
+        bad = size_problem(info.format, info.width, info.height, len(data), max_pixels, data)
+        if bad:
+            raise ProbeError(*bad)
     if data[:2] == JPEG_SOI:
         import simplejpeg
 
@@ -106,13 +124,21 @@ def probe(data: bytes) -> ImageProbe:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the cap is max_pixels
+            im = Image.open(io.BytesIO(data))
+        with im:
             w, h = im.size
+            if w * h > max_pixels:
+                raise ProbeError("too-many-pixels", f"{(im.format or 'image').upper()} header declares {w}x{h} "
+                                 f"= {w * h:,} pixels, over the cap of {max_pixels:,}")
             fmt = (im.format or "unknown").lower()
             try:
                 orient = int(im.getexif().get(0x0112, 1))
             except Exception:  # malformed EXIF is ignored like browsers do
                 orient = 1
+    except Image.DecompressionBombError as e:
+        raise ProbeError("too-many-pixels", str(e)) from None
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise ProbeError("decode-error", f"not a readable image: {e}") from None
     return ImageProbe(fmt, int(w), int(h), orient if 1 <= orient <= 8 else 1)

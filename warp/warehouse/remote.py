@@ -219,7 +219,8 @@ def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got,
             f.write(data)
         os.replace(tmp, local)
     st = os.stat(local)
-    return check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), url=obj_url, local=local, **batch.params)
+    return check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), url=obj_url, local=local,
+                       max_pixels=batch.limits.max_pixels, **batch.params)
 
 
 def read_source(url: str, sha256: str) -> bytes:

@@ -13,7 +13,9 @@ are kept and counted). Missing files are ``missing-file``, unreadable ones
 (and anything but a regular file) ``unreadable``; a file that leaves the
 dataset root through a symlink is ``path-outside-root`` and one over
 ``[limits] max_image_mb`` is ``too-large``, both refused before a byte is
-read and never listed among the sources. Files are read by a thread pool (reads and hashing release
+read and never listed among the sources; a header declaring more than
+``[limits] max_pixels`` pixels is ``too-many-pixels`` and one declaring more
+than its bytes hold ``impossible-header``, before any decode. Files are read by a thread pool (reads and hashing release
 the GIL); results keep the label order.
 """
 
@@ -25,9 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from warpdata.etl.quarantine import register_reason
+from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS
 from warpdata.warehouse.config import Limits
 from warpdata.warehouse.images import ImageProbe, ProbeError, probe
 from warpdata.warehouse.labels import LabelRecord, UnsafeFile, open_confined
+
+for _reason in IMAGE_LIMIT_REASONS:
+    register_reason(*_reason)
 
 
 @dataclass
@@ -77,11 +84,12 @@ def _check(rec: LabelRecord, *, tolerance: float, min_box: float, max_boxes: int
         return ProbeOutcome(None, (rec.run, key, rec.source, "unreadable", f"{key}: cannot read: {e}"),
                             (key, "unreadable", 0))
     return check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), tolerance=tolerance, min_box=min_box,
-                       max_boxes=max_boxes, overflow=overflow)
+                       max_boxes=max_boxes, overflow=overflow, max_pixels=limits.max_pixels)
 
 
 def check_bytes(rec: LabelRecord, data: bytes, stat_key: tuple[int, int, int], *, tolerance: float, min_box: float,
-                max_boxes: int, overflow: str, url: str | None = None, local: str | None = None) -> ProbeOutcome:
+                max_boxes: int, overflow: str, url: str | None = None, local: str | None = None,
+                max_pixels: int = DEFAULT_MAX_PIXELS) -> ProbeOutcome:
     """Hash, probe and check the boxes of one image whose bytes were read already."""
     key = rec.key
     digest = hashlib.sha256(data).hexdigest()
@@ -91,7 +99,7 @@ def check_bytes(rec: LabelRecord, data: bytes, stat_key: tuple[int, int, int], *
         return ProbeOutcome(None, (rec.run, key, rec.source, reason, f"{key}: {msg}"), src_hash)
 
     try:
-        pr = probe(data)
+        pr = probe(data, max_pixels)
     except ProbeError as e:
         return bad(e.reason, e.message)
     W, H = pr.oriented_size

@@ -188,6 +188,10 @@ def malformed(src: bytes) -> dict[str, tuple[bytes, str]]:
     x = bytearray(b)
     put("metadata_table_truncated", x[:moff + msize + 6], "TruncatedFile")
     x = bytearray(b)
+    struct.pack_into("<I", x, 56, 1)  # one block announced, its CRC the file's last bytes: every other
+    x = _remeta(x[:moff + msize + 4])  # block's CRC offset points past the end (sealed consistently)
+    put("metadata_crc_offset_past_end", x, "CorruptMetadata")
+    x = bytearray(b)
     struct.pack_into("<Q", x, 64 + 24 * 2, 2 ** 63 - 1)  # u64 offset near the int64 limit
     put("index_offset_int64_max", _reindex(x), "TruncatedFile")  # past the end, as offset_past_end
     x = bytearray(b)
