@@ -38,6 +38,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -45,13 +46,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError, InfrastructureError, missing_dependency
+from warpdata.core.errors import ConfigError, InfrastructureError, WarpError, missing_dependency
 
 KINDS = ("local", "thread", "process", "dask", "ray")
 HELP = ("local (threads; also 'thread'), process, dask (a LocalCluster), dask://HOST:PORT or "
         "dask:SCHEDULER_FILE (an existing cluster), ray, ray://HOST:PORT or ray:auto")
 # a killed worker's task is rerun up to this many times before the run fails
 TASK_RETRIES = 3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -210,21 +213,23 @@ class DaskRunner(Runner):
                                                 **({"resources": self.resources} if self.resources else {}),
                                                 **({"env": env} if env else {}))
                 self.client = Client(self.cluster, set_as_default=False)
-            elif spec.address.startswith("tcp://"):
-                import socket
-
-                host, _, port = spec.address[len("tcp://"):].rpartition(":")
-                socket.create_connection((host, int(port)), timeout=10).close()  # refused: fail now, not in 20 s
-                self.client = Client(spec.address, set_as_default=False, timeout="20s")
             else:
-                if not os.path.isfile(spec.address):
-                    raise ConfigError(f"--executor {spec.text}: scheduler file {spec.address} does not exist",
-                                      hint="start 'dask scheduler --scheduler-file FILE' first, on a shared filesystem")
-                self.client = Client(scheduler_file=spec.address, set_as_default=False, timeout="20s")
+                _quiet_distributed()
+                address = spec.address if spec.address.startswith("tcp://") else _scheduler_file_address(spec)
+                ident = _scheduler_identity(address, spec.text)
+                self.client = Client(address, set_as_default=False, timeout=f"{CONNECT_TIMEOUT_S:g}s")
+                if not ident.get("n_workers"):
+                    _wait_for_workers(self.client, spec.text)
+        except WarpError:
+            self.close()
+            raise
         except (OSError, TimeoutError) as e:
             self.close()
             raise InfrastructureError(f"could not reach the Dask scheduler {spec.text}: {e}",
                                       hint="check the scheduler is running and reachable, then rerun") from None
+        except BaseException:
+            self.close()
+            raise
         if initializer is not None or env:
             from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -294,6 +299,11 @@ class DaskRunner(Runner):
                     res = fut.result()
                 except Exception as e:
                     if _is_infrastructure(e):
+                        if self.client.status not in ("running", "connecting") or "scheduler-connection-lost" in str(e):
+                            raise InfrastructureError(
+                                f"lost the connection to the Dask scheduler {self.scheduler} during the run",
+                                hint="restart the scheduler and its workers, then rerun the same command: "
+                                     "finished shards are reused") from None
                         raise InfrastructureError(f"the Dask cluster lost the task {fut.key}: {e}",
                                                   hint="rerun the same command: finished shards are reused") from None
                     raise
@@ -313,6 +323,126 @@ class DaskRunner(Runner):
             if obj is not None:
                 with contextlib.suppress(Exception):
                     obj.close()
+
+
+# an existing scheduler answers within this many seconds or the run stops (docs/formats/receipts.md,
+# "Clusters"): a wrong address must never hang the driver
+CONNECT_TIMEOUT_S = 10.0
+CLUSTER_WAIT_S = 60.0
+
+
+def cluster_wait() -> float:
+    """``WARP_CLUSTER_WAIT``: seconds to wait for a first worker; ConfigError when malformed."""
+    text = envvars.get("WARP_CLUSTER_WAIT")
+    if text is None:
+        return CLUSTER_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"WARP_CLUSTER_WAIT={text!r} is not a number of seconds",
+                          hint="set it to the seconds to wait for a Dask worker, like 60", key="WARP_CLUSTER_WAIT")
+    return value
+
+
+def _scheduler_file_address(spec: ExecutorSpec) -> str:
+    import json
+
+    try:
+        with open(spec.address, "rb") as f:
+            address = json.load(f)["address"]
+    except FileNotFoundError:
+        raise ConfigError(f"--executor {spec.text}: scheduler file {spec.address} does not exist",
+                          hint="start 'dask scheduler --scheduler-file FILE' first, on a shared filesystem") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--executor {spec.text}: {spec.address} is not a Dask scheduler file ({e})",
+                          hint="pass the file 'dask scheduler --scheduler-file FILE' wrote") from None
+    if not isinstance(address, str) or "://" not in address:
+        raise ConfigError(f"--executor {spec.text}: {spec.address} names no scheduler address",
+                          hint="pass the file 'dask scheduler --scheduler-file FILE' wrote")
+    return address
+
+
+def _scheduler_identity(address: str, text: str) -> dict[str, Any]:
+    """The scheduler's ``identity`` reply, within :data:`CONNECT_TIMEOUT_S`.
+
+    ``distributed.Client(address, timeout=...)`` bounds the TCP connect but not the handshake: a
+    port that accepts and never answers (anything but a scheduler) hangs it for good. One
+    ``identity`` request under a deadline tells a scheduler from anything else first.
+    """
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def ask() -> Any:
+        comm = await connect(address, timeout=CONNECT_TIMEOUT_S)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    try:
+        reply = asyncio.run(asyncio.wait_for(ask(), CONNECT_TIMEOUT_S))
+    except TimeoutError:
+        raise InfrastructureError(f"--executor {text}: {address} did not answer as a Dask scheduler within "
+                                  f"{CONNECT_TIMEOUT_S:g} s",
+                                  hint="check the address is the one 'dask scheduler' printed (its port, "
+                                       "8786 by default) and that the scheduler is running, then rerun") from None
+    except OSError as e:
+        raise InfrastructureError(f"--executor {text}: could not reach the Dask scheduler at {address}: {e}",
+                                  hint="check the scheduler is running and reachable, then rerun") from None
+    except Exception as e:  # a peer that speaks something else: the protocol fails to parse
+        raise ConfigError(f"--executor {text}: {address} is not a Dask scheduler ({type(e).__name__}: {e})",
+                          hint="pass the address 'dask scheduler' printed (tcp://HOST:8786 by default)") from None
+    kind = reply.get("type") if isinstance(reply, dict) else None
+    if kind != "Scheduler":
+        raise ConfigError(f"--executor {text}: {address} is a Dask {kind or 'peer'}, not a scheduler",
+                          hint="pass the scheduler's address (the one 'dask scheduler' printed), not a worker's")
+    return reply
+
+
+def _wait_for_workers(client: Any, text: str) -> None:
+    """Wait up to ``WARP_CLUSTER_WAIT`` seconds for a first worker, saying so (a silent wait looks
+    like a hang); InfrastructureError (exit 75) when none joins."""
+    wait = cluster_wait()
+    log.warning(f"waiting up to {wait:g} s for a worker to join the Dask scheduler {text} (WARP_CLUSTER_WAIT)")
+    try:
+        client.wait_for_workers(1, timeout=wait)
+    except TimeoutError:
+        raise InfrastructureError(f"--executor {text}: no Dask worker joined the scheduler within {wait:g} s",
+                                  hint=f"start workers with 'dask worker {client.scheduler.address}' "
+                                       "(README, \"Clusters\"), or raise WARP_CLUSTER_WAIT, then rerun") from None
+
+
+class _DebugOnly(logging.Handler):
+    """``distributed``'s own log records (tracebacks of a lost scheduler: ~30 lines) reach warp's
+    logger at debug level only; the run ends with warp's one line (``-vv`` shows them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if record.exc_info:
+                import traceback
+
+                msg += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            log.debug(f"{record.name}: {msg}")
+        except Exception:
+            self.handleError(record)
+
+
+def _quiet_distributed() -> None:
+    # dask's logging config gives "distributed" and several of its children (distributed.client,
+    # ...) a stderr handler each, with propagation off
+    names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in ("distributed", "tornado")]
+    for name in sorted({"distributed", "tornado", *names}):
+        lg = logging.getLogger(name)
+        if not lg.handlers and lg.propagate:
+            continue
+        if not any(isinstance(h, _DebugOnly) for h in lg.handlers):
+            lg.handlers[:] = [_DebugOnly()]
+        lg.propagate = False
 
 
 def _init_worker(env: dict[str, str], initializer: Callable[[], None] | None) -> None:
@@ -360,11 +490,16 @@ def _accepts_n_workers(client) -> bool:
 
 
 def _is_infrastructure(e: BaseException) -> bool:
+    import concurrent.futures
+
     try:
         from distributed.scheduler import KilledWorker
     except ImportError:
         return False
-    return isinstance(e, KilledWorker | OSError | TimeoutError) and not hasattr(e, "exit_code")
+    # a future cancelled under us (the scheduler went away: "scheduler-connection-lost") is the
+    # cluster's failure, never the data's
+    return isinstance(e, KilledWorker | OSError | TimeoutError | concurrent.futures.CancelledError) and \
+        not hasattr(e, "exit_code")
 
 
 class RayRunner(Runner):
