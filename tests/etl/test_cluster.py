@@ -92,3 +92,41 @@ def test_a_scheduler_that_dies_mid_run_ends_with_one_line(dataset, tmp_path):
     assert "Traceback" not in err and "distributed" not in err, err
     assert len(err.strip().splitlines()) <= 3, err  # "etl cluster: ...", the error, its hint
     assert "the Dask scheduler" in err and "rerun the same command" in err
+
+
+def _upload_source(s3, dataset: Path, prefix: str) -> int:
+    n = 0
+    for p in sorted(dataset.rglob("*")):
+        rel = p.relative_to(dataset).as_posix()
+        if p.is_file() and (rel == "annotations.json" or rel.startswith("images/")):
+            s3.client.put_object(Bucket=s3.bucket, Key=f"{prefix}/{rel}", Body=p.read_bytes())
+            n += rel.startswith("images/")
+    return n
+
+
+# a machine with nothing configured: no AWS files, no instance metadata service
+BARE = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+
+@pytest.mark.s3
+def test_a_worker_without_credentials_is_a_config_error_naming_it_and_settings_travel(dataset, tmp_path, s3):
+    _upload_source(s3, dataset, "src")
+    cfg = coco_config(dataset, tmp_path / "wh")
+    driver_env = {**s3.env, "WARP_CACHE_DIR": str(tmp_path / "driver-cache")}
+    # node-0 has credentials only (no endpoint, region or path style: those come from the driver)
+    creds = {**BARE, "AWS_ACCESS_KEY_ID": s3.env["AWS_ACCESS_KEY_ID"],
+             "AWS_SECRET_ACCESS_KEY": s3.env["AWS_SECRET_ACCESS_KEY"]}
+    with dask_processes(tmp_path / "cluster") as cl:
+        cl.add_worker(creds, name="node-0")
+        bare = cl.add_worker(BARE, name="node-1")  # started as a user would on another machine: no S3 env
+        cl.wait_for_workers(2)
+        s3.reset_counts()
+        r = _etl(cfg, "--input", s3.url("src"), "--executor", f"dask://{cl.address}", env=driver_env)
+        assert r.returncode == 78, r.stderr
+        assert "worker node-1 (tcp://127.0.0.1:" in r.stderr and "has no S3 credentials" in r.stderr, r.stderr
+        assert "AWS_ACCESS_KEY_ID" in r.stderr and "Traceback" not in r.stderr
+        assert s3.count("GET", "src/images/") == 0  # stopped before any task
+        cl.stop(bare)
+        ok = _etl(cfg, "--input", s3.url("src"), "--executor", f"dask://{cl.address}", "--json", env=driver_env)
+    assert ok.returncode == 0, ok.stderr
+    assert '"status": "built"' in ok.stdout or '"shards_built"' in ok.stdout

@@ -40,7 +40,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -193,7 +193,8 @@ class DaskRunner(Runner):
     kind = "dask"
 
     def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
-                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = ()) -> None:
+                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = (),
+                 access: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(workers, resources)
         try:
             import dask  # noqa: F401
@@ -243,6 +244,8 @@ class DaskRunner(Runner):
                         initializer()
 
             self.client.register_plugin(_Init(), name="warp-etl-init")
+        if spec.address is not None:
+            self._register_access(access)
         info = self.client.scheduler_info(n_workers=-1) if _accepts_n_workers(self.client) else self.client.scheduler_info()
         self.n_workers = len(info.get("workers", {}))
         self.threads = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values())
@@ -261,6 +264,32 @@ class DaskRunner(Runner):
                                        "or change what the tasks ask for ([build] resources, caching_device)")
         if spec.address is not None:
             self.workers = max(1, self.threads)
+
+    def _register_access(self, access: Sequence[tuple[str, str]]) -> None:
+        """Hand every worker of an existing cluster (and each that joins later) the driver's
+        non-secret store settings, then have it probe the run's sources and output
+        (warp/etl/access.py); a worker that cannot reach them stops the run before any task."""
+        from distributed.diagnostics.plugin import WorkerPlugin
+        from warpdata.etl import access as _access
+
+        settings = _access.travelling_settings()
+        paths = list(access)
+
+        class _Access(WorkerPlugin):
+            name = "warp-etl-access"
+
+            def setup(self, worker):
+                from warpdata.etl import access as wa
+
+                wa.apply_settings(settings)
+                name = worker.name if isinstance(worker.name, str) else str(worker.name)
+                wa.probe(paths, f"{name} ({worker.address})" if name != worker.address else worker.address)
+
+        try:
+            self.client.register_plugin(_Access(), name="warp-etl-access")
+        except WarpError:
+            self.close()
+            raise
 
     def describe(self) -> dict[str, Any]:
         d = {"executor": "dask", "scheduler": self.scheduler, "workers": self.n_workers, "threads": self.threads,
@@ -299,7 +328,7 @@ class DaskRunner(Runner):
                     res = fut.result()
                 except Exception as e:
                     if _is_infrastructure(e):
-                        if self.client.status not in ("running", "connecting") or "scheduler-connection-lost" in str(e):
+                        if _scheduler_lost(self.client, self.scheduler, e):
                             raise InfrastructureError(
                                 f"lost the connection to the Dask scheduler {self.scheduler} during the run",
                                 hint="restart the scheduler and its workers, then rerun the same command: "
@@ -489,6 +518,13 @@ def _accepts_n_workers(client) -> bool:
         return False
 
 
+def _scheduler_lost(client: Any, scheduler: str, e: BaseException) -> bool:
+    """Whether ``e`` says the connection to the scheduler itself went (not one worker)."""
+    text = str(e)
+    return client.status not in ("running", "connecting") or "scheduler-connection-lost" in text or \
+        bool(scheduler) and f"remote={scheduler}>" in text
+
+
 def _is_infrastructure(e: BaseException) -> bool:
     import concurrent.futures
 
@@ -604,11 +640,14 @@ def require(spec: ExecutorSpec) -> None:
 
 
 def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
-                resources: dict[str, float] | None = None, preload: tuple[str, ...] = ()) -> Runner:
+                resources: dict[str, float] | None = None, preload: tuple[str, ...] = (),
+                access: Sequence[tuple[str, str]] = ()) -> Runner:
     """A runner; ``resources`` (e.g. ``{"GPU": 1}``) is what every task asks of a Dask/Ray cluster;
-    ``preload``: modules an own Dask LocalCluster's workers import once, before they fork."""
+    ``preload``: modules an own Dask LocalCluster's workers import once, before they fork;
+    ``access``: the run's ``(role, url)`` sources and outputs every worker of an existing Dask
+    cluster must reach (warp/etl/access.py), checked before any task."""
     if spec.kind == "dask":
-        return DaskRunner(spec, workers, initializer, resources, preload)
+        return DaskRunner(spec, workers, initializer, resources, preload, access)
     if spec.kind == "ray":
         return RayRunner(spec, workers, initializer, resources)
     return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None, resources)
@@ -617,7 +656,7 @@ def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None
 @contextlib.contextmanager
 def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
                 started: Future | None = None, resources: dict[str, float] | None = None,
-                preload: tuple[str, ...] = ()) -> Iterator[Runner]:
+                preload: tuple[str, ...] = (), access: Sequence[tuple[str, str]] = ()) -> Iterator[Runner]:
     """A :class:`Runner` for ``spec`` with ``workers`` workers (own clusters only), closed on exit.
 
     ``started`` (from :func:`start_runner`) hands over a runner started
@@ -626,7 +665,7 @@ def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], N
     if started is not None:
         yield started.result()
         return
-    runner = make_runner(spec, workers, initializer, resources, preload)
+    runner = make_runner(spec, workers, initializer, resources, preload, access)
     try:
         yield runner
     finally:
@@ -634,12 +673,13 @@ def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], N
 
 
 def start_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
-                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = ()) -> Future:
+                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = (),
+                 access: Sequence[tuple[str, str]] = ()) -> Future:
     """Start a runner in the background: a Dask LocalCluster or Ray takes seconds to come up,
     which then overlaps the driver's scan of the inputs instead of adding to it."""
     ex = ThreadPoolExecutor(1, thread_name_prefix="warp-etl-cluster")
     try:
-        return ex.submit(make_runner, spec, workers, initializer, resources, preload)
+        return ex.submit(make_runner, spec, workers, initializer, resources, preload, access)
     finally:
         ex.shutdown(wait=False)
 

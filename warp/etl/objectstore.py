@@ -23,7 +23,13 @@ import hashlib
 import os
 from pathlib import Path
 
-from warpdata.core.errors import ConfigError, InfrastructureError, InternalError
+from warpdata.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    InfrastructureError,
+    InternalError,
+    WarpError,
+)
 from warpdata.core.names import MANIFEST_NAME
 
 MANIFEST = MANIFEST_NAME
@@ -40,10 +46,30 @@ def staging_root(url: str) -> Path:
     return Path(envvars.default_cache_dir()) / "etl-staging" / h
 
 
-def _infra(e: BaseException, url: str) -> InfrastructureError:
+def _infra(e: BaseException, url: str) -> WarpError:
+    cred = credentials_error(e, url)
+    if cred is not None:
+        return cred
     return InfrastructureError(f"could not write {url}: {type(e).__name__}: {e}",
                                hint="the object store is unreachable or refused the request (check WARP_S3_ENDPOINT "
                                     "and credentials); rerun the same command: what was built and uploaded is reused")
+
+
+def credentials_error(e: BaseException, url: str) -> AuthenticationError | None:
+    """A store client's "no credentials here" as exit 78 naming the machine: a worker started without
+    them fails the same way on every rerun (warp/etl/access.py says what a worker needs)."""
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:  # pragma: no cover - s3fs depends on botocore
+        return None
+    if not isinstance(e, NoCredentialsError | PartialCredentialsError):
+        return None
+    import socket
+
+    from warpdata.etl.access import CREDENTIALS_HINT
+
+    return AuthenticationError(f"no S3 credentials on {socket.gethostname()} (pid {os.getpid()}) for {url}: "
+                               f"{type(e).__name__}: {e}", hint=CREDENTIALS_HINT)
 
 
 def _is_infra(e: BaseException) -> bool:

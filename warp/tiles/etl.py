@@ -670,7 +670,8 @@ class _Build:
                     self._stream(w, root, todo, ranges, finished)
                 elif todo:
                     n = self.workers if self.executor.distributed else min(self.workers, len(todo))
-                    with open_runner(self.executor, n) as runner:
+                    access = [("source", self.inp.path), ("output", self.url)]  # warp/etl/access.py
+                    with open_runner(self.executor, n, access=access) as runner:
                         cluster = runner.describe()
                         for p in runner.imap_unordered(tile_range, todo):
                             finished(p)

@@ -592,11 +592,17 @@ def _run_prestarted(req: EtlRequest, store: str | None = None) -> EtlResult:
     if executor.kind != "dask":  # Ray must be initialised from the main thread
         return _run(req, store=store)
     started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker,
-                           preload=WORKER_PRELOAD)
+                           preload=WORKER_PRELOAD, access=_access(cfg, store))
     try:
         return _run(req, started, store=store)
     finally:
         close_started(started)
+
+
+def _access(cfg: wconfig.WarehouseConfig, store: str | None) -> list[tuple[str, str]]:
+    """What every worker of an existing cluster must reach: the source and the output
+    (warp/etl/access.py); an output on object storage is the store, not the driver's staging."""
+    return [("source", cfg.remote_root or str(cfg.root)), ("output", store or str(cfg.output_root))]
 
 
 def _remote_output(req: EtlRequest) -> str | None:
@@ -651,7 +657,7 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
             sc = scan(cfg, workers, started.result())
         else:
             with open_runner(executor, workers, initializer=_init_process_worker,
-                             preload=WORKER_PRELOAD) as r:
+                             preload=WORKER_PRELOAD, access=_access(cfg, store)) as r:
                 sc = scan(cfg, workers, r)
     else:
         sc = scan(cfg, workers)
@@ -747,9 +753,10 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         if cfg.durable:
             with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
                 results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started,
-                                              store_sizes)
+                                              store_sizes, _access(cfg, store))
         else:
-            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started, store_sizes)
+            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started, store_sizes,
+                                          _access(cfg, store))
         workers = cluster.get("threads") or cluster.get("workers") or workers
         phases["build"] = time.perf_counter() - t
 
@@ -883,8 +890,8 @@ def _fsync_files(paths: list[Path], workers: int) -> None:
 
 def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, total: int,
                syncer: Executor | None, journal: Journal,
-               started: Future | None = None,
-               store_sizes: dict[str, int] | None = None) -> tuple[list[ShardResult], dict[str, Any]]:
+               started: Future | None = None, store_sizes: dict[str, int] | None = None,
+               access: list[tuple[str, str]] = ()) -> tuple[list[ShardResult], dict[str, Any]]:
     """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes."""
     results: dict[int, ShardResult] = {}
     todo = []
@@ -902,7 +909,7 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
         if todo:
             n = workers if executor.distributed else min(workers, len(todo))
             with open_runner(executor, n, initializer=_init_process_worker, started=started,
-                             preload=WORKER_PRELOAD) as runner:
+                             preload=WORKER_PRELOAD, access=access) as runner:
                 cluster = runner.describe()
                 if executor.distributed:
                     log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))

@@ -64,8 +64,11 @@ def _get(fs, path: str) -> bytes:
 
 def _infra(e: BaseException, url: str):
     from warpdata.core.errors import InfrastructureError
-    from warpdata.etl.objectstore import _is_infra
+    from warpdata.etl.objectstore import _is_infra, credentials_error
 
+    cred = credentials_error(e, url)
+    if cred is not None:
+        return cred
     if not _is_infra(e):
         return None
     return InfrastructureError(f"could not read {url}: {type(e).__name__}: {e}",
@@ -211,6 +214,10 @@ def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got,
             raise err from None
         raise got
     data = got
+    if not os.path.isdir(spool):
+        # a worker on another machine: the driver's spool is not there, and none is made here (it
+        # would outlive the run on a machine no rerun sweeps); the build GETs the object again
+        return check_bytes(rec, data, (0, 0, 0), url=obj_url, local=None, **batch.params)
     digest = hashlib.sha256(data).hexdigest()
     local = os.path.join(spool, digest)
     if not os.path.exists(local):
