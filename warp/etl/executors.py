@@ -157,8 +157,8 @@ class LocalRunner(Runner):
             # a fork server outlives this runner and keeps the environment it started with: each
             # worker takes this process's environment of now (credentials, WARP_* settings)
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                                            initializer=functools.partial(_init_worker, dict(os.environ),
-                                                                          initializer))
+                                            initializer=functools.partial(_init_pool_worker, os.getpid(),
+                                                                          dict(os.environ), initializer))
         else:
             self.pool = ThreadPoolExecutor(workers, thread_name_prefix="warp-etl")
 
@@ -472,6 +472,15 @@ def _quiet_distributed() -> None:
         if not any(isinstance(h, _DebugOnly) for h in lg.handlers):
             lg.handlers[:] = [_DebugOnly()]
         lg.propagate = False
+
+
+def _init_pool_worker(driver_pid: int, env: dict[str, str], initializer: Callable[[], None] | None) -> None:
+    """A process-pool worker: it ends with the driver, even after a ``kill -9`` of the driver
+    (warp/etl/lifeline.py), then takes the driver's environment of now."""
+    from warpdata.etl.lifeline import follow
+
+    follow(driver_pid)
+    _init_worker(env, initializer)
 
 
 def _init_worker(env: dict[str, str], initializer: Callable[[], None] | None) -> None:
