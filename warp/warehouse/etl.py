@@ -648,20 +648,20 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
 
     cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
 
-    if (cfg.remote_root and (started is not None or executor.kind != "thread")) or \
-            (executor.distributed and executor.address is not None):
-        # the header pass of a source on object storage runs on the executor's workers, and so
-        # does a shared-filesystem source's on an external cluster (a LocalCluster shares the
-        # driver's machine: its threads probe as fast, without shipping the outcomes)
-        if started is not None:
-            sc = scan(cfg, workers, started.result())
-        else:
-            with open_runner(executor, workers, initializer=_init_process_worker,
-                             preload=WORKER_PRELOAD, access=_access(cfg, store)) as r:
-                sc = scan(cfg, workers, r)
-    else:
-        sc = scan(cfg, workers)
     try:
+        if (cfg.remote_root and (started is not None or executor.kind != "thread")) or \
+                (executor.distributed and executor.address is not None):
+            # the header pass of a source on object storage runs on the executor's workers, and so
+            # does a shared-filesystem source's on an external cluster (a LocalCluster shares the
+            # driver's machine: its threads probe as fast, without shipping the outcomes)
+            if started is not None:
+                sc = scan(cfg, workers, started.result())
+            else:
+                with open_runner(executor, workers, initializer=_init_process_worker,
+                                 preload=WORKER_PRELOAD, access=_access(cfg, store)) as r:
+                    sc = scan(cfg, workers, r)
+        else:
+            sc = scan(cfg, workers)
         return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started, store)
     finally:
         if cfg.remote_root:

@@ -21,6 +21,7 @@ contract; in short:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -85,10 +86,9 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
     """
     url = url.rstrip("/")
     fs, base = _fs(url)
+    sweep(root.parent.parent)
+    claim(root)
     try:
-        if root.exists():
-            shutil.rmtree(root)
-        root.mkdir(parents=True)
         for lf in labels:
             src = f"{base}/{lf.strip('/')}"
             dst = root / lf
@@ -246,7 +246,62 @@ def read_source(url: str, sha256: str) -> bytes:
     return data
 
 
+OWNER = ".owner.lock"
+# this process's claimed mirrors: path -> the descriptor holding their lock (released by remove_mirror)
+_claimed: dict[str, int] = {}
+
+
+def claim(mirror: Path) -> None:
+    """Create this run's mirror and hold its lock for as long as the run lives: the kernel drops
+    an ``flock`` with its process, so a mirror whose lock is free belongs to a dead run."""
+    if mirror.exists():
+        shutil.rmtree(mirror)
+    mirror.mkdir(parents=True)
+    fd = os.open(mirror / OWNER, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _claimed[os.fspath(mirror)] = fd
+
+
+def sweep(base: Path, *, grace_s: float = 60.0) -> list[str]:
+    """Remove the mirrors under ``base`` (``$WARP_CACHE_DIR/etl-source``) of runs that are gone
+    (killed: nothing removed theirs); returns them. A mirror without its lock file yet is another
+    run being set up, unless it is older than ``grace_s``."""
+    import time
+
+    removed: list[str] = []
+    for run in sorted(base.glob("*/run-*")):
+        if os.fspath(run) in _claimed or not run.is_dir() or run.is_symlink():
+            continue
+        try:
+            fd = os.open(run / OWNER, os.O_RDWR)
+        except FileNotFoundError:
+            try:
+                young = time.time() - run.stat().st_mtime < grace_s
+            except FileNotFoundError:
+                continue
+            if young:
+                continue
+            fd = None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # its run is alive
+                os.close(fd)
+                continue
+        try:
+            shutil.rmtree(run, ignore_errors=True)
+            removed.append(os.fspath(run))
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed
+
+
 def remove_mirror(mirror: Path) -> None:
-    """Drop a run's mirror (labels, placeholders, spooled image bytes) once its version is built."""
+    """Drop a run's mirror (labels, placeholders, spooled image bytes): on success, failure and
+    Ctrl-C alike; a killed run's is swept by the next (:func:`sweep`)."""
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(mirror)
+    fd = _claimed.pop(os.fspath(mirror), None)
+    if fd is not None:
+        os.close(fd)
