@@ -78,3 +78,38 @@ def test_spools_go_on_failure_ctrl_c_and_after_a_kill(dataset, tmp_path, s3):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["samples"] > 0
     assert _runs(cache) == [] and not any(p.exists() for p in left)
+
+
+@pytest.mark.slow
+def test_an_up_to_date_rerun_of_an_s3_source_reads_no_image_and_a_changed_one_is_read(tmp_path, s3):
+    d = tmp_path / "many"
+    generate(d, count=210, seed=11, min_side=32, max_side=48)
+    _upload(s3, d, "src")
+    n_images = len(list((d / "images").iterdir()))
+    assert n_images >= 200
+    env = {**os.environ, **s3.env, "WARP_CACHE_DIR": str(tmp_path / "cache")}
+    cfg = coco_config(d, tmp_path / "wh")
+
+    def run() -> dict:
+        r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json",
+                            "--input", s3.url("src"), "-j", "2"], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    first = run()
+    assert first["shards_built"] > 0
+    s3.reset_counts()
+    again = run()
+    assert again["version"] == first["version"] and again["shards_built"] == 0
+    gets = s3.count("GET", "src/images/")
+    assert gets <= 0.01 * n_images, (gets, n_images)  # LISTs, not a GET per image
+    assert s3.count("HEAD", "src/images/") == 0
+
+    # one image replaced by other bytes: its ETag changes, it is read and hashed again
+    name = sorted((d / "images").iterdir())[7].name
+    other = sorted((d / "images").iterdir())[8].read_bytes()
+    s3.client.put_object(Bucket=s3.bucket, Key=f"src/images/{name}", Body=other)
+    s3.reset_counts()
+    changed = run()
+    assert changed["version"] != first["version"]
+    assert any(q["key"] == f"src/images/{name}" for q in s3.requests("GET", "src/images/"))

@@ -447,11 +447,11 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     """
     phases = {}
     t = time.perf_counter()
-    sizes: dict[str, int] = {}
+    listing = None
     if cfg.remote_root:
         from warpdata.warehouse import remote
 
-        _root, sizes = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
+        _root, listing = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
     ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
     q = Quarantine()
     for rej in ls.rejects:
@@ -461,7 +461,7 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     params = dict(tolerance=cfg.box_tolerance, min_box=cfg.min_box_size, max_boxes=cfg.max_boxes,
                   overflow=cfg.overflow)
     if cfg.remote_root:
-        outcomes = _probe_remote(cfg, ls.records, sizes, params, workers, runner)
+        outcomes = _probe_remote(cfg, ls.records, listing, params, workers, runner)
     elif runner is not None:
         outcomes = _probe_on_runner(cfg, ls.records, params, runner)
     else:
@@ -484,35 +484,52 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
 REMOTE_PROBE_BATCH = 64
 
 
-def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, int], params: dict[str, Any],
+def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, listing: Any, params: dict[str, Any],
                   workers: int, runner: Any) -> list:
+    """The header pass of a source on object storage. An object whose listed size and ETag are
+    those an earlier run recorded is not read again: its recorded hash and header give the same
+    outcome (docs/formats/receipts.md, "Sources on object storage"), so an up-to-date rerun costs
+    LIST requests, not a GET per image."""
     from warpdata.etl import cut
     from warpdata.etl.executors import LocalRunner
     from warpdata.warehouse import remote
 
-    batches = [remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
-                                 {os.path.relpath(r.image, cfg.root).replace(os.sep, "/"):
-                                  sizes[k] for r in part
-                                  if (k := os.path.relpath(r.image, cfg.root).replace(os.sep, "/")) in sizes},
-                                 params, cfg.limits)
-               for i, part in enumerate(cut(records, REMOTE_PROBE_BATCH))]
+    sizes, tags = listing.sizes, listing.tags
+    known = remote.known_facts(remote.load_facts(cfg.remote_root), listing)
+    batches = []
+    for i, part in enumerate(cut(records, REMOTE_PROBE_BATCH)):
+        rels = [os.path.relpath(r.image, cfg.root).replace(os.sep, "/") for r in part]
+        batches.append(remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
+                                         {k: sizes[k] for k in rels if k in sizes}, params, cfg.limits,
+                                         {k: tags[k] for k in rels if k in tags},
+                                         {k: known[k] for k in rels if k in known}))
+    learnt: dict[str, dict[str, Any]] = {}
     if runner is not None:
-        return _probe_batches(runner, remote.probe_batch, batches, len(records))
-    own = LocalRunner(max(1, min(workers, len(batches) or 1)))
-    try:
-        return _probe_batches(own, remote.probe_batch, batches, len(records))
-    finally:
-        own.close()
+        out = _probe_batches(runner, remote.probe_batch, batches, len(records), learnt)
+    else:
+        own = LocalRunner(max(1, min(workers, len(batches) or 1)))
+        try:
+            out = _probe_batches(own, remote.probe_batch, batches, len(records), learnt)
+        finally:
+            own.close()
+    if learnt or len(known) != len(remote.load_facts(cfg.remote_root)):
+        # what is true of the listed objects now, for the next run (the facts of objects gone dropped)
+        remote.save_facts(cfg.remote_root, {**known, **learnt})
+    return out
 
 
-def _probe_batches(runner: Any, fn: Any, batches: list, total: int) -> list:
+def _probe_batches(runner: Any, fn: Any, batches: list, total: int,
+                   learnt: dict[str, Any] | None = None) -> list:
     """The header pass's outcomes, in record order, from ``fn`` over ``batches`` on ``runner``
-    (each batch returns ``(index, outcomes)``; they finish in any order)."""
+    (each batch returns ``(index, outcomes)``, or ``(index, outcomes, facts learnt)`` merged into
+    ``learnt``; they finish in any order)."""
     parts = {}
     with _progress.progress("reading images", total=total, unit="img") as bar:
-        for i, part in runner.imap_unordered(fn, batches):
-            parts[i] = part
-            bar.advance(len(part))
+        for res in runner.imap_unordered(fn, batches):
+            parts[res[0]] = res[1]
+            if learnt is not None and len(res) > 2:
+                learnt.update(res[2])
+            bar.advance(len(res[1]))
     return [o for i in range(len(batches)) for o in parts[i]]
 
 
