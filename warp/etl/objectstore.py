@@ -34,6 +34,7 @@ from warpdata.core.names import MANIFEST_NAME
 
 MANIFEST = MANIFEST_NAME
 LATEST = "latest"
+METRICS = "metrics.json"
 
 
 def is_url(text: str | None) -> bool:
@@ -103,6 +104,11 @@ def upload_version(local: Path, url: str) -> tuple[str, dict[str, int]]:
             present = {}
         for p in [*files, local / MANIFEST]:
             size = p.stat().st_size
+            if p.name == METRICS and p.name in present:
+                # timings of this run, not content: a killed run's copy is replaced, never compared
+                fs.put_file(os.fspath(p), f"{dest.path}/{p.name}")
+                counts["uploaded"] += 1
+                continue
             if p.name in present:
                 if present[p.name] != size:
                     raise ConfigError(f"{dest.url}/{p.name} exists with {present[p.name]} bytes, this build made {size}",

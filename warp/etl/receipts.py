@@ -37,6 +37,10 @@ class Journal:
     def __init__(self, base: str) -> None:
         from warpdata.storage.locations import filesystem, parse_location
 
+        # shard ids whose receipt :meth:`load_all` found damaged or foreign and deleted: the
+        # pipeline deletes their shards' objects too before rebuilding them (rule 2 of
+        # docs/formats/receipts.md)
+        self.damaged: set[str] = set()
         self.loc = parse_location(base).join(DIR)
         self.local = self.loc.protocol == "file"
         self.fs = None if self.local else filesystem(self.loc)
@@ -89,6 +93,9 @@ class Journal:
             doc = self.load(sid)
             if doc is not None:
                 out[sid] = doc
+            else:  # does not parse, or names another shard: deleted, so the rebuilt shard's receipt can be created
+                self.forget(sid)
+                self.damaged.add(sid)
         return out
 
     def record(self, shard_id: str, task_sha256: str, sha256: str | None, size_bytes: int,
@@ -103,19 +110,11 @@ class Journal:
                "sha256": sha256, "size_bytes": size_bytes, "result": result}
         data = canonical_json(doc)
         p = self.path(shard_id)
-        if self.local:
-            created = create_exclusive(p, data)
-        else:
-            try:
-                self.fs.pipe_file(p, data, mode="create")
-                created = True
-            except FileExistsError:
-                created = False
-            except OSError as e:
-                if "PreconditionFailed" in str(e) or "412" in str(e):
-                    created = False
-                else:
-                    raise _infra(e, f"could not write the receipt s3://{p}") from None
+        created = self._create(p, data)
+        if not created and self.load(shard_id) is None:
+            # a damaged receipt appeared since the listing (rule 2): it goes, this one is created
+            self.forget(shard_id)
+            created = self._create(p, data)
         if not created:
             prev = self.load(shard_id)
             if prev is None or (prev.get("task_sha256"), prev.get("sha256")) != (task_sha256, sha256):
@@ -125,6 +124,19 @@ class Journal:
                                     hint="a shard's bytes must depend only on its task; please report this")
             return prev
         return doc
+
+    def _create(self, p: str, data: bytes) -> bool:
+        if self.local:
+            return create_exclusive(p, data)
+        try:
+            self.fs.pipe_file(p, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if "PreconditionFailed" in str(e) or "412" in str(e):
+                return False
+            raise _infra(e, f"could not write the receipt s3://{p}") from None
 
     def forget(self, shard_id: str) -> None:
         """Drop a receipt that failed verification (its shard is rebuilt)."""

@@ -272,6 +272,8 @@ def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | 
     back would cost what building it did.
     """
     if receipt is None:
+        if task.shard_id in journal.damaged:
+            _drop_shard(task)
         return None
     try:
         if receipt["task_sha256"] != task_sha256(task):
@@ -279,19 +281,30 @@ def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | 
         res = ShardResult(**receipt["result"])
         if task.upload is not None:
             if res.samples and (store_sizes or {}).get(res.file_name) != res.size_bytes:
-                journal.forget(task.shard_id)
-                return None
+                raise ValueError("the shard's object is not the receipted one")
         elif res.samples:
             with twh1.TWH1Shard(task.path) as sh:
                 sh.verify(res.sha256)
     except (OSError, ValueError, TypeError, KeyError, DataError):
         journal.forget(task.shard_id)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(task.path)
+        _drop_shard(task)
         return None
     res.reused = True
     res.timings = {}
     return res
+
+
+def _drop_shard(task: ShardTask) -> None:
+    """Delete the shard of a receipt that did not verify, locally and in the store: its upload is
+    create-only, so an object left there would be kept in place of the rebuilt bytes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(task.path)
+    if task.upload is not None:
+        from warpdata.storage.locations import filesystem, parse_location
+
+        loc = parse_location(task.upload)
+        with contextlib.suppress(FileNotFoundError):
+            filesystem(loc).rm_file(loc.path)
 
 
 def samples_per_shard(cfg: wconfig.WarehouseConfig, n: int) -> int:
