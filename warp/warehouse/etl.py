@@ -695,7 +695,7 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
         return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started, store)
     finally:
         if cfg.remote_root:
-            from warpdata.warehouse.remote import remove_mirror
+            from warpdata.etl.spool import remove_mirror
 
             remove_mirror(cfg.root)
 

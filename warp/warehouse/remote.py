@@ -20,33 +20,21 @@ contract; in short:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
-import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.etl.spool import claim, sweep
 from warpdata.warehouse.config import Limits
 from warpdata.warehouse.images import ImageProbe, ProbeError, probe
 from warpdata.warehouse.labels import LabelRecord
 from warpdata.warehouse.validate import ProbeOutcome, check_probed
 
 SPOOL = ".spool"
-
-
-def mirror_root(url: str) -> Path:
-    """A mirror of its own for this run (two runs over the same URL never share a spool)."""
-    import time
-    import uuid
-
-    from warpdata.core import envvars
-    h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-    return Path(envvars.default_cache_dir()) / "etl-source" / h / f"run-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
 def _fs(url: str):
@@ -339,64 +327,3 @@ def read_source(url: str, sha256: str) -> bytes:
         raise DataError(f"{url}: changed while the ETL ran (content hash differs from the header pass)",
                         hint="rerun 'warp etl' once the dataset is no longer being written", path=url)
     return data
-
-
-OWNER = ".owner.lock"
-# this process's claimed mirrors: path -> the descriptor holding their lock (released by remove_mirror)
-_claimed: dict[str, int] = {}
-
-
-def claim(mirror: Path) -> None:
-    """Create this run's mirror and hold its lock for as long as the run lives: the kernel drops
-    an ``flock`` with its process, so a mirror whose lock is free belongs to a dead run."""
-    if mirror.exists():
-        shutil.rmtree(mirror)
-    mirror.mkdir(parents=True)
-    fd = os.open(mirror / OWNER, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    _claimed[os.fspath(mirror)] = fd
-
-
-def sweep(base: Path, *, grace_s: float = 60.0) -> list[str]:
-    """Remove the mirrors under ``base`` (``$WARP_CACHE_DIR/etl-source``) of runs that are gone
-    (killed: nothing removed theirs); returns them. A mirror without its lock file yet is another
-    run being set up, unless it is older than ``grace_s``."""
-    import time
-
-    removed: list[str] = []
-    for run in sorted(base.glob("*/run-*")):
-        if os.fspath(run) in _claimed or not run.is_dir() or run.is_symlink():
-            continue
-        try:
-            fd = os.open(run / OWNER, os.O_RDWR)
-        except FileNotFoundError:
-            try:
-                young = time.time() - run.stat().st_mtime < grace_s
-            except FileNotFoundError:
-                continue
-            if young:
-                continue
-            fd = None
-        if fd is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # its run is alive
-                os.close(fd)
-                continue
-        try:
-            shutil.rmtree(run, ignore_errors=True)
-            removed.append(os.fspath(run))
-        finally:
-            if fd is not None:
-                os.close(fd)
-    return removed
-
-
-def remove_mirror(mirror: Path) -> None:
-    """Drop a run's mirror (labels, placeholders, spooled image bytes): on success, failure and
-    Ctrl-C alike; a killed run's is swept by the next (:func:`sweep`)."""
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(mirror)
-    fd = _claimed.pop(os.fspath(mirror), None)
-    if fd is not None:
-        os.close(fd)
