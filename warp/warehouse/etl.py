@@ -256,11 +256,13 @@ def task_sha256(task: ShardTask) -> str:
                      [[s.key, s.sha256] for s in task.samples]])
 
 
-def _record(journal: Journal, task: ShardTask, res: ShardResult) -> None:
+def _record(journal: Any, task: ShardTask, res: ShardResult) -> None:
+    """Receipt a finished shard (``journal``: a :class:`Journal` or its :class:`ReceiptWriter`)."""
     d = asdict(res)
     d.pop("timings")
     d.pop("reused")
-    journal.record(task.shard_id, task_sha256(task), res.sha256, res.size_bytes, d)
+    (journal.add if hasattr(journal, "add") else journal.record)(task.shard_id, task_sha256(task), res.sha256,
+                                                                   res.size_bytes, d)
 
 
 def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | None,
@@ -943,13 +945,15 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
                 cluster = runner.describe()
                 if executor.distributed:
                     log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
-                # a bounded window keeps at most 2 tasks per worker in flight (memory)
-                for r in runner.imap_unordered(build_shard, todo):
-                    if r.samples and syncer is not None and by_index[r.index].upload is None:
-                        syncer.submit(_fsync_path, by_index[r.index].path)
-                    _record(journal, by_index[r.index], r)
-                    results[r.index] = r
-                    bar.advance(r.samples + len(r.failures))
+                # a bounded window keeps at most 2 tasks per worker in flight (memory); receipts go
+                # to the store in the background (every one is written before the manifest)
+                with journal.writer() as receipts_out:
+                    for r in runner.imap_unordered(build_shard, todo):
+                        if r.samples and syncer is not None and by_index[r.index].upload is None:
+                            syncer.submit(_fsync_path, by_index[r.index].path)
+                        _record(receipts_out, by_index[r.index], r)
+                        results[r.index] = r
+                        bar.advance(r.samples + len(r.failures))
     if tasks:
         # every task is done: temporary files left now are from workers killed mid-shard (their
         # tasks were rerun elsewhere) and must not reach the version
