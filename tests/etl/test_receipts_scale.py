@@ -4,6 +4,8 @@ the journal, then the receipts read concurrently: one GET each, never a listing 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from warpdata.etl.receipts import RECEIPT_CONCURRENCY, Journal
 
@@ -42,3 +44,30 @@ def test_a_failed_receipt_write_surfaces_when_the_writer_closes(s3):
         out.close()
     assert "already exists with different content" in str(ei.value)
     assert not isinstance(ei.value, InfrastructureError)
+
+
+def test_a_worker_without_the_drivers_staging_directory_uploads_its_shard(s3, tmp_path):
+    """A build worker on another machine than the driver: the staging directory its task names is
+    not there, yet the shard reaches the store with the bytes a local build gives."""
+    from warpdata.sampledata.detection import generate
+    from warpdata.warehouse import etl as wetl
+    from warpdata.warehouse import labels as wlabels
+    from warpdata.warehouse.transform import TransformSpec
+    from warpdata.warehouse.validate import probe_all
+
+    d = tmp_path / "coco"
+    generate(d, count=4, seed=2, min_side=64, max_side=96)
+    ls = wlabels.load("coco", d, ("annotations.json",), "images", (), 0.0)
+    valid = [o.sample for o in probe_all(ls.records, workers=1, tolerance=0.5, min_box=0.0, max_boxes=8,
+                                         overflow="truncate") if o.sample is not None]
+    spec = TransformSpec(32, 32)
+    (here,) = wetl.plan(valid, len(valid), spec, 8, tmp_path / "staging")
+    (tmp_path / "staging").mkdir()
+    local = wetl.build_shard(here)
+    (there,) = wetl.plan(valid, len(valid), spec, 8, tmp_path / "not-on-this-machine")
+    there.upload = s3.url("wh/v1/shard-00000.twh1")
+    res = wetl.build_shard(there)
+    got = s3.client.get_object(Bucket=s3.bucket, Key="wh/v1/shard-00000.twh1")["Body"].read()
+    assert res.sha256 == local.sha256 and len(got) == res.size_bytes
+    assert got == Path(here.path).read_bytes()  # the bytes of the build on the driver's machine
+    assert not (tmp_path / "not-on-this-machine").exists()

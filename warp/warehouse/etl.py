@@ -179,7 +179,12 @@ def build_shard(task: ShardTask) -> ShardResult:
     # and renamed into place once complete; no fsync here: a background thread syncs each
     # finished shard while the workers go on, and finalize waits for all of them; a torn shard
     # left by a crash fails its checksum when a rerun considers reusing it
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + name, dir=os.path.dirname(task.path))
+    out_dir = os.path.dirname(task.path)
+    if task.upload is not None and not os.path.isdir(out_dir):
+        # a worker on another machine than the driver, whose staging directory is not there: the
+        # shard goes to the store from this machine's temporary directory
+        out_dir = tempfile.gettempdir()
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + name, dir=out_dir)
     os.close(fd)
     flushed = direct_bytes = 0
     try:
@@ -230,13 +235,15 @@ def build_shard(task: ShardTask) -> ShardResult:
             direct_bytes = dst.direct_bytes
         if builder.count:
             os.chmod(tmp, 0o644)
-            os.replace(tmp, task.path)
-            size = os.path.getsize(task.path)
             if task.upload is not None:
                 from warpdata.etl.objectstore import put_create_only
 
-                put_create_only(task.path, task.upload)
-                os.unlink(task.path)
+                size = os.path.getsize(tmp)
+                put_create_only(tmp, task.upload)
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, task.path)
+                size = os.path.getsize(task.path)
         else:
             os.unlink(tmp)
     except BaseException:
