@@ -286,6 +286,7 @@ class DaskRunner(Runner):
                 wa.probe(paths, f"{name} ({worker.address})" if name != worker.address else worker.address)
 
         try:
+            self.access_registered = True
             self.client.register_plugin(_Access(), name="warp-etl-access")
         except WarpError:
             self.close()
@@ -348,7 +349,12 @@ class DaskRunner(Runner):
             raise
 
     def close(self) -> None:
-        for obj in (getattr(self, "client", None), self.cluster):
+        client = getattr(self, "client", None)
+        if client is not None and getattr(self, "access_registered", False):
+            # the probe names this run's paths: a worker joining later, for another run, must not run it
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin("warp-etl-access")
+        for obj in (client, self.cluster):
             if obj is not None:
                 with contextlib.suppress(Exception):
                     obj.close()
