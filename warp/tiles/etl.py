@@ -668,13 +668,10 @@ class _Build:
             ranges = plan_ranges(w, self.task_bytes)
             root = w.root.url if not w.root.local else w.root.location.path
             tasks = self._tasks(ranges, root, w.plan.row_nbytes)
-            parts: dict[int, dict] = {}
-            receipts = journal.load_all()
-            for t in tasks:
-                part = self._reuse(w, journal, t, receipts.get(_sid(t.index)))
-                if part is not None:
-                    parts[t.index] = part
-            todo = [t for t in tasks if t.index not in parts]
+            from warpdata.etl.driver import split_receipted
+
+            parts, todo = split_receipted(tasks, journal, lambda t: _sid(t.index),
+                                          lambda t, rec: self._reuse(w, journal, t, rec))
             self.counts = {"ranges": len(tasks), "ranges_reused": len(parts), "ranges_built": len(todo)}
 
             def finished(part: dict) -> None:

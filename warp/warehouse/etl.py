@@ -932,16 +932,10 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
                started: Future | None = None, store_sizes: dict[str, int] | None = None,
                access: list[tuple[str, str]] = ()) -> tuple[list[ShardResult], dict[str, Any]]:
     """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes."""
-    results: dict[int, ShardResult] = {}
-    todo = []
-    receipts = journal.load_all()
-    for task in tasks:
-        r = _reuse_receipt(task, journal, receipts.get(task.shard_id), store_sizes)
-        if r is not None:
-            results[task.index] = r
-        else:
-            todo.append(task)
-    by_index = {t.index: t for t in todo}
+    from warpdata.etl.driver import run_receipted, split_receipted
+
+    results, todo = split_receipted(tasks, journal, lambda t: t.shard_id,
+                                    lambda t, rec: _reuse_receipt(t, journal, rec, store_sizes))
     cluster: dict[str, Any] = {"executor": executor.text, "workers": workers}
     with _progress.progress("building shards", total=total, unit="img") as bar:
         bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
@@ -954,13 +948,11 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
                     log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
                 # a bounded window keeps at most 2 tasks per worker in flight (memory); receipts go
                 # to the store in the background (every one is written before the manifest)
-                with journal.writer() as receipts_out:
-                    for r in runner.imap_unordered(build_shard, todo):
-                        if r.samples and syncer is not None and by_index[r.index].upload is None:
-                            syncer.submit(_fsync_path, by_index[r.index].path)
-                        _record(receipts_out, by_index[r.index], r)
-                        results[r.index] = r
-                        bar.advance(r.samples + len(r.failures))
+                for task, r in run_receipted(runner, build_shard, todo, journal, _record, lambda r: r.index):
+                    if r.samples and syncer is not None and task.upload is None:
+                        syncer.submit(_fsync_path, task.path)
+                    results[r.index] = r
+                    bar.advance(r.samples + len(r.failures))
     if tasks:
         # every task is done: temporary files left now are from workers killed mid-shard (their
         # tasks were rerun elsewhere) and must not reach the version
