@@ -124,6 +124,23 @@ def task_round_trip() -> float:
         return (time.perf_counter() - t) / 400 * 4  # 4 in flight: one task's round trip
 
 
+def receipt_cost(base: str, n: int = 256) -> dict:
+    """The journal's store requests, measured: seconds per receipt written through the driver's
+    background writer (RECEIPT_CONCURRENCY in flight), and per receipt of a resume (one listing,
+    then concurrent GETs). ``base``: a fresh s3:// build prefix on the bench's server."""
+    from warpdata.etl.receipts import Journal
+
+    t = time.perf_counter()
+    with Journal(base).writer() as out:
+        for i in range(n):
+            out.add(f"shard-{i:05d}", f"{i:064x}", f"{i + 1:064x}", i, {"index": i})
+    write_s = (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    got = Journal(base).load_all()
+    read_s = (time.perf_counter() - t) / max(1, len(got))
+    return {"receipt_write_ms": 1e3 * write_s, "receipt_resume_read_ms": 1e3 * read_s}
+
+
 def upload_corpus(client, bucket: str, d: Path, prefix: str) -> list[str]:
     """The corpus's labels and images under s3://bucket/prefix/; returns the image keys."""
     keys = []
@@ -199,6 +216,8 @@ def main() -> int:
                     res[name][-1]["heads"] = sum(r["method"] == "HEAD" for r in reqs)
                 loads.append(os.getloadavg()[0])
             gets.append(get_cost(client, "bench", keys, server.proc.pid))
+        os.environ.update({k: v for k, v in s3env.items() if k.startswith(("AWS_", "WARP_S3"))})
+        receipts = receipt_cost("s3://bench/receipts-bench")
     finally:
         server.stop()
 
@@ -207,10 +226,14 @@ def main() -> int:
     p = max(0.0, 2 * (t1 - t2))
     s = max(0.0, t1 - p)
     n = med["local-2"]["samples"]
-    # The model of docs/design.md §11: T(N, W) = S0 + N*d + N*c/W (+ the store's request limits).
-    #   c  worker seconds per image: local-1's header pass + build (one worker does both on a cluster)
-    #   d  driver seconds per image: labels + finalize of local-2 (fixed costs included: an upper bound)
-    #   S0 the cluster's start-up and shutdown: dask-1's wall minus local-1's
+    # The model of docs/design.md §11:
+    #   T(N, W) = S0 + N*d + N*c/W + (N/64)*tau/W + (N/64)*r, capped by the store's request limits
+    #   c   worker seconds per image: local-1's header pass + build (one worker does both on a cluster)
+    #   d   driver seconds per image: labels + finalize of local-2 (fixed costs included: an upper bound)
+    #   S0  the cluster's start-up and shutdown: dask-1's wall minus local-1's
+    #   tau one task's round trip through the scheduler (measured here)
+    #   r   the driver's share of one receipt PUT (written in the background, RECEIPT_CONCURRENCY at once)
+    #   resume: one LIST per 1,000 receipts, then one GET per receipt, read concurrently
     task_s = task_round_trip()
     c = (med["local-1"]["probe_s"] + med["local-1"]["build_s"]) / n
     d = (med["local-2"]["labels_s"] + med["local-2"]["finalize_s"]) / n
@@ -218,10 +241,14 @@ def main() -> int:
     per_shard = 64
     big = 1_000_000
 
+    receipt_s = receipts["receipt_write_ms"] / 1e3
+
     def predict(w: int) -> float:
-        return big / (s0 + big * d + big * c / w + (big / per_shard) * task_s / w)
+        return big / (s0 + big * d + big * c / w + (big / per_shard) * task_s / w + (big / per_shard) * receipt_s)
 
     puts_per_shard = med["s3out-2"]["puts"] / max(1, med["s3out-2"]["shards"])
+    # an S3 source costs one GET per image (none for an unchanged one on a rerun): one prefix caps it
+    s3_get_limit = 5500
     model = {"serial_s": round(s, 3), "parallel_s": round(p, 3),
              "predicted_rate_64": round(n / (s + p / 64), 1) if s + p / 64 > 0 else None,
              "max_rate_serial_bound": round(n / s, 1) if s else None,
@@ -230,7 +257,13 @@ def main() -> int:
              "rate_1M_images": {w: round(predict(w), 0) for w in (1, 2, 8, 16, 64, 256)},
              "driver_bound_rate": round(1 / d, 0) if d else None,
              "s3_put_bound_rate": round(3500 / puts_per_shard * per_shard, 0),
-             "s3_get_bound_rate_sources": 5500}
+             "s3_get_bound_rate_sources": s3_get_limit,
+             "rate_1M_images_s3_source": {w: round(min(predict(w), s3_get_limit), 0) for w in (1, 2, 8, 16, 64, 256)},
+             "puts_per_shard_measured": round(puts_per_shard, 3),
+             "receipt_write_ms": round(receipts["receipt_write_ms"], 3),
+             "receipt_resume_read_ms": round(receipts["receipt_resume_read_ms"], 3),
+             "resume_s_1M_images": round((big / per_shard) * receipts["receipt_resume_read_ms"] / 1e3
+                                         + (big / per_shard / 1000) * 0.05, 1)}
     ratios = {
         "dask2_over_local2": round(med["dask-2"]["rate"] / med["local-2"]["rate"], 3),
         "dask2_over_local2_build": round(med["dask-2"]["build_rate"] / med["local-2"]["build_rate"], 3),
@@ -323,7 +356,13 @@ def main() -> int:
               f"start-up {model['startup_s']} s, Dask task round trip {model['dask_task_round_trip_ms']} ms")
         print("  1 M images, img/s by workers: " + ", ".join(f"{w}: {r:.0f}" for w, r in model["rate_1M_images"].items()))
         print(f"  limits: driver {model['driver_bound_rate']} img/s; S3 PUT 3,500/s per prefix -> "
-              f"{model['s3_put_bound_rate']} img/s; S3 GET 5,500/s per prefix (sources) -> 5,500 img/s")
+              f"{model['s3_put_bound_rate']} img/s ({model['puts_per_shard_measured']} PUTs per shard measured); "
+              f"S3 GET 5,500/s per prefix (sources) -> 5,500 img/s")
+        print("  1 M images from an S3 source, img/s by workers: "
+              + ", ".join(f"{w}: {r:.0f}" for w, r in model["rate_1M_images_s3_source"].items()))
+        print(f"  receipts: {model['receipt_write_ms']} ms of the driver per receipt written, "
+              f"{model['receipt_resume_read_ms']} ms per receipt on resume (one listing, concurrent GETs): "
+              f"~{model['resume_s_1M_images']} s to resume 1 M images")
     return 0
 
 

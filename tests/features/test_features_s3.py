@@ -388,3 +388,28 @@ def test_publish_from_an_s3_prefix_without_a_cache_fails_typed(cli, s3, cache_di
     monkeypatch.setenv("WARP_STORE", s3.url("store"))
     r = cli("publish", "img/none", "--from", s3.url("nothing"))
     assert r.code != 0 and "neither a feature cache" in r.err and "Traceback" not in r.err
+
+
+def test_a_cache_built_from_s3_sources_holds_the_bytes_of_a_local_build(cli, sources, s3, cache_dir, tmp_path):
+    """[[directory]] paths on s3:// (they were read as 's3:/…', exit 66): the same cache bytes as the
+    local folders give, and the run's local copy of the sources is gone afterwards."""
+    for p in sorted(sources.rglob("*")):
+        rel = p.relative_to(sources).as_posix()
+        if p.is_file() and rel.startswith(("a/", "b/")):
+            s3.client.put_object(Bucket=s3.bucket, Key=f"src/{rel}", Body=p.read_bytes())
+    r = cli("etl", "--config", write_config(sources, tmp_path / "local-cache", name="fc-local.toml"), "--json", "-j", "1")
+    assert r.code == 0, r.err
+    local_files = files(Path(r.json()["path"]))
+    cfg = write_config(sources, tmp_path / "s3-cache", name="fc-s3src.toml")
+    text = cfg.read_text().replace('path = "a/media"', f'path = "{s3.url("src/a/media")}"')
+    cfg.write_text(text.replace('path = "b/media"', f'path = "{s3.url("src/b/media")}"'))
+    r = cli("etl", "--config", cfg, "--json", "-j", "1")
+    assert r.code == 0, r.err
+    got = files(Path(r.json()["path"]))
+    # every file alike but the quarantine's, whose records name each rejected file where it lies
+    assert {k: v for k, v in got.items() if not k.startswith("quarantine")} == \
+        {k: v for k, v in local_files.items() if not k.startswith("quarantine")}
+    quarantined = [json.loads(line) for line in got["quarantine.jsonl"].splitlines()]
+    assert quarantined and all(q["source"].startswith(s3.url("src/")) for q in quarantined), quarantined
+    assert [d["path"] for d in r.json()["sources"]] == [s3.url("src/a/media"), s3.url("src/b/media")]
+    assert not list(cache_dir.glob("etl-source/*/run-*"))

@@ -338,8 +338,17 @@ def test_s3_kill_then_resume_from_the_store_alone(cli, volume, reference, tmp_pa
         (local / k).parent.mkdir(parents=True, exist_ok=True)
         (local / k).write_bytes(v)
     reads_back(local, volume)
-    # a third run finds a finished array: without --clear it refuses to overwrite it, as before
-    r = cli("etl", "--config", cfg, "-j", "1")
+    # a third run finds the finished array of this recipe and input: up to date, as a local output is
+    s3.reset_counts()
+    r = cli("etl", "--config", cfg, "-j", "1", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["status"] == "up-to-date"
+    assert s3.count("PUT") == 0 and s3.count("DELETE") == 0
+    assert _s3_tree(s3, "o.zarr") == reference
+    # another input (same shape, other values) at the same prefix is not this array: --clear or nothing
+    other = tmp_path / "other.npy"
+    np.save(other, np.load(volume / "v.npy")[::-1].copy())
+    r = cli("etl", "--config", cfg, "-j", "1", "--input", other)
     assert r.code == 78 and "already exists" in r.err
 
 
@@ -367,3 +376,16 @@ def test_inspect_verify_checks_the_content_hashes(cli, volume, reference, tmp_pa
     (out / "manifest.json").write_text(json.dumps(m))
     r = cli("inspect", "--verify", out)
     assert r.code != 0 and "level sha256" in r.out + r.err
+
+
+def test_s3_rerun_of_a_finished_array_is_up_to_date(cli, volume, reference, s3):
+    """The same successful command again: up to date, nothing written (it was exit 78 "already exists")."""
+    cfg = config(volume, s3.url("u.zarr"), "s3u.toml")
+    first = etl(cli, cfg, "-j", "2")
+    assert first["ranges_built"] == NRANGES
+    s3.reset_counts()
+    r = cli("etl", "--config", cfg, "-j", "2", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["status"] == "up-to-date" and r.json()["path"] == s3.url("u.zarr")
+    assert s3.count("PUT") == 0 and s3.count("DELETE") == 0
+    assert _s3_tree(s3, "u.zarr") == reference

@@ -43,7 +43,7 @@ def test_outcomes_keep_record_order_past_the_prefetch_window(s3, tmp_path):
     n = 3 * remote.PREFETCH + 1
     batch = _batch(s3, mirror, n, missing=(5, n - 1))
     s3.reset_counts()
-    _, out = remote.probe_batch(batch)
+    _, out, learnt = remote.probe_batch(batch)
     assert len(out) == n
     assert s3.count("GET") == n and s3.count("HEAD") == 0  # one GET per image, the vanished ones included
     for i, o in enumerate(out):
@@ -56,6 +56,27 @@ def test_outcomes_keep_record_order_past_the_prefetch_window(s3, tmp_path):
             assert o.sample.probe.width == 16 + i  # the record's own image, not a neighbour's
     spooled = sorted(os.listdir(mirror / remote.SPOOL))
     assert len(spooled) == n - 2 and not [f for f in spooled if f.endswith(".tmp")]
+    assert learnt == {}  # no listed tags given: nothing to recognise the objects by next time
+
+
+@pytest.mark.s3
+def test_objects_with_known_facts_are_not_read_and_give_the_same_outcomes(s3, tmp_path):
+    mirror = tmp_path / "mirror"
+    (mirror / remote.SPOOL).mkdir(parents=True)
+    batch = _batch(s3, mirror, 6)
+    batch.tags = {k: f"etag-{k}" for k in batch.sizes}
+    _, first, learnt = remote.probe_batch(batch)
+    assert sorted(learnt) == sorted(batch.sizes) and all(f["tag"] == f"etag-{k}" for k, f in learnt.items())
+    listing = remote.Listing(dict(batch.sizes), dict(batch.tags))
+    listing.tags["images/002.jpg"] = "etag-changed"  # this object changed since: read again
+    batch.known = remote.known_facts(learnt, listing)
+    assert "images/002.jpg" not in batch.known and len(batch.known) == 5
+    s3.reset_counts()
+    _, again, relearnt = remote.probe_batch(batch)
+    assert s3.count("GET") == 1 and sorted(relearnt) == ["images/002.jpg"]
+    for a, b in zip(first, again, strict=True):
+        assert (a.reject, a.source_hash) == (b.reject, b.source_hash)
+        assert a.sample.probe == b.sample.probe and a.sample.sha256 == b.sample.sha256
 
 
 @pytest.mark.s3

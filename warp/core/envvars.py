@@ -41,6 +41,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("WARP_WORKERS", "default worker count for ETL and conversion commands", "number of CPUs"),
     EnvVar("WARP_UPLOAD_CONCURRENCY", "parts of one large blob (64 MB and over) that `warp publish` uploads at once, as an S3 multipart upload", "8"),
     EnvVar("WARP_EXECUTOR", "where `warp etl` runs its shard tasks: local (threads), process, dask (a LocalCluster), dask://HOST:PORT or dask:SCHEDULER_FILE (an existing Dask cluster), ray or ray://HOST:PORT; --executor and [build] executor take precedence", "local"),
+    EnvVar("WARP_CLUSTER_WAIT", "seconds `warp etl` on an existing Dask cluster (dask://, dask:FILE) waits for a first worker to join before it stops with exit 75", "60"),
     EnvVar("WARP_BACKEND", "default tile-compression backend: auto, cpu or gpu", "auto"),
     EnvVar("WARP_DIRECT_IO", "large local writes (warehouse shards, Zarr shards, tar-to-tbl payloads when fsync is on) bypass the page cache with O_DIRECT: auto (on ext4/xfs), 1 (wherever the filesystem accepts it) or 0 (never)", "auto"),
     EnvVar("WAREHOUSE_CLEAR", "1 makes `warp etl` rebuild a tensor warehouse even if an identical version exists (same as --clear)", "0"),

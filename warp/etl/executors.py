@@ -38,20 +38,23 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError, InfrastructureError, missing_dependency
+from warpdata.core.errors import ConfigError, InfrastructureError, WarpError, missing_dependency
 
 KINDS = ("local", "thread", "process", "dask", "ray")
 HELP = ("local (threads; also 'thread'), process, dask (a LocalCluster), dask://HOST:PORT or "
         "dask:SCHEDULER_FILE (an existing cluster), ray, ray://HOST:PORT or ray:auto")
 # a killed worker's task is rerun up to this many times before the run fails
 TASK_RETRIES = 3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,8 @@ class LocalRunner(Runner):
             # a fork server outlives this runner and keeps the environment it started with: each
             # worker takes this process's environment of now (credentials, WARP_* settings)
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                                            initializer=functools.partial(_init_worker, dict(os.environ),
-                                                                          initializer))
+                                            initializer=functools.partial(_init_pool_worker, os.getpid(),
+                                                                          dict(os.environ), initializer))
         else:
             self.pool = ThreadPoolExecutor(workers, thread_name_prefix="warp-etl")
 
@@ -190,7 +193,8 @@ class DaskRunner(Runner):
     kind = "dask"
 
     def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
-                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = ()) -> None:
+                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = (),
+                 access: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(workers, resources)
         try:
             import dask  # noqa: F401
@@ -210,21 +214,23 @@ class DaskRunner(Runner):
                                                 **({"resources": self.resources} if self.resources else {}),
                                                 **({"env": env} if env else {}))
                 self.client = Client(self.cluster, set_as_default=False)
-            elif spec.address.startswith("tcp://"):
-                import socket
-
-                host, _, port = spec.address[len("tcp://"):].rpartition(":")
-                socket.create_connection((host, int(port)), timeout=10).close()  # refused: fail now, not in 20 s
-                self.client = Client(spec.address, set_as_default=False, timeout="20s")
             else:
-                if not os.path.isfile(spec.address):
-                    raise ConfigError(f"--executor {spec.text}: scheduler file {spec.address} does not exist",
-                                      hint="start 'dask scheduler --scheduler-file FILE' first, on a shared filesystem")
-                self.client = Client(scheduler_file=spec.address, set_as_default=False, timeout="20s")
+                _quiet_distributed()
+                address = spec.address if spec.address.startswith("tcp://") else _scheduler_file_address(spec)
+                ident = _scheduler_identity(address, spec.text)
+                self.client = Client(address, set_as_default=False, timeout=f"{CONNECT_TIMEOUT_S:g}s")
+                if not ident.get("n_workers"):
+                    _wait_for_workers(self.client, spec.text)
+        except WarpError:
+            self.close()
+            raise
         except (OSError, TimeoutError) as e:
             self.close()
             raise InfrastructureError(f"could not reach the Dask scheduler {spec.text}: {e}",
                                       hint="check the scheduler is running and reachable, then rerun") from None
+        except BaseException:
+            self.close()
+            raise
         if initializer is not None or env:
             from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -238,6 +244,8 @@ class DaskRunner(Runner):
                         initializer()
 
             self.client.register_plugin(_Init(), name="warp-etl-init")
+        if spec.address is not None:
+            self._register_access(access)
         info = self.client.scheduler_info(n_workers=-1) if _accepts_n_workers(self.client) else self.client.scheduler_info()
         self.n_workers = len(info.get("workers", {}))
         self.threads = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values())
@@ -256,6 +264,33 @@ class DaskRunner(Runner):
                                        "or change what the tasks ask for ([build] resources, caching_device)")
         if spec.address is not None:
             self.workers = max(1, self.threads)
+
+    def _register_access(self, access: Sequence[tuple[str, str]]) -> None:
+        """Hand every worker of an existing cluster (and each that joins later) the driver's
+        non-secret store settings, then have it probe the run's sources and output
+        (warp/etl/access.py); a worker that cannot reach them stops the run before any task."""
+        from distributed.diagnostics.plugin import WorkerPlugin
+        from warpdata.etl import access as _access
+
+        settings = _access.travelling_settings()
+        paths = list(access)
+
+        class _Access(WorkerPlugin):
+            name = "warp-etl-access"
+
+            def setup(self, worker):
+                from warpdata.etl import access as wa
+
+                wa.apply_settings(settings)
+                name = worker.name if isinstance(worker.name, str) else str(worker.name)
+                wa.probe(paths, f"{name} ({worker.address})" if name != worker.address else worker.address)
+
+        try:
+            self.access_registered = True
+            self.client.register_plugin(_Access(), name="warp-etl-access")
+        except WarpError:
+            self.close()
+            raise
 
     def describe(self) -> dict[str, Any]:
         d = {"executor": "dask", "scheduler": self.scheduler, "workers": self.n_workers, "threads": self.threads,
@@ -294,6 +329,11 @@ class DaskRunner(Runner):
                     res = fut.result()
                 except Exception as e:
                     if _is_infrastructure(e):
+                        if _scheduler_lost(self.client, self.scheduler, e):
+                            raise InfrastructureError(
+                                f"lost the connection to the Dask scheduler {self.scheduler} during the run",
+                                hint="restart the scheduler and its workers, then rerun the same command: "
+                                     "finished shards are reused") from None
                         raise InfrastructureError(f"the Dask cluster lost the task {fut.key}: {e}",
                                                   hint="rerun the same command: finished shards are reused") from None
                     raise
@@ -309,10 +349,144 @@ class DaskRunner(Runner):
             raise
 
     def close(self) -> None:
-        for obj in (getattr(self, "client", None), self.cluster):
+        client = getattr(self, "client", None)
+        if client is not None and getattr(self, "access_registered", False):
+            # the probe names this run's paths: a worker joining later, for another run, must not run it
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin("warp-etl-access")
+        for obj in (client, self.cluster):
             if obj is not None:
                 with contextlib.suppress(Exception):
                     obj.close()
+
+
+# an existing scheduler answers within this many seconds or the run stops (docs/formats/receipts.md,
+# "Clusters"): a wrong address must never hang the driver
+CONNECT_TIMEOUT_S = 10.0
+CLUSTER_WAIT_S = 60.0
+
+
+def cluster_wait() -> float:
+    """``WARP_CLUSTER_WAIT``: seconds to wait for a first worker; ConfigError when malformed."""
+    text = envvars.get("WARP_CLUSTER_WAIT")
+    if text is None:
+        return CLUSTER_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"WARP_CLUSTER_WAIT={text!r} is not a number of seconds",
+                          hint="set it to the seconds to wait for a Dask worker, like 60", key="WARP_CLUSTER_WAIT")
+    return value
+
+
+def _scheduler_file_address(spec: ExecutorSpec) -> str:
+    import json
+
+    try:
+        with open(spec.address, "rb") as f:
+            address = json.load(f)["address"]
+    except FileNotFoundError:
+        raise ConfigError(f"--executor {spec.text}: scheduler file {spec.address} does not exist",
+                          hint="start 'dask scheduler --scheduler-file FILE' first, on a shared filesystem") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"--executor {spec.text}: {spec.address} is not a Dask scheduler file ({e})",
+                          hint="pass the file 'dask scheduler --scheduler-file FILE' wrote") from None
+    if not isinstance(address, str) or "://" not in address:
+        raise ConfigError(f"--executor {spec.text}: {spec.address} names no scheduler address",
+                          hint="pass the file 'dask scheduler --scheduler-file FILE' wrote")
+    return address
+
+
+def _scheduler_identity(address: str, text: str) -> dict[str, Any]:
+    """The scheduler's ``identity`` reply, within :data:`CONNECT_TIMEOUT_S`.
+
+    ``distributed.Client(address, timeout=...)`` bounds the TCP connect but not the handshake: a
+    port that accepts and never answers (anything but a scheduler) hangs it for good. One
+    ``identity`` request under a deadline tells a scheduler from anything else first.
+    """
+    import asyncio
+
+    from distributed.comm import connect
+
+    async def ask() -> Any:
+        comm = await connect(address, timeout=CONNECT_TIMEOUT_S)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    try:
+        reply = asyncio.run(asyncio.wait_for(ask(), CONNECT_TIMEOUT_S))
+    except TimeoutError:
+        raise InfrastructureError(f"--executor {text}: {address} did not answer as a Dask scheduler within "
+                                  f"{CONNECT_TIMEOUT_S:g} s",
+                                  hint="check the address is the one 'dask scheduler' printed (its port, "
+                                       "8786 by default) and that the scheduler is running, then rerun") from None
+    except OSError as e:
+        raise InfrastructureError(f"--executor {text}: could not reach the Dask scheduler at {address}: {e}",
+                                  hint="check the scheduler is running and reachable, then rerun") from None
+    except Exception as e:  # a peer that speaks something else: the protocol fails to parse
+        raise ConfigError(f"--executor {text}: {address} is not a Dask scheduler ({type(e).__name__}: {e})",
+                          hint="pass the address 'dask scheduler' printed (tcp://HOST:8786 by default)") from None
+    kind = reply.get("type") if isinstance(reply, dict) else None
+    if kind != "Scheduler":
+        raise ConfigError(f"--executor {text}: {address} is a Dask {kind or 'peer'}, not a scheduler",
+                          hint="pass the scheduler's address (the one 'dask scheduler' printed), not a worker's")
+    return reply
+
+
+def _wait_for_workers(client: Any, text: str) -> None:
+    """Wait up to ``WARP_CLUSTER_WAIT`` seconds for a first worker, saying so (a silent wait looks
+    like a hang); InfrastructureError (exit 75) when none joins."""
+    wait = cluster_wait()
+    log.warning(f"waiting up to {wait:g} s for a worker to join the Dask scheduler {text} (WARP_CLUSTER_WAIT)")
+    try:
+        client.wait_for_workers(1, timeout=wait)
+    except TimeoutError:
+        raise InfrastructureError(f"--executor {text}: no Dask worker joined the scheduler within {wait:g} s",
+                                  hint=f"start workers with 'dask worker {client.scheduler.address}' "
+                                       "(README, \"Clusters\"), or raise WARP_CLUSTER_WAIT, then rerun") from None
+
+
+class _DebugOnly(logging.Handler):
+    """``distributed``'s own log records (tracebacks of a lost scheduler: ~30 lines) reach warp's
+    logger at debug level only; the run ends with warp's one line (``-vv`` shows them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if record.exc_info:
+                import traceback
+
+                msg += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            log.debug(f"{record.name}: {msg}")
+        except Exception:
+            self.handleError(record)
+
+
+def _quiet_distributed() -> None:
+    # dask's logging config gives "distributed" and several of its children (distributed.client,
+    # ...) a stderr handler each, with propagation off
+    names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in ("distributed", "tornado")]
+    for name in sorted({"distributed", "tornado", *names}):
+        lg = logging.getLogger(name)
+        if not lg.handlers and lg.propagate:
+            continue
+        if not any(isinstance(h, _DebugOnly) for h in lg.handlers):
+            lg.handlers[:] = [_DebugOnly()]
+        lg.propagate = False
+
+
+def _init_pool_worker(driver_pid: int, env: dict[str, str], initializer: Callable[[], None] | None) -> None:
+    """A process-pool worker: it ends with the driver, even after a ``kill -9`` of the driver
+    (warp/etl/lifeline.py), then takes the driver's environment of now."""
+    from warpdata.etl.lifeline import follow
+
+    follow(driver_pid)
+    _init_worker(env, initializer)
 
 
 def _init_worker(env: dict[str, str], initializer: Callable[[], None] | None) -> None:
@@ -359,12 +533,24 @@ def _accepts_n_workers(client) -> bool:
         return False
 
 
+def _scheduler_lost(client: Any, scheduler: str, e: BaseException) -> bool:
+    """Whether ``e`` says the connection to the scheduler itself went (not one worker)."""
+    text = str(e)
+    return client.status not in ("running", "connecting") or "scheduler-connection-lost" in text or \
+        bool(scheduler) and f"remote={scheduler}>" in text
+
+
 def _is_infrastructure(e: BaseException) -> bool:
+    import concurrent.futures
+
     try:
         from distributed.scheduler import KilledWorker
     except ImportError:
         return False
-    return isinstance(e, KilledWorker | OSError | TimeoutError) and not hasattr(e, "exit_code")
+    # a future cancelled under us (the scheduler went away: "scheduler-connection-lost") is the
+    # cluster's failure, never the data's
+    return isinstance(e, KilledWorker | OSError | TimeoutError | concurrent.futures.CancelledError) and \
+        not hasattr(e, "exit_code")
 
 
 class RayRunner(Runner):
@@ -469,11 +655,14 @@ def require(spec: ExecutorSpec) -> None:
 
 
 def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
-                resources: dict[str, float] | None = None, preload: tuple[str, ...] = ()) -> Runner:
+                resources: dict[str, float] | None = None, preload: tuple[str, ...] = (),
+                access: Sequence[tuple[str, str]] = ()) -> Runner:
     """A runner; ``resources`` (e.g. ``{"GPU": 1}``) is what every task asks of a Dask/Ray cluster;
-    ``preload``: modules an own Dask LocalCluster's workers import once, before they fork."""
+    ``preload``: modules an own Dask LocalCluster's workers import once, before they fork;
+    ``access``: the run's ``(role, url)`` sources and outputs every worker of an existing Dask
+    cluster must reach (warp/etl/access.py), checked before any task."""
     if spec.kind == "dask":
-        return DaskRunner(spec, workers, initializer, resources, preload)
+        return DaskRunner(spec, workers, initializer, resources, preload, access)
     if spec.kind == "ray":
         return RayRunner(spec, workers, initializer, resources)
     return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None, resources)
@@ -482,7 +671,7 @@ def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None
 @contextlib.contextmanager
 def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
                 started: Future | None = None, resources: dict[str, float] | None = None,
-                preload: tuple[str, ...] = ()) -> Iterator[Runner]:
+                preload: tuple[str, ...] = (), access: Sequence[tuple[str, str]] = ()) -> Iterator[Runner]:
     """A :class:`Runner` for ``spec`` with ``workers`` workers (own clusters only), closed on exit.
 
     ``started`` (from :func:`start_runner`) hands over a runner started
@@ -491,7 +680,7 @@ def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], N
     if started is not None:
         yield started.result()
         return
-    runner = make_runner(spec, workers, initializer, resources, preload)
+    runner = make_runner(spec, workers, initializer, resources, preload, access)
     try:
         yield runner
     finally:
@@ -499,12 +688,13 @@ def open_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], N
 
 
 def start_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], None] | None = None,
-                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = ()) -> Future:
+                 resources: dict[str, float] | None = None, preload: tuple[str, ...] = (),
+                 access: Sequence[tuple[str, str]] = ()) -> Future:
     """Start a runner in the background: a Dask LocalCluster or Ray takes seconds to come up,
     which then overlaps the driver's scan of the inputs instead of adding to it."""
     ex = ThreadPoolExecutor(1, thread_name_prefix="warp-etl-cluster")
     try:
-        return ex.submit(make_runner, spec, workers, initializer, resources, preload)
+        return ex.submit(make_runner, spec, workers, initializer, resources, preload, access)
     finally:
         ex.shutdown(wait=False)
 

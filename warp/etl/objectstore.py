@@ -23,11 +23,18 @@ import hashlib
 import os
 from pathlib import Path
 
-from warpdata.core.errors import ConfigError, InfrastructureError, InternalError
+from warpdata.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    InfrastructureError,
+    InternalError,
+    WarpError,
+)
 from warpdata.core.names import MANIFEST_NAME
 
 MANIFEST = MANIFEST_NAME
 LATEST = "latest"
+METRICS = "metrics.json"
 
 
 def is_url(text: str | None) -> bool:
@@ -40,10 +47,30 @@ def staging_root(url: str) -> Path:
     return Path(envvars.default_cache_dir()) / "etl-staging" / h
 
 
-def _infra(e: BaseException, url: str) -> InfrastructureError:
+def _infra(e: BaseException, url: str) -> WarpError:
+    cred = credentials_error(e, url)
+    if cred is not None:
+        return cred
     return InfrastructureError(f"could not write {url}: {type(e).__name__}: {e}",
                                hint="the object store is unreachable or refused the request (check WARP_S3_ENDPOINT "
                                     "and credentials); rerun the same command: what was built and uploaded is reused")
+
+
+def credentials_error(e: BaseException, url: str) -> AuthenticationError | None:
+    """A store client's "no credentials here" as exit 78 naming the machine: a worker started without
+    them fails the same way on every rerun (warp/etl/access.py says what a worker needs)."""
+    try:
+        from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    except ImportError:  # pragma: no cover - s3fs depends on botocore
+        return None
+    if not isinstance(e, NoCredentialsError | PartialCredentialsError):
+        return None
+    import socket
+
+    from warpdata.etl.access import CREDENTIALS_HINT
+
+    return AuthenticationError(f"no S3 credentials on {socket.gethostname()} (pid {os.getpid()}) for {url}: "
+                               f"{type(e).__name__}: {e}", hint=CREDENTIALS_HINT)
 
 
 def _is_infra(e: BaseException) -> bool:
@@ -77,6 +104,11 @@ def upload_version(local: Path, url: str) -> tuple[str, dict[str, int]]:
             present = {}
         for p in [*files, local / MANIFEST]:
             size = p.stat().st_size
+            if p.name == METRICS and p.name in present:
+                # timings of this run, not content: a killed run's copy is replaced, never compared
+                fs.put_file(os.fspath(p), f"{dest.path}/{p.name}")
+                counts["uploaded"] += 1
+                continue
             if p.name in present:
                 if present[p.name] != size:
                     raise ConfigError(f"{dest.url}/{p.name} exists with {present[p.name]} bytes, this build made {size}",

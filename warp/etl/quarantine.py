@@ -31,9 +31,11 @@ recording order).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,6 +314,7 @@ class Quarantine:
 
     def reject(self, run: str, sample_id: str, source: str, code: str, message: str) -> bool:
         """Quarantine a sample; returns False if it was already rejected (counted once)."""
+        source = _named_source(source)
         r = reason(code)
         key = (run, sample_id)
         if key in self._rejected:
@@ -450,3 +453,28 @@ def evaluate_summaries(scopes: Iterable[tuple[str, RunSummary]], thresholds: Thr
                   "count": n, "examples": list((examples or {}).get(code, []))}
                  for code, n in sorted(agg.by_reason.items(), key=lambda kv: (-kv[1], kv[0]))]
     return Verdict(status=status, checks=checks, worst_offenders=offenders)
+
+
+# local copies of object-store sources -> their URLs (warp/etl/spool.py): a quarantine record
+# names the object a user can look at, never a run's temporary copy of it
+_SOURCE_NAMES: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("warp_source_names",
+                                                                                         default=())
+
+
+@contextlib.contextmanager
+def sources_named(mapping: dict[str, str]) -> Iterator[None]:
+    """While it is open, a rejected sample whose source lies under a key of ``mapping`` (a local
+    folder) is recorded under the matching value (its URL) instead."""
+    token = _SOURCE_NAMES.set(tuple((k.rstrip("/") + "/", v.rstrip("/") + "/") for k, v in mapping.items()))
+    try:
+        yield
+    finally:
+        _SOURCE_NAMES.reset(token)
+
+
+def _named_source(source: str) -> str:
+    text = os.fspath(source) if isinstance(source, os.PathLike) else source
+    for local, url in _SOURCE_NAMES.get():
+        if isinstance(text, str) and text.startswith(local):
+            return url + text[len(local):]
+    return source

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from warpdata.core.atomic import create_exclusive
@@ -24,6 +25,8 @@ from warpdata.core.errors import InfrastructureError, InternalError
 
 RECEIPT_VERSION = 1
 DIR = "receipts"
+# receipts read (on resume) or written (as shards finish) at once on object storage
+RECEIPT_CONCURRENCY = 16
 
 
 def _infra(e: BaseException, what: str) -> InfrastructureError:
@@ -37,6 +40,10 @@ class Journal:
     def __init__(self, base: str) -> None:
         from warpdata.storage.locations import filesystem, parse_location
 
+        # shard ids whose receipt :meth:`load_all` found damaged or foreign and deleted: the
+        # pipeline deletes their shards' objects too before rebuilding them (rule 2 of
+        # docs/formats/receipts.md)
+        self.damaged: set[str] = set()
         self.loc = parse_location(base).join(DIR)
         self.local = self.loc.protocol == "file"
         self.fs = None if self.local else filesystem(self.loc)
@@ -83,13 +90,26 @@ class Journal:
             if self.local:
                 return {}
             raise _infra(e, f"could not list the receipts under {self.loc.url}") from None
+        sids = [n[:-5] for n in sorted(names)]
+        # one listing, then the receipts read RECEIPT_CONCURRENCY at a time: a resume of 10,000
+        # shards waits for ~10,000 / 16 round trips to the store, not 10,000
+        if self.local or len(sids) < 2:
+            docs = [self.load(sid) for sid in sids]
+        else:
+            with ThreadPoolExecutor(RECEIPT_CONCURRENCY, thread_name_prefix="warp-receipts") as ex:
+                docs = list(ex.map(self.load, sids))
         out = {}
-        for n in sorted(names):
-            sid = n[:-5]
-            doc = self.load(sid)
+        for sid, doc in zip(sids, docs, strict=True):
             if doc is not None:
                 out[sid] = doc
+            else:  # does not parse, or names another shard: deleted, so the rebuilt shard's receipt can be created
+                self.forget(sid)
+                self.damaged.add(sid)
         return out
+
+    def writer(self) -> ReceiptWriter:
+        """Receipts written off the driver's loop, :data:`RECEIPT_CONCURRENCY` at a time."""
+        return ReceiptWriter(self)
 
     def record(self, shard_id: str, task_sha256: str, sha256: str | None, size_bytes: int,
                result: dict[str, Any]) -> dict[str, Any]:
@@ -103,19 +123,11 @@ class Journal:
                "sha256": sha256, "size_bytes": size_bytes, "result": result}
         data = canonical_json(doc)
         p = self.path(shard_id)
-        if self.local:
-            created = create_exclusive(p, data)
-        else:
-            try:
-                self.fs.pipe_file(p, data, mode="create")
-                created = True
-            except FileExistsError:
-                created = False
-            except OSError as e:
-                if "PreconditionFailed" in str(e) or "412" in str(e):
-                    created = False
-                else:
-                    raise _infra(e, f"could not write the receipt s3://{p}") from None
+        created = self._create(p, data)
+        if not created and self.load(shard_id) is None:
+            # a damaged receipt appeared since the listing (rule 2): it goes, this one is created
+            self.forget(shard_id)
+            created = self._create(p, data)
         if not created:
             prev = self.load(shard_id)
             if prev is None or (prev.get("task_sha256"), prev.get("sha256")) != (task_sha256, sha256):
@@ -125,6 +137,19 @@ class Journal:
                                     hint="a shard's bytes must depend only on its task; please report this")
             return prev
         return doc
+
+    def _create(self, p: str, data: bytes) -> bool:
+        if self.local:
+            return create_exclusive(p, data)
+        try:
+            self.fs.pipe_file(p, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if "PreconditionFailed" in str(e) or "412" in str(e):
+                return False
+            raise _infra(e, f"could not write the receipt s3://{p}") from None
 
     def forget(self, shard_id: str) -> None:
         """Drop a receipt that failed verification (its shard is rebuilt)."""
@@ -143,3 +168,51 @@ class Journal:
         else:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(self.loc.path, recursive=True)
+
+
+class ReceiptWriter:
+    """Writes receipts in the background while the driver goes on collecting results.
+
+    :meth:`add` returns at once; :meth:`close` waits for every receipt and raises the first
+    failure. Order stays the journal's: a shard's receipt is added once its bytes are in place,
+    and the manifest is written only after :meth:`close` (rule 3 of docs/formats/receipts.md).
+    On a local journal the receipt is written at once (a create is cheaper than a hand-off).
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.pool = None if journal.local else ThreadPoolExecutor(RECEIPT_CONCURRENCY,
+                                                                  thread_name_prefix="warp-receipts")
+        self.pending: list[Any] = []
+
+    def add(self, shard_id: str, task_sha256: str, sha256: str | None, size_bytes: int,
+            result: dict[str, Any]) -> None:
+        if self.pool is None:
+            self.journal.record(shard_id, task_sha256, sha256, size_bytes, result)
+            return
+        self.pending.append(self.pool.submit(self.journal.record, shard_id, task_sha256, sha256, size_bytes,
+                                             result))
+        if len(self.pending) >= 4 * RECEIPT_CONCURRENCY:  # bound what waits in memory; surface failures early
+            done = [f for f in self.pending if f.done()]
+            for f in done:
+                f.result()
+            self.pending = [f for f in self.pending if not f.done()]
+
+    def close(self) -> None:
+        if self.pool is None:
+            return
+        try:
+            for f in self.pending:
+                f.result()
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pending = []
+
+    def __enter__(self) -> ReceiptWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self.pool is not None:  # the run failed: what was sent may land, nothing new starts
+            self.pool.shutdown(wait=True, cancel_futures=True)

@@ -22,7 +22,10 @@ CUDA). The result is
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +267,33 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
                      thresholds=thresholds, sources=sources)
 
 
+@contextlib.contextmanager
+def _local_sources(spec: Any) -> Iterator[Any]:
+    """``spec`` with its source folders on object storage (``s3://…``) copied to a mirror of this
+    run (warp/etl/spool.py): removed when the build ends, however it ends, swept after a kill. The
+    cache's bytes depend on the files' keys and contents only, so they are a local folder's."""
+    from warpdata.etl import spool
+    from warpdata.etl.quarantine import sources_named
+    from warpdata.features.remote import is_url
+
+    urls = [spec.source] if spec.sources is None else [d.path for d in spec.sources]
+    remote = [u for u in urls if is_url(u)]
+    if not remote:
+        yield spec
+        return
+    mirror = spool.mirror_root(remote[0])
+    spool.sweep(spool.spool_base())
+    spool.claim(mirror)
+    try:
+        local = {u: str(spool.download_folder(u, mirror / f"src-{i}")) for i, u in enumerate(remote)}
+        sources = None if spec.sources is None else \
+            [dataclasses.replace(d, path=local.get(d.path, d.path)) for d in spec.sources]
+        with sources_named({path: url for url, path in local.items()}):
+            yield dataclasses.replace(spec, source=local.get(spec.source, spec.source), sources=sources)
+    finally:
+        spool.remove_mirror(mirror)
+
+
 def run(req: EtlRequest) -> EtlResult:
     from warpdata.features.writer import build_cache
 
@@ -274,10 +304,11 @@ def run(req: EtlRequest) -> EtlResult:
 
     b = cfg["build"]
     executor = resolve_executor(req.executor, b["executor"] or None)
-    res = build_cache(spec, clear=req.clear, allow_invalid=req.allow_invalid,
-                      workers=resolve_workers(req.workers, b["workers"]), executor=executor,
-                      decode_threads=b["decode_threads"],
-                      resources=None if b["resources"] is None else {k: float(v) for k, v in b["resources"].items()})
+    with _local_sources(spec) as local_spec:
+        res = build_cache(local_spec, clear=req.clear, allow_invalid=req.allow_invalid,
+                          workers=resolve_workers(req.workers, b["workers"]), executor=executor,
+                          decode_threads=b["decode_threads"],
+                          resources=None if b["resources"] is None else {k: float(v) for k, v in b["resources"].items()})
     m = res.manifest
     agg = m.get("quarantine", {}).get("aggregate", {})
     met = res.metrics

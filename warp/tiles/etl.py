@@ -252,7 +252,14 @@ def _input_crc(path: str, skip: int = 0) -> str:
     crc = 0
     buf = np.empty(8 << 20, dtype=np.uint8)
     mv = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    if "://" in path and not path.startswith("file://"):  # an input on object storage: one streamed read
+        from warpdata.storage.locations import filesystem, parse_location
+
+        loc = parse_location(path)
+        opened = filesystem(loc).open(loc.path, "rb", block_size=8 << 20)
+    else:
+        opened = open(path, "rb", buffering=0)  # noqa: SIM115 (closed by the with below)
+    with opened as f:
         f.seek(skip)
         while n := f.readinto(mv):
             crc = crc32c.extend(crc, buf[:n])
@@ -365,7 +372,12 @@ class _UpToDate:
             old = json.loads(Path(self.loc.path, MANIFEST_NAME).read_bytes())
         except (OSError, ValueError):
             return None
-        if not isinstance(old, dict) or old.get("recipe_key") != self.recipe_key:
+        return self.matches(old)
+
+    def matches(self, old: Any) -> dict[str, Any] | None:
+        """``old`` (a finished output's manifest, local or in a store) if it holds this recipe and
+        this input's bytes (their CRC-32C: the input is read once to know)."""
+        if self.clear or self.inp.path == "-" or not isinstance(old, dict) or old.get("recipe_key") != self.recipe_key:
             return None
         if self.crc is None:
             self.crc = _input_crc(self.inp.path, self.inp.header)
@@ -558,7 +570,7 @@ class _Build:
 
                     shutil.rmtree(self.base, ignore_errors=True)
                 return self._build()
-        done = self._prepare_remote()
+        done = self._prepare_remote(up_to_date)
         return done if done is not None else self._build()
 
     def _remove_other_builds(self) -> None:
@@ -587,10 +599,11 @@ class _Build:
             finally:
                 os.close(fd)
 
-    def _prepare_remote(self):
-        """An object-store output: resume a killed build of this recipe and input, else start afresh.
+    def _prepare_remote(self, up_to_date: _UpToDate):
+        """An object-store output: up to date when a finished array of this recipe and input is
+        there (as a local output is), else resume a killed build of them, else start afresh.
 
-        Returns the finished result when a killed run had already written the manifest."""
+        Returns the finished result when the array is there already."""
         import contextlib
 
         from warpdata.core.canonical import canonical_json
@@ -605,8 +618,17 @@ class _Build:
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm(self.base, recursive=True)
             elif not fs.exists(marker):
-                raise ConfigError(f"{self.url} already exists",
-                                  hint="pass --clear to replace it, or choose another [output] path")
+                mpath = f"{self.loc.path.rstrip('/')}/{MANIFEST_NAME}"
+                try:
+                    done = up_to_date.matches(json.loads(fs.cat_file(mpath)))
+                except (FileNotFoundError, ValueError):
+                    done = None
+                if done is None:
+                    raise ConfigError(f"{self.url} already exists",
+                                      hint="pass --clear to replace it, or choose another [output] path")
+                from types import SimpleNamespace
+
+                return SimpleNamespace(manifest=done, status="up-to-date")
             else:
                 mpath = f"{self.loc.path.rstrip('/')}/{MANIFEST_NAME}"
                 if fs.exists(mpath):  # the killed run wrote the manifest, not yet dropped its journal
@@ -646,13 +668,10 @@ class _Build:
             ranges = plan_ranges(w, self.task_bytes)
             root = w.root.url if not w.root.local else w.root.location.path
             tasks = self._tasks(ranges, root, w.plan.row_nbytes)
-            parts: dict[int, dict] = {}
-            receipts = journal.load_all()
-            for t in tasks:
-                part = self._reuse(w, journal, t, receipts.get(_sid(t.index)))
-                if part is not None:
-                    parts[t.index] = part
-            todo = [t for t in tasks if t.index not in parts]
+            from warpdata.etl.driver import split_receipted
+
+            parts, todo = split_receipted(tasks, journal, lambda t: _sid(t.index),
+                                          lambda t, rec: self._reuse(w, journal, t, rec))
             self.counts = {"ranges": len(tasks), "ranges_reused": len(parts), "ranges_built": len(todo)}
 
             def finished(part: dict) -> None:
@@ -670,7 +689,8 @@ class _Build:
                     self._stream(w, root, todo, ranges, finished)
                 elif todo:
                     n = self.workers if self.executor.distributed else min(self.workers, len(todo))
-                    with open_runner(self.executor, n) as runner:
+                    access = [("source", self.inp.path), ("output", self.url)]  # warp/etl/access.py
+                    with open_runner(self.executor, n, access=access) as runner:
                         cluster = runner.describe()
                         for p in runner.imap_unordered(tile_range, todo):
                             finished(p)

@@ -214,7 +214,7 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
     root_text = input_override if input_override is not None else s["path"]
     remote_root = None
     if is_url(root_text):
-        from warpdata.warehouse.remote import mirror_root
+        from warpdata.etl.spool import mirror_root
 
         remote_root = root_text.rstrip("/")
         root = mirror_root(remote_root)

@@ -180,7 +180,12 @@ def build_shard(task: ShardTask) -> ShardResult:
     # and renamed into place once complete; no fsync here: a background thread syncs each
     # finished shard while the workers go on, and finalize waits for all of them; a torn shard
     # left by a crash fails its checksum when a rerun considers reusing it
-    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + name, dir=os.path.dirname(task.path))
+    out_dir = os.path.dirname(task.path)
+    if task.upload is not None and not os.path.isdir(out_dir):
+        # a worker on another machine than the driver, whose staging directory is not there: the
+        # shard goes to the store from this machine's temporary directory
+        out_dir = tempfile.gettempdir()
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + name, dir=out_dir)
     os.close(fd)
     flushed = direct_bytes = 0
     try:
@@ -231,13 +236,15 @@ def build_shard(task: ShardTask) -> ShardResult:
             direct_bytes = dst.direct_bytes
         if builder.count:
             os.chmod(tmp, 0o644)
-            os.replace(tmp, task.path)
-            size = os.path.getsize(task.path)
             if task.upload is not None:
                 from warpdata.etl.objectstore import put_create_only
 
-                put_create_only(task.path, task.upload)
-                os.unlink(task.path)
+                size = os.path.getsize(tmp)
+                put_create_only(tmp, task.upload)
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, task.path)
+                size = os.path.getsize(task.path)
         else:
             os.unlink(tmp)
     except BaseException:
@@ -257,11 +264,13 @@ def task_sha256(task: ShardTask) -> str:
                      [[s.key, s.sha256] for s in task.samples]])
 
 
-def _record(journal: Journal, task: ShardTask, res: ShardResult) -> None:
+def _record(journal: Any, task: ShardTask, res: ShardResult) -> None:
+    """Receipt a finished shard (``journal``: a :class:`Journal` or its :class:`ReceiptWriter`)."""
     d = asdict(res)
     d.pop("timings")
     d.pop("reused")
-    journal.record(task.shard_id, task_sha256(task), res.sha256, res.size_bytes, d)
+    (journal.add if hasattr(journal, "add") else journal.record)(task.shard_id, task_sha256(task), res.sha256,
+                                                                   res.size_bytes, d)
 
 
 def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | None,
@@ -273,6 +282,8 @@ def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | 
     back would cost what building it did.
     """
     if receipt is None:
+        if task.shard_id in journal.damaged:
+            _drop_shard(task)
         return None
     try:
         if receipt["task_sha256"] != task_sha256(task):
@@ -280,19 +291,30 @@ def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | 
         res = ShardResult(**receipt["result"])
         if task.upload is not None:
             if res.samples and (store_sizes or {}).get(res.file_name) != res.size_bytes:
-                journal.forget(task.shard_id)
-                return None
+                raise ValueError("the shard's object is not the receipted one")
         elif res.samples:
             with twh1.TWH1Shard(task.path) as sh:
                 sh.verify(res.sha256)
     except (OSError, ValueError, TypeError, KeyError, DataError):
         journal.forget(task.shard_id)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(task.path)
+        _drop_shard(task)
         return None
     res.reused = True
     res.timings = {}
     return res
+
+
+def _drop_shard(task: ShardTask) -> None:
+    """Delete the shard of a receipt that did not verify, locally and in the store: its upload is
+    create-only, so an object left there would be kept in place of the rebuilt bytes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(task.path)
+    if task.upload is not None:
+        from warpdata.storage.locations import filesystem, parse_location
+
+        loc = parse_location(task.upload)
+        with contextlib.suppress(FileNotFoundError):
+            filesystem(loc).rm_file(loc.path)
 
 
 def samples_per_shard(cfg: wconfig.WarehouseConfig, n: int) -> int:
@@ -458,11 +480,11 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     """
     phases = {}
     t = time.perf_counter()
-    sizes: dict[str, int] = {}
+    listing = None
     if cfg.remote_root:
         from warpdata.warehouse import remote
 
-        _root, sizes = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
+        _root, listing = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
     ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
     q = Quarantine()
     for rej in ls.rejects:
@@ -472,7 +494,7 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     params = dict(tolerance=cfg.box_tolerance, min_box=cfg.min_box_size, max_boxes=cfg.max_boxes,
                   overflow=cfg.overflow)
     if cfg.remote_root:
-        outcomes = _probe_remote(cfg, ls.records, sizes, params, workers, runner)
+        outcomes = _probe_remote(cfg, ls.records, listing, params, workers, runner)
     elif runner is not None:
         outcomes = _probe_on_runner(cfg, ls.records, params, runner)
     else:
@@ -495,35 +517,52 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
 REMOTE_PROBE_BATCH = 64
 
 
-def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, sizes: dict[str, int], params: dict[str, Any],
+def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, listing: Any, params: dict[str, Any],
                   workers: int, runner: Any) -> list:
+    """The header pass of a source on object storage. An object whose listed size and ETag are
+    those an earlier run recorded is not read again: its recorded hash and header give the same
+    outcome (docs/formats/receipts.md, "Sources on object storage"), so an up-to-date rerun costs
+    LIST requests, not a GET per image."""
     from warpdata.etl import cut
     from warpdata.etl.executors import LocalRunner
     from warpdata.warehouse import remote
 
-    batches = [remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
-                                 {os.path.relpath(r.image, cfg.root).replace(os.sep, "/"):
-                                  sizes[k] for r in part
-                                  if (k := os.path.relpath(r.image, cfg.root).replace(os.sep, "/")) in sizes},
-                                 params, cfg.limits)
-               for i, part in enumerate(cut(records, REMOTE_PROBE_BATCH))]
+    sizes, tags = listing.sizes, listing.tags
+    known = remote.known_facts(remote.load_facts(cfg.remote_root), listing)
+    batches = []
+    for i, part in enumerate(cut(records, REMOTE_PROBE_BATCH)):
+        rels = [os.path.relpath(r.image, cfg.root).replace(os.sep, "/") for r in part]
+        batches.append(remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
+                                         {k: sizes[k] for k in rels if k in sizes}, params, cfg.limits,
+                                         {k: tags[k] for k in rels if k in tags},
+                                         {k: known[k] for k in rels if k in known}))
+    learnt: dict[str, dict[str, Any]] = {}
     if runner is not None:
-        return _probe_batches(runner, remote.probe_batch, batches, len(records))
-    own = LocalRunner(max(1, min(workers, len(batches) or 1)))
-    try:
-        return _probe_batches(own, remote.probe_batch, batches, len(records))
-    finally:
-        own.close()
+        out = _probe_batches(runner, remote.probe_batch, batches, len(records), learnt)
+    else:
+        own = LocalRunner(max(1, min(workers, len(batches) or 1)))
+        try:
+            out = _probe_batches(own, remote.probe_batch, batches, len(records), learnt)
+        finally:
+            own.close()
+    if learnt or len(known) != len(remote.load_facts(cfg.remote_root)):
+        # what is true of the listed objects now, for the next run (the facts of objects gone dropped)
+        remote.save_facts(cfg.remote_root, {**known, **learnt})
+    return out
 
 
-def _probe_batches(runner: Any, fn: Any, batches: list, total: int) -> list:
+def _probe_batches(runner: Any, fn: Any, batches: list, total: int,
+                   learnt: dict[str, Any] | None = None) -> list:
     """The header pass's outcomes, in record order, from ``fn`` over ``batches`` on ``runner``
-    (each batch returns ``(index, outcomes)``; they finish in any order)."""
+    (each batch returns ``(index, outcomes)``, or ``(index, outcomes, facts learnt)`` merged into
+    ``learnt``; they finish in any order)."""
     parts = {}
     with _progress.progress("reading images", total=total, unit="img") as bar:
-        for i, part in runner.imap_unordered(fn, batches):
-            parts[i] = part
-            bar.advance(len(part))
+        for res in runner.imap_unordered(fn, batches):
+            parts[res[0]] = res[1]
+            if learnt is not None and len(res) > 2:
+                learnt.update(res[2])
+            bar.advance(len(res[1]))
     return [o for i in range(len(batches)) for o in parts[i]]
 
 
@@ -603,11 +642,17 @@ def _run_prestarted(req: EtlRequest, store: str | None = None) -> EtlResult:
     if executor.kind != "dask":  # Ray must be initialised from the main thread
         return _run(req, store=store)
     started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker,
-                           preload=WORKER_PRELOAD)
+                           preload=WORKER_PRELOAD, access=_access(cfg, store))
     try:
         return _run(req, started, store=store)
     finally:
         close_started(started)
+
+
+def _access(cfg: wconfig.WarehouseConfig, store: str | None) -> list[tuple[str, str]]:
+    """What every worker of an existing cluster must reach: the source and the output
+    (warp/etl/access.py); an output on object storage is the store, not the driver's staging."""
+    return [("source", cfg.remote_root or str(cfg.root)), ("output", store or str(cfg.output_root))]
 
 
 def _remote_output(req: EtlRequest) -> str | None:
@@ -653,24 +698,24 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
 
     cv2.setNumThreads(1)  # parallelism comes from whole-shard workers
 
-    if (cfg.remote_root and (started is not None or executor.kind != "thread")) or \
-            (executor.distributed and executor.address is not None):
-        # the header pass of a source on object storage runs on the executor's workers, and so
-        # does a shared-filesystem source's on an external cluster (a LocalCluster shares the
-        # driver's machine: its threads probe as fast, without shipping the outcomes)
-        if started is not None:
-            sc = scan(cfg, workers, started.result())
-        else:
-            with open_runner(executor, workers, initializer=_init_process_worker,
-                             preload=WORKER_PRELOAD) as r:
-                sc = scan(cfg, workers, r)
-    else:
-        sc = scan(cfg, workers)
     try:
+        if (cfg.remote_root and (started is not None or executor.kind != "thread")) or \
+                (executor.distributed and executor.address is not None):
+            # the header pass of a source on object storage runs on the executor's workers, and so
+            # does a shared-filesystem source's on an external cluster (a LocalCluster shares the
+            # driver's machine: its threads probe as fast, without shipping the outcomes)
+            if started is not None:
+                sc = scan(cfg, workers, started.result())
+            else:
+                with open_runner(executor, workers, initializer=_init_process_worker,
+                                 preload=WORKER_PRELOAD, access=_access(cfg, store)) as r:
+                    sc = scan(cfg, workers, r)
+        else:
+            sc = scan(cfg, workers)
         return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started, store)
     finally:
         if cfg.remote_root:
-            from warpdata.warehouse.remote import remove_mirror
+            from warpdata.etl.spool import remove_mirror
 
             remove_mirror(cfg.root)
 
@@ -758,9 +803,10 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         if cfg.durable:
             with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
                 results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started,
-                                              store_sizes)
+                                              store_sizes, _access(cfg, store))
         else:
-            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started, store_sizes)
+            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started, store_sizes,
+                                          _access(cfg, store))
         workers = cluster.get("threads") or cluster.get("workers") or workers
         phases["build"] = time.perf_counter() - t
 
@@ -894,34 +940,28 @@ def _fsync_files(paths: list[Path], workers: int) -> None:
 
 def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, total: int,
                syncer: Executor | None, journal: Journal,
-               started: Future | None = None,
-               store_sizes: dict[str, int] | None = None) -> tuple[list[ShardResult], dict[str, Any]]:
+               started: Future | None = None, store_sizes: dict[str, int] | None = None,
+               access: list[tuple[str, str]] = ()) -> tuple[list[ShardResult], dict[str, Any]]:
     """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes."""
-    results: dict[int, ShardResult] = {}
-    todo = []
-    receipts = journal.load_all()
-    for task in tasks:
-        r = _reuse_receipt(task, journal, receipts.get(task.shard_id), store_sizes)
-        if r is not None:
-            results[task.index] = r
-        else:
-            todo.append(task)
-    by_index = {t.index: t for t in todo}
+    from warpdata.etl.driver import run_receipted, split_receipted
+
+    results, todo = split_receipted(tasks, journal, lambda t: t.shard_id,
+                                    lambda t, rec: _reuse_receipt(t, journal, rec, store_sizes))
     cluster: dict[str, Any] = {"executor": executor.text, "workers": workers}
     with _progress.progress("building shards", total=total, unit="img") as bar:
         bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
         if todo:
             n = workers if executor.distributed else min(workers, len(todo))
             with open_runner(executor, n, initializer=_init_process_worker, started=started,
-                             preload=WORKER_PRELOAD) as runner:
+                             preload=WORKER_PRELOAD, access=access) as runner:
                 cluster = runner.describe()
                 if executor.distributed:
                     log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
-                # a bounded window keeps at most 2 tasks per worker in flight (memory)
-                for r in runner.imap_unordered(build_shard, todo):
-                    if r.samples and syncer is not None and by_index[r.index].upload is None:
-                        syncer.submit(_fsync_path, by_index[r.index].path)
-                    _record(journal, by_index[r.index], r)
+                # a bounded window keeps at most 2 tasks per worker in flight (memory); receipts go
+                # to the store in the background (every one is written before the manifest)
+                for task, r in run_receipted(runner, build_shard, todo, journal, _record, lambda r: r.index):
+                    if r.samples and syncer is not None and task.upload is None:
+                        syncer.submit(_fsync_path, task.path)
                     results[r.index] = r
                     bar.advance(r.samples + len(r.failures))
     if tasks:

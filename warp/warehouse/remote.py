@@ -20,31 +20,21 @@ contract; in short:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.etl.spool import claim, sweep
 from warpdata.warehouse.config import Limits
+from warpdata.warehouse.images import ImageProbe, ProbeError, probe
 from warpdata.warehouse.labels import LabelRecord
-from warpdata.warehouse.validate import ProbeOutcome, check_bytes
+from warpdata.warehouse.validate import ProbeOutcome, check_probed
 
 SPOOL = ".spool"
-
-
-def mirror_root(url: str) -> Path:
-    """A mirror of its own for this run (two runs over the same URL never share a spool)."""
-    import time
-    import uuid
-
-    from warpdata.core import envvars
-    h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-    return Path(envvars.default_cache_dir()) / "etl-source" / h / f"run-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
 def _fs(url: str):
@@ -64,8 +54,11 @@ def _get(fs, path: str) -> bytes:
 
 def _infra(e: BaseException, url: str):
     from warpdata.core.errors import InfrastructureError
-    from warpdata.etl.objectstore import _is_infra
+    from warpdata.etl.objectstore import _is_infra, credentials_error
 
+    cred = credentials_error(e, url)
+    if cred is not None:
+        return cred
     if not _is_infra(e):
         return None
     return InfrastructureError(f"could not read {url}: {type(e).__name__}: {e}",
@@ -73,19 +66,24 @@ def _infra(e: BaseException, url: str):
                                     "WARP_S3_ENDPOINT and credentials); rerun the same command")
 
 
-def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str) -> tuple[Path, dict[str, int]]:
-    """Mirror the label files of the source at ``url`` into ``root`` (from :func:`mirror_root`);
-    list its image folder.
+@dataclass
+class Listing:
+    """The image folder of a source on object storage, from one listing: ``{key: size}`` and
+    ``{key: tag}`` (the object's ETag, else its modification time), keys relative to the source
+    root as labels name them."""
 
-    Returns the mirror root and ``{key: size}`` of every object under the
-    image folder (keys relative to the source root, as labels name them).
-    """
+    sizes: dict[str, int]
+    tags: dict[str, str]
+
+
+def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str) -> tuple[Path, Listing]:
+    """Mirror the label files of the source at ``url`` into ``root`` (from :func:`mirror_root`);
+    list its image folder. Returns the mirror root and the :class:`Listing`."""
     url = url.rstrip("/")
     fs, base = _fs(url)
+    sweep(root.parent.parent)
+    claim(root)
     try:
-        if root.exists():
-            shutil.rmtree(root)
-        root.mkdir(parents=True)
         for lf in labels:
             src = f"{base}/{lf.strip('/')}"
             dst = root / lf
@@ -114,11 +112,15 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
         except FileNotFoundError:
             listing = {}
         sizes: dict[str, int] = {}
+        tags: dict[str, str] = {}
         prefix = base + "/"
         for p, info in listing.items():
             if info.get("type") == "directory" or not p.startswith(prefix):
                 continue
             sizes[p[len(prefix):]] = int(info.get("size") or 0)
+            tag = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime")
+            if tag:
+                tags[p[len(prefix):]] = str(tag)
     except (MissingInputError, DataError):
         raise
     except Exception as e:
@@ -134,7 +136,73 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
             p.parent.mkdir(parents=True, exist_ok=True)
             p.touch()
     (root / SPOOL).mkdir(exist_ok=True)
-    return root, sizes
+    return root, Listing(sizes, tags)
+
+
+# -- what the header pass learnt of each object, kept for the next run --------------------------
+
+FACTS_VERSION = 1
+
+
+def facts_path(url: str) -> Path:
+    from warpdata.core import envvars
+
+    h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return Path(envvars.default_cache_dir()) / "etl-source-facts" / f"{h}.json"
+
+
+def load_facts(url: str) -> dict[str, dict[str, Any]]:
+    """``{key: fact}`` recorded by earlier runs over ``url`` (empty when none or unreadable)."""
+    import json
+
+    try:
+        doc = json.loads(facts_path(url).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("facts_version") != FACTS_VERSION or doc.get("url") != url.rstrip("/"):
+        return {}
+    facts = doc.get("objects")
+    return facts if isinstance(facts, dict) else {}
+
+
+def save_facts(url: str, facts: dict[str, dict[str, Any]]) -> None:
+    from warpdata.core.atomic import atomic_write_bytes
+    from warpdata.core.canonical import canonical_json
+
+    p = facts_path(url)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(p, canonical_json({"facts_version": FACTS_VERSION, "url": url.rstrip("/"),
+                                          "objects": facts}))
+
+
+def known_facts(facts: dict[str, dict[str, Any]], listing: Listing) -> dict[str, dict[str, Any]]:
+    """The recorded facts still true: the object's listed size and tag are the recorded ones."""
+    out = {}
+    for key, fact in facts.items():
+        tag = listing.tags.get(key)
+        if tag is not None and isinstance(fact, dict) and fact.get("tag") == tag and \
+                fact.get("size") == listing.sizes.get(key) and isinstance(fact.get("sha256"), str) and \
+                (isinstance(fact.get("probe"), list) or isinstance(fact.get("error"), list)):
+            out[key] = fact
+    return out
+
+
+def _fact(size: int, tag: str, digest: str, pr: ImageProbe | ProbeError, max_pixels: int) -> dict[str, Any]:
+    # the probe's verdict depends on the pixel cap too: a fact is reused only under the same cap
+    fact: dict[str, Any] = {"size": size, "tag": tag, "sha256": digest, "max_pixels": max_pixels}
+    if isinstance(pr, ProbeError):
+        fact["error"] = [pr.reason, pr.message]
+    else:
+        fact["probe"] = [pr.kind, pr.width, pr.height, pr.orientation]
+    return fact
+
+
+def _from_fact(fact: dict[str, Any]) -> ImageProbe | ProbeError:
+    if "probe" in fact:
+        kind, w, h, orientation = fact["probe"]
+        return ImageProbe(str(kind), int(w), int(h), int(orientation))
+    reason, message = fact["error"]
+    return ProbeError(str(reason), str(message))
 
 
 @dataclass
@@ -148,13 +216,18 @@ class ProbeBatch:
     sizes: dict[str, int]  # listed size of each record's object (absent = missing)
     params: dict[str, Any]
     limits: Limits
+    # the listed tag (ETag) of each record's object, and what an earlier run learnt of the objects
+    # whose size and tag are unchanged: those are not read again (docs/formats/receipts.md)
+    tags: dict[str, str] = field(default_factory=dict)
+    known: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 PREFETCH = 8  # GETs in flight per probe batch: hides the store's latency, bounds memory to 8 images
 
 
-def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome]]:
-    """One GET per image: hash, probe, spool the bytes for the build.
+def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome], dict[str, dict[str, Any]]]:
+    """One GET per image: hash, probe, spool the bytes for the build; no GET for an object whose
+    facts are known (``batch.known``). Returns the outcomes and the facts learnt.
 
     Up to :data:`PREFETCH` GETs of the batch run ahead of the probing on a small thread pool (the
     HTTP clients release the GIL while they wait); the records are still handled in order.
@@ -164,6 +237,7 @@ def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome]]:
     fs, base = _fs(batch.url)
     spool = os.path.join(batch.mirror, SPOOL)
     out: list[ProbeOutcome] = []
+    learnt: dict[str, dict[str, Any]] = {}
     todo: list[tuple[LabelRecord, str, str | None, str]] = []
     for rec in batch.records:
         rel = os.path.relpath(rec.image, batch.mirror).replace(os.sep, "/")
@@ -172,7 +246,7 @@ def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome]]:
     def fetch(item) -> bytes | BaseException | None:
         rec, rel, _, _ = item
         size = batch.sizes.get(rel)
-        if size is None or rel.startswith("../") or size > batch.limits.max_image_bytes:
+        if size is None or rel.startswith("../") or size > batch.limits.max_image_bytes or rel in batch.known:
             return None
         try:
             return _get(fs, f"{base}/{rel}")
@@ -186,11 +260,12 @@ def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome]]:
             pending[i] = None  # the bytes go once this record is done
             if i + PREFETCH < len(todo):
                 pending.append(pool.submit(fetch, todo[i + PREFETCH]))
-            out.append(_probe_one(batch, rec, rel, obj_url, got, spool))
-    return batch.index, out
+            out.append(_probe_one(batch, rec, rel, obj_url, got, spool, learnt))
+    return batch.index, out, learnt
 
 
-def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got, spool: str) -> ProbeOutcome:
+def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got, spool: str,
+               learnt: dict[str, dict[str, Any]]) -> ProbeOutcome:
     key = rec.key
     size = batch.sizes.get(rel)
     if size is None or rel.startswith("../"):
@@ -201,6 +276,10 @@ def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got,
         return ProbeOutcome(None, (rec.run, key, rec.source, "too-large",
                                    f"{key}: is {size} bytes, over the {batch.limits.max_image_bytes / 1e6:g} MB limit "
                                    "(raise it in [limits] of the config)"), None)
+    fact = batch.known.get(rel)
+    if fact is not None and fact.get("max_pixels") == batch.limits.max_pixels:  # unchanged since it was read: its recorded facts, no GET
+        return check_probed(rec, fact["sha256"], size, _from_fact(fact), (0, 0, 0), url=obj_url, local=None,
+                            **batch.params)
     if isinstance(got, FileNotFoundError):
         return ProbeOutcome(None, (rec.run, key, rec.source, "missing-file",
                                    f"{key}: image object {obj_url} disappeared during the header pass"),
@@ -212,6 +291,17 @@ def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got,
         raise got
     data = got
     digest = hashlib.sha256(data).hexdigest()
+    try:
+        pr: ImageProbe | ProbeError = probe(data, batch.limits.max_pixels)
+    except ProbeError as e:
+        pr = e
+    tag = batch.tags.get(rel)
+    if tag is not None:
+        learnt[rel] = _fact(len(data), tag, digest, pr, batch.limits.max_pixels)
+    if not os.path.isdir(spool):
+        # a worker on another machine: the driver's spool is not there, and none is made here (it
+        # would outlive the run on a machine no rerun sweeps); the build GETs the object again
+        return check_probed(rec, digest, len(data), pr, (0, 0, 0), url=obj_url, local=None, **batch.params)
     local = os.path.join(spool, digest)
     if not os.path.exists(local):
         tmp = f"{local}.{os.getpid()}.{threading.get_ident()}.tmp"
@@ -219,8 +309,8 @@ def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got,
             f.write(data)
         os.replace(tmp, local)
     st = os.stat(local)
-    return check_bytes(rec, data, (st.st_size, st.st_mtime_ns, st.st_ino), url=obj_url, local=local,
-                       max_pixels=batch.limits.max_pixels, **batch.params)
+    return check_probed(rec, digest, len(data), pr, (st.st_size, st.st_mtime_ns, st.st_ino), url=obj_url,
+                        local=local, **batch.params)
 
 
 def read_source(url: str, sha256: str) -> bytes:
@@ -238,9 +328,3 @@ def read_source(url: str, sha256: str) -> bytes:
         raise DataError(f"{url}: changed while the ETL ran (content hash differs from the header pass)",
                         hint="rerun 'warp etl' once the dataset is no longer being written", path=url)
     return data
-
-
-def remove_mirror(mirror: Path) -> None:
-    """Drop a run's mirror (labels, placeholders, spooled image bytes) once its version is built."""
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(mirror)

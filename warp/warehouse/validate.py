@@ -91,17 +91,29 @@ def check_bytes(rec: LabelRecord, data: bytes, stat_key: tuple[int, int, int], *
                 max_boxes: int, overflow: str, url: str | None = None, local: str | None = None,
                 max_pixels: int = DEFAULT_MAX_PIXELS) -> ProbeOutcome:
     """Hash, probe and check the boxes of one image whose bytes were read already."""
-    key = rec.key
     digest = hashlib.sha256(data).hexdigest()
-    src_hash = (key, digest, len(data))
+    try:
+        pr: ImageProbe | ProbeError = probe(data, max_pixels)
+    except ProbeError as e:
+        pr = e
+    return check_probed(rec, digest, len(data), pr, stat_key, tolerance=tolerance, min_box=min_box,
+                        max_boxes=max_boxes, overflow=overflow, url=url, local=local)
+
+
+def check_probed(rec: LabelRecord, digest: str, nbytes: int, pr: ImageProbe | ProbeError,
+                 stat_key: tuple[int, int, int], *, tolerance: float, min_box: float, max_boxes: int,
+                 overflow: str, url: str | None = None, local: str | None = None) -> ProbeOutcome:
+    """Check the boxes of one image against what its bytes gave: their SHA-256, size and header
+    probe (or the probe's error). The bytes themselves are not needed: an unchanged object's
+    recorded facts give the same outcome (docs/formats/receipts.md, "Sources on object storage")."""
+    key = rec.key
+    src_hash = (key, digest, nbytes)
 
     def bad(reason: str, msg: str) -> ProbeOutcome:
         return ProbeOutcome(None, (rec.run, key, rec.source, reason, f"{key}: {msg}"), src_hash)
 
-    try:
-        pr = probe(data, max_pixels)
-    except ProbeError as e:
-        return bad(e.reason, e.message)
+    if isinstance(pr, ProbeError):
+        return bad(pr.reason, pr.message)
     W, H = pr.oriented_size
     if (rec.width is not None and rec.width != W) or (rec.height is not None and rec.height != H):
         return bad("bad-size", f"labels say {rec.width}x{rec.height} but the image is {W}x{H}"
@@ -133,7 +145,7 @@ def check_bytes(rec: LabelRecord, data: bytes, stat_key: tuple[int, int, int], *
         truncated = len(boxes) - max_boxes
         boxes, classes = boxes[:max_boxes], classes[:max_boxes]
     return ProbeOutcome(ValidSample(key, str(rec.image), rec.run, rec.source, boxes, classes, rec.frame_id,
-                                    rec.run_id, pr, digest, len(data), stat_key, url, local,
+                                    rec.run_id, pr, digest, nbytes, stat_key, url, local,
                                     rec.ann_ids[:len(boxes)] if rec.ann_ids is not None else None),
                         None, src_hash, truncated)
 

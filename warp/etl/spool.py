@@ -1,0 +1,131 @@
+"""Local copies of object-store sources: one per run, gone when the run ends, swept after a kill.
+
+A pipeline whose source is on object storage may copy part of it to this
+machine (the warehouse's label files and spooled image bytes, the feature
+cache's media folders). Each run gets a mirror of its own,
+``$WARP_CACHE_DIR/etl-source/<sha256(url)[:16]>/run-<id>/`` (:func:`mirror_root`), and
+
+* holds an ``flock`` on ``<mirror>/.owner.lock`` for as long as it lives (:func:`claim`);
+* removes it when it ends: success, failure and Ctrl-C (:func:`remove_mirror`, from a ``finally``);
+* first removes every mirror whose lock is free: a run killed with ``kill -9`` (:func:`sweep`).
+
+docs/formats/receipts.md ("Sources on object storage") states the contract.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from warpdata.core import envvars
+
+
+def spool_base() -> Path:
+    return Path(envvars.default_cache_dir()) / "etl-source"
+
+
+def mirror_root(url: str) -> Path:
+    """A mirror of its own for this run (two runs over the same URL never share a spool)."""
+    h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+    return spool_base() / h / f"run-{time.time_ns()}-{uuid.uuid4().hex[:8]}"
+
+
+OWNER = ".owner.lock"
+# this process's claimed mirrors: path -> the descriptor holding their lock (released by remove_mirror)
+_claimed: dict[str, int] = {}
+
+
+def claim(mirror: Path) -> None:
+    """Create this run's mirror and hold its lock for as long as the run lives: the kernel drops
+    an ``flock`` with its process, so a mirror whose lock is free belongs to a dead run."""
+    if mirror.exists():
+        shutil.rmtree(mirror)
+    mirror.mkdir(parents=True)
+    fd = os.open(mirror / OWNER, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _claimed[os.fspath(mirror)] = fd
+
+
+def sweep(base: Path, *, grace_s: float = 60.0) -> list[str]:
+    """Remove the mirrors under ``base`` (``$WARP_CACHE_DIR/etl-source``) of runs that are gone
+    (killed: nothing removed theirs); returns them. A mirror without its lock file yet is another
+    run being set up, unless it is older than ``grace_s``."""
+    removed: list[str] = []
+    for run in sorted(base.glob("*/run-*")):
+        if os.fspath(run) in _claimed or not run.is_dir() or run.is_symlink():
+            continue
+        try:
+            fd = os.open(run / OWNER, os.O_RDWR)
+        except FileNotFoundError:
+            try:
+                young = time.time() - run.stat().st_mtime < grace_s
+            except FileNotFoundError:
+                continue
+            if young:
+                continue
+            fd = None
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # its run is alive
+                os.close(fd)
+                continue
+        try:
+            shutil.rmtree(run, ignore_errors=True)
+            removed.append(os.fspath(run))
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed
+
+
+def remove_mirror(mirror: Path) -> None:
+    """Drop a run's mirror (labels, placeholders, spooled image bytes): on success, failure and
+    Ctrl-C alike; a killed run's is swept by the next (:func:`sweep`)."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(mirror)
+    fd = _claimed.pop(os.fspath(mirror), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def download_folder(url: str, dest: Path) -> Path:
+    """Copy every object under ``url`` into ``dest`` (relative keys kept); returns ``dest``.
+    MissingInputError naming the URL when there is nothing there."""
+    from warpdata.core.errors import MissingInputError
+    from warpdata.etl.objectstore import _infra, _is_infra
+    from warpdata.storage.locations import filesystem, parse_location
+
+    loc = parse_location(url.rstrip("/"))
+    fs = filesystem(loc)
+    prefix = loc.path.rstrip("/") + "/"
+    try:
+        fs.invalidate_cache(loc.path)
+        found = [p for p in fs.find(loc.path) if p.startswith(prefix)]
+        if not found:
+            raise MissingInputError(f"source {url} does not exist or holds no objects",
+                                    hint="check [source] path / [[directory]] path (an s3://bucket/prefix/ URL)")
+        for p in found:
+            rel = p[len(prefix):]
+            target = dest / rel
+            if ".." in Path(rel).parts:
+                continue  # a key that would land outside the mirror
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(p, os.fspath(target))
+    except MissingInputError:
+        raise
+    except FileNotFoundError:
+        raise MissingInputError(f"source {url} does not exist",
+                                hint="check [source] path / [[directory]] path (an s3://bucket/prefix/ URL)") from None
+    except Exception as e:
+        if _is_infra(e):
+            raise _infra(e, url) from None
+        raise
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
