@@ -862,3 +862,42 @@ def test_paired_ingest_quarantines_a_bomb_on_either_side(tmp_path):
     _assert_typed(r, 0)
     _main, q = _ingested(tmp_path / "store", "ws/seg")
     assert q == {"2.png": "too-many-pixels", "3.gif": "too-many-pixels"}, q
+
+
+def test_feature_cache_config_sets_the_pixel_cap(tmp_path, cli):
+    """`[limits] max_pixels` in a feature-cache config: an ordinary image over a lowered cap is
+    quarantined too-many-pixels, undecoded, like the warehouse's [limits] and ingest --max-pixels."""
+    src = tmp_path / "src"
+    src.mkdir()
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(src / "a.jpg")  # 64 pixels: under the cap
+    Image.new("RGB", (64, 64), (30, 20, 10)).save(src / "b.png")  # 4,096 pixels: over it
+    (src / "a.txt").write_text("caption a")
+    (src / "b.txt").write_text("caption b")
+    w, h = 64, 64
+    cfg = tmp_path / "fc.toml"
+    cfg.write_text(f"""
+[source]
+format = "captions"
+path = "{src}"
+
+[transform]
+resolution = 16
+
+[limits]
+max_pixels = {w * h - 1}
+
+[validation]
+max_invalid_fraction = {{ warn = 0.9, fail = 0.9 }}
+
+[output]
+path = "{tmp_path / 'cache'}"
+""")
+    r = cli("etl", "--config", str(cfg))
+    assert r.code == 0, r.err
+    q = [json.loads(x) for x in (tmp_path / "cache" / "quarantine.jsonl").read_text().splitlines()]
+    assert {x["sample_id"]: x["reason"] for x in q} == {"b.png": "too-many-pixels"}
+    cfg.write_text(cfg.read_text().replace(f"max_pixels = {w * h - 1}", "max_pixels = 0"))
+    r = cli("etl", "--config", str(cfg))
+    assert r.code == 78 and "max_pixels" in r.err, (r.code, r.err)

@@ -35,6 +35,7 @@ from warpdata.core.names import FEATURE_CACHE
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.etl.quarantine import Thresholds
 from warpdata.features.transform import INTERPOLATIONS, target_size
+from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS
 
 MAX_REPEATS = 1_000_000  # the manifest schema's bound too (warp/features/manifest.schema.json)
 
@@ -109,6 +110,11 @@ SCHEMA: dict[str, Any] = {
     },
     "output": {
         "path": Field(str, help="cache directory (replaced when the fingerprint changes)"),
+    },
+    "limits": {
+        "max_pixels": Field(int, DEFAULT_MAX_PIXELS, "images whose header declares more pixels are quarantined "
+                                                     "too-many-pixels, never decoded (the warehouse's [limits] "
+                                                     "max_pixels)", check=positive),
     },
     "build": {
         "workers": Field(int, 0, "concurrent shard tasks; 0 = WARP_WORKERS or the CPU count", check=non_negative),
@@ -264,7 +270,7 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
                      encoder_options=dict(enc["options"]), encoder_dtype=enc["dtype"],
                      caching_batch_size=enc["caching_batch_size"], caching_device=enc["caching_device"],
                      shard_size=cache["shard_size"] or None, store_pixels=cache["store_pixels"],
-                     thresholds=thresholds, sources=sources)
+                     thresholds=thresholds, sources=sources, max_pixels=cfg["limits"]["max_pixels"])
 
 
 @contextlib.contextmanager
