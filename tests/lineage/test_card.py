@@ -154,3 +154,12 @@ def test_out_that_is_binary_or_a_directory_is_refused_with_a_typed_error(cli, tm
     r = cli("card", "ws/pics", "--out", folder, "--store", store)
     assert r.code == 2 and f"--out {folder}: it is a directory" in r.err and ".warp-tmp" not in r.err
     assert not (tmp_path / "cards.preview.png").exists()
+
+
+def test_publish_card_that_is_a_directory_is_a_usage_error_not_a_write_failure(cli, tmp_path):
+    # review finding: the read fell through to the OS taxonomy: "cannot write DIR", exit 73
+    image_dataset(tmp_path, 2)
+    r = cli("publish", "ws/pics", "--table", f"main={tmp_path / 'table' / 'main.parquet'}",
+            "--store", tmp_path / "store", "--card", tmp_path / "photos")
+    assert r.code == 2 and f"--card {tmp_path / 'photos'}: it is a directory" in r.err
+    assert "cannot write" not in r.err and not (tmp_path / "store").exists()
