@@ -169,3 +169,12 @@ def test_doctor_fails_a_lost_batch_and_a_missing_rank(cli, table, tmp_path):
     assert r.code == 1 and "missing [1]" in r.out
     r = cli("doctor", "--states", files[0])
     assert r.code == 2 and "--states needs the dataset" in r.err
+
+
+@pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"\xff\xfe"])
+def test_a_damaged_manifest_in_a_directory_is_a_data_error(cli, tmp_path, body):
+    # review finding: `warp order DIR` parsed DIR/manifest.json unguarded: exit 70 on bad JSON
+    (tmp_path / "manifest.json").write_bytes(body)
+    r = cli("order", tmp_path)
+    assert r.code == 65 and str(tmp_path / "manifest.json") in r.err and "hint:" in r.err, r.err
+    assert r.out == "" and "internal error" not in r.err

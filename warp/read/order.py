@@ -59,8 +59,7 @@ def _local(p: Path):
             finally:
                 loader.reader.close()
         return "tbl", make
-    import json
-
+    from warpdata.artifacts.manifests import read_manifest
     from warpdata.core.names import MANIFEST_NAME
 
     man = p / MANIFEST_NAME
@@ -68,7 +67,7 @@ def _local(p: Path):
         raise MissingInputError(f"{p}: not a .tbl file, and no {MANIFEST_NAME} in it",
                                 hint="pass a .tbl file, a warehouse or feature-cache version directory, "
                                      "or a published WS/NAME")
-    doc = json.loads(man.read_text())
+    doc = read_manifest(man)  # a damaged manifest is a DataError naming it, not a crash
     from warpdata.features.manifest import KIND as FEATURES
 
     if doc.get("kind") == FEATURES:
