@@ -178,3 +178,18 @@ def test_a_damaged_manifest_in_a_directory_is_a_data_error(cli, tmp_path, body):
     r = cli("order", tmp_path)
     assert r.code == 65 and str(tmp_path / "manifest.json") in r.err and "hint:" in r.err, r.err
     assert r.out == "" and "internal error" not in r.err
+
+
+def test_doctor_states_that_are_a_directory_or_not_states_are_typed_errors(cli, table, tmp_path):
+    # review finding: a list holding a non-JSON string exited 70; a directory said "cannot write";
+    # a number in the list was reported as "NoneType is not a warp resume state"
+    r = cli("doctor", "ws/o", "--states", tmp_path)
+    assert r.code == 66 and f"{tmp_path}: a directory, not a state file" in r.err and "cannot write" not in r.err
+    strings = tmp_path / "strings.json"
+    strings.write_text('["abc"]')
+    r = cli("doctor", "ws/o", "--states", strings)
+    assert r.code == 66 and f"{strings}: a state in the list is a string that is not JSON" in r.err, r.err
+    numbers = tmp_path / "numbers.json"
+    numbers.write_text("[1]")
+    r = cli("doctor", "ws/o", "--states", numbers)
+    assert r.code == 1 and "int is not a warp resume state" in r.out, r.out
