@@ -193,3 +193,16 @@ def test_doctor_states_that_are_a_directory_or_not_states_are_typed_errors(cli, 
     numbers.write_text("[1]")
     r = cli("doctor", "ws/o", "--states", numbers)
     assert r.code == 1 and "int is not a warp resume state" in r.out, r.out
+
+
+def test_a_negative_seed_for_a_shuffled_tbl_is_a_usage_error(cli, tmp_path):
+    # review finding: numpy's "expected non-negative integer" surfaced as an internal error (exit 70)
+    from warpdata.formats import tbl
+
+    p = tmp_path / "x.tbl"
+    with tbl.TblWriter(p, fsync=False) as w:
+        for i in range(3):
+            w.add(bytes([i]) * 8)
+    r = cli("order", str(p), "--shuffle", "--seed", "-1")
+    assert r.code == 2 and "--seed -1: a shuffled tbl loader takes a seed >= 0" in r.err, r.err
+    assert cli("order", str(p), "--seed", "-1").code == 0  # unshuffled, the seed is not used
