@@ -163,3 +163,16 @@ def test_publish_card_that_is_a_directory_is_a_usage_error_not_a_write_failure(c
             "--store", tmp_path / "store", "--card", tmp_path / "photos")
     assert r.code == 2 and f"--card {tmp_path / 'photos'}: it is a directory" in r.err
     assert "cannot write" not in r.err and not (tmp_path / "store").exists()
+
+
+def test_publish_refuses_a_card_with_broken_markers(cli, tmp_path):
+    # review finding: it was stored, and every later `warp card` of that version failed with a
+    # hint ("restore the end marker") that cannot be followed: a stored manifest is never rewritten
+    store = tmp_path / "store"
+    image_dataset(tmp_path, 2)
+    broken = tmp_path / "broken.md"
+    broken.write_text("# Pics\n<!-- warp:card:begin tables -->\nhalf a section\n")
+    r = cli("publish", "ws/pics", "--table", f"main={tmp_path / 'table' / 'main.parquet'}", "--store", store,
+            "--card", broken)
+    assert r.code == 2 and "--card: section 'tables' has no" in r.err and "cannot be edited" in r.err
+    assert not (store / "datasets").exists()
