@@ -548,6 +548,14 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
             raise UsageError(f"{name} table {tname} has no key column ({', '.join(KEY_COLUMNS)}) or bound column",
                              hint="give the row's index instead of a key")
         found = _find_row(st, t, kcol, sample)
+        q = m.tables.get("quarantine")
+        if found is None and q is not None and {"sample_id", "reason", "message"} <= set(q.columns):
+            # a published warehouse keeps its quarantine table: a rejected key answers with its
+            # reason, as it does on the local warehouse (docs/lineage.md, rule 4)
+            hit = _find_row(st, q, "sample_id", sample)
+            if hit is not None:
+                base.key = sample
+                return _quarantine_answer(base, hit[3])
         if found is None:
             raise MissingInputError(f"{name} table {tname}: no row with {kcol} = {sample!r}",
                                     hint=f"list keys with 'warp head {name} --table {tname} -n 20'")
