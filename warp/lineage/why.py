@@ -178,6 +178,16 @@ def _check_index(i: int, n: int, where: str) -> None:
 def _parquet_row(path: Path, column: str, value: Any, columns: list[str] | None = None) -> dict[str, Any] | None:
     """The first row of ``path`` whose ``column`` equals ``value``: the footer's statistics pick
     the row groups, so a sorted column costs one row group, not the file."""
+    import pyarrow as pa
+
+    try:
+        return _parquet_row_in(path, column, value, columns)
+    except pa.ArrowException as e:  # a truncated or overwritten side table: bad data, not a bug
+        raise DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})",
+                        hint="rebuild the artifact with 'warp etl'", path=str(path)) from None
+
+
+def _parquet_row_in(path: Path, column: str, value: Any, columns: list[str] | None) -> dict[str, Any] | None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
