@@ -124,15 +124,21 @@ def diff(req: DiffRequest) -> DiffResult:
 
 # -- rows -------------------------------------------------------------------------------------
 
+def _hashable(v: Any) -> Any:
+    """A key value as a dict key: a list or struct value (unhashable) as its canonical JSON."""
+    return json.dumps(v, sort_keys=True, default=repr) if isinstance(v, (list, dict)) else v
+
+
 def _row_digests(table, key: str | None) -> tuple[dict[Any, str] | None, Counter]:
     """key -> row digest (with a key), or a multiset of row digests (without)."""
     rows = table.to_pylist()
     digests = [hashlib.sha256(json.dumps(r, sort_keys=True, default=repr).encode()).hexdigest() for r in rows]
     if key is None:
         return None, Counter(digests)
-    by_key = {r[key]: d for r, d in zip(rows, digests, strict=True)}
+    keys = [_hashable(r[key]) for r in rows]
+    by_key = dict(zip(keys, digests, strict=True))
     if len(by_key) != len(rows):
-        dup = next(k for k, n in Counter(r[key] for r in rows).items() if n > 1)
+        dup = next(k for k, n in Counter(keys).items() if n > 1)
         raise UsageError(f"column {key!r} does not identify rows: {dup!r} appears {len(rows) - len(by_key) + 1}+ times",
                          hint="give a unique column with --key, or compare whole rows by naming none")
     return by_key, Counter()
