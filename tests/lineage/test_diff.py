@@ -191,3 +191,17 @@ def test_a_list_valued_key_column_is_compared_not_a_crash(cli, tmp_path):
     assert r.code == 1, r.err
     [main] = r.json()["tables"]
     assert (main["added_keys"], main["removed_keys"], main["changed_keys"]) == (["[2, 0]"], ["[2]"], ["[3]"])
+
+
+def test_a_default_key_that_repeats_gets_a_hint_that_can_be_followed(cli, tmp_path):
+    # review finding: the hint said "or compare whole rows by naming none", but with no --key the
+    # default column (here id) is picked again, so the advice led back to the same error
+    store = tmp_path / "store"
+    t = tmp_path / "t.parquet"
+    versions = []
+    for v in (1, 2):
+        pq.write_table(pa.table({"id": [1, 1, 2], "v": [v, 0, 0]}), t)
+        versions.append(cli("publish", "ws/dup", "--table", f"main={t}", "--store", store, "-q").out.strip())
+    r = cli("diff", "ws/dup", "--from", versions[0], "--store", store)
+    assert r.code == 2 and "column 'id' does not identify rows" in r.err
+    assert "naming none" not in r.err and "give a unique column with --key" in r.err

@@ -140,7 +140,8 @@ def _row_digests(table, key: str | None) -> tuple[dict[Any, str] | None, Counter
     if len(by_key) != len(rows):
         dup = next(k for k, n in Counter(keys).items() if n > 1)
         raise UsageError(f"column {key!r} does not identify rows: {dup!r} appears {len(rows) - len(by_key) + 1}+ times",
-                         hint="give a unique column with --key, or compare whole rows by naming none")
+                         hint=f"give a unique column with --key (without it the first of {', '.join(KEY_COLUMNS)} "
+                              "is used; rows are compared whole only when a table has none of them)")
     return by_key, Counter()
 
 
