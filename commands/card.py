@@ -39,14 +39,20 @@ def main(
 
     from warpdata.cli import output as out
     from warpdata.core.atomic import atomic_write_bytes
-    from warpdata.core.errors import WarpError
+    from warpdata.core.errors import DataError, UsageError, WarpError
     from warpdata.lineage.card import CardRequest, generate
 
     req = CardRequest(dataset, store_url=store, history=not no_history)
     target = Path(out_file) if out_file else None
     if target is not None:
+        if target.is_dir():  # refused before the preview is drawn beside it
+            raise UsageError(f"--out {target}: it is a directory", hint=f"give a file name, e.g. {target / 'CARD.md'}")
         if target.is_file():
-            req.existing = target.read_text("utf-8")
+            try:
+                req.existing = target.read_text("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"--out {target}: not UTF-8 text, so not a card to regenerate",
+                                hint="give a Markdown file, or a new file name") from None
         picture = target.with_name(target.stem + ".preview.png")
         try:
             from warpdata.artifacts.preview import published, to_png

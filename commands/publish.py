@@ -101,6 +101,8 @@ def main(
             raise MissingInputError(f"--card {card}: no such file", hint="write one with 'warp card WS/NAME --out FILE'") from None
         except UnicodeDecodeError:
             raise DataError(f"--card {card}: not UTF-8 text", hint="a card is a Markdown file") from None
+        except IsADirectoryError:  # a read: not the OS taxonomy's "cannot write"
+            raise UsageError(f"--card {card}: it is a directory", hint="give the card's Markdown file") from None
 
     with out.progress("uploading", unit="B") as bar:
         result = publish(req, on_upload=bar.advance)

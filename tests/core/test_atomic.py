@@ -260,3 +260,16 @@ def test_remove_stale_temps_recursive_keeps_fresh_and_live(tmp_path):
     os.utime(mine_live, (time.time() - 100, time.time() - 100))
     removed = remove_stale_temps([tmp_path / "blobs"], older_than=time.time() - 50, recursive=True)
     assert removed == [str(old)] and fresh.exists() and mine_live.exists()
+
+
+def test_a_failed_rename_names_the_target_not_the_temporary_file(tmp_path):
+    # review finding: writing over a directory said "cannot write /d/.warp-tmp-…-out -> /d/out"
+    from warpdata.core.errors import CannotCreateError, os_failure
+
+    (tmp_path / "out").mkdir()
+    with pytest.raises(IsADirectoryError) as e:
+        atomic_write_bytes(tmp_path / "out", b"x")
+    err = os_failure(e.value)
+    assert isinstance(err, CannotCreateError)
+    assert err.message == f"cannot write {tmp_path / 'out'}: it is a directory"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]

@@ -52,3 +52,18 @@ def test_stream_and_unnamed_file():
         "no space left on the device writing stdout"
     assert "did not say which" in os_failure(OSError(errno.EFBIG, "File too large")).message
     assert isinstance(os_failure(PermissionError(errno.EACCES, "Permission denied", "/x")), PermissionError)
+
+
+def test_a_rename_from_a_writers_temporary_names_only_the_target(tmp_path):
+    # review finding: `warp tar-to-tbl IN DIR --force` said "cannot write /x/.warp-tmp-…-out-DIR -> DIR"
+    from warpdata.core.atomic import temp_prefix
+
+    tmp = tmp_path / f"{temp_prefix()}abc-out.tbl"
+    tmp.write_bytes(b"x")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(OSError) as e:
+        os.rename(tmp, tmp_path / "out")
+    err = os_failure(e.value)
+    assert isinstance(err, CannotCreateError) and err.message == f"cannot write {tmp_path / 'out'}: it is a directory"
+    plain = os_failure(OSError(errno.EXDEV, "Invalid cross-device link", "a", None, "b"))
+    assert "a -> b" in plain.message  # two names the user gave stay both named

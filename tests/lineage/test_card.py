@@ -136,3 +136,43 @@ def test_a_card_of_a_warehouse_on_s3_counts_quarantine_reasons_and_lists_source_
     version = json.loads((coco_warehouse / "manifest.json").read_text())["version"]
     assert f"tensor-warehouse | version `{version}`" in text
     assert "No preview: ws/wh binds no column to an image artifact" in text
+
+
+def test_out_that_is_binary_or_a_directory_is_refused_with_a_typed_error(cli, tmp_path):
+    # review finding: a non-UTF-8 --out file exited 70 (UnicodeDecodeError); a directory drew the
+    # preview beside it, then failed naming a temporary file
+    store = tmp_path / "store"
+    image_dataset(tmp_path, 3)
+    publish(cli, tmp_path, store)
+    binary = tmp_path / "photo.md"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    r = cli("card", "ws/pics", "--out", binary, "--store", store)
+    assert r.code == 65 and f"--out {binary}: not UTF-8 text" in r.err and "hint:" in r.err
+    assert binary.read_bytes() == b"\x89PNG\r\n\x1a\n\xff\xfe"
+    folder = tmp_path / "cards"
+    folder.mkdir()
+    r = cli("card", "ws/pics", "--out", folder, "--store", store)
+    assert r.code == 2 and f"--out {folder}: it is a directory" in r.err and ".warp-tmp" not in r.err
+    assert not (tmp_path / "cards.preview.png").exists()
+
+
+def test_publish_card_that_is_a_directory_is_a_usage_error_not_a_write_failure(cli, tmp_path):
+    # review finding: the read fell through to the OS taxonomy: "cannot write DIR", exit 73
+    image_dataset(tmp_path, 2)
+    r = cli("publish", "ws/pics", "--table", f"main={tmp_path / 'table' / 'main.parquet'}",
+            "--store", tmp_path / "store", "--card", tmp_path / "photos")
+    assert r.code == 2 and f"--card {tmp_path / 'photos'}: it is a directory" in r.err
+    assert "cannot write" not in r.err and not (tmp_path / "store").exists()
+
+
+def test_publish_refuses_a_card_with_broken_markers(cli, tmp_path):
+    # review finding: it was stored, and every later `warp card` of that version failed with a
+    # hint ("restore the end marker") that cannot be followed: a stored manifest is never rewritten
+    store = tmp_path / "store"
+    image_dataset(tmp_path, 2)
+    broken = tmp_path / "broken.md"
+    broken.write_text("# Pics\n<!-- warp:card:begin tables -->\nhalf a section\n")
+    r = cli("publish", "ws/pics", "--table", f"main={tmp_path / 'table' / 'main.parquet'}", "--store", store,
+            "--card", broken)
+    assert r.code == 2 and "--card: section 'tables' has no" in r.err and "cannot be edited" in r.err
+    assert not (store / "datasets").exists()

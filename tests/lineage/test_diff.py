@@ -175,3 +175,33 @@ def test_a_zarr_array_compared_with_itself_is_the_same(cli):
     assert r.code == 0 and r.json()["artifacts"][0]["artifact"] == "levels"
     r = cli("diff", root / "sharded.zarr", root / "pyramid.zarr", "--json")
     assert r.code == 1 and r.json()["artifacts"][0]["status"] == "changed"
+
+
+def test_a_list_valued_key_column_is_compared_not_a_crash(cli, tmp_path):
+    # review finding: a key column of list values (unhashable) exited 70 with TypeError
+    store = tmp_path / "store"
+    t = tmp_path / "t.parquet"
+    versions = []
+    for keys, vals in (([[1], [2], [3]], [1, 2, 3]), ([[1], [2, 0], [3]], [1, 2, 9])):
+        pq.write_table(pa.table({"key": keys, "v": vals}), t)
+        r = cli("publish", "ws/lk", "--table", f"main={t}", "--store", store, "-q")
+        assert r.code == 0, r.err
+        versions.append(r.out.strip())
+    r = cli("diff", "ws/lk", "--from", versions[0], "--store", store, "--rows", "--json")
+    assert r.code == 1, r.err
+    [main] = r.json()["tables"]
+    assert (main["added_keys"], main["removed_keys"], main["changed_keys"]) == (["[2, 0]"], ["[2]"], ["[3]"])
+
+
+def test_a_default_key_that_repeats_gets_a_hint_that_can_be_followed(cli, tmp_path):
+    # review finding: the hint said "or compare whole rows by naming none", but with no --key the
+    # default column (here id) is picked again, so the advice led back to the same error
+    store = tmp_path / "store"
+    t = tmp_path / "t.parquet"
+    versions = []
+    for v in (1, 2):
+        pq.write_table(pa.table({"id": [1, 1, 2], "v": [v, 0, 0]}), t)
+        versions.append(cli("publish", "ws/dup", "--table", f"main={t}", "--store", store, "-q").out.strip())
+    r = cli("diff", "ws/dup", "--from", versions[0], "--store", store)
+    assert r.code == 2 and "column 'id' does not identify rows" in r.err
+    assert "naming none" not in r.err and "give a unique column with --key" in r.err

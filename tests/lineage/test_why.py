@@ -195,3 +195,34 @@ def test_a_warehouse_built_on_s3_is_traced_there_without_reading_a_shard(cli, s3
     assert not [q for q in s3.requests("GET") if q["key"].endswith(".twh1")]  # no shard byte read
     r = cli("why", url.rsplit("/", 1)[0] + "/v20000101-000000000000", "0")
     assert r.code == 66 and "manifest.json" in r.err
+
+
+def test_a_quarantined_key_of_a_published_warehouse_answers_with_its_reason(cli, coco_warehouse, tmp_path):
+    # review finding: the published path looked only in the samples table and said "no row with
+    # key" (exit 66), though the version carries the warehouse's quarantine table
+    store = tmp_path / "store"
+    assert cli("publish", "ws/wh", "--from", coco_warehouse, "--store", store, "-q").code == 0
+    local = cli("why", coco_warehouse, "images/img_00002.jpg", "--json").json()
+    r = cli("why", "ws/wh", "images/img_00002.jpg", "--store", store, "--json")
+    assert r.code == 0, r.err
+    got = r.json()
+    assert got["status"] == "quarantined" and got["key"] == "images/img_00002.jpg"
+    assert got["validation"] == local["validation"] and got["label"] == local["label"]
+    assert cli("why", "ws/wh", "images/nope.jpg", "--store", store).code == 66
+
+
+@pytest.mark.parametrize("side", ["samples", "sources", "quarantine"])
+def test_a_damaged_side_table_is_a_data_error_in_why_and_diff(cli, coco_warehouse, tmp_path, side):
+    # review finding: a truncated side table surfaced as ArrowInvalid, exit 70
+    import shutil
+
+    copy = tmp_path / coco_warehouse.name
+    shutil.copytree(coco_warehouse, copy)
+    path = copy / f"{side}.parquet"
+    path.write_bytes(path.read_bytes()[:300])
+    sample = "images/img_00002.jpg" if side == "quarantine" else "0"  # img_00002 is quarantined
+    r = cli("why", copy, sample)
+    assert r.code == 65 and f"{path}: not a readable Parquet file" in r.err and "hint:" in r.err, r.err
+    if side != "quarantine":  # diff reads the samples and sources tables
+        r = cli("diff", coco_warehouse, copy)
+        assert r.code == 65 and f"{path}: not a readable Parquet file" in r.err, r.err

@@ -169,3 +169,40 @@ def test_doctor_fails_a_lost_batch_and_a_missing_rank(cli, table, tmp_path):
     assert r.code == 1 and "missing [1]" in r.out
     r = cli("doctor", "--states", files[0])
     assert r.code == 2 and "--states needs the dataset" in r.err
+
+
+@pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"\xff\xfe"])
+def test_a_damaged_manifest_in_a_directory_is_a_data_error(cli, tmp_path, body):
+    # review finding: `warp order DIR` parsed DIR/manifest.json unguarded: exit 70 on bad JSON
+    (tmp_path / "manifest.json").write_bytes(body)
+    r = cli("order", tmp_path)
+    assert r.code == 65 and str(tmp_path / "manifest.json") in r.err and "hint:" in r.err, r.err
+    assert r.out == "" and "internal error" not in r.err
+
+
+def test_doctor_states_that_are_a_directory_or_not_states_are_typed_errors(cli, table, tmp_path):
+    # review finding: a list holding a non-JSON string exited 70; a directory said "cannot write";
+    # a number in the list was reported as "NoneType is not a warp resume state"
+    r = cli("doctor", "ws/o", "--states", tmp_path)
+    assert r.code == 66 and f"{tmp_path}: a directory, not a state file" in r.err and "cannot write" not in r.err
+    strings = tmp_path / "strings.json"
+    strings.write_text('["abc"]')
+    r = cli("doctor", "ws/o", "--states", strings)
+    assert r.code == 66 and f"{strings}: a state in the list is a string that is not JSON" in r.err, r.err
+    numbers = tmp_path / "numbers.json"
+    numbers.write_text("[1]")
+    r = cli("doctor", "ws/o", "--states", numbers)
+    assert r.code == 1 and "int is not a warp resume state" in r.out, r.out
+
+
+def test_a_negative_seed_for_a_shuffled_tbl_is_a_usage_error(cli, tmp_path):
+    # review finding: numpy's "expected non-negative integer" surfaced as an internal error (exit 70)
+    from warpdata.formats import tbl
+
+    p = tmp_path / "x.tbl"
+    with tbl.TblWriter(p, fsync=False) as w:
+        for i in range(3):
+            w.add(bytes([i]) * 8)
+    r = cli("order", str(p), "--shuffle", "--seed", "-1")
+    assert r.code == 2 and "--seed -1: a shuffled tbl loader takes a seed >= 0" in r.err, r.err
+    assert cli("order", str(p), "--seed", "-1").code == 0  # unshuffled, the seed is not used

@@ -51,7 +51,7 @@ def test_any_edit_of_the_envelope_is_detected(edit):
     with pytest.raises(ManifestCorruptedError, match="manifest was edited after publishing: its seal") as ei:
         Manifest.from_bytes(bad, source="store/manifests/x.json")
     assert ei.value.exit_code == ExitCode.DATA and "store/manifests/x.json" in ei.value.message
-    assert "republish" in ei.value.hint
+    assert "delete it (and latest.json" in ei.value.hint
 
 
 def test_seal_covers_any_envelope_key_generically():
@@ -94,3 +94,26 @@ def test_cli_reports_an_edited_envelope_in_the_store(cli, tmp_path):
     r = cli("info", "ws/sealed", "--store", store)
     assert r.code == 65, r.err
     assert "manifest was edited after publishing" in r.err and version in r.err
+
+
+def test_the_hint_of_an_edited_manifest_is_a_recovery_that_works(cli, tmp_path):
+    """Review finding: the hint said "republish the dataset", but publishing the same data again
+    answers "already published" and leaves the edited manifest in place (so does deleting only
+    the manifest while latest names its version); deleting both, as the hint now says, works."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "t.parquet")
+    store = tmp_path / "store"
+    again = ("publish", "ws/sealed", "--table", f"main={tmp_path / 't.parquet'}", "--store", store, "-q")
+    assert cli(*again).code == 0
+    [path] = store.rglob("versions/*.json")
+    path.write_bytes(_edit(path.read_bytes(), lambda d: d["metadata"].__setitem__("warp_version", "9.9")))
+    assert cli(*again).code == 0
+    r = cli("head", "ws/sealed", "--store", store)
+    assert r.code == 65 and "delete it (and latest.json beside versions/ if it names this version)" in r.err
+    path.unlink()  # what the hint says
+    (path.parent.parent / "latest.json").unlink()
+    assert cli(*again).code == 0
+    r = cli("head", "ws/sealed", "--store", store)
+    assert r.code == 0, r.err

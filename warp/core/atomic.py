@@ -280,6 +280,8 @@ def atomic_file(path: str | os.PathLike, *, fsync: bool = True, mode: int = 0o64
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename == tmp:  # the rename's error names the temporary file,
+            e.filename, e.filename2 = os.fspath(target), None  # which no longer exists: name the target
         name_write_error(e, target)
         raise
     if fsync:

@@ -431,10 +431,15 @@ def os_failure(err: OSError, where: str | None = None) -> WarpError:
     ``where`` names the path or stream (default: the error's own file names).
     """
     import errno as _errno
+    import os
+
+    from warpdata.core.atomic import TMP_PREFIX
 
     name = _errno.errorcode.get(err.errno or 0, "")
     if where is None:
         names = [str(f) for f in (err.filename, err.filename2) if f is not None]
+        if len(names) == 2 and os.path.basename(names[0]).startswith(TMP_PREFIX):
+            names = names[1:]  # a rename of a writer's temporary sibling: the user named only the target
         where = " -> ".join(names) if names else "a file (the operating system did not say which)"
     facts = {"errno": name or err.errno, "path": where, "os_message": err.strerror or str(err)}
     if name in _OS_FAILURES:

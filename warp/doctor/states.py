@@ -29,11 +29,18 @@ def load_states(files: Sequence[str | Path]) -> list[dict[str, Any]]:
         except FileNotFoundError:
             raise MissingInputError(f"{p}: no such state file",
                                     hint="save every rank's state_dict() as JSON, e.g. json.dump(state, f)") from None
+        except IsADirectoryError:  # a read: not the OS taxonomy's "cannot write"
+            raise MissingInputError(f"{p}: a directory, not a state file",
+                                    hint="pass each rank's state file: --states DIR/rank0.json ...") from None
         except ValueError as e:
             raise MissingInputError(f"{p}: not JSON ({e})",
                                     hint="save every rank's state_dict() as JSON (ResumeState.to_json())") from None
         for st in doc if isinstance(doc, list) else [doc]:
-            out.append(json.loads(st) if isinstance(st, str) else st)
+            try:
+                out.append(json.loads(st) if isinstance(st, str) else st)
+            except ValueError as e:
+                raise MissingInputError(f"{p}: a state in the list is a string that is not JSON ({e})",
+                                        hint="save every rank's state_dict() as JSON (ResumeState.to_json())") from None
     return out
 
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdata.core.errors import MissingInputError, UsageError
+from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 
 __all__ = ["ArtifactDiff", "DiffRequest", "DiffResult", "TableDiff", "diff", "diff_local", "diff_published"]
@@ -124,17 +124,24 @@ def diff(req: DiffRequest) -> DiffResult:
 
 # -- rows -------------------------------------------------------------------------------------
 
+def _hashable(v: Any) -> Any:
+    """A key value as a dict key: a list or struct value (unhashable) as its canonical JSON."""
+    return json.dumps(v, sort_keys=True, default=repr) if isinstance(v, (list, dict)) else v
+
+
 def _row_digests(table, key: str | None) -> tuple[dict[Any, str] | None, Counter]:
     """key -> row digest (with a key), or a multiset of row digests (without)."""
     rows = table.to_pylist()
     digests = [hashlib.sha256(json.dumps(r, sort_keys=True, default=repr).encode()).hexdigest() for r in rows]
     if key is None:
         return None, Counter(digests)
-    by_key = {r[key]: d for r, d in zip(rows, digests, strict=True)}
+    keys = [_hashable(r[key]) for r in rows]
+    by_key = dict(zip(keys, digests, strict=True))
     if len(by_key) != len(rows):
-        dup = next(k for k, n in Counter(r[key] for r in rows).items() if n > 1)
+        dup = next(k for k, n in Counter(keys).items() if n > 1)
         raise UsageError(f"column {key!r} does not identify rows: {dup!r} appears {len(rows) - len(by_key) + 1}+ times",
-                         hint="give a unique column with --key, or compare whole rows by naming none")
+                         hint=f"give a unique column with --key (without it the first of {', '.join(KEY_COLUMNS)} "
+                              "is used; rows are compared whole only when a table has none of them)")
     return by_key, Counter()
 
 
@@ -343,7 +350,6 @@ def _members(doc: dict[str, Any]) -> dict[str, str]:
 
 
 def diff_local(a: Path, b: Path, req: DiffRequest) -> DiffResult:
-    import pyarrow.parquet as pq
 
     da, db = _local(a), _local(b)
     if da["kind"] != db["kind"]:
@@ -365,7 +371,7 @@ def diff_local(a: Path, b: Path, req: DiffRequest) -> DiffResult:
     side = {TENSOR_WAREHOUSE: "samples.parquet", FEATURE_CACHE: "records.parquet"}.get(kind)
     if side and (a / side).is_file() and (b / side).is_file():
         drop = ["sample", "record", "shard_id", "shard", "shard_index"]  # positions, not content
-        ta, tb = pq.read_table(a / side), pq.read_table(b / side)
+        ta, tb = _side_table(a / side), _side_table(b / side)
         ta = ta.drop_columns([c for c in drop if c in ta.column_names])
         tb = tb.drop_columns([c for c in drop if c in tb.column_names])
         if kind == TENSOR_WAREHOUSE:  # a sample changes when its source file does
@@ -380,14 +386,25 @@ def diff_local(a: Path, b: Path, req: DiffRequest) -> DiffResult:
     return res
 
 
-def _with_source_hash(d: Path, t):
+def _side_table(path: Path, columns: list[str] | None = None):
+    """A local side table read whole; a damaged one is a DataError naming it, not a crash."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path, columns=columns)
+    except pa.ArrowException as e:
+        raise DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})",
+                        hint="rebuild the artifact with 'warp etl'", path=str(path)) from None
+
+
+def _with_source_hash(d: Path, t):
 
     src = d / "sources.parquet"
     if not src.is_file() or "key" not in t.column_names:
         return t
     import pyarrow as pa
 
-    s = pq.read_table(src, columns=["key", "sha256"])
+    s = _side_table(src, ["key", "sha256"])
     sha = dict(zip(s.column("key").to_pylist(), s.column("sha256").to_pylist(), strict=True))
     return t.append_column("source_sha256", pa.array([sha.get(k) for k in t.column("key").to_pylist()], pa.string()))

@@ -178,6 +178,16 @@ def _check_index(i: int, n: int, where: str) -> None:
 def _parquet_row(path: Path, column: str, value: Any, columns: list[str] | None = None) -> dict[str, Any] | None:
     """The first row of ``path`` whose ``column`` equals ``value``: the footer's statistics pick
     the row groups, so a sorted column costs one row group, not the file."""
+    import pyarrow as pa
+
+    try:
+        return _parquet_row_in(path, column, value, columns)
+    except pa.ArrowException as e:  # a truncated or overwritten side table: bad data, not a bug
+        raise DataError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0]})",
+                        hint="rebuild the artifact with 'warp etl'", path=str(path)) from None
+
+
+def _parquet_row_in(path: Path, column: str, value: Any, columns: list[str] | None) -> dict[str, Any] | None:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -548,6 +558,14 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
             raise UsageError(f"{name} table {tname} has no key column ({', '.join(KEY_COLUMNS)}) or bound column",
                              hint="give the row's index instead of a key")
         found = _find_row(st, t, kcol, sample)
+        q = m.tables.get("quarantine")
+        if found is None and q is not None and {"sample_id", "reason", "message"} <= set(q.columns):
+            # a published warehouse keeps its quarantine table: a rejected key answers with its
+            # reason, as it does on the local warehouse (docs/lineage.md, rule 4)
+            hit = _find_row(st, q, "sample_id", sample)
+            if hit is not None:
+                base.key = sample
+                return _quarantine_answer(base, hit[3])
         if found is None:
             raise MissingInputError(f"{name} table {tname}: no row with {kcol} = {sample!r}",
                                     hint=f"list keys with 'warp head {name} --table {tname} -n 20'")

@@ -342,9 +342,9 @@ def _as_mapping(state: Any) -> Mapping[str, Any]:
             raise ResumeMismatchError("a resume state is not JSON",
                                       hint="pass the states the loaders' state_dict() returned") from None
     if not isinstance(state, Mapping):
-        state = getattr(state, "__dict__", None)
+        given, state = state, getattr(state, "__dict__", None)
         if state is None:
-            raise ResumeMismatchError(f"{type(state).__name__} is not a warp resume state",
+            raise ResumeMismatchError(f"{type(given).__name__} is not a warp resume state",
                                       hint="pass the states the loaders' state_dict() returned")
     if "sampler" in state and isinstance(state["sampler"], Mapping):  # BigBatchLoader's state
         state = state["sampler"]

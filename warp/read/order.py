@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warpdata.core.errors import MissingInputError
+from warpdata.core.errors import MissingInputError, UsageError
 from warpdata.partition.digest import EpochOrder, content_of_manifest
 from warpdata.partition.split import mode_of
 
@@ -34,6 +34,9 @@ def epoch_order(target: str | os.PathLike, *, seed: int = 0, epoch: int = 0, dro
     else:
         kind, make = _published(str(target), table, version, store)
     shuffle = SHUFFLE[kind] if shuffle is None else bool(shuffle)
+    if shuffle and kind != "table" and int(seed) < 0:  # their loaders seed numpy, which takes no negative seed
+        raise UsageError(f"--seed {seed}: a shuffled {kind} loader takes a seed >= 0",
+                         hint="give the seed the loader was built with (0 or more)")
     content, sequence = make(seed, epoch, shuffle)
     return EpochOrder(kind, content, mode, int(seed), int(epoch), shuffle, sequence)
 
@@ -59,8 +62,7 @@ def _local(p: Path):
             finally:
                 loader.reader.close()
         return "tbl", make
-    import json
-
+    from warpdata.artifacts.manifests import read_manifest
     from warpdata.core.names import MANIFEST_NAME
 
     man = p / MANIFEST_NAME
@@ -68,7 +70,7 @@ def _local(p: Path):
         raise MissingInputError(f"{p}: not a .tbl file, and no {MANIFEST_NAME} in it",
                                 hint="pass a .tbl file, a warehouse or feature-cache version directory, "
                                      "or a published WS/NAME")
-    doc = json.loads(man.read_text())
+    doc = read_manifest(man)  # a damaged manifest is a DataError naming it, not a crash
     from warpdata.features.manifest import KIND as FEATURES
 
     if doc.get("kind") == FEATURES:

@@ -670,8 +670,12 @@ class Manifest:
                 raise ManifestCorruptedError(
                     f"{source}: the manifest was edited after publishing: its seal (metadata.{SEAL_KEY}, "
                     f"over the envelope and the rest) does not match (stored {md[SEAL_KEY]}, computed {sealed})",
-                    hint="the store copy was altered; republish the dataset (no blob is uploaded again), "
-                         "or run 'warp cache gc' if only the cached copy is bad",
+                    # publishing the same data again does not replace it: the stored manifest is
+                    # create-only, and a publish whose version latest names writes nothing
+                    # (docs/formats/registry.md "Seal")
+                    hint="the store copy was altered: restore it, or delete it (and latest.json beside "
+                         "versions/ if it names this version) and publish the same data again; "
+                         "run 'warp cache gc' if only the cached copy is bad",
                     stored=md[SEAL_KEY], computed=sealed)
         m = cls(
             dataset_id=doc["dataset_id"],

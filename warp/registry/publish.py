@@ -546,12 +546,17 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
     if req.description:
         metadata["description"] = req.description
     if req.card is not None:
-        from warpdata.lineage.card import CARD_MAX_BYTES
+        from warpdata.lineage.card import CARD_MAX_BYTES, merge
 
         if len(req.card.encode("utf-8")) > CARD_MAX_BYTES:
             raise UsageError(f"--card: the card is {len(req.card.encode('utf-8')):,} bytes, over the "
                              f"{CARD_MAX_BYTES:,} a manifest's envelope holds",
                              hint="shorten the card; large tables belong in the dataset, not its card")
+        try:  # a stored card is never rewritten: broken markers would fail every later 'warp card'
+            merge(req.card, {}, req.dataset_id)
+        except UsageError as e:
+            raise UsageError(f"--card: {e.message.removeprefix('card: ')}", hint="fix the card's markers before publishing: "
+                             "the card stored with a version cannot be edited later") from None
         metadata["card"] = req.card
     return Manifest(validate_dataset_id(req.dataset_id), tables=tables, artifacts=artifacts,
                     bindings=tuple(bindings), metadata=metadata)
