@@ -138,6 +138,12 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
             f"S3 credentials not found or rejected while trying to {action} {url}: {text}",
             hint="set AWS_PROFILE (or WARP_S3_PROFILE), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
                  "then run 'warp doctor --only store'")
+    if isinstance(exc, PermissionError) and exc.errno is not None:
+        # the local file system said no (a read-only store directory, say): the operating system's
+        # permission failure, exit 77 naming the path, not an S3 bucket policy
+        from warpdata.core.errors import os_failure
+
+        return os_failure(exc, exc.filename or url)  # type: ignore[return-value]
     if isinstance(exc, PermissionError) or code in ("AccessDenied", "AllAccessDisabled", "403"):
         verb = {"read": "GetObject", "write": "PutObject", "list": "ListBucket"}.get(action, action)
         return StorePermissionError(
