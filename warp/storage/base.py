@@ -11,6 +11,7 @@ dataset contract needs them (blobs, manifests): docs/formats/registry.md.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import os
@@ -27,7 +28,7 @@ from warpdata.storage.locations import (
 __all__ = ["ObjectStore", "open_object_store"]
 
 
-class ObjectStore:
+class ObjectStore(abc.ABC):
     """Objects by key over one fsspec filesystem rooted at ``root`` (each protocol overrides what it
     does better)."""
 
@@ -74,14 +75,18 @@ class ObjectStore:
             self.fs.rm_file(self.path(key))
 
     # each protocol: put_if_absent (create-only), put_file_if_absent, write_if (compare-and-swap)
+    @abc.abstractmethod
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        raise NotImplementedError
+        """Write ``data`` under ``key`` unless an object is there: True when this call created it."""
 
+    @abc.abstractmethod
     def put_file_if_absent(self, key: str, local: str) -> bool:
-        raise NotImplementedError
+        """:meth:`put_if_absent` of a local file's bytes, streamed."""
 
+    @abc.abstractmethod
     def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
-        raise NotImplementedError
+        """Compare-and-swap: write when the object's version token is still ``token`` (None: absent);
+        the new token, or None when another writer got there first."""
 
 
 
