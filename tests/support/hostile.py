@@ -15,7 +15,7 @@ hostile way, over plain TCP or, with ``tls=(certfile, keyfile)``, over TLS:
 ================= ===========================================================================
 
 ``requests`` counts the requests it read; ``sent`` the body bytes it managed to send.
-:func:`self_signed` makes a certificate for 127.0.0.1 with the ``openssl`` command.
+:func:`self_signed` makes a certificate for 127.0.0.1 (with ``cryptography``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import re
 import socket
 import socketserver
 import ssl
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -33,11 +32,29 @@ _RANGE = re.compile(rb"^range:\s*bytes=(\d+)-(\d+)\s*$", re.I | re.M)
 
 
 def self_signed(folder: Path) -> tuple[str, str]:
-    """(certfile, keyfile) of a fresh self-signed certificate for 127.0.0.1."""
+    """(certfile, keyfile) of a fresh self-signed certificate for 127.0.0.1, made with
+    ``cryptography`` (in the dev lock, through moto): no system ``openssl`` command needed."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     cert, key = folder / "host.pem", folder / "host.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
-                    str(cert)], check=True, capture_output=True)
+    pk = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    crt = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(pk.public_key())
+           .serial_number(x509.random_serial_number())
+           .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
+           .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                          critical=False)
+           .sign(pk, hashes.SHA256()))
+    key.write_bytes(pk.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                     serialization.NoEncryption()))
+    cert.write_bytes(crt.public_bytes(serialization.Encoding.PEM))
     return str(cert), str(key)
 
 
