@@ -21,6 +21,7 @@ artifact nor its quarantine; :class:`UsageError` for an index out of range.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import struct
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from typing import Any
 
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Lineage", "WhyRequest", "why"]
 
@@ -311,8 +314,8 @@ def _sealed(doc: dict[str, Any], d: Path | _Remote, before: list[int] | None) ->
         try:
             stamp.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(stamp, json.dumps(want).encode(), fsync=False)
-        except OSError:
-            pass  # a read-only cache only costs the recomputation next time
+        except OSError as e:  # a read-only or full cache only costs the recomputation next time
+            log.debug(f"{where}: seal stamp not kept in the cache: {e}")
     return doc
 
 
