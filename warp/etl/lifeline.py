@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 
+from warpdata.core.atomic import pid_alive
+
 PR_SET_PDEATHSIG = 1
 POLL_S = 1.0
 
@@ -56,23 +58,13 @@ def _watch(driver_pid: int) -> None:
     if fd is not None:
         select.select([fd], [], [])  # readable once the driver has exited
     else:
-        while _alive(driver_pid):
+        while pid_alive(driver_pid):
             time.sleep(POLL_S)
     parent = os.getppid()
     if parent != driver_pid and _is_fork_server(parent):
         with contextlib.suppress(OSError):
             os.kill(parent, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _is_fork_server(pid: int) -> bool:
