@@ -104,3 +104,23 @@ def test_warm_cat_and_stream_report_traffic(cli, s3, published, monkeypatch):
         assert json.loads(r.err.strip().splitlines()[-1])["requests"]["requests"] == proxy.requests
         r = cli("warm", "ws/demo", "-v")
         assert r.code == 0 and "requests: " in r.err and "received" in r.err
+
+
+def test_a_stream_closed_early_sends_nothing_after_close(s3, published, monkeypatch):
+    """Closing a stream after its first batch waits for the reads it had in flight (and cancels the
+    rest): the counts taken right after close are final, and the store sees nothing more."""
+    with FaultProxy(s3.endpoint, fail_every=2) as proxy:
+        _through(proxy, monkeypatch)
+        ds = warpdata.dataset("ws/demo", mode="remote")
+        t = ds.table("main")
+        for _ in range(3):
+            it = iter(t.batches(8, columns=["id", "label"]))
+            assert next(it).num_rows == 8
+            it.close()
+            st = ds.stats.to_dict()
+            sent = proxy.requests
+            assert st["requests"] == sent and st["retries"] == proxy.faults
+        import time
+
+        time.sleep(1.0)  # anything still running would reach the proxy now
+        assert proxy.requests == sent

@@ -665,10 +665,13 @@ class _RowGroupBatcher:
             return self._ready.pop(key)
 
     def close(self) -> None:
+        """Cancel the reads not started and wait for those in flight (each bounded by the request
+        policy's deadline, docs/formats/registry.md): a closed stream sends nothing more to the store, and
+        its request counts are final when close returns."""
         if self._pool is not None:
             for *_, fut in self._inflight:
                 fut.cancel()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
         self._inflight.clear()
         self._ready.clear()
 
@@ -708,7 +711,8 @@ class _ShardOpener:
             self._next += 1
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Cancel the footers not started; wait for those in flight (see _RowGroupBatcher.close)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _bisect_right(a: list[int], x: int) -> int:
