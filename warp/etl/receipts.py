@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,6 +45,9 @@ class Journal:
         # pipeline deletes their shards' objects too before rebuilding them (rule 2 of
         # docs/formats/receipts.md)
         self.damaged: set[str] = set()
+        # requests to the journal (docs/design.md §11 counts them): listings, receipts read, written
+        self.listings = self.reads = self.writes = 0
+        self._count_lock = threading.Lock()
         self.loc = parse_location(base).join(DIR)
         self.local = self.loc.protocol == "file"
         self.fs = None if self.local else filesystem(self.loc)
@@ -56,6 +60,8 @@ class Journal:
     def load(self, shard_id: str) -> dict[str, Any] | None:
         """The receipt of ``shard_id``, or None when there is none or it does not parse."""
         p = self.path(shard_id)
+        with self._count_lock:
+            self.reads += 1
         try:
             if self.local:
                 with open(p, "rb") as f:
@@ -78,6 +84,7 @@ class Journal:
 
     def load_all(self) -> dict[str, dict[str, Any]]:
         """Every parseable receipt, by shard id (one listing, then one read per receipt)."""
+        self.listings += 1
         try:
             if self.local:
                 names = [n for n in os.listdir(self.loc.path) if n.endswith(".json")]
@@ -123,6 +130,8 @@ class Journal:
                "sha256": sha256, "size_bytes": size_bytes, "result": result}
         data = canonical_json(doc)
         p = self.path(shard_id)
+        with self._count_lock:
+            self.writes += 1
         created = self._create(p, data)
         if not created and self.load(shard_id) is None:
             # a damaged receipt appeared since the listing (rule 2): it goes, this one is created

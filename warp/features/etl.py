@@ -336,6 +336,8 @@ def run(req: EtlRequest) -> EtlResult:
                                         "scan_s", "device", "caching_device", "executor", "shards_reused",
                                         "shards_built", "shards_repacked") if k in met},
     }
+    if res.status == "built" and "receipts" in met:  # what the driver did with the journal (warp/etl/driver.py)
+        summary["receipts"] = met["receipts"]
     if "upload" in met:  # an object-store output: what went up and what was there already
         summary["path"] = res.path
         summary["upload"] = met["upload"]

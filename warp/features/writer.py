@@ -63,13 +63,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from warpdata.artifacts.manifests import MANIFEST_NAME
-from warpdata.core import progress as _progress
 from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal
 from warpdata.core.errors import ConfigError, DataError
@@ -531,35 +530,49 @@ def task_sha256(task: PartTask) -> str:
     return identity([task.fingerprint, task.index, [[it.key, it.digest] for it in task.items], task.batches])
 
 
-def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None,
+def _reuse(task: PartTask, receipt: dict[str, Any],
            listed: tuple[dict[str, int], dict[str, int]] | None = None) -> PartResult | None:
-    """The receipted result of ``task`` when the receipt names this task and its file still verifies.
+    """The receipted result of ``task`` when the receipt names this task and its file still verifies
+    (the driver deletes a receipt that does not, with the part: warp/etl/driver.py).
 
     In the store (``listed``: the sizes listed under the version and under the build prefix) the
     part's object must be there with the receipted size: its SHA-256 goes into the manifest, and
     reading every part back would cost what building it did (docs/formats/receipts.md)."""
     from warpdata.core.canonical import sha256_file
 
-    if receipt is None:
+    if receipt["task_sha256"] != task_sha256(task):
         return None
-    try:
-        if receipt["task_sha256"] != task_sha256(task):
-            raise ValueError("receipt of another task")
-        res = PartResult(**receipt["result"])
-        if res.records and listed is not None:
-            sizes, name = (listed[1], PART_PATTERN) if res.failures else (listed[0], SHARD_PATTERN)
-            if sizes.get(name.format(task.index)) != res.bytes:
-                raise ValueError("part not in the store")
-        elif res.records and sha256_file(task.path) != res.sha256:
-            raise ValueError("part changed")
-    except (OSError, ValueError, TypeError, KeyError):
-        journal.forget(f"part-{task.index:05d}")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(task.path)
+    res = PartResult(**receipt["result"])
+    if res.records and listed is not None:
+        sizes, name = (listed[1], PART_PATTERN) if res.failures else (listed[0], SHARD_PATTERN)
+        if sizes.get(name.format(task.index)) != res.bytes:
+            return None
+    elif res.records and sha256_file(task.path) != res.sha256:
         return None
     res.reused = True
     res.batches = []
     return res
+
+
+def _drop_part(task: PartTask) -> None:
+    """Delete a part whose receipt did not verify (or was damaged), here and in the store: its
+    upload is create-only, so an object left there would be kept in place of the rebuilt bytes."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(task.path)
+    for url in (task.upload_shard, task.upload_part):
+        if url is not None:
+            from warpdata.storage.locations import filesystem, parse_location
+
+            loc = parse_location(url)
+            with contextlib.suppress(FileNotFoundError):
+                filesystem(loc).rm_file(loc.path)
+
+
+def _record(out: Any, task: PartTask, r: PartResult) -> None:
+    d = asdict(r)
+    for k in ("batches", "reused", "worker", "encoder_loads"):
+        d.pop(k)
+    out.add(f"part-{r.index:05d}", task_sha256(task), r.sha256, r.bytes, d)
 
 
 def _build_lock(build_dir: Path):
@@ -895,48 +908,28 @@ def _point_latest(url: str, vdir: str) -> None:
 
 
 def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resources: dict[str, float],
-               total: int, target: Any = None) -> tuple[list[PartResult], dict[str, Any]]:
-    """Reuse every receipted part, run the rest on ``ex``, receipt each as it finishes."""
-    import dataclasses
+               total: int, target: Any = None) -> tuple[list[PartResult], Any]:
+    """Reuse every receipted part, run the rest on ``ex``, receipt each as it finishes
+    (warp/etl/driver.py)."""
     import functools
 
-    from warpdata.etl.executors import open_runner
+    from warpdata.etl.driver import Plug, drive
 
-    results: dict[int, PartResult] = {}
-    todo = []
-    receipts = journal.load_all()
     listed = None
+    # what every worker of an existing cluster must reach (warp/etl/access.py): the build directory,
+    # or the store it uploads its parts to; the sources are the driver's (or its spool's) folders
+    access = [("output", target.url if target is not None else os.path.dirname(tasks[0].path))] if tasks else []
     if target is not None:
         from warpdata.etl import objectstore
 
         # what a killed run already uploaded: one listing of the version, one of the build prefix
         listed = (objectstore.list_sizes(target.version_url), objectstore.list_sizes(target.build_url))
-    for task in tasks:
-        r = _reuse(task, journal, receipts.get(f"part-{task.index:05d}"), listed)
-        if r is not None:
-            results[task.index] = r
-        else:
-            todo.append(task)
-    cluster: dict[str, Any] = {"executor": ex.text, "workers": workers}
-    by_index = {t.index: t for t in todo}
-    with _progress.progress("caching", total=total, unit="img") as bar:
-        bar.advance(sum(len(tasks[i].items) for i in results))
-        if todo:
-            ref = todo[0].encoder
-            init = functools.partial(preload_encoder, ref) if ref is not None else None
-            n = workers if ex.distributed else min(workers, len(todo))
-            with open_runner(ex, n, initializer=init, resources=resources or None) as runner:
-                cluster = runner.describe()
-                if ex.distributed:
-                    log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
-                for r in runner.imap_unordered(build_part, todo):
-                    d = dataclasses.asdict(r)
-                    for k in ("batches", "reused", "worker", "encoder_loads"):
-                        d.pop(k)
-                    journal.record(f"part-{r.index:05d}", task_sha256(by_index[r.index]), r.sha256, r.bytes, d)
-                    results[r.index] = r
-                    bar.advance(len(by_index[r.index].items))
-    return [results[i] for i in sorted(results)], cluster
+    ref = tasks[0].encoder if tasks else None
+    plug = Plug(receipt_id=lambda t: f"part-{t.index:05d}", reuse=lambda t, rec: _reuse(t, rec, listed),
+                drop=_drop_part, record=_record, index=lambda r: r.index, units=lambda r: len(tasks[r.index].items))
+    return drive(tasks, build_part, journal, plug, executor=ex, workers=workers, label="caching", unit="img",
+                 total=total, initializer=functools.partial(preload_encoder, ref) if ref is not None else None,
+                 resources=resources or None, access=access)
 
 
 def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], items: list[MediaItem],
@@ -962,7 +955,7 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         journal.remove()
     t0 = time.perf_counter()
     try:
-        results, cluster = _run_parts(tasks, ex, n_workers, journal, resources, len(items) - len(probed), target)
+        results, drove = _run_parts(tasks, ex, n_workers, journal, resources, len(items) - len(probed), target)
     except (DataError, ConfigError):
         shutil.rmtree(build_dir, ignore_errors=True)  # a deterministic failure: a rerun would meet it again
         if target is not None:
@@ -1061,7 +1054,8 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
             "write_s": round(sum(b["write_s"] for b in bt), 4),
             "device": device or "none",  # what caching_device resolved to ("auto": cuda if available)
             "caching_device": spec.caching_device if spec.encoder else None,
-            "cluster": cluster,
+            "cluster": drove.cluster,
+            "receipts": drove.as_dict(),
             "shards_reused": sum(r.reused for r in results),
             "shards_built": sum(not r.reused for r in results),
             "shards_repacked": len(shards) - first_late,

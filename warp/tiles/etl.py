@@ -330,7 +330,7 @@ def run(req: EtlRequest) -> EtlResult:
             raise ConfigError(f"--executor {executor.text}: the workers cannot read this process's stdin",
                               hint="write the input to a file the workers can read (a shared filesystem "
                                    "or s3://...), or use the local executor")
-        counts: dict[str, int] = {}
+        counts: dict[str, Any] = {}
         if inp.path == "-":
             # standard input cannot be read again: no journal, one streaming writer (nothing to resume)
             if loc.protocol != "file":
@@ -342,7 +342,7 @@ def run(req: EtlRequest) -> EtlResult:
             result = job.run(up_to_date)
             if result is None:  # another driver built it while this one waited for the lock
                 return _result(up_to_date.manifest, loc.path, "up-to-date", 0.0)
-            counts = job.counts
+            counts = {**job.counts, "receipts": job.receipts}
         seconds = time.perf_counter() - t0
     finally:
         inp.close()
@@ -553,6 +553,7 @@ class _Build:
         self.executor, self.workers, self.task_bytes, self.clear = executor, workers, task_bytes, clear
         self.key = identity({"recipe_key": recipe_key, "input": inp.fingerprint()})
         self.counts: dict[str, int] = {}
+        self.receipts: dict[str, int] = {}  # what the driver did with the journal (warp/etl/driver.py)
         self.recipe_key = recipe_key
         self.base = build_base(loc.protocol, loc.path, self.key, url)  # the build directory / journal prefix
 
@@ -668,22 +669,29 @@ class _Build:
             ranges = plan_ranges(w, self.task_bytes)
             root = w.root.url if not w.root.local else w.root.location.path
             tasks = self._tasks(ranges, root, w.plan.row_nbytes)
-            from warpdata.etl.driver import split_receipted
+            from warpdata.etl.driver import DriveReport, Plug, split_receipted
 
-            parts, todo = split_receipted(tasks, journal, lambda t: _sid(t.index),
-                                          lambda t, rec: self._reuse(w, journal, t, rec))
+            # a range's objects are written again in place by its rebuild (plain PUTs, not
+            # create-only): a receipt that does not verify is all there is to drop
+            plug = Plug(receipt_id=lambda t: _sid(t.index), reuse=lambda t, rec: self._reuse(w, t, rec),
+                        drop=lambda t: None, index=lambda p: int(p["index"]))
+            report = DriveReport()
+            parts, todo = split_receipted(tasks, journal, plug, report)
             self.counts = {"ranges": len(tasks), "ranges_reused": len(parts), "ranges_built": len(todo)}
 
-            def finished(part: dict) -> None:
-                i = int(part["index"])
-                part = {k: v for k, v in part.items() if k != "index"}
-                journal.record(_sid(i), tasks[i].sha256, range_sha256(part),
-                               sum(int(lv["stored_bytes"]) for lv in part["levels"]), part)
-                parts[i] = part
-                bar.advance(int(part["bytes"]))
-
             cluster: dict[str, Any] = {}
-            with _progress.progress(f"tiling {self.inp.name}", total=self.inp.expected, unit="B") as bar:
+            # receipts go to the journal in the background as ranges finish, every one written
+            # before the manifest (docs/formats/receipts.md), as the driver does for the other pipelines
+            with _progress.progress(f"tiling {self.inp.name}", total=self.inp.expected, unit="B") as bar, \
+                    journal.writer() as receipts_out:
+                def finished(part: dict) -> None:
+                    i = int(part["index"])
+                    part = {k: v for k, v in part.items() if k != "index"}
+                    receipts_out.add(_sid(i), tasks[i].sha256, range_sha256(part),
+                                     sum(int(lv["stored_bytes"]) for lv in part["levels"]), part)
+                    parts[i] = part
+                    bar.advance(int(part["bytes"]))
+
                 bar.advance(sum(int(p["bytes"]) for p in parts.values()))
                 if todo and self.executor.kind == "thread":
                     self._stream(w, root, todo, ranges, finished)
@@ -694,6 +702,10 @@ class _Build:
                         cluster = runner.describe()
                         for p in runner.imap_unordered(tile_range, todo):
                             finished(p)
+            report.built = len(todo)
+            report.receipts_listed, report.receipts_read = journal.listings, journal.reads
+            report.receipts_written = journal.writes
+            self.receipts = report.as_dict()
             if local:
                 _remove_temps(w.root.location.path)  # objects half-written by workers killed mid-task
             w.on_committed = journal.remove if local else self._drop_remote_journal
@@ -735,21 +747,17 @@ class _Build:
                                  sha256=identity({"build": self.key, "index": i, "rows": [a, b]})))
         return out
 
-    def _reuse(self, w, journal, task: RangeTask, receipt: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _reuse(self, w, task: RangeTask, receipt: dict[str, Any]) -> dict[str, Any] | None:
         """The receipted part of ``task`` if its receipt names this task and every object of the range
-        still hashes to the receipted slab digests; otherwise the receipt is dropped (the range is rebuilt)."""
-        if receipt is None:
-            return None
+        still hashes to the receipted slab digests; otherwise None (the driver drops the receipt and
+        the range is rebuilt: warp/etl/driver.py)."""
         try:
             part = receipt["result"]
             ok = (receipt["task_sha256"] == task.sha256 and part["rows"] == list(task.rows)
                   and range_sha256(part) == receipt["sha256"] and _objects_match(w, task.rows, part))
         except (KeyError, TypeError, ValueError, AttributeError):
             ok = False
-        if not ok:
-            journal.forget(_sid(task.index))
-            return None
-        return part
+        return part if ok else None
 
     def _stream(self, w, root: str, todo: list[RangeTask], ranges, finished) -> None:
         """The local executor: stream each run of consecutive missing ranges through one range writer

@@ -66,6 +66,7 @@ from warpdata.core.atomic import (
 from warpdata.core.canonical import canonical_json, identity, seal
 from warpdata.core.directio import BLOCK, AlignedFile
 from warpdata.core.errors import DataError
+from warpdata.etl.driver import DriveReport, Plug, drive
 from warpdata.etl.executors import (
     ExecutorSpec,
     close_started,
@@ -273,31 +274,26 @@ def _record(journal: Any, task: ShardTask, res: ShardResult) -> None:
                                                                    res.size_bytes, d)
 
 
-def _reuse_receipt(task: ShardTask, journal: Journal, receipt: dict[str, Any] | None,
+def _reuse_receipt(task: ShardTask, receipt: dict[str, Any],
                    store_sizes: dict[str, int] | None = None) -> ShardResult | None:
-    """The receipted result of ``task`` if its receipt names this task and its shard verifies.
+    """The receipted result of ``task`` if its receipt names this task and its shard verifies
+    (the driver deletes a receipt that does not, with the shard: warp/etl/driver.py).
 
     A shard on object storage verifies by its listed size (its SHA-256 is in
     the manifest, checked by ``warp inspect --verify``): reading every shard
     back would cost what building it did.
     """
-    if receipt is None:
-        if task.shard_id in journal.damaged:
-            _drop_shard(task)
-        return None
     try:
         if receipt["task_sha256"] != task_sha256(task):
-            raise ValueError("receipt of another task")
+            return None
         res = ShardResult(**receipt["result"])
         if task.upload is not None:
             if res.samples and (store_sizes or {}).get(res.file_name) != res.size_bytes:
-                raise ValueError("the shard's object is not the receipted one")
+                return None
         elif res.samples:
             with twh1.TWH1Shard(task.path) as sh:
                 sh.verify(res.sha256)
-    except (OSError, ValueError, TypeError, KeyError, DataError):
-        journal.forget(task.shard_id)
-        _drop_shard(task)
+    except DataError:
         return None
     res.reused = True
     res.timings = {}
@@ -802,11 +798,12 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         t = time.perf_counter()
         if cfg.durable:
             with ThreadPoolExecutor(1, thread_name_prefix="warp-fsync") as syncer:
-                results, cluster = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started,
-                                              store_sizes, _access(cfg, store))
+                results, drove = _run_tasks(tasks, executor, workers, len(kept), syncer, journal, started,
+                                            store_sizes, _access(cfg, store))
         else:
-            results, cluster = _run_tasks(tasks, executor, workers, len(kept), None, journal, started, store_sizes,
-                                          _access(cfg, store))
+            results, drove = _run_tasks(tasks, executor, workers, len(kept), None, journal, started, store_sizes,
+                                        _access(cfg, store))
+        cluster = drove.cluster
         workers = cluster.get("threads") or cluster.get("workers") or workers
         phases["build"] = time.perf_counter() - t
 
@@ -854,6 +851,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         metrics["created_at_ms"] = int(time.time() * 1000)
         metrics["executor"] = executor.text
         metrics["cluster"] = cluster
+        metrics["receipts"] = drove.as_dict()
         metrics["header_pass"] = sc.header_pass
         atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
         if store is not None:
@@ -941,36 +939,29 @@ def _fsync_files(paths: list[Path], workers: int) -> None:
 def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, total: int,
                syncer: Executor | None, journal: Journal,
                started: Future | None = None, store_sizes: dict[str, int] | None = None,
-               access: list[tuple[str, str]] = ()) -> tuple[list[ShardResult], dict[str, Any]]:
-    """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes."""
-    from warpdata.etl.driver import run_receipted, split_receipted
+               access: list[tuple[str, str]] = ()) -> tuple[list[ShardResult], DriveReport]:
+    """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes
+    (warp/etl/driver.py)."""
+    def fsync_built(task: ShardTask, r: ShardResult) -> None:
+        if r.samples and syncer is not None and task.upload is None:
+            syncer.submit(_fsync_path, task.path)
 
-    results, todo = split_receipted(tasks, journal, lambda t: t.shard_id,
-                                    lambda t, rec: _reuse_receipt(t, journal, rec, store_sizes))
-    cluster: dict[str, Any] = {"executor": executor.text, "workers": workers}
-    with _progress.progress("building shards", total=total, unit="img") as bar:
-        bar.advance(sum(r.samples + len(r.failures) for r in results.values()))
-        if todo:
-            n = workers if executor.distributed else min(workers, len(todo))
-            with open_runner(executor, n, initializer=_init_process_worker, started=started,
-                             preload=WORKER_PRELOAD, access=access) as runner:
-                cluster = runner.describe()
-                if executor.distributed:
-                    log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in cluster.items()))
-                # a bounded window keeps at most 2 tasks per worker in flight (memory); receipts go
-                # to the store in the background (every one is written before the manifest)
-                for task, r in run_receipted(runner, build_shard, todo, journal, _record, lambda r: r.index):
-                    if r.samples and syncer is not None and task.upload is None:
-                        syncer.submit(_fsync_path, task.path)
-                    results[r.index] = r
-                    bar.advance(r.samples + len(r.failures))
+    plug = Plug(receipt_id=lambda t: t.shard_id, reuse=lambda t, rec: _reuse_receipt(t, rec, store_sizes),
+                drop=_drop_shard, record=_record, index=lambda r: r.index,
+                units=lambda r: r.samples + len(r.failures))
+    # the runner keeps at most 2 tasks per worker in flight (memory); receipts go to the store in the
+    # background (every one is written before the manifest)
+    results, report = drive(tasks, build_shard, journal, plug, executor=executor, workers=workers,
+                            label="building shards", unit="img", total=total, on_result=fsync_built,
+                            initializer=_init_process_worker, started=started, preload=WORKER_PRELOAD,
+                            access=access)
     if tasks:
         # every task is done: temporary files left now are from workers killed mid-shard (their
         # tasks were rerun elsewhere) and must not reach the version
         for leftover in Path(tasks[0].path).parent.glob(f"{TMP_PREFIX}*"):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
-    return [results[i] for i in sorted(results)], cluster
+    return results, report
 
 
 def _metrics(results: list[ShardResult], phases: dict[str, float], workers: int, cfg: wconfig.WarehouseConfig,
@@ -1009,6 +1000,8 @@ def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any
         summary["shards_reused"] = metrics.get("shards_reused", 0)
         summary["shards_built"] = metrics.get("shards", 0) - metrics.get("shards_reused", 0)
         summary["executor"] = metrics.get("executor")
+        if "receipts" in metrics:
+            summary["receipts"] = metrics["receipts"]
     else:
         summary["shards_reused"], summary["shards_built"] = len(doc["shards"]), 0
     rows = [("version", doc["version"][:12] + "…"), ("samples", str(doc["num_samples"])),
