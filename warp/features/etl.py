@@ -32,37 +32,16 @@ from typing import Any
 from warpdata.core.config import ConfigSource, Field, non_negative, positive, validate
 from warpdata.core.errors import ConfigError, UsageError
 from warpdata.core.names import FEATURE_CACHE
+from warpdata.etl import buildconfig
 from warpdata.etl.pipelines import EtlRequest, EtlResult
-from warpdata.etl.quarantine import Thresholds
 from warpdata.features.transform import INTERPOLATIONS, target_size
 from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS
 
 MAX_REPEATS = 1_000_000  # the manifest schema's bound too (warp/features/manifest.schema.json)
 
 
-def _fraction(v: Any) -> str | None:
-    return None if 0 <= v <= 1 else "must be a fraction between 0 and 1"
-
-
 def _repeats(v: Any) -> str | None:
     return None if 1 <= v <= MAX_REPEATS else f"must be an integer from 1 to {MAX_REPEATS}"
-
-
-def _executor_check(v: Any) -> str | None:
-    from warpdata.etl.executors import check_spec
-
-    return check_spec(v)
-
-
-def _resources_check(v: Any) -> str | None:
-    ok = all(isinstance(k, str) and k and isinstance(n, (int, float)) and not isinstance(n, bool) and n > 0
-             for k, n in v.items())
-    return None if ok else "must be a table of resource names to positive amounts, e.g. { GPU = 1 }"
-
-
-def _threshold() -> dict[str, Field]:
-    return {"warn": Field((float, int), None, "fraction above which the build warns", check=_fraction),
-            "fail": Field((float, int), None, "fraction above which the build fails (exit 65)", check=_fraction)}
 
 
 DIRECTORY_SCHEMA: dict[str, Any] = {
@@ -103,11 +82,7 @@ SCHEMA: dict[str, Any] = {
                                    check=positive),
         "store_pixels": Field(bool, None, "keep the preprocessed pixels too (default: only without an encoder)"),
     },
-    "validation": {
-        "max_invalid_fraction": _threshold(),
-        "max_missing_fraction": _threshold(),
-        "max_empty_fraction": _threshold(),
-    },
+    "validation": buildconfig.threshold_schema(),
     "output": {
         "path": Field(str, help="cache directory (replaced when the fingerprint changes)"),
     },
@@ -116,17 +91,7 @@ SCHEMA: dict[str, Any] = {
                                                      "too-many-pixels, never decoded (the warehouse's [limits] "
                                                      "max_pixels)", check=positive),
     },
-    "build": {
-        "workers": Field(int, 0, "concurrent shard tasks; 0 = WARP_WORKERS or the CPU count", check=non_negative),
-        "executor": Field(str, "", "where shard tasks run: local (threads), process, dask, dask://HOST:PORT, "
-                                   "dask:SCHEDULER_FILE or ray; empty = WARP_EXECUTOR or local",
-                          check=_executor_check),
-        "decode_threads": Field(int, 0, "image decode threads per worker process (0: the worker count locally, "
-                                        "else the CPUs divided among the workers)", check=non_negative),
-        "resources": Field(dict, None, "abstract resources every shard task asks of a Dask/Ray cluster, e.g. "
-                                       "{ GPU = 1 } (default: { GPU = 1 } when caching_device is cuda)",
-                           check=_resources_check),
-    },
+    "build": buildconfig.build_schema(buildconfig.FEATURE_CACHE),
 }
 
 # Top-level names of the design's config that warp reads elsewhere (docs/features-config.md):
@@ -143,9 +108,6 @@ DESIGN_NAMES = {
     "path": "[source] path, or path inside a [[directory]] table",
 }
 
-_DEFAULT_THRESHOLDS = Thresholds()
-
-
 def check_config(data: dict[str, Any], source: ConfigSource) -> dict[str, Any]:
     """The validated config: :data:`SCHEMA` with defaults, each ``[[directory]]`` against its own schema."""
     for key in data:
@@ -153,6 +115,7 @@ def check_config(data: dict[str, Any], source: ConfigSource) -> dict[str, Any]:
             raise ConfigError(f"{source.where(key)}: unknown key '{key}'",
                               hint=f"warp reads it as {DESIGN_NAMES[key]} (docs/features-config.md)",
                               file=source.path, key=key)
+    buildconfig.check_build_keys(data, buildconfig.FEATURE_CACHE, source)
     cfg = validate(data, SCHEMA, source)
     dirs = []
     for i, d in enumerate(cfg["directory"]):
@@ -255,13 +218,7 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
         sources = [SourceDir(rel(d["path"]), d["num_repeats"], d["caption_prefix"]) for d in dirs]
         _overlap(sources, where)
     size = _size(cfg["transform"], where)
-    v = cfg["validation"]
-    thresholds = Thresholds.from_dict({
-        f"max_{m}": {"warn": v[f"max_{m}"]["warn"] if v[f"max_{m}"]["warn"] is not None else d.warn,
-                     "fail": v[f"max_{m}"]["fail"] if v[f"max_{m}"]["fail"] is not None else d.fail}
-        for m, d in (("invalid_fraction", _DEFAULT_THRESHOLDS.max_invalid_fraction),
-                     ("missing_fraction", _DEFAULT_THRESHOLDS.max_missing_fraction),
-                     ("empty_fraction", _DEFAULT_THRESHOLDS.max_empty_fraction))})
+    thresholds = buildconfig.thresholds(cfg["validation"], where)
     enc, cache = cfg["encoder"], cfg["cache"]
     return CacheSpec(source="" if sources else rel(source_path), output=rel(out_path), size=size,
                      caption_prefix=src["caption_prefix"], caption_ext=src["caption_ext"],

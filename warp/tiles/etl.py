@@ -51,6 +51,7 @@ from warpdata.core.errors import (
     UsageError,
 )
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
+from warpdata.etl import buildconfig
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.tiles.pyramid import METHODS
 
@@ -97,27 +98,13 @@ SCHEMA = {
         "fill_value": Field((int, float), default=0, help="value of padding in edge chunks"),
         "threads": Field(int, default=0, help="CPU compression threads (0 = WARP_WORKERS or all cores)"),
     },
-    "build": {
-        "workers": Field(int, default=0, check=lambda v: None if v >= 0 else "must be >= 0",
-                         help="range tasks at once on process/dask/ray (0 = WARP_WORKERS or all cores)"),
-        "executor": Field(str, default="", check=lambda v: _executor_check(v),
-                          help="where the work runs: local (this process's threads), process, dask, "
-                               "dask://HOST:PORT, dask:SCHEDULER_FILE or ray; empty = WARP_EXECUTOR or local"),
-        "task_mb": Field((int, float), default=64, check=lambda v: None if v > 0 else "must be > 0",
-                         help="input MB per range task on process/dask/ray (whole slabs of every level)"),
-    },
+    "build": buildconfig.build_schema(buildconfig.TILES),
     "multiscale": {
         "levels": Field(int, default=1, check=lambda v: None if 1 <= v <= 32 else "must be between 1 and 32",
                         help="pyramid levels (1 = full resolution only)"),
         "method": Field(str, default="median", choices=METHODS, help="2x downsampling filter"),
     },
 }
-
-
-def _executor_check(v: str) -> str | None:
-    from warpdata.etl.executors import check_spec
-
-    return check_spec(v)
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -271,6 +258,7 @@ def run(req: EtlRequest) -> EtlResult:
     from warpdata.kernels import resolve as resolve_backend
     from warpdata.storage.locations import parse_location
 
+    buildconfig.check_build_keys(req.config, buildconfig.TILES, req.source)
     cfg = validate(req.config, SCHEMA, req.source)
     where = req.source.where
     base = Path(req.config_path).resolve().parent
@@ -339,6 +327,7 @@ def run(req: EtlRequest) -> EtlResult:
         else:
             job = _Build(inp, loc, out_url, recipe_key, tiles["chunks"], kwargs, executor,
                          workers if executor.kind != "thread" else 1, int(build["task_mb"] * (1 << 20)), req.clear)
+            job.resources = None if build["resources"] is None else {k: float(n) for k, n in build["resources"].items()}
             result = job.run(up_to_date)
             if result is None:  # another driver built it while this one waited for the lock
                 return _result(up_to_date.manifest, loc.path, "up-to-date", 0.0)
@@ -554,6 +543,7 @@ class _Build:
         self.key = identity({"recipe_key": recipe_key, "input": inp.fingerprint()})
         self.counts: dict[str, int] = {}
         self.receipts: dict[str, int] = {}  # what the driver did with the journal (warp/etl/driver.py)
+        self.resources: dict[str, float] | None = None  # [build] resources: what each task asks of Dask/Ray
         self.recipe_key = recipe_key
         self.base = build_base(loc.protocol, loc.path, self.key, url)  # the build directory / journal prefix
 
@@ -698,7 +688,7 @@ class _Build:
                 elif todo:
                     n = self.workers if self.executor.distributed else min(self.workers, len(todo))
                     access = [("source", self.inp.path), ("output", self.url)]  # warp/etl/access.py
-                    with open_runner(self.executor, n, access=access) as runner:
+                    with open_runner(self.executor, n, access=access, resources=self.resources) as runner:
                         cluster = runner.describe()
                         for p in runner.imap_unordered(tile_range, todo):
                             finished(p)
@@ -868,6 +858,7 @@ def _result(manifest: dict, path: str, status: str, seconds: float) -> EtlResult
         "backend": manifest.get("backend"), "raw_bytes": raw, "stored_bytes": stored,
         "ratio": round(ratio, 4), "seconds": round(seconds, 3), "gb_per_s": round(gbps, 4) if gbps else None,
         "input_crc32c": manifest.get("input_crc32c"),
+        "fingerprint": buildconfig.fingerprint_of(manifest),  # the build identity (docs/design.md §11)
         "ome_zarr": manifest.get("ome_zarr"),
     }
     rows = [("shape", f"{manifest.get('shape')} {manifest.get('dtype')}"),

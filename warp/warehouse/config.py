@@ -9,6 +9,8 @@ dataset and its config can move together (and keep their version).
 Only the *cacheable* settings live here: everything in ``[source]``,
 ``[transform]`` and the validation tolerances enters the version key;
 ``[output]``, ``[build]`` (where and how fast) and ``[limits]`` do not.
+``[build]`` and the ``[validation]`` thresholds are the schemas every ``warp etl`` pipeline
+shares (``warpdata.etl.buildconfig``, docs/design.md §11).
 
 ``[limits]`` bounds what hostile or broken input can make warp allocate or
 read, so declared sizes never drive memory: ``max_image_mb`` (256; a larger
@@ -36,6 +38,7 @@ from typing import Any
 
 from warpdata.core.config import ConfigSource, Field, non_negative, positive, validate
 from warpdata.core.errors import ConfigError
+from warpdata.etl import buildconfig
 from warpdata.etl.objectstore import is_url
 from warpdata.etl.quarantine import Thresholds
 
@@ -46,30 +49,12 @@ OVERFLOW = ("truncate", "reject")
 INTERPOLATIONS = ("linear", "nearest", "area", "cubic")
 
 
-def _executor_check(v: Any) -> str | None:
-    # the one wording for every ETL's [build] executor
-    from warpdata.etl.executors import check_spec
-
-    return check_spec(v)
-
-
 def _size_check(v: Any) -> str | None:
     if isinstance(v, int):
         return None if 8 <= v <= 8192 else "must be between 8 and 8192"
     if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
         return None if all(8 <= x <= 8192 for x in v) else "must be between 8 and 8192"
     return "must be an integer or [width, height]"
-
-
-def _fraction(v: Any) -> str | None:
-    return None if 0 <= v <= 1 else "must be a fraction between 0 and 1"
-
-
-def _threshold(warn: float | None, fail: float | None, what: str) -> dict:
-    return {
-        "warn": Field(float, warn, f"warn when the {what} fraction of samples exceeds this", check=_fraction),
-        "fail": Field(float, fail, f"fail (exit 65) when the {what} fraction exceeds this", check=_fraction),
-    }
 
 
 SCHEMA: dict = {
@@ -100,9 +85,7 @@ SCHEMA: dict = {
                                check=non_negative),
         "min_box_size": Field(float, 0.0, "boxes narrower or lower than this (pixels) are degenerate",
                               check=non_negative),
-        "max_invalid_fraction": _threshold(0.0, 0.05, "invalid"),
-        "max_missing_fraction": _threshold(0.0, 0.05, "missing"),
-        "max_empty_fraction": _threshold(None, None, "empty"),
+        **buildconfig.threshold_schema(),
     },
     "output": {
         "root": Field(str, "warehouse", "warehouse root; versions go to <root>/vYYYYMMDD-<hash12>/"),
@@ -126,16 +109,7 @@ SCHEMA: dict = {
         "max_pixels": Field(int, 89_478_485, "images whose header declares more pixels are quarantined "
                             "(too-many-pixels), undecoded", check=positive),
     },
-    "build": {
-        "workers": Field(int, 0, "parallel shard builders; 0 = WARP_WORKERS or the CPU count",
-                         check=non_negative),
-        "executor": Field(str, "", "where shard tasks run: thread (decoders release the GIL), process, dask, "
-                          "dask://HOST:PORT, dask:SCHEDULER_FILE or ray; empty = WARP_EXECUTOR or thread",
-                          check=_executor_check),
-        "durable": Field(bool, True, "fsync every shard before the version appears (survives power loss); "
-                         "false leaves write-back to the OS: a killed process still never leaves a partial "
-                         "version, a power cut may"),
-    },
+    "build": buildconfig.build_schema(buildconfig.WAREHOUSE),
 }
 
 
@@ -184,6 +158,7 @@ class WarehouseConfig:
     workers: int
     executor: str
     durable: bool
+    resources: dict[str, float] | None = None  # [build] resources: what each task asks of a Dask/Ray cluster
     limits: Limits = Limits()
     # [source] path on object storage (s3://…): ``root`` is then its local mirror (warehouse/remote.py)
     remote_root: str | None = None
@@ -205,6 +180,7 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
          input_override: str | None = None, output_override: str | None = None,
          workers_override: int | None = None) -> WarehouseConfig:
     """Validate a parsed TOML document and resolve paths."""
+    buildconfig.check_build_keys(config, buildconfig.WAREHOUSE, source)
     v = validate(config, SCHEMA, source)
     s, t, val, o, b = v["source"], v["transform"], v["validation"], v["output"], v["build"]
     base = Path(config_path).resolve().parent
@@ -229,11 +205,7 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
     images = s["images"] or {"coco": "images", "yolo": "images", "jsonl": ""}[fmt]
     size = t["target_size"]
     w, h = (size, size) if isinstance(size, int) else (size[0], size[1])
-    try:
-        thresholds = Thresholds.from_dict({k: val[k] for k in
-                                           ("max_invalid_fraction", "max_missing_fraction", "max_empty_fraction")})
-    except ConfigError as e:
-        raise ConfigError(f"{source.where('validation')}: {e.message}", hint=e.hint, file=source.path) from None
+    thresholds = buildconfig.thresholds(val, source)
     lim = v["limits"]
     limits = Limits(max_image_bytes=int(lim["max_image_mb"] * 1e6), max_label_bytes=int(lim["max_label_mb"] * 1e6),
                     max_class_id=lim["max_class_id"], max_label_boxes=lim["max_label_boxes"],
@@ -248,6 +220,7 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         box_tolerance=float(val["box_tolerance"]), min_box_size=float(val["min_box_size"]),
         thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
         shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"], durable=b["durable"],
+        resources=None if b["resources"] is None else {k: float(n) for k, n in b["resources"].items()},
         limits=limits, remote_root=remote_root)
 
 

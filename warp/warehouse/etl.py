@@ -638,7 +638,7 @@ def _run_prestarted(req: EtlRequest, store: str | None = None) -> EtlResult:
     if executor.kind != "dask":  # Ray must be initialised from the main thread
         return _run(req, store=store)
     started = start_runner(executor, resolve_workers(req.workers, cfg.workers), initializer=_init_process_worker,
-                           preload=WORKER_PRELOAD, access=_access(cfg, store))
+                           preload=WORKER_PRELOAD, access=_access(cfg, store), resources=cfg.resources)
     try:
         return _run(req, started, store=store)
     finally:
@@ -992,7 +992,8 @@ def _metrics(results: list[ShardResult], phases: dict[str, float], workers: int,
 def _result(doc: dict[str, Any], path: Path, status: str, metrics: dict[str, Any], wall: float) -> EtlResult:
     agg = doc["summary"]["aggregate"]
     verdict = doc["summary"]["verdict"]
-    summary = {"version": doc["version"], "path": str(path), "samples": doc["num_samples"],
+    # "fingerprint" in every pipeline's --json (docs/design.md §11); "version" is the older name, kept
+    summary = {"fingerprint": doc["version"], "version": doc["version"], "path": str(path), "samples": doc["num_samples"],
                "shards": len(doc["shards"]), "counts": agg, "verdict": verdict["status"],
                "allowed_invalid": verdict["allowed"], "wall_s": round(wall, 4)}
     if metrics:
