@@ -58,6 +58,8 @@ def test_local_damaged_and_foreign_receipts_are_rebuilt(cli, dataset, tmp_path):
     (build / "shard-00002.twh1").write_bytes(JUNK)
     again = _etl(cli, cfg, "-j", "1")
     assert again["shards_reused"] == 0 and again["shards_built"] == first["shards"]
+    # one listing of the journal, each receipt read once, both dropped with their shards (warp/etl/driver.py)
+    assert {k: again["receipts"][k] for k in ("listed", "read", "dropped")} == {"listed": 1, "read": 2, "dropped": 2}
     assert _files(Path(again["path"])) == reference
 
 
@@ -79,6 +81,7 @@ def test_s3_damaged_and_foreign_receipts_are_deleted_with_their_objects(cli, dat
     s3.client.put_object(Bucket=s3.bucket, Key=f"wh/{vdir}/shard-00002.twh1", Body=JUNK)
     again = _etl(cli, cfg, "--output", s3.url("wh"), "-j", "1")
     assert again["path"] == first["path"] and again["shards_reused"] == 0
+    assert {k: again["receipts"][k] for k in ("listed", "read", "dropped")} == {"listed": 1, "read": 2, "dropped": 2}
     got = {k: s3.client.get_object(Bucket=s3.bucket, Key=f"wh/{vdir}/{k}")["Body"].read() for k in reference}
     assert got == reference
     assert s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=journal).get("KeyCount") == 0

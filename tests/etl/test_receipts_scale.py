@@ -5,6 +5,7 @@ the journal, then the receipts read concurrently: one GET each, never a listing 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from warpdata.etl.receipts import RECEIPT_CONCURRENCY, Journal
@@ -71,3 +72,55 @@ def test_a_worker_without_the_drivers_staging_directory_uploads_its_shard(s3, tm
     assert res.sha256 == local.sha256 and len(got) == res.size_bytes
     assert got == Path(here.path).read_bytes()  # the bytes of the build on the driver's machine
     assert not (tmp_path / "not-on-this-machine").exists()
+
+
+def _tiles_config(d: Path, out: str) -> Path:
+    import numpy as np
+
+    np.arange(64 * 24, dtype="<u2").tofile(d / "in.raw")
+    p = d / "tiles.toml"
+    p.write_text(f'[source]\nformat = "raw"\npath = "in.raw"\nshape = [64, 24]\ndtype = "u16"\n'
+                 f'[output]\npath = "{out}"\n[tiles]\nchunks = [4, 8]\nshards = "none"\n'
+                 f'[build]\ntask_mb = 0.0005\n')
+    return p
+
+
+def _pipeline_config(pipeline: str, tmp_path: Path, out: str) -> Path:
+    from support.featurecache import write_config
+    from support.warehouses import coco_config
+    from warpdata.sampledata import captions
+    from warpdata.sampledata.detection import generate
+
+    d = tmp_path / pipeline
+    if pipeline == "warehouse":
+        generate(d, count=12, seed=4, min_side=48, max_side=80)
+        return coco_config(d, out)
+    if pipeline == "feature cache":
+        captions.generate(d / "a", count=12, seed=1)
+        captions.generate(d / "b", count=10, seed=2)
+        return write_config(d, out)
+    d.mkdir()
+    return _tiles_config(d, out)
+
+
+@pytest.mark.parametrize(("pipeline", "executor"), [("warehouse", "local"), ("feature cache", "local"),
+                                                    ("tiles", "local"), ("tiles", "process")])
+def test_every_pipeline_writes_one_receipt_per_task_and_lists_the_journal_once(
+        cli, s3, tmp_path, monkeypatch, pipeline, executor):
+    """The same driver for the three (warp/etl/driver.py): one create-only PUT per task, handed to the
+    background writer, one listing of the journal, and the counts in the run's report."""
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = _pipeline_config(pipeline, tmp_path, s3.url("out"))
+    s3.reset_counts()
+    r = cli("etl", "--config", cfg, "--json", "--executor", executor, "-j", "2")
+    assert r.code == 0, r.err
+    rep = r.json()["receipts"]
+    assert rep["tasks"] >= 3 and rep["built"] == rep["written"] == rep["tasks"], rep
+    assert (rep["listed"], rep["read"], rep["reused"], rep["dropped"]) == (1, 0, 0, 0)
+    puts = [q for q in s3.requests("PUT") if "/receipts/" in q["key"]]
+    assert len(puts) == rep["written"]
+    listings = [unquote(q["query"]) for q in s3.requests("GET")
+                if "list-type" in q["query"] and "receipts" in unquote(q["query"])]
+    # one listing to find what is receipted; the journal's removal after the manifest may list once more
+    assert len([q for q in listings if "delimiter=/" in q]) == 1, listings
+    assert len(listings) <= 2, listings
