@@ -10,7 +10,10 @@
   holding its content hash (docs/formats/receipts.md), then the manifest,
   then the rename that makes the version visible.
 
-Worker counts are parsed in one place (:mod:`.workers`).
+The steps around the tasks (reuse what is receipted, delete what is not, run the rest, receipt
+in the background, report) are written once, in :mod:`.driver`, for every pipeline; the
+``[build]`` section and the thresholds have one schema (:mod:`.buildconfig`). Worker counts are
+parsed in one place (:mod:`.workers`).
 """
 
 from __future__ import annotations
