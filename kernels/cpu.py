@@ -199,7 +199,8 @@ class CpuBackend(TileBackend):
     def set_groups(self, groups) -> None:
         """Order the tasks object by object (in file order), so each object's chunks are done, and
         can be written, while the rest of the slab is still compressing: only the last object's
-        SHA-256 and write are left after the slab's last chunk (docs/formats/zarr-tiles.md)."""
+        SHA-256 and write are left after the slab's last chunk (BENCHMARKS.md, "Tiles: where the
+        CPU writer's time goes")."""
         groups = [[int(t) for t in g] for g in groups]
         if sorted(t for g in groups for t in g) != list(range(self.plan.tiles_per_slab)):
             raise InternalError(f"groups {groups} do not cover the slab's {self.plan.tiles_per_slab} tiles once each")

@@ -18,8 +18,10 @@ one while a collector thread has the backend compress the other; frames are
 assembled into shards (or unsharded chunk objects) as soon as a slab is done
 — a slab completes a whole row of shards because the shard extent of
 dimension 0 equals the tile's — and written by a small I/O pool, atomically
-per object (one ``writev`` of the frames, no join). Frames may be views into
-the backend's reused output arenas: the slab's ticket is ``release``d once
+per object (one ``writev`` of the frames, no join); a backend that signals each
+object's chunks (``on_group_ready``: the CPU backend compresses a slab shard
+after shard) has each shard hashed and written while the rest of its slab
+compresses. Frames may be views into the backend's reused output arenas: the slab's ticket is ``release``d once
 its objects are written. Durable writes fsync each object once and each
 directory once, just before ``zarr.json``. With ``levels > 1`` each finished slab is also downsampled
 (``pyramid.py``) into the next level's writer, and the output is an
@@ -279,8 +281,9 @@ class TileWriter(CommitOnSuccess):
         self._io_pending: deque[tuple[list[Future], Any]] = deque()
         self._shard_setup()
         # the backend finishes a slab's shards one after another and signals each, so a shard's
-        # SHA-256 and write overlap the rest of the slab's compression (issue 28's tail): only
-        # the last shard's are left once the stream's last chunk is compressed
+        # SHA-256 and write overlap the rest of the slab's compression: only the last shard's are
+        # left once the stream's last chunk is compressed (BENCHMARKS.md, "Tiles: where the CPU
+        # writer's time goes")
         self._early = self.shards is not None and len(self._tiles_per_obj) > 1
         if self._early:
             self.backend.set_groups([[m for m in members if m is not None] for members in self._tiles_per_obj])
