@@ -205,24 +205,26 @@ class ThreadRoles:
         self._base = self._snap()
         self._last: dict[int, float] = {}
         self._names: dict[int, str] = {}
-        self._me = None
         self._thread = threading.Thread(target=self._poll, name="bench-roles", daemon=True)
         self._thread.start()
         return self
 
+    def _sample(self) -> None:
+        for th in threading.enumerate():
+            if th.native_id is not None:
+                self._names[th.native_id] = th.name.rsplit("_", 1)[0]
+        self._last.update(self._snap())
+
     def _poll(self) -> None:
         while True:
-            for th in threading.enumerate():
-                if th.native_id is not None:
-                    self._names[th.native_id] = th.name.rsplit("_", 1)[0]
-            self._last.update(self._snap())
+            self._sample()
             if self._stop.wait(0.02):
                 break
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self._last.update(self._snap())
+        self._sample()
         for tid, t in self._last.items():
             role = self._names.get(tid, "other")
             if role == "bench-roles":
