@@ -21,7 +21,9 @@ caller fills; ``submit(slab, rows)`` starts compressing a filled buffer and
 returns at once; ``ready(ticket)`` polls; ``collect(ticket)`` waits and
 returns the tiles' chunk payloads (bytes-like; possibly views into
 backend-owned output buffers, valid until ``release(ticket)``, which the
-caller invokes once it has written them). A payload is one plain zstd frame,
+caller invokes once it has written them). Optionally (``set_groups``,
+``on_group_ready``, ``group_frames``) a backend hands each stored object's
+chunks over as soon as they are compressed, before the rest of the slab. A payload is one plain zstd frame,
 followed — when the backend's ``checksum`` is on, the default — by the
 Zarr ``crc32c`` codec's 4 bytes: the CRC-32C of the frame, little-endian
 (docs/formats/zarr-tiles.md, "chunk payload"). A buffer passed to ``submit`` is not touched by the
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError, DependencyError
+from warpdata.core.errors import ConfigError, DependencyError, InternalError
 from warpdata.core.registry import load
 
 
@@ -100,6 +102,23 @@ class TileBackend(abc.ABC):
         """Arrange for ``callback()`` (from any thread) once ``ready(ticket)`` is True, so the
         caller can sleep instead of polling. False: not supported, the caller polls."""
         return False
+
+    def set_groups(self, groups) -> None:  # noqa: B027 - optional hook, default: ignored
+        """After ``prepare``: the tiles of each stored object, in file order (a list of lists of tile
+        numbers). A backend that can uses it to finish objects one after another, so that
+        :meth:`on_group_ready` can hand each object over before its slab is done."""
+
+    def on_group_ready(self, ticket, callback) -> bool:
+        """Arrange for ``callback(g)`` (from any thread) once every tile of group ``g`` of
+        :meth:`set_groups` is compressed, each group once; then :meth:`group_frames` returns its
+        frames. A group whose compression failed is never signalled (``collect`` raises). False:
+        not supported, the caller waits for the whole ticket."""
+        return False
+
+    def group_frames(self, ticket, tiles) -> list:
+        """The chunk payloads of ``tiles`` once their group is signalled (valid until ``release``)."""
+        raise InternalError(f"tile backend {self.name} does not signal groups (on_group_ready() returned False)",
+                            hint="report this with the array's shape and options")
 
     def release(self, ticket) -> None:  # noqa: B027 - optional hook
         """The caller is done with the frames ``collect(ticket)`` returned (they may be views

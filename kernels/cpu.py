@@ -24,6 +24,11 @@ CRC-32C (the Zarr ``crc32c`` codec, docs/formats/zarr-tiles.md), computed by
 the same worker right after compressing, while the frame is still in cache
 (libcrc32c through ctypes, no GIL: ``warpdata.formats.crc``).
 
+A slab's tasks run object by object when the writer names its objects'
+tiles (``set_groups``): each object is signalled (``on_group_ready``) as soon
+as its chunks are compressed, so its SHA-256 and write overlap the rest of the
+slab's compression instead of trailing the last slab.
+
 Without cffi the backend falls back to ``compress()`` (bytes per chunk).
 numpy copies and zstd both release the GIL, so throughput scales with
 threads; zstd is ~88 % of the CPU time (docs/design.md §5). Slab buffers are
@@ -131,11 +136,13 @@ class _Arena:
 
 
 class _Ticket:
-    __slots__ = ("arena", "futures")
+    __slots__ = ("arena", "futures", "layout")
 
-    def __init__(self, futures: list[Future], arena: _Arena | None) -> None:
+    def __init__(self, futures: list[Future], arena: _Arena | None, layout: tuple) -> None:
         self.futures = futures
         self.arena = arena
+        # (tiles of each future, group of each future, futures per group), as when it was submitted
+        self.layout = layout
 
 
 class CpuBackend(TileBackend):
@@ -177,10 +184,27 @@ class CpuBackend(TileBackend):
         self._row_dtype = np.dtype((np.void, row_bytes)) if g.tile[-1] > 1 and row_bytes < 2048 else None
         # enough tasks per slab that no thread idles long at the stream's tail (a task of
         # 64^3 u16 tiles is ~13 ms of zstd here at 16 tasks per thread)
-        per = max(1, -(-n // (self.threads * 16)))
-        self._tasks = [(i, min(i + per, n)) for i in range(0, n, per)]
+        self._per = max(1, -(-n // (self.threads * 16)))
+        self._set_tasks([list(range(n))])
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="warp-tiles-cpu")
+
+    def _set_tasks(self, groups: list[list[int]]) -> None:
+        """Tasks of at most ``_per`` tiles, group after group (a task never spans two groups)."""
+        per = self._per
+        self._tasks = [g[i:i + per] for g in groups for i in range(0, len(g), per)]
+        self._layout = (self._tasks, [gi for gi, g in enumerate(groups) for _ in range(0, len(g), per)],
+                        [-(-len(g) // per) for g in groups])
+
+    def set_groups(self, groups) -> None:
+        """Order the tasks object by object (in file order), so each object's chunks are done, and
+        can be written, while the rest of the slab is still compressing: only the last object's
+        SHA-256 and write are left after the slab's last chunk (BENCHMARKS.md, "Tiles: where the
+        CPU writer's time goes")."""
+        groups = [[int(t) for t in g] for g in groups]
+        if sorted(t for g in groups for t in g) != list(range(self.plan.tiles_per_slab)):
+            raise InternalError(f"groups {groups} do not cover the slab's {self.plan.tiles_per_slab} tiles once each")
+        self._set_tasks(groups)
 
     def alloc_slab(self) -> np.ndarray:
         flat = take_buffer(self.plan.slab_nbytes)
@@ -245,7 +269,7 @@ class CpuBackend(TileBackend):
             return buf
         return gather_tile(src, self._index[t], self._tile, self.plan.fill, buf)
 
-    def _compress_direct(self, src: np.ndarray, arena: _Arena, start: int, stop: int) -> None:
+    def _compress_direct(self, src: np.ndarray, arena: _Arena, tiles: list[int]) -> None:
         buf, bufptr = self._tile_buffer()
         cctx = self._cctx()
         ffi, lib = _zc.ffi, _zc.lib
@@ -256,7 +280,7 @@ class CpuBackend(TileBackend):
         # numpy view, its ctypes pointer and a bytes round trip per chunk were ~5 % of the
         # writer's samples (BENCHMARKS.md, "Where the tile writer's time goes")
         crc_at = crc32c.native_extend() if self.checksum else None
-        for t in range(start, stop):
+        for t in tiles:
             tile = self._tile_source(src, t, buf, full_rows)
             ptr = bufptr if tile is buf else ffi.from_buffer(tile)
             n = lib.ZSTD_compress2(cctx, arena.ptr + t * slot, bound, ptr, nbytes)  # GIL released by cffi
@@ -269,19 +293,21 @@ class CpuBackend(TileBackend):
                 n += CRC_SIZE
             sizes[t] = n
 
-    def _compress_bytes(self, src: np.ndarray, start: int, stop: int) -> list[bytes]:
+    def _compress_bytes(self, src: np.ndarray, tiles: list[int]) -> list[bytes]:
         buf, _ = self._tile_buffer()
         comp = self._compressor()
         full_rows = src.shape[0] == self._tile[0]
-        frames = [comp.compress(self._tile_source(src, t, buf, full_rows)) for t in range(start, stop)]
+        frames = [comp.compress(self._tile_source(src, t, buf, full_rows)) for t in tiles]
         return [f + chunk_crc(f) for f in frames] if self.checksum else frames
 
     def submit(self, slab: np.ndarray, rows: int) -> _Ticket:
         src = slab[:rows]
         if not self.direct:
-            return _Ticket([self._pool.submit(self._compress_bytes, src, a, b) for a, b in self._tasks], None)
+            return _Ticket([self._pool.submit(self._compress_bytes, src, ts) for ts in self._tasks], None,
+                           self._layout)
         arena = self._take_arena()
-        return _Ticket([self._pool.submit(self._compress_direct, src, arena, a, b) for a, b in self._tasks], arena)
+        return _Ticket([self._pool.submit(self._compress_direct, src, arena, ts) for ts in self._tasks], arena,
+                       self._layout)
 
     def ready(self, ticket: _Ticket) -> bool:
         return all(f.done() for f in ticket.futures)
@@ -303,12 +329,41 @@ class CpuBackend(TileBackend):
             f.add_done_callback(one_done)  # runs at once if f is already done
         return True
 
+    def on_group_ready(self, ticket: _Ticket, callback) -> bool:
+        if ticket.arena is None:
+            return False  # the compress() fallback hands frames over per slab only
+        lock = threading.Lock()
+        _, groups, per_group = ticket.layout
+        left = list(per_group)
+
+        def make(gi: int):
+            def one_done(f: Future) -> None:
+                if f.cancelled() or f.exception() is not None:
+                    return  # collect() raises it; the group is never signalled
+                with lock:
+                    left[gi] -= 1
+                    last = left[gi] == 0
+                if last:
+                    callback(gi)
+            return one_done
+
+        for f, gi in zip(ticket.futures, groups, strict=True):
+            f.add_done_callback(make(gi))  # runs at once if f is already done
+        return True
+
+    def group_frames(self, ticket: _Ticket, tiles) -> list:
+        """Frames of ``tiles`` (memoryviews into the arena) once their group was signalled."""
+        a = ticket.arena
+        mv, s, sizes = memoryview(a.buf), a.slot, a.sizes
+        return [mv[t * s: t * s + sizes[t]] for t in tiles]
+
     def collect(self, ticket: _Ticket) -> list:
         """The slab's frames in tile order: memoryviews valid until :meth:`release` (bytes without cffi)."""
         if ticket.arena is None:
-            frames: list = []
-            for f in ticket.futures:
-                frames.extend(f.result())
+            frames: list = [None] * self.plan.tiles_per_slab
+            for f, tiles in zip(ticket.futures, ticket.layout[0], strict=True):
+                for t, frame in zip(tiles, f.result(), strict=True):
+                    frames[t] = frame
             return frames
         for f in ticket.futures:
             f.result()

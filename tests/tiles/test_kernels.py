@@ -196,6 +196,66 @@ class TestCpuBackend(BackendConformance):
         b.release(t3)
         b.close()
 
+    def test_groups_finish_one_after_another_and_are_signalled_before_the_slab(self):
+        """set_groups orders the tasks object by object: with one thread, every group but the last
+        is signalled while the slab is still compressing, and its frames are the slab's own."""
+        import threading
+
+        from warpdata.kernels.cpu import CpuBackend
+
+        a = (np.random.default_rng(7).random((4, 64, 64)) * 3000).astype(np.uint16)
+        geo = TileGeometry.create(a.shape, (4, 8, 8), a.dtype)
+        plan = SlabPlan(geo.elided(), 0)
+        b = CpuBackend(threads=1)
+        b.prepare(plan)
+        # two interleaved groups (even and odd tiles), as shards are in the tile grid's C order
+        groups = [list(range(0, 64, 2)), list(range(1, 64, 2))]
+        b.set_groups(groups)
+        assert b._tasks[0][0] == 0 and all(t % 2 == 0 for ts in b._tasks[:len(b._tasks) // 2] for t in ts)
+        slab = b.alloc_slab()
+        slab[...] = a
+        gate = threading.Event()
+        b._pool.submit(gate.wait)  # the one worker waits: every callback is registered before any task runs
+        ticket = b.submit(slab, 4)
+        seen: list[tuple[int, bool, list[bytes]]] = []
+        assert b.on_group_ready(ticket, lambda g: seen.append((g, b.ready(ticket),
+                                                                [bytes(f) for f in b.group_frames(ticket, groups[g])])))
+        gate.set()
+        frames = [bytes(f) for f in b.collect(ticket)]
+        assert [(g, ready) for g, ready, _ in seen] == [(0, False), (1, True)]
+        for g, _, got in seen:
+            assert got == [frames[t] for t in groups[g]]
+        c = zstandard.ZstdCompressor(level=1, write_checksum=False)
+        assert [_frame(f) for f in frames] == [c.compress(w) for w in _slab_tiles(a, plan, 0, 0)]
+        b.release(ticket)
+        b.close()
+
+    def test_groups_must_cover_the_slab_once(self):
+        from warpdata.core.errors import InternalError
+        from warpdata.kernels.cpu import CpuBackend
+
+        b = CpuBackend(threads=1)
+        b.prepare(SlabPlan(TileGeometry.create((4, 16, 16), (4, 8, 8), "u8").elided(), 0))
+        with pytest.raises(InternalError, match="do not cover"):
+            b.set_groups([[0, 1], [1, 2, 3]])
+        b.close()
+
+    def test_the_bytes_fallback_does_not_signal_groups(self):
+        from warpdata.kernels.cpu import CpuBackend
+
+        b = CpuBackend(threads=1, direct=False)
+        plan = SlabPlan(TileGeometry.create((4, 16, 16), (4, 8, 8), "u8").elided(), 0)
+        b.prepare(plan)
+        b.set_groups([[0, 3], [1, 2]])
+        slab = b.alloc_slab()
+        slab[...] = 3
+        ticket = b.submit(slab, 4)
+        assert b.on_group_ready(ticket, lambda g: None) is False
+        frames = b.collect(ticket)  # in tile order although the tasks ran 0, 3, 1, 2
+        c = zstandard.ZstdCompressor(level=1, write_checksum=False)
+        assert [_frame(f) for f in frames] == [c.compress(w) for w in _slab_tiles(slab, plan, 0, 0)]
+        b.close()
+
 
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_mod.GpuBackend.probe() is not None,

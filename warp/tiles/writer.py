@@ -18,8 +18,10 @@ one while a collector thread has the backend compress the other; frames are
 assembled into shards (or unsharded chunk objects) as soon as a slab is done
 — a slab completes a whole row of shards because the shard extent of
 dimension 0 equals the tile's — and written by a small I/O pool, atomically
-per object (one ``writev`` of the frames, no join). Frames may be views into
-the backend's reused output arenas: the slab's ticket is ``release``d once
+per object (one ``writev`` of the frames, no join); a backend that signals each
+object's chunks (``on_group_ready``: the CPU backend compresses a slab shard
+after shard) has each shard hashed and written while the rest of its slab
+compresses. Frames may be views into the backend's reused output arenas: the slab's ticket is ``release``d once
 its objects are written. Durable writes fsync each object once and each
 directory once, just before ``zarr.json``. With ``levels > 1`` each finished slab is also downsampled
 (``pyramid.py``) into the next level's writer, and the output is an
@@ -126,6 +128,7 @@ class WriteResult:
 
 _STOP = object()
 _WAKE = object()  # a ticket became ready (the collector re-checks)
+_OBJECT = object()  # (_OBJECT, slab, object, ticket): one object's chunks are compressed (on_group_ready)
 
 
 class TileWriter(CommitOnSuccess):
@@ -250,6 +253,9 @@ class TileWriter(CommitOnSuccess):
         self._slab_crc: dict[int, int] = {}
         self._slab_counts: dict[int, tuple[int, int, int]] = {}  # stored bytes, objects, chunks
         self._slab_objs: dict[int, list[str | None]] = {}
+        # objects handed to the I/O pool, per slab not yet finished (collector thread only):
+        # [object numbers sent, their futures, stored bytes, chunks]
+        self._slab_sent: dict[int, list] = {}
         self._slab_digest: dict[int, str] = {}  # set once every object of the slab is written
         self.stored_bytes = 0
         self.objects = 0
@@ -274,6 +280,13 @@ class TileWriter(CommitOnSuccess):
         self._io = ThreadPoolExecutor(2, thread_name_prefix="warp-tiles-io")
         self._io_pending: deque[tuple[list[Future], Any]] = deque()
         self._shard_setup()
+        # the backend finishes a slab's shards one after another and signals each, so a shard's
+        # SHA-256 and write overlap the rest of the slab's compression: only the last shard's are
+        # left once the stream's last chunk is compressed (BENCHMARKS.md, "Tiles: where the CPU
+        # writer's time goes")
+        self._early = self.shards is not None and len(self._tiles_per_obj) > 1
+        if self._early:
+            self.backend.set_groups([[m for m in members if m is not None] for members in self._tiles_per_obj])
         if self.levels - _level_index > 1 and levels > 1:
             self._setup_next_level(root, threads, fsync, storage_config)
         self._collector = threading.Thread(target=self._collect_loop, name="warp-tiles-collect", daemon=True)
@@ -473,6 +486,13 @@ class TileWriter(CommitOnSuccess):
             # thread sleeps in queue.get() instead of polling ready() every 2 ms
             notified = self.backend.on_ready(ticket, lambda: self._queue.put(_WAKE))
             inflight.append((item, ticket, notified))
+            slab_no = item[0]
+            with self._slab_lock:
+                self._slab_objs[slab_no] = [None] * len(self._tiles_per_obj)
+            self._slab_sent[slab_no] = [set(), [], 0, 0]
+            # the first slab's chunks are checked (_check_chunks) before any of its objects is written
+            if self._early and slab_no != self._first_slab:
+                self.backend.on_group_ready(ticket, lambda g, s=slab_no, t=ticket: self._queue.put((_OBJECT, s, g, t)))
             # slabs arrive in stream order: checksum the input while the backend compresses it,
             # so the last slab's CRC is not on the pipeline's serial tail
             # (without the GIL: the compression workers need it between their zstd calls)
@@ -480,9 +500,11 @@ class TileWriter(CommitOnSuccess):
 
         try:
             while True:
-                # collect the oldest slab once it is ready (after STOP: wait for it), but first
-                # hand every queued slab to the backend so no worker idles at a slab's tail
-                if inflight and self._queue.empty() and (stop or self.backend.ready(inflight[0][1])):
+                # collect the oldest slab once it is ready (after STOP: wait for it; a backend that
+                # signals readiness wakes this thread, which meanwhile hands over finished objects),
+                # but first hand every queued slab to the backend so no worker idles at a slab's tail
+                if inflight and self._queue.empty() and (self.backend.ready(inflight[0][1])
+                                                         or (stop and not inflight[0][2])):
                     (slab_no, buf_id, rows, view), ticket, _ = inflight.popleft()
                     frames = self.backend.collect(ticket)
                     self._finish_slab(slab_no, buf_id, rows, view, frames, ticket)
@@ -498,6 +520,14 @@ class TileWriter(CommitOnSuccess):
                     continue
                 if item is _STOP:
                     stop = True
+                    continue
+                if item[0] is _OBJECT:
+                    _, slab_no, obj_no, ticket = item
+                    if slab_no in self._slab_sent and obj_no not in self._slab_sent[slab_no][0]:
+                        members = self._tiles_per_obj[obj_no]
+                        got = self.backend.group_frames(ticket, [m for m in members if m is not None])
+                        it = iter(got)
+                        self._send_object(slab_no, obj_no, [None if m is None else next(it) for m in members])
                     continue
                 submit(item)
         except BaseException as e:
@@ -553,26 +583,32 @@ class TileWriter(CommitOnSuccess):
         if len(frames) != self.plan.tiles_per_slab:
             raise InternalError(f"backend {self.backend.name} returned {len(frames)} frames for "
                                 f"{self.plan.tiles_per_slab} tiles")
-        futures = []
-        with self._slab_lock:
-            self._slab_objs[slab_no] = [None] * len(self._tiles_per_obj)
-        stored0, chunks0 = self.stored_bytes, self.chunks
+        sent = self._slab_sent[slab_no]
         for obj_no, members in enumerate(self._tiles_per_obj):
-            key = self._object_key(slab_no, obj_no)
-            if self.shards is None:
-                parts = [frames[members[0]]]
-            else:
-                parts = zarr_v3.shard_parts([None if m is None else frames[m] for m in members])
-            self.chunks += sum(m is not None for m in members)
-            self.objects += 1
-            self.stored_bytes += sum(len(p) for p in parts)
-            # each object's file is fsync'd before its rename; directories once, at commit
-            futures.append(self._io.submit(self._put_object, slab_no, obj_no, key, parts))
-        self._slab_counts[slab_no] = (self.stored_bytes - stored0, len(self._tiles_per_obj), self.chunks - chunks0)
+            if obj_no not in sent[0]:  # not handed over early (on_group_ready)
+                self._send_object(slab_no, obj_no, [None if m is None else frames[m] for m in members])
+        del self._slab_sent[slab_no]
+        self._slab_counts[slab_no] = (sent[2], len(self._tiles_per_obj), sent[3])
         # frames may be views into the backend's output arenas: hand them back once written
-        self._io_pending.append((futures, ticket))
+        self._io_pending.append((sent[1], ticket))
         while len(self._io_pending) > 2:
             self._wait_io(*self._io_pending.popleft())
+
+    def _send_object(self, slab_no: int, obj_no: int, frames: list) -> None:
+        """Hand one object (its members' frames, None past the array) to the I/O pool (collector thread)."""
+        key = self._object_key(slab_no, obj_no)
+        parts = [frames[0]] if self.shards is None else zarr_v3.shard_parts(frames)
+        n_chunks = sum(f is not None for f in frames)
+        nbytes = sum(len(p) for p in parts)
+        self.chunks += n_chunks
+        self.objects += 1
+        self.stored_bytes += nbytes
+        sent = self._slab_sent[slab_no]
+        sent[0].add(obj_no)
+        sent[2] += nbytes
+        sent[3] += n_chunks
+        # each object's file is fsync'd before its rename; directories once, at commit
+        sent[1].append(self._io.submit(self._put_object, slab_no, obj_no, key, parts))
 
     def _put_object(self, slab_no: int, obj_no: int, key: str, parts: list) -> None:
         """Put one object and note its SHA-256; the slab's digest once its last object is written."""
@@ -618,7 +654,9 @@ class TileWriter(CommitOnSuccess):
         while w is not None:
             slabs = w.slab_range((lo, hi))
             with w._slab_lock:
-                if any(s not in w._slab_digest for s in slabs):
+                # counts are set once the slab's last object is handed over, which can be after
+                # the objects handed over early are all written
+                if any(s not in w._slab_digest or s not in w._slab_counts for s in slabs):
                     return None
                 digests = [w._slab_digest[s] for s in slabs]
             counts = [w._slab_counts[s] for s in slabs]
