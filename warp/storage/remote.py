@@ -54,6 +54,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from warpdata.core import envvars
+from warpdata.storage.locations import HTTP_PROTOCOLS, Location, StorageConfig, parse_location
 from warpdata.storage.policy import (
     ERROR_CAP,
     JSON_CAP,
@@ -108,12 +109,14 @@ class HttpStatusError(OSError):
 class Remote:
     """Key reads against a store root: counted, retried within a budget, ranged, never listed."""
 
-    def __init__(self, store_url: str | None = None) -> None:
-        from warpdata.storage.locations import HTTP_PROTOCOLS, StorageConfig, parse_location
-
-        self.loc = parse_location(store_url if store_url is not None else envvars.default_store())
-        self.config = StorageConfig.from_env()
-        self.stats = RequestStats()
+    def __init__(self, store_url: str | os.PathLike | Location | None = None, *, config: StorageConfig | None = None,
+                 stats: RequestStats | None = None) -> None:
+        """The reader of ``store_url`` (default ``WARP_STORE``); an :class:`~warpdata.storage.base.ObjectStore`
+        makes its own (:attr:`~warpdata.storage.base.ObjectStore.remote`) with its configuration and counters."""
+        url = store_url if store_url is not None else envvars.default_store()
+        self.loc = url if isinstance(url, Location) else parse_location(url)
+        self.config = config or StorageConfig.from_env()
+        self.stats = stats if stats is not None else RequestStats()
         self.retry_budget = retry_budget()
         self.deadline = request_deadline()
         self.root = self.loc.path.rstrip("/")
