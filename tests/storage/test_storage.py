@@ -335,3 +335,16 @@ def test_a_dataset_reads_through_one_object_store_that_counts_every_request(s3, 
     st = ds.stats.to_dict()
     assert st["by_kind"].get("LIST") == 1  # the version prefix, resolved through the same store
     assert st["requests"] == s3.count() > 1
+
+
+def test_an_http_store_has_no_filesystem_to_hand_out():
+    """Callers that open a store for its filesystem (the feature cache's and the warehouse's uploads)
+    get the typed read-only error of an HTTP store, naming it, not a None to fail on later."""
+    from warpdata.core.errors import ReadOnlyStoreError
+    from warpdata.storage.base import open_object_store
+
+    objects = open_object_store("https://host.example/store/")
+    assert objects.url == "https://host.example/store" and objects.location.read_only
+    with pytest.raises(ReadOnlyStoreError, match="host.example/store") as e:
+        objects.fs  # noqa: B018 (the property is what is tested)
+    assert e.value.exit_code == ExitCode.CONFIG and e.value.hint

@@ -65,10 +65,10 @@ class StoreTarget:
 
 
 def _fs(url: str):
-    from warpdata.storage.locations import filesystem, parse_location
+    from warpdata.storage.base import open_object_store
 
-    loc = parse_location(url)
-    return filesystem(loc), loc
+    objects = open_object_store(url)
+    return objects.fs, objects.location
 
 
 def put_overwrite(local: str, url: str) -> None:

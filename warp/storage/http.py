@@ -16,10 +16,6 @@ class HttpObjectStore(ObjectStore):
     """A store served over HTTP(S): reads by key through :class:`~warpdata.storage.remote.Remote`;
     no listing, no writes."""
 
-    @property
-    def fs(self):
-        """None: an HTTP store has no filesystem to list or write (reads go through :attr:`remote`)."""
-        return None
 
     def exists(self, key: str) -> bool:
         try:
