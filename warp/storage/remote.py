@@ -94,6 +94,7 @@ SPLIT_SIZE = 16 << 20
 MAX_WASTE = 0.04
 PREFETCH_THREADS = 8
 MAX_REDIRECTS = 5
+STREAM_CHUNK = 8 << 20  # bytes per ranged GET of a streamed object (:meth:`Remote.stream_to`)
 _WHOLE_HOSTS: set[str] = set()  # hosts seen to ignore Range in this process: their objects are read whole
 _WHOLE_MU = threading.Lock()
 
@@ -267,16 +268,6 @@ class Remote:
         on HTTP stores; failures to reach it raise raw (:meth:`typed_error` types them)."""
         return self.transport.size(key)
 
-    def s3_client(self):
-        """The process's botocore client for this S3 store's configuration (None for other stores, or
-        without boto3), for a caller that streams an object itself under :meth:`call`'s policy."""
-        return _s3_client(self.config) if self.loc.protocol == "s3" else None
-
-    def call(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` (one request for ``key``) under the request policy: retried within the budget,
-        failures typed (:meth:`typed_error`)."""
-        return self._call(key, fn)
-
     def typed_error(self, e: Exception, key: str = "", action: str = "read") -> Exception:
         """The typed warp error for a failure of a request for ``key`` (what the retry loop raises)."""
         return self._wrap(e, key, action)
@@ -385,6 +376,54 @@ class Remote:
     @blob_cache.setter
     def blob_cache(self, cache) -> None:
         self._blob_cache = cache
+
+    def stream_to(self, key: str, dst, size: int, *, hint: str | None = None, chunk: int = STREAM_CHUNK) -> None:
+        """Object ``key`` into ``dst`` (a writable file object), ``chunk`` bytes per ranged GET, each
+        under the request policy (its attempt's deadline, a body capped at what it asked for, retries
+        within the budget, counted in :attr:`stats`), so memory stays at one chunk and no read can
+        hang or grow without bound.
+
+        ``size`` (a manifest's byte count) is what the object must hold, never what sizes a buffer:
+        the last read asks for one byte more, so an object that is longer, or shorter, is a
+        :class:`~warpdata.core.errors.DataError` naming it (with ``hint``). A failed write to ``dst``
+        (this machine's disk) is raised as it is, not retried and not named a store error.
+        """
+        from warpdata.core.errors import DataError
+
+        def mismatch(got: str) -> DataError:
+            return DataError(f"{self.url_of(key)}: expected {size} bytes, the store {got}",
+                             hint=hint or "the object was replaced, or what names its size is wrong",
+                             path=self.url_of(key))
+
+        if size <= 0:
+            if self.size(key):
+                raise mismatch("holds more")
+            return
+        pos = 0
+        while pos < size:
+            n = min(chunk, size - pos)
+            last = pos + n == size
+            data = self._read_upto(key, pos, n + 1 if last else n)
+            if len(data) > n:
+                raise mismatch("holds more")
+            if len(data) < n:
+                raise mismatch(f"sent {pos + len(data)}")
+            dst.write(data)
+            pos += n
+
+    def _read_upto(self, key: str, start: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``start`` (fewer where the object ends first): one ranged GET
+        under the policy, or a slice of the whole object from a host that ignores Range."""
+        if self._host in _WHOLE_HOSTS:
+            return self._whole(key, start, length, None)
+        try:
+            data = self._call(key, lambda: self.transport.read_range(key, start, length, None))
+        except FileNotFoundError:
+            raise self._missing(key) from None
+        except RangeIgnored as e:
+            return self._whole(key, start, length, e.total, e)
+        self.stats.received(len(data))
+        return data
 
     def copy_to(self, key: str, dst, size: int | None = None, chunk: int = 8 << 20) -> None:
         """Stream the whole object into ``dst`` (a writable file object), ``chunk`` bytes per ranged GET."""
