@@ -8,7 +8,8 @@ import pytest
 from conformance.stores import BUDGET, DEADLINE, SHARD, RequestPolicyConformance
 from support.s3fixtures import s3_env
 from warpdata.core.errors import ExitCode
-from warpdata.storage.remote import Remote, _PresignedRanges
+from warpdata.storage.remote import Remote
+from warpdata.storage.s3reads import _PresignedRanges
 
 pytest.importorskip("boto3")
 
