@@ -164,7 +164,7 @@ def stage_version(url: str, dest: Any) -> dict[str, int]:
 
     The shards come from the content-addressed blob cache, by the SHA-256 the manifest names, and
     are hard-linked into ``dest``: a cache this machine has trained from is not downloaded again,
-    and one it has not is fetched once (one streamed GET per shard, hashed as it lands) into the
+    and one it has not is fetched once (ranged GETs of 8 MiB under the request policy, hashed as it lands) into the
     cache where training finds it. The version's other files (``manifest.json``, ``keys.txt``,
     ``records.parquet``, the quarantine tables; not ``metrics.json``) are small: one listing, then
     one GET each. Returns ``{"shards_fetched", "shards_cached", "files"}``.
