@@ -9,6 +9,12 @@ One small dataset (20,000 rows in 4 Parquet files) is published by warp to a loc
   filtered count (``id BETWEEN 100 AND 200``); the open, the operation and the whole process;
 * ``warp info``, ``warp schema`` and ``warp head -n 5`` (the CLI, whole process).
 
+Both sides run from compiled bytecode, as installed packages do: the peer's wheel was compiled by
+pip, and warp's children write and reuse theirs under a cache folder (``PYTHONPYCACHEPREFIX``; this
+checkout is an editable install, and a shell with ``PYTHONDONTWRITEBYTECODE=1`` would otherwise
+make every warp process compile its modules from source). One untimed run per operation and side
+comes first.
+
 The peer (PyPI ``warpdata`` 3.0.27, the registry design's own implementation) installs a module of the
 same name, so it runs from its own interpreter (``--peer-python``, bench/_peer_latency.py), on the S3
 store only (its own publisher and layout, same Parquet files), alternating with warp run by run; the
@@ -53,8 +59,16 @@ def make_data(tmp: Path) -> list[str]:
     return files
 
 
+def compiled(env: dict, tmp: Path) -> dict:
+    """``env`` for a warp child that reads and writes compiled bytecode (module docstring)."""
+    out = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    out["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+    return out
+
+
 def cli_seconds(args: list[str], env: dict, runs: int) -> float:
     times = []
+    subprocess.run([sys.executable, "-m", "warpdata", *args], env=env, capture_output=True)  # untimed
     for _ in range(runs):
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-m", "warpdata", *args], env=env, capture_output=True)
@@ -139,21 +153,23 @@ def main() -> None:
             if a.only:
                 stores = {k: v for k, v in stores.items() if k.startswith(a.only)}
             load = os.getloadavg()
-            print(f"store latency, medians of {a.runs} runs, load avg {load[0]:.2f} (2 shared cores)\n")
+            print(f"store latency, medians of {a.runs} runs, load avg {load[0]:.2f} (2 shared cores), "
+                  "both sides from compiled bytecode\n")
             print("fresh process each: import + open + the operation (seconds); peer = warpdata 3.0.27")
             print(f"{'store':<10} {'op':<7} {'warp open':>9} {'op':>7} {'process':>8} | {'peer open':>9} {'op':>7} "
                   f"{'process':>8} | {'speed vs peer (process)':>23}")
             for name, url in stores.items():
                 for op in OPS:
                     w, p = [], []
-                    for k in range(a.runs):
-                        env = {**os.environ, "WARP_CACHE_DIR": str(tmp / f"cache-w{k}")}
+                    for k in range(-1, a.runs):  # run -1: untimed (bytecode written, files read once)
+                        env = compiled({**os.environ, "WARP_CACHE_DIR": str(tmp / f"cache-w{k}")}, tmp)
                         w.append(run_child([sys.executable, __file__, "--child", op, url], env, tmp))
                         if peer_env is not None and name == "s3 (moto)":
                             ws = tmp / f"peer-ws-{op}-{k}"
                             e = {**peer_env, "WARPDATASETS_WORKSPACE_ROOT": str(ws),
                                  "WARPDATASETS_CACHE_DIR": str(ws / "cache")}
                             p.append(run_child([a.peer_python, str(HERE / "_peer_latency.py"), "op", op], e, tmp))
+                    w, p = w[1:], p[1:]
 
                     def med(rows: list[dict], key: str) -> float:
                         return statistics.median(r[key] for r in rows)
@@ -167,7 +183,8 @@ def main() -> None:
                     print(line, flush=True)
             print("\nwarp CLI, whole process (seconds)")
             for name, url in stores.items() if not a.no_cli else ():
-                env = {**os.environ, "WARP_STORE": url, "WARP_CACHE_DIR": str(tmp / f"cache-cli-{len(url)}")}
+                env = compiled({**os.environ, "WARP_STORE": url, "WARP_CACHE_DIR": str(tmp / f"cache-cli-{len(url)}")},
+                               tmp)
                 cli = [cli_seconds([cmd, "bench/lat", *extra], env, a.runs)
                        for cmd, extra in (("info", []), ("schema", []), ("head", ["-n", "5", "--mode", "remote"]))]
                 print(f"{name:<10} info {cli[0]:.3f}  schema {cli[1]:.3f}  head {cli[2]:.3f}", flush=True)

@@ -19,6 +19,7 @@ A subclass supplies:
 from __future__ import annotations
 
 import hashlib
+import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -333,7 +334,13 @@ class RequestPolicyConformance:
         return f"blobs/sha256/{sha(data)[:2]}/{sha(data)}"
 
     def typed(self, fn, *, within: float, code: ExitCode, cause: str | None = None) -> WarpError:
-        err, _, seconds, peak = bounded(fn)
+        # on a thread the test outlives: a read that never ends fails the test instead of hanging it
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(bounded(fn)), daemon=True)
+        t.start()
+        t.join(within + self.startup + 10)
+        assert got, f"still reading after {within + self.startup + 10:.0f}s (limit {within + self.startup}s)"
+        err, _, seconds, peak = got[0]
         assert isinstance(err, WarpError), f"untyped: {err!r}"
         assert err.exit_code == code, f"{err!r} exits {err.exit_code}, not {code}"
         if cause is not None:
@@ -364,6 +371,18 @@ class RequestPolicyConformance:
                              within=DEADLINE + BUDGET + DEADLINE + 1, code=ExitCode.TEMPFAIL)
             assert "deadline" in str(err) and "WARP_RETRY_BUDGET" in err.hint
             assert 1 <= host.requests <= 3  # retried as a timeout, within the budget
+
+    def test_streamed_object_from_a_trickling_host_ends_at_the_deadline(self, remote_at):
+        """A whole object streamed to a file (the feature cache's shards) is read under the same
+        deadline, by ranged GETs, however long the object."""
+        from support.hostile import HostileHost
+
+        with HostileHost("trickle", body=SHARD) as host:
+            remote = remote_at(host.url)
+            sink = io.BytesIO()
+            err = self.typed(lambda: remote.stream_to("v20260101-0123456789ab/shard-00000.wfs", sink, len(SHARD)),
+                             within=DEADLINE + BUDGET + DEADLINE + 1, code=ExitCode.TEMPFAIL)
+            assert "deadline" in str(err) and 1 <= host.requests <= 3
 
     def test_trickling_headers_end_at_the_deadline(self, remote_at):
         from support.hostile import HostileHost

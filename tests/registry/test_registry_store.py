@@ -150,7 +150,7 @@ class StoreTests:
         assert "vision/coco" in (e.value.hint or "")
 
     def test_corrupted_latest(self, store):
-        store._b.put_if_absent(Store.latest_key("ws/bad"), b"not json")
+        store.objects.put_if_absent(Store.latest_key("ws/bad"), b"not json")
         with pytest.raises(ManifestCorruptedError):
             store.read_latest("ws/bad")
 

@@ -5,10 +5,11 @@ S3 clients follow no redirect at all: a redirect is a typed failure, never follo
 from __future__ import annotations
 
 import pytest
-from conformance.stores import DEADLINE, SHARD, RequestPolicyConformance
+from conformance.stores import BUDGET, DEADLINE, SHARD, RequestPolicyConformance
 from support.s3fixtures import s3_env
 from warpdata.core.errors import ExitCode
-from warpdata.storage.remote import Remote, _PresignedRanges
+from warpdata.storage.remote import Remote
+from warpdata.storage.s3reads import _PresignedRanges
 
 pytest.importorskip("boto3")
 
@@ -38,3 +39,18 @@ class TestS3RequestPolicy(RequestPolicyConformance):
             self.typed(lambda: remote.read_range(self.blob(), 0, 100, len(SHARD)), within=DEADLINE,
                        code=ExitCode.CONFIG)
             assert host.requests == 1 and plain.requests == 0
+
+    def test_feature_cache_shard_from_a_trickling_host_ends_at_the_deadline(self, remote_at, tmp_path):
+        """The feature cache's streamer reads a shard through the store's request policy (it sent one
+        botocore GET, whose body read had no deadline: a host trickling the bytes held it for hours)."""
+        from support.hostile import HostileHost
+        from warpdata.features.remote import stream_object
+
+        with HostileHost("trickle", body=SHARD) as host:
+            remote = remote_at(host.url)
+            with open(tmp_path / "shard", "wb") as dst:
+                err = self.typed(lambda: stream_object(remote, "fc/v20260101-0123456789ab/shard-00000.wfs", dst,
+                                                       len(SHARD)),
+                                 within=DEADLINE + BUDGET + DEADLINE + 1, code=ExitCode.TEMPFAIL)
+            assert "shard-00000.wfs" in str(err) and "WARP_RETRY_BUDGET" in err.hint
+            assert 1 <= host.requests <= 3 and remote.stats.retries >= 1

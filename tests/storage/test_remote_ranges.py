@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from warpdata.core.errors import BlobNotFoundError, DataError
-from warpdata.storage import remote as remote_module
-from warpdata.storage.remote import Remote, _PresignedRanges, plan_ranges
+from warpdata.storage import ranges as ranges_module
+from warpdata.storage.remote import Remote, plan_ranges
+from warpdata.storage.s3reads import _PresignedRanges
 
 
 def _union(ranges) -> list[tuple[int, int]]:
@@ -81,7 +82,7 @@ def test_a_read_across_split_pieces_is_served_from_memory(tmp_path, monkeypatch)
     send another request."""
     data = bytes(range(256)) * 4096  # 1 MiB
     (tmp_path / "obj").write_bytes(data)
-    monkeypatch.setattr(remote_module, "SPLIT_SIZE", 100_000)
+    monkeypatch.setattr(ranges_module, "SPLIT_SIZE", 100_000)
     r = Remote(str(tmp_path))
     f = r.open("obj", len(data))
     with f.prefetched([(1000, 500_000)]):

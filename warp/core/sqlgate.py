@@ -59,7 +59,8 @@ from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, UsageError
 
 __all__ = ["ALLOWED_FUNCTIONS", "MAX_DEPTH", "MAX_SQL_CHARS", "QUERY_FUNCTIONS", "SAFE_CONFIG", "QueryLimitError",
-           "QueryLimits", "check_filter", "check_query", "confine", "connect", "guarded", "lock", "where_sql"]
+           "QueryLimits", "check_filter", "check_query", "confine", "connect", "guarded", "lock", "serialize_sql",
+           "where_sql"]
 
 #: settings every warp DuckDB connection starts with: no extension fetched behind the user's back,
 #: no Python variable read as a table (DuckDB's replacement scan of the caller's locals)
@@ -223,22 +224,58 @@ def guarded(con, what: str, limits: QueryLimits | None = None) -> Iterator[None]
             timer.cancel()
 
 
-def _parse(con, sql: str, fail) -> dict:
+_PARSER: list[Any] = []  # [pid, connection]: this process's parsing connection (serialize_sql)
+_PARSER_MU = threading.Lock()
+_INHERITED: list[Any] = []  # a parent's parsing connections, kept (never closed) in a forked child
+
+
+def _after_fork_in_child() -> None:
+    # the parent's connection is not this process's to use or close; a new lock, in case a
+    # parent thread held it at the fork
+    global _PARSER_MU
+    _PARSER_MU = threading.Lock()
+    if _PARSER:
+        _INHERITED.append(_PARSER[1])
+        _PARSER.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def serialize_sql(sql: str) -> str:
+    """DuckDB's parse tree of ``sql`` as JSON text (``json_serialize_sql``), under the time limit.
+
+    Parsing runs on one connection per process, made on first use and reused: opening a DuckDB
+    connection costs more than most filters take to run, and a filter is parsed twice (checked
+    here, then planned for row-group pruning). It is locked like every other (:func:`lock`: no file,
+    network or extension access) and single-threaded (no DuckDB threads for a fork to lose); one
+    parse at a time. A forked child makes its own.
+    """
+    from dataclasses import replace
+
+    with _PARSER_MU:
+        if not _PARSER:
+            con = connect(replace(QueryLimits.from_env(), threads=1))
+            lock(con)
+            _PARSER[:] = [os.getpid(), con]
+        con = _PARSER[1]
+        with guarded(con, "parsing"):
+            return con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+
+
+def _parse(sql: str, fail) -> dict:
     """DuckDB's parse tree of ``sql`` as JSON, under the length, depth and time limits."""
     if len(sql) > MAX_SQL_CHARS:
         raise fail(f"is {len(sql):,} characters long, over the limit of {MAX_SQL_CHARS:,}",
                    "write it shorter: a range (BETWEEN) instead of a long IN list, or a join instead of literals",
                    QueryLimitError)
     try:
-        lock(con)
-        with guarded(con, "parsing"):
-            raw = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+        raw = serialize_sql(sql)
     except QueryLimitError as e:
         raise fail(f"takes too long to parse ({e.message})", None, QueryLimitError) from None
     except Exception as e:  # duckdb.Error; the parser itself failing is the text's fault
         raise fail(f"cannot be parsed: {e}", None, UsageError) from None
-    finally:
-        con.close()
     deep = (f"nests expressions more than {MAX_DEPTH} levels deep",
             "flatten it: an IN (...) list instead of chained ORs, NOT once instead of NOT NOT ...", QueryLimitError)
     try:
@@ -290,7 +327,7 @@ def check_filter(expr: str, columns: Iterable[str]) -> set[str]:
         raise _fail(str(expr), "is empty", columns)
     if "\x00" in expr:
         raise _fail(expr, "contains a NUL character", columns)
-    doc = _parse(connect(), f"SELECT * FROM {_TABLE} WHERE {where_sql(expr)}",
+    doc = _parse(f"SELECT * FROM {_TABLE} WHERE {where_sql(expr)}",
                  lambda what, hint, cls: _fail(expr, what, columns, hint, cls))
     if doc.get("error"):
         raise _fail(expr, f"is not one SQL expression ({doc.get('error_message', 'parse error')})", columns)
@@ -448,7 +485,7 @@ def check_query(sql: str, table: str) -> None:
         raise _query_fail(str(sql), "is empty", table)
     if "\x00" in sql:
         raise _query_fail(sql, "contains a NUL character", table)
-    doc = _parse(connect(), sql, lambda what, hint, cls: _query_fail(sql, what, table, hint, cls))
+    doc = _parse(sql, lambda what, hint, cls: _query_fail(sql, what, table, hint, cls))
     if doc.get("error"):
         msg = str(doc.get("error_message", "parse error"))
         if "Only SELECT" in msg:

@@ -44,16 +44,16 @@ def store_credentials() -> CheckResult:
 
 
 def _credentials() -> CheckResult:
-    from warpdata.storage.locations import StorageConfig, parse_location
+    from warpdata.storage.base import open_object_store
 
     url = envvars.default_store()
     try:
-        loc = parse_location(url)
+        objects = open_object_store(url)
     except Exception:
         return CheckResult(SKIP, f"store URL {url!r} is not valid: see the 'store' check")
-    if loc.protocol != "s3":
+    if objects.location.protocol != "s3":
         return CheckResult(SKIP, f"store {url} is not on S3: no credentials needed")
-    cfg = StorageConfig.from_env()
+    cfg = objects.config
     if cfg.anon:
         return CheckResult(PASS, "WARP_S3_ANON=1: anonymous reads, no credentials used (publishing needs them)",
                            facts={"source": "anonymous"})
@@ -90,18 +90,15 @@ def store() -> CheckResult:
 
 
 def _store() -> CheckResult:
-    from warpdata.storage.locations import (
-        StorageConfig,
-        filesystem,
-        missing_store_folder,
-        parse_location,
-    )
+    from warpdata.storage.base import open_object_store
+    from warpdata.storage.locations import missing_store_folder
 
     url = envvars.default_store()
     try:
-        loc = parse_location(url)
+        objects = open_object_store(url)
     except Exception as e:
         return CheckResult(FAIL, str(e), "set WARP_STORE to a path, s3://bucket/prefix or memory://name")
+    loc = objects.location
     if loc.protocol == "file":
         missing = missing_store_folder(loc)
         r = dir_check(loc.path, "store", "WARP_STORE")
@@ -111,12 +108,12 @@ def _store() -> CheckResult:
                                "'does not exist' until now)", missing[1], facts={**r.facts, "created": True})
         return r
     if loc.read_only:
-        return _http_store(url)
-    cfg = StorageConfig.from_env()
+        return _http_store(objects)
+    cfg = objects.config
     facts: dict = {"url": url}
-    probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}").path
+    probe = objects.path(f".warp-doctor-{uuid.uuid4().hex}")
     try:
-        fs = filesystem(loc, cfg)
+        fs = objects.fs
         fs.pipe_file(probe, b"ok")
         got = fs.cat_file(probe)
     except Exception as e:
@@ -134,11 +131,11 @@ def _store() -> CheckResult:
     return CheckResult(PASS, f"{url} {what}", facts=facts)
 
 
-def _http_store(url: str) -> CheckResult:
+def _http_store(objects) -> CheckResult:
     """A store served over HTTP(S): reachable? (read-only: nothing is written, nothing listed)."""
-    from warpdata.storage.remote import HttpStatusError, Remote
+    from warpdata.storage.remote import HttpStatusError
 
-    remote = Remote(url)
+    url, remote = objects.url, objects.remote
     facts: dict = {"url": url, "read_only": True}
     try:
         remote.probe("datasets/")
@@ -170,11 +167,12 @@ def duckdb_parquet() -> CheckResult:
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from warpdata.storage.locations import StorageConfig, filesystem, parse_location
+    from warpdata.storage.base import open_object_store
 
     url = envvars.default_store()
     try:
-        loc = parse_location(url)
+        objects = open_object_store(url)
+        loc = objects.location
     except Exception as e:
         return CheckResult(FAIL, str(e), "set WARP_STORE to a path, s3://bucket/prefix or memory://name")
     if loc.read_only:
@@ -183,9 +181,9 @@ def duckdb_parquet() -> CheckResult:
     buf = pa.BufferOutputStream()
     pq.write_table(pa.table({"x": [1, 2, 3]}), buf)
     probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}.parquet")
-    cfg = StorageConfig.from_env()
+    cfg = objects.config
     try:
-        fs = filesystem(loc, cfg)
+        fs = objects.fs
         fs.pipe_file(probe.path, buf.getvalue().to_pybytes())
     except Exception as e:
         return CheckResult(FAIL, f"cannot write a Parquet probe to {url}: {type(e).__name__}: {e}",

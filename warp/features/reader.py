@@ -33,7 +33,8 @@ pinned until :meth:`ShardCache.close`; ``path`` then names the dataset
 
 ``ShardCache("s3://bucket/prefix")`` (any fsspec URL) opens a cache that ``warp etl`` built on
 object storage (docs/features-config.md, "Output on object storage"): ``latest`` and the manifest
-are two GETs, then each shard, on first use, is fetched with one streamed GET into the content-addressed
+are two GETs, then each shard, on first use, is fetched by ranged GETs under the store's request
+policy (a deadline per attempt, retries) into the content-addressed
 blob cache (:mod:`warpdata.storage.blobcache`) under the SHA-256 the manifest names, hashed as it
 lands, and mapped from there. DataLoader workers of one node share the fetched copies.
 
@@ -231,10 +232,11 @@ class ShardCache:
     def _fetch(self, rel: str) -> str:
         """Shard ``rel`` of a cache in the object store, by its manifest SHA-256, from the blob cache.
 
-        One streamed GET (:func:`warpdata.features.remote.stream_object`); the bytes are hashed as
-        they land (a mismatch is :class:`~warpdata.core.errors.BlobCorruptedError` and nothing is
-        kept); the manifest's byte count is checked against what arrives, never used to allocate. Processes of one node (DataLoader workers) fetch a shard
-        once between them (the cache's per-blob lock); this process pins what it fetched until
+        Streamed by ranged GETs under the store's request policy
+        (:func:`warpdata.features.remote.stream_object`); the bytes are hashed as they land (a
+        mismatch is :class:`~warpdata.core.errors.BlobCorruptedError` and nothing is kept); the
+        manifest's byte count is checked against what arrives, never used to allocate. Processes of
+        one node (DataLoader workers) fetch a shard once between them (the cache's per-blob lock); this process pins what it fetched until
         :meth:`close`.
         """
         from warpdata.storage.blobcache import BlobCache

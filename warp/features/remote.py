@@ -65,10 +65,10 @@ class StoreTarget:
 
 
 def _fs(url: str):
-    from warpdata.storage.locations import filesystem, parse_location
+    from warpdata.storage.base import open_object_store
 
-    loc = parse_location(url)
-    return filesystem(loc), loc
+    objects = open_object_store(url)
+    return objects.fs, objects.location
 
 
 def put_overwrite(local: str, url: str) -> None:
@@ -144,65 +144,16 @@ def open_version(url: str) -> tuple[str, dict[str, Any], Any]:
     return vurl, m, remote
 
 
-STREAM_CHUNK = 1 << 20
-
-
-class _LocalWriteFailed(DataError):
-    """Stops the store's retry loop when writing the local copy failed (re-raised as that error)."""
-
-    def __init__(self) -> None:
-        super().__init__("writing the local copy failed")
-
-
 def stream_object(remote: Any, key: str, dst: Any, expect: int) -> None:
-    """Object ``key`` of ``remote`` (a :class:`warpdata.storage.remote.Remote`) into ``dst``, 1 MiB at a
-    time: on S3 one GET, no HEAD; elsewhere the store's ranged reads.
+    """Object ``key`` of ``remote`` (a :class:`warpdata.storage.remote.Remote`) into ``dst`` by the
+    store's streamed read (:meth:`~warpdata.storage.remote.Remote.stream_to`): ranged GETs under the
+    request policy (deadline, body cap, retries, counters), no HEAD.
 
-    ``expect`` (the manifest's byte count) is what the object must hold: a longer body stops the read
-    as soon as it passes it and a shorter one is caught at the end (both :class:`DataError`), so a
-    lying manifest or store never sizes a buffer.
+    ``expect`` (the manifest's byte count) is what the object must hold: a longer or a shorter
+    object is a :class:`DataError`, so a lying manifest or store never sizes a buffer.
     """
-    client = remote.s3_client()
-    if client is None:
-        remote.copy_to(key, dst, expect)
-        return
-    bucket, _, name = remote.path(key).lstrip("/").partition("/")
-    got = 0
-    local: list[OSError] = []
-
-    def attempt() -> None:
-        # under the store's retry policy (throttling, dropped connections); a retry goes on
-        # from the bytes already written (the destination hashes as it goes: it cannot rewind)
-        nonlocal got
-        remote.stats.request("GET")
-        try:
-            body = client.get_object(Bucket=bucket, Key=name, **({"Range": f"bytes={got}-"} if got else {}))["Body"]
-        except Exception as e:
-            code = str(((getattr(e, "response", None) or {}).get("Error") or {}).get("Code", ""))
-            if code in ("NoSuchKey", "404", "NotFound"):
-                raise remote.missing_error(key) from None
-            raise
-        for chunk in body.iter_chunks(STREAM_CHUNK):
-            if got + len(chunk) > expect:
-                got += len(chunk)
-                return
-            try:
-                dst.write(chunk)
-            except OSError as e:  # this machine's disk, not the store: not retried, not named a store error
-                local.append(e)
-                raise _LocalWriteFailed() from e
-            got += len(chunk)
-
-    try:
-        remote.call(key, attempt)
-    except _LocalWriteFailed:
-        raise local[0] from None
-    remote.stats.received(min(got, expect))
-    if got != expect:
-        raise DataError(f"{remote.url_of(key)}: the manifest says {expect} bytes, the store "
-                        f"{'holds more' if got > expect else f'sent {got}'}",
-                        hint="the object was replaced or the manifest is wrong: rebuild the cache with 'warp etl'",
-                        path=remote.url_of(key))
+    remote.stream_to(key, dst, expect,
+                     hint="the object was replaced or the manifest is wrong: rebuild the cache with 'warp etl'")
 
 
 _MEMBER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -213,7 +164,7 @@ def stage_version(url: str, dest: Any) -> dict[str, int]:
 
     The shards come from the content-addressed blob cache, by the SHA-256 the manifest names, and
     are hard-linked into ``dest``: a cache this machine has trained from is not downloaded again,
-    and one it has not is fetched once (one streamed GET per shard, hashed as it lands) into the
+    and one it has not is fetched once (ranged GETs of 8 MiB under the request policy, hashed as it lands) into the
     cache where training finds it. The version's other files (``manifest.json``, ``keys.txt``,
     ``records.parquet``, the quarantine tables; not ``metrics.json``) are small: one listing, then
     one GET each. Returns ``{"shards_fetched", "shards_cached", "files"}``.

@@ -265,7 +265,7 @@ def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
     try:
         data = src.read_at(size, s.byte_size - size)
     except Exception as e:
-        raise ds.remote._wrap(e, ds.blob_key(s)) from e
+        raise ds.remote.typed_error(e, ds.blob_key(s)) from e
     return _parse_recorded_footer(ds, s, data)
 
 

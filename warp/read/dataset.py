@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING
 from warpdata.core import envvars
 from warpdata.core.errors import MissingInputError, UsageError
 from warpdata.read.source import WarmResult
+from warpdata.storage.base import open_object_store
 from warpdata.storage.blobcache import BlobCache, normalize_hash
-from warpdata.storage.remote import Remote
 
 if TYPE_CHECKING:
     from warpdata.read.table import Table
@@ -107,7 +107,10 @@ class Dataset:
         self.mode = (mode or envvars.get("WARP_MODE") or "auto").lower()
         if self.mode not in MODES:
             raise UsageError(f"unknown mode {self.mode!r}", hint="use auto, remote, hybrid or local")
-        self.remote = Remote(store)
+        # one object per store URL: every read of this dataset (pointer, manifest, shards, a version
+        # prefix's listing) goes through it, under one request policy and one set of counters
+        self.store = open_object_store(store if store is not None else envvars.default_store())
+        self.remote = self.store.remote
         self.cache = cache if cache is not None else (
             None if self.mode == "remote" else BlobCache(verify=_CACHE_MODE[self.verify] if explicit else None))
         # manifests and member indexes go through the blob cache in every mode, so DataLoader
@@ -136,7 +139,7 @@ class Dataset:
                 if self.mode == "local":
                     raise UsageError(f"local mode needs a full version hash, not {version!r}",
                                      hint="omit version to use the last seen latest")
-                vh = Store(self.remote.url).resolve_version(self.id, version)
+                vh = Store(objects=self.store).resolve_version(self.id, version)
             return vh, self._manifest(vh)
         if self.mode == "local":
             ptr = self.cache.get_pointer(self.id, store=self.remote.url) if self.cache else None
@@ -159,7 +162,7 @@ class Dataset:
             return ptr["version"], self._manifest(ptr["version"])
         if raw is None:
             # a local store is listed for close names; S3 and HTTP stores are not listed on the read path
-            raise Store(self.remote.url).not_found(self.id) if self.remote.loc.protocol in ("file", "memory") else \
+            raise Store(objects=self.store).not_found(self.id) if self.remote.loc.protocol in ("file", "memory") else \
                 DatasetNotFoundError(f"dataset {self.id} is not published in store {self.remote.url} "
                                      "(no latest pointer)",
                                      hint="check the spelling of workspace/name; 'warp ls ws/' lists datasets"

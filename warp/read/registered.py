@@ -77,7 +77,7 @@ class _LocalFiles:
     def path(self, key: str) -> str:
         return key
 
-    def _wrap(self, e: Exception, key: str, action: str = "read") -> Exception:
+    def typed_error(self, e: Exception, key: str = "", action: str = "read") -> Exception:
         return e
 
 

@@ -178,12 +178,10 @@ class Predicate:
     def parse(cls, expr: str, column_names: list[str]) -> Predicate | None:
         """The predicate of ``WHERE expr``, or None when DuckDB cannot parse it here."""
         import duckdb
-        from warpdata.core.sqlgate import connect, lock
+        from warpdata.core.sqlgate import QueryLimitError, serialize_sql
 
-        con = connect()
         try:
-            lock(con)  # parsing only: no file, network or extension access
-            raw = con.execute("SELECT json_serialize_sql(?)", [f"SELECT * FROM warp_table WHERE {expr}"]).fetchone()[0]
+            raw = serialize_sql(f"SELECT * FROM warp_table WHERE {expr}")  # the process's parsing connection
             doc = json.loads(raw)
             if doc.get("error"):
                 return None
@@ -191,10 +189,8 @@ class Predicate:
             if len(stmts) != 1:
                 return None
             tree = stmts[0]["node"]["where_clause"]
-        except (duckdb.Error, KeyError, TypeError, ValueError, IndexError):
+        except (duckdb.Error, QueryLimitError, KeyError, TypeError, ValueError, IndexError):
             return None
-        finally:
-            con.close()
         lower: dict[str, list[str]] = {}
         for n in column_names:
             lower.setdefault(n.lower(), []).append(n)  # DuckDB identifiers are case-insensitive

@@ -667,7 +667,7 @@ def _upload(store: Store, blobs: list[_Blob], workers: int, result: PublishResul
     def one(b: _Blob) -> tuple[bool, int]:
         if b.byte_size >= MULTIPART_MIN and _s3_backend(store) is not None:
             # the progress bar advances part by part
-            wrote = store._call(_put_multipart, store.url_of(blob_key(b.hash)), "write", store, b.hash,
+            wrote = store.call(_put_multipart, store.url_of(blob_key(b.hash)), "write", store, b.hash,
                                 b.path, b.byte_size, concurrency, on_upload)
             return wrote, b.byte_size
         wrote = store.put_blob_file(b.hash, b.path)  # type: ignore[arg-type]
@@ -732,7 +732,7 @@ def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrenc
     from botocore.exceptions import ClientError
 
     b = _s3_backend(store)
-    client, bucket, key = b.client, b.bucket, b._key(blob_key(hash_hex))
+    client, bucket, key = b.client, b.bucket, b.object_key(blob_key(hash_hex))
     psize = part_size(size)
     n = -(-size // psize)
     upload_id, have = None, {}

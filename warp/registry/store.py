@@ -75,7 +75,7 @@ from warpdata.registry.manifest import (
 from warpdata.storage.base import ObjectStore, open_object_store
 from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.http import read_only_error
-from warpdata.storage.locations import Location, StorageConfig, parse_location
+from warpdata.storage.locations import Location, StorageConfig
 from warpdata.storage.locks import FileLock
 
 __all__ = ["FileLock", "LatestPointer", "Store", "open_store"]  # FileLock: warpdata.storage.locks
@@ -104,12 +104,16 @@ class Store:
     """
 
     def __init__(self, url: str | os.PathLike | None = None, *, config: StorageConfig | None = None,
-                 stale_lock_after: float = 30.0) -> None:
-        self.location: Location = parse_location(url if url is not None else envvars.default_store())
-        self.config = config or StorageConfig.from_env()
+                 stale_lock_after: float = 30.0, objects: ObjectStore | None = None) -> None:
+        """The store at ``url``, or the dataset contract over ``objects`` (an object store a reader
+        already holds: one object, one request policy and one set of counters per URL)."""
+        if objects is None:
+            objects = open_object_store(url if url is not None else envvars.default_store(),
+                                        config or StorageConfig.from_env(), stale_lock_after=stale_lock_after)
         # the storage layer's object store of this URL (warp/storage/base.py); the dataset contract below
-        self._b: ObjectStore = open_object_store(self.location, self.config, stale_lock_after=stale_lock_after)
-        self.fs = self._b.fs
+        self._b: ObjectStore = objects
+        self.location: Location = objects.location
+        self.config = objects.config
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -118,6 +122,16 @@ class Store:
     def objects(self) -> ObjectStore:
         """The storage layer's object store under this dataset store (warp/storage/base.py)."""
         return self._b
+
+    @property
+    def fs(self):
+        """The fsspec filesystem under the store (made on first use)."""
+        return self._b.fs
+
+    @property
+    def stats(self):
+        """The store's request counters (:class:`~warpdata.storage.policy.RequestStats`)."""
+        return self._b.stats
 
     @property
     def url(self) -> str:
@@ -147,9 +161,7 @@ class Store:
 
     def url_of(self, key: str) -> str:
         """Full URL of a store key, for DuckDB/pyarrow/fsspec (local: an absolute path)."""
-        if self.location.protocol == "file":
-            return self._b.path(key)
-        return f"{self.location.protocol}://{self._b.path(key).lstrip('/')}"
+        return self._b.url_of(key)
 
     def blob_url(self, hash_hex: str) -> str:
         return self.url_of(blob_key(hash_hex))
@@ -158,7 +170,9 @@ class Store:
         """The blob's path inside ``self.fs`` (for ``fs.open`` / ``fs.cat_ranges``)."""
         return self._b.path(blob_key(hash_hex))
 
-    def _call(self, fn, what: str, action: str, *args: Any):
+    def call(self, fn, what: str, action: str, *args: Any):
+        """``fn(*args)``, its storage failures typed (auth, permission, unreachable) naming ``what``,
+        the URL ``action`` (read, write, list) was for; FileNotFoundError passes through."""
         try:
             return fn(*args)
         except FileNotFoundError:
@@ -172,33 +186,33 @@ class Store:
     # -- objects by key ------------------------------------------------------
     # The storage interface under the dataset contract: get, put create-only, compare-and-swap and
     # remove of one object by its key under the store root; callers (the doctor's probes) use these,
-    # never a backend's members. Untyped client errors come back typed as in :meth:`_call`.
+    # never a backend's members. Untyped client errors come back typed as in :meth:`call`.
     def get_object(self, key: str) -> bytes:
         """The object's bytes (FileNotFoundError when there is none)."""
-        return self._call(self._b.get, self.url_of(key), "read", key)
+        return self.call(self._b.get, self.url_of(key), "read", key)
 
     def put_object(self, key: str, data: bytes) -> bool:
         """Create-only write: True when written, False when an object was already there (kept)."""
-        return bool(self._call(self._b.put_if_absent, self.url_of(key), "write", key, bytes(data)))
+        return bool(self.call(self._b.put_if_absent, self.url_of(key), "write", key, bytes(data)))
 
     def swap_object(self, key: str, data: bytes, token: str | None) -> str | None:
         """Compare-and-swap: write ``data`` if the object's version token is still ``token`` (None: no
         object yet); the new token, or None when another writer changed it first."""
-        return self._call(self._b.write_if, self.url_of(key), "write", key, bytes(data), token)
+        return self.call(self._b.write_if, self.url_of(key), "write", key, bytes(data), token)
 
     def delete_object(self, key: str) -> None:
         """Remove one object (nothing when it is not there); read-only stores refuse."""
-        self._call(self._b.delete, self.url_of(key), "write", key)
+        self.call(self._b.delete, self.url_of(key), "write", key)
 
     def remove_prefix(self, prefix: str) -> None:
         """Remove every object under ``prefix`` (a probe's scratch folder); read-only stores refuse."""
         self.require_writable("remove objects")
-        self._call(lambda: self.fs.rm(self.location.join(prefix).path, recursive=True), self.url_of(prefix),
+        self.call(lambda: self.fs.rm(self.location.join(prefix).path, recursive=True), self.url_of(prefix),
                    "write")
 
     # -- blobs -------------------------------------------------------------
     def has_blob(self, hash_hex: str) -> bool:
-        return bool(self._call(self._b.exists, self.blob_url(hash_hex), "read", blob_key(hash_hex)))
+        return bool(self.call(self._b.exists, self.blob_url(hash_hex), "read", blob_key(hash_hex)))
 
     def missing_blobs(self, hashes: Iterable[str], *, workers: int = 16) -> list[str]:
         """The subset of ``hashes`` the store lacks, in input order (parallel existence checks)."""
@@ -213,7 +227,7 @@ class Store:
         # them costs far fewer requests than one HEAD per blob (a first publish: one request).
         # Past len(hs) // 8 pages it gives up and checks each blob by HEAD.
         try:
-            listed = self._b.list_keys("blobs/", max(1, len(hs) // 8))  # type: ignore[attr-defined]
+            listed = self._b.list_keys("blobs/", max(1, len(hs) // 8))
         except Exception:  # e.g. credentials without s3:ListBucket: the HEADs below say what is wrong
             listed = None
         if listed is not None:
@@ -228,7 +242,7 @@ class Store:
             raise BlobCorruptedError(f"bytes given for blob {hash_hex} hash to {hashlib.sha256(data).hexdigest()}",
                                      hint="this is a bug in the caller: blobs are named by their SHA-256")
         key = blob_key(hash_hex)
-        return bool(self._call(self._b.put_if_absent, self.url_of(key), "write", key, bytes(data)))
+        return bool(self.call(self._b.put_if_absent, self.url_of(key), "write", key, bytes(data)))
 
     def remove_stale_temps(self, older_than: float | None = None) -> list[str]:
         """Remove ``.warp-tmp-*`` leftovers of killed writers under a local store's ``blobs/`` and ``datasets/``.
@@ -249,12 +263,12 @@ class Store:
     def put_blob_file(self, hash_hex: str, local_path: str | os.PathLike) -> bool:
         """Create-only upload of a local file already known to hash to ``hash_hex``."""
         key = blob_key(hash_hex)
-        return bool(self._call(self._b.put_file_if_absent, self.url_of(key), "write", key, os.fspath(local_path)))
+        return bool(self.call(self._b.put_file_if_absent, self.url_of(key), "write", key, os.fspath(local_path)))
 
     def get_blob(self, hash_hex: str, *, verify: bool = True) -> bytes:
         key = blob_key(hash_hex)
         try:
-            data = self._call(self._b.get, self.url_of(key), "read", key)
+            data = self.call(self._b.get, self.url_of(key), "read", key)
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {hash_hex} is missing from store {self.url}",
                                     hint="the version was published incompletely or the blob was deleted; republish it") from None
@@ -279,7 +293,7 @@ class Store:
             self.blob_size(hash_hex)  # a missing blob is still an error
             return b""
         try:
-            return self._call(self._b.get_range, self.url_of(key), "read", key, start, start + length)
+            return self.call(self._b.get_range, self.url_of(key), "read", key, start, start + length)
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {hash_hex} is missing from store {self.url}",
                                     hint="republish the dataset") from None
@@ -287,7 +301,7 @@ class Store:
     def blob_size(self, hash_hex: str) -> int:
         key = blob_key(hash_hex)
         try:
-            return self._call(self._b.size, self.url_of(key), "read", key)
+            return self.call(self._b.size, self.url_of(key), "read", key)
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {hash_hex} is missing from store {self.url}",
                                     hint="republish the dataset") from None
@@ -295,9 +309,9 @@ class Store:
     def open_blob(self, hash_hex: str):
         """A seekable binary file object over the blob (ranged reads on S3 and HTTP)."""
         if self.read_only:
-            return self._b.open(blob_key(hash_hex))  # type: ignore[attr-defined]
+            return self._b.open(blob_key(hash_hex))
         try:
-            return self._call(self.fs.open, self.blob_url(hash_hex), "read", self.blob_path(hash_hex), "rb")
+            return self.call(self.fs.open, self.blob_url(hash_hex), "read", self.blob_path(hash_hex), "rb")
         except FileNotFoundError:
             raise BlobNotFoundError(f"blob {hash_hex} is missing from store {self.url}",
                                     hint="republish the dataset") from None
@@ -305,18 +319,18 @@ class Store:
     # -- manifests ---------------------------------------------------------
     def has_manifest(self, dataset_id: str, version_hash: str) -> bool:
         key = self.manifest_key(dataset_id, version_hash)
-        return bool(self._call(self._b.exists, self.url_of(key), "read", key))
+        return bool(self.call(self._b.exists, self.url_of(key), "read", key))
 
     def put_manifest(self, manifest: Manifest) -> bool:
         """Create-only write of a validated manifest at its hash; False if it already existed."""
         data = manifest.to_bytes()
         key = self.manifest_key(manifest.dataset_id, manifest.version_hash)
-        return bool(self._call(self._b.put_if_absent, self.url_of(key), "write", key, data))
+        return bool(self.call(self._b.put_if_absent, self.url_of(key), "write", key, data))
 
     def get_manifest_bytes(self, dataset_id: str, version_hash: str) -> bytes:
         key = self.manifest_key(dataset_id, version_hash)
         try:
-            return self._call(self._b.get, self.url_of(key), "read", key)
+            return self.call(self._b.get, self.url_of(key), "read", key)
         except FileNotFoundError:
             raise DatasetNotFoundError(
                 f"version {version_hash} of {dataset_id} is not in store {self.url}",
@@ -333,7 +347,7 @@ class Store:
         return m
 
     def list_versions(self, dataset_id: str) -> list[str]:
-        names = self._call(self._b.list_names, self.url, "list", f"datasets/{validate_dataset_id(dataset_id)}/versions")
+        names = self.call(self._b.list_names, self.url, "list", f"datasets/{validate_dataset_id(dataset_id)}/versions")
         return [n[:-5] for n in names if n.endswith(".json") and HASH_RE.match(n[:-5])]
 
     def resolve_version(self, dataset_id: str, version: str | None = None) -> str:
@@ -394,7 +408,7 @@ class Store:
     # -- latest pointer ----------------------------------------------------------
     def read_latest(self, dataset_id: str) -> LatestPointer | None:
         key = self.latest_key(dataset_id)
-        got = self._call(self._b.read_versioned, self.url_of(key), "read", key)
+        got = self.call(self._b.read_versioned, self.url_of(key), "read", key)
         if got is None:
             return None
         data, token = got
@@ -418,7 +432,7 @@ class Store:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         data = canonical_json({"kind": LATEST_KIND, "dataset_id": dataset_id, "version_hash": version_hash,
                                "updated_at": now})
-        token = self._call(self._b.write_if, self.url_of(key), "write", key, data,
+        token = self.call(self._b.write_if, self.url_of(key), "write", key, data,
                            expected.token if expected else None)
         return None if token is None else LatestPointer(dataset_id, version_hash, now, token)
 
@@ -449,10 +463,10 @@ class Store:
     def list_datasets(self, workspace: str | None = None) -> list[str]:
         """Dataset ids with at least one stored version or a latest pointer, sorted."""
         workspaces = [validate_workspace(workspace)] if workspace is not None else \
-            self._call(self._b.list_names, self.url, "list", "datasets")
+            self.call(self._b.list_names, self.url, "list", "datasets")
         out = []
         for ws in workspaces:
-            for name in self._call(self._b.list_names, self.url, "list", f"datasets/{ws}"):
+            for name in self.call(self._b.list_names, self.url, "list", f"datasets/{ws}"):
                 did = f"{ws}/{name}"
                 with contextlib.suppress(Exception):
                     validate_dataset_id(did)

@@ -24,17 +24,57 @@ from warpdata.storage.locations import (
     filesystem,
     parse_location,
 )
+from warpdata.storage.policy import RequestStats
 
 __all__ = ["ObjectStore", "open_object_store"]
 
 
 class ObjectStore(abc.ABC):
-    """Objects by key over one fsspec filesystem rooted at ``root`` (each protocol overrides what it
-    does better)."""
+    """Objects by key under the store root ``location`` (each protocol overrides what it does better
+    than the generic fsspec calls here).
 
-    def __init__(self, fs: Any, root: str) -> None:
-        self.fs = fs
-        self.root = root.rstrip("/")
+    One object serves one store URL for reads and writes alike: :attr:`remote` is its reader (ranged
+    and whole gets under the request policy, :mod:`warpdata.storage.policy`) and :attr:`stats` the one
+    set of counters every request of this store is counted in, the reader's and the writer's.
+    """
+
+    def __init__(self, location: Location, config: StorageConfig) -> None:
+        self.location = location
+        self.config = config
+        self.root = location.path.rstrip("/")
+        self.stats = RequestStats()
+        self._fs: Any = None
+        self._remote: Any = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return self.location.url
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem under this store, made on first use (s3fs costs a botocore import,
+        which a read that never writes or lists does not pay)."""
+        if self._fs is None:
+            self._fs = filesystem(self.location, self.config)
+        return self._fs
+
+    @property
+    def remote(self):
+        """This store's reader (:class:`~warpdata.storage.remote.Remote`): whole, ranged and streamed
+        gets under the request policy, counted in :attr:`stats`; made on first use."""
+        if self._remote is None:
+            from warpdata.storage.remote import Remote
+
+            self._remote = Remote(self.location, config=self.config, stats=self.stats)
+        return self._remote
+
+    def url_of(self, key: str) -> str:
+        """The full URL of ``key`` (an absolute path on a local store)."""
+        return self.path(key) if self.location.protocol == "file" else \
+            f"{self.location.protocol}://{self.path(key).lstrip('/')}"
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}"
@@ -53,6 +93,7 @@ class ObjectStore(abc.ABC):
 
     def list_names(self, prefix: str) -> list[str]:
         p = self.path(prefix).rstrip("/")
+        self.stats.request("LIST")
         with contextlib.suppress(AttributeError):
             self.fs.invalidate_cache(p)
         try:
@@ -60,6 +101,16 @@ class ObjectStore(abc.ABC):
         except FileNotFoundError:
             return []
         return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
+
+    def open(self, key: str, size: int | None = None):
+        """Random access to the object by ranged reads under the request policy
+        (:class:`~warpdata.storage.remote.RangeFile`; its size from the caller, else one HEAD)."""
+        return self.remote.open(key, size)
+
+    def list_keys(self, prefix: str, max_pages: int) -> set[str] | None:
+        """Every key under ``prefix`` when at most ``max_pages`` listing requests name them all, else
+        None (the caller asks for each key instead); protocols without paged listings answer None."""
+        return None
 
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         """The bytes and a version token (their SHA-256; S3 uses the ETag); None if absent."""
@@ -97,19 +148,19 @@ def open_object_store(url: str | os.PathLike | Location, config: StorageConfig |
     ``http(s)://``); S3 configured from ``config`` or the environment."""
     loc = url if isinstance(url, Location) else parse_location(url)
     config = config or StorageConfig.from_env()
+    # each protocol's module is imported when a URL of it is opened (the CLI's start-up)
     if loc.protocol in HTTP_PROTOCOLS:
         from warpdata.storage.http import HttpObjectStore
 
-        return HttpObjectStore(loc)
-    fs = filesystem(loc, config)
+        return HttpObjectStore(loc, config)
     if loc.protocol == "file":
         from warpdata.storage.local import LocalObjectStore
 
-        return LocalObjectStore(fs, loc.path, stale_lock_after)
+        return LocalObjectStore(loc, config, stale_lock_after)
     if loc.protocol == "memory":
         from warpdata.storage.memory import MemoryObjectStore
 
-        return MemoryObjectStore(fs, loc.path)
+        return MemoryObjectStore(loc, config)
     from warpdata.storage.s3 import S3ObjectStore
 
-    return S3ObjectStore(fs, loc.path, config)
+    return S3ObjectStore(loc, config)

@@ -8,7 +8,6 @@ from typing import Any
 
 from warpdata.core.errors import BlobNotFoundError
 from warpdata.storage.base import ObjectStore
-from warpdata.storage.locations import Location
 
 __all__ = ["HttpObjectStore", "read_only_error"]
 
@@ -17,12 +16,6 @@ class HttpObjectStore(ObjectStore):
     """A store served over HTTP(S): reads by key through :class:`~warpdata.storage.remote.Remote`;
     no listing, no writes."""
 
-    def __init__(self, location: Location) -> None:
-        from warpdata.storage.remote import Remote
-
-        super().__init__(None, location.path)
-        self.url = location.url
-        self.remote = Remote(location.url)
 
     def exists(self, key: str) -> bool:
         try:
@@ -53,10 +46,6 @@ class HttpObjectStore(ObjectStore):
             return self.remote.size(key)
         except BlobNotFoundError:
             raise FileNotFoundError(self.remote.url_of(key)) from None
-
-    def open(self, key: str, size: int | None = None):
-        """Random access to the object by ranged reads (:class:`~warpdata.storage.remote.RangeFile`)."""
-        return self.remote.open(key, size)
 
     def list_names(self, prefix: str) -> list[str]:
         from warpdata.core.errors import NotListableError

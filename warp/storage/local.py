@@ -7,18 +7,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from typing import Any
 
 from warpdata.core.atomic import create_exclusive
 from warpdata.storage.base import ObjectStore
+from warpdata.storage.locations import Location, StorageConfig
 from warpdata.storage.locks import FileLock
 
 __all__ = ["LocalObjectStore"]
 
 
 class LocalObjectStore(ObjectStore):
-    def __init__(self, fs: Any, root: str, stale_after: float) -> None:
-        super().__init__(fs, root)
+    def __init__(self, location: Location, config: StorageConfig, stale_after: float) -> None:
+        super().__init__(location, config)
         self.stale_after = stale_after
 
     def exists(self, key: str) -> bool:

@@ -5,10 +5,9 @@ and the ETag-conditional writes: ``PUT If-None-Match: *`` is create-only (412: a
 from __future__ import annotations
 
 import errno
-from typing import Any
 
 from warpdata.storage.base import ObjectStore
-from warpdata.storage.locations import StorageConfig
+from warpdata.storage.locations import Location, StorageConfig
 from warpdata.storage.s3client import shared_client
 
 __all__ = ["S3ObjectStore"]
@@ -19,9 +18,8 @@ _CONFLICT_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "4
 class S3ObjectStore(ObjectStore):
     """s3fs for blob traffic; a boto3 client for the ETag-conditional ``latest`` pointer."""
 
-    def __init__(self, fs: Any, root: str, config: StorageConfig) -> None:
-        super().__init__(fs, root)
-        self.config = config
+    def __init__(self, location: Location, config: StorageConfig) -> None:
+        super().__init__(location, config)
         self.bucket, _, self.prefix = self.root.partition("/")
         self._client = None
 
@@ -31,7 +29,8 @@ class S3ObjectStore(ObjectStore):
             self._client = shared_client(self.config)
         return self._client
 
-    def _key(self, key: str) -> str:
+    def object_key(self, key: str) -> str:
+        """The S3 object key of store key ``key`` (the store's prefix before it)."""
         return f"{self.prefix}/{key}" if self.prefix else key
 
     # s3fs answers exists/size (and whole-object cat_file, which sizes first)
@@ -41,8 +40,9 @@ class S3ObjectStore(ObjectStore):
         """One HEAD of the object (s3fs's exists() LISTs the key as a "directory" after a 404)."""
         from botocore.exceptions import ClientError
 
+        self.stats.request("HEAD")
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            self.client.head_object(Bucket=self.bucket, Key=self.object_key(key))
         except ClientError as e:
             status = str(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
             if status == "404" or e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
@@ -54,12 +54,13 @@ class S3ObjectStore(ObjectStore):
         """Every key under ``prefix`` (relative to the store root), or None past ``max_pages`` LIST pages."""
         out: set[str] = set()
         token = None
-        base = self._key(prefix)
-        strip = len(self._key(""))
+        base = self.object_key(prefix)
+        strip = len(self.object_key(""))
         for _ in range(max_pages):
             kw = {"Bucket": self.bucket, "Prefix": base, "MaxKeys": 1000}
             if token:
                 kw["ContinuationToken"] = token
+            self.stats.request("LIST")
             r = self.client.list_objects_v2(**kw)
             out.update(o["Key"][strip:] for o in r.get("Contents", ()))
             if not r.get("IsTruncated"):
@@ -86,6 +87,7 @@ class S3ObjectStore(ObjectStore):
             raise
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
+        self.stats.request("PUT")
         try:
             self.fs.pipe_file(self.path(key), bytes(data), mode="create")
         except FileExistsError:
@@ -93,6 +95,7 @@ class S3ObjectStore(ObjectStore):
         return True
 
     def put_file_if_absent(self, key: str, local: str) -> bool:
+        self.stats.request("PUT")
         try:
             self.fs.put_file(local, self.path(key), mode="create")
         except FileExistsError:
@@ -100,14 +103,16 @@ class S3ObjectStore(ObjectStore):
         return True
 
     def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        self.stats.request("DELETE")
+        self.client.delete_object(Bucket=self.bucket, Key=self.object_key(key))
         self.fs.invalidate_cache(self.path(key))
 
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         from botocore.exceptions import ClientError
 
+        self.stats.request("GET")
         try:
-            r = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            r = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None
@@ -118,8 +123,9 @@ class S3ObjectStore(ObjectStore):
         from botocore.exceptions import ClientError
 
         cond = {"IfMatch": token} if token is not None else {"IfNoneMatch": "*"}
+        self.stats.request("PUT")
         try:
-            r = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+            r = self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data,
                                        ContentType="application/json", **cond)
         except ClientError as e:
             err = e.response.get("Error", {})

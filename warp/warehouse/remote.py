@@ -38,10 +38,10 @@ SPOOL = ".spool"
 
 
 def _fs(url: str):
-    from warpdata.storage.locations import filesystem, parse_location
+    from warpdata.storage.base import open_object_store
 
-    loc = parse_location(url)
-    return filesystem(loc), loc.path
+    objects = open_object_store(url)
+    return objects.fs, objects.root
 
 
 def _get(fs, path: str) -> bytes:
