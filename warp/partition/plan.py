@@ -286,11 +286,11 @@ class ShardPlan:
 
     def tally(self, consumed: Iterable[tuple[int, int]], content: str):
         """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``."""
-        from warpdata.partition.digest import Ledger, SampleKeys
+        from warpdata.partition.digest import Ledger, sample_keys
 
         ledger = getattr(self, "_ledger", None)
         if ledger is None or ledger.keys.content != content:
-            ledger = self._ledger = Ledger(SampleKeys(content), self._rem, self.row_indices, self.row_ranges)
+            ledger = self._ledger = Ledger(sample_keys(content), self._rem, self.row_indices, self.row_ranges)
         own = ledger.tally(self._items(consumed))
         dropped = self.rows_per_rank * self.world if self.policy == "drop" and self.rank == 0 else None
         return ledger.make(content=content, order=self.order_digest(content), own=own,

@@ -64,13 +64,13 @@ from typing import TYPE_CHECKING, Any
 from warpdata.core.errors import ConfigError
 from warpdata.partition.digest import (
     Ledger,
-    SampleKeys,
     Tally,
     carried_of,
     carry,
     check_same_epoch,
     order_digest,
     runs_of,
+    sample_keys,
 )
 from warpdata.partition.split import (
     Remainder,
@@ -355,7 +355,7 @@ class ShardAwareSampler:
         """The digests of the first ``consumed`` samples of this rank's epoch (and what it carries)."""
         if self._ledger is None:
             seq = self.sequence()
-            self._ledger = Ledger(SampleKeys(self.content), self._rem, seq.__getitem__)
+            self._ledger = Ledger(sample_keys(self.content), self._rem, seq.__getitem__)
         own = self._ledger.tally_prefix(self.epoch_items(), consumed)
         dropped = self.per_rank * self.world_size if self.mode == "drop" and self.rank == 0 else None
         return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
