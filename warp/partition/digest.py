@@ -11,13 +11,20 @@ weighted record read ``k`` times per epoch is ``k`` samples with one key.
 
 Digests
 -------
-:class:`Digest`: two 64-bit lanes, each the sum modulo 2^64 of a per-key hash
-(``fmix64(index·M + salt)``, MurmurHash3's finaliser, a bijection of the index, with a
-salt taken from SHA-256 of ``content``; the second lane sums it rotated by 29 bits). A sum is order-independent, O(1) per
-key and vectorised over a batch with numpy (no Python object per sample); unlike
-XOR a repeated key does not cancel: a missing, repeated or extra sample changes
-both lanes. It guards against accidents (lost, repeated or skipped samples), not
-against someone forging a collision.
+:class:`Digest`: two lanes, each the sum modulo the prime ``P = 2^61 - 1`` of a per-key
+term ``g^index`` (``g_a``, ``g_b``: two numbers taken from SHA-256 of ``content``). A lane
+is the multiset's characteristic polynomial ``Σ_i count(i)·x^i`` evaluated at a point
+drawn from the content: two different multisets of keys whose indices are below ``n``
+agree in a lane only where ``g`` is a root of their difference, a nonzero polynomial of
+degree below ``n`` with fewer than ``n`` roots among the ``P`` residues (Schwartz–Zippel):
+for a mistake that does not depend on ``g`` the chance is below ``n / 2^61`` per lane. A sum is order-independent;
+unlike XOR a repeated key does not cancel: a missing, repeated or extra sample changes
+it. A run of consecutive indices ``s .. t-1`` is a geometric series with a closed form,
+``(g^t - g^s) / (g - 1)``, so an order made of runs (a table's row groups) is hashed a
+run at a time in O(log n) per run, never per sample; single keys are hashed a batch at a
+time in numpy (``g^i`` from tables of powers, 10 bits of ``i`` at a time). It guards
+against accidents (lost, repeated or skipped samples), not against someone forging a
+collision.
 
 * The epoch's **set digest** (:func:`set_digest`) is the digest of the keys of
   every sample of the epoch, each once.
@@ -38,6 +45,7 @@ repeats, plus the documented dropped tail).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
@@ -61,18 +69,28 @@ __all__ = ["Digest", "SampleKeys", "Tally", "combine_digests", "content_of_manif
            "order_digest", "sample_keys", "set_digest"]
 
 
-@dataclass(frozen=True)
 class Digest:
-    """A multiset digest: two lanes, each a sum of per-key terms modulo ``P`` = 2^61 - 1."""
+    """A multiset digest: two lanes, each a sum of per-key terms modulo ``P`` = 2^61 - 1 (immutable)."""
 
-    a: int = 0
-    b: int = 0
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: int = 0, b: int = 0) -> None:
+        self.a, self.b = a, b
 
     def __add__(self, other: Digest) -> Digest:
         return Digest((self.a + other.a) % P, (self.b + other.b) % P)
 
     def __sub__(self, other: Digest) -> Digest:
         return Digest((self.a - other.a) % P, (self.b - other.b) % P)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Digest) and self.a == other.a and self.b == other.b
+
+    def __hash__(self) -> int:
+        return hash((self.a, self.b))
+
+    def __repr__(self) -> str:
+        return f"Digest({self.hex()})"
 
     def hex(self) -> str:
         return f"{self.a:016x}{self.b:016x}"
@@ -126,7 +144,6 @@ class SampleKeys:
         self._inv = tuple(pow(g - 1, P - 2, P) for g in self.g)  # 1 / (g - 1) for the series
         self._py: tuple[list[list[int]], list[list[int]]] = ([], [])  # lane → piece k → g^(d·2^(10k)), d < 1024
         self._np: tuple[list[Any], list[Any]] = ([], [])
-        self._series: dict[int, tuple[int, int]] = {}
 
     def _tables(self, lane: int, pieces: int) -> list[list[int]]:
         tables = self._py[lane]
@@ -187,16 +204,24 @@ class SampleKeys:
         return Digest(a % P, b % P)
 
     def digest_range(self, start: int, stop: int) -> Digest:
-        """The digest of samples ``start .. stop-1``: ``g^start · (g^n - 1) / (g - 1)`` per lane, O(log n)."""
-        n = stop - start
-        if n <= 0:
+        """The digest of samples ``start .. stop-1``: ``(g^stop - g^start) / (g - 1)`` per lane, O(log n)."""
+        if stop <= start:
             return Digest()
-        series = self._series.get(n)  # (g^n - 1) / (g - 1) per lane: batches repeat a few lengths
-        if series is None:
-            if len(self._series) > 256:
-                self._series.clear()
-            series = self._series[n] = tuple((self.power(lane, n) - 1) * self._inv[lane] % P for lane in (0, 1))
-        return Digest(self.power(0, start) * series[0] % P, self.power(1, start) * series[1] % P)
+        inv, power = self._inv, self.power
+        return Digest((power(0, stop) - power(0, start)) * inv[0] % P, (power(1, stop) - power(1, start)) * inv[1] % P)
+
+    def run_terms(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each run's digest in lanes a and b (uint64 residues): runs ``starts[k] .. starts[k]+lengths[k]-1``."""
+        import numpy as np
+
+        s = np.ascontiguousarray(starts, dtype=np.int64).reshape(-1).view(np.uint64)
+        n = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1).view(np.uint64)
+        out = []
+        for lane in (0, 1):
+            series = self.powers(lane, n) - np.uint64(1)  # g^n - 1 (g^n is never 0), / (g - 1), · g^start
+            series = _mulmod(series, np.uint64(self._inv[lane]))
+            out.append(_mulmod(self.powers(lane, s), series))
+        return out[0], out[1]
 
     def digest_runs(self, starts: np.ndarray, lengths: np.ndarray) -> Digest:
         """The digest of runs ``starts[k] .. starts[k]+lengths[k]-1``, vectorised over the runs."""
@@ -205,15 +230,55 @@ class SampleKeys:
         s = np.ascontiguousarray(starts, dtype=np.int64).reshape(-1)
         n = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
         keep = n > 0
-        s, n = s[keep].view(np.uint64), n[keep].view(np.uint64)
-        out = [0, 0]
+        s, n = s[keep], n[keep]
+        a = b = 0
         for at in range(0, len(s), HASH_CHUNK):
-            ps, pn = s[at:at + HASH_CHUNK], n[at:at + HASH_CHUNK]
-            for lane in (0, 1):
-                series = self.powers(lane, pn) - np.uint64(1)  # g^n - 1 (g^n is never 0), / (g - 1), · g^start
-                series = _mulmod(series, np.uint64(self._inv[lane]))
-                out[lane] += _sum_mod(_mulmod(self.powers(lane, ps), series))
-        return Digest(out[0] % P, out[1] % P)
+            ta, tb = self.run_terms(s[at:at + HASH_CHUNK], n[at:at + HASH_CHUNK])
+            a, b = a + _sum_mod(ta), b + _sum_mod(tb)
+        return Digest(a % P, b % P)
+
+
+class RunPrefix:
+    """Digests of the prefixes of an order made of runs of consecutive indices (a table's row groups).
+
+    ``at(pos)`` is the digest of the order's first ``pos`` samples: the runs before ``pos``
+    summed once (prefix sums), plus part of one run in closed form: O(log n) whatever ``pos``.
+    """
+
+    def __init__(self, keys: SampleKeys, starts: Sequence[int], lengths: Sequence[int]) -> None:
+        import numpy as np
+
+        self.keys = keys
+        self.starts = [int(x) for x in starts]
+        self.cum = [0]
+        for n in lengths:
+            self.cum.append(self.cum[-1] + int(n))
+        ta, tb = keys.run_terms(np.asarray(self.starts, np.int64), np.asarray(lengths, np.int64))
+        halves = np.zeros((len(self.starts) + 1, 4), np.uint64)  # 32-bit halves: the sums never overflow
+        halves[1:] = np.stack([ta >> np.uint64(32), ta & np.uint64(_M32), tb >> np.uint64(32),
+                               tb & np.uint64(_M32)], axis=1)
+        self._sums = np.cumsum(halves, axis=0)
+        self._first = [(keys.power(0, x), keys.power(1, x)) for x in self.starts]  # g^start of each run
+        self._memo: dict[int, Digest] = {}
+
+    def at(self, pos: int) -> Digest:
+        got = self._memo.get(pos)
+        if got is not None:
+            return got
+        k = bisect.bisect_right(self.cum, pos) - 1
+        ah, al, bh, bl = self._sums[k].tolist()
+        out = Digest(((ah << 32) + al) % P, ((bh << 32) + bl) % P)
+        if pos > self.cum[k]:  # part of run k in closed form: (g^stop - g^start) / (g - 1)
+            stop, (fa, fb), keys = self.starts[k] + pos - self.cum[k], self._first[k], self.keys
+            out += Digest((keys.power(0, stop) - fa) * keys._inv[0] % P, (keys.power(1, stop) - fb) * keys._inv[1] % P)
+        if len(self._memo) > 64:
+            self._memo.clear()
+        self._memo[pos] = out
+        return out
+
+    def digest(self, lo: int, hi: int) -> Digest:
+        """The digest of positions ``lo .. hi-1`` of the order."""
+        return self.at(hi) - self.at(lo) if hi > lo else Digest()
 
 
 @functools.lru_cache(maxsize=32)
@@ -287,7 +352,7 @@ def content_of_manifest(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Tally:
     """What one rank consumed of an epoch, as digests and counts (see the module docstring)."""
 
@@ -349,12 +414,13 @@ class Ledger:
     """
 
     def __init__(self, keys: SampleKeys, rem: Remainder, index_of: Callable[[np.ndarray], np.ndarray],
-                 ranges_of: Callable[[int, int], Sequence[tuple[int, int]]] | None = None) -> None:
-        # ranges_of (optional): items [a, b) as runs of consecutive sample indices, for orders made of runs
-        self.keys, self.rem, self.index_of, self.ranges_of = keys, rem, index_of, ranges_of
+                 runs: RunPrefix | None = None) -> None:
+        # runs (optional): the order's prefix digests, for orders made of runs (a closed form per interval)
+        self.keys, self.rem, self.index_of, self.runs = keys, rem, index_of, runs
         self._iv: tuple[tuple[int, int], ...] = ()
         self._sum = _NONE
         self._dropped: tuple[int, Digest] | None = None
+        self.carried: tuple[Digest, int, Digest, int] | None = None  # what this rank carries (its owner sets it)
         # tally_prefix: prefix sums over items [_lo, _hi) of the array _items; _base is the tally of items[:_lo]
         self._items: np.ndarray | None = None
         self._lo = self._hi = 0
@@ -362,28 +428,24 @@ class Ledger:
         self._cum: np.ndarray | None = None
 
     def _digest(self, a: int, b: int) -> Digest:
-        if self.ranges_of is None:
+        if self.runs is None:
             return self.keys.digest(self.index_of(self.rem.array(a, b)))
-        runs = self.ranges_of(a, b)
-        if len(runs) > 8:  # many runs: one vectorised pass
-            import numpy as np
-
-            lo = np.fromiter((r[0] for r in runs), np.int64, len(runs))
-            hi = np.fromiter((r[1] for r in runs), np.int64, len(runs))
-            return self.keys.digest_runs(lo, hi - lo)
-        out = Digest()
-        for lo, hi in runs:
-            out += self.keys.digest_range(lo, hi)
+        pieces = self.rem.ranges(a, b)
+        out = self.runs.digest(*pieces[0])
+        for lo, hi in pieces[1:]:
+            out += self.runs.digest(lo, hi)
         return out
 
     def _add(self, acc, intervals) -> tuple[Digest, int, Digest, int]:
         c, n, p, q = acc
         m = self.rem.size
+        step = CHUNK if self.runs is None else 1 << 62  # key by key: bounded temporaries
         for lo, hi in intervals:
-            for at in range(lo, hi, CHUNK):
-                a, b = at, min(hi, at + CHUNK)
+            for at in range(lo, hi, step):
+                a, b = at, min(hi, at + step)
                 if b <= m:
-                    c, n = c + self._digest(a, b), n + b - a
+                    d = self._digest(a, b)
+                    c, n = (c + d if n else d), n + b - a
                 elif a >= m:
                     p, q = p + self._digest(a, b), q + b - a
                 else:  # straddles the end of the order: split it
@@ -393,6 +455,8 @@ class Ledger:
     def tally(self, items: Iterable[tuple[int, int]]) -> tuple[Digest, int, Digest, int]:
         """(consumed digest, samples, pad digest, pad samples) of item intervals ``items``."""
         items = merge_intervals(items)
+        if self.runs is not None:  # closed form: O(intervals), nothing to keep
+            return self._add(_NONE, items)
         if items == self._iv:
             return self._sum
         if subtract_intervals(self._iv, items):  # not a superset of the last tally: start again
@@ -451,9 +515,11 @@ class Ledger:
     def make(self, *, content: str, order: str, own: tuple[Digest, int, Digest, int],
              carried: tuple[Digest, int, Digest, int] | None, dropped_from: int | None) -> Tally:
         """The tally of a state: ``own`` plus ``carried``, and the dropped tail when ``dropped_from``."""
-        cd, cn, cp, cq = carried or _NONE
         c, n, p, q = own
-        dd, dn = self.dropped(dropped_from) if dropped_from is not None else (Digest(), 0)
+        dd, dn = self.dropped(dropped_from) if dropped_from is not None else (_NONE[0], 0)
+        if carried is None:
+            return Tally(content, order, c, n, p, q, dd, dn)
+        cd, cn, cp, cq = carried
         return Tally(content=content, order_digest=order, consumed=c + cd, consumed_samples=n + cn,
                      pad=p + cp, pad_samples=q + cq, dropped=dd, dropped_samples=dn, carried=cd,
                      carried_samples=cn, carried_pad=cp, carried_pad_samples=cq)

@@ -256,18 +256,6 @@ class ShardPlan:
         k = np.searchsorted(cum, positions, side="right") - 1
         return first[k] + positions - cum[k]
 
-    def row_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Row index ranges (manifest order) that items ``lo .. hi-1`` of this run's order read."""
-        offsets = getattr(self, "_offsets", None)
-        if offsets is None:
-            offsets = self._offsets = [0]
-            for n in self.unit_rows:
-                offsets.append(offsets[-1] + int(n))
-        out: list[Slice] = []
-        for a, b in self._rem.ranges(lo, hi):
-            self._global_slices(a, b, out)
-        return [(offsets[s.unit] + s.start, offsets[s.unit] + s.stop) for s in out]
-
     def runs(self) -> list[tuple[int, int]]:
         """The epoch's order as runs ``(first row, rows)``, one per unit."""
         offsets = [0]
@@ -286,15 +274,19 @@ class ShardPlan:
 
     def tally(self, consumed: Iterable[tuple[int, int]], content: str):
         """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``."""
-        from warpdata.partition.digest import Ledger, sample_keys
+        from warpdata.partition.digest import Ledger, RunPrefix, sample_keys
 
         ledger = getattr(self, "_ledger", None)
         if ledger is None or ledger.keys.content != content:
-            ledger = self._ledger = Ledger(sample_keys(content), self._rem, self.row_indices, self.row_ranges)
+            keys = sample_keys(content)
+            runs = self.runs()
+            prefix = RunPrefix(keys, [a for a, _ in runs], [n for _, n in runs])
+            ledger = self._ledger = Ledger(keys, self._rem, self.row_indices, prefix)
+            ledger.carried = _carried(self.carried)
         own = ledger.tally(self._items(consumed))
         dropped = self.rows_per_rank * self.world if self.policy == "drop" and self.rank == 0 else None
         return ledger.make(content=content, order=self.order_digest(content), own=own,
-                           carried=_carried(self.carried), dropped_from=dropped)
+                           carried=ledger.carried, dropped_from=dropped)
 
     # -- workers ----------------------------------------------------------------
     def remaining(self) -> list[int]:

@@ -162,6 +162,7 @@ class ShardAwareSampler:
         self.content = content or f"sampler:{self._data_fingerprint()}"
         self._carried = None  # what earlier runs at another world size consumed (rank 0; digest.carry)
         self._cache: dict[str, Any] = {}
+        self._sequences: dict[int, np.ndarray] = {}
         self._set_done(())
 
     def _set_done(self, done) -> None:
@@ -205,7 +206,17 @@ class ShardAwareSampler:
         return np.random.default_rng([self.seed, e]).permutation(n).astype(np.int64)
 
     def sequence(self, epoch: int | None = None) -> np.ndarray:
-        """The epoch's sequence: every (weighted) sample once, in shard-permuted order."""
+        """The epoch's sequence: every (weighted) sample once, in shard-permuted order (read-only, kept
+        for the last epoch asked: iteration, digests and resume share it)."""
+        e = self.epoch if epoch is None else int(epoch)
+        got = self._sequences.get(e)
+        if got is None:
+            got = self._sequence(e)
+            got.flags.writeable = False
+            self._sequences = {e: got}
+        return got
+
+    def _sequence(self, epoch: int) -> np.ndarray:
         import numpy as np
 
         order = self.shard_order(epoch)
