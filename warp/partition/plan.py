@@ -331,14 +331,36 @@ class ShardPlan:
     def state_after(self, n_yielded: int, num_workers: int = 1, *, manifest: str = "",
                     table: str = "") -> ResumeState:
         """Resume state once the first ``n_yielded`` batches of this run were consumed."""
-        done = self.yield_order(num_workers)[:n_yielded] if n_yielded else []
-        consumed = merge_intervals(list(self.consumed) + [(j, j + 1) for j in done])
+        consumed = self._consumed_after(n_yielded, max(1, num_workers))
         tally = self.tally(consumed, content_of_table(manifest, table)).fields()
         tally["carried"] = tuple(tally.get("carried", ()))
         return ResumeState(manifest=manifest, table=table, seed=self.seed, epoch=self.epoch, rank=self.rank,
                            world=self.world, batch_size=self.batch_size, policy=self.policy,
                            shuffle=self.shuffle, consumed=consumed, num_batches=self.num_batches,
                            done_rows=self.done_rows, **tally)
+
+    def _consumed_after(self, n_yielded: int, num_workers: int) -> tuple[tuple[int, int], ...]:
+        """``consumed`` plus the first ``n_yielded`` batches of :meth:`yield_order`, merged: grown batch
+        by batch from the last call (a state saved every step costs O(intervals), not O(batches))."""
+        memo = getattr(self, "_after", None)
+        if memo is None or memo[0] != num_workers or memo[1] > n_yielded:
+            memo = self._after = [num_workers, 0, self.yield_order(num_workers), [list(x) for x in self.consumed]]
+        _, done, order, ivs = memo
+        for j in order[done:n_yielded]:
+            k = bisect.bisect_right(ivs, [j, float("inf")]) - 1  # the interval starting at or before j
+            if k >= 0 and ivs[k][1] > j:
+                continue
+            if k >= 0 and ivs[k][1] == j:
+                ivs[k][1] = j + 1
+                if k + 1 < len(ivs) and ivs[k + 1][0] == j + 1:
+                    ivs[k][1] = ivs[k + 1][1]
+                    del ivs[k + 1]
+            elif k + 1 < len(ivs) and ivs[k + 1][0] == j + 1:
+                ivs[k + 1][0] = j
+            else:
+                ivs.insert(k + 1, [j, j + 1])
+        memo[1] = max(done, min(n_yielded, len(order)))
+        return tuple((a, b) for a, b in ivs)
 
     @classmethod
     def resume(cls, unit_rows: Sequence[int], state: ResumeState, *, manifest: str = "",
