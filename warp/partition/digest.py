@@ -259,26 +259,42 @@ class RunPrefix:
                                tb & np.uint64(_M32)], axis=1)
         self._sums = np.cumsum(halves, axis=0)
         self._first = [(keys.power(0, x), keys.power(1, x)) for x in self.starts]  # g^start of each run
-        self._memo: dict[int, Digest] = {}
+        self._memo: dict[int, tuple[int, int]] = {}
 
-    def at(self, pos: int) -> Digest:
+    def at(self, pos: int) -> tuple[int, int]:
+        """The two lanes of the digest of the order's first ``pos`` samples."""
         got = self._memo.get(pos)
         if got is not None:
             return got
         k = bisect.bisect_right(self.cum, pos) - 1
         ah, al, bh, bl = self._sums[k].tolist()
-        out = Digest(((ah << 32) + al) % P, ((bh << 32) + bl) % P)
+        a, b = (ah << 32) + al, (bh << 32) + bl
         if pos > self.cum[k]:  # part of run k in closed form: (g^stop - g^start) / (g - 1)
             stop, (fa, fb), keys = self.starts[k] + pos - self.cum[k], self._first[k], self.keys
-            out += Digest((keys.power(0, stop) - fa) * keys._inv[0] % P, (keys.power(1, stop) - fb) * keys._inv[1] % P)
+            a += (keys.power(0, stop) - fa) * keys._inv[0]
+            b += (keys.power(1, stop) - fb) * keys._inv[1]
         if len(self._memo) > 64:
             self._memo.clear()
-        self._memo[pos] = out
-        return out
+        got = self._memo[pos] = (a % P, b % P)
+        return got
 
     def digest(self, lo: int, hi: int) -> Digest:
         """The digest of positions ``lo .. hi-1`` of the order."""
-        return self.at(hi) - self.at(lo) if hi > lo else Digest()
+        if hi <= lo:
+            return Digest()
+        (a1, b1), (a0, b0) = self.at(hi), self.at(lo)
+        return Digest((a1 - a0) % P, (b1 - b0) % P)
+
+    def lanes(self, rem: Remainder, intervals: Iterable[tuple[int, int]]) -> tuple[int, int, int]:
+        """Unreduced lanes and count of items ``intervals`` of ``rem`` (each within ``0 .. rem.size``)."""
+        a = b = n = 0
+        at, whole = self.at, len(rem.avail) == 1 and rem.avail[0] == (0, rem.n)
+        for lo, hi in intervals:
+            n += hi - lo
+            for x, y in ((lo, hi),) if whole else rem.ranges(lo, hi):
+                (a1, b1), (a0, b0) = at(y), at(x)
+                a, b = a + a1 - a0, b + b1 - b0
+        return a, b, n
 
 
 @functools.lru_cache(maxsize=32)
@@ -456,7 +472,15 @@ class Ledger:
         """(consumed digest, samples, pad digest, pad samples) of item intervals ``items``."""
         items = merge_intervals(items)
         if self.runs is not None:  # closed form: O(intervals), nothing to keep
-            return self._add(_NONE, items)
+            m = self.rem.size
+            ca, cb, n = self.runs.lanes(self.rem, ((lo, min(hi, m)) for lo, hi in items if lo < m))
+            pad = [(max(lo, m), hi) for lo, hi in items if hi > m]
+            if not pad:
+                return Digest(ca % P, cb % P), n, _NONE[0], 0
+            p, q = Digest(), 0
+            for lo, hi in pad:  # pad repeats wrap: item m + k repeats item k
+                p, q = p + self._digest(lo, hi), q + hi - lo
+            return Digest(ca % P, cb % P), n, p, q
         if items == self._iv:
             return self._sum
         if subtract_intervals(self._iv, items):  # not a superset of the last tally: start again
