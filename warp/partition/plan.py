@@ -43,7 +43,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warpdata.core.errors import UsageError
-from warpdata.partition.digest import carry, check_same_epoch
+from warpdata.partition.digest import (
+    Digest,
+    Ledger,
+    RunPrefix,
+    carry,
+    check_same_epoch,
+    merge_runs,
+    order_digest,
+    sample_keys,
+)
 from warpdata.partition.split import (
     MODES,
     Remainder,
@@ -264,8 +273,6 @@ class ShardPlan:
         return [(offsets[u], int(self.unit_rows[u])) for u in self.order]
 
     def order_digest(self, content: str) -> str:
-        from warpdata.partition.digest import merge_runs, order_digest
-
         cached = getattr(self, "_order_digest", None)
         if cached is None or cached[0] != content:
             self._order_digest = (content, order_digest(content, self.policy, self.seed, self.epoch,
@@ -274,8 +281,6 @@ class ShardPlan:
 
     def tally(self, consumed: Iterable[tuple[int, int]], content: str):
         """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``."""
-        from warpdata.partition.digest import Ledger, RunPrefix, sample_keys
-
         ledger = getattr(self, "_ledger", None)
         if ledger is None or ledger.keys.content != content:
             keys = sample_keys(content)
@@ -445,8 +450,6 @@ def content_of_table(manifest: str, table: str) -> str:
 
 
 def _carried(carried: tuple):
-    from warpdata.partition.digest import Digest
-
     if not carried:
         return None
     c, n, p, q = carried
