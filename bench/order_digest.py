@@ -93,7 +93,7 @@ def digests_off():
     from warpdata.tbl.loader import TblLoader
 
     saved = (ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally)
-    ShardPlan.tally = lambda self, consumed, content: Tally()
+    ShardPlan.tally = lambda self, consumed, content, after=None: Tally()
     ShardAwareSampler.tally = lambda self, consumed: Tally()
     TblLoader.tally = lambda self, batches_consumed: Tally()
     try:

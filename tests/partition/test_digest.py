@@ -130,3 +130,20 @@ def test_table_plan_states_equal_the_rows_they_read(policy, workers, done):
         rows = [offsets[s.unit] + r for j in order[:n] for s in plan.batch_slices(j) for r in range(s.start, s.stop)]
         assert t.consumed_samples + t.pad_samples == len(rows)
         assert t.consumed + t.pad == keys.digest(rows)
+
+
+@pytest.mark.parametrize(("policy", "rank", "consumed"), [("exact", 1, ()), ("exact", 0, ((1, 3),)), ("pad", 2, ()),
+                                                          ("pad", 0, ()), ("drop", 0, ((0, 1), (4, 6)))])
+def test_table_states_from_batch_prefix_sums_equal_the_closed_form(policy, rank, consumed):
+    """state_after reads a state's tally from prefix sums over the batches; it equals the interval tally."""
+    plan = ShardPlan([300, 0, 250, 450, 17], rank=rank, world=3, batch_size=16, policy=policy, seed=2, shuffle=True,
+                     consumed=consumed)
+    other = ShardPlan([300, 0, 250, 450, 17], rank=rank, world=3, batch_size=16, policy=policy, seed=2,
+                      shuffle=True, consumed=consumed)
+    for workers in (1, 3, 2):
+        for n in (*range(len(plan.yield_order(workers)) + 2), 4, 0):
+            state = plan.state_after(n, workers, manifest="m", table="t")
+            want = other.tally(state.consumed, "m/t")
+            assert (state.consumed_digest, state.consumed_samples) == (want.consumed.hex(), want.consumed_samples)
+            assert (state.pad_digest, state.dropped_digest) == (want.fields().get("pad_digest", ""),
+                                                                 want.fields().get("dropped_digest", ""))

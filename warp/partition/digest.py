@@ -260,6 +260,7 @@ class RunPrefix:
         self._sums = np.cumsum(halves, axis=0)
         self._first = [(keys.power(0, x), keys.power(1, x)) for x in self.starts]  # g^start of each run
         self._memo: dict[int, tuple[int, int]] = {}
+        self._arrays: tuple | None = None  # for at_array, made on first use
 
     def at(self, pos: int) -> tuple[int, int]:
         """The two lanes of the digest of the order's first ``pos`` samples."""
@@ -277,6 +278,29 @@ class RunPrefix:
             self._memo.clear()
         got = self._memo[pos] = (a % P, b % P)
         return got
+
+    def at_array(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`at` of an int64 array of positions (0 .. the order's length), vectorised: uint64 lanes."""
+        import numpy as np
+
+        if self._arrays is None:
+            lanes = []
+            for lane in (0, 1):
+                sums = self._sums[:, 2 * lane:2 * lane + 2]  # the lane's (high, low) halves
+                cum = [((h << 32) + lo) % P for h, lo in sums.tolist()]
+                first = [f[lane] for f in self._first] + [1]  # a sentinel run at the end: start 0, g^0
+                lanes.append((np.asarray(cum, np.uint64), np.asarray(first, np.uint64)))
+            self._arrays = (np.asarray(self.cum, np.int64), np.asarray(self.starts + [0], np.int64), lanes)
+        cum, starts, lanes = self._arrays
+        k = np.searchsorted(cum, pos, side="right") - 1
+        stop = (starts[k] + pos - cum[k]).view(np.uint64)
+        out = []
+        for lane, (sums, first) in enumerate(lanes):
+            part = self.keys.powers(lane, stop) + (np.uint64(P) - first[k])  # g^stop - g^start, + P
+            part = _mulmod(np.where(part >= P, part - np.uint64(P), part), np.uint64(self.keys._inv[lane]))
+            total = sums[k] + part
+            out.append(np.where(total >= P, total - np.uint64(P), total))
+        return out[0], out[1]
 
     def digest(self, lo: int, hi: int) -> Digest:
         """The digest of positions ``lo .. hi-1`` of the order."""

@@ -46,6 +46,7 @@ from warpdata.core.errors import UsageError
 from warpdata.partition.digest import (
     Digest,
     Ledger,
+    P,
     RunPrefix,
     carry,
     check_same_epoch,
@@ -279,8 +280,12 @@ class ShardPlan:
                                                         merge_runs(self.runs())))
         return self._order_digest[1]
 
-    def tally(self, consumed: Iterable[tuple[int, int]], content: str):
-        """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``."""
+    def tally(self, consumed: Iterable[tuple[int, int]], content: str, after: tuple[int, int] | None = None):
+        """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``.
+
+        ``after=(n, num_workers)`` says ``consumed`` is this plan's ``consumed`` plus the first
+        ``n`` batches of :meth:`yield_order` (what :meth:`state_after` passes): the tally is then
+        read from prefix sums over the batches, made once (O(1) per state)."""
         ledger = getattr(self, "_ledger", None)
         if ledger is None or ledger.keys.content != content:
             keys = sample_keys(content)
@@ -288,10 +293,40 @@ class ShardPlan:
             prefix = RunPrefix(keys, [a for a, _ in runs], [n for _, n in runs])
             ledger = self._ledger = Ledger(keys, self._rem, self.row_indices, prefix)
             ledger.carried = _carried(self.carried)
-        own = ledger.tally(self._items(consumed))
+            self._batch_sums = None
+        own = self._tally_after(ledger, *after) if after is not None else None
+        if own is None:
+            own = ledger.tally(self._items(consumed))
         dropped = self.rows_per_rank * self.world if self.policy == "drop" and self.rank == 0 else None
         return ledger.make(content=content, order=self.order_digest(content), own=own,
                            carried=ledger.carried, dropped_from=dropped)
+
+    def _tally_after(self, ledger, n: int, num_workers: int):
+        """The own tally of ``consumed`` plus the first ``n`` batches of the yield order, from prefix sums
+        over the batches' digests; None where the fast path does not apply (an epoch resumed at
+        another world size, or pad repeats in this rank's run)."""
+        import numpy as np
+
+        m, base, r, bs = self._rem.size, self._base, self.rows_per_rank, self.batch_size
+        if self.done_rows or base + r > m:
+            return None
+        memo = self._batch_sums
+        if memo is None or memo[0] != num_workers:
+            order = np.asarray(self.yield_order(num_workers), np.int64)
+            lo = base + order * bs
+            hi = base + np.minimum((order + 1) * bs, r)
+            (a1, b1), (a0, b0) = ledger.runs.at_array(hi), ledger.runs.at_array(lo)
+            cols = np.zeros((len(order) + 1, 5), np.uint64)
+            for k, (x, y) in enumerate(((a1, a0), (b1, b0))):
+                d = x + (np.uint64(P) - y)  # (at(hi) - at(lo)) mod P, below 2P
+                d = np.where(d >= P, d - np.uint64(P), d)
+                cols[1:, 2 * k], cols[1:, 2 * k + 1] = d >> np.uint64(32), d & np.uint64(0xFFFFFFFF)
+            cols[1:, 4] = (hi - lo).view(np.uint64)
+            memo = self._batch_sums = (num_workers, np.cumsum(cols, axis=0, out=cols),
+                                       ledger.tally(self._items(self.consumed)))
+        _, sums, (c, cn, p, q) = memo
+        ah, al, bh, bl, k = sums[min(n, len(sums) - 1)].tolist()
+        return c + Digest(((ah << 32) + al) % P, ((bh << 32) + bl) % P), cn + k, p, q
 
     # -- workers ----------------------------------------------------------------
     def remaining(self) -> list[int]:
@@ -337,7 +372,7 @@ class ShardPlan:
                     table: str = "") -> ResumeState:
         """Resume state once the first ``n_yielded`` batches of this run were consumed."""
         consumed = self._consumed_after(n_yielded, max(1, num_workers))
-        tally = self.tally(consumed, content_of_table(manifest, table)).fields()
+        tally = self.tally(consumed, content_of_table(manifest, table), after=(n_yielded, max(1, num_workers))).fields()
         tally["carried"] = tuple(tally.get("carried", ()))
         return ResumeState(manifest=manifest, table=table, seed=self.seed, epoch=self.epoch, rank=self.rank,
                            world=self.world, batch_size=self.batch_size, policy=self.policy,
