@@ -312,6 +312,9 @@ class ShardPlan:
             return None
         memo = self._batch_sums
         if memo is None or memo[0] != num_workers:
+            if memo is None:  # a first state (perhaps the only one, at epoch end) is cheaper by intervals
+                self._batch_sums = (0, None, None)
+                return None
             order = np.asarray(self.yield_order(num_workers), np.int64)
             lo = base + order * bs
             hi = base + np.minimum((order + 1) * bs, r)
