@@ -305,31 +305,36 @@ class ShardPlan:
         """The own tally of ``consumed`` plus the first ``n`` batches of the yield order, from prefix sums
         over the batches' digests; None where the fast path does not apply (an epoch resumed at
         another world size, or pad repeats in this rank's run)."""
+        memo = self._batch_sums
+        if memo is None or memo[0] != num_workers:
+            memo = self._batch_sums = self._batch_prefix(ledger, num_workers, first=memo is None)
+        rows, (c, cn, p, q) = memo[1], memo[2]
+        if rows is None:
+            return None
+        a, b, k = rows[n] if n < len(rows) else rows[-1]
+        return (c + Digest(a, b) if cn else Digest(a, b)), cn + k, p, q
+
+    def _batch_prefix(self, ledger, num_workers: int, first: bool):
+        """``(num_workers, rows, base)``: row ``n`` holds the lanes and rows of the first ``n`` batches of
+        the yield order, ``base`` the tally of this plan's ``consumed``; rows None: no fast path."""
         import numpy as np
 
         m, base, r, bs = self._rem.size, self._base, self.rows_per_rank, self.batch_size
-        if self.done_rows or base + r > m:
-            return None
-        memo = self._batch_sums
-        if memo is None or memo[0] != num_workers:
-            if memo is None:  # a first state (perhaps the only one, at epoch end) is cheaper by intervals
-                self._batch_sums = (0, None, None)
-                return None
-            order = np.asarray(self.yield_order(num_workers), np.int64)
-            lo = base + order * bs
-            hi = base + np.minimum((order + 1) * bs, r)
-            (a1, b1), (a0, b0) = ledger.runs.at_array(hi), ledger.runs.at_array(lo)
-            cols = np.zeros((len(order) + 1, 5), np.uint64)
-            for k, (x, y) in enumerate(((a1, a0), (b1, b0))):
-                d = x + (np.uint64(P) - y)  # (at(hi) - at(lo)) mod P, below 2P
-                d = np.where(d >= P, d - np.uint64(P), d)
-                cols[1:, 2 * k], cols[1:, 2 * k + 1] = d >> np.uint64(32), d & np.uint64(0xFFFFFFFF)
-            cols[1:, 4] = (hi - lo).view(np.uint64)
-            memo = self._batch_sums = (num_workers, np.cumsum(cols, axis=0, out=cols),
-                                       ledger.tally(self._items(self.consumed)))
-        _, sums, (c, cn, p, q) = memo
-        ah, al, bh, bl, k = sums[min(n, len(sums) - 1)].tolist()
-        return c + Digest(((ah << 32) + al) % P, ((bh << 32) + bl) % P), cn + k, p, q
+        if first or self.done_rows or base + r > m:  # a first state (perhaps the only one, at epoch end)
+            return (0 if first else num_workers), None, _NO_TALLY  # is cheaper by intervals
+        order = np.asarray(self.yield_order(num_workers), np.int64)
+        lo = base + order * bs
+        hi = base + np.minimum((order + 1) * bs, r)
+        (a1, b1), (a0, b0) = ledger.runs.at_array(hi), ledger.runs.at_array(lo)
+        cols = np.zeros((len(order) + 1, 5), np.uint64)
+        for k, (x, y) in enumerate(((a1, a0), (b1, b0))):
+            d = x + (np.uint64(P) - y)  # (at(hi) - at(lo)) mod P, below 2P
+            d = np.where(d >= P, d - np.uint64(P), d)
+            cols[1:, 2 * k], cols[1:, 2 * k + 1] = d >> np.uint64(32), d & np.uint64(0xFFFFFFFF)
+        cols[1:, 4] = (hi - lo).view(np.uint64)
+        rows = [(((ah << 32) + al) % P, ((bh << 32) + bl) % P, k)
+                for ah, al, bh, bl, k in np.cumsum(cols, axis=0, out=cols).tolist()]
+        return num_workers, rows, ledger.tally(self._items(self.consumed))
 
     # -- workers ----------------------------------------------------------------
     def remaining(self) -> list[int]:
@@ -480,6 +485,9 @@ class ShardPlan:
                            shuffle=first.shuffle, consumed=(), num_batches=0, done_rows=merge_intervals(done),
                            content=first.content, order_digest=first.order_digest,
                            carried=(carried[0].hex(), carried[1], carried[2].hex(), carried[3]) if carried else ())
+
+
+_NO_TALLY = (Digest(), 0, Digest(), 0)
 
 
 def content_of_table(manifest: str, table: str) -> str:
