@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -15,6 +17,7 @@ from warpdata.partition.digest import (
     Tally,
     combine_digests,
     runs_of,
+    sample_keys,
 )
 from warpdata.partition.plan import ShardPlan
 from warpdata.partition.split import Remainder, subtract_intervals
@@ -93,6 +96,13 @@ def test_lanes_are_powers_of_g_and_runs_have_a_closed_form():
     prefix = RunPrefix(KEYS, starts.tolist(), lengths.tolist())
     for a, b in ((0, 0), (0, 1), (3, 2501), (2500, 2502), (0, len(seq)), (1, 2500)):
         assert prefix.digest(a, b) == KEYS.digest(seq[a:b])
+
+
+def test_generators_are_derived_as_documented():
+    """docs/partitioning.md "Digest": g = 2 + (bytes 0-7 / 8-15 of SHA-256, little-endian) mod (P - 3)."""
+    h = hashlib.sha256(b"warp-sample-key/2\0" + b"content-a").digest()
+    want = tuple(2 + int.from_bytes(h[k:k + 8], "little") % (P - 3) for k in (0, 8))
+    assert KEYS.g == want and sample_keys("content-a").g == want
 
 
 def test_a_lane_outside_the_field_is_not_a_digest():
