@@ -93,7 +93,7 @@ def digests_off():
     from warpdata.tbl.loader import TblLoader
 
     saved = (ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally)
-    ShardPlan.tally = lambda self, consumed, content: Tally()
+    ShardPlan.tally = lambda self, consumed, content, after=None: Tally()
     ShardAwareSampler.tally = lambda self, consumed: Tally()
     TblLoader.tally = lambda self, batches_consumed: Tally()
     try:
@@ -102,7 +102,7 @@ def digests_off():
         ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = saved
 
 
-SPENT = [0.0]  # seconds inside the loaders' tally() (the digests' whole cost) in the runs with digests
+SPENT = [0.0, 0]  # CPU seconds inside the loaders' tally() (the digests' whole cost) and calls, in the runs with digests
 
 
 @contextmanager
@@ -116,11 +116,12 @@ def digests_timed():
 
     def timed(fn):
         def run(*a, **k):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()  # this thread's CPU: a wait for the GIL the loader's threads hold is not counted
             try:
                 return fn(*a, **k)
             finally:
-                SPENT[0] += time.perf_counter() - t0
+                SPENT[0] += time.thread_time() - t0
+                SPENT[1] += 1
         return run
 
     ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = (timed(f) for f in saved)
@@ -188,14 +189,14 @@ LOADERS = {"Table.batches": epoch_table, "make_loader": epoch_warehouse, "BigBat
            "TblLoader": epoch_tbl}
 
 
-def timed(fn, arts, every: bool, off: bool) -> tuple[float, float]:
-    """(samples/s, share of the epoch's wall time spent computing digests)."""
-    SPENT[0] = 0.0
+def timed(fn, arts, every: bool, off: bool) -> tuple[float, float, float]:
+    """(samples/s, share of the epoch's wall time spent computing digests, µs per saved state)."""
+    SPENT[0], SPENT[1] = 0.0, 0
     with digests_off() if off else digests_timed():
         t0 = time.perf_counter()
         n = fn(arts, every)
         wall = time.perf_counter() - t0
-    return n / wall, SPENT[0] / wall
+    return n / wall, SPENT[0] / wall, 1e6 * SPENT[0] / max(1, SPENT[1])
 
 
 def main() -> None:
@@ -204,22 +205,24 @@ def main() -> None:
     a = ap.parse_args()
     arts = build()
     print(f"| loader | states saved | samples/s with digests | without | ratio (median of {a.rounds}) |"
-          " per-round ratios | time in digests (median) |")
-    print("|---|---|---|---|---|---|---|")
+          " per-round ratios | time in digests (median) | µs per state (median) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, fn in LOADERS.items():
         fn(arts, True)  # warm: page cache, imports, first-touch verification
         for every in (True, False):
-            on, off, share = [], [], []
+            on, off, share, per = [], [], [], []
             for r in range(a.rounds):  # alternate, the first run of a round swapping each round
                 for digest in ((True, False) if r % 2 == 0 else (False, True)):
-                    rate, spent = timed(fn, arts, every, off=not digest)
+                    rate, spent, each = timed(fn, arts, every, off=not digest)
                     (on if digest else off).append(rate)
                     if digest:
                         share.append(spent)
+                        per.append(each)
             ratios = [x / y for x, y in zip(on, off, strict=True)]
             print(f"| {name} | {'every step' if every else 'epoch end'} | {statistics.median(on):,.0f} | "
                   f"{statistics.median(off):,.0f} | {statistics.median(ratios):.3f} | "
-                  f"{', '.join(f'{x:.3f}' for x in ratios)} | {100 * statistics.median(share):.2f} % |", flush=True)
+                  f"{', '.join(f'{x:.3f}' for x in ratios)} | {100 * statistics.median(share):.2f} % | "
+                  f"{statistics.median(per):,.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from warpdata.partition.digest import Digest, Ledger, SampleKeys, Tally, combine_digests, runs_of
+from warpdata.partition.digest import (
+    Digest,
+    Ledger,
+    P,
+    RunPrefix,
+    SampleKeys,
+    Tally,
+    combine_digests,
+    runs_of,
+    sample_keys,
+)
+from warpdata.partition.plan import ShardPlan
 from warpdata.partition.split import Remainder, subtract_intervals
 from warpdata.partition.world import ResumeMismatchError
 
@@ -64,3 +77,83 @@ def test_combine_refuses_states_of_different_runs():
     assert combine_digests([t1, {**t2, "order_digest": "o1"}]) == KEYS.digest([1, 2]).hex()
     with pytest.raises(ResumeMismatchError, match="carries no digests"):
         combine_digests([{"epoch": 0}])
+
+
+def test_lanes_are_powers_of_g_and_runs_have_a_closed_form():
+    """docs/partitioning.md "Digest": lane x sums g_x^index mod 2^61 - 1; a run sums in closed form."""
+    p = P
+    ga, gb = KEYS.g
+    for i in (0, 1, 1023, 1024, 2**20 + 5, 2**40 + 17, 10**15):
+        assert KEYS.digest([i]) == Digest(pow(ga, i, p), pow(gb, i, p))
+    # a trillion-row run: the geometric series, never row by row
+    lo, hi = 10**12, 2 * 10**12 + 3
+    want = Digest((pow(ga, hi, p) - pow(ga, lo, p)) * pow(ga - 1, p - 2, p) % p,
+                  (pow(gb, hi, p) - pow(gb, lo, p)) * pow(gb - 1, p - 2, p) % p)
+    assert KEYS.digest_range(lo, hi) == want
+    assert KEYS.digest_runs(np.array([lo, 5, 9]), np.array([hi - lo, 0, 3])) == want + KEYS.digest([9, 10, 11])
+    starts, lengths = np.array([4000, 0, 70_000]), np.array([2500, 1, 1])
+    seq = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
+    prefix = RunPrefix(KEYS, starts.tolist(), lengths.tolist())
+    for a, b in ((0, 0), (0, 1), (3, 2501), (2500, 2502), (0, len(seq)), (1, 2500)):
+        assert prefix.digest(a, b) == KEYS.digest(seq[a:b])
+
+
+def test_generators_are_derived_as_documented():
+    """docs/partitioning.md "Digest": g = 2 + (bytes 0-7 / 8-15 of SHA-256, little-endian) mod (P - 3)."""
+    h = hashlib.sha256(b"warp-sample-key/2\0" + b"content-a").digest()
+    want = tuple(2 + int.from_bytes(h[k:k + 8], "little") % (P - 3) for k in (0, 8))
+    assert KEYS.g == want and sample_keys("content-a").g == want
+
+
+def test_a_lane_outside_the_field_is_not_a_digest():
+    assert Digest.from_hex(f"{P - 1:016x}{0:016x}") == Digest(P - 1, 0)
+    with pytest.raises(ResumeMismatchError, match="not a warp sample digest"):
+        Digest.from_hex(f"{P:016x}{0:016x}")  # 2^61 - 1 is no residue: a lane is always below it
+
+
+def test_prefix_tallies_match_a_rehash_at_every_count_and_start_again_backwards():
+    rem = Remainder(6000, [(100, 300)])  # 5,800 items left
+    seq = np.random.default_rng(3).permutation(6000)
+    items = np.random.default_rng(4).permutation(6100)  # items past 5,800 are pad repeats
+    ledger = Ledger(KEYS, rem, seq.__getitem__)
+    for count in (0, 1, 1023, 1024, 1025, 3000, 4096, 6100, 700, 6100):  # crosses chunks, then goes back
+        c, n, p, q = ledger.tally_prefix(items, count)
+        part = items[:count]
+        own, pad = part[part < rem.size], part[part >= rem.size]
+        assert (n, q) == (len(own), len(pad))
+        assert c == KEYS.digest(seq[rem.positions(own)]) and p == KEYS.digest(seq[rem.positions(pad)])
+
+
+@pytest.mark.parametrize(("policy", "workers", "done"), [("exact", 1, ()), ("exact", 3, ((50, 700), (900, 901))),
+                                                         ("pad", 2, ((0, 333),)), ("drop", 4, ())])
+def test_table_plan_states_equal_the_rows_they_read(policy, workers, done):
+    """A table's tally (closed form over its intervals) equals hashing the rows its batches read."""
+    plan = ShardPlan([300, 0, 250, 450, 17], rank=1, world=3, batch_size=16, policy=policy, seed=2, shuffle=True,
+                     done_rows=done)
+    content = "m/t"
+    keys = SampleKeys(content)
+    order = plan.yield_order(workers)
+    offsets = np.concatenate([[0], np.cumsum(plan.unit_rows)])
+    for n in range(len(order) + 1):
+        consumed = [(j, j + 1) for j in order[:n]]
+        t = plan.tally(consumed, content)
+        rows = [offsets[s.unit] + r for j in order[:n] for s in plan.batch_slices(j) for r in range(s.start, s.stop)]
+        assert t.consumed_samples + t.pad_samples == len(rows)
+        assert t.consumed + t.pad == keys.digest(rows)
+
+
+@pytest.mark.parametrize(("policy", "rank", "consumed"), [("exact", 1, ()), ("exact", 0, ((1, 3),)), ("pad", 2, ()),
+                                                          ("pad", 0, ()), ("drop", 0, ((0, 1), (4, 6)))])
+def test_table_states_from_batch_prefix_sums_equal_the_closed_form(policy, rank, consumed):
+    """state_after reads a state's tally from prefix sums over the batches; it equals the interval tally."""
+    plan = ShardPlan([300, 0, 250, 450, 17], rank=rank, world=3, batch_size=16, policy=policy, seed=2, shuffle=True,
+                     consumed=consumed)
+    other = ShardPlan([300, 0, 250, 450, 17], rank=rank, world=3, batch_size=16, policy=policy, seed=2,
+                      shuffle=True, consumed=consumed)
+    for workers in (1, 3, 2):
+        for n in (*range(len(plan.yield_order(workers)) + 2), 4, 0):
+            state = plan.state_after(n, workers, manifest="m", table="t")
+            want = other.tally(state.consumed, "m/t")
+            assert (state.consumed_digest, state.consumed_samples) == (want.consumed.hex(), want.consumed_samples)
+            assert (state.pad_digest, state.dropped_digest) == (want.fields().get("pad_digest", ""),
+                                                                 want.fields().get("dropped_digest", ""))

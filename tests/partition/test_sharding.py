@@ -218,3 +218,17 @@ def test_merge_states_needs_every_rank():
     merged = ShardPlan.merge_states([10, 10], states)
     with pytest.raises(ShardingError, match="rank and world_size"):
         ShardPlan.resume([10, 10], merged)
+
+
+def test_states_saved_every_step_equal_states_saved_once():
+    """state_after grows its consumed intervals batch by batch; any call order gives the same state."""
+    plan = ShardPlan([40, 0, 33, 71, 9], rank=1, world=2, batch_size=4, seed=3, shuffle=True,
+                     consumed=((2, 4), (9, 10)))
+    for workers in (1, 3):
+        n = len(plan.yield_order(workers))
+        fresh = [ShardPlan.resume([40, 0, 33, 71, 9], plan.state_after(0, workers)).state_after(k, workers)
+                 for k in range(n + 1)]
+        assert [plan.state_after(k, workers) for k in range(n + 1)] == fresh  # growing
+        assert [plan.state_after(k, workers) for k in (n, 5, 0, n)] == [fresh[n], fresh[5], fresh[0], fresh[n]]
+        done = plan.yield_order(workers)
+        assert fresh[n].consumed == merge_intervals(list(plan.consumed) + [(j, j + 1) for j in done])

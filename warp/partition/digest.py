@@ -11,13 +11,20 @@ weighted record read ``k`` times per epoch is ``k`` samples with one key.
 
 Digests
 -------
-:class:`Digest`: two 64-bit lanes, each the sum modulo 2^64 of a per-key hash
-(``fmix64(index·M + salt)``, MurmurHash3's finaliser, a bijection of the index, with a
-salt taken from SHA-256 of ``content``; the second lane sums it rotated by 29 bits). A sum is order-independent, O(1) per
-key and vectorised over a batch with numpy (no Python object per sample); unlike
-XOR a repeated key does not cancel: a missing, repeated or extra sample changes
-both lanes. It guards against accidents (lost, repeated or skipped samples), not
-against someone forging a collision.
+:class:`Digest`: two lanes, each the sum modulo the prime ``P = 2^61 - 1`` of a per-key
+term ``g^index`` (``g_a``, ``g_b``: two numbers taken from SHA-256 of ``content``). A lane
+is the multiset's characteristic polynomial ``Σ_i count(i)·x^i`` evaluated at a point
+drawn from the content: two different multisets of keys whose indices are below ``n``
+agree in a lane only where ``g`` is a root of their difference, a nonzero polynomial of
+degree below ``n`` with fewer than ``n`` roots among the ``P`` residues (Schwartz–Zippel):
+for a mistake that does not depend on ``g`` the chance is below ``n / 2^61`` per lane. A sum is order-independent;
+unlike XOR a repeated key does not cancel: a missing, repeated or extra sample changes
+it. A run of consecutive indices ``s .. t-1`` is a geometric series with a closed form,
+``(g^t - g^s) / (g - 1)``, so an order made of runs (a table's row groups) is hashed a
+run at a time in O(log n) per run, never per sample; single keys are hashed a batch at a
+time in numpy (``g^i`` from tables of powers, 10 bits of ``i`` at a time). It guards
+against accidents (lost, repeated or skipped samples), not against someone forging a
+collision.
 
 * The epoch's **set digest** (:func:`set_digest`) is the digest of the keys of
   every sample of the epoch, each once.
@@ -38,6 +45,8 @@ repeats, plus the documented dropped tail).
 
 from __future__ import annotations
 
+import bisect
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,28 +59,38 @@ from warpdata.partition.world import ResumeMismatchError
 if TYPE_CHECKING:
     import numpy as np
 
-MASK = (1 << 64) - 1
-_M = 0x9E3779B97F4A7C15  # odd: index·M is a bijection modulo 2^64
-_C1 = 0xFF51AFD7ED558CCD  # MurmurHash3's fmix64 constants
-_C2 = 0xC4CEB9FE1A85EC53
+P = (1 << 61) - 1  # the Mersenne prime 2^61 - 1: each lane is a residue modulo P
+_PIECE = 10  # exponents are looked up 10 bits at a time in tables of 1,024 powers
+_M32 = (1 << 32) - 1
+_M29 = (1 << 29) - 1
 CHUNK = 1 << 20  # positions mapped to keys per step (bounds the temporaries at 8 MiB)
-HASH_CHUNK = 1 << 14  # keys hashed per numpy pass: two 128 KiB buffers that stay in cache
+HASH_CHUNK = 1 << 14  # keys hashed per numpy pass (temporaries that stay in cache)
 __all__ = ["Digest", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
-           "order_digest", "set_digest"]
+           "order_digest", "sample_keys", "set_digest"]
 
 
-@dataclass(frozen=True)
 class Digest:
-    """A multiset digest: two lanes, each a sum of per-key hashes modulo 2^64."""
+    """A multiset digest: two lanes, each a sum of per-key terms modulo ``P`` = 2^61 - 1 (immutable)."""
 
-    a: int = 0
-    b: int = 0
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: int = 0, b: int = 0) -> None:
+        self.a, self.b = a, b
 
     def __add__(self, other: Digest) -> Digest:
-        return Digest((self.a + other.a) & MASK, (self.b + other.b) & MASK)
+        return Digest((self.a + other.a) % P, (self.b + other.b) % P)
 
     def __sub__(self, other: Digest) -> Digest:
-        return Digest((self.a - other.a) & MASK, (self.b - other.b) & MASK)
+        return Digest((self.a - other.a) % P, (self.b - other.b) % P)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Digest) and self.a == other.a and self.b == other.b
+
+    def __hash__(self) -> int:
+        return hash((self.a, self.b))
+
+    def __repr__(self) -> str:
+        return f"Digest({self.hex()})"
 
     def hex(self) -> str:
         return f"{self.a:016x}{self.b:016x}"
@@ -83,66 +102,243 @@ class Digest:
         try:
             if len(text) != 32:
                 raise ValueError(text)
-            return cls(int(text[:16], 16), int(text[16:], 16))
+            a, b = int(text[:16], 16), int(text[16:], 16)
+            if a >= P or b >= P:
+                raise ValueError(text)
+            return cls(a, b)
         except ValueError:
-            raise ResumeMismatchError(f"{text!r} is not a warp sample digest (32 hex digits)",
+            raise ResumeMismatchError(f"{text!r} is not a warp sample digest (32 hex digits, two lanes below "
+                                      "2^61 - 1)",
                                       hint="pass the states the loaders' state_dict() returned, unchanged") from None
 
 
+def _mulmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a·b mod P`` for uint64 arrays below 2^61, in 64-bit pieces (numpy has no 128-bit product)."""
+    import numpy as np
+
+    a0, a1 = a & _M32, a >> 32
+    b0, b1 = b & _M32, b >> 32
+    lo = a0 * b0  # a·b = hi·2^64 + mid·2^32 + lo, and 2^61 ≡ 1 (mod P)
+    mid = a0 * b1 + a1 * b0
+    r = (lo & P) + (lo >> 61) + ((a1 * b1) << 3) + (mid >> 29) + ((mid & _M29) << 32)
+    r = (r & P) + (r >> 61)
+    return np.where(r >= P, r - P, r)
+
+
+def _sum_mod(x: np.ndarray) -> int:
+    """The sum modulo ``P`` of a uint64 array of residues (summed as 32-bit halves: no overflow)."""
+    return ((int((x >> 32).sum()) << 32) + int((x & _M32).sum())) % P
+
+
 class SampleKeys:
-    """The sample keys of one artifact (``content``), hashed a batch at a time."""
+    """The sample keys of one artifact (``content``): a key's term in lane ``x`` is ``g_x ** index mod P``.
+
+    A run of consecutive indices has a closed form (a geometric series), so the digest of
+    ``start .. stop-1`` costs a few multiplications however long the run; single keys are
+    hashed a batch at a time in numpy. Use :func:`sample_keys` (one per content, cached)."""
 
     def __init__(self, content: str) -> None:
         self.content = content
-        h = hashlib.sha256(b"warp-sample-key/1\0" + content.encode()).digest()
-        self._salt = int.from_bytes(h[:8], "little")
-        self._k: tuple | None = None  # the numpy scalars, made on first use
+        h = hashlib.sha256(b"warp-sample-key/2\0" + content.encode()).digest()
+        self.g = tuple(2 + int.from_bytes(h[8 * k:8 * k + 8], "little") % (P - 3) for k in (0, 1))
+        self._inv = tuple(pow(g - 1, P - 2, P) for g in self.g)  # 1 / (g - 1) for the series
+        self._py: tuple[list[list[int]], list[list[int]]] = ([], [])  # lane → piece k → g^(d·2^(10k)), d < 1024
+        self._np: tuple[list[Any], list[Any]] = ([], [])
+
+    def _tables(self, lane: int, pieces: int) -> list[list[int]]:
+        tables = self._py[lane]
+        while len(tables) < pieces:
+            step = pow(self.g[lane], 1 << (_PIECE * len(tables)), P)
+            t, x = [], 1
+            for _ in range(1 << _PIECE):
+                t.append(x)
+                x = x * step % P
+            tables.append(t)
+        return tables
+
+    def power(self, lane: int, e: int) -> int:
+        """``g_lane ** e mod P`` (``e`` >= 0) from the tables: one multiplication per 10 bits of ``e``."""
+        tables = self._py[lane]
+        if len(tables) * _PIECE < e.bit_length() or not tables:
+            tables = self._tables(lane, max(1, -(-e.bit_length() // _PIECE)))
+        r = tables[0][e & 1023]
+        e >>= _PIECE
+        k = 1
+        while e:
+            r = r * tables[k][e & 1023] % P
+            e >>= _PIECE
+            k += 1
+        return r
+
+    def powers(self, lane: int, e: np.ndarray) -> np.ndarray:
+        """:meth:`power` of a uint64 array of exponents, vectorised."""
+        import numpy as np
+
+        top = int(e.max()) if len(e) else 0
+        pieces = max(1, -(-top.bit_length() // _PIECE))
+        tables = self._tables(lane, pieces)
+        arrays = self._np[lane]
+        while len(arrays) < pieces:
+            arrays.append(np.asarray(tables[len(arrays)], np.uint64))
+        r = arrays[0][e & 1023]
+        for k in range(1, pieces):
+            r = _mulmod(r, arrays[k][(e >> (_PIECE * k)) & 1023])
+        return r
+
+    def terms(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's term in lanes a and b (uint64 residues), for prefix sums."""
+        import numpy as np
+
+        e = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1).view(np.uint64)
+        return self.powers(0, e), self.powers(1, e)
 
     def digest(self, indices: np.ndarray | Sequence[int]) -> Digest:
-        """The digest of the keys of samples ``indices`` (repeats count each time).
-
-        Lane a sums ``h = fmix64(index·M + salt)``; lane b sums ``h`` rotated left by 29 bits
-        (the carries make it a second, non-linear check). In place on one buffer: 14 numpy
-        passes over the keys, no Python object per key."""
+        """The digest of the keys of samples ``indices`` (repeats count each time)."""
         import numpy as np
 
-        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1).view(np.uint64)
+        idx = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
         a = b = 0
-        size = min(len(idx), HASH_CHUNK)
-        buf, tmp = np.empty(size, np.uint64), np.empty(size, np.uint64)  # cache-sized, reused
-        if self._k is None:
-            self._k = tuple(np.uint64(v) for v in (_M, self._salt, 33, 29, 35, _C1, _C2))
-        m, salt, s33, s29, s35, c1, c2 = self._k
         for at in range(0, len(idx), HASH_CHUNK):
-            part = idx[at:at + HASH_CHUNK]
-            x, t = buf[:len(part)], tmp[:len(part)]
-            np.multiply(part, m, out=x)
-            x += salt
-            for c in (c1, c2, None):  # MurmurHash3's fmix64
-                np.right_shift(x, s33, out=t)
-                x ^= t
-                if c is not None:
-                    x *= c
-            a += int(x.sum(dtype=np.uint64))
-            np.left_shift(x, s29, out=t)
-            x >>= s35
-            x |= t
-            b += int(x.sum(dtype=np.uint64))
-        return Digest(a & MASK, b & MASK)
+            ta, tb = self.terms(idx[at:at + HASH_CHUNK])
+            a, b = a + _sum_mod(ta), b + _sum_mod(tb)
+        return Digest(a % P, b % P)
 
     def digest_range(self, start: int, stop: int) -> Digest:
-        """The digest of samples ``start .. stop-1``, a chunk at a time."""
+        """The digest of samples ``start .. stop-1``: ``(g^stop - g^start) / (g - 1)`` per lane, O(log n)."""
+        if stop <= start:
+            return Digest()
+        inv, power = self._inv, self.power
+        return Digest((power(0, stop) - power(0, start)) * inv[0] % P, (power(1, stop) - power(1, start)) * inv[1] % P)
+
+    def run_terms(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each run's digest in lanes a and b (uint64 residues): runs ``starts[k] .. starts[k]+lengths[k]-1``."""
         import numpy as np
 
-        out = Digest()
-        for at in range(start, stop, CHUNK):
-            out += self.digest(np.arange(at, min(stop, at + CHUNK), dtype=np.int64))
-        return out
+        s = np.ascontiguousarray(starts, dtype=np.int64).reshape(-1).view(np.uint64)
+        n = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1).view(np.uint64)
+        out = []
+        for lane in (0, 1):
+            series = self.powers(lane, n) - np.uint64(1)  # g^n - 1 (g^n is never 0), / (g - 1), · g^start
+            series = _mulmod(series, np.uint64(self._inv[lane]))
+            out.append(_mulmod(self.powers(lane, s), series))
+        return out[0], out[1]
+
+    def digest_runs(self, starts: np.ndarray, lengths: np.ndarray) -> Digest:
+        """The digest of runs ``starts[k] .. starts[k]+lengths[k]-1``, vectorised over the runs."""
+        import numpy as np
+
+        s = np.ascontiguousarray(starts, dtype=np.int64).reshape(-1)
+        n = np.ascontiguousarray(lengths, dtype=np.int64).reshape(-1)
+        keep = n > 0
+        s, n = s[keep], n[keep]
+        a = b = 0
+        for at in range(0, len(s), HASH_CHUNK):
+            ta, tb = self.run_terms(s[at:at + HASH_CHUNK], n[at:at + HASH_CHUNK])
+            a, b = a + _sum_mod(ta), b + _sum_mod(tb)
+        return Digest(a % P, b % P)
+
+
+class RunPrefix:
+    """Digests of the prefixes of an order made of runs of consecutive indices (a table's row groups).
+
+    ``at(pos)`` is the digest of the order's first ``pos`` samples: the runs before ``pos``
+    summed once (prefix sums), plus part of one run in closed form: O(log n) whatever ``pos``.
+    """
+
+    def __init__(self, keys: SampleKeys, starts: Sequence[int], lengths: Sequence[int]) -> None:
+        import numpy as np
+
+        self.keys = keys
+        self.starts = [int(x) for x in starts]
+        self.cum = [0]
+        for n in lengths:
+            self.cum.append(self.cum[-1] + int(n))
+        ta, tb = keys.run_terms(np.asarray(self.starts, np.int64), np.asarray(lengths, np.int64))
+        halves = np.zeros((len(self.starts) + 1, 4), np.uint64)  # 32-bit halves: the sums never overflow
+        halves[1:] = np.stack([ta >> np.uint64(32), ta & np.uint64(_M32), tb >> np.uint64(32),
+                               tb & np.uint64(_M32)], axis=1)
+        self._sums = np.cumsum(halves, axis=0)
+        self._first = [(keys.power(0, x), keys.power(1, x)) for x in self.starts]  # g^start of each run
+        self._memo: dict[int, tuple[int, int]] = {}
+        self._arrays: tuple | None = None  # for at_array, made on first use
+
+    def at(self, pos: int) -> tuple[int, int]:
+        """The two lanes of the digest of the order's first ``pos`` samples."""
+        got = self._memo.get(pos)
+        if got is not None:
+            return got
+        k = bisect.bisect_right(self.cum, pos) - 1
+        ah, al, bh, bl = self._sums[k].tolist()
+        a, b = (ah << 32) + al, (bh << 32) + bl
+        if pos > self.cum[k]:  # part of run k in closed form: (g^stop - g^start) / (g - 1)
+            stop, (fa, fb), keys = self.starts[k] + pos - self.cum[k], self._first[k], self.keys
+            a += (keys.power(0, stop) - fa) * keys._inv[0]
+            b += (keys.power(1, stop) - fb) * keys._inv[1]
+        if len(self._memo) > 64:
+            self._memo.clear()
+        got = self._memo[pos] = (a % P, b % P)
+        return got
+
+    def at_array(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`at` of an int64 array of positions (0 .. the order's length), vectorised: uint64 lanes."""
+        import numpy as np
+
+        if self._arrays is None:
+            lanes = []
+            for lane in (0, 1):
+                sums = self._sums[:, 2 * lane:2 * lane + 2]  # the lane's (high, low) halves
+                cum = [((h << 32) + lo) % P for h, lo in sums.tolist()]
+                first = [f[lane] for f in self._first] + [1]  # a sentinel run at the end: start 0, g^0
+                lanes.append((np.asarray(cum, np.uint64), np.asarray(first, np.uint64)))
+            self._arrays = (np.asarray(self.cum, np.int64), np.asarray(self.starts + [0], np.int64), lanes)
+        cum, starts, lanes = self._arrays
+        k = np.searchsorted(cum, pos, side="right") - 1
+        stop = (starts[k] + pos - cum[k]).view(np.uint64)
+        out = []
+        for lane, (sums, first) in enumerate(lanes):
+            part = self.keys.powers(lane, stop) + (np.uint64(P) - first[k])  # g^stop - g^start, + P
+            part = _mulmod(np.where(part >= P, part - np.uint64(P), part), np.uint64(self.keys._inv[lane]))
+            total = sums[k] + part
+            out.append(np.where(total >= P, total - np.uint64(P), total))
+        return out[0], out[1]
+
+    def digest(self, lo: int, hi: int) -> Digest:
+        """The digest of positions ``lo .. hi-1`` of the order."""
+        if hi <= lo:
+            return Digest()
+        (a1, b1), (a0, b0) = self.at(hi), self.at(lo)
+        return Digest((a1 - a0) % P, (b1 - b0) % P)
+
+    def lanes(self, rem: Remainder, intervals: Iterable[tuple[int, int]]) -> tuple[int, int, int]:
+        """Unreduced lanes and count of items ``intervals`` of ``rem`` (each within ``0 .. rem.size``)."""
+        a = b = n = 0
+        at, whole = self.at, len(rem.avail) == 1 and rem.avail[0] == (0, rem.n)
+        for lo, hi in intervals:
+            n += hi - lo
+            for x, y in ((lo, hi),) if whole else rem.ranges(lo, hi):
+                (a1, b1), (a0, b0) = at(y), at(x)
+                a, b = a + a1 - a0, b + b1 - b0
+        return a, b, n
+
+
+@functools.lru_cache(maxsize=32)
+def sample_keys(content: str) -> SampleKeys:
+    """The :class:`SampleKeys` of ``content``, shared in this process (its power tables are built once)."""
+    return SampleKeys(content)
 
 
 def set_digest(content: str, indices: np.ndarray | Sequence[int]) -> str:
     """The set digest of an epoch whose samples are ``indices`` (any order)."""
-    return SampleKeys(content).digest(indices).hex()
+    return sample_keys(content).digest(indices).hex()
+
+
+def _digest_of(keys: SampleKeys, sequence: np.ndarray) -> Digest:
+    """The digest of ``sequence``: by its runs of consecutive indices when they are long (a table's row
+    groups, a warehouse's shards), else key by key."""
+    starts, lengths = runs_of(sequence)
+    if len(starts) * 8 <= len(sequence):
+        return keys.digest_runs(starts, lengths)
+    return keys.digest(sequence)
 
 
 def runs_of(sequence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -196,7 +392,7 @@ def content_of_manifest(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Tally:
     """What one rank consumed of an epoch, as digests and counts (see the module docstring)."""
 
@@ -245,39 +441,51 @@ class Tally:
                                       hint="pass the states the loaders' state_dict() returned, unchanged") from None
 
 
+_NONE = (Digest(), 0, Digest(), 0)
+
+
 class Ledger:
     """One rank's consumed samples of a :class:`~warpdata.partition.split.Remainder`, as digests.
 
     Items are numbers of the remainder's order (:meth:`Remainder.ranges`): an item
     below ``rem.size`` is a sample in its own place, one past it a ``pad`` repeat.
     ``index_of`` maps positions of the epoch's order to sample indices. Tallies
-    grow incrementally (a state saved every few steps hashes each sample once).
+    grow incrementally: a state saved every step costs O(1) more, not a rehash.
     """
 
     def __init__(self, keys: SampleKeys, rem: Remainder, index_of: Callable[[np.ndarray], np.ndarray],
-                 ranges_of: Callable[[int, int], Iterable[tuple[int, int]]] | None = None) -> None:
-        # ranges_of (optional): items [a, b) as runs of consecutive sample indices, for orders made of runs
-        self.keys, self.rem, self.index_of, self.ranges_of = keys, rem, index_of, ranges_of
+                 runs: RunPrefix | None = None) -> None:
+        # runs (optional): the order's prefix digests, for orders made of runs (a closed form per interval)
+        self.keys, self.rem, self.index_of, self.runs = keys, rem, index_of, runs
         self._iv: tuple[tuple[int, int], ...] = ()
-        self._prefix: tuple[int, int] = (0, 0)  # (id of the items array, items tallied)
-        self._sum = (Digest(), 0, Digest(), 0)
+        self._sum = _NONE
+        self._dropped: tuple[int, Digest] | None = None
+        self.carried: tuple[Digest, int, Digest, int] | None = None  # what this rank carries (its owner sets it)
+        # tally_prefix: prefix sums over items [_lo, _hi) of the array _items; _base is the tally of items[:_lo]
+        self._items: np.ndarray | None = None
+        self._lo = self._hi = 0
+        self._base = _NONE
+        self._cum: np.ndarray | None = None
 
     def _digest(self, a: int, b: int) -> Digest:
-        if self.ranges_of is None:
+        if self.runs is None:
             return self.keys.digest(self.index_of(self.rem.array(a, b)))
-        out = Digest()
-        for lo, hi in self.ranges_of(a, b):
-            out += self.keys.digest_range(lo, hi)
+        pieces = self.rem.ranges(a, b)
+        out = self.runs.digest(*pieces[0])
+        for lo, hi in pieces[1:]:
+            out += self.runs.digest(lo, hi)
         return out
 
     def _add(self, acc, intervals) -> tuple[Digest, int, Digest, int]:
         c, n, p, q = acc
         m = self.rem.size
+        step = CHUNK if self.runs is None else 1 << 62  # key by key: bounded temporaries
         for lo, hi in intervals:
-            for at in range(lo, hi, CHUNK):
-                a, b = at, min(hi, at + CHUNK)
+            for at in range(lo, hi, step):
+                a, b = at, min(hi, at + step)
                 if b <= m:
-                    c, n = c + self._digest(a, b), n + b - a
+                    d = self._digest(a, b)
+                    c, n = (c + d if n else d), n + b - a
                 elif a >= m:
                     p, q = p + self._digest(a, b), q + b - a
                 else:  # straddles the end of the order: split it
@@ -287,40 +495,79 @@ class Ledger:
     def tally(self, items: Iterable[tuple[int, int]]) -> tuple[Digest, int, Digest, int]:
         """(consumed digest, samples, pad digest, pad samples) of item intervals ``items``."""
         items = merge_intervals(items)
+        if self.runs is not None:  # closed form: O(intervals), nothing to keep
+            m = self.rem.size
+            ca, cb, n = self.runs.lanes(self.rem, ((lo, min(hi, m)) for lo, hi in items if lo < m))
+            pad = [(max(lo, m), hi) for lo, hi in items if hi > m]
+            if not pad:
+                return Digest(ca % P, cb % P), n, _NONE[0], 0
+            p, q = Digest(), 0
+            for lo, hi in pad:  # pad repeats wrap: item m + k repeats item k
+                p, q = p + self._digest(lo, hi), q + hi - lo
+            return Digest(ca % P, cb % P), n, p, q
+        if items == self._iv:
+            return self._sum
         if subtract_intervals(self._iv, items):  # not a superset of the last tally: start again
-            self._iv, self._sum = (), (Digest(), 0, Digest(), 0)
+            self._iv, self._sum = (), _NONE
         self._sum = self._add(self._sum, subtract_intervals(items, self._iv))
         self._iv = items
         return self._sum
 
     def tally_prefix(self, items: np.ndarray, count: int) -> tuple[Digest, int, Digest, int]:
-        """The tally of ``items[:count]`` (an array of item numbers, each once)."""
-        key, done = self._prefix
-        if key != id(items) or done > count:
-            done, self._sum = 0, (Digest(), 0, Digest(), 0)
-        part = items[done:count]
+        """The tally of ``items[:count]`` (an array of item numbers, each once).
+
+        The items' terms are summed a chunk at a time into prefix sums, so a tally costs
+        O(1) once its chunk is made (chunks double from 1,024 to 65,536 items)."""
+        if self._items is not items or count < self._lo:
+            self._items, self._lo, self._hi, self._base, self._cum = items, 0, 0, _NONE, None
+        count = min(count, len(items))
+        while count > self._hi:
+            self._base = self._at(self._hi)
+            self._lo = self._hi
+            self._hi = min(len(items), self._lo + min(1 << 16, max(1024, self._lo)))
+            self._cum = self._prefix_sums(items[self._lo:self._hi])
+        return self._at(count)
+
+    def _prefix_sums(self, part: np.ndarray) -> np.ndarray:
+        """Per item of ``part``: the running sums (32-bit halves, so uint64 never overflows) of its own
+        terms in lanes a and b, the running count of own items, and the running sums of its pad terms."""
+        import numpy as np
+
         m = self.rem.size
-        own, pad = part[part < m], part[part >= m]
-        c, n, p, q = self._sum
-        if len(own):
-            c, n = c + self.keys.digest(self.index_of(self.rem.positions(own))), n + len(own)
-        if len(pad):
-            p, q = p + self.keys.digest(self.index_of(self.rem.positions(pad))), q + len(pad)
-        self._sum = (c, n, p, q)
-        self._prefix = (id(items), count)
-        return self._sum
+        ta, tb = self.keys.terms(self.index_of(self.rem.positions(part)))
+        own = part < m
+        cols = np.empty((len(part), 9), np.uint64)
+        for k, (x, keep) in enumerate(((ta, own), (tb, own), (ta, ~own), (tb, ~own))):
+            x = np.where(keep, x, np.uint64(0))
+            at = 5 + 2 * (k - 2) if k >= 2 else 2 * k
+            cols[:, at], cols[:, at + 1] = x >> np.uint64(32), x & np.uint64(_M32)
+        cols[:, 4] = own
+        return np.cumsum(cols, axis=0, out=cols)
+
+    def _at(self, count: int) -> tuple[Digest, int, Digest, int]:
+        j = count - self._lo
+        if j <= 0 or self._cum is None:
+            return self._base
+        ah, al, bh, bl, n, pah, pal, pbh, pbl = self._cum[j - 1].tolist()
+        c, k, p, q = self._base
+        return (c + Digest(((ah << 32) + al) % P, ((bh << 32) + bl) % P), k + n,
+                p + Digest(((pah << 32) + pal) % P, ((pbh << 32) + pbl) % P), q + j - n)
 
     def dropped(self, lo: int) -> tuple[Digest, int]:
         """The digest of items ``lo ..`` of the order, which no rank reads (``drop_last``)."""
-        d, _n, _p, _q = self._add((Digest(), 0, Digest(), 0), [(lo, self.rem.size)] if lo < self.rem.size else [])
-        return d, max(0, self.rem.size - lo)
+        if self._dropped is None or self._dropped[0] != lo:
+            d, _n, _p, _q = self._add(_NONE, [(lo, self.rem.size)] if lo < self.rem.size else [])
+            self._dropped = (lo, d)
+        return self._dropped[1], max(0, self.rem.size - lo)
 
     def make(self, *, content: str, order: str, own: tuple[Digest, int, Digest, int],
              carried: tuple[Digest, int, Digest, int] | None, dropped_from: int | None) -> Tally:
         """The tally of a state: ``own`` plus ``carried``, and the dropped tail when ``dropped_from``."""
-        cd, cn, cp, cq = carried or (Digest(), 0, Digest(), 0)
         c, n, p, q = own
-        dd, dn = self.dropped(dropped_from) if dropped_from is not None else (Digest(), 0)
+        dd, dn = self.dropped(dropped_from) if dropped_from is not None else (_NONE[0], 0)
+        if carried is None:
+            return Tally(content, order, c, n, p, q, dd, dn)
+        cd, cn, cp, cq = carried
         return Tally(content=content, order_digest=order, consumed=c + cd, consumed_samples=n + cn,
                      pad=p + cp, pad_samples=q + cq, dropped=dd, dropped_samples=dn, carried=cd,
                      carried_samples=cn, carried_pad=cp, carried_pad_samples=cq)
@@ -449,7 +696,7 @@ class EpochOrder:
         return len(self.sequence)
 
     def set_digest(self) -> str:
-        return SampleKeys(self.content).digest(self.sequence).hex()
+        return _digest_of(sample_keys(self.content), self.sequence).hex()
 
     def order_digest(self) -> str:
         return order_digest(self.content, self.mode, self.seed, self.epoch, runs_of(self.sequence))
@@ -471,11 +718,11 @@ class EpochOrder:
         start, count = self._span(rank, world_size, batch_size)
         n = self.samples
         items = np.arange(start, start + count, dtype=np.int64)
-        keys = SampleKeys(self.content)
+        keys = sample_keys(self.content)
         own, pad = items[items < n], items[items >= n]
         dropped = n - world_size * count if self.mode == "drop" else 0
-        return RankShare(rank, world_size, start, len(own), keys.digest(self.sequence[own]).hex(), len(pad),
-                         keys.digest(self.sequence[pad % n]).hex() if len(pad) else Digest().hex(), dropped)
+        return RankShare(rank, world_size, start, len(own), _digest_of(keys, self.sequence[own]).hex(), len(pad),
+                         _digest_of(keys, self.sequence[pad % n]).hex(), dropped)
 
     def keys(self, rank: int | None = None, world_size: int = 1, batch_size: int = 1):
         """The sample indices in order (of one rank's share when ``rank`` is given), a chunk at a time."""

@@ -43,7 +43,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from warpdata.core.errors import UsageError
-from warpdata.partition.digest import carry, check_same_epoch
+from warpdata.partition.digest import (
+    Digest,
+    Ledger,
+    P,
+    RunPrefix,
+    carry,
+    check_same_epoch,
+    merge_runs,
+    order_digest,
+    sample_keys,
+)
 from warpdata.partition.split import (
     MODES,
     Remainder,
@@ -256,18 +266,6 @@ class ShardPlan:
         k = np.searchsorted(cum, positions, side="right") - 1
         return first[k] + positions - cum[k]
 
-    def row_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Row index ranges (manifest order) that items ``lo .. hi-1`` of this run's order read."""
-        offsets = getattr(self, "_offsets", None)
-        if offsets is None:
-            offsets = self._offsets = [0]
-            for n in self.unit_rows:
-                offsets.append(offsets[-1] + int(n))
-        out: list[Slice] = []
-        for a, b in self._rem.ranges(lo, hi):
-            self._global_slices(a, b, out)
-        return [(offsets[s.unit] + s.start, offsets[s.unit] + s.stop) for s in out]
-
     def runs(self) -> list[tuple[int, int]]:
         """The epoch's order as runs ``(first row, rows)``, one per unit."""
         offsets = [0]
@@ -276,25 +274,67 @@ class ShardPlan:
         return [(offsets[u], int(self.unit_rows[u])) for u in self.order]
 
     def order_digest(self, content: str) -> str:
-        from warpdata.partition.digest import merge_runs, order_digest
-
         cached = getattr(self, "_order_digest", None)
         if cached is None or cached[0] != content:
             self._order_digest = (content, order_digest(content, self.policy, self.seed, self.epoch,
                                                         merge_runs(self.runs())))
         return self._order_digest[1]
 
-    def tally(self, consumed: Iterable[tuple[int, int]], content: str):
-        """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``."""
-        from warpdata.partition.digest import Ledger, SampleKeys
+    def tally(self, consumed: Iterable[tuple[int, int]], content: str, after: tuple[int, int] | None = None):
+        """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``.
 
+        ``after=(n, num_workers)`` says ``consumed`` is this plan's ``consumed`` plus the first
+        ``n`` batches of :meth:`yield_order` (what :meth:`state_after` passes): the tally is then
+        read from prefix sums over the batches, made once (O(1) per state)."""
         ledger = getattr(self, "_ledger", None)
         if ledger is None or ledger.keys.content != content:
-            ledger = self._ledger = Ledger(SampleKeys(content), self._rem, self.row_indices, self.row_ranges)
-        own = ledger.tally(self._items(consumed))
+            keys = sample_keys(content)
+            runs = self.runs()
+            prefix = RunPrefix(keys, [a for a, _ in runs], [n for _, n in runs])
+            ledger = self._ledger = Ledger(keys, self._rem, self.row_indices, prefix)
+            ledger.carried = _carried(self.carried)
+            self._batch_sums = None
+        own = self._tally_after(ledger, *after) if after is not None else None
+        if own is None:
+            own = ledger.tally(self._items(consumed))
         dropped = self.rows_per_rank * self.world if self.policy == "drop" and self.rank == 0 else None
         return ledger.make(content=content, order=self.order_digest(content), own=own,
-                           carried=_carried(self.carried), dropped_from=dropped)
+                           carried=ledger.carried, dropped_from=dropped)
+
+    def _tally_after(self, ledger, n: int, num_workers: int):
+        """The own tally of ``consumed`` plus the first ``n`` batches of the yield order, from prefix sums
+        over the batches' digests; None where the fast path does not apply (an epoch resumed at
+        another world size, or pad repeats in this rank's run)."""
+        memo = self._batch_sums
+        if memo is None or memo[0] != num_workers:
+            memo = self._batch_sums = self._batch_prefix(ledger, num_workers, first=memo is None)
+        rows, (c, cn, p, q) = memo[1], memo[2]
+        if rows is None:
+            return None
+        a, b, k = rows[n] if n < len(rows) else rows[-1]
+        return (c + Digest(a, b) if cn else Digest(a, b)), cn + k, p, q
+
+    def _batch_prefix(self, ledger, num_workers: int, first: bool):
+        """``(num_workers, rows, base)``: row ``n`` holds the lanes and rows of the first ``n`` batches of
+        the yield order, ``base`` the tally of this plan's ``consumed``; rows None: no fast path."""
+        import numpy as np
+
+        m, base, r, bs = self._rem.size, self._base, self.rows_per_rank, self.batch_size
+        if first or self.done_rows or base + r > m:  # a first state (perhaps the only one, at epoch end)
+            return (0 if first else num_workers), None, _NO_TALLY  # is cheaper by intervals
+        order = np.asarray(self.yield_order(num_workers), np.int64)
+        lo = base + order * bs
+        hi = base + np.minimum((order + 1) * bs, r)
+        (a1, b1), (a0, b0) = ledger.runs.at_array(hi), ledger.runs.at_array(lo)
+        cols = np.zeros((len(order) + 1, 5), np.uint64)
+        for k, (x, y) in enumerate(((a1, a0), (b1, b0))):
+            d = x + (np.uint64(P) - y)  # (at(hi) - at(lo)) mod P, below 2P
+            d = np.where(d >= P, d - np.uint64(P), d)
+            cols[1:, 2 * k], cols[1:, 2 * k + 1] = d >> np.uint64(32), d & np.uint64(0xFFFFFFFF)
+        cols[1:, 4] = (hi - lo).view(np.uint64)
+        rows = [(((ah << 32) + al) % P, ((bh << 32) + bl) % P, k)
+                for ah, al, bh, bl, k in np.cumsum(cols, axis=0, out=cols).tolist()]
+        return num_workers, rows, ledger.tally(self._items(self.consumed))
 
     # -- workers ----------------------------------------------------------------
     def remaining(self) -> list[int]:
@@ -339,14 +379,36 @@ class ShardPlan:
     def state_after(self, n_yielded: int, num_workers: int = 1, *, manifest: str = "",
                     table: str = "") -> ResumeState:
         """Resume state once the first ``n_yielded`` batches of this run were consumed."""
-        done = self.yield_order(num_workers)[:n_yielded] if n_yielded else []
-        consumed = merge_intervals(list(self.consumed) + [(j, j + 1) for j in done])
-        tally = self.tally(consumed, content_of_table(manifest, table)).fields()
+        consumed = self._consumed_after(n_yielded, max(1, num_workers))
+        tally = self.tally(consumed, content_of_table(manifest, table), after=(n_yielded, max(1, num_workers))).fields()
         tally["carried"] = tuple(tally.get("carried", ()))
         return ResumeState(manifest=manifest, table=table, seed=self.seed, epoch=self.epoch, rank=self.rank,
                            world=self.world, batch_size=self.batch_size, policy=self.policy,
                            shuffle=self.shuffle, consumed=consumed, num_batches=self.num_batches,
                            done_rows=self.done_rows, **tally)
+
+    def _consumed_after(self, n_yielded: int, num_workers: int) -> tuple[tuple[int, int], ...]:
+        """``consumed`` plus the first ``n_yielded`` batches of :meth:`yield_order`, merged: grown batch
+        by batch from the last call (a state saved every step costs O(intervals), not O(batches))."""
+        memo = getattr(self, "_after", None)
+        if memo is None or memo[0] != num_workers or memo[1] > n_yielded:
+            memo = self._after = [num_workers, 0, self.yield_order(num_workers), [list(x) for x in self.consumed]]
+        _, done, order, ivs = memo
+        for j in order[done:n_yielded]:
+            k = bisect.bisect_right(ivs, [j, float("inf")]) - 1  # the interval starting at or before j
+            if k >= 0 and ivs[k][1] > j:
+                continue
+            if k >= 0 and ivs[k][1] == j:
+                ivs[k][1] = j + 1
+                if k + 1 < len(ivs) and ivs[k + 1][0] == j + 1:
+                    ivs[k][1] = ivs[k + 1][1]
+                    del ivs[k + 1]
+            elif k + 1 < len(ivs) and ivs[k + 1][0] == j + 1:
+                ivs[k + 1][0] = j
+            else:
+                ivs.insert(k + 1, [j, j + 1])
+        memo[1] = max(done, min(n_yielded, len(order)))
+        return tuple((a, b) for a, b in ivs)
 
     @classmethod
     def resume(cls, unit_rows: Sequence[int], state: ResumeState, *, manifest: str = "",
@@ -425,14 +487,15 @@ class ShardPlan:
                            carried=(carried[0].hex(), carried[1], carried[2].hex(), carried[3]) if carried else ())
 
 
+_NO_TALLY = (Digest(), 0, Digest(), 0)
+
+
 def content_of_table(manifest: str, table: str) -> str:
     """A table's content name in its sample keys: the dataset version (manifest hash) and table name."""
     return f"{manifest}/{table}"
 
 
 def _carried(carried: tuple):
-    from warpdata.partition.digest import Digest
-
     if not carried:
         return None
     c, n, p, q = carried

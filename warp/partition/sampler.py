@@ -64,13 +64,13 @@ from typing import TYPE_CHECKING, Any
 from warpdata.core.errors import ConfigError
 from warpdata.partition.digest import (
     Ledger,
-    SampleKeys,
     Tally,
     carried_of,
     carry,
     check_same_epoch,
     order_digest,
     runs_of,
+    sample_keys,
 )
 from warpdata.partition.split import (
     Remainder,
@@ -162,6 +162,7 @@ class ShardAwareSampler:
         self.content = content or f"sampler:{self._data_fingerprint()}"
         self._carried = None  # what earlier runs at another world size consumed (rank 0; digest.carry)
         self._cache: dict[str, Any] = {}
+        self._sequences: dict[int, np.ndarray] = {}
         self._set_done(())
 
     def _set_done(self, done) -> None:
@@ -205,7 +206,17 @@ class ShardAwareSampler:
         return np.random.default_rng([self.seed, e]).permutation(n).astype(np.int64)
 
     def sequence(self, epoch: int | None = None) -> np.ndarray:
-        """The epoch's sequence: every (weighted) sample once, in shard-permuted order."""
+        """The epoch's sequence: every (weighted) sample once, in shard-permuted order (read-only, kept
+        for the last epoch asked: iteration, digests and resume share it)."""
+        e = self.epoch if epoch is None else int(epoch)
+        got = self._sequences.get(e)
+        if got is None:
+            got = self._sequence(e)
+            got.flags.writeable = False
+            self._sequences = {e: got}
+        return got
+
+    def _sequence(self, epoch: int) -> np.ndarray:
         import numpy as np
 
         order = self.shard_order(epoch)
@@ -355,7 +366,7 @@ class ShardAwareSampler:
         """The digests of the first ``consumed`` samples of this rank's epoch (and what it carries)."""
         if self._ledger is None:
             seq = self.sequence()
-            self._ledger = Ledger(SampleKeys(self.content), self._rem, seq.__getitem__)
+            self._ledger = Ledger(sample_keys(self.content), self._rem, seq.__getitem__)
         own = self._ledger.tally_prefix(self.epoch_items(), consumed)
         dropped = self.per_rank * self.world_size if self.mode == "drop" and self.rank == 0 else None
         return self._ledger.make(content=self.content, order=self.order_digest(), own=own,

@@ -61,13 +61,13 @@ from warpdata.core.verify import verify_level
 from warpdata.formats.tbl import FORMAT_CODES, SampleInfo, TblReader
 from warpdata.partition.digest import (
     Ledger,
-    SampleKeys,
     Tally,
     carried_of,
     carry,
     check_same_epoch,
     order_digest,
     runs_of,
+    sample_keys,
 )
 from warpdata.partition.split import (
     Remainder,
@@ -298,9 +298,9 @@ class TblLoader:
         """The digests of this rank's first ``batches_consumed`` batches of the epoch (and what it carries)."""
         if self._ledger is None:
             order = self.order()
-            self._ledger = Ledger(SampleKeys(self.content), self._rem, order.__getitem__)
-        stop = self._start + min(batches_consumed * self.batch_size, self._count)
-        own = self._ledger.tally([(self._start, stop)])
+            self._ledger = Ledger(sample_keys(self.content), self._rem, order.__getitem__)
+            self._ledger_items = np.arange(self._start, self._start + self._count, dtype=np.int64)
+        own = self._ledger.tally_prefix(self._ledger_items, min(batches_consumed * self.batch_size, self._count))
         dropped = self._count * self.world_size if self.mode == "drop" and self.rank == 0 else None
         return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
                                  carried=self._carried, dropped_from=dropped)
