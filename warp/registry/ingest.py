@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warpdata.core.atomic import TMP_PREFIX
-from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import DataError, MissingInputError, Rejected, UsageError
 from warpdata.etl.quarantine import register_reason
 from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS, size_problem
 from warpdata.registry.manifest import validate_dataset_id
@@ -52,15 +52,6 @@ for _code, _cat, _help in (
     *IMAGE_LIMIT_REASONS,
 ):
     register_reason(_code, _cat, _help)
-
-
-class Rejected(Exception):
-    """A file that will be quarantined: ``reason`` is a quarantine code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True)
