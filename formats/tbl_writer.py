@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 from warpdata.core.atomic import TMP_PREFIX, CommitOnSuccess, fsync_dir
+from warpdata.core.directio import BLOCK, AlignedFile, aligned_empty, wants_direct
 from warpdata.core.errors import DataError, UsageError
+from warpdata.formats.imageinfo import image_info, sniff_format
 from warpdata.formats.tbl_layout import (
     _BIG_ENDIAN,
     _U32,
@@ -87,8 +89,6 @@ def _staging_buffer(nbytes: int) -> Any:
     """
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is None or nbytes < _HUGE_PAGE:
-        from warpdata.core.directio import aligned_empty
-
         return aligned_empty(nbytes)
     m = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     a = np.frombuffer(m, np.uint8)  # keeps the mapping alive as long as the array (its base)
@@ -134,7 +134,6 @@ class _DirectPayloads:
     def __init__(self, path: str, start: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from warpdata.core.directio import BLOCK, AlignedFile
 
         self._io = ThreadPoolExecutor(self.IO_THREADS, thread_name_prefix="tbl-direct")
         self._sync = ThreadPoolExecutor(1, thread_name_prefix="tbl-sync")
@@ -212,8 +211,6 @@ class _DirectPayloads:
 
     def flush(self) -> None:
         """Write what is staged (aligned part direct, the tail buffered) and wait for the disk."""
-        from warpdata.core.directio import BLOCK
-
         if self._closed:
             return
         aligned = self._fill - self._fill % BLOCK
@@ -331,8 +328,6 @@ class TblWriter(CommitOnSuccess):
         Without fsync the page cache is the faster place to leave the bytes:
         the caller returns before the disk has them either way.
         """
-        from warpdata.core.directio import wants_direct
-
         if not self.fsync or not wants_direct(self.path.parent):
             return None
         try:
@@ -367,8 +362,6 @@ class TblWriter(CommitOnSuccess):
         value (stored as canonical JSON).
         """
         if format is None or width is None or height is None:
-            from warpdata.formats.imageinfo import image_info, sniff_format
-
             sniffed = sniff_format(data)
             if sniffed is not None:
                 try:

@@ -20,13 +20,25 @@ import numpy as np
 from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.core import progress as _progress
 from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
-from warpdata.core.canonical import canonical_json, identity, seal
-from warpdata.core.errors import ConfigError, DataError
+from warpdata.core.canonical import canonical_json, identity, seal, sha256_file
+from warpdata.core.errors import ConfigError, DataError, InternalError
+from warpdata.etl import cut, objectstore
+from warpdata.etl.executors import (
+    ExecutorSpec,
+    open_runner,
+    parse_executor,
+    require,
+    resolve_executor,
+)
 from warpdata.etl.quarantine import (
     Quarantine,
     RunSummary,
     evaluate_summaries,
 )
+from warpdata.etl.receipts import Journal
+from warpdata.etl.workers import cpu_count
+from warpdata.features import manifest as fmanifest
+from warpdata.features import remote as fremote
 from warpdata.features.cachespec import (
     KIND,
     PIXEL_BATCH,
@@ -39,6 +51,7 @@ from warpdata.features.cachespec import (
     base_fields,
     fingerprint_inputs,
 )
+from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
 from warpdata.features.manifest import MANIFEST_VERSION
 from warpdata.features.parts import (
     _ENCODER_LOCK,
@@ -59,10 +72,12 @@ from warpdata.features.parts import (
     preload_encoder,
     task_sha256,
 )
+from warpdata.features.remote import StoreTarget, version_name
 from warpdata.features.scan import MediaItem, scan, source_digest
 from warpdata.features.transform import DecodeFailure
 from warpdata.formats.featshard import VERSION as WFS_VERSION
-from warpdata.formats.featshard import FieldSpec
+from warpdata.formats.featshard import FieldSpec, Layout
+from warpdata.storage.locations import filesystem, parse_location
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +93,12 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     here, 2 on an existing cluster). ``resources``: what every task asks of a Dask/Ray cluster
     (None: ``{"GPU": 1}`` when the encoder runs on CUDA there, else nothing).
     """
-    from warpdata.etl import cut
-    from warpdata.etl.executors import ExecutorSpec, parse_executor, require, resolve_executor
-    from warpdata.etl.workers import cpu_count
-
     t_start = time.perf_counter()
-    from warpdata.features import remote as fremote
 
     store_url = spec.output.rstrip("/") if fremote.is_url(spec.output) else None
     if store_url is not None:
         # docs/features-config.md, "Output on object storage": staged here, shards uploaded by the
         # workers, receipts in the store; an unreachable store stops the run before any work (exit 75)
-        from warpdata.etl import objectstore
 
         objectstore.check_reachable(store_url)
         outp = objectstore.staging_root(store_url) / "cache"
@@ -103,8 +112,6 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     enc = batch_encoder = enc_ref = None
     device = None
     if spec.encoder:
-        from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
-
         # on a cluster the workers hold the GPUs: the driver loads the encoder on its CPU for the
         # identity and the fields only, and the tasks resolve caching_device where they run
         remote_cuda = ex.distributed and spec.caching_device.startswith("cuda")
@@ -245,9 +252,6 @@ def _store_target(url: str, fp: str, clear: bool, reasons: list[str], t_scan: fl
     when a complete version of fingerprint ``fp`` is there (one listing, one manifest GET)."""
     import datetime as _dt
 
-    from warpdata.etl import objectstore
-    from warpdata.features import manifest as fmanifest
-    from warpdata.features.remote import StoreTarget, version_name
 
     vdir, complete = objectstore.find_version_dir(url, fp)
     if complete and not clear:
@@ -271,9 +275,6 @@ def _store_target(url: str, fp: str, clear: bool, reasons: list[str], t_scan: fl
 def _point_latest(url: str, vdir: str) -> None:
     """``<url>/latest`` names ``vdir`` (the last version built, as a local cache path holds the last
     cache built): written when it names another one."""
-    from warpdata.etl import objectstore
-    from warpdata.storage.locations import filesystem, parse_location
-
     loc = parse_location(url)
     fs = filesystem(loc)
     try:
@@ -290,15 +291,12 @@ def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resou
     import dataclasses
     import functools
 
-    from warpdata.etl.executors import open_runner
 
     results: dict[int, PartResult] = {}
     todo = []
     receipts = journal.load_all()
     listed = None
     if target is not None:
-        from warpdata.etl import objectstore
-
         # what a killed run already uploaded: one listing of the version, one of the build prefix
         listed = (objectstore.list_sizes(target.version_url), objectstore.list_sizes(target.build_url))
     for task in tasks:
@@ -337,7 +335,6 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
            outp: Path, target: Any = None) -> BuildResult:
     import shutil
 
-    from warpdata.etl.receipts import Journal
 
     h, w = spec.size
     if clear and build_dir.exists():
@@ -474,9 +471,6 @@ def _fetch_parts(parts: list[tuple[PartTask, PartResult]]) -> None:
     its shard name) is built again here: a task's bytes depend only on the task."""
     import dataclasses
 
-    from warpdata.core.canonical import sha256_file
-    from warpdata.core.errors import InternalError
-    from warpdata.features import remote as fremote
 
     for task, res in parts:
         url = task.upload_part if res.failures else task.upload_shard
@@ -501,8 +495,6 @@ def _finish_in_store(target: Any, local: Path, manifest: dict[str, Any], metrics
     the build prefix and the staging copy go."""
     import shutil
 
-    from warpdata.etl import objectstore
-    from warpdata.features import remote as fremote
 
     t_up = time.perf_counter()
     names = {s["path"] for s in manifest["shards"]}
@@ -574,6 +566,4 @@ def _write_records(path: Path, keys: list[str], rows: list[tuple[str, bool, int,
 
 
 def _record_size(fields: Sequence[FieldSpec]) -> int:
-    from warpdata.formats.featshard import Layout
-
     return Layout.pack(list(fields)).record_size

@@ -22,6 +22,7 @@ from warpdata.etl.quarantine import (
     Thresholds,
     register_reason,
 )
+from warpdata.features.manifest import read
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
 from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS
@@ -217,8 +218,6 @@ def _existing(path: Path) -> dict[str, Any] | None:
 
 def _sealed(path: Path) -> dict[str, Any] | None:
     """The manifest if it passes the schema and its content seal, else None (the cache is rebuilt)."""
-    from warpdata.features.manifest import read
-
     try:
         return read(path)
     except (DataError, OSError):

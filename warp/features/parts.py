@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.core.atomic import TMP_PREFIX
-from warpdata.core.canonical import identity
+from warpdata.core.atomic import TMP_PREFIX, build_lock
+from warpdata.core.canonical import identity, sha256_file
+from warpdata.etl.objectstore import put_create_only
 from warpdata.etl.quarantine import (
     Quarantine,
 )
@@ -29,10 +30,17 @@ from warpdata.features.cachespec import (
     CacheSpec,
     _encode_caption,
 )
+from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
 from warpdata.features.scan import MediaItem
-from warpdata.features.transform import DecodeFailure, load_image, load_video_frame
-from warpdata.formats.featshard import FeatureShardWriter, FieldSpec
-from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS
+from warpdata.features.transform import DecodeFailure, load_image, load_video_frame, probe
+from warpdata.formats.featshard import FeatureShardReader, FeatureShardWriter, FieldSpec
+from warpdata.formats.imageinfo import (
+    DEFAULT_MAX_PIXELS,
+    ImageHeaderError,
+    UnknownImageFormat,
+    image_info,
+    size_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +72,6 @@ def worker_encoder(ref: EncoderRef):
     with _ENCODER_LOCK:
         be = _ENCODERS.get(ref)
         if be is None:
-            from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
-
             device = resolve_device(ref.device)
             enc = load_encoder(ref.name, device=device, dtype=ref.dtype, options=json.loads(ref.options))
             be = _ENCODERS[ref] = BatchEncoder(enc, device, ref.size, name=ref.name)
@@ -240,8 +246,6 @@ def build_part(task: PartTask) -> PartResult:
             info = writer.close()
             sha, nbytes = info.sha256, info.bytes
             if task.upload_shard is not None:
-                from warpdata.etl.objectstore import put_create_only
-
                 # an object already there came from an earlier run of this task: the same bytes
                 put_create_only(task.path, task.upload_part if failures else task.upload_shard)
                 os.unlink(task.path)
@@ -271,8 +275,6 @@ def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None,
     In the store (``listed``: the sizes listed under the version and under the build prefix) the
     part's object must be there with the receipted size: its SHA-256 goes into the manifest, and
     reading every part back would cost what building it did (docs/formats/receipts.md)."""
-    from warpdata.core.canonical import sha256_file
-
     if receipt is None:
         return None
     try:
@@ -297,8 +299,6 @@ def _reuse(task: PartTask, journal: Any, receipt: dict[str, Any] | None,
 
 def _build_lock(build_dir: Path):
     """One build of a cache at a time: a second waits, then finds the first one's result."""
-    from warpdata.core.atomic import build_lock
-
     return build_lock(build_dir.parent / f"{build_dir.name}.lock", str(build_dir.parent))
 
 
@@ -327,13 +327,6 @@ def header_problem(path: str, max_pixels: int) -> DecodeFailure | None:
     """``too-many-pixels`` / ``impossible-header`` from the file's header alone
     (:func:`warpdata.formats.imageinfo.size_problem`), before Pillow opens it; None if it passes
     or is not a format imageinfo parses (the decoder's own checks then apply)."""
-    from warpdata.formats.imageinfo import (
-        ImageHeaderError,
-        UnknownImageFormat,
-        image_info,
-        size_problem,
-    )
-
     try:
         with open(path, "rb") as f:
             head = f.read(HEADER_BYTES)
@@ -348,8 +341,6 @@ def header_problem(path: str, max_pixels: int) -> DecodeFailure | None:
 def _probe_all(items: Sequence[MediaItem], workers: int, max_pixels: int = DEFAULT_MAX_PIXELS
                ) -> dict[int, DecodeFailure]:
     """Every item's header, on a thread pool: the failures a full decode is certain to meet."""
-    from warpdata.features.transform import probe
-
     if not items:
         return {}
 
@@ -365,8 +356,6 @@ def _repack(parts: list[tuple[str, int]], out_dir: Path, first: int, per_shard: 
             fp: str, threads: int) -> list[dict[str, Any]]:
     """Shards ``first``, ``first + 1``, … of ``per_shard`` records each from the records of ``parts``
     (path, record count), in order: the cut after a full-decode failure moved the boundaries."""
-    from warpdata.formats.featshard import FeatureShardReader
-
     plan: list[list[tuple[str, int, int]]] = []
     cur: list[tuple[str, int, int]] = []
     n = 0

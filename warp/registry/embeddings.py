@@ -73,7 +73,13 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError
+from warpdata.core.errors import (
+    BlobCorruptedError,
+    ConfigError,
+    DataError,
+    MissingInputError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -291,8 +297,6 @@ def _artifact_members(ds, artifact: str, members: list[str]) -> dict[str, bytes]
     locally from then on, by this and every later process; ``remote`` mode GETs
     each shard whole and checks its SHA-256 (a ranged read could not be checked).
     """
-    from warpdata.core.errors import BlobCorruptedError
-
     reader = ds.artifact(artifact)
     refs = {s.hash: s for s in ds.manifest.artifacts[artifact].shards}
     whole: dict[str, bytes] = {}
@@ -372,7 +376,6 @@ class EmbeddingIndex:
                      f"searching exactly ({FAISS_HINT})")
             return None
         import numpy as np
-        from warpdata.core.errors import BlobCorruptedError
 
         art = f"emb_{self.name}_ann"
         got = _artifact_members(self.ds, art, ["ann.json", "index.faiss"])

@@ -37,8 +37,16 @@ from typing import Any
 from warpdata.core.atomic import TMP_PREFIX
 from warpdata.core.errors import DataError, MissingInputError, Rejected, UsageError
 from warpdata.etl.quarantine import register_reason
-from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS, size_problem
-from warpdata.registry.manifest import validate_dataset_id
+from warpdata.formats.imageinfo import (
+    DEFAULT_MAX_PIXELS,
+    IMAGE_LIMIT_REASONS,
+    ImageHeaderError,
+    UnknownImageFormat,
+    image_info,
+    size_problem,
+)
+from warpdata.registry.manifest import NAME_RE, REF_TYPES, Binding, validate_dataset_id
+from warpdata.registry.publish import PublishRequest, publish
 
 __all__ = ["IMAGE_EXTENSIONS", "FileInfo", "IngestOptions", "IngestResult", "Rejected", "check_file",
            "ingest_imagefolder", "ingest_paired", "ingest_table", "walk"]
@@ -95,8 +103,6 @@ def walk(root: str, *, skip: frozenset[str] = frozenset()) -> Iterator[str]:
 
 
 def _image_dims(data: bytes, rel: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[str, int, int]:
-    from warpdata.formats.imageinfo import ImageHeaderError, UnknownImageFormat, image_info
-
     try:
         info = image_info(data, "image")
     except ImageHeaderError as e:
@@ -348,9 +354,6 @@ class _Workspace:
 def _publish(layout: str, opts: IngestOptions, ws: _Workspace, rows: int, q: _Quarantine,
              artifacts: dict[str, tuple[str, list[str]]], bindings: list[tuple[str, str, str]],
              on_upload: Callable[[int], None] | None) -> IngestResult:
-    from warpdata.registry.manifest import Binding
-    from warpdata.registry.publish import PublishRequest, publish
-
     qrows = q.rows.close()
     if rows == 0:
         top = ", ".join(f"{k}: {v}" for k, v in sorted(q.reasons.items(), key=lambda kv: -kv[1])) or "no files found"
@@ -454,7 +457,6 @@ def ingest_paired(a: str, b: str, opts: IngestOptions, *, names: tuple[str, str]
                   on_upload: Callable[[int], None] | None = None) -> IngestResult:
     """Two folders matched by relative path without suffix -> ``main`` (id, A, B, width, height, bytes)."""
     import pyarrow as pa
-    from warpdata.registry.manifest import NAME_RE
 
     validate_dataset_id(opts.dataset_id)
     a_real, b_real = _root(a, "first"), _root(b, "second")
@@ -565,7 +567,6 @@ def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], roo
     their row number.
     """
     import pyarrow as pa
-    from warpdata.registry.manifest import REF_TYPES
 
     validate_dataset_id(opts.dataset_id)
     if ref_type not in REF_TYPES:

@@ -53,10 +53,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from warpdata import __version__
 from warpdata.core import envvars
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import sha256_file
-from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError
+from warpdata.features.remote import is_url, stage_version
+from warpdata.lineage.card import CARD_MAX_BYTES, merge
+from warpdata.registry import from_artifacts
+from warpdata.registry.bindings import check_binding, check_bindings
+from warpdata.registry.from_artifacts import check_symlinks
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -70,6 +76,7 @@ from warpdata.registry.manifest import (
     encode_arrow_schema,
     validate_dataset_id,
 )
+from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import (
     DEFAULT_ALONE_SIZE,
@@ -79,6 +86,8 @@ from warpdata.registry.tarpack import (
     pack_files,
     scan_members,
 )
+from warpdata.storage.blobcache import BlobCache
+from warpdata.storage.s3 import S3ObjectStore
 
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
@@ -353,7 +362,6 @@ class _Stager:
     def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
         scanned_at = time.time_ns()
         if files is None and os.path.isdir(root):  # no file link may pull in a file from outside the folder
-            from warpdata.registry.from_artifacts import check_symlinks
 
             check_symlinks(root, follow_symlinks=self.req.follow_symlinks, dir_links_skipped=True)
         scan = scan_members(root, files, follow_symlinks=self.req.follow_symlinks)
@@ -416,7 +424,6 @@ def _cols(schema: list[dict]) -> str:
 def _parquet_facts(path: str) -> dict[str, Any]:
     """Row count, schema and the manifest's shard stats (footer length, column min/max), from the footer."""
     import pyarrow.parquet as pq
-    from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 
     try:
         md = pq.read_metadata(path)
@@ -473,8 +480,6 @@ def _staging_dir() -> Path:
 
 def build(req: PublishRequest, stager: _Stager) -> Manifest:
     """Stage every input and return the version's manifest."""
-    from warpdata.registry import from_artifacts
-
     tables: dict[str, Table] = {}
     artifacts: dict[str, Artifact] = {}
     bindings = list(req.bindings)
@@ -486,12 +491,9 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
             raise UsageError(f"artifact {name} given twice", hint="give each --artifact a distinct name")
         artifacts[name] = stager.artifact(name, directory, req.artifact_files.get(name))
     for n, path in enumerate(req.from_paths):
-        from warpdata.features.remote import is_url
-
         if is_url(path):
             # a feature cache built on object storage (docs/features-config.md, "Output on object
             # storage"): its shards come through the blob cache, hard-linked into the staging area
-            from warpdata.features.remote import stage_version
 
             local = stager.stage / f"from-{n}"
             stage_version(path, local)
@@ -532,7 +534,6 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
             raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
                              hint=f"columns: {', '.join(tables[b.table].columns)}")
     dangling = _check_bindings(req, stager)
-    from warpdata import __version__
     # microseconds: two versions published within a second still order (warp ls --versions, docs/lineage.md)
     metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                                 "warp_version": __version__}
@@ -546,8 +547,6 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
     if req.description:
         metadata["description"] = req.description
     if req.card is not None:
-        from warpdata.lineage.card import CARD_MAX_BYTES, merge
-
         if len(req.card.encode("utf-8")) > CARD_MAX_BYTES:
             raise UsageError(f"--card: the card is {len(req.card.encode('utf-8')):,} bytes, over the "
                              f"{CARD_MAX_BYTES:,} a manifest's envelope holds",
@@ -564,8 +563,6 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
 
 def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
     """Every value of a --bind column must name a member (docs/formats/registry.md, Binding)."""
-    from warpdata.registry.bindings import check_binding, check_bindings
-
     checks, artifact_of = [], {}
     for b in req.bindings:  # bindings made by --from list the members themselves
         key = f"{b.table}.{b.column}={b.artifact}"
@@ -637,8 +634,6 @@ def _link_into_cache(blobs) -> int:
     of downloading them again; each link is hashed before the cache trusts it. Blobs on another
     filesystem than the cache are left to be downloaded as usual. Returns how many were linked.
     """
-    from warpdata.storage.blobcache import BlobCache
-
     try:
         cache = BlobCache()
     except Exception:  # no usable cache (a read-only home, a bad WARP_CACHE_SIZE_GB): reads download
@@ -693,8 +688,6 @@ MAX_PARTS = 10_000
 
 def upload_concurrency() -> int:
     """``WARP_UPLOAD_CONCURRENCY``: parts of one large blob in flight at once (default 8)."""
-    from warpdata.core.errors import ConfigError
-
     text = envvars.get("WARP_UPLOAD_CONCURRENCY")
     if text is None:
         return 8
@@ -706,8 +699,6 @@ def upload_concurrency() -> int:
 
 
 def _s3_backend(store: Store):
-    from warpdata.storage.s3 import S3ObjectStore
-
     b = store.objects
     return b if isinstance(b, S3ObjectStore) else None
 
