@@ -55,7 +55,7 @@ FLOORS: dict[str, int] = {
     "warpdata.lineage": 5,
     "warpdata.warehouse.etl": 6, "warpdata.features.etl": 6, "warpdata.tiles.etl": 6,
     "warpdata.registry.publish": 7, "warpdata.registry.ingest": 7, "warpdata.registry.register_files": 7,
-    "warpdata.registry.embeddings_add": 7, "warpdata.doctor": 7,
+    "warpdata.registry.embeddings_add": 7, "warpdata.registry.multipart": 7, "warpdata.doctor": 7,
     "warpdata.cli": 8, "warpdata.commands": 8, "warpdata.__main__": 8,
 }
 FLOOR_NAMES = ["core", "formats/kernels/partition", "storage", "contracts/etl kit", "read", "systems",
