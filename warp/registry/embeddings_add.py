@@ -155,8 +155,6 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     ``reuse``: take the vectors of unchanged rows from an earlier version.
     """
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     name = name or re.sub(r"[^a-z0-9_]", "_", encoder.rsplit(":", 1)[-1].lower())[:64]
     if not NAME_RE.match(name):
@@ -246,61 +244,80 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
         kind = "exact"
     work = tempfile.mkdtemp(prefix="warp-emb-")
     try:
-        tpath = os.path.join(work, f"emb_{name}.parquet")
-        flat = pa.array(vectors.reshape(-1), pa.float32())
-        pq.write_table(pa.table({"row": pa.array(np.arange(n), pa.int64()), "id": pa.array(ids, pa.string()),
-                                 CONTENT_COL: pa.array(hashes, pa.string()),
-                                 "vector": pa.FixedSizeListArray.from_arrays(flat, enc.dim)}),
-                       tpath, compression="zstd")
-        normed = _normalize(vectors)
-        idx_dir = os.path.join(work, "index")
-        os.mkdir(idx_dir)
-        np.save(os.path.join(idx_dir, "vectors.npy"), normed, allow_pickle=False)
-        meta: dict[str, Any] = {"format": INDEX_FORMAT, "metric": "cosine", "dim": enc.dim, "count": n,
-                                "encoder": identity, "table": tname, "column": column}
-        with open(os.path.join(idx_dir, "index.json"), "w") as f:
-            json.dump(meta, f, sort_keys=True)
-        ann_meta: dict[str, Any] = {}
-        if kind == "ivf-flat":
-            ann_dir = os.path.join(work, "ann")
-            os.mkdir(ann_dir)
-            data, ann_meta = build_ivf(normed)
-            with open(os.path.join(ann_dir, "index.faiss"), "wb") as f:
-                f.write(data)
-            with open(os.path.join(ann_dir, "ann.json"), "w") as f:
-                json.dump(ann_meta, f, sort_keys=True)
-        st = Store(store) if store else Store(None)
-        req = PublishRequest(dataset_id, store_url=store)
-        stage = _staging_dir()
-        try:
-            stager = _Stager(req, stage)
-            new_table = stager.table(f"emb_{name}", [tpath])
-            arts = {k: v for k, v in ds.manifest.artifacts.items() if k != f"emb_{name}_ann"}
-            arts[f"emb_{name}_index"] = stager.artifact(f"emb_{name}_index", idx_dir)
-            if ann_meta:
-                arts[f"emb_{name}_ann"] = stager.artifact(f"emb_{name}_ann", os.path.join(work, "ann"))
-            old = ds.manifest
-            facts = {**meta, "ann": ann_meta} if ann_meta else meta
-            manifest = Manifest(dataset_id, tables={**old.tables, f"emb_{name}": new_table}, artifacts=arts,
-                                bindings=old.bindings,
-                                metadata={**old.metadata,
-                                          "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                          "embeddings": {**old.metadata.get("embeddings", {}), name: facts}})
-            blobs = list(stager.blobs.values())
-            missing = set(st.missing_blobs([b.hash for b in blobs]))
-            result = PublishResult(dataset_id, manifest.version_hash, st.url, False, [])
-            _upload(st, [b for b in blobs if b.hash in missing], 4, result, None)
-            if not st.has_manifest(dataset_id, manifest.version_hash):
-                st.put_manifest(manifest)
-            before = st.read_latest(dataset_id)
-            if before is None or before.version_hash != manifest.version_hash:
-                st.cas_latest(dataset_id, manifest.version_hash, before) or \
-                    st.set_latest(dataset_id, manifest.version_hash, check_manifest=False)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-        return AddResult(name, n, enc.dim, manifest.version_hash, result.blobs_uploaded, len(blobs),
+        meta, ann_meta = _write_index(work, name, enc.dim, identity, tname, column, vectors, ids, hashes, kind)
+        manifest, result, blobs_total = _publish_version(ds, dataset_id, store, name, work, meta, ann_meta)
+        return AddResult(name, n, enc.dim, manifest.version_hash, result.blobs_uploaded, blobs_total,
                          encoded=counts["encoded"], reused=counts["reused"],
                          reused_from=prev.version if prev is not None and counts["reused"] else None,
                          index=kind, ann=ann_meta)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_index(work: str, name: str, dim: int, identity: dict, tname: str, column: str, vectors: np.ndarray,
+                 ids: list[str], hashes: list[str | None], kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write ``emb_<name>.parquet``, ``index/`` and (ivf-flat) ``ann/`` into ``work``; (index.json, ann.json)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(ids)
+    tpath = os.path.join(work, f"emb_{name}.parquet")
+    flat = pa.array(vectors.reshape(-1), pa.float32())
+    pq.write_table(pa.table({"row": pa.array(np.arange(n), pa.int64()), "id": pa.array(ids, pa.string()),
+                             CONTENT_COL: pa.array(hashes, pa.string()),
+                             "vector": pa.FixedSizeListArray.from_arrays(flat, dim)}),
+                   tpath, compression="zstd")
+    normed = _normalize(vectors)
+    idx_dir = os.path.join(work, "index")
+    os.mkdir(idx_dir)
+    np.save(os.path.join(idx_dir, "vectors.npy"), normed, allow_pickle=False)
+    meta: dict[str, Any] = {"format": INDEX_FORMAT, "metric": "cosine", "dim": dim, "count": n,
+                            "encoder": identity, "table": tname, "column": column}
+    with open(os.path.join(idx_dir, "index.json"), "w") as f:
+        json.dump(meta, f, sort_keys=True)
+    ann_meta: dict[str, Any] = {}
+    if kind == "ivf-flat":
+        ann_dir = os.path.join(work, "ann")
+        os.mkdir(ann_dir)
+        data, ann_meta = build_ivf(normed)
+        with open(os.path.join(ann_dir, "index.faiss"), "wb") as f:
+            f.write(data)
+        with open(os.path.join(ann_dir, "ann.json"), "w") as f:
+            json.dump(ann_meta, f, sort_keys=True)
+    return meta, ann_meta
+
+
+def _publish_version(ds, dataset_id: str, store: str | None, name: str, work: str, meta: dict[str, Any],
+                     ann_meta: dict[str, Any]) -> tuple[Manifest, PublishResult, int]:
+    """Publish ``ds``'s version plus the embedding written in ``work``: (manifest, result, blobs in it)."""
+    st = Store(store) if store else Store(None)
+    req = PublishRequest(dataset_id, store_url=store)
+    stage = _staging_dir()
+    try:
+        stager = _Stager(req, stage)
+        new_table = stager.table(f"emb_{name}", [os.path.join(work, f"emb_{name}.parquet")])
+        arts = {k: v for k, v in ds.manifest.artifacts.items() if k != f"emb_{name}_ann"}
+        arts[f"emb_{name}_index"] = stager.artifact(f"emb_{name}_index", os.path.join(work, "index"))
+        if ann_meta:
+            arts[f"emb_{name}_ann"] = stager.artifact(f"emb_{name}_ann", os.path.join(work, "ann"))
+        old = ds.manifest
+        facts = {**meta, "ann": ann_meta} if ann_meta else meta
+        manifest = Manifest(dataset_id, tables={**old.tables, f"emb_{name}": new_table}, artifacts=arts,
+                            bindings=old.bindings,
+                            metadata={**old.metadata,
+                                      "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                      "embeddings": {**old.metadata.get("embeddings", {}), name: facts}})
+        blobs = list(stager.blobs.values())
+        missing = set(st.missing_blobs([b.hash for b in blobs]))
+        result = PublishResult(dataset_id, manifest.version_hash, st.url, False, [])
+        _upload(st, [b for b in blobs if b.hash in missing], 4, result, None)
+        if not st.has_manifest(dataset_id, manifest.version_hash):
+            st.put_manifest(manifest)
+        before = st.read_latest(dataset_id)
+        if before is None or before.version_hash != manifest.version_hash:
+            st.cas_latest(dataset_id, manifest.version_hash, before) or \
+                st.set_latest(dataset_id, manifest.version_hash, check_manifest=False)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return manifest, result, len(blobs)
