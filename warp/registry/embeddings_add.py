@@ -230,18 +230,8 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     if row != n:
         raise DataError(f"{dataset_id}: table {tname} yielded {row} rows, its manifest says {n}",
                         hint="republish the dataset")
-    zero = zero_rows(vectors)
-    if len(zero):
-        named = ", ".join(f"{int(r)} (id {ids[r]})" for r in zero[:5]) + (f" and {len(zero) - 5} more"
-                                                                          if len(zero) > 5 else "")
-        raise DataError(f"encoder {encoder!r} gave {len(zero)} all-zero vector(s), which have no direction (every "
-                        f"cosine distance to them would be 1.0): rows {named}",
-                        hint="fix the encoder, or leave those rows out of the table before embedding it",
-                        rows=[int(r) for r in zero[:100]])
-    kind = "ivf-flat" if index == "ivf-flat" or (index == "auto" and n >= ANN_MIN_ROWS and _faiss() is not None) \
-        else "exact"
-    if kind == "ivf-flat" and n == 0:
-        kind = "exact"
+    _refuse_zero_rows(vectors, ids, encoder)
+    kind = _index_kind(index, n)
     work = tempfile.mkdtemp(prefix="warp-emb-")
     try:
         meta, ann_meta = _write_index(work, name, enc.dim, identity, tname, column, vectors, ids, hashes, kind)
@@ -252,6 +242,27 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
                          index=kind, ann=ann_meta)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _refuse_zero_rows(vectors: np.ndarray, ids: list[str], encoder: str) -> None:
+    """DataError naming the rows whose vector is all zeros (no direction for a cosine search)."""
+    zero = zero_rows(vectors)
+    if len(zero):
+        named = ", ".join(f"{int(r)} (id {ids[r]})" for r in zero[:5]) + (f" and {len(zero) - 5} more"
+                                                                          if len(zero) > 5 else "")
+        raise DataError(f"encoder {encoder!r} gave {len(zero)} all-zero vector(s), which have no direction (every "
+                        f"cosine distance to them would be 1.0): rows {named}",
+                        hint="fix the encoder, or leave those rows out of the table before embedding it",
+                        rows=[int(r) for r in zero[:100]])
+
+
+def _index_kind(index: str, n: int) -> str:
+    """The index to build: ``ivf-flat`` when asked, or on ``auto`` with FAISS and enough rows; else ``exact``."""
+    kind = "ivf-flat" if index == "ivf-flat" or (index == "auto" and n >= ANN_MIN_ROWS and _faiss() is not None) \
+        else "exact"
+    if kind == "ivf-flat" and n == 0:
+        kind = "exact"
+    return kind
 
 
 def _write_index(work: str, name: str, dim: int, identity: dict, tname: str, column: str, vectors: np.ndarray,
