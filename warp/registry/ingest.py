@@ -556,6 +556,22 @@ def _batches(path: str) -> Iterator[Any]:
                         hint="fix the file, or convert it to Parquet yourself") from None
 
 
+def _member_path(v: str, root_real: str, root: str) -> str:
+    """A table's file value as a member path relative to the root (absolute paths under it made relative)."""
+    p = v.replace(os.sep, "/") if os.sep != "/" else v
+    if os.path.isabs(p):
+        rp = os.path.abspath(p)
+        if rp.startswith(root_real + "/"):
+            return rp[len(root_real) + 1:]
+        ra = os.path.abspath(root)
+        if rp.startswith(ra + "/"):
+            return rp[len(ra) + 1:]
+        return p  # check_file reports it as path-outside-root
+    while p.startswith("./"):
+        p = p[2:]
+    return p
+
+
 def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], root: str,
                  ref_type: str = "image", artifact: str | None = None,
                  on_file: Callable[[int], None] | None = None,
@@ -585,18 +601,7 @@ def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], roo
         row0 = 0
 
         def norm(v: str) -> str:
-            p = v.replace(os.sep, "/") if os.sep != "/" else v
-            if os.path.isabs(p):
-                rp = os.path.abspath(p)
-                if rp.startswith(root_real + "/"):
-                    return rp[len(root_real) + 1:]
-                ra = os.path.abspath(root)
-                if rp.startswith(ra + "/"):
-                    return rp[len(ra) + 1:]
-                return p  # check_file reports it as path-outside-root
-            while p.startswith("./"):
-                p = p[2:]
-            return p
+            return _member_path(v, root_real, root)
 
         def check(rel: str) -> FileInfo:
             return check_file(root_real, rel, max_bytes=opts.max_bytes, image=image, max_pixels=opts.max_pixels)
