@@ -120,19 +120,7 @@ def register(req: RegisterRequest) -> RegisterResult:
     dataset_id = validate_dataset_id(req.dataset_id)
     if not req.tables and not req.artifacts:
         raise UsageError("nothing to register", hint="give --table NAME=FILES and/or --artifact NAME=DIR")
-    shadows, unchecked = None, None
-    try:
-        shadows = published_in_store(dataset_id)
-    except WarpError as e:
-        if e.exit_code not in (ExitCode.CONFIG, ExitCode.TEMPFAIL, ExitCode.NO_INPUT):
-            raise
-        unchecked = e.message
-    if shadows and not req.shadow:
-        raise ShadowsPublishedError(
-            f"{dataset_id} is published in the store {shadows}; registering it would make every read of "
-            f"{dataset_id} use the local files instead",
-            hint="register it under another name, or pass --shadow to hide the store's version on purpose "
-                 "('warp ls' marks registrations)", store=shadows)
+    shadows, unchecked = _store_check(dataset_id, req.shadow)
     previous = None
     with contextlib.suppress(DataError):
         previous = load(dataset_id)
@@ -187,17 +175,7 @@ def register(req: RegisterRequest) -> RegisterResult:
             artifacts[name] = {"root": root, "members": {
                 m: [e[0], e[1], e[2]] for (m, _p, _s), e in zip(scan.members, entries, strict=True)}}
             members_of[name] = [m for m, _, _ in scan.members]
-    for b in req.bindings:
-        if b.table not in tables:
-            raise UsageError(f"--bind names table {b.table!r}, which is not being registered",
-                             hint=f"tables: {', '.join(sorted(tables)) or 'none'}")
-        if b.artifact not in artifacts:
-            raise UsageError(f"--bind names artifact {b.artifact!r}, which is not being registered",
-                             hint=f"artifacts: {', '.join(sorted(artifacts)) or 'none'}")
-        columns = [f["name"] for f in tables[b.table]["schema"]["fields"]]
-        if b.column not in columns:
-            raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
-                             hint=f"columns: {', '.join(columns)}")
+    _check_binding_names(req.bindings, tables, artifacts)
     checks, artifact_of = [], {}
     for b in req.bindings:
         key = f"{b.table}.{b.column}={b.artifact}"
@@ -229,6 +207,40 @@ def register(req: RegisterRequest) -> RegisterResult:
         hashed_files=hashed["files"], hashed_bytes=hashed["bytes"],
         replaced=previous["version_hash"] if previous and previous["version_hash"] != doc["version_hash"] else None,
         seconds=time.perf_counter() - t0, dangling_refs=dangling, shadows=shadows, store_unchecked=unchecked)
+
+
+def _store_check(dataset_id: str, shadow: bool) -> tuple[str | None, str | None]:
+    """(the store publishing ``dataset_id`` or None, why the store could not be asked or None);
+    :class:`ShadowsPublishedError` when it publishes the name and ``shadow`` is not set."""
+    shadows, unchecked = None, None
+    try:
+        shadows = published_in_store(dataset_id)
+    except WarpError as e:
+        if e.exit_code not in (ExitCode.CONFIG, ExitCode.TEMPFAIL, ExitCode.NO_INPUT):
+            raise
+        unchecked = e.message
+    if shadows and not shadow:
+        raise ShadowsPublishedError(
+            f"{dataset_id} is published in the store {shadows}; registering it would make every read of "
+            f"{dataset_id} use the local files instead",
+            hint="register it under another name, or pass --shadow to hide the store's version on purpose "
+                 "('warp ls' marks registrations)", store=shadows)
+    return shadows, unchecked
+
+
+def _check_binding_names(bindings: list[Binding], tables: dict[str, Any], artifacts: dict[str, Any]) -> None:
+    """UsageError when a ``--bind`` names a table, artifact or column that is not being registered."""
+    for b in bindings:
+        if b.table not in tables:
+            raise UsageError(f"--bind names table {b.table!r}, which is not being registered",
+                             hint=f"tables: {', '.join(sorted(tables)) or 'none'}")
+        if b.artifact not in artifacts:
+            raise UsageError(f"--bind names artifact {b.artifact!r}, which is not being registered",
+                             hint=f"artifacts: {', '.join(sorted(artifacts)) or 'none'}")
+        columns = [f["name"] for f in tables[b.table]["schema"]["fields"]]
+        if b.column not in columns:
+            raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
+                             hint=f"columns: {', '.join(columns)}")
 
 
 def _known_hashes(doc: dict[str, Any] | None) -> dict[str, tuple[str, list[int]]]:
