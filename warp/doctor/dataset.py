@@ -222,22 +222,7 @@ def check_dataset(name: str, *, table: str | None = None, rows: int = DEFAULT_RO
         report.checks.append(("refs", CheckResult(WARN, f"column {bound[0]} holds no member in the rows read",
                                                   "check the column's values")))
     else:
-        column, binding = bound
-        with _Meter(report, "refs", stats) as ph:
-            try:
-                reader = ds.artifact(binding.artifact)
-                for m in members:
-                    reader.read(m)
-                    ph.items += 1
-                refs_res = None
-            except Exception as e:
-                refs_res = _failure(e)
-        if refs_res is None:
-            rate = ph.items / ph.seconds if ph.seconds > 0 else 0.0
-            refs_res = CheckResult(PASS, f"{ph.items} member(s) of {binding.artifact} via {t.name}.{column} in "
-                                         f"{ph.seconds:.2f}s: {rate:,.0f} refs/s; {_traffic(ph)}",
-                                   facts={"refs": ph.items, "refs_per_s": round(rate, 1)})
-        report.checks.append(("refs", refs_res))
+        report.checks.append(("refs", _read_refs(report, ds, stats, t.name, bound, members)))
 
     why = slowest(report.phases)
     retried = sum(p.retries for p in report.phases)
@@ -247,6 +232,26 @@ def check_dataset(name: str, *, table: str | None = None, rows: int = DEFAULT_RO
         "concurrent readers, or raise WARP_RETRY_BUDGET if reads fail" if retried else None,
         facts={"phases": {p.name: round(p.seconds, 4) for p in report.phases}})))
     return report
+
+
+def _read_refs(report: DatasetReport, ds, stats, table: str, bound, members: list[str]) -> CheckResult:
+    """The 'refs' check: read ``members`` through the artifact bound to ``bound``'s column, timed."""
+    column, binding = bound
+    with _Meter(report, "refs", stats) as ph:
+        try:
+            reader = ds.artifact(binding.artifact)
+            for m in members:
+                reader.read(m)
+                ph.items += 1
+            refs_res = None
+        except Exception as e:
+            refs_res = _failure(e)
+    if refs_res is None:
+        rate = ph.items / ph.seconds if ph.seconds > 0 else 0.0
+        refs_res = CheckResult(PASS, f"{ph.items} member(s) of {binding.artifact} via {table}.{column} in "
+                                     f"{ph.seconds:.2f}s: {rate:,.0f} refs/s; {_traffic(ph)}",
+                               facts={"refs": ph.items, "refs_per_s": round(rate, 1)})
+    return refs_res
 
 
 def _verify_manifest(ds, registered: bool) -> str:
