@@ -99,7 +99,6 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     if store_url is not None:
         # docs/features-config.md, "Output on object storage": staged here, shards uploaded by the
         # workers, receipts in the store; an unreachable store stops the run before any work (exit 75)
-
         objectstore.check_reachable(store_url)
         outp = objectstore.staging_root(store_url) / "cache"
     else:
@@ -109,18 +108,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     require(ex)
     n_workers = max(1, workers or cpu_count())
     # the encoder first: a bad encoder config is reported before any data is read
-    enc = batch_encoder = enc_ref = None
-    device = None
-    if spec.encoder:
-        # on a cluster the workers hold the GPUs: the driver loads the encoder on its CPU for the
-        # identity and the fields only, and the tasks resolve caching_device where they run
-        remote_cuda = ex.distributed and spec.caching_device.startswith("cuda")
-        device = spec.caching_device if remote_cuda else resolve_device(spec.caching_device)
-        enc = load_encoder(spec.encoder, device="cpu" if remote_cuda else device, dtype=spec.encoder_dtype,
-                           options=spec.encoder_options)
-        batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size, name=spec.encoder)
-        enc_ref = EncoderRef(spec.encoder, device, spec.encoder_dtype,
-                             canonical_json(spec.encoder_options).decode("utf-8"), tuple(spec.size))
+    enc, batch_encoder, enc_ref, device = _load_build_encoder(spec, ex)
     if resources is None:
         resources = {"GPU": 1} if device is not None and device.startswith("cuda") and ex.distributed else {}
 
@@ -137,18 +125,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         orphan_captions += scanned.orphan_captions
     t_scan = time.perf_counter() - t_scan0
 
-    # fail fast: rejections found by the scan already exceed a fail threshold
-    agg = q.aggregate()
-    pending = RunSummary(**{**agg.__dict__, "by_reason": dict(agg.by_reason)})
-    pending.total += len(items)
-    pending.non_empty += len(items)
-    examples: dict[str, list[dict[str, str]]] = {}
-    for r in q.record_dicts():
-        ex_list = examples.setdefault(r["reason"], [])
-        if len(ex_list) < 3:
-            ex_list.append(r)
-    early = evaluate_summaries([("aggregate", pending)], spec.thresholds, examples)
-    early.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
+    _fail_fast(q, len(items), spec, allow_invalid)  # rejections found by the scan already exceed a threshold
 
     enc_identity = None
     if enc is not None:
@@ -163,28 +140,10 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         target, up = _store_target(store_url, fp, clear, reasons, t_scan)
         if up is not None:
             return up
-    elif outp.exists():
-        if old is None or old.get("kind") != KIND:
-            if old is not None or any(outp.iterdir()):
-                raise ConfigError(f"{outp} exists and is not a feature cache",
-                                  hint="choose another [output] path; warp only replaces its own caches")
-            reasons.append("new cache")
-        elif (sealed := _sealed(outp)) is not None and sealed.get("fingerprint") == fp and not clear \
-                and _shards_present(outp, sealed):
-            return BuildResult("up-to-date", str(outp), sealed, {"scan_s": round(t_scan, 4)})
-        elif clear:
-            reasons.append("--clear")
-        elif old.get("fingerprint") != fp:
-            prev = old.get("fingerprint_inputs", {})
-            changed = [k for k in ("dataset", "encoder", "code") if identity(prev.get(k)) != identity(inputs[k])] \
-                if isinstance(prev, dict) else []
-            reasons.append("fingerprint changed" + (f" ({', '.join(changed)})" if changed else ""))
-        elif _sealed(outp) is None:
-            reasons.append("manifest unsealed or damaged")
-        else:
-            reasons.append("shards missing or resized")
     else:
-        reasons.append("new cache")
+        done = _local_reasons(outp, old, fp, clear, inputs, reasons, t_scan)
+        if done is not None:
+            return done
 
     # the driver pass: every header, so the plan holds only records a full decode can store
     t0 = time.perf_counter()
@@ -209,12 +168,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     name_hash = identity(os.path.abspath(outp))[:8]
     build_dir = outp.parent / f"{BUILD_PREFIX}{fp[:12]}-{name_hash}"
     if decode_threads <= 0:
-        if ex.kind == "thread":
-            decode_threads = n_workers
-        elif ex.address is None:
-            decode_threads = max(1, cpu_count() // n_workers)
-        else:
-            decode_threads = 2
+        decode_threads = _default_decode_threads(ex, n_workers)
     own_pool = None
     if ex.kind == "thread":
         own_pool = f"build-{os.getpid()}-{id(spec)}-{time.monotonic_ns()}"
@@ -245,6 +199,76 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                 with _ENCODER_LOCK:
                     if _ENCODERS.get(enc_ref) is batch_encoder:
                         del _ENCODERS[enc_ref]
+
+
+def _load_build_encoder(spec: CacheSpec, ex: ExecutorSpec) -> tuple[Any, Any, EncoderRef | None, str | None]:
+    """(encoder, batch encoder, the workers' reference to it, device), all None without ``[encoder]``."""
+    if not spec.encoder:
+        return None, None, None, None
+    # on a cluster the workers hold the GPUs: the driver loads the encoder on its CPU for the
+    # identity and the fields only, and the tasks resolve caching_device where they run
+    remote_cuda = ex.distributed and spec.caching_device.startswith("cuda")
+    device = spec.caching_device if remote_cuda else resolve_device(spec.caching_device)
+    enc = load_encoder(spec.encoder, device="cpu" if remote_cuda else device, dtype=spec.encoder_dtype,
+                       options=spec.encoder_options)
+    batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size, name=spec.encoder)
+    enc_ref = EncoderRef(spec.encoder, device, spec.encoder_dtype,
+                         canonical_json(spec.encoder_options).decode("utf-8"), tuple(spec.size))
+    return enc, batch_encoder, enc_ref, device
+
+
+def _fail_fast(q: Quarantine, n_items: int, spec: CacheSpec, allow_invalid: bool) -> None:
+    """Stop before any decoding when the scan's rejections alone exceed a fail threshold."""
+    agg = q.aggregate()
+    pending = RunSummary(**{**agg.__dict__, "by_reason": dict(agg.by_reason)})
+    pending.total += n_items
+    pending.non_empty += n_items
+    examples: dict[str, list[dict[str, str]]] = {}
+    for r in q.record_dicts():
+        ex_list = examples.setdefault(r["reason"], [])
+        if len(ex_list) < 3:
+            ex_list.append(r)
+    early = evaluate_summaries([("aggregate", pending)], spec.thresholds, examples)
+    early.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
+
+
+def _local_reasons(outp: Path, old: dict[str, Any] | None, fp: str, clear: bool, inputs: dict[str, Any],
+                   reasons: list[str], t_scan: float) -> BuildResult | None:
+    """The up-to-date result when the local cache at ``outp`` can be kept; else None, with why it is
+    rebuilt appended to ``reasons``."""
+    if outp.exists():
+        if old is None or old.get("kind") != KIND:
+            if old is not None or any(outp.iterdir()):
+                raise ConfigError(f"{outp} exists and is not a feature cache",
+                                  hint="choose another [output] path; warp only replaces its own caches")
+            reasons.append("new cache")
+        elif (sealed := _sealed(outp)) is not None and sealed.get("fingerprint") == fp and not clear \
+                and _shards_present(outp, sealed):
+            return BuildResult("up-to-date", str(outp), sealed, {"scan_s": round(t_scan, 4)})
+        elif clear:
+            reasons.append("--clear")
+        elif old.get("fingerprint") != fp:
+            prev = old.get("fingerprint_inputs", {})
+            changed = [k for k in ("dataset", "encoder", "code") if identity(prev.get(k)) != identity(inputs[k])] \
+                if isinstance(prev, dict) else []
+            reasons.append("fingerprint changed" + (f" ({', '.join(changed)})" if changed else ""))
+        elif _sealed(outp) is None:
+            reasons.append("manifest unsealed or damaged")
+        else:
+            reasons.append("shards missing or resized")
+    else:
+        reasons.append("new cache")
+    return None
+
+
+def _default_decode_threads(ex: ExecutorSpec, n_workers: int) -> int:
+    """Decode threads per worker process: the worker count on local threads (one shared pool), the
+    CPUs divided among the workers started here, 2 on an existing cluster."""
+    if ex.kind == "thread":
+        return n_workers
+    if ex.address is None:
+        return max(1, cpu_count() // n_workers)
+    return 2
 
 
 def _store_target(url: str, fp: str, clear: bool, reasons: list[str], t_scan: float):
