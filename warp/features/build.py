@@ -114,22 +114,13 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     q = Quarantine()
     t_scan0 = time.perf_counter()
-    items: list[MediaItem] = []
-    item_source: list[int] = []  # index of each item's source directory
-    orphan_captions = 0
-    for i, (root, prefix, key_prefix) in enumerate(spec.scan_roots()):
-        scanned = scan(root, _RootRelative(q, root, key_prefix), caption_prefix=prefix, caption_ext=spec.caption_ext, exclude=(outp,),
-                       key_prefix=key_prefix)
-        items += scanned.items
-        item_source += [i] * len(scanned.items)
-        orphan_captions += scanned.orphan_captions
+    items, item_source, orphan_captions = _scan_sources(spec, q, outp)
     t_scan = time.perf_counter() - t_scan0
 
     _fail_fast(q, len(items), spec, allow_invalid)  # rejections found by the scan already exceed a threshold
 
-    enc_identity = None
-    if enc is not None:
-        enc_identity = {"config_name": spec.encoder, **enc.identity(), "device_type": device.split(":")[0]}
+    enc_identity = None if enc is None else {"config_name": spec.encoder, **enc.identity(),
+                                             "device_type": device.split(":")[0]}
     inputs = fingerprint_inputs(spec, source_digest(items), enc_identity)
     fp = identity(inputs)
 
@@ -148,15 +139,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
     # the driver pass: every header, so the plan holds only records a full decode can store
     t0 = time.perf_counter()
     probed = _probe_all(items, n_workers, spec.max_pixels)
-    pre = Quarantine()
-    pre.merge(q)
-    for i, it in enumerate(items):
-        f = probed.get(i)
-        if f is None:
-            pre.accept(it.run, it.key)
-        else:
-            pre.reject(it.run, it.key, it.key, f.reason, f"{it.key}: {f.message}")
-    pre.evaluate(spec.thresholds).raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
+    _check_probed(q, items, probed, spec, allow_invalid)
     t_probe = time.perf_counter() - t0
 
     fields = base_fields(spec) + (batch_encoder.fields if batch_encoder else [])
@@ -199,6 +182,35 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                 with _ENCODER_LOCK:
                     if _ENCODERS.get(enc_ref) is batch_encoder:
                         del _ENCODERS[enc_ref]
+
+
+def _scan_sources(spec: CacheSpec, q: Quarantine, outp: Path) -> tuple[list[MediaItem], list[int], int]:
+    """(every usable item of every source folder in order, each item's source index, captions without
+    media); rejections go to ``q``."""
+    items: list[MediaItem] = []
+    item_source: list[int] = []
+    orphan_captions = 0
+    for i, (root, prefix, key_prefix) in enumerate(spec.scan_roots()):
+        scanned = scan(root, _RootRelative(q, root, key_prefix), caption_prefix=prefix, caption_ext=spec.caption_ext,
+                       exclude=(outp,), key_prefix=key_prefix)
+        items += scanned.items
+        item_source += [i] * len(scanned.items)
+        orphan_captions += scanned.orphan_captions
+    return items, item_source, orphan_captions
+
+
+def _check_probed(q: Quarantine, items: list[MediaItem], probed: dict[int, Any], spec: CacheSpec,
+                  allow_invalid: bool) -> None:
+    """Stop before building when the scan's and the header pass's rejections exceed a fail threshold."""
+    pre = Quarantine()
+    pre.merge(q)
+    for i, it in enumerate(items):
+        f = probed.get(i)
+        if f is None:
+            pre.accept(it.run, it.key)
+        else:
+            pre.reject(it.run, it.key, it.key, f.reason, f"{it.key}: {f.message}")
+    pre.evaluate(spec.thresholds).raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
 
 
 def _load_build_encoder(spec: CacheSpec, ex: ExecutorSpec) -> tuple[Any, Any, EncoderRef | None, str | None]:
