@@ -371,7 +371,6 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
            outp: Path, target: Any = None) -> BuildResult:
     import shutil
 
-
     h, w = spec.size
     if clear and build_dir.exists():
         shutil.rmtree(build_dir)
@@ -393,18 +392,7 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         raise
     t_build = time.perf_counter() - t0
 
-    # verdicts in scan order, as if one process had decoded every item in turn
-    late: dict[int, tuple[str, str]] = {}
-    for task, res in zip(tasks, results, strict=True):
-        for pos, reason, message in res.failures:
-            late[runs[task.index][pos]] = (reason, message)
-    for i, it in enumerate(items):
-        if i in probed:
-            q.reject(it.run, it.key, it.key, probed[i].reason, f"{it.key}: {probed[i].message}")
-        elif i in late:
-            q.reject(it.run, it.key, it.key, *late[i])
-        else:
-            q.accept(it.run, it.key)
+    late = _verdicts_in_scan_order(tasks, results, runs, items, probed, q)
     verdict = q.evaluate(spec.thresholds)
     try:
         verdict.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
@@ -413,12 +401,7 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         if target is not None:
             journal.remove()
         raise
-    for problem in verdict.problems():
-        log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
-    truncated = sum(r.truncated for r in results)
-    if truncated:
-        log.warning(f"{truncated} caption(s) longer than max_caption_bytes={spec.max_caption_bytes} were "
-                    "truncated in the stored text (encoders saw the full caption)")
+    truncated = _log_problems(verdict, results, spec)
     kept = [i for run in runs for i in run if i not in late]
     kept_keys = [items[i].key for i in kept]
     kept_source = [item_source[i] for i in kept]
@@ -463,34 +446,10 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         if spec.sources is not None:
             manifest["sources"] = source_entries(spec, kept_source)
         manifest = seal(manifest)  # docs/formats/feature-shard.md: the reader checks it on open
-        atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
-                           fsync=False)
-        _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards,
-                       None if spec.sources is None else [f"d{i}" for i in kept_source])
-        atomic_write_bytes(tmp / "quarantine.jsonl",
-                           b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
-        q.write_parquet(tmp)
+        _write_side_files(tmp, kept_keys, kept_rows, shards, kept_source, spec, q)
         wall = time.perf_counter() - t_start
-        bt = [b for r in results for b in r.batches]
-        metrics.update({
-            "batches": bt,
-            "wall_s": round(wall, 4),
-            "build_s": round(t_build, 4),
-            "repack_s": round(t_repack, 4),
-            "records": records,
-            "records_per_s": round(records / wall, 2) if wall > 0 else None,
-            "io_decode_wait_s": round(sum(b["io_decode_wait_s"] for b in bt), 4),
-            "encode_s": round(sum(b["encode_s"] for b in bt), 4),
-            "write_s": round(sum(b["write_s"] for b in bt), 4),
-            "device": device or "none",  # what caching_device resolved to ("auto": cuda if available)
-            "caching_device": spec.caching_device if spec.encoder else None,
-            "cluster": cluster,
-            "shards_reused": sum(r.reused for r in results),
-            "shards_built": sum(not r.reused for r in results),
-            "shards_repacked": len(shards) - first_late,
-            "tasks": [{"index": r.index, "records": r.records, "worker": r.worker, "encoder_loads": r.encoder_loads,
-                       "reused": r.reused} for r in results],
-        })
+        metrics.update(_run_metrics(results, len(shards), first_late, records, wall, t_build, t_repack, device, spec,
+                                    cluster))
         atomic_write_bytes(tmp / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True).encode(), fsync=False)
         atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
                                                            ensure_ascii=False).encode("utf-8"), fsync=False)
@@ -499,6 +458,73 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
     journal.remove()
     shutil.rmtree(build_dir, ignore_errors=True)
     return BuildResult("built", str(outp), manifest, metrics, reasons)
+
+
+def _log_problems(verdict: Any, results: list[PartResult], spec: CacheSpec) -> int:
+    """Log the verdict's problems and the truncated captions; returns how many captions were truncated."""
+    for problem in verdict.problems():
+        log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
+    truncated = sum(r.truncated for r in results)
+    if truncated:
+        log.warning(f"{truncated} caption(s) longer than max_caption_bytes={spec.max_caption_bytes} were "
+                    "truncated in the stored text (encoders saw the full caption)")
+    return truncated
+
+
+def _write_side_files(tmp: Path, kept_keys: list[str], kept_rows: list[tuple[str, bool, int, int]],
+                      shards: list[dict[str, Any]], kept_source: list[int], spec: CacheSpec, q: Quarantine) -> None:
+    """``keys.txt``, ``records.parquet``, ``quarantine.jsonl`` and the quarantine's Parquet beside the shards."""
+    atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
+                       fsync=False)
+    _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards,
+                   None if spec.sources is None else [f"d{i}" for i in kept_source])
+    atomic_write_bytes(tmp / "quarantine.jsonl",
+                       b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
+    q.write_parquet(tmp)
+
+
+def _verdicts_in_scan_order(tasks: list[PartTask], results: list[PartResult], runs: list[Sequence[int]],
+                            items: list[MediaItem], probed: dict[int, DecodeFailure],
+                            q: Quarantine) -> dict[int, tuple[str, str]]:
+    """Every item's verdict into ``q`` in scan order, as if one process had decoded every item in turn;
+    returns the late (full-decode) failures by item index."""
+    late: dict[int, tuple[str, str]] = {}
+    for task, res in zip(tasks, results, strict=True):
+        for pos, reason, message in res.failures:
+            late[runs[task.index][pos]] = (reason, message)
+    for i, it in enumerate(items):
+        if i in probed:
+            q.reject(it.run, it.key, it.key, probed[i].reason, f"{it.key}: {probed[i].message}")
+        elif i in late:
+            q.reject(it.run, it.key, it.key, *late[i])
+        else:
+            q.accept(it.run, it.key)
+    return late
+
+
+def _run_metrics(results: list[PartResult], n_shards: int, first_late: int, records: int, wall: float,
+                 t_build: float, t_repack: float, device: str | None, spec: CacheSpec, cluster: Any) -> dict[str, Any]:
+    """The run's figures for ``metrics.json`` (timings, rates, where each part ran)."""
+    bt = [b for r in results for b in r.batches]
+    return {
+        "batches": bt,
+        "wall_s": round(wall, 4),
+        "build_s": round(t_build, 4),
+        "repack_s": round(t_repack, 4),
+        "records": records,
+        "records_per_s": round(records / wall, 2) if wall > 0 else None,
+        "io_decode_wait_s": round(sum(b["io_decode_wait_s"] for b in bt), 4),
+        "encode_s": round(sum(b["encode_s"] for b in bt), 4),
+        "write_s": round(sum(b["write_s"] for b in bt), 4),
+        "device": device or "none",  # what caching_device resolved to ("auto": cuda if available)
+        "caching_device": spec.caching_device if spec.encoder else None,
+        "cluster": cluster,
+        "shards_reused": sum(r.reused for r in results),
+        "shards_built": sum(not r.reused for r in results),
+        "shards_repacked": n_shards - first_late,
+        "tasks": [{"index": r.index, "records": r.records, "worker": r.worker, "encoder_loads": r.encoder_loads,
+                   "reused": r.reused} for r in results],
+    }
 
 
 def _fetch_parts(parts: list[tuple[PartTask, PartResult]]) -> None:
