@@ -84,9 +84,11 @@ def main(
     import warpdata
     from warpdata.registry import embeddings as emb
     if action == "add":
+        from warpdata.registry.embeddings_add import add
+
         if not column or not encoder:
             raise UsageError("embeddings add needs --column and --encoder", hint="e.g. --column image --encoder color-hist")
-        res = emb.add(dataset, column=column, encoder=encoder, name=name, table=table, store=store,
+        res = add(dataset, column=column, encoder=encoder, name=name, table=table, store=store,
                       options=_options(option), device=device, index=index, reuse=reuse)
         if out.options().json:
             out.emit_json(res.to_dict())

@@ -54,7 +54,7 @@ def main(
     from warpdata.core.errors import UsageError
     from warpdata.core.sizes import format_size
     from warpdata.registry.publish import parse_binding, parse_named
-    from warpdata.registry.register import RegisterRequest, register
+    from warpdata.registry.register_files import RegisterRequest, register
 
     req = RegisterRequest(dataset_id=dataset, allow_dangling=allow_dangling, follow_symlinks=follow_symlinks,
                           description=description, workers=workers, shadow=shadow)

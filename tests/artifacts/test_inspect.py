@@ -23,11 +23,25 @@ def artifact(tmp_path):
 
 
 def test_registry_modules_follow_the_protocol():
-    names = [n for n, _ in INSPECTORS]
+    names = [t.name for t in INSPECTORS]
     assert len(names) == len(set(names)) and "manifest" in names
-    for _name, modname in INSPECTORS:
-        mod = importlib.import_module(modname)
+    for t in INSPECTORS:
+        mod = importlib.import_module(t.inspector)
         assert callable(mod.sniff) and callable(mod.inspect)
+
+
+def test_every_previewer_in_the_tables_resolves():
+    """Each kind's previewer and checks, named by dotted path in the kind table, load and are callable."""
+    from warpdata.artifacts.kinds import KINDS
+    from warpdata.core.registry import load
+
+    previewers = [t.previewer for t in INSPECTORS if t.previewer]
+    assert len(previewers) == 5 and all(k.previewer for k in KINDS.values())
+    for target in previewers:
+        assert callable(load(target, "previewer"))
+    for k in KINDS.values():
+        if k.checks:
+            load(k.checks, "doctor check module")
 
 
 def test_manifest_directory_human(cli, artifact):

@@ -21,10 +21,10 @@ def test_every_kind_has_a_valid_json_schema(kind):
 
 
 def test_every_kind_has_an_inspector():
-    inspected = {name for name, _mod in INSPECTORS}
-    assert set(kinds.KINDS) <= inspected
+    inspected = {t.name: t for t in INSPECTORS}
+    assert set(kinds.KINDS) <= set(inspected)
     for k in kinds.KINDS.values():
-        assert dict(INSPECTORS)[k.name] == k.inspector
+        assert inspected[k.name].inspector == k.inspector and inspected[k.name].previewer == k.previewer
 
 
 def test_a_written_zarr_manifest_validates_and_a_damaged_one_is_refused(tmp_path):

@@ -21,18 +21,26 @@ from warpdata.artifacts.kinds import KINDS
 from warpdata.core.names import DATASET, FEATURE_CACHE, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.core.registry import load
 
+
+@dataclass(frozen=True)
+class Target:
+    """What ``warp inspect`` can be pointed at: a name, its inspector module and its previewer (dotted paths)."""
+
+    name: str
+    inspector: str
+    previewer: str = ""
+
+
 # tried in this order (the first whose sniff() claims the target wins): the artifact kinds'
-# inspectors from their table (warpdata.artifacts.kinds), plus .tbl files and any other manifest
-INSPECTORS: tuple[tuple[str, str], ...] = tuple(
-    (name, KINDS[name].inspector if name in KINDS else module)
-    for name, module in (
-        (FEATURE_CACHE, ""),
-        ("tbl", "warpdata.tbl.inspect"),
-        (TENSOR_WAREHOUSE, ""),
-        (ZARR_ARRAY, ""),
-        ("manifest", "warpdata.artifacts.inspect_manifest"),
-        (DATASET, ""),
-    )
+# inspectors and previewers from their table (warpdata.artifacts.kinds), plus .tbl files and any
+# other manifest
+INSPECTORS: tuple[Target, ...] = (
+    Target(FEATURE_CACHE, KINDS[FEATURE_CACHE].inspector, KINDS[FEATURE_CACHE].previewer),
+    Target("tbl", "warpdata.tbl.inspect", "warpdata.artifacts.preview:tbl"),
+    Target(TENSOR_WAREHOUSE, KINDS[TENSOR_WAREHOUSE].inspector, KINDS[TENSOR_WAREHOUSE].previewer),
+    Target(ZARR_ARRAY, KINDS[ZARR_ARRAY].inspector, KINDS[ZARR_ARRAY].previewer),
+    Target("manifest", "warpdata.artifacts.inspect_manifest"),
+    Target(DATASET, KINDS[DATASET].inspector, KINDS[DATASET].previewer),
 )
 
 
@@ -64,10 +72,16 @@ def read_head(target: str, n: int = 4096) -> tuple[bytes | None, bool]:
     return None, False
 
 
-def find_inspector(target: str):
+def find_target(target: str) -> Target | None:
+    """The first entry of :data:`INSPECTORS` whose inspector sniffs ``target``, or None."""
     head, is_dir = read_head(target)
-    for _name, modname in INSPECTORS:
-        mod = load(modname, "inspector")
-        if mod.sniff(target, head, is_dir):
-            return mod
+    for t in INSPECTORS:
+        if load(t.inspector, "inspector").sniff(target, head, is_dir):
+            return t
     return None
+
+
+def find_inspector(target: str):
+    """The inspector module of ``target`` (see :func:`find_target`), or None."""
+    found = find_target(target)
+    return load(found.inspector, "inspector") if found else None

@@ -1,13 +1,18 @@
-"""The one table of artifact kinds: each kind's manifest, schema, inspector and publisher.
+"""The one table of artifact kinds: each kind's manifest, schema, inspector, previewer and checks.
 
-=================== ================== ======================================= ==============================
-kind                written by         schema                                  inspector
-=================== ================== ======================================= ==============================
-``tensor-warehouse`` ``warp etl``       ``warpdata.warehouse/manifest.schema.json`` ``warpdata.warehouse.inspect``
-``zarr-array``       ``warp etl``       ``warpdata.tiles/manifest.schema.json``     ``warpdata.tiles.inspect``
-``feature-cache``    ``warp etl``       ``warpdata.features/manifest.schema.json``  ``warpdata.features.inspect``
-``dataset``          ``warp publish``   ``warpdata.registry/manifest.schema.json``  ``warpdata.artifacts.inspect_dataset``
-=================== ================== ======================================= ==============================
+=================== ================ ======================================= =============================
+kind                written by       schema                                  inspector
+=================== ================ ======================================= =============================
+``tensor-warehouse`` ``warp etl``     ``warpdata.warehouse/manifest.schema.json`` ``warpdata.warehouse.inspect``
+``zarr-array``       ``warp etl``     ``warpdata.tiles/manifest.schema.json``     ``warpdata.tiles.inspect``
+``feature-cache``    ``warp etl``     ``warpdata.features/manifest.schema.json``  ``warpdata.features.inspect``
+``dataset``          ``warp publish`` ``warpdata.registry/manifest.schema.json``  ``warpdata.read.inspect``
+=================== ================ ======================================= =============================
+
+The table is how a system registers itself with the floors above it (CONTRIBUTING.md "Floors"):
+every entry is a dotted path (``package.module`` or ``package.module:name``) that
+:func:`warpdata.core.registry.load` imports only when it is used, so this module, ``warp inspect``,
+``--preview`` and ``warp doctor`` import no system, and ``warp --help`` pays for none of them.
 
 Every kind's manifest is validated against its schema before a reader trusts a field
 (:func:`validate`). ``publish --from`` takes any kind written by ``warp etl``: the artifact's
@@ -34,16 +39,19 @@ class ArtifactKind:
     inspector: str  # module with sniff() and inspect() (warpdata.artifacts.inspect)
     publisher: str  # how `warp publish --from` takes it: "directory" (the whole folder) or "none"
     written_by: str
+    previewer: str = ""  # "module:function" drawing `warp inspect --preview` (warpdata.artifacts.preview)
+    checks: str = ""  # module registering this kind's `warp doctor` checks (warpdata.doctor.registry)
 
 
 KINDS: dict[str, ArtifactKind] = {k.name: k for k in (
     ArtifactKind(TENSOR_WAREHOUSE, MANIFEST_NAME, "warpdata.warehouse", "warpdata.warehouse.inspect", "directory",
-                 "warp etl"),
-    ArtifactKind(ZARR_ARRAY, MANIFEST_NAME, "warpdata.tiles", "warpdata.tiles.inspect", "directory", "warp etl"),
+                 "warp etl", previewer="warpdata.warehouse.preview:preview"),
+    ArtifactKind(ZARR_ARRAY, MANIFEST_NAME, "warpdata.tiles", "warpdata.tiles.inspect", "directory", "warp etl",
+                 previewer="warpdata.tiles.preview:preview", checks="warpdata.tiles.checks"),
     ArtifactKind(FEATURE_CACHE, MANIFEST_NAME, "warpdata.features", "warpdata.features.inspect", "directory",
-                 "warp etl"),
-    ArtifactKind(DATASET, MANIFEST_NAME, "warpdata.registry", "warpdata.artifacts.inspect_dataset", "none",
-                 "warp publish"),
+                 "warp etl", previewer="warpdata.features.preview:preview"),
+    ArtifactKind(DATASET, MANIFEST_NAME, "warpdata.registry", "warpdata.read.inspect", "none",
+                 "warp publish", previewer="warpdata.read.inspect:preview"),
 )}
 
 

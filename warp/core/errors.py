@@ -143,6 +143,26 @@ def _jsonable(v: object) -> object:
     return str(v)
 
 
+class Rejected(Exception):
+    """One input a pipeline refuses, with the quarantine code that says why.
+
+    The one "rejected with a reason" class of every pipeline (the image probe, confined file
+    reads, decoding, ingest). ``reason`` is a quarantine code (``docs/formats/receipts.md``,
+    :mod:`warpdata.etl.quarantine`), ``message`` names the input, ``size`` is the bytes read when
+    known. It is a verdict, not a failure: the pipeline that raises it catches it and writes a
+    quarantine row, so it never reaches the CLI and is deliberately not a :class:`WarpError`
+    (an ``except WarpError`` around a build step must not swallow it). It pickles whole, so a
+    worker process can hand it back to the driver.
+    """
+
+    def __init__(self, reason: str, message: str, size: int = 0) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.size = reason, message, size
+
+    def __reduce__(self):
+        return type(self), (self.reason, self.message, self.size)
+
+
 class NegativeResult(WarpError):
     """A check completed and its answer is "no" (corruption found, doctor FAIL)."""
 

@@ -7,6 +7,14 @@ import os
 import tempfile
 
 from warpdata.core import envvars
+from warpdata.core.directio import (
+    BLOCK,
+    DIRECT_FILESYSTEMS,
+    AlignedFile,
+    aligned_empty,
+    filesystem_type,
+    wants_direct,
+)
 from warpdata.doctor.registry import PASS, SKIP, WARN, CheckResult, check, dir_check
 
 
@@ -18,15 +26,6 @@ def cache_dir() -> CheckResult:
 @check("direct-io", "cache")
 def direct_io() -> CheckResult:
     """Where ETL output goes by default (the working directory): will big writes skip the page cache?"""
-    from warpdata.core.directio import (
-        BLOCK,
-        DIRECT_FILESYSTEMS,
-        AlignedFile,
-        aligned_empty,
-        filesystem_type,
-        wants_direct,
-    )
-
     path = os.getcwd()
     fs = filesystem_type(path) or "unknown"
     mode = (envvars.get("WARP_DIRECT_IO") or "auto").strip().lower()

@@ -24,7 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from warpdata.core.errors import DatasetNotFoundError
+from warpdata.core.sizes import format_size
 from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult
+from warpdata.read.dataset import dataset
+from warpdata.registry.manifest import Manifest
+from warpdata.registry.store import Store
 
 DEFAULT_ROWS = 10_000
 DEFAULT_REFS = 32
@@ -120,8 +125,6 @@ def _failure(e: Exception) -> CheckResult:
 
 
 def _traffic(p: Phase) -> str:
-    from warpdata.core.sizes import format_size
-
     if not p.requests:
         return "no requests (local files or cache)"
     text = f"{p.requests} request(s), {format_size(p.bytes)}"
@@ -134,7 +137,6 @@ def check_dataset(name: str, *, table: str | None = None, rows: int = DEFAULT_RO
                   mode: str | None = "remote", version: str | None = None, store: str | None = None) -> DatasetReport:
     """Run the four checks (module docstring) against ``name``."""
     import pyarrow.parquet  # noqa: F401  (imported before the clocks start: they measure reads, not imports)
-    from warpdata.read.dataset import dataset
 
     report = DatasetReport(name)
     ds = None
@@ -220,22 +222,7 @@ def check_dataset(name: str, *, table: str | None = None, rows: int = DEFAULT_RO
         report.checks.append(("refs", CheckResult(WARN, f"column {bound[0]} holds no member in the rows read",
                                                   "check the column's values")))
     else:
-        column, binding = bound
-        with _Meter(report, "refs", stats) as ph:
-            try:
-                reader = ds.artifact(binding.artifact)
-                for m in members:
-                    reader.read(m)
-                    ph.items += 1
-                refs_res = None
-            except Exception as e:
-                refs_res = _failure(e)
-        if refs_res is None:
-            rate = ph.items / ph.seconds if ph.seconds > 0 else 0.0
-            refs_res = CheckResult(PASS, f"{ph.items} member(s) of {binding.artifact} via {t.name}.{column} in "
-                                         f"{ph.seconds:.2f}s: {rate:,.0f} refs/s; {_traffic(ph)}",
-                                   facts={"refs": ph.items, "refs_per_s": round(rate, 1)})
-        report.checks.append(("refs", refs_res))
+        report.checks.append(("refs", _read_refs(report, ds, stats, t.name, bound, members)))
 
     why = slowest(report.phases)
     retried = sum(p.retries for p in report.phases)
@@ -247,9 +234,27 @@ def check_dataset(name: str, *, table: str | None = None, rows: int = DEFAULT_RO
     return report
 
 
-def _verify_manifest(ds, registered: bool) -> str:
-    from warpdata.core.sizes import format_size
+def _read_refs(report: DatasetReport, ds, stats, table: str, bound, members: list[str]) -> CheckResult:
+    """The 'refs' check: read ``members`` through the artifact bound to ``bound``'s column, timed."""
+    column, binding = bound
+    with _Meter(report, "refs", stats) as ph:
+        try:
+            reader = ds.artifact(binding.artifact)
+            for m in members:
+                reader.read(m)
+                ph.items += 1
+            refs_res = None
+        except Exception as e:
+            refs_res = _failure(e)
+    if refs_res is None:
+        rate = ph.items / ph.seconds if ph.seconds > 0 else 0.0
+        refs_res = CheckResult(PASS, f"{ph.items} member(s) of {binding.artifact} via {table}.{column} in "
+                                     f"{ph.seconds:.2f}s: {rate:,.0f} refs/s; {_traffic(ph)}",
+                               facts={"refs": ph.items, "refs_per_s": round(rate, 1)})
+    return refs_res
 
+
+def _verify_manifest(ds, registered: bool) -> str:
     m = ds.manifest
     if registered:
         for t in m.tables.values():
@@ -257,10 +262,6 @@ def _verify_manifest(ds, registered: bool) -> str:
                 ds.cached_path(s)  # stamp, or a full hash when the file moved
         what = "table files match their registered hashes"
     else:
-        from warpdata.core.errors import DatasetNotFoundError
-        from warpdata.registry.manifest import Manifest
-        from warpdata.registry.store import Store
-
         key = Store.manifest_key(ds.id, ds.version)
         raw = ds.remote.get(key)
         if raw is None:
@@ -274,8 +275,6 @@ def _verify_manifest(ds, registered: bool) -> str:
 
 def slowest(phases: list[Phase]) -> str | None:
     """The phase that took longest, and why: throttling, request latency or bytes."""
-    from warpdata.core.sizes import format_size
-
     timed = [p for p in phases if p.seconds > 0]
     if not timed:
         return None

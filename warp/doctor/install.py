@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 
+from warpdata.core.errors import DISTRIBUTION
 from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult, check
 
 REQUIRED = ("typer", "rich", "numpy", "lz4", "zstandard", "duckdb", "pyarrow", "fsspec", "pillow",
@@ -35,8 +36,6 @@ def python_version() -> CheckResult:
 @check("distribution", "install")
 def distribution() -> CheckResult:
     """The other project named ``warpdata`` on the package index also installs ``warpdata`` and ``warp``."""
-    from warpdata.core.errors import DISTRIBUTION
-
     providers = sorted(set(md.packages_distributions().get("warpdata", [])))
     facts = {"providers": providers}
     others = [p for p in providers if p.lower().replace("_", "-") != DISTRIBUTION]

@@ -3,8 +3,9 @@
 A check is a function returning :class:`CheckResult` (PASS / WARN / FAIL /
 SKIP, a detail line and the remedy: the command or setting that fixes it).
 Checks are registered with :func:`check`; ``CHECK_MODULES`` lists the modules
-that hold them, imported only when ``warp doctor`` runs, so each system adds
-its checks in its own module plus one line here.
+that hold them, imported only when ``warp doctor`` runs: warp's own checks, then
+each artifact kind's (the ``checks`` entry of :data:`warpdata.artifacts.kinds.KINDS`),
+so a system adds its checks in its own module plus one entry in the kind table.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from warpdata.artifacts.kinds import KINDS
 from warpdata.core.registry import load
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -41,7 +43,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "warpdata.doctor.install",
     "warpdata.doctor.cache",
     "warpdata.doctor.store",
-    "warpdata.tiles.checks",
+    *(k.checks for k in KINDS.values() if k.checks),
 )
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 from warpdata.core.errors import MissingInputError, WarpError
 from warpdata.doctor.registry import FAIL, PASS, CheckResult
+from warpdata.partition.digest import check_same_epoch, digest_report
+from warpdata.read.order import epoch_order
 
 
 def load_states(files: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -55,9 +57,6 @@ def _settings(st: dict[str, Any]) -> dict[str, Any]:
 def check_states(target: str, files: Sequence[str | Path], *, version: str | None = None,
                  store: str | None = None) -> list[tuple[str, CheckResult]]:
     """The checks of a saved set of final states against ``warp order TARGET``."""
-    from warpdata.partition.digest import check_same_epoch, digest_report
-    from warpdata.read.order import epoch_order
-
     states = load_states(files)
     checks: list[tuple[str, CheckResult]] = []
     if not states:

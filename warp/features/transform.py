@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image, ImageOps
-from warpdata.core.errors import ConfigError
+from warpdata.core.errors import ConfigError, Rejected
 
 INTERPOLATIONS = {
     "nearest": Image.Resampling.NEAREST,
@@ -36,11 +36,7 @@ INTERPOLATIONS = {
 _ROTATED = {5, 6, 7, 8}  # EXIF orientations that swap width and height
 
 
-class DecodeFailure(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+DecodeFailure = Rejected  # the one "rejected with a reason" class (warpdata.core.errors)
 
 
 def round16(x: float) -> int:

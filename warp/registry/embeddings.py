@@ -1,6 +1,6 @@
 """Embeddings as a derived artifact of a published dataset.
 
-:func:`add` reads one column of a published table (an image-bound column is
+:func:`warpdata.registry.embeddings_add.add` reads one column of a published table (an image-bound column is
 read through its artifact; any other column as text), computes one vector per
 row with an *embedding encoder*, and publishes a new version of the dataset
 that adds, beside everything the current version holds (reused as is, no blob
@@ -70,21 +70,36 @@ import io
 import json
 import logging
 import math
-import os
 import re
-import shutil
-import tempfile
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from warpdata.core.errors import ConfigError, DataError, MissingInputError, UsageError, WarpError
+from warpdata.core.errors import (
+    BlobCorruptedError,
+    ConfigError,
+    DataError,
+    MissingInputError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["ColorHistEncoder", "EmbeddingIndex", "HashTextEncoder", "add", "build_ivf", "info", "list_embeddings",
-           "load_embedder", "open_index"]
+__all__ = ["ColorHistEncoder", "EmbeddingIndex", "HashTextEncoder", "build_ivf", "info", "list_embeddings",
+           "open_index"]
+
+# The publishing half moved up a floor to warpdata.registry.embeddings_add; its names stay
+# importable from here, resolved on use like the package's lazy table (an import here would be a
+# reach from the dataset contract up to the publishing wing: CONTRIBUTING.md "Floors").
+_MOVED = {"add": "warpdata.registry.embeddings_add", "AddResult": "warpdata.registry.embeddings_add",
+          "load_embedder": "warpdata.registry.embeddings_add"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = logging.getLogger(__name__)
 
@@ -160,30 +175,6 @@ class HashTextEncoder:
         return {"name": "hash-text", "version": 1, "dim": self.dim}
 
 
-def load_embedder(name: str, *, device: str = "cpu", options: dict[str, Any] | None = None):
-    """An embedding encoder by built-in name, ``module:function`` or entry point."""
-    from warpdata.features import encoders
-
-    if name in BUILTIN:
-        mod, _, attr = BUILTIN[name].partition(":")
-        import importlib
-
-        factory = getattr(importlib.import_module(mod), attr)
-    else:
-        factory = encoders.find_factory(name)
-    try:
-        enc = factory(device=device, **(options or {}))
-    except TypeError as e:
-        raise ConfigError(f"encoder {name!r} rejected its options {sorted(options or {})}: {e}",
-                          hint="check the encoder's documentation") from e
-    if not isinstance(getattr(enc, "dim", None), int) or not callable(getattr(enc, "embed", None)) \
-            or not callable(getattr(enc, "identity", None)) or enc.dim <= 0:
-        raise ConfigError(f"encoder {name!r} returned {type(enc).__name__}, which is not an embedding encoder",
-                          hint="an embedding encoder has dim, embed(items) and identity(); "
-                               f"built-ins: {', '.join(BUILTIN)}")
-    return enc
-
-
 def _faiss():
     """The ``faiss`` module, or None when it is not installed (the optional ``faiss`` extra)."""
     try:
@@ -191,24 +182,6 @@ def _faiss():
     except ImportError:
         return None
     return faiss
-
-
-@dataclass
-class AddResult:
-    name: str
-    rows: int
-    dim: int
-    version_hash: str
-    blobs_uploaded: int
-    blobs_total: int
-    encoded: int = 0  # rows the encoder embedded
-    reused: int = 0  # rows whose vector came from an earlier version (same id and content)
-    reused_from: str | None = None  # that version's hash
-    index: str = "exact"  # the search index built: "exact" or "ivf-flat"
-    ann: dict[str, Any] = field(default_factory=dict)  # ann.json of the ivf-flat index
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def zero_rows(v: np.ndarray) -> np.ndarray:
@@ -298,241 +271,6 @@ def build_ivf(vectors: np.ndarray, *, k: int = 10) -> tuple[bytes, dict[str, Any
     return data, meta
 
 
-# -- reuse of an earlier version's vectors ----------------------------------------
-
-def _same(a: Any, b: Any) -> bool:
-    from warpdata.registry.manifest import normalize
-
-    return json.dumps(normalize(a), sort_keys=True) == json.dumps(normalize(b), sort_keys=True)
-
-
-def _fits(d, name: str, identity: dict, tname: str, column: str) -> bool:
-    m = list_embeddings(d).get(name)
-    if m is None or not _same(m.get("encoder"), identity) or m.get("table") != tname or m.get("column") != column:
-        return False
-    fields = d.manifest.tables[f"emb_{name}"].schema.get("fields", [])
-    return any(f.get("name") == CONTENT_COL for f in fields)
-
-
-def _reuse_source(ds, store: str | None, name: str, identity: dict, tname: str, column: str):
-    """The version to take vectors from: the current one if it has this embedding, else the newest that has."""
-    import warpdata
-    from warpdata.registry.store import Store
-
-    if _fits(ds, name, identity, tname, column):
-        return ds
-    if ds.mode == "local":
-        return None
-    best, best_key = None, None
-    for v in Store(store).list_versions(ds.id):
-        if v == ds.version:
-            continue
-        try:
-            d = warpdata.dataset(ds.id, version=v, store=store, mode=ds.mode)
-        except WarpError as e:  # an unreadable old version only costs the reuse
-            log.warning(f"{ds.id}@{v[:12]}: not considered for embedding reuse: {e.message}")
-            continue
-        if _fits(d, name, identity, tname, column):
-            key = (str(d.manifest.metadata.get("created_at", "")), v)
-            if best_key is None or key > best_key:
-                best, best_key = d, key
-    return best
-
-
-def _previous_vectors(prev, name: str, dim: int) -> tuple[dict[tuple[str, str], int], np.ndarray]:
-    """(id, content hash) -> row, and the raw vectors, of embedding ``name`` in version ``prev``."""
-    import numpy as np
-
-    lookup: dict[tuple[str, str], int] = {}
-    parts: list[np.ndarray] = []
-    row = 0
-    for b in prev.table(f"emb_{name}").batches(batch_size=65536, columns=["id", CONTENT_COL, "vector"],
-                                                  rank=0, world_size=1):
-        v = b.column("vector").flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        parts.append(v.reshape(-1, dim))
-        for rid, h in zip(b.column("id").to_pylist(), b.column(CONTENT_COL).to_pylist(), strict=True):
-            if h is not None:
-                lookup[(rid, h)] = row
-            row += 1
-    return lookup, (np.concatenate(parts) if parts else np.zeros((0, dim), np.float32))
-
-
-# -- add -------------------------------------------------------------------------------
-
-def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, table: str | None = None,
-        store: str | None = None, options: dict[str, Any] | None = None, device: str = "cpu",
-        index: str = "auto", reuse: bool = True) -> AddResult:
-    """Compute embeddings of ``table.column`` and publish them as a new version (see the module docstring).
-
-    ``index``: ``auto`` (ivf-flat when FAISS is installed and there are at
-    least :data:`ANN_MIN_ROWS` rows, else exact), ``exact`` or ``ivf-flat``.
-    ``reuse``: take the vectors of unchanged rows from an earlier version.
-    """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import warpdata
-    from warpdata.core.progress import progress
-    from warpdata.registry.manifest import Manifest
-    from warpdata.registry.publish import (
-        PublishRequest,
-        PublishResult,
-        _Stager,
-        _staging_dir,
-        _upload,
-    )
-    from warpdata.registry.store import Store
-
-    name = name or re.sub(r"[^a-z0-9_]", "_", encoder.rsplit(":", 1)[-1].lower())[:64]
-    if not NAME_RE.match(name):
-        raise UsageError(f"embedding name {name!r} must be lowercase letters, digits and '_'", hint="e.g. --name clip")
-    if index not in INDEX_KINDS:
-        raise UsageError(f"unknown index kind {index!r}", hint=f"use one of: {', '.join(INDEX_KINDS)}")
-    if index == "ivf-flat" and _faiss() is None:
-        raise ConfigError("--index ivf-flat needs FAISS, which is not installed", hint=FAISS_HINT)
-    ds = warpdata.dataset(dataset_id, store=store)
-    tname = table or ds.default_table
-    if column not in ds.table(tname).schema_names():
-        raise UsageError(f"{dataset_id}: table {tname} has no column {column!r}",
-                         hint=f"columns: {', '.join(ds.table(tname).schema_names())}")
-    enc = load_embedder(encoder, device=device, options=options)
-    identity = enc.identity()
-    binding = next((b for b in ds.manifest.bindings if b.table == tname and b.column == column), None)
-    art = ds.artifact(binding.artifact) if binding else None
-    id_col = "id" if "id" in ds.table(tname).schema_names() else None
-    cols = [column] + ([id_col] if id_col and id_col != column else [])
-
-    prev = _reuse_source(ds, store, name, identity, tname, column) if reuse else None
-    lookup, prev_vectors = _previous_vectors(prev, name, enc.dim) if prev is not None else ({}, None)
-
-    n = ds.table(tname).num_rows
-    vectors = np.zeros((n, enc.dim), np.float32)
-    ids: list[str] = []
-    hashes: list[str | None] = []
-    pending_rows: list[int] = []
-    pending_items: list[Any] = []
-    counts = {"encoded": 0, "reused": 0}
-
-    def flush() -> None:
-        if not pending_items:
-            return
-        from warpdata.features.encoders import checked_output
-
-        samples = [f"row {r} (id {ids[r]})" for r in pending_rows]
-        v = checked_output(enc.embed(pending_items), encoder=encoder, field="embed()", shape=(enc.dim,),
-                           samples=samples).astype(np.float32)
-        if not np.isfinite(v).all():  # finite float64 values past float32's range
-            i = int(np.flatnonzero(~np.isfinite(v).all(axis=1))[0])
-            raise DataError(f"encoder {encoder!r} embed(): values overflow float32 ({samples[i]})",
-                            hint="fix the encoder plugin (scale its output)")
-        vectors[pending_rows] = v
-        counts["encoded"] += len(pending_rows)
-        pending_rows.clear()
-        pending_items.clear()
-
-    row = 0
-    with progress(f"embedding {tname}.{column}", total=n, unit="rows") as bar:
-        for batch in ds.table(tname).batches(batch_size=BATCH, columns=cols, rank=0, world_size=1):
-            vals = batch.column(column).to_pylist()
-            if row + len(vals) > n:
-                raise DataError(f"{dataset_id}: table {tname} yielded more rows than its manifest's {n}",
-                                hint="republish the dataset")
-            items = art.read_many(vals) if art is not None else vals
-            bids = [str(x) for x in batch.column(id_col).to_pylist()] if id_col else \
-                [str(row + i) for i in range(len(vals))]
-            for item, rid in zip(items, bids, strict=True):
-                h = content_hash(item)
-                ids.append(rid)  # before a flush, which names the rows by id
-                hashes.append(h)
-                hit = lookup.get((rid, h)) if h is not None else None
-                if hit is not None:
-                    vectors[row] = prev_vectors[hit]
-                    counts["reused"] += 1
-                else:
-                    pending_rows.append(row)
-                    pending_items.append(item)
-                    if len(pending_items) >= BATCH:
-                        flush()
-                row += 1
-            bar.advance(len(vals))
-        flush()
-    if row != n:
-        raise DataError(f"{dataset_id}: table {tname} yielded {row} rows, its manifest says {n}",
-                        hint="republish the dataset")
-    zero = zero_rows(vectors)
-    if len(zero):
-        named = ", ".join(f"{int(r)} (id {ids[r]})" for r in zero[:5]) + (f" and {len(zero) - 5} more"
-                                                                          if len(zero) > 5 else "")
-        raise DataError(f"encoder {encoder!r} gave {len(zero)} all-zero vector(s), which have no direction (every "
-                        f"cosine distance to them would be 1.0): rows {named}",
-                        hint="fix the encoder, or leave those rows out of the table before embedding it",
-                        rows=[int(r) for r in zero[:100]])
-    kind = "ivf-flat" if index == "ivf-flat" or (index == "auto" and n >= ANN_MIN_ROWS and _faiss() is not None) \
-        else "exact"
-    if kind == "ivf-flat" and n == 0:
-        kind = "exact"
-    work = tempfile.mkdtemp(prefix="warp-emb-")
-    try:
-        tpath = os.path.join(work, f"emb_{name}.parquet")
-        flat = pa.array(vectors.reshape(-1), pa.float32())
-        pq.write_table(pa.table({"row": pa.array(np.arange(n), pa.int64()), "id": pa.array(ids, pa.string()),
-                                 CONTENT_COL: pa.array(hashes, pa.string()),
-                                 "vector": pa.FixedSizeListArray.from_arrays(flat, enc.dim)}),
-                       tpath, compression="zstd")
-        normed = _normalize(vectors)
-        idx_dir = os.path.join(work, "index")
-        os.mkdir(idx_dir)
-        np.save(os.path.join(idx_dir, "vectors.npy"), normed, allow_pickle=False)
-        meta: dict[str, Any] = {"format": INDEX_FORMAT, "metric": "cosine", "dim": enc.dim, "count": n,
-                                "encoder": identity, "table": tname, "column": column}
-        with open(os.path.join(idx_dir, "index.json"), "w") as f:
-            json.dump(meta, f, sort_keys=True)
-        ann_meta: dict[str, Any] = {}
-        if kind == "ivf-flat":
-            ann_dir = os.path.join(work, "ann")
-            os.mkdir(ann_dir)
-            data, ann_meta = build_ivf(normed)
-            with open(os.path.join(ann_dir, "index.faiss"), "wb") as f:
-                f.write(data)
-            with open(os.path.join(ann_dir, "ann.json"), "w") as f:
-                json.dump(ann_meta, f, sort_keys=True)
-        st = Store(store) if store else Store(None)
-        req = PublishRequest(dataset_id, store_url=store)
-        stage = _staging_dir()
-        try:
-            stager = _Stager(req, stage)
-            new_table = stager.table(f"emb_{name}", [tpath])
-            arts = {k: v for k, v in ds.manifest.artifacts.items() if k != f"emb_{name}_ann"}
-            arts[f"emb_{name}_index"] = stager.artifact(f"emb_{name}_index", idx_dir)
-            if ann_meta:
-                arts[f"emb_{name}_ann"] = stager.artifact(f"emb_{name}_ann", os.path.join(work, "ann"))
-            old = ds.manifest
-            facts = {**meta, "ann": ann_meta} if ann_meta else meta
-            manifest = Manifest(dataset_id, tables={**old.tables, f"emb_{name}": new_table}, artifacts=arts,
-                                bindings=old.bindings,
-                                metadata={**old.metadata,
-                                          "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                          "embeddings": {**old.metadata.get("embeddings", {}), name: facts}})
-            blobs = list(stager.blobs.values())
-            missing = set(st.missing_blobs([b.hash for b in blobs]))
-            result = PublishResult(dataset_id, manifest.version_hash, st.url, False, [])
-            _upload(st, [b for b in blobs if b.hash in missing], 4, result, None)
-            if not st.has_manifest(dataset_id, manifest.version_hash):
-                st.put_manifest(manifest)
-            before = st.read_latest(dataset_id)
-            if before is None or before.version_hash != manifest.version_hash:
-                st.cas_latest(dataset_id, manifest.version_hash, before) or \
-                    st.set_latest(dataset_id, manifest.version_hash, check_manifest=False)
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-        return AddResult(name, n, enc.dim, manifest.version_hash, result.blobs_uploaded, len(blobs),
-                         encoded=counts["encoded"], reused=counts["reused"],
-                         reused_from=prev.version if prev is not None and counts["reused"] else None,
-                         index=kind, ann=ann_meta)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
 def list_embeddings(ds) -> dict[str, dict[str, Any]]:
     """Name -> index facts for every embedding in ``ds``'s version."""
     found = dict(ds.manifest.metadata.get("embeddings", {}))
@@ -559,8 +297,6 @@ def _artifact_members(ds, artifact: str, members: list[str]) -> dict[str, bytes]
     locally from then on, by this and every later process; ``remote`` mode GETs
     each shard whole and checks its SHA-256 (a ranged read could not be checked).
     """
-    from warpdata.core.errors import BlobCorruptedError
-
     reader = ds.artifact(artifact)
     refs = {s.hash: s for s in ds.manifest.artifacts[artifact].shards}
     whole: dict[str, bytes] = {}
@@ -640,7 +376,6 @@ class EmbeddingIndex:
                      f"searching exactly ({FAISS_HINT})")
             return None
         import numpy as np
-        from warpdata.core.errors import BlobCorruptedError
 
         art = f"emb_{self.name}_ann"
         got = _artifact_members(self.ds, art, ["ann.json", "index.faiss"])

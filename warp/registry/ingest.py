@@ -35,10 +35,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from warpdata.core.atomic import TMP_PREFIX
-from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import DataError, MissingInputError, Rejected, UsageError
 from warpdata.etl.quarantine import register_reason
-from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS, IMAGE_LIMIT_REASONS, size_problem
-from warpdata.registry.manifest import validate_dataset_id
+from warpdata.formats.imageinfo import (
+    DEFAULT_MAX_PIXELS,
+    IMAGE_LIMIT_REASONS,
+    ImageHeaderError,
+    UnknownImageFormat,
+    image_info,
+    size_problem,
+)
+from warpdata.registry.manifest import NAME_RE, REF_TYPES, Binding, validate_dataset_id
+from warpdata.registry.publish import PublishRequest, publish
 
 __all__ = ["IMAGE_EXTENSIONS", "FileInfo", "IngestOptions", "IngestResult", "Rejected", "check_file",
            "ingest_imagefolder", "ingest_paired", "ingest_table", "walk"]
@@ -52,15 +60,6 @@ for _code, _cat, _help in (
     *IMAGE_LIMIT_REASONS,
 ):
     register_reason(_code, _cat, _help)
-
-
-class Rejected(Exception):
-    """A file that will be quarantined: ``reason`` is a quarantine code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -104,8 +103,6 @@ def walk(root: str, *, skip: frozenset[str] = frozenset()) -> Iterator[str]:
 
 
 def _image_dims(data: bytes, rel: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[str, int, int]:
-    from warpdata.formats.imageinfo import ImageHeaderError, UnknownImageFormat, image_info
-
     try:
         info = image_info(data, "image")
     except ImageHeaderError as e:
@@ -357,9 +354,6 @@ class _Workspace:
 def _publish(layout: str, opts: IngestOptions, ws: _Workspace, rows: int, q: _Quarantine,
              artifacts: dict[str, tuple[str, list[str]]], bindings: list[tuple[str, str, str]],
              on_upload: Callable[[int], None] | None) -> IngestResult:
-    from warpdata.registry.manifest import Binding
-    from warpdata.registry.publish import PublishRequest, publish
-
     qrows = q.rows.close()
     if rows == 0:
         top = ", ".join(f"{k}: {v}" for k, v in sorted(q.reasons.items(), key=lambda kv: -kv[1])) or "no files found"
@@ -463,7 +457,6 @@ def ingest_paired(a: str, b: str, opts: IngestOptions, *, names: tuple[str, str]
                   on_upload: Callable[[int], None] | None = None) -> IngestResult:
     """Two folders matched by relative path without suffix -> ``main`` (id, A, B, width, height, bytes)."""
     import pyarrow as pa
-    from warpdata.registry.manifest import NAME_RE
 
     validate_dataset_id(opts.dataset_id)
     a_real, b_real = _root(a, "first"), _root(b, "second")
@@ -563,6 +556,22 @@ def _batches(path: str) -> Iterator[Any]:
                         hint="fix the file, or convert it to Parquet yourself") from None
 
 
+def _member_path(v: str, root_real: str, root: str) -> str:
+    """A table's file value as a member path relative to the root (absolute paths under it made relative)."""
+    p = v.replace(os.sep, "/") if os.sep != "/" else v
+    if os.path.isabs(p):
+        rp = os.path.abspath(p)
+        if rp.startswith(root_real + "/"):
+            return rp[len(root_real) + 1:]
+        ra = os.path.abspath(root)
+        if rp.startswith(ra + "/"):
+            return rp[len(ra) + 1:]
+        return p  # check_file reports it as path-outside-root
+    while p.startswith("./"):
+        p = p[2:]
+    return p
+
+
 def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], root: str,
                  ref_type: str = "image", artifact: str | None = None,
                  on_file: Callable[[int], None] | None = None,
@@ -574,7 +583,6 @@ def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], roo
     their row number.
     """
     import pyarrow as pa
-    from warpdata.registry.manifest import REF_TYPES
 
     validate_dataset_id(opts.dataset_id)
     if ref_type not in REF_TYPES:
@@ -593,18 +601,7 @@ def ingest_table(path: str, opts: IngestOptions, *, file_columns: list[str], roo
         row0 = 0
 
         def norm(v: str) -> str:
-            p = v.replace(os.sep, "/") if os.sep != "/" else v
-            if os.path.isabs(p):
-                rp = os.path.abspath(p)
-                if rp.startswith(root_real + "/"):
-                    return rp[len(root_real) + 1:]
-                ra = os.path.abspath(root)
-                if rp.startswith(ra + "/"):
-                    return rp[len(ra) + 1:]
-                return p  # check_file reports it as path-outside-root
-            while p.startswith("./"):
-                p = p[2:]
-            return p
+            return _member_path(v, root_real, root)
 
         def check(rel: str) -> FileInfo:
             return check_file(root_real, rel, max_bytes=opts.max_bytes, image=image, max_pixels=opts.max_pixels)

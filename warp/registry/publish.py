@@ -53,10 +53,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from warpdata import __version__
 from warpdata.core import envvars
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import sha256_file
 from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.features.remote import is_url, stage_version
+from warpdata.lineage.card import CARD_MAX_BYTES, merge
+from warpdata.registry import from_artifacts
+from warpdata.registry.bindings import check_binding, check_bindings
+from warpdata.registry.from_artifacts import check_symlinks
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -70,6 +76,16 @@ from warpdata.registry.manifest import (
     encode_arrow_schema,
     validate_dataset_id,
 )
+from warpdata.registry.multipart import MAX_PARTS as MAX_PARTS  # kept importable from here
+from warpdata.registry.multipart import (
+    MULTIPART_MIN,
+    _put_multipart,
+    _s3_backend,
+    upload_concurrency,
+)
+from warpdata.registry.multipart import PART_SIZE as PART_SIZE
+from warpdata.registry.multipart import part_size as part_size
+from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import (
     DEFAULT_ALONE_SIZE,
@@ -79,6 +95,7 @@ from warpdata.registry.tarpack import (
     pack_files,
     scan_members,
 )
+from warpdata.storage.blobcache import BlobCache
 
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
@@ -353,7 +370,6 @@ class _Stager:
     def artifact(self, name: str, root: str, files: list[str] | None = None) -> Artifact:
         scanned_at = time.time_ns()
         if files is None and os.path.isdir(root):  # no file link may pull in a file from outside the folder
-            from warpdata.registry.from_artifacts import check_symlinks
 
             check_symlinks(root, follow_symlinks=self.req.follow_symlinks, dir_links_skipped=True)
         scan = scan_members(root, files, follow_symlinks=self.req.follow_symlinks)
@@ -416,7 +432,6 @@ def _cols(schema: list[dict]) -> str:
 def _parquet_facts(path: str) -> dict[str, Any]:
     """Row count, schema and the manifest's shard stats (footer length, column min/max), from the footer."""
     import pyarrow.parquet as pq
-    from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 
     try:
         md = pq.read_metadata(path)
@@ -473,8 +488,6 @@ def _staging_dir() -> Path:
 
 def build(req: PublishRequest, stager: _Stager) -> Manifest:
     """Stage every input and return the version's manifest."""
-    from warpdata.registry import from_artifacts
-
     tables: dict[str, Table] = {}
     artifacts: dict[str, Artifact] = {}
     bindings = list(req.bindings)
@@ -486,12 +499,9 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
             raise UsageError(f"artifact {name} given twice", hint="give each --artifact a distinct name")
         artifacts[name] = stager.artifact(name, directory, req.artifact_files.get(name))
     for n, path in enumerate(req.from_paths):
-        from warpdata.features.remote import is_url
-
         if is_url(path):
             # a feature cache built on object storage (docs/features-config.md, "Output on object
             # storage"): its shards come through the blob cache, hard-linked into the staging area
-            from warpdata.features.remote import stage_version
 
             local = stager.stage / f"from-{n}"
             stage_version(path, local)
@@ -532,7 +542,6 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
             raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
                              hint=f"columns: {', '.join(tables[b.table].columns)}")
     dangling = _check_bindings(req, stager)
-    from warpdata import __version__
     # microseconds: two versions published within a second still order (warp ls --versions, docs/lineage.md)
     metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                                 "warp_version": __version__}
@@ -546,8 +555,6 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
     if req.description:
         metadata["description"] = req.description
     if req.card is not None:
-        from warpdata.lineage.card import CARD_MAX_BYTES, merge
-
         if len(req.card.encode("utf-8")) > CARD_MAX_BYTES:
             raise UsageError(f"--card: the card is {len(req.card.encode('utf-8')):,} bytes, over the "
                              f"{CARD_MAX_BYTES:,} a manifest's envelope holds",
@@ -564,8 +571,6 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
 
 def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
     """Every value of a --bind column must name a member (docs/formats/registry.md, Binding)."""
-    from warpdata.registry.bindings import check_binding, check_bindings
-
     checks, artifact_of = [], {}
     for b in req.bindings:  # bindings made by --from list the members themselves
         key = f"{b.table}.{b.column}={b.artifact}"
@@ -637,8 +642,6 @@ def _link_into_cache(blobs) -> int:
     of downloading them again; each link is hashed before the cache trusts it. Blobs on another
     filesystem than the cache are left to be downloaded as usual. Returns how many were linked.
     """
-    from warpdata.storage.blobcache import BlobCache
-
     try:
         cache = BlobCache()
     except Exception:  # no usable cache (a read-only home, a bad WARP_CACHE_SIZE_GB): reads download
@@ -682,96 +685,6 @@ def _upload(store: Store, blobs: list[_Blob], workers: int, result: PublishResul
             if wrote:
                 result.blobs_uploaded += 1
                 result.bytes_uploaded += size
-
-
-# -- multipart uploads of large blobs (docs/formats/receipts.md, "Publishing large blobs") ----------
-
-MULTIPART_MIN = 64 << 20  # blobs this large go up in parts, several at once
-PART_SIZE = 16 << 20  # S3 takes 5 MiB to 5 GiB per part and at most 10,000 parts
-MAX_PARTS = 10_000
-
-
-def upload_concurrency() -> int:
-    """``WARP_UPLOAD_CONCURRENCY``: parts of one large blob in flight at once (default 8)."""
-    from warpdata.core.errors import ConfigError
-
-    text = envvars.get("WARP_UPLOAD_CONCURRENCY")
-    if text is None:
-        return 8
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ConfigError(f"WARP_UPLOAD_CONCURRENCY={text!r} is not a positive whole number",
-                          hint="set it to the number of parts to upload at once, like 8, or unset it",
-                          key="WARP_UPLOAD_CONCURRENCY")
-    return int(text)
-
-
-def _s3_backend(store: Store):
-    from warpdata.storage.s3 import S3ObjectStore
-
-    b = store.objects
-    return b if isinstance(b, S3ObjectStore) else None
-
-
-def part_size(size: int) -> int:
-    return max(PART_SIZE, -(-size // MAX_PARTS))
-
-
-def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrency: int,
-                   on_part: Callable[[int], None] | None = None) -> bool:
-    """Create-only multipart upload of one blob, ``concurrency`` parts at a time.
-
-    An upload of the same key left unfinished by a killed publish is
-    resumed: its parts whose size and MD5 (the part's ETag) match this
-    file's are kept, only the others are sent. The object appears only at
-    ``CompleteMultipartUpload`` (``If-None-Match: *``: a blob another
-    publisher finished first is kept; blobs are content-addressed, so it
-    holds the same bytes). Returns False when the blob was there already.
-    """
-    import hashlib
-
-    from botocore.exceptions import ClientError
-
-    b = _s3_backend(store)
-    client, bucket, key = b.client, b.bucket, b.object_key(blob_key(hash_hex))
-    psize = part_size(size)
-    n = -(-size // psize)
-    upload_id, have = None, {}
-    for u in client.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", []):
-        if u["Key"] == key:
-            upload_id = u["UploadId"]
-            pager = client.get_paginator("list_parts")
-            for page in pager.paginate(Bucket=bucket, Key=key, UploadId=upload_id):
-                for part in page.get("Parts", []):
-                    have[part["PartNumber"]] = (part["ETag"], part["Size"])
-            break
-    if upload_id is None:
-        upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        def send(i: int) -> dict[str, Any]:
-            off = (i - 1) * psize
-            chunk = os.pread(fd, min(psize, size - off), off)
-            etag = f'"{hashlib.md5(chunk, usedforsecurity=False).hexdigest()}"'
-            if have.get(i) != (etag, len(chunk)):
-                etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=i,
-                                          Body=chunk)["ETag"]
-            if on_part:
-                on_part(len(chunk))
-            return {"PartNumber": i, "ETag": etag}
-
-        with ThreadPoolExecutor(max(1, min(concurrency, n)), thread_name_prefix="warp-part") as ex:
-            parts = list(ex.map(send, range(1, n + 1)))
-    finally:
-        os.close(fd)
-    try:
-        client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
-                                         MultipartUpload={"Parts": parts}, IfNoneMatch="*")
-    except ClientError as e:
-        if str(e.response.get("Error", {}).get("Code")) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-            client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
-            return False
-        raise
-    return True
 
 
 # -- library API ---------------------------------------------------------------

@@ -17,6 +17,7 @@ import struct
 import warnings
 from dataclasses import dataclass
 
+from warpdata.core.errors import Rejected
 from warpdata.formats.imageinfo import (
     DEFAULT_MAX_PIXELS,
     ImageHeaderError,
@@ -29,11 +30,7 @@ JPEG_SOI = b"\xff\xd8"
 JPEG_EOI = b"\xff\xd9"
 
 
-class ProbeError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+ProbeError = Rejected  # the one "rejected with a reason" class (warpdata.core.errors)
 
 
 @dataclass(frozen=True)

@@ -47,19 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError, Rejected
 from warpdata.warehouse.config import Limits
 
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
 
-class UnsafeFile(Exception):
-    """A file that must not be read: ``reason`` is a quarantine code."""
-
-    def __init__(self, reason: str, message: str, size: int = 0) -> None:
-        super().__init__(message)
-        self.reason, self.message, self.size = reason, message, size
+UnsafeFile = Rejected  # the one "rejected with a reason" class (warpdata.core.errors)
 
 
 def inside(root_real: str, real: str) -> bool:

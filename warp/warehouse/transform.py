@@ -29,14 +29,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from warpdata.core.errors import Rejected
 from warpdata.warehouse.images import JPEG_SOI, ImageProbe
 
-
-class DecodeError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+DecodeError = Rejected  # the one "rejected with a reason" class (warpdata.core.errors)
 
 
 @dataclass(frozen=True)

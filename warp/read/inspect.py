@@ -1,10 +1,12 @@
-"""``warp inspect ws/name``: a published dataset, read from its manifest.
+"""``warp inspect ws/name``: a published dataset, read from its manifest; the ``dataset`` kind's
+inspector and previewer, named in the artifact-kind table (:mod:`warpdata.artifacts.kinds`).
 
 Recognises targets that are not existing paths and look like
 ``workspace/name``; shows the resolved version, tables (shards, rows, bytes,
 schema), artifacts (shards, members), bindings and stats, and with
 ``--head N`` the first N rows of each table (ranged reads only). ``--verify``
-hashes every blob of the version (downloading it into the cache).
+hashes every blob of the version (downloading it into the cache). ``--preview`` draws a contact
+sheet of the first images of the first image-bound column.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import os
 import re
 
 from warpdata.artifacts.inspect import Report
+from warpdata.artifacts.preview import Preview, contact_sheet
+from warpdata.core.errors import BlobCorruptedError, UsageError
+from warpdata.read.dataset import dataset
 
 _ID = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+$")
 
@@ -22,8 +27,6 @@ def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
 
 
 def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
-    from warpdata.read.dataset import dataset
-
     ds = dataset(target)
     m = ds.manifest
     tables_rows, schema_rows, head_tables = [], [], []
@@ -47,8 +50,6 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
     if verify and getattr(ds, "registered", False):  # files read in place: hash each one, stamps or not
         problems += ds.verify_files()
     elif verify:
-        from warpdata.core.errors import BlobCorruptedError
-
         for s in m.blobs():
             try:
                 ds.fetch_blob(s)
@@ -71,3 +72,16 @@ def _short(v: object) -> object:
     if isinstance(v, str) and len(v) > 60:
         return v[:57] + "..."
     return v
+
+
+def preview(name: str, n: int = 16, store: str | None = None, version: str | None = None) -> Preview:
+    """A contact sheet of the first ``n`` images of ``name``'s first image-bound column."""
+    ds = dataset(name, store=store, version=version)
+    for b in ds.manifest.bindings:
+        if b.ref_type == "image":
+            rows = ds.table(b.table).select([b.column]).head(n).column(b.column).to_pylist()
+            art = ds.artifact(b.artifact)
+            members = [m for m in rows if m]
+            return contact_sheet(list(zip(members, art.read_many(members), strict=True)), "dataset")
+    raise UsageError(f"{name} binds no column to an image artifact, so there is nothing to draw",
+                     hint="--preview draws datasets with an image binding (e.g. from 'warp ingest imagefolder')")

@@ -1,0 +1,612 @@
+"""The whole feature-cache build for one :class:`~warpdata.features.cachespec.CacheSpec`:
+:func:`build_cache` scans, probes, cuts parts, runs them on an executor, re-packs and commits,
+locally or into an object store (the contract: :mod:`warpdata.features.writer`;
+docs/formats/feature-shard.md, docs/features-config.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from warpdata.artifacts.manifests import MANIFEST_NAME
+from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
+from warpdata.core.canonical import canonical_json, identity, seal, sha256_file
+from warpdata.core.errors import ConfigError, DataError, InternalError
+from warpdata.etl import cut, objectstore
+from warpdata.etl.executors import (
+    ExecutorSpec,
+    parse_executor,
+    require,
+    resolve_executor,
+)
+from warpdata.etl.quarantine import (
+    Quarantine,
+    RunSummary,
+    evaluate_summaries,
+)
+from warpdata.etl.receipts import Journal
+from warpdata.etl.workers import cpu_count
+from warpdata.features import manifest as fmanifest
+from warpdata.features import remote as fremote
+from warpdata.features.cachespec import (
+    KIND,
+    PIXEL_BATCH,
+    SHARD_PATTERN,
+    BuildResult,
+    CacheSpec,
+    _existing,
+    _sealed,
+    _shards_present,
+    base_fields,
+    fingerprint_inputs,
+)
+from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
+from warpdata.features.manifest import MANIFEST_VERSION
+from warpdata.features.parts import (
+    _ENCODER_LOCK,
+    _ENCODERS,
+    _POOLS,
+    BUILD_PREFIX,
+    PART_PATTERN,
+    EncoderRef,
+    PartResult,
+    PartTask,
+    _build_lock,
+    _drop_part,
+    _place,
+    _probe_all,
+    _record,
+    _repack,
+    _reuse,
+    _RootRelative,
+    build_part,
+    preload_encoder,
+)
+from warpdata.features.remote import StoreTarget, version_name
+from warpdata.features.scan import MediaItem, scan, source_digest
+from warpdata.features.transform import DecodeFailure
+from warpdata.formats.featshard import VERSION as WFS_VERSION
+from warpdata.formats.featshard import FieldSpec, Layout
+from warpdata.storage.locations import filesystem, parse_location
+
+log = logging.getLogger(__name__)
+
+
+def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = False,
+                workers: int | None = None, executor: Any = None, decode_threads: int = 0,
+                resources: dict[str, float] | None = None) -> BuildResult:
+    """Build (or reuse) the cache of ``spec`` on ``executor`` (an ExecutorSpec or its text; default
+    ``WARP_EXECUTOR`` or local threads) with ``workers`` concurrent shard tasks.
+
+    ``decode_threads``: decode threads per worker process (0: the worker count on the local
+    executor, whose tasks share one pool; elsewhere the CPUs divided among the workers started
+    here, 2 on an existing cluster). ``resources``: what every task asks of a Dask/Ray cluster
+    (None: ``{"GPU": 1}`` when the encoder runs on CUDA there, else nothing).
+    """
+    t_start = time.perf_counter()
+
+    store_url = spec.output.rstrip("/") if fremote.is_url(spec.output) else None
+    if store_url is not None:
+        # docs/features-config.md, "Output on object storage": staged here, shards uploaded by the
+        # workers, receipts in the store; an unreachable store stops the run before any work (exit 75)
+        objectstore.check_reachable(store_url)
+        outp = objectstore.staging_root(store_url) / "cache"
+    else:
+        outp = Path(spec.output)
+    ex = executor if isinstance(executor, ExecutorSpec) else (
+        parse_executor(executor) if executor else resolve_executor())
+    require(ex)
+    n_workers = max(1, workers or cpu_count())
+    # the encoder first: a bad encoder config is reported before any data is read
+    enc, batch_encoder, enc_ref, device = _load_build_encoder(spec, ex)
+    if resources is None:
+        resources = {"GPU": 1} if device is not None and device.startswith("cuda") and ex.distributed else {}
+
+    q = Quarantine()
+    t_scan0 = time.perf_counter()
+    items, item_source, orphan_captions = _scan_sources(spec, q, outp)
+    t_scan = time.perf_counter() - t_scan0
+
+    _fail_fast(q, len(items), spec, allow_invalid)  # rejections found by the scan already exceed a threshold
+
+    enc_identity = None if enc is None else {"config_name": spec.encoder, **enc.identity(),
+                                             "device_type": device.split(":")[0]}
+    inputs = fingerprint_inputs(spec, source_digest(items), enc_identity)
+    fp = identity(inputs)
+
+    old = _existing(outp)
+    reasons: list[str] = []
+    target = None
+    if store_url is not None:
+        target, up = _store_target(store_url, fp, clear, reasons, t_scan)
+        if up is not None:
+            return up
+    else:
+        done = _local_reasons(outp, old, fp, clear, inputs, reasons, t_scan)
+        if done is not None:
+            return done
+
+    # the driver pass: every header, so the plan holds only records a full decode can store
+    t0 = time.perf_counter()
+    probed = _probe_all(items, n_workers, spec.max_pixels)
+    _check_probed(q, items, probed, spec, allow_invalid)
+    t_probe = time.perf_counter() - t0
+
+    fields = base_fields(spec) + (batch_encoder.fields if batch_encoder else [])
+    batch = spec.caching_batch_size if spec.encoder else PIXEL_BATCH
+    per_shard = spec.effective_shard_size
+    h, w = spec.size
+    planned = [i for i in range(len(items)) if i not in probed]
+    runs = cut(planned, per_shard)
+    name_hash = identity(os.path.abspath(outp))[:8]
+    build_dir = outp.parent / f"{BUILD_PREFIX}{fp[:12]}-{name_hash}"
+    if decode_threads <= 0:
+        decode_threads = _default_decode_threads(ex, n_workers)
+    own_pool = None
+    if ex.kind == "thread":
+        own_pool = f"build-{os.getpid()}-{id(spec)}-{time.monotonic_ns()}"
+        _POOLS[own_pool] = ThreadPoolExecutor(decode_threads, thread_name_prefix="warp-fc-decode")
+        if enc_ref is not None:
+            with _ENCODER_LOCK:  # this process's tasks share the driver's encoder
+                _ENCODERS.setdefault(enc_ref, batch_encoder)
+    pool_key = own_pool or f"threads-{decode_threads}"
+    tasks = [PartTask(j, str(build_dir / PART_PATTERN.format(j)), fp, spec, fields, [items[i] for i in run],
+                      [i // batch for i in run], enc_ref, decode_threads, pool_key)
+             for j, run in enumerate(runs)]
+    if target is not None:
+        for t in tasks:
+            t.upload_shard = target.shard_url(SHARD_PATTERN.format(t.index))
+            t.upload_part = target.part_url(PART_PATTERN.format(t.index))
+    metrics: dict[str, Any] = {"scan_s": round(t_scan, 4), "probe_s": round(t_probe, 4), "batches": [],
+                               "workers": n_workers, "batch_size": batch, "executor": ex.text,
+                               "decode_threads": decode_threads}
+    try:
+        with _build_lock(build_dir):
+            return _build(spec, tasks, runs, items, item_source, probed, q, inputs, fp, fields, build_dir, ex,
+                          n_workers, resources, clear, allow_invalid, metrics, reasons, orphan_captions, device,
+                          t_start, outp, target)
+    finally:
+        if own_pool is not None:
+            _POOLS.pop(own_pool).shutdown(wait=False)
+            if enc_ref is not None:
+                with _ENCODER_LOCK:
+                    if _ENCODERS.get(enc_ref) is batch_encoder:
+                        del _ENCODERS[enc_ref]
+
+
+def _scan_sources(spec: CacheSpec, q: Quarantine, outp: Path) -> tuple[list[MediaItem], list[int], int]:
+    """(every usable item of every source folder in order, each item's source index, captions without
+    media); rejections go to ``q``."""
+    items: list[MediaItem] = []
+    item_source: list[int] = []
+    orphan_captions = 0
+    for i, (root, prefix, key_prefix) in enumerate(spec.scan_roots()):
+        scanned = scan(root, _RootRelative(q, root, key_prefix), caption_prefix=prefix, caption_ext=spec.caption_ext,
+                       exclude=(outp,), key_prefix=key_prefix)
+        items += scanned.items
+        item_source += [i] * len(scanned.items)
+        orphan_captions += scanned.orphan_captions
+    return items, item_source, orphan_captions
+
+
+def _check_probed(q: Quarantine, items: list[MediaItem], probed: dict[int, Any], spec: CacheSpec,
+                  allow_invalid: bool) -> None:
+    """Stop before building when the scan's and the header pass's rejections exceed a fail threshold."""
+    pre = Quarantine()
+    pre.merge(q)
+    for i, it in enumerate(items):
+        f = probed.get(i)
+        if f is None:
+            pre.accept(it.run, it.key)
+        else:
+            pre.reject(it.run, it.key, it.key, f.reason, f"{it.key}: {f.message}")
+    pre.evaluate(spec.thresholds).raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
+
+
+def _load_build_encoder(spec: CacheSpec, ex: ExecutorSpec) -> tuple[Any, Any, EncoderRef | None, str | None]:
+    """(encoder, batch encoder, the workers' reference to it, device), all None without ``[encoder]``."""
+    if not spec.encoder:
+        return None, None, None, None
+    # on a cluster the workers hold the GPUs: the driver loads the encoder on its CPU for the
+    # identity and the fields only, and the tasks resolve caching_device where they run
+    remote_cuda = ex.distributed and spec.caching_device.startswith("cuda")
+    device = spec.caching_device if remote_cuda else resolve_device(spec.caching_device)
+    enc = load_encoder(spec.encoder, device="cpu" if remote_cuda else device, dtype=spec.encoder_dtype,
+                       options=spec.encoder_options)
+    batch_encoder = BatchEncoder(enc, "cpu" if remote_cuda else device, spec.size, name=spec.encoder)
+    enc_ref = EncoderRef(spec.encoder, device, spec.encoder_dtype,
+                         canonical_json(spec.encoder_options).decode("utf-8"), tuple(spec.size))
+    return enc, batch_encoder, enc_ref, device
+
+
+def _fail_fast(q: Quarantine, n_items: int, spec: CacheSpec, allow_invalid: bool) -> None:
+    """Stop before any decoding when the scan's rejections alone exceed a fail threshold."""
+    agg = q.aggregate()
+    pending = RunSummary(**{**agg.__dict__, "by_reason": dict(agg.by_reason)})
+    pending.total += n_items
+    pending.non_empty += n_items
+    examples: dict[str, list[dict[str, str]]] = {}
+    for r in q.record_dicts():
+        ex_list = examples.setdefault(r["reason"], [])
+        if len(ex_list) < 3:
+            ex_list.append(r)
+    early = evaluate_summaries([("aggregate", pending)], spec.thresholds, examples)
+    early.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
+
+
+def _local_reasons(outp: Path, old: dict[str, Any] | None, fp: str, clear: bool, inputs: dict[str, Any],
+                   reasons: list[str], t_scan: float) -> BuildResult | None:
+    """The up-to-date result when the local cache at ``outp`` can be kept; else None, with why it is
+    rebuilt appended to ``reasons``."""
+    if outp.exists():
+        if old is None or old.get("kind") != KIND:
+            if old is not None or any(outp.iterdir()):
+                raise ConfigError(f"{outp} exists and is not a feature cache",
+                                  hint="choose another [output] path; warp only replaces its own caches")
+            reasons.append("new cache")
+        elif (sealed := _sealed(outp)) is not None and sealed.get("fingerprint") == fp and not clear \
+                and _shards_present(outp, sealed):
+            return BuildResult("up-to-date", str(outp), sealed, {"scan_s": round(t_scan, 4)})
+        elif clear:
+            reasons.append("--clear")
+        elif old.get("fingerprint") != fp:
+            prev = old.get("fingerprint_inputs", {})
+            changed = [k for k in ("dataset", "encoder", "code") if identity(prev.get(k)) != identity(inputs[k])] \
+                if isinstance(prev, dict) else []
+            reasons.append("fingerprint changed" + (f" ({', '.join(changed)})" if changed else ""))
+        elif _sealed(outp) is None:
+            reasons.append("manifest unsealed or damaged")
+        else:
+            reasons.append("shards missing or resized")
+    else:
+        reasons.append("new cache")
+    return None
+
+
+def _default_decode_threads(ex: ExecutorSpec, n_workers: int) -> int:
+    """Decode threads per worker process: the worker count on local threads (one shared pool), the
+    CPUs divided among the workers started here, 2 on an existing cluster."""
+    if ex.kind == "thread":
+        return n_workers
+    if ex.address is None:
+        return max(1, cpu_count() // n_workers)
+    return 2
+
+
+def _store_target(url: str, fp: str, clear: bool, reasons: list[str], t_scan: float):
+    """``(StoreTarget, None)`` for a version to build in the store at ``url``, or ``(None, result)``
+    when a complete version of fingerprint ``fp`` is there (one listing, one manifest GET)."""
+    import datetime as _dt
+
+
+    vdir, complete = objectstore.find_version_dir(url, fp)
+    if complete and not clear:
+        where = f"{url}/{vdir}"
+        m = fmanifest.parse(objectstore.read_manifest(where), f"{where}/{MANIFEST_NAME}",
+                            hint=f"a version in the store is never edited in place: remove {where}/ and rerun")
+        _point_latest(url, vdir)
+        return None, BuildResult("up-to-date", where, m, {"scan_s": round(t_scan, 4),
+                                                          "shards_reused": len(m["shards"]), "shards_built": 0})
+    if vdir is not None and not complete:
+        reasons.append("resuming the version an interrupted run was writing")
+    elif complete:
+        reasons.append("--clear")
+    else:
+        reasons.append("new version in the store")
+    if vdir is None or complete:
+        vdir = version_name(fp, _dt.datetime.now(_dt.UTC).strftime("%Y%m%d"))
+    return StoreTarget(url, vdir, fp), None
+
+
+def _point_latest(url: str, vdir: str) -> None:
+    """``<url>/latest`` names ``vdir`` (the last version built, as a local cache path holds the last
+    cache built): written when it names another one."""
+    loc = parse_location(url)
+    fs = filesystem(loc)
+    try:
+        now = objectstore._call(url, fs.cat_file, loc.join("latest").path)
+    except FileNotFoundError:
+        now = b""
+    if now.strip() != vdir.encode():
+        objectstore._call(url, fs.pipe_file, loc.join("latest").path, (vdir + "\n").encode())
+
+
+def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resources: dict[str, float],
+               total: int, target: Any = None) -> tuple[list[PartResult], Any]:
+    """Reuse every receipted part, run the rest on ``ex``, receipt each as it finishes
+    (warp/etl/driver.py)."""
+    import functools
+
+    from warpdata.etl.driver import Plug, drive
+
+    listed = None
+    # what every worker of an existing cluster must reach (warp/etl/access.py): the build directory,
+    # or the store it uploads its parts to; the sources are the driver's (or its spool's) folders
+    access = [("output", target.url if target is not None else os.path.dirname(tasks[0].path))] if tasks else []
+    if target is not None:
+        # what a killed run already uploaded: one listing of the version, one of the build prefix
+        listed = (objectstore.list_sizes(target.version_url), objectstore.list_sizes(target.build_url))
+    ref = tasks[0].encoder if tasks else None
+    plug = Plug(receipt_id=lambda t: f"part-{t.index:05d}", reuse=lambda t, rec: _reuse(t, rec, listed),
+                drop=_drop_part, record=_record, index=lambda r: r.index, units=lambda r: len(tasks[r.index].items))
+    return drive(tasks, build_part, journal, plug, executor=ex, workers=workers, label="caching", unit="img",
+                 total=total, initializer=functools.partial(preload_encoder, ref) if ref is not None else None,
+                 resources=resources or None, access=access)
+
+
+def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], items: list[MediaItem],
+           item_source: list[int], probed: dict[int, DecodeFailure], q: Quarantine, inputs: dict[str, Any],
+           fp: str, fields: list[FieldSpec], build_dir: Path, ex: Any, n_workers: int,
+           resources: dict[str, float], clear: bool, allow_invalid: bool, metrics: dict[str, Any],
+           reasons: list[str], orphan_captions: int, device: str | None, t_start: float,
+           outp: Path, target: Any = None) -> BuildResult:
+    import shutil
+
+    h, w = spec.size
+    if clear and build_dir.exists():
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    for leftover in build_dir.glob(f"{TMP_PREFIX}*"):  # half-written parts of a killed run (we hold the lock)
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+    # in the store, beside the version, the receipts let a rerun on any machine resume from the store alone
+    journal = Journal(str(build_dir) if target is None else target.build_url)
+    if target is not None and clear:
+        journal.remove()
+    t0 = time.perf_counter()
+    try:
+        results, drove = _run_parts(tasks, ex, n_workers, journal, resources, len(items) - len(probed), target)
+    except (DataError, ConfigError):
+        shutil.rmtree(build_dir, ignore_errors=True)  # a deterministic failure: a rerun would meet it again
+        if target is not None:
+            journal.remove()
+        raise
+    t_build = time.perf_counter() - t0
+
+    late = _verdicts_in_scan_order(tasks, results, runs, items, probed, q)
+    verdict = q.evaluate(spec.thresholds)
+    try:
+        verdict.raise_for_status(allow_invalid=allow_invalid, what=spec.source_label())
+    except DataError:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        if target is not None:
+            journal.remove()
+        raise
+    truncated = _log_problems(verdict, results, spec)
+    kept = [i for run in runs for i in run if i not in late]
+    kept_keys = [items[i].key for i in kept]
+    kept_source = [item_source[i] for i in kept]
+    sizes = [s for r in results for s in r.orig_sizes]
+    kept_rows = [(items[i].caption, items[i].is_video, int(oh), int(ow)) for i, (oh, ow) in zip(kept, sizes, strict=True)]
+    records = len(kept)
+    # parts before the first full-decode failure are the shards; after it the boundaries moved
+    first_late = next((r.index for r in results if r.failures), len(results))
+    t0 = time.perf_counter()
+    if target is not None:
+        # the parts after the first late failure are re-cut here: bring them back from the store
+        _fetch_parts([(tasks[r.index], r) for r in results[first_late:] if r.records])
+    final = outp if target is None else outp.parent / target.vdir
+    with atomic_dir(final, replace=True) as tmp:
+        shards = []
+        for r in results[:first_late]:
+            name = SHARD_PATTERN.format(r.index)
+            if target is None:  # in the store the worker uploaded it under this name already
+                _place(tasks[r.index].path, tmp / name)
+            shards.append({"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256})
+        shards += _repack([(tasks[r.index].path, r.records) for r in results[first_late:] if r.records], tmp,
+                          first_late, spec.effective_shard_size, fields, fp, n_workers)
+        t_repack = time.perf_counter() - t0
+        manifest = {
+            "kind": KIND,
+            "format": "WFS1",
+            "format_version": WFS_VERSION,
+            "manifest_version": MANIFEST_VERSION,
+            "fingerprint": fp,
+            "fingerprint_inputs": inputs,
+            "records": records,
+            "shard_size": spec.effective_shard_size,
+            "target_size": [h, w],
+            "fields": [f.to_dict() for f in fields],
+            "record_size": _record_size(fields),
+            "shards": shards,
+            "captions_truncated": truncated,
+            "orphan_captions": orphan_captions,
+            "quarantine": q.summary(),
+            "verdict": {"status": verdict.status, "allowed": verdict.allowed, "problems": verdict.problems()},
+        }
+        if spec.sources is not None:
+            manifest["sources"] = source_entries(spec, kept_source)
+        manifest = seal(manifest)  # docs/formats/feature-shard.md: the reader checks it on open
+        _write_side_files(tmp, kept_keys, kept_rows, shards, kept_source, spec, q)
+        wall = time.perf_counter() - t_start
+        metrics.update(_run_metrics(results, len(shards), first_late, records, wall, t_build, t_repack, device, spec,
+                                    drove))
+        atomic_write_bytes(tmp / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True).encode(), fsync=False)
+        atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
+                                                           ensure_ascii=False).encode("utf-8"), fsync=False)
+    if target is not None:
+        return _finish_in_store(target, final, manifest, metrics, reasons, journal, build_dir, first_late, results)
+    journal.remove()
+    shutil.rmtree(build_dir, ignore_errors=True)
+    return BuildResult("built", str(outp), manifest, metrics, reasons)
+
+
+def _log_problems(verdict: Any, results: list[PartResult], spec: CacheSpec) -> int:
+    """Log the verdict's problems and the truncated captions; returns how many captions were truncated."""
+    for problem in verdict.problems():
+        log.warning(problem + (" (--allow-invalid)" if verdict.allowed else ""))
+    truncated = sum(r.truncated for r in results)
+    if truncated:
+        log.warning(f"{truncated} caption(s) longer than max_caption_bytes={spec.max_caption_bytes} were "
+                    "truncated in the stored text (encoders saw the full caption)")
+    return truncated
+
+
+def _write_side_files(tmp: Path, kept_keys: list[str], kept_rows: list[tuple[str, bool, int, int]],
+                      shards: list[dict[str, Any]], kept_source: list[int], spec: CacheSpec, q: Quarantine) -> None:
+    """``keys.txt``, ``records.parquet``, ``quarantine.jsonl`` and the quarantine's Parquet beside the shards."""
+    atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
+                       fsync=False)
+    _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards,
+                   None if spec.sources is None else [f"d{i}" for i in kept_source])
+    atomic_write_bytes(tmp / "quarantine.jsonl",
+                       b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
+    q.write_parquet(tmp)
+
+
+def _verdicts_in_scan_order(tasks: list[PartTask], results: list[PartResult], runs: list[Sequence[int]],
+                            items: list[MediaItem], probed: dict[int, DecodeFailure],
+                            q: Quarantine) -> dict[int, tuple[str, str]]:
+    """Every item's verdict into ``q`` in scan order, as if one process had decoded every item in turn;
+    returns the late (full-decode) failures by item index."""
+    late: dict[int, tuple[str, str]] = {}
+    for task, res in zip(tasks, results, strict=True):
+        for pos, reason, message in res.failures:
+            late[runs[task.index][pos]] = (reason, message)
+    for i, it in enumerate(items):
+        if i in probed:
+            q.reject(it.run, it.key, it.key, probed[i].reason, f"{it.key}: {probed[i].message}")
+        elif i in late:
+            q.reject(it.run, it.key, it.key, *late[i])
+        else:
+            q.accept(it.run, it.key)
+    return late
+
+
+def _run_metrics(results: list[PartResult], n_shards: int, first_late: int, records: int, wall: float,
+                 t_build: float, t_repack: float, device: str | None, spec: CacheSpec, drove: Any) -> dict[str, Any]:
+    """The run's figures for ``metrics.json`` (timings, rates, where each part ran)."""
+    bt = [b for r in results for b in r.batches]
+    return {
+        "batches": bt,
+        "wall_s": round(wall, 4),
+        "build_s": round(t_build, 4),
+        "repack_s": round(t_repack, 4),
+        "records": records,
+        "records_per_s": round(records / wall, 2) if wall > 0 else None,
+        "io_decode_wait_s": round(sum(b["io_decode_wait_s"] for b in bt), 4),
+        "encode_s": round(sum(b["encode_s"] for b in bt), 4),
+        "write_s": round(sum(b["write_s"] for b in bt), 4),
+        "device": device or "none",  # what caching_device resolved to ("auto": cuda if available)
+        "caching_device": spec.caching_device if spec.encoder else None,
+        "cluster": drove.cluster,
+        "receipts": drove.as_dict(),
+        "shards_reused": sum(r.reused for r in results),
+        "shards_built": sum(not r.reused for r in results),
+        "shards_repacked": n_shards - first_late,
+        "tasks": [{"index": r.index, "records": r.records, "worker": r.worker, "encoder_loads": r.encoder_loads,
+                   "reused": r.reused} for r in results],
+    }
+
+
+def _fetch_parts(parts: list[tuple[PartTask, PartResult]]) -> None:
+    """Each part's WFS1 file back at ``task.path`` from the store, checked against its receipted
+    SHA-256; one that is gone or differs (an interrupted re-cut wrote over a part uploaded under
+    its shard name) is built again here: a task's bytes depend only on the task."""
+    import dataclasses
+
+
+    for task, res in parts:
+        url = task.upload_part if res.failures else task.upload_shard
+        tmp = f"{task.path}.{TMP_PREFIX}get"
+        if fremote.get_file(url, tmp) and sha256_file(tmp) == res.sha256:
+            os.replace(tmp, task.path)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        again = build_part(dataclasses.replace(task, upload_shard=None, upload_part=None))
+        if again.sha256 != res.sha256:
+            raise InternalError(f"part {task.index} rebuilt to SHA-256 {again.sha256}, its receipt says "
+                                f"{res.sha256}", hint="a part's bytes must depend only on its task; please report this")
+
+
+def _finish_in_store(target: Any, local: Path, manifest: dict[str, Any], metrics: dict[str, Any],
+                     reasons: list[str], journal: Any, build_dir: Path, first_late: int,
+                     results: list[PartResult]) -> BuildResult:
+    """The version's files to the store (docs/features-config.md, "Output on object storage"):
+    re-cut shards and ``metrics.json`` (plain PUTs: a rerun may change them before the manifest names
+    them), every other file create-only, ``manifest.json`` last, then ``latest``; then the receipts,
+    the build prefix and the staging copy go."""
+    import shutil
+
+
+    t_up = time.perf_counter()
+    names = {s["path"] for s in manifest["shards"]}
+    recut = sorted(p.name for p in local.glob("shard-*.wfs"))
+    for name in recut:
+        fremote.put_overwrite(str(local / name), target.shard_url(name))
+        (local / name).unlink()
+    # parts uploaded under a shard name that the re-cut did not reach (late failures dropped records)
+    stray = [n for n in objectstore.list_sizes(target.version_url)
+             if n.startswith("shard-") and n.endswith(".wfs") and n not in names]
+    fremote.remove(target.version_url, stray)
+    fremote.put_overwrite(str(local / "metrics.json"), target.shard_url("metrics.json"))
+    (local / "metrics.json").unlink()
+    dest, counts = objectstore.upload_version(local, target.url)
+    built = sum(1 for r in results[:first_late] if r.records and not r.reused)
+    counts = {"uploaded": counts["uploaded"] + built + len(recut) + 1, "reused": counts["reused"]}
+    journal.remove()
+    fremote.remove(target.build_url)
+    shutil.rmtree(local, ignore_errors=True)
+    shutil.rmtree(build_dir, ignore_errors=True)
+    metrics["upload"] = {**counts, "s": round(time.perf_counter() - t_up, 4)}
+    return BuildResult("built", dest, manifest, metrics, reasons)
+
+
+def source_entries(spec: CacheSpec, kept_source: list[int]) -> list[dict[str, Any]]:
+    """The manifest's ``sources``: each directory's contiguous record range and sampling weight."""
+    assert spec.sources is not None
+    counts = np.bincount(np.asarray(kept_source, np.int64), minlength=len(spec.sources)).tolist()
+    entries, first = [], 0
+    for i, ((_, prefix, _), d, n) in enumerate(zip(spec.scan_roots(), spec.sources, counts, strict=True)):
+        entries.append({"name": f"d{i}", "first_record": first, "records": int(n),
+                        "num_repeats": d.num_repeats, "caption_prefix": prefix})
+        first += int(n)
+    return entries
+
+
+def _write_records(path: Path, keys: list[str], rows: list[tuple[str, bool, int, int]],
+                   shards: list[dict[str, Any]], sources: list[str] | None = None) -> None:
+    """``records.parquet``: one row per stored record, in record order (queryable once published).
+
+    Deterministic: rows follow the record order, which is the scan order
+    whatever the worker count; written under a temporary name and renamed.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shard_of: list[str] = []
+    index_in: list[int] = []
+    for sh in shards:
+        shard_of.extend([sh["path"]] * sh["records"])
+        index_in.extend(range(sh["records"]))
+    if len(shard_of) != len(keys):
+        raise DataError(f"{path}: {len(keys)} records kept but the shards hold {len(shard_of)}",
+                        hint="this is a bug in the feature-cache writer; rebuild with --clear and report it")
+    table = pa.table({
+        "record": pa.array(range(len(keys)), pa.int64()),
+        "key": pa.array(keys, pa.string()),
+        "caption": pa.array([r[0] for r in rows], pa.string()),
+        "is_video": pa.array([r[1] for r in rows], pa.bool_()),
+        "height": pa.array([r[2] for r in rows], pa.int32()),
+        "width": pa.array([r[3] for r in rows], pa.int32()),
+        "shard": pa.array(shard_of, pa.string()),
+        "shard_index": pa.array(index_in, pa.int32()),
+    })
+    if sources is not None:  # multi-source caches: which [[directory]] (d<i>) each record came from
+        table = table.append_column("source", pa.array(sources, pa.string()))
+    with atomic_file(path, fsync=False) as f:  # row groups: `warp why` reads one (docs/lineage.md)
+        pq.write_table(table, f, compression="zstd", row_group_size=16384)
+
+
+def _record_size(fields: Sequence[FieldSpec]) -> int:
+    return Layout.pack(list(fields)).record_size
