@@ -197,7 +197,7 @@ class DaskRunner(Runner):
                  access: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(workers, resources)
         try:
-            import dask  # noqa: F401
+            import dask
             from distributed import Client, LocalCluster
         except ImportError:
             raise missing_dependency("--executor dask", "distributed", "dask") from None
@@ -207,7 +207,7 @@ class DaskRunner(Runner):
         try:
             if spec.address is None:
                 # an own cluster offers what the tasks ask for: one task per worker at a time
-                with _forkserver(preload) as env:
+                with _forkserver(preload) as env, dask.config.set(own_cluster_config()):
                     self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                 host="127.0.0.1", dashboard_address=":0",  # no fixed port (8787)
                                                 scheduler_kwargs={"dashboard": False}, silence_logs=40,
@@ -358,6 +358,29 @@ class DaskRunner(Runner):
             if obj is not None:
                 with contextlib.suppress(Exception):
                     obj.close()
+
+
+# What an own LocalCluster changes of distributed's shipped defaults: its scheduler, nannies and
+# workers live for one run, on this machine's cores, and nobody reads their dashboards. With the
+# defaults they spend ~17 % of one core while idle (two workers and the driver on two cores,
+# measured in BENCHMARKS.md, "ETL scaling: where Dask's time goes"): each worker samples its
+# threads' stacks every 10 ms (the profiler), every server checks its event loop every 20 ms, takes
+# a psutil snapshot every 500 ms, and each nanny reads its worker's memory every 100 ms. A value
+# the user configured (anything but the shipped default) is kept.
+OWN_CLUSTER_CONFIG: dict[str, tuple[Any, Any]] = {  # key: (distributed's default, an own cluster's)
+    "distributed.worker.profile.enabled": (True, False),
+    "distributed.admin.tick.interval": ("20ms", "1s"),
+    "distributed.admin.system-monitor.interval": ("500ms", "5s"),
+    "distributed.worker.memory.monitor-interval": ("100ms", "1s"),
+}
+
+
+def own_cluster_config() -> dict[str, Any]:
+    """The dask settings an own LocalCluster starts with (:data:`OWN_CLUSTER_CONFIG`), except
+    those the user set to something else."""
+    import dask
+
+    return {k: ours for k, (default, ours) in OWN_CLUSTER_CONFIG.items() if dask.config.get(k, default) == default}
 
 
 # an existing scheduler answers within this many seconds or the run stops (docs/formats/receipts.md,
