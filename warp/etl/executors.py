@@ -582,22 +582,43 @@ class RayRunner(Runner):
     kind = "ray"
 
     def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
-                 resources: dict[str, float] | None = None) -> None:
+                 resources: dict[str, float] | None = None, access: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(workers, resources)
         try:
             import ray
         except ImportError:
             raise missing_dependency("--executor ray", "ray", "ray") from None
+        from warpdata.etl import access as _access
+        from warpdata.etl.lifeline import guard_tree
+
         self.ray = ray
         self.own = spec.address is None
+        self.guard = None
+        # non-secret store settings travel with every task (warp/etl/access.py)
+        self.settings = _access.travelling_settings()
         if not ray.is_initialized():
             if self.own:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                # the GCS server, raylet, agents and workers of a Ray started here end with this
+                # process, even after a kill -9 of it (warp/etl/lifeline.py)
+                self.guard = guard_tree()
+                try:
+                    with self.guard.marking() if self.guard is not None else contextlib.nullcontext():
+                        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                                 configure_logging=False)
+                except BaseException:
+                    self.close()
+                    raise
             else:
                 ray.init(address=spec.address, log_to_driver=False, configure_logging=False)
         else:
             self.own = False
         self.initializer = initializer
+        if access:
+            try:
+                self._probe_nodes(access, spec.text)
+            except BaseException:
+                self.close()
+                raise
         have = ray.cluster_resources()
         self.threads = int(have.get("CPU", workers))
         missing = {k: v for k, v in self.resources.items() if float(have.get(k, 0)) < float(v)}
@@ -611,6 +632,32 @@ class RayRunner(Runner):
         if spec.address is not None:
             self.workers = max(1, self.threads)
 
+    def _probe_nodes(self, access: Sequence[tuple[str, str]], text: str) -> None:
+        """One access probe on every live node of the cluster (warp/etl/access.py), before any task:
+        a node that cannot reach the run's sources or output stops the run, naming it and the
+        setting (nodes that join later are not probed)."""
+        ray = self.ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = ray.remote(num_cpus=0, max_retries=0)(_ray_probe)
+        refs = []
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            nid = node["NodeID"]
+            name = f"ray node {node.get('NodeManagerAddress', '?')} ({nid[:12]})"
+            refs.append(probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
+                        .remote(self.settings, list(access), name))
+        try:
+            ray.get(refs, timeout=PROBE_TIMEOUT_S)
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            raise (cause.cause if getattr(cause, "cause", None) is not None else cause) from None
+        except ray.exceptions.GetTimeoutError:
+            raise InfrastructureError(f"--executor {text}: the Ray cluster's nodes did not run the access probe "
+                                      f"within {PROBE_TIMEOUT_S:g} s",
+                                      hint="check every node is up ('ray status'), then rerun") from None
+
     def describe(self) -> dict[str, Any]:
         d = {"executor": "ray", "workers": self.threads, "cluster": "local" if self.own else "external"}
         if self.resources:
@@ -620,8 +667,11 @@ class RayRunner(Runner):
     def imap_unordered(self, fn, tasks, *, window=None):
         ray = self.ray
         init = self.initializer
+        settings = self.settings
 
         def call(task):
+            if settings:
+                os.environ.update(settings)
             if init is not None:
                 init()
             return fn(task)
@@ -662,6 +712,21 @@ class RayRunner(Runner):
         if self.own:
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
+        if self.guard is not None:
+            self.guard.release()
+            self.guard = None
+
+
+# seconds every node of a Ray cluster has to run its access probe
+PROBE_TIMEOUT_S = 60.0
+
+
+def _ray_probe(settings: dict[str, str], paths: list[tuple[str, str]], name: str) -> None:
+    """A Ray node's access probe (warp/etl/access.py), with the driver's non-secret store settings."""
+    from warpdata.etl import access
+
+    access.apply_settings(settings)
+    access.probe(paths, name)
 
 
 def require(spec: ExecutorSpec) -> None:
@@ -683,11 +748,12 @@ def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None
     """A runner; ``resources`` (e.g. ``{"GPU": 1}``) is what every task asks of a Dask/Ray cluster;
     ``preload``: modules an own Dask LocalCluster's workers import once, before they fork;
     ``access``: the run's ``(role, url)`` sources and outputs every worker of an existing Dask
-    cluster must reach (warp/etl/access.py), checked before any task."""
+    cluster, and every node of a Ray cluster, must reach (warp/etl/access.py), checked before any
+    task."""
     if spec.kind == "dask":
         return DaskRunner(spec, workers, initializer, resources, preload, access)
     if spec.kind == "ray":
-        return RayRunner(spec, workers, initializer, resources)
+        return RayRunner(spec, workers, initializer, resources, access)
     return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None, resources)
 
 
