@@ -38,6 +38,9 @@ names, byte counts). Choose ``--n`` for the job length: about 550 photos per sec
 on this machine, so ``--n 6000`` is ~11 s and ``--n 18000`` ~33 s:
 
     python bench/etl_scale.py --breakdown --n 18000 --runs 5
+
+``--idle``: the CPU an own LocalCluster of 2 workers spends doing nothing for 8 s, with
+distributed's shipped settings and with those warp starts it with.
 """
 
 from __future__ import annotations
@@ -242,6 +245,31 @@ def breakdown(a: argparse.Namespace) -> int:
     return 0
 
 
+def idle_cost(seconds: float = 8.0) -> dict[str, list[float]]:
+    """CPU % of one core that an idle own LocalCluster of 2 workers spends, per process (driver with
+    scheduler and nannies, then each worker), with distributed's shipped settings and with the
+    ones warp starts it with (``OWN_CLUSTER_CONFIG``, warp/etl/executors.py)."""
+    import psutil
+    from warpdata.etl import executors
+
+    out = {}
+    ours = executors.OWN_CLUSTER_CONFIG
+    for label, table in (("shipped", {}), ("warp", ours)):
+        executors.OWN_CLUSTER_CONFIG = table
+        with executors.open_runner(executors.parse_executor("dask"), 2) as r:
+            list(r.imap_unordered(abs, range(4)))
+            me = psutil.Process()
+            # the worker processes: children of the fork server (which shares their command line)
+            procs = [me] + [q for q in me.children(recursive=True) if q.ppid() != me.pid]
+            c0 = [sum(q.cpu_times()[:2]) for q in procs]
+            t = time.perf_counter()
+            time.sleep(seconds)
+            dt = time.perf_counter() - t
+            out[label] = [round(100 * (sum(q.cpu_times()[:2]) - a) / dt, 1) for q, a in zip(procs, c0, strict=True)]
+    executors.OWN_CLUSTER_CONFIG = ours
+    return out
+
+
 def _children_cpu() -> float:
     r = os.times()
     return r.children_user + r.children_system
@@ -316,7 +344,14 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="where the CPU goes on local, process and dask (one job, --n photos at --size px)")
     ap.add_argument("--size", type=int, default=320, help="--breakdown: target size in px")
+    ap.add_argument("--idle", action="store_true",
+                    help="CPU an idle own Dask LocalCluster (2 workers) spends, shipped settings vs warp's")
     a = ap.parse_args()
+    if a.idle:
+        for label, pcts in idle_cost().items():
+            print(f"idle LocalCluster-2, {label} settings: % of one core per process (driver, workers): "
+                  f"{pcts}, sum {sum(pcts):.1f} %")
+        return 0
     if a.breakdown:
         return breakdown(a)
 
