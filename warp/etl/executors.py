@@ -362,7 +362,7 @@ class DaskRunner(Runner):
 
 # What an own LocalCluster changes of distributed's shipped defaults: its scheduler, nannies and
 # workers live for one run, on this machine's cores, and nobody reads their dashboards. With the
-# defaults they spend ~17 % of one core while idle (two workers and the driver on two cores,
+# defaults they spend ~18 % of one core while idle (two workers and the driver on two cores,
 # measured in BENCHMARKS.md, "ETL scaling: where Dask's time goes"): each worker samples its
 # threads' stacks every 10 ms (the profiler), every server checks its event loop every 20 ms, takes
 # a psutil snapshot every 500 ms, and each nanny reads its worker's memory every 100 ms. A value
