@@ -27,6 +27,20 @@ script fits T(n) = s + p/n (s: serial driver part, p: parallel work) and
 prints what 64 workers would give.
 
     python bench/etl_scale.py [--n 2000] [--runs 3] [--json]
+
+``--breakdown`` runs one job (``--n`` photos, ``--size`` px) on ``local``, ``process`` and
+``dask`` (a LocalCluster), 2 workers each, ``--runs`` rounds alternated, and prints where the
+CPU goes: the driver process by thread (``main``; Dask's ``IO loop`` threads, which carry a
+LocalCluster's scheduler, its nannies and the client), each worker process, the fork server
+and resource tracker; the bytes of task inputs and results (pickled, as a pool or a cluster
+moves them), and tasks per second. The driver runs under ``bench/_etl_probe.py`` (thread
+names, byte counts). Choose ``--n`` for the job length: about 550 photos per second at 320 px
+on this machine, so ``--n 6000`` is ~11 s and ``--n 18000`` ~33 s:
+
+    python bench/etl_scale.py --breakdown --n 18000 --runs 5
+
+``--idle``: the CPU an own LocalCluster of 2 workers spends doing nothing for 8 s, with
+distributed's shipped settings and with those warp starts it with.
 """
 
 from __future__ import annotations
@@ -96,6 +110,164 @@ def run(cfg: Path, args: list[str], env: dict[str, str]) -> dict:
     return {**{f"{k}_s": float(phases.get(k, 0.0)) for k in ("labels", "probe", "build", "finalize")},
             "wall_s": wall, "samples": doc["samples"], "rate": doc["samples"] / wall,
             "build_rate": doc.get("rate_samples_per_s") or 0.0, "shards": doc["shards"], "cpu_s": cpu_s}
+
+
+PROBE = Path(__file__).resolve().parent / "_etl_probe.py"
+POLL_S = 0.1
+
+
+def _tid_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """``{tid: (thread name, CPU seconds)}`` of ``pid``'s threads."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                v = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (name, (int(v[11]) + int(v[12])) / tick)
+    return out
+
+
+def _thread_group(name: str) -> str:
+    if name == "IO loop" or name.startswith("Dask-"):
+        return "dask loop (scheduler, nannies, client)"
+    if name == "main":
+        return "main"
+    return "other threads"
+
+
+def watched_run(cfg: Path, args: list[str], env: dict[str, str], stats: Path) -> dict:
+    """One ``warp etl`` under the probe, its process tree's CPU sampled every :data:`POLL_S`."""
+    import psutil
+
+    env = {**env, "WARP_BENCH_STATS": str(stats)}
+    load0 = os.getloadavg()[0]
+    t = time.perf_counter()
+    p = subprocess.Popen([sys.executable, str(PROBE), "etl", "--config", str(cfg), "--json", "--clear", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs: dict[int, dict] = {}  # pid -> {role, cpu}
+    threads: dict[int, tuple[str, float]] = {}
+    root = psutil.Process(p.pid)
+    while p.poll() is None:
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            tree = []
+        for q in tree:
+            try:
+                if q.pid not in procs:
+                    cmd = " ".join(q.cmdline())
+                    parent = q.ppid()
+                    role = ("driver" if q.pid == p.pid else "fork server" if "forkserver" in cmd and parent == p.pid
+                            else "resource tracker" if "resource_tracker" in cmd else "worker")
+                    procs[q.pid] = {"role": role, "cpu": 0.0}
+                c = q.cpu_times()
+                procs[q.pid]["cpu"] = c.user + c.system
+            except psutil.Error:
+                continue
+        threads.update(_tid_cpu(p.pid))
+        time.sleep(POLL_S)
+    out, err = p.communicate()
+    wall = time.perf_counter() - t
+    if p.returncode != 0:
+        raise SystemExit(f"warp etl {' '.join(args)} failed ({p.returncode}):\n{err[-2000:]}")
+    doc = json.loads(out)
+    phases = {}
+    mpath = Path(str(doc.get("path", ""))) / "metrics.json"
+    if mpath.is_file():
+        phases = json.loads(mpath.read_text()).get("phases_s", {})
+    by_thread: dict[str, float] = {}
+    for name, cpu in threads.values():
+        g = _thread_group(name)
+        by_thread[g] = by_thread.get(g, 0.0) + cpu
+    workers = sorted((v["cpu"] for v in procs.values() if v["role"] == "worker"), reverse=True)
+    roles: dict[str, float] = {}
+    for v in procs.values():
+        roles[v["role"]] = roles.get(v["role"], 0.0) + v["cpu"]
+    counts = json.loads(stats.read_text()) if stats.is_file() else {}
+    return {"wall_s": wall, "samples": doc["samples"], "rate": doc["samples"] / wall,
+            "build_s": float(phases.get("build", 0.0)), "probe_s": float(phases.get("probe", 0.0)),
+            "driver_cpu_s": roles.get("driver", 0.0), "driver_threads_cpu_s": by_thread,
+            "workers_cpu_s": workers, "helpers_cpu_s": roles.get("fork server", 0.0) + roles.get("resource tracker", 0.0),
+            "total_cpu_s": sum(roles.values()), "tasks": counts, "load_1m": (load0 + os.getloadavg()[0]) / 2}
+
+
+def breakdown(a: argparse.Namespace) -> int:
+    """Where the CPU of one job goes on local threads, a process pool and a Dask LocalCluster."""
+    d = corpus(a.n)
+    work = OUT / "etl-scale-breakdown"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    env = {**os.environ, "WARP_CACHE_DIR": str(work / "cache")}
+    cfg = config(d, str(work / "wh"), name="breakdown.toml", size=a.size)
+    kinds = {"local-2": ["-j", "2"], "process-2": ["-j", "2", "--executor", "process"],
+             "dask-2": ["-j", "2", "--executor", "dask"]}
+    res: dict[str, list[dict]] = {k: [] for k in kinds}
+    for i in range(a.runs):
+        for name in (list(kinds) if i % 2 == 0 else list(reversed(kinds))):
+            res[name].append(watched_run(cfg, kinds[name], env, work / f"stats-{name}-{i}.json"))
+    report = {}
+    for name, runs in res.items():
+        runs.sort(key=lambda r: r["wall_s"])
+        m = runs[len(runs) // 2]  # the median run, whole (its parts add up)
+        report[name] = m
+    base = report["local-2"]["rate"]
+    if a.json:
+        print(json.dumps({"n": a.n, "size": a.size, "runs": a.runs, "cpus": os.cpu_count(), "median_runs": report,
+                          "all": res}, indent=2))
+        return 0
+    loads = [r["load_1m"] for v in res.values() for r in v]
+    print(f"{a.n} photos at {a.size} px, {a.runs} rounds alternated, {os.cpu_count()} CPUs, load average (1 min) "
+          f"{min(loads):.2f}-{max(loads):.2f}; the median run of each executor:")
+    for name, m in report.items():
+        n = m["samples"]
+        print(f"\n{name}: wall {m['wall_s']:.2f} s, {m['rate']:.1f} img/s ({m['rate'] / base:.3f}x local-2), "
+              f"header pass {m['probe_s']:.2f} s, build {m['build_s']:.2f} s, load {m['load_1m']:.2f}")
+        print(f"  CPU s: total {m['total_cpu_s']:.2f} ({1e3 * m['total_cpu_s'] / n:.2f} ms/img); "
+              f"driver process {m['driver_cpu_s']:.2f} ("
+              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(m["driver_threads_cpu_s"].items())) + "); "
+              f"workers {' + '.join(f'{w:.2f}' for w in m['workers_cpu_s']) or '-'}; "
+              f"fork server + resource tracker {m['helpers_cpu_s']:.2f}")
+        for fn, st in m["tasks"].items():
+            moved = st["executor"] != "thread"
+            print(f"  {fn}: {st['tasks']} tasks, {st['tasks'] / max(1e-9, st['seconds']):.1f} tasks/s, inputs "
+                  f"{st['task_bytes'] / 1e6:.2f} MB ({st['task_bytes'] / max(1, st['tasks']) / 1e3:.1f} kB/task), "
+                  f"results {st['result_bytes'] / 1e6:.3f} MB"
+                  + ("" if moved else " (threads: nothing is moved)"))
+    return 0
+
+
+def idle_cost(seconds: float = 8.0) -> dict[str, list[float]]:
+    """CPU % of one core that an idle own LocalCluster of 2 workers spends, per process (driver with
+    scheduler and nannies, then each worker), with distributed's shipped settings and with the
+    ones warp starts it with (``OWN_CLUSTER_CONFIG``, warp/etl/executors.py)."""
+    import psutil
+    from warpdata.etl import executors
+
+    out = {}
+    ours = executors.OWN_CLUSTER_CONFIG
+    for label, table in (("shipped", {}), ("warp", ours)):
+        executors.OWN_CLUSTER_CONFIG = table
+        with executors.open_runner(executors.parse_executor("dask"), 2) as r:
+            list(r.imap_unordered(abs, range(4)))
+            me = psutil.Process()
+            # the worker processes: children of the fork server (which shares their command line)
+            procs = [me] + [q for q in me.children(recursive=True) if q.ppid() != me.pid]
+            c0 = [sum(q.cpu_times()[:2]) for q in procs]
+            t = time.perf_counter()
+            time.sleep(seconds)
+            dt = time.perf_counter() - t
+            out[label] = [round(100 * (sum(q.cpu_times()[:2]) - a) / dt, 1) for q, a in zip(procs, c0, strict=True)]
+    executors.OWN_CLUSTER_CONFIG = ours
+    return out
 
 
 def _children_cpu() -> float:
@@ -169,7 +341,19 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="where the CPU goes on local, process and dask (one job, --n photos at --size px)")
+    ap.add_argument("--size", type=int, default=320, help="--breakdown: target size in px")
+    ap.add_argument("--idle", action="store_true",
+                    help="CPU an idle own Dask LocalCluster (2 workers) spends, shipped settings vs warp's")
     a = ap.parse_args()
+    if a.idle:
+        for label, pcts in idle_cost().items():
+            print(f"idle LocalCluster-2, {label} settings: % of one core per process (driver, workers): "
+                  f"{pcts}, sum {sum(pcts):.1f} %")
+        return 0
+    if a.breakdown:
+        return breakdown(a)
 
     sys.path.insert(0, str(ROOT / "tests"))
     from support.s3fixtures import s3_env, start_moto_server

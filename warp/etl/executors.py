@@ -197,7 +197,7 @@ class DaskRunner(Runner):
                  access: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(workers, resources)
         try:
-            import dask  # noqa: F401
+            import dask
             from distributed import Client, LocalCluster
         except ImportError:
             raise missing_dependency("--executor dask", "distributed", "dask") from None
@@ -207,7 +207,7 @@ class DaskRunner(Runner):
         try:
             if spec.address is None:
                 # an own cluster offers what the tasks ask for: one task per worker at a time
-                with _forkserver(preload) as env:
+                with _forkserver(preload) as env, dask.config.set(own_cluster_config()):
                     self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                 host="127.0.0.1", dashboard_address=":0",  # no fixed port (8787)
                                                 scheduler_kwargs={"dashboard": False}, silence_logs=40,
@@ -358,6 +358,29 @@ class DaskRunner(Runner):
             if obj is not None:
                 with contextlib.suppress(Exception):
                     obj.close()
+
+
+# What an own LocalCluster changes of distributed's shipped defaults: its scheduler, nannies and
+# workers live for one run, on this machine's cores, and nobody reads their dashboards. With the
+# defaults they spend ~18 % of one core while idle (two workers and the driver on two cores,
+# measured in BENCHMARKS.md, "ETL scaling: where Dask's time goes"): each worker samples its
+# threads' stacks every 10 ms (the profiler), every server checks its event loop every 20 ms, takes
+# a psutil snapshot every 500 ms, and each nanny reads its worker's memory every 100 ms. A value
+# the user configured (anything but the shipped default) is kept.
+OWN_CLUSTER_CONFIG: dict[str, tuple[Any, Any]] = {  # key: (distributed's default, an own cluster's)
+    "distributed.worker.profile.enabled": (True, False),
+    "distributed.admin.tick.interval": ("20ms", "1s"),
+    "distributed.admin.system-monitor.interval": ("500ms", "5s"),
+    "distributed.worker.memory.monitor-interval": ("100ms", "1s"),
+}
+
+
+def own_cluster_config() -> dict[str, Any]:
+    """The dask settings an own LocalCluster starts with (:data:`OWN_CLUSTER_CONFIG`), except
+    those the user set to something else."""
+    import dask
+
+    return {k: ours for k, (default, ours) in OWN_CLUSTER_CONFIG.items() if dask.config.get(k, default) == default}
 
 
 # an existing scheduler answers within this many seconds or the run stops (docs/formats/receipts.md,
@@ -559,22 +582,43 @@ class RayRunner(Runner):
     kind = "ray"
 
     def __init__(self, spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
-                 resources: dict[str, float] | None = None) -> None:
+                 resources: dict[str, float] | None = None, access: Sequence[tuple[str, str]] = ()) -> None:
         super().__init__(workers, resources)
         try:
             import ray
         except ImportError:
             raise missing_dependency("--executor ray", "ray", "ray") from None
+        from warpdata.etl import access as _access
+        from warpdata.etl.lifeline import guard_tree
+
         self.ray = ray
         self.own = spec.address is None
+        self.guard = None
+        # non-secret store settings travel with every task (warp/etl/access.py)
+        self.settings = _access.travelling_settings()
         if not ray.is_initialized():
             if self.own:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                # the GCS server, raylet, agents and workers of a Ray started here end with this
+                # process, even after a kill -9 of it (warp/etl/lifeline.py)
+                self.guard = guard_tree()
+                try:
+                    with self.guard.marking() if self.guard is not None else contextlib.nullcontext():
+                        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                                 configure_logging=False)
+                except BaseException:
+                    self.close()
+                    raise
             else:
                 ray.init(address=spec.address, log_to_driver=False, configure_logging=False)
         else:
             self.own = False
         self.initializer = initializer
+        if access:
+            try:
+                self._probe_nodes(access, spec.text)
+            except BaseException:
+                self.close()
+                raise
         have = ray.cluster_resources()
         self.threads = int(have.get("CPU", workers))
         missing = {k: v for k, v in self.resources.items() if float(have.get(k, 0)) < float(v)}
@@ -588,6 +632,32 @@ class RayRunner(Runner):
         if spec.address is not None:
             self.workers = max(1, self.threads)
 
+    def _probe_nodes(self, access: Sequence[tuple[str, str]], text: str) -> None:
+        """One access probe on every live node of the cluster (warp/etl/access.py), before any task:
+        a node that cannot reach the run's sources or output stops the run, naming it and the
+        setting (nodes that join later are not probed)."""
+        ray = self.ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        probe = ray.remote(num_cpus=0, max_retries=0)(_ray_probe)
+        refs = []
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            nid = node["NodeID"]
+            name = f"ray node {node.get('NodeManagerAddress', '?')} ({nid[:12]})"
+            refs.append(probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
+                        .remote(self.settings, list(access), name))
+        try:
+            ray.get(refs, timeout=PROBE_TIMEOUT_S)
+        except ray.exceptions.RayTaskError as e:
+            cause = e.as_instanceof_cause()
+            raise (cause.cause if getattr(cause, "cause", None) is not None else cause) from None
+        except ray.exceptions.GetTimeoutError:
+            raise InfrastructureError(f"--executor {text}: the Ray cluster's nodes did not run the access probe "
+                                      f"within {PROBE_TIMEOUT_S:g} s",
+                                      hint="check every node is up ('ray status'), then rerun") from None
+
     def describe(self) -> dict[str, Any]:
         d = {"executor": "ray", "workers": self.threads, "cluster": "local" if self.own else "external"}
         if self.resources:
@@ -597,8 +667,11 @@ class RayRunner(Runner):
     def imap_unordered(self, fn, tasks, *, window=None):
         ray = self.ray
         init = self.initializer
+        settings = self.settings
 
         def call(task):
+            if settings:
+                os.environ.update(settings)
             if init is not None:
                 init()
             return fn(task)
@@ -639,6 +712,21 @@ class RayRunner(Runner):
         if self.own:
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
+        if self.guard is not None:
+            self.guard.release()
+            self.guard = None
+
+
+# seconds every node of a Ray cluster has to run its access probe
+PROBE_TIMEOUT_S = 60.0
+
+
+def _ray_probe(settings: dict[str, str], paths: list[tuple[str, str]], name: str) -> None:
+    """A Ray node's access probe (warp/etl/access.py), with the driver's non-secret store settings."""
+    from warpdata.etl import access
+
+    access.apply_settings(settings)
+    access.probe(paths, name)
 
 
 def require(spec: ExecutorSpec) -> None:
@@ -660,11 +748,12 @@ def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None
     """A runner; ``resources`` (e.g. ``{"GPU": 1}``) is what every task asks of a Dask/Ray cluster;
     ``preload``: modules an own Dask LocalCluster's workers import once, before they fork;
     ``access``: the run's ``(role, url)`` sources and outputs every worker of an existing Dask
-    cluster must reach (warp/etl/access.py), checked before any task."""
+    cluster, and every node of a Ray cluster, must reach (warp/etl/access.py), checked before any
+    task."""
     if spec.kind == "dask":
         return DaskRunner(spec, workers, initializer, resources, preload, access)
     if spec.kind == "ray":
-        return RayRunner(spec, workers, initializer, resources)
+        return RayRunner(spec, workers, initializer, resources, access)
     return LocalRunner(workers, spec.kind, initializer if spec.kind == "process" else None, resources)
 
 

@@ -1,0 +1,93 @@
+"""Run ``warp`` with two bench-only instruments, for ``bench/etl_scale.py --breakdown``.
+
+* every Python thread takes its name as its OS thread name (``prctl(PR_SET_NAME)``), so the bench
+  can split the driver process's CPU time by thread (main, Dask's ``IO loop`` with the scheduler
+  of a LocalCluster, receipt writers, fsync) from ``/proc/PID/task/TID``;
+* every runner's tasks and results are pickled once more to count the bytes a process pool or a
+  cluster moves between the driver and the workers, and the tasks are counted and timed.
+
+The counts go to the JSON file named by ``WARP_BENCH_STATS`` when the process exits.
+
+    python bench/_etl_probe.py etl --config ... (the arguments of ``warp``)
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import pickle
+import sys
+import threading
+import time
+
+PR_SET_NAME = 15
+_libc = ctypes.CDLL(None)
+_inner = threading.Thread._bootstrap_inner
+
+
+def _named_bootstrap(self):
+    _libc.prctl(PR_SET_NAME, self.name.encode()[:15], 0, 0, 0)
+    _inner(self)
+
+
+threading.Thread._bootstrap_inner = _named_bootstrap
+_libc.prctl(PR_SET_NAME, b"main", 0, 0, 0)
+
+STATS: dict[str, dict] = {}
+
+
+def _size(x) -> int:
+    try:
+        return len(pickle.dumps(x, protocol=5))
+    except Exception:
+        import cloudpickle
+
+        return len(cloudpickle.dumps(x, protocol=5))
+
+
+def _counting(orig):
+    def imap_unordered(self, fn, tasks, *, window=None):
+        name = getattr(fn, "__name__", str(fn))
+        st = STATS.setdefault(name, {"executor": self.kind, "tasks": 0, "task_bytes": 0, "result_bytes": 0,
+                                     "seconds": 0.0})
+        t0 = time.perf_counter()
+
+        def sized(it):
+            for t in it:
+                st["tasks"] += 1
+                st["task_bytes"] += _size(t)
+                yield t
+
+        try:
+            for r in orig(self, fn, sized(tasks), window=window):
+                st["result_bytes"] += _size(r)
+                yield r
+        finally:
+            st["seconds"] += time.perf_counter() - t0
+
+    return imap_unordered
+
+
+def _dump() -> None:
+    path = os.environ.get("WARP_BENCH_STATS")
+    if path:
+        with open(path, "w") as f:
+            json.dump(STATS, f)
+
+
+def main() -> int:
+    from warpdata.etl import executors
+
+    for cls in (executors.LocalRunner, executors.DaskRunner, executors.RayRunner):
+        cls.imap_unordered = _counting(cls.imap_unordered)
+    atexit.register(_dump)
+    from warpdata.cli.app import main as warp_main
+
+    sys.argv = ["warp", *sys.argv[1:]]
+    return warp_main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
