@@ -56,7 +56,9 @@ def test_large_blob_goes_up_in_parallel_parts(cli, s3, big_dataset, monkeypatch)
     assert len(parts(s3, key)) == NPARTS
     assert len([q for q in s3.requests("POST", key) if "uploadId=" in q["query"]]) == 1  # one complete
     assert s3.count("PUT", key) == NPARTS  # never a whole-object PUT
-    assert hashlib.sha256(store.get_blob(h)).hexdigest() == h
+    # read back with the fixture's own client: what is checked here is the upload, and a 100 MB read through
+    # s3fs's concurrent ranges has met connect timeouts on a loaded 2-core machine
+    assert hashlib.sha256(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()).hexdigest() == h
     # small blobs still go up in one PUT each
     assert not [q for q in s3.requests("PUT", "a/blobs/") if q["key"] != key and "partNumber=" in q["query"]]
 

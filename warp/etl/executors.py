@@ -47,6 +47,8 @@ from typing import Any
 
 from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, InfrastructureError, WarpError, missing_dependency
+from warpdata.etl import access as _access
+from warpdata.etl.lifeline import follow, guard_tree
 
 KINDS = ("local", "thread", "process", "dask", "ray")
 HELP = ("local (threads; also 'thread'), process, dask (a LocalCluster), dask://HOST:PORT or "
@@ -270,7 +272,6 @@ class DaskRunner(Runner):
         non-secret store settings, then have it probe the run's sources and output
         (warp/etl/access.py); a worker that cannot reach them stops the run before any task."""
         from distributed.diagnostics.plugin import WorkerPlugin
-        from warpdata.etl import access as _access
 
         settings = _access.travelling_settings()
         paths = list(access)
@@ -279,11 +280,9 @@ class DaskRunner(Runner):
             name = "warp-etl-access"
 
             def setup(self, worker):
-                from warpdata.etl import access as wa
-
-                wa.apply_settings(settings)
+                _access.apply_settings(settings)
                 name = worker.name if isinstance(worker.name, str) else str(worker.name)
-                wa.probe(paths, f"{name} ({worker.address})" if name != worker.address else worker.address)
+                _access.probe(paths, f"{name} ({worker.address})" if name != worker.address else worker.address)
 
         try:
             self.access_registered = True
@@ -506,8 +505,6 @@ def _quiet_distributed() -> None:
 def _init_pool_worker(driver_pid: int, env: dict[str, str], initializer: Callable[[], None] | None) -> None:
     """A process-pool worker: it ends with the driver, even after a ``kill -9`` of the driver
     (warp/etl/lifeline.py), then takes the driver's environment of now."""
-    from warpdata.etl.lifeline import follow
-
     follow(driver_pid)
     _init_worker(env, initializer)
 
@@ -588,9 +585,6 @@ class RayRunner(Runner):
             import ray
         except ImportError:
             raise missing_dependency("--executor ray", "ray", "ray") from None
-        from warpdata.etl import access as _access
-        from warpdata.etl.lifeline import guard_tree
-
         self.ray = ray
         self.own = spec.address is None
         self.guard = None
@@ -723,10 +717,8 @@ PROBE_TIMEOUT_S = 60.0
 
 def _ray_probe(settings: dict[str, str], paths: list[tuple[str, str]], name: str) -> None:
     """A Ray node's access probe (warp/etl/access.py), with the driver's non-secret store settings."""
-    from warpdata.etl import access
-
-    access.apply_settings(settings)
-    access.probe(paths, name)
+    _access.apply_settings(settings)
+    _access.probe(paths, name)
 
 
 def require(spec: ExecutorSpec) -> None:
