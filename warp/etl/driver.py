@@ -46,7 +46,9 @@ class Plug(Generic[T, R]):
     # (raising OSError, ValueError, TypeError or KeyError counts as None)
     reuse: Callable[[T, dict[str, Any]], R | None]
     drop: Callable[[T], None]  # delete the task's objects (locally and in the store); idempotent
-    index: Callable[[R], int]  # the index of the task a result finished
+    # the index of the task a result finished; a reused result must name its own task's (a receipt's
+    # result is data read back from the store, not trusted to say which task it finished)
+    index: Callable[[R], int]
     # hand a finished task's receipt to the writer (needed by run_receipted and drive only)
     record: Callable[[ReceiptWriter, T, R], None] | None = None
     units: Callable[[R], int] = lambda r: 1  # progress units of a finished (or reused) task
@@ -89,6 +91,8 @@ def split_receipted(tasks: Sequence[T], journal: Journal, plug: Plug[T, R],
         if rec is not None:
             try:
                 r = plug.reuse(task, rec)
+                if r is not None and plug.index(r) != task.index:  # type: ignore[attr-defined]
+                    r = None  # the receipt's result names another task: its index would pick others' objects
             except _REJECTED:
                 r = None
             if r is None:

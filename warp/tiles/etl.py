@@ -662,9 +662,11 @@ class _Build:
             from warpdata.etl.driver import DriveReport, Plug, split_receipted
 
             # a range's objects are written again in place by its rebuild (plain PUTs, not
-            # create-only): a receipt that does not verify is all there is to drop
+            # create-only): a receipt that does not verify is all there is to drop. A receipted part
+            # names its task by its rows (its index is not stored)
+            by_rows = {tuple(t.rows): t.index for t in tasks}
             plug = Plug(receipt_id=lambda t: _sid(t.index), reuse=lambda t, rec: self._reuse(w, t, rec),
-                        drop=lambda t: None, index=lambda p: int(p["index"]))
+                        drop=lambda t: None, index=lambda p: by_rows[tuple(p["rows"])])
             report = DriveReport()
             parts, todo = split_receipted(tasks, journal, plug, report)
             self.counts = {"ranges": len(tasks), "ranges_reused": len(parts), "ranges_built": len(todo)}
