@@ -143,3 +143,28 @@ def test_a_receipted_result_naming_another_task_is_dropped_and_rebuilt(tmp_path)
     results, rep = _drive(tasks, Journal(str(tmp_path / "b")), dropped)
     assert [r["index"] for r in results] == [0, 1, 2]
     assert (rep.reused, rep.built, rep.dropped, dropped) == (2, 1, 1, [1])
+
+
+def test_a_store_that_does_not_answer_while_receipts_are_checked_ends_the_run_keeping_them(tmp_path):
+    """An unreachable or refusing store (InfrastructureError is an OSError, ConfigError a ValueError)
+    says nothing about a receipt: the run ends with the store's error, and neither the receipt nor the
+    task's objects are deleted, so the rerun resumes instead of rebuilding."""
+    from warpdata.core.errors import InfrastructureError, StorePermissionError
+
+    tasks = _tasks(tmp_path / "out", 3)
+    _drive(tasks, Journal(str(tmp_path / "b")))
+    for error in (InfrastructureError("s3://b/x: the store did not answer", hint="rerun"),
+                  StorePermissionError("s3://b/x: access denied", hint="check the credentials")):
+        def unreachable(task: Task, rec: dict[str, Any], error=error) -> dict[str, Any] | None:
+            if task.index == 1:
+                raise error
+            return _reuse(task, rec)
+
+        dropped: list[int] = []
+        plug = _plug(dropped)
+        plug.reuse = unreachable
+        with pytest.raises(type(error)):
+            drive(tasks, _build, Journal(str(tmp_path / "b")), plug, executor=LOCAL, workers=1, label="t",
+                  unit="task", total=3)
+        assert dropped == [] and Path(tasks[1].path).exists()
+        assert sorted(Journal(str(tmp_path / "b")).load_all()) == ["t-00000", "t-00001", "t-00002"]

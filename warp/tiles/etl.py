@@ -46,6 +46,7 @@ from warpdata.core.config import Field, validate
 from warpdata.core.errors import (
     ConfigError,
     DataError,
+    InfrastructureError,
     InternalError,
     MissingInputError,
     UsageError,
@@ -747,6 +748,8 @@ class _Build:
             part = receipt["result"]
             ok = (receipt["task_sha256"] == task.sha256 and part["rows"] == list(task.rows)
                   and range_sha256(part) == receipt["sha256"] and _objects_match(w, task.rows, part))
+        except (InfrastructureError, ConfigError):
+            raise  # the store did not answer or refused (a ConfigError is a ValueError): the run ends
         except (KeyError, TypeError, ValueError, AttributeError):
             ok = False
         return part if ok else None
