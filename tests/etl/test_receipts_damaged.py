@@ -88,8 +88,9 @@ def test_s3_damaged_and_foreign_receipts_are_deleted_with_their_objects(cli, dat
 
 
 def test_a_receipt_whose_result_names_another_shards_file_is_not_reused(dataset, tmp_path):
-    """The receipt's task hash and the shard's bytes verify, but its result names shard 0's file: the
-    manifest would list shard 0 twice and shard 1's samples would read shard 0's pixels."""
+    """The receipt's task hash and the shard's bytes verify, but its result names shard 0's file (the
+    manifest would list shard 0 twice and shard 1's samples would read shard 0's pixels), or counts
+    and quarantines samples that are not the task's."""
     from warpdata.warehouse import etl as wetl
     from warpdata.warehouse import labels as wlabels
     from warpdata.warehouse.transform import TransformSpec
@@ -104,6 +105,8 @@ def test_a_receipt_whose_result_names_another_shards_file_is_not_reused(dataset,
     receipt = {"task_sha256": wetl.task_sha256(tasks[1]), "sha256": results[1].sha256,
                "result": {k: v for k, v in vars(results[1]).items() if k not in ("timings", "reused")}}
     assert wetl._reuse_receipt(tasks[1], receipt) is not None  # the honest receipt verifies
-    for key, other in (("file_name", results[0].file_name), ("shard_id", results[0].shard_id)):
+    for key, other in (("file_name", results[0].file_name), ("shard_id", results[0].shard_id),
+                       ("samples", results[1].samples + 1),
+                       ("failures", [["coco", "images/not-in-this-shard.jpg", "x", "decode-error", "m"]])):
         crafted = {**receipt, "result": {**receipt["result"], key: other}}
         assert wetl._reuse_receipt(tasks[1], crafted) is None, key
