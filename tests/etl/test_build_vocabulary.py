@@ -105,3 +105,31 @@ def test_the_fingerprint_is_read_from_every_manifest_under_its_older_names():
     tiles = fingerprint_of({"recipe_key": "c" * 64, "input_crc32c": "0000002a"})
     assert HEX64.match(tiles) and tiles != fingerprint_of({"recipe_key": "c" * 64, "input_crc32c": "0000002b"})
     assert fingerprint_of({"kind": "zarr-array"}) is None
+
+
+@pytest.mark.parametrize("pipeline", ["warehouse", "feature cache"])
+@pytest.mark.parametrize(("line", "shown"), [
+    ("max_invalid_fraction = { warn = 0.1 }", "warn = 0.1 is above fail = 0.05"),  # fail: its default
+    ("max_empty_fraction = { warn = 0.9, fail = 0.2 }", "warn = 0.9 is above fail = 0.2"),
+])
+def test_a_warn_above_its_fail_names_the_threshold_its_line_and_the_file(cli, inputs, tmp_path, pipeline, line,
+                                                                          shown):
+    cfg = _configs(inputs, tmp_path, "")[pipeline]
+    text = re.sub(r"(\[validation\]\n)(max_\w+ = .*\n)*", lambda m: m.group(1) + line + "\n", cfg.read_text())
+    cfg.write_text(text)
+    lineno = text.splitlines().index(line) + 1
+    key = line.split(" ")[0]
+    r = cli("etl", "--config", cfg)
+    assert r.code == 78 and r.out == ""
+    assert f"error: {cfg}:{lineno}: 'validation.{key}': {shown}" in r.err, r.err
+    assert "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("pipeline", ["warehouse", "feature cache", "tiles"])
+@pytest.mark.parametrize("port", [0, 99999])
+def test_a_dask_address_with_an_impossible_port_is_refused_before_connecting(cli, inputs, tmp_path, pipeline,
+                                                                             port):
+    cfg = _configs(inputs, tmp_path, f'executor = "dask://127.0.0.1:{port}"')[pipeline]
+    r = cli("etl", "--config", cfg)
+    assert r.code == 78 and r.out == ""
+    assert f"{cfg}:" in r.err and f"'build.executor' names port {port}" in r.err, r.err

@@ -85,3 +85,28 @@ def test_s3_damaged_and_foreign_receipts_are_deleted_with_their_objects(cli, dat
     got = {k: s3.client.get_object(Bucket=s3.bucket, Key=f"wh/{vdir}/{k}")["Body"].read() for k in reference}
     assert got == reference
     assert s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=journal).get("KeyCount") == 0
+
+
+def test_a_receipt_whose_result_names_another_shards_file_is_not_reused(dataset, tmp_path):
+    """The receipt's task hash and the shard's bytes verify, but its result names shard 0's file (the
+    manifest would list shard 0 twice and shard 1's samples would read shard 0's pixels), or counts
+    and quarantines samples that are not the task's."""
+    from warpdata.warehouse import etl as wetl
+    from warpdata.warehouse import labels as wlabels
+    from warpdata.warehouse.transform import TransformSpec
+    from warpdata.warehouse.validate import probe_all
+
+    ls = wlabels.load("coco", dataset, ("annotations.json",), "images", (), 0.0)
+    valid = [o.sample for o in probe_all(ls.records, workers=1, tolerance=0.5, min_box=0.0, max_boxes=8,
+                                         overflow="truncate") if o.sample is not None]
+    (tmp_path / "b").mkdir()
+    tasks = wetl.plan(valid[:8], 4, TransformSpec(32, 32), 8, tmp_path / "b")
+    results = [wetl.build_shard(t) for t in tasks]
+    receipt = {"task_sha256": wetl.task_sha256(tasks[1]), "sha256": results[1].sha256,
+               "result": {k: v for k, v in vars(results[1]).items() if k not in ("timings", "reused")}}
+    assert wetl._reuse_receipt(tasks[1], receipt) is not None  # the honest receipt verifies
+    for key, other in (("file_name", results[0].file_name), ("shard_id", results[0].shard_id),
+                       ("samples", results[1].samples + 1),
+                       ("failures", [["coco", "images/not-in-this-shard.jpg", "x", "decode-error", "m"]])):
+        crafted = {**receipt, "result": {**receipt["result"], key: other}}
+        assert wetl._reuse_receipt(tasks[1], crafted) is None, key

@@ -124,3 +124,18 @@ def test_every_pipeline_writes_one_receipt_per_task_and_lists_the_journal_once(
     # one listing to find what is receipted; the journal's removal after the manifest may list once more
     assert len([q for q in listings if "delimiter=/" in q]) == 1, listings
     assert len(listings) <= 2, listings
+
+
+def test_the_background_writer_holds_at_most_its_bound_of_receipts(s3):
+    """Receipts are handed over far faster than the store takes them: add() waits once
+    PENDING_RECEIPTS are in flight instead of queueing every receipt of the run in memory."""
+    from warpdata.etl.receipts import PENDING_RECEIPTS
+
+    journal = Journal(s3.url("wh/.warp-tmp-build-00000000bound"))
+    most = 0
+    with journal.writer() as out:
+        for i in range(3 * PENDING_RECEIPTS):
+            out.add(f"shard-{i:05d}", f"{i:064x}", f"{i + 1:064x}", 1, {"index": i})
+            most = max(most, len(out.pending))
+    assert most <= PENDING_RECEIPTS
+    assert len(Journal(s3.url("wh/.warp-tmp-build-00000000bound")).load_all()) == 3 * PENDING_RECEIPTS

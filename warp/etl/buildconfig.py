@@ -35,7 +35,14 @@ LEGACY_IDENTITY = ("version",)
 def _executor_check(v: Any) -> str | None:
     from warpdata.etl.executors import check_spec  # executors imports Dask/Ray helpers: load on use
 
-    return check_spec(v)
+    problem = check_spec(v)
+    if problem is None and v.strip().lower().startswith(("dask://", "dask+tcp://")):
+        # a port no scheduler can listen on is the config's mistake: refused here, not after the 10 s
+        # the connect waits (docs/design.md §11)
+        port = int(v.rpartition(":")[2])
+        if not 1 <= port <= 65535:
+            return f"names port {port}; a TCP port is 1 to 65535 (the scheduler's, 8786 by default)"
+    return problem
 
 
 def _resources_check(v: Any) -> str | None:
@@ -114,7 +121,18 @@ def threshold_schema() -> dict[str, dict[str, Field]]:
 
 
 def thresholds(validation: Mapping[str, Any], source: ConfigSource) -> Thresholds:
-    """The thresholds of a validated ``[validation]`` table (other keys in it are the pipeline's)."""
+    """The thresholds of a validated ``[validation]`` table (other keys in it are the pipeline's).
+    A ``warn`` above its ``fail`` is refused naming the metric's key and line; an unset one has its
+    default (``{ warn = 0.1 }`` alone is above the default fail of 0.05), which the hint says."""
+    defaults = dict(Thresholds().items())
+    for key in threshold_schema():
+        warn, fail = validation[key]["warn"], validation[key]["fail"]
+        if warn is not None and fail is not None and warn > fail:
+            dotted, d = f"validation.{key}", defaults[key.removeprefix("max_")]
+            raise ConfigError(f"{source.where(dotted)}: '{dotted}': warn = {warn} is above fail = {fail}",
+                              hint="lower warn or raise fail" + (f" (fail is {d.fail} when not given)"
+                                                                 if d.fail is not None else ""),
+                              file=source.path, key=dotted)
     try:
         return Thresholds.from_dict({k: validation[k] for k in threshold_schema()})
     except ConfigError as e:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from warpdata.core import progress as _progress
+from warpdata.core.errors import ConfigError, InfrastructureError
 from warpdata.etl.receipts import Journal, ReceiptWriter
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,13 @@ class Plug(Generic[T, R]):
 
     receipt_id: Callable[[T], str]  # the task's receipt name in the journal
     # the receipted result when ``receipt`` names this task and its objects still verify, else None
-    # (raising OSError, ValueError, TypeError or KeyError counts as None)
+    # (raising OSError, ValueError, TypeError or KeyError counts as None, except a store's
+    # InfrastructureError or ConfigError, which ends the run)
     reuse: Callable[[T, dict[str, Any]], R | None]
     drop: Callable[[T], None]  # delete the task's objects (locally and in the store); idempotent
-    index: Callable[[R], int]  # the index of the task a result finished
+    # the index of the task a result finished; a reused result must name its own task's (a receipt's
+    # result is data read back from the store, not trusted to say which task it finished)
+    index: Callable[[R], int]
     # hand a finished task's receipt to the writer (needed by run_receipted and drive only)
     record: Callable[[ReceiptWriter, T, R], None] | None = None
     units: Callable[[R], int] = lambda r: 1  # progress units of a finished (or reused) task
@@ -71,6 +75,10 @@ class DriveReport:
 
 
 _REJECTED = (OSError, ValueError, TypeError, KeyError)
+# ...but an unreachable, throttling or refusing store (InfrastructureError is an OSError, ConfigError a
+# ValueError) says nothing about the receipt: deleting it and the task's objects would turn a resume
+# during an outage into a rebuild; the error ends the run and the rerun resumes (docs/formats/receipts.md)
+_UNAVAILABLE = (InfrastructureError, ConfigError)
 
 
 def split_receipted(tasks: Sequence[T], journal: Journal, plug: Plug[T, R],
@@ -89,6 +97,10 @@ def split_receipted(tasks: Sequence[T], journal: Journal, plug: Plug[T, R],
         if rec is not None:
             try:
                 r = plug.reuse(task, rec)
+                if r is not None and plug.index(r) != task.index:  # type: ignore[attr-defined]
+                    r = None  # the receipt's result names another task: its index would pick others' objects
+            except _UNAVAILABLE:
+                raise  # the store did not answer or refused: nothing was learnt about the receipt
             except _REJECTED:
                 r = None
             if r is None:

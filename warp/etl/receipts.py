@@ -28,6 +28,8 @@ RECEIPT_VERSION = 1
 DIR = "receipts"
 # receipts read (on resume) or written (as shards finish) at once on object storage
 RECEIPT_CONCURRENCY = 16
+# receipts handed to the background writer and not yet written, at most; add() waits beyond
+PENDING_RECEIPTS = 4 * RECEIPT_CONCURRENCY
 
 
 def _infra(e: BaseException, what: str) -> InfrastructureError:
@@ -201,8 +203,12 @@ class ReceiptWriter:
             return
         self.pending.append(self.pool.submit(self.journal.record, shard_id, task_sha256, sha256, size_bytes,
                                              result))
-        if len(self.pending) >= 4 * RECEIPT_CONCURRENCY:  # bound what waits in memory; surface failures early
-            done = [f for f in self.pending if f.done()]
+        if len(self.pending) >= PENDING_RECEIPTS:
+            # bound what waits in memory (a store slower than the tasks would otherwise queue every
+            # receipt of the run here); surface failures early
+            from concurrent.futures import FIRST_COMPLETED, wait
+
+            done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
             for f in done:
                 f.result()
             self.pending = [f for f in self.pending if not f.done()]

@@ -46,6 +46,7 @@ from warpdata.core.config import Field, validate
 from warpdata.core.errors import (
     ConfigError,
     DataError,
+    InfrastructureError,
     InternalError,
     MissingInputError,
     UsageError,
@@ -662,9 +663,11 @@ class _Build:
             from warpdata.etl.driver import DriveReport, Plug, split_receipted
 
             # a range's objects are written again in place by its rebuild (plain PUTs, not
-            # create-only): a receipt that does not verify is all there is to drop
+            # create-only): a receipt that does not verify is all there is to drop. A receipted part
+            # names its task by its rows (its index is not stored)
+            by_rows = {tuple(t.rows): t.index for t in tasks}
             plug = Plug(receipt_id=lambda t: _sid(t.index), reuse=lambda t, rec: self._reuse(w, t, rec),
-                        drop=lambda t: None, index=lambda p: int(p["index"]))
+                        drop=lambda t: None, index=lambda p: by_rows[tuple(p["rows"])])
             report = DriveReport()
             parts, todo = split_receipted(tasks, journal, plug, report)
             self.counts = {"ranges": len(tasks), "ranges_reused": len(parts), "ranges_built": len(todo)}
@@ -745,6 +748,8 @@ class _Build:
             part = receipt["result"]
             ok = (receipt["task_sha256"] == task.sha256 and part["rows"] == list(task.rows)
                   and range_sha256(part) == receipt["sha256"] and _objects_match(w, task.rows, part))
+        except (InfrastructureError, ConfigError):
+            raise  # the store did not answer or refused (a ConfigError is a ValueError): the run ends
         except (KeyError, TypeError, ValueError, AttributeError):
             ok = False
         return part if ok else None

@@ -287,6 +287,11 @@ def _reuse_receipt(task: ShardTask, receipt: dict[str, Any],
         if receipt["task_sha256"] != task_sha256(task):
             return None
         res = ShardResult(**receipt["result"])
+        if (res.shard_id, res.file_name) != (task.shard_id, os.path.basename(task.path)):
+            return None  # the manifest would name another shard's file for this one
+        if res.samples + len(res.failures) != len(task.samples) or \
+                not {f[1] for f in res.failures} <= {s.key for s in task.samples}:
+            return None  # the counts and quarantine would be another task's
         if task.upload is not None:
             if res.samples and (store_sizes or {}).get(res.file_name) != res.size_bytes:
                 return None
