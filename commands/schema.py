@@ -31,23 +31,31 @@ def main(
     from warpdata.cli import output as out
     from warpdata.read.dataset import dataset
 
-    t = dataset(name, mode=mode, version=version, store=store).table(table)
-    sch = t.schema()
-    bound = t.bindings
-    fields = []
-    for f in sch:
-        d = {"name": f.name, "type": str(f.type), "nullable": bool(f.nullable)}
-        b = bound.get(f.name)
+    ds = dataset(name, mode=mode, version=version, store=store)
+    tname = ds.table_name(table)
+    meta = ds.manifest.tables[tname]
+    if (meta.schema or {}).get("arrow") is not None and all(s.row_count is not None for s in meta.shards):
+        # format 4: the manifest's fields are the publisher's str() of the recorded Arrow schema's
+        # fields (docs/formats/registry.md, "Arrow schemas"), so text needs neither pyarrow nor a read
+        fields = [{"name": f["name"], "type": f["type"], "nullable": bool(f["nullable"])}
+                  for f in meta.schema["fields"]]
+        rows, source = sum(s.row_count for s in meta.shards), "manifest"
+    else:
+        t = ds.table(tname)
+        fields = [{"name": f.name, "type": str(f.type), "nullable": bool(f.nullable)} for f in t.schema()]
+        rows, source = t.num_rows, t.schema_source
+    bound = ds.manifest.bindings_for(tname)
+    for d in fields:
+        b = bound.get(d["name"])
         if b is not None:
             d["artifact"], d["ref_type"] = b.artifact, b.ref_type
-        fields.append(d)
     if out.options().json:
-        out.emit_json({"dataset": t.ds.id, "version": t.ds.version, "table": t.name, "rows": t.num_rows,
-                       "source": t.schema_source, "fields": fields})
+        out.emit_json({"dataset": ds.id, "version": ds.version, "table": tname, "rows": rows,
+                       "source": source, "fields": fields})
         return 0
     out.table(None, ["column", "type", "nullable", "bound to"],
               [[f["name"], f["type"], "yes" if f["nullable"] else "no",
                 f"{f['artifact']} ({f['ref_type']})" if "artifact" in f else ""] for f in fields])
-    out.detail(f"{t.ds.id}@{t.ds.version[:12]} table {t.name}: {len(fields)} columns, {t.num_rows} rows "
-               f"(schema from the {t.schema_source})")
+    out.detail(f"{ds.id}@{ds.version[:12]} table {tname}: {len(fields)} columns, {rows} rows "
+               f"(schema from the {source})")
     return 0

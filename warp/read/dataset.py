@@ -323,8 +323,9 @@ class Dataset:
                                 f"name one ({', '.join(names)})",
                                 hint=f"pass --table NAME (CLI) or .table(NAME), e.g. {names[0]!r}")
 
-    def table(self, name: str | None = None) -> Table:
-        """Table ``name``; without a name, :attr:`default_table`."""
+    def table_name(self, name: str | None = None) -> str:
+        """``name`` checked against the manifest (MissingInputError with the close match); without
+        a name, :attr:`default_table`. What :meth:`table` opens, without importing the reader."""
         if name is None:
             name = self.default_table
         if name not in self.manifest.tables:
@@ -333,6 +334,11 @@ class Dataset:
             close = difflib.get_close_matches(name, self.tables, n=1)
             raise MissingInputError(f"{self.id} has no table {name!r} (tables: {', '.join(self.tables) or 'none'})",
                                     hint=f"did you mean {close[0]!r}?" if close else "see 'warp inspect " + self.id + "'")
+        return name
+
+    def table(self, name: str | None = None) -> Table:
+        """Table ``name``; without a name, :attr:`default_table`."""
+        name = self.table_name(name)
         from warpdata.read.table import Table
 
         return Table(self, name)

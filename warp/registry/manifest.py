@@ -78,7 +78,7 @@ import json
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from warpdata.core.canonical import CanonicalJSONError, canonical_json, sha256_hex
@@ -88,6 +88,7 @@ from warpdata.core.errors import (
     LocalPathError,
     ManifestCorruptedError,
 )
+from warpdata.registry.schemacheck import SchemaChecker
 
 __all__ = [
     "FORMAT_VERSION",
@@ -268,23 +269,26 @@ def check_portable(doc: Any, where: str = "$") -> None:
 @functools.lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
     """The JSON Schema every manifest is validated against (shipped with warp)."""
-    text = resources.files("warpdata.registry").joinpath("manifest.schema.json").read_text("utf-8")
+    # beside this module in the wheel and the checkout; importlib.resources' lookup cost an open ~20 ms
+    text = (Path(__file__).parent / "manifest.schema.json").read_text("utf-8")
     return json.loads(text)
 
 
-@functools.lru_cache(maxsize=1)
-def _validator():
+def fast_schema() -> dict[str, Any]:
+    """:func:`schema` with shard stats left to :func:`_check_stats` (the same rules in Python:
+    checking them by schema cost ~9 ms on a 10-shard manifest, on every dataset open)."""
     import copy
 
-    import jsonschema
-
-    cls = jsonschema.validators.validator_for(schema())
-    cls.check_schema(schema())
-    # Shard stats are checked by _check_stats with the schema's rules: jsonschema spent
-    # ~9 ms on the stats of a 10-shard manifest, on every dataset open.
     fast = copy.deepcopy(schema())
     fast["definitions"]["table_shard"]["properties"]["stats"] = {"type": "object"}
-    return cls(fast)
+    return fast
+
+
+@functools.lru_cache(maxsize=1)
+def _checker():
+    # warp's own draft-07 interpreter: importing jsonschema cost a fresh process more than the
+    # open it guarded; tests/registry/test_schemacheck.py checks it against jsonschema
+    return SchemaChecker(fast_schema())
 
 
 def _is_count(v: Any) -> bool:
@@ -309,7 +313,7 @@ def _check_column_stats(cols: Any, where: str) -> str | None:
 
 
 def _check_stats(st: Any, where: str) -> str | None:
-    """The schema's ``shard_stats`` rules, in Python (see _validator); a message or None."""
+    """The schema's ``shard_stats`` rules, in Python (see fast_schema); a message or None."""
     if not isinstance(st, dict) or set(st) - {"footer_size", "columns", "row_groups"} or "columns" not in st:
         return f"{where}: must be an object with columns and optionally footer_size, row_groups"
     fs = st.get("footer_size", 12)
@@ -333,13 +337,13 @@ def _check_stats(st: Any, where: str) -> str | None:
 
 def validate_document(doc: Any, source: str = "manifest") -> None:
     """Schema + I1 + referential checks; raises ManifestCorruptedError / LocalPathError."""
-    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
+    errors = sorted(_checker().iter_errors(doc), key=lambda e: list(e[0]))
     if errors:
-        e = errors[0]
-        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path)
+        path, message = errors[0]
+        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
         raise ManifestCorruptedError(
-            f"{source}: {where}: {e.message}{more}",
+            f"{source}: {where}: {message}{more}",
             hint="the manifest does not match warp's dataset schema; republish it with 'warp publish'",
             path=where)
     check_portable(doc)
