@@ -589,7 +589,9 @@ def _as_mapping(state: Any) -> Mapping[str, Any]:
             raise ResumeMismatchError("a resume state is not JSON",
                                       hint="pass the states the loaders' state_dict() returned") from None
     if not isinstance(state, Mapping):
-        given, state = state, getattr(state, "__dict__", None)
+        given = state
+        names = getattr(state, "__dataclass_fields__", None)  # read by name: a pending state computes its digests
+        state = {k: getattr(state, k) for k in names} if names else getattr(state, "__dict__", None)
         if state is None:
             raise ResumeMismatchError(f"{type(given).__name__} is not a warp resume state",
                                       hint="pass the states the loaders' state_dict() returned")
