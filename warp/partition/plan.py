@@ -210,8 +210,8 @@ class PendingState(ResumeState):
     def __repr__(self) -> str:
         return repr(_resume_state(self.values()))
 
-    def __reduce__(self) -> tuple:
-        return _resume_state, (self.values(),)
+    def __reduce__(self) -> tuple:  # unpickled as the plain state it reads as: the one class to allow-list
+        return ResumeState, tuple(getattr(self, k) for k in _FIELDS)
 
 
 for _name in _TALLY_FIELDS:
