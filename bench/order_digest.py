@@ -5,8 +5,11 @@ state after *every* step (the worst case: a job checkpoints every few hundred st
 alternating runs with the digests and runs with them switched off (this script replaces
 each loader's ``tally`` by one returning an empty tally: a switch of the benchmark only,
 not of the library). The ratio is epoch throughput with / without, median of the
-rounds, from one run. A second ratio saves a state only at epoch end (one state per
-epoch, as the recipe does).
+rounds, from one run. Three settings: a state saved every step and dropped (a
+``Table.batches`` state computes its digests only when read: ``PendingState``), a state
+saved every step with its digests read (``Tally.of``: what serialising it costs in
+digests), and a state saved only at epoch end (one per epoch, as the recipe does). The
+last state of every epoch is read in all three, as ``combine_digests`` reads it.
 
     .venv/bin/python bench/order_digest.py [--rounds 3]
 
@@ -131,7 +134,20 @@ def digests_timed():
         ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = saved
 
 
-def epoch_table(arts, every: bool) -> int:
+SAVED = [0]  # states saved in the epoch
+SETTINGS = {"every step": (True, False), "every step, read": (True, True), "epoch end": (False, False)}
+
+
+def saved(state, read: bool) -> None:
+    """A state the loop keeps: its digests read (the recipe's combine_digests, a checkpoint's to_json) or not."""
+    SAVED[0] += 1
+    if read:
+        from warpdata.partition.digest import Tally
+
+        Tally.of(state)
+
+
+def epoch_table(arts, every: bool, read: bool = False) -> int:
     import warpdata
 
     t = warpdata.dataset("bench/order", store=arts["store"], mode="remote").table("main")
@@ -140,12 +156,12 @@ def epoch_table(arts, every: bool) -> int:
     for k, b in enumerate(stream):
         n += b.num_rows
         if every:
-            stream.state_dict(k + 1)
-    stream.state_dict()
+            saved(stream.state_dict(k + 1), read)
+    saved(stream.state_dict(), True)
     return n
 
 
-def epoch_warehouse(arts, every: bool) -> int:
+def epoch_warehouse(arts, every: bool, read: bool = False) -> int:
     from warpdata.warehouse.torch import make_loader
 
     dl = make_loader(arts["warehouse"], batch_size=32, num_workers=0, seed=1, rank=0, world_size=1)
@@ -153,12 +169,12 @@ def epoch_warehouse(arts, every: bool) -> int:
     for b in dl:
         n += len(b["index"])
         if every:
-            dl.sampler.state_dict(consumed=n)
-    dl.sampler.state_dict(consumed=n)
+            saved(dl.sampler.state_dict(consumed=n), read)
+    saved(dl.sampler.state_dict(consumed=n), True)
     return n
 
 
-def epoch_features(arts, every: bool) -> int:
+def epoch_features(arts, every: bool, read: bool = False) -> int:
     from warpdata.features.torch import BigBatchLoader
 
     loader = BigBatchLoader(arts["features"], micro_batch_size=16, accumulation_steps=4, num_workers=0, rank=0,
@@ -167,12 +183,12 @@ def epoch_features(arts, every: bool) -> int:
     for step in loader:
         n += len(step)
         if every:
-            loader.state_dict()
-    loader.state_dict()
+            saved(loader.state_dict(), read)
+    saved(loader.state_dict(), True)
     return n
 
 
-def epoch_tbl(arts, every: bool) -> int:
+def epoch_tbl(arts, every: bool, read: bool = False) -> int:
     from warpdata.tbl.loader import TblLoader
 
     loader = TblLoader(arts["tbl"], 32, shuffle=True, seed=1, threads=1, rank=0, world_size=1)
@@ -180,8 +196,8 @@ def epoch_tbl(arts, every: bool) -> int:
     for k, b in enumerate(loader):
         n += len(b)
         if every:
-            loader.state_dict(k + 1)
-    loader.state_dict()
+            saved(loader.state_dict(k + 1), read)
+    saved(loader.state_dict(), True)
     return n
 
 
@@ -189,14 +205,15 @@ LOADERS = {"Table.batches": epoch_table, "make_loader": epoch_warehouse, "BigBat
            "TblLoader": epoch_tbl}
 
 
-def timed(fn, arts, every: bool, off: bool) -> tuple[float, float, float]:
+def timed(fn, arts, setting: str, off: bool) -> tuple[float, float, float]:
     """(samples/s, share of the epoch's wall time spent computing digests, µs per saved state)."""
-    SPENT[0], SPENT[1] = 0.0, 0
+    SPENT[0], SPENT[1], SAVED[0] = 0.0, 0, 0
+    every, read = SETTINGS[setting]
     with digests_off() if off else digests_timed():
         t0 = time.perf_counter()
-        n = fn(arts, every)
+        n = fn(arts, every, read)
         wall = time.perf_counter() - t0
-    return n / wall, SPENT[0] / wall, 1e6 * SPENT[0] / max(1, SPENT[1])
+    return n / wall, SPENT[0] / wall, 1e6 * SPENT[0] / max(1, SAVED[0])
 
 
 def main() -> None:
@@ -205,21 +222,21 @@ def main() -> None:
     a = ap.parse_args()
     arts = build()
     print(f"| loader | states saved | samples/s with digests | without | ratio (median of {a.rounds}) |"
-          " per-round ratios | time in digests (median) | µs per state (median) |")
+          " per-round ratios | time in digests (median) | µs per saved state (median) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, fn in LOADERS.items():
-        fn(arts, True)  # warm: page cache, imports, first-touch verification
-        for every in (True, False):
+        fn(arts, True, True)  # warm: page cache, imports, first-touch verification
+        for setting in SETTINGS:
             on, off, share, per = [], [], [], []
             for r in range(a.rounds):  # alternate, the first run of a round swapping each round
                 for digest in ((True, False) if r % 2 == 0 else (False, True)):
-                    rate, spent, each = timed(fn, arts, every, off=not digest)
+                    rate, spent, each = timed(fn, arts, setting, off=not digest)
                     (on if digest else off).append(rate)
                     if digest:
                         share.append(spent)
                         per.append(each)
             ratios = [x / y for x, y in zip(on, off, strict=True)]
-            print(f"| {name} | {'every step' if every else 'epoch end'} | {statistics.median(on):,.0f} | "
+            print(f"| {name} | {setting} | {statistics.median(on):,.0f} | "
                   f"{statistics.median(off):,.0f} | {statistics.median(ratios):.3f} | "
                   f"{', '.join(f'{x:.3f}' for x in ratios)} | {100 * statistics.median(share):.2f} % | "
                   f"{statistics.median(per):,.1f} |", flush=True)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from warpdata.partition.digest import (
+    FEW_RUNS,
     Digest,
     Ledger,
     P,
@@ -96,6 +97,23 @@ def test_lanes_are_powers_of_g_and_runs_have_a_closed_form():
     prefix = RunPrefix(KEYS, starts.tolist(), lengths.tolist())
     for a, b in ((0, 0), (0, 1), (3, 2501), (2500, 2502), (0, len(seq)), (1, 2500)):
         assert prefix.digest(a, b) == KEYS.digest(seq[a:b])
+
+
+def test_run_prefixes_summed_in_python_and_in_numpy_agree_with_the_keys():
+    """An order of at most FEW_RUNS runs has its prefixes summed in Python, a longer one in numpy: both
+    give the digest of the keys, at run boundaries, inside runs, one by one and as arrays."""
+    rng = np.random.default_rng(7)
+    for runs in (1, 5, FEW_RUNS, FEW_RUNS + 1, 700):
+        lengths = rng.integers(0, 40, runs)
+        starts = rng.permutation(runs) * 64 + 2**20
+        seq = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
+        prefix = RunPrefix(KEYS, starts.tolist(), lengths.tolist())
+        assert (prefix._lanes is None) == (runs > FEW_RUNS)
+        pos = np.unique(np.concatenate([[0, len(seq)], np.cumsum(lengths), rng.integers(0, len(seq) + 1, 40)]))
+        got_a, got_b = prefix.at_array(pos)
+        for k, x in enumerate(pos.tolist()):
+            want = KEYS.digest(seq[:x])
+            assert Digest(*prefix.at(x)) == want == Digest(int(got_a[k]), int(got_b[k])), (runs, x)
 
 
 def test_generators_are_derived_as_documented():

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import pickle
 from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from warpdata.partition.digest import Tally, combine_digests
 from warpdata.partition.plan import (
+    PendingState,
     ResumeState,
     ShardingError,
     ShardPlan,
@@ -232,3 +237,52 @@ def test_states_saved_every_step_equal_states_saved_once():
         assert [plan.state_after(k, workers) for k in (n, 5, 0, n)] == [fresh[n], fresh[5], fresh[0], fresh[n]]
         done = plan.yield_order(workers)
         assert fresh[n].consumed == merge_intervals(list(plan.consumed) + [(j, j + 1) for j in done])
+
+
+def test_a_saved_state_computes_its_digests_when_read_and_reads_as_an_eager_state():
+    """state_after defers the digests (PendingState); every way of reading it gives the eager state's fields."""
+    unit_rows = [40, 0, 33, 71, 9]
+    plan = ShardPlan(unit_rows, rank=1, world=2, batch_size=4, seed=3, shuffle=True, policy="pad",
+                     consumed=((2, 4),))
+    content = "m" * 64 + "/main"
+
+    def eager(state):  # the digests computed at once, as a state was built before
+        fields = plan.tally(state.consumed, content).fields()
+        fields["carried"] = tuple(fields.get("carried", ()))
+        keep = {k: getattr(state, k) for k in ("manifest", "table", "seed", "epoch", "rank", "world", "batch_size",
+                                                 "policy", "shuffle", "consumed", "num_batches", "done_rows")}
+        return ResumeState(**keep, **fields)
+
+    readers = {
+        "attribute": lambda s: s.consumed_digest,
+        "values": lambda s: s.values(),
+        "to_json": lambda s: s.to_json(),
+        "==": lambda s: s == s,
+        "hash": hash,
+        "repr": repr,
+        "pickle": lambda s: pickle.loads(pickle.dumps(s)),
+        "copy": copy.deepcopy,
+        "replace": lambda s: dataclasses.replace(s, epoch=s.epoch),
+        "Tally.of": Tally.of,
+        "combine_digests": lambda s: combine_digests([s]),
+    }
+    for k, (name, read) in enumerate(readers.items()):
+        state = plan.state_after(k % 5, 2, manifest="m" * 64, table="main")
+        assert "consumed_digest" not in vars(state), name  # nothing computed at save time
+        nxt = state.next_epoch()  # the next epoch's state needs no digests of this one
+        assert "consumed_digest" not in vars(state) and nxt.epoch == 1 and nxt.consumed_digest == "", name
+        got = read(state)
+        assert vars(state)["consumed_digest"], name  # computed once, on the first read
+        want = eager(state)
+        assert state.to_json() == want.to_json() and state == want and want == state, name
+        assert hash(state) == hash(want) and repr(state) == repr(want), name
+        saved = pickle.dumps(state)  # torch.save / all_gather_object: a ResumeState, nothing of the plan
+        assert b"ResumeState" in saved and b"Pending" not in saved and b"ShardPlan" not in saved, name
+        if name in ("pickle", "copy", "replace"):
+            assert type(got) is (PendingState if name == "replace" else ResumeState), name
+            assert got == want and got.to_json() == want.to_json() and "_pending" not in vars(got), name
+    state = plan.state_after(3, 2, manifest="m" * 64, table="main")
+    assert state.consumed_samples == 8 + 3 * 4  # batches 2, 3 and the first three it yields
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.consumed_digest = "0" * 32
+    assert ShardPlan.resume(unit_rows, ResumeState.from_json(state.to_json())).consumed == state.consumed

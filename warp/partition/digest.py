@@ -65,6 +65,7 @@ _M32 = (1 << 32) - 1
 _M29 = (1 << 29) - 1
 CHUNK = 1 << 20  # positions mapped to keys per step (bounds the temporaries at 8 MiB)
 HASH_CHUNK = 1 << 14  # keys hashed per numpy pass (temporaries that stay in cache)
+FEW_RUNS = 256  # an order of at most this many runs has its prefixes summed in Python, not numpy
 __all__ = ["Digest", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
            "order_digest", "sample_keys", "set_digest"]
 
@@ -246,19 +247,31 @@ class RunPrefix:
     """
 
     def __init__(self, keys: SampleKeys, starts: Sequence[int], lengths: Sequence[int]) -> None:
-        import numpy as np
-
         self.keys = keys
         self.starts = [int(x) for x in starts]
         self.cum = [0]
         for n in lengths:
             self.cum.append(self.cum[-1] + int(n))
-        ta, tb = keys.run_terms(np.asarray(self.starts, np.int64), np.asarray(lengths, np.int64))
-        halves = np.zeros((len(self.starts) + 1, 4), np.uint64)  # 32-bit halves: the sums never overflow
-        halves[1:] = np.stack([ta >> np.uint64(32), ta & np.uint64(_M32), tb >> np.uint64(32),
-                               tb & np.uint64(_M32)], axis=1)
-        self._sums = np.cumsum(halves, axis=0)
         self._first = [(keys.power(0, x), keys.power(1, x)) for x in self.starts]  # g^start of each run
+        self._lanes: list[tuple[int, int]] | None = None  # the prefixes' reduced lanes, for a few runs
+        self._sums: Any = None  # else their 32-bit halves (numpy), a row per prefix
+        if len(self.starts) <= FEW_RUNS:  # a few multiplications per run cost less than numpy's calls
+            a = b = 0
+            lanes, (ia, ib) = [(0, 0)], keys._inv
+            for (fa, fb), x, n in zip(self._first, self.starts, lengths, strict=True):
+                stop = x + int(n)  # run x .. stop-1: (g^stop - g^x) / (g - 1)
+                a = (a + (keys.power(0, stop) - fa) * ia) % P
+                b = (b + (keys.power(1, stop) - fb) * ib) % P
+                lanes.append((a, b))
+            self._lanes = lanes
+        else:
+            import numpy as np
+
+            ta, tb = keys.run_terms(np.asarray(self.starts, np.int64), np.asarray(lengths, np.int64))
+            halves = np.zeros((len(self.starts) + 1, 4), np.uint64)  # 32-bit halves: the sums never overflow
+            halves[1:] = np.stack([ta >> np.uint64(32), ta & np.uint64(_M32), tb >> np.uint64(32),
+                                   tb & np.uint64(_M32)], axis=1)
+            self._sums = np.cumsum(halves, axis=0)
         self._memo: dict[int, tuple[int, int]] = {}
         self._arrays: tuple | None = None  # for at_array, made on first use
 
@@ -268,8 +281,11 @@ class RunPrefix:
         if got is not None:
             return got
         k = bisect.bisect_right(self.cum, pos) - 1
-        ah, al, bh, bl = self._sums[k].tolist()
-        a, b = (ah << 32) + al, (bh << 32) + bl
+        if self._lanes is not None:
+            a, b = self._lanes[k]
+        else:
+            ah, al, bh, bl = self._sums[k].tolist()
+            a, b = (ah << 32) + al, (bh << 32) + bl
         if pos > self.cum[k]:  # part of run k in closed form: (g^stop - g^start) / (g - 1)
             stop, (fa, fb), keys = self.starts[k] + pos - self.cum[k], self._first[k], self.keys
             a += (keys.power(0, stop) - fa) * keys._inv[0]
@@ -286,8 +302,11 @@ class RunPrefix:
         if self._arrays is None:
             lanes = []
             for lane in (0, 1):
-                sums = self._sums[:, 2 * lane:2 * lane + 2]  # the lane's (high, low) halves
-                cum = [((h << 32) + lo) % P for h, lo in sums.tolist()]
+                if self._lanes is not None:
+                    cum = [x[lane] for x in self._lanes]
+                else:
+                    sums = self._sums[:, 2 * lane:2 * lane + 2]  # the lane's (high, low) halves
+                    cum = [((h << 32) + lo) % P for h, lo in sums.tolist()]
                 first = [f[lane] for f in self._first] + [1]  # a sentinel run at the end: start 0, g^0
                 lanes.append((np.asarray(cum, np.uint64), np.asarray(first, np.uint64)))
             self._arrays = (np.asarray(self.cum, np.int64), np.asarray(self.starts + [0], np.int64), lanes)
@@ -589,7 +608,9 @@ def _as_mapping(state: Any) -> Mapping[str, Any]:
             raise ResumeMismatchError("a resume state is not JSON",
                                       hint="pass the states the loaders' state_dict() returned") from None
     if not isinstance(state, Mapping):
-        given, state = state, getattr(state, "__dict__", None)
+        given = state
+        names = getattr(state, "__dataclass_fields__", None)  # read by name: a pending state computes its digests
+        state = {k: getattr(state, k) for k in names} if names else getattr(state, "__dict__", None)
         if state is None:
             raise ResumeMismatchError(f"{type(given).__name__} is not a warp resume state",
                                       hint="pass the states the loaders' state_dict() returned")

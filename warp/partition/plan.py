@@ -40,7 +40,8 @@ import bisect
 import json
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from warpdata.core.errors import UsageError
 from warpdata.partition.digest import (
@@ -65,7 +66,7 @@ from warpdata.partition.split import (
 from warpdata.partition.world import ResumeMismatchError, ShardingError, _from_env
 
 POLICIES = MODES  # ("exact", "pad", "drop")
-__all__ = ["POLICIES", "ResumeState", "ShardPlan", "ShardingError", "Slice", "auto_shard", "merge_intervals"]
+__all__ = ["POLICIES", "PendingState", "ResumeState", "ShardPlan", "ShardingError", "Slice", "auto_shard", "merge_intervals"]
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,12 @@ class ResumeState:
         """A merged state (:meth:`ShardPlan.merge_states`): resumable at any rank and world size."""
         return self.world == 0
 
+    def values(self) -> dict[str, Any]:
+        """The state's fields by name (a pending state's digests computed here: :class:`PendingState`)."""
+        return {k: getattr(self, k) for k in _FIELDS}
+
     def to_json(self) -> str:
-        d = dict(self.__dict__)
+        d = self.values()
         d["consumed"] = [list(x) for x in self.consumed]
         d["done_rows"] = [list(x) for x in self.done_rows]
         d["carried"] = list(self.carried)
@@ -138,12 +143,79 @@ class ResumeState:
                              hint="pass the JSON produced by state_dict()/ResumeState.to_json()") from None
 
     def next_epoch(self) -> ResumeState:
-        fresh = {k: v for k, v in self.__dict__.items() if k not in _TALLY_FIELDS}
+        fresh = {k: getattr(self, k) for k in _FIELDS if k not in _TALLY_FIELDS}  # no digest computed
         return ResumeState(**{**fresh, "epoch": self.epoch + 1, "consumed": (), "done_rows": ()})
 
 
+_FIELDS = tuple(f.name for f in fields(ResumeState))
 _TALLY_FIELDS = ("order_digest", "consumed_digest", "consumed_samples", "pad_digest", "pad_samples",
                  "dropped_digest", "dropped_samples", "carried")
+_TALLY_DEFAULTS = {f.name: f.default for f in fields(ResumeState) if f.name in _TALLY_FIELDS}
+
+
+def _resume_state(values: dict[str, Any]) -> ResumeState:
+    return ResumeState(**values)
+
+
+def _tally_field(name: str) -> property:
+    def get(self: PendingState) -> Any:
+        d = self.__dict__
+        if name not in d:
+            self._fill()
+        return d[name]
+
+    def put(self: PendingState, value: Any) -> None:  # the dataclass __init__ (dataclasses.replace) sets it
+        self.__dict__[name] = value
+
+    return property(get, put, doc=f"``{name}``, computed when the state is first read or serialised")
+
+
+class PendingState(ResumeState):
+    """A :class:`ResumeState` whose digests are computed when first read (an attribute, :meth:`values`,
+    :meth:`to_json`, ``==``, ``hash``, ``repr``, pickling or a copy), not when it is saved.
+
+    :meth:`ShardPlan.state_after` returns one: a loop that saves a state every step pays for
+    the digests of the states it keeps, not of every state it drops (docs/partitioning.md,
+    "Digests"). Reading one gives the fields an eager state has, byte for byte; a copy or an
+    unpickled one is a plain :class:`ResumeState`.
+    """
+
+    @classmethod
+    def pending(cls, plan: ShardPlan, n_yielded: int, num_workers: int, **values: Any) -> PendingState:
+        self = object.__new__(cls)  # the dataclass __init__ would set every field, digests included
+        self.__dict__.update(values)
+        self.__dict__["_pending"] = (plan, n_yielded, num_workers)
+        return self
+
+    def _fill(self) -> None:
+        d = self.__dict__
+        pending = d.get("_pending")
+        if pending is None:  # filled by another thread between the check and here
+            return
+        plan, n, workers = pending
+        tally = plan.tally(self.consumed, self.content, after=(n, workers)).fields()
+        got = {k: tally.get(k, default) for k, default in _TALLY_DEFAULTS.items()}
+        got["carried"] = tuple(got["carried"])
+        d.update(got)  # every digest field first, then the plan is let go: a reader never sees half
+        d.pop("_pending", None)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ResumeState):
+            return self.values() == other.values()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(_resume_state(self.values()))
+
+    def __repr__(self) -> str:
+        return repr(_resume_state(self.values()))
+
+    def __reduce__(self) -> tuple:  # unpickled as the plain state it reads as: the one class to allow-list
+        return ResumeState, tuple(getattr(self, k) for k in _FIELDS)
+
+
+for _name in _TALLY_FIELDS:
+    setattr(PendingState, _name, _tally_field(_name))
 
 
 @dataclass
@@ -379,13 +451,14 @@ class ShardPlan:
     def state_after(self, n_yielded: int, num_workers: int = 1, *, manifest: str = "",
                     table: str = "") -> ResumeState:
         """Resume state once the first ``n_yielded`` batches of this run were consumed."""
-        consumed = self._consumed_after(n_yielded, max(1, num_workers))
-        tally = self.tally(consumed, content_of_table(manifest, table), after=(n_yielded, max(1, num_workers))).fields()
-        tally["carried"] = tuple(tally.get("carried", ()))
-        return ResumeState(manifest=manifest, table=table, seed=self.seed, epoch=self.epoch, rank=self.rank,
-                           world=self.world, batch_size=self.batch_size, policy=self.policy,
-                           shuffle=self.shuffle, consumed=consumed, num_batches=self.num_batches,
-                           done_rows=self.done_rows, **tally)
+        workers = max(1, num_workers)
+        consumed = self._consumed_after(n_yielded, workers)
+        # the digests wait until the state is read: a state saved every step and dropped costs no tally
+        return PendingState.pending(self, n_yielded, workers, manifest=manifest, table=table, seed=self.seed,
+                                    epoch=self.epoch, rank=self.rank, world=self.world,
+                                    batch_size=self.batch_size, policy=self.policy, shuffle=self.shuffle,
+                                    consumed=consumed, num_batches=self.num_batches, done_rows=self.done_rows,
+                                    content=content_of_table(manifest, table))
 
     def _consumed_after(self, n_yielded: int, num_workers: int) -> tuple[tuple[int, int], ...]:
         """``consumed`` plus the first ``n_yielded`` batches of :meth:`yield_order`, merged: grown batch
