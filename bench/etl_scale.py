@@ -39,6 +39,10 @@ on this machine, so ``--n 6000`` is ~11 s and ``--n 18000`` ~33 s:
 
     python bench/etl_scale.py --breakdown --n 18000 --runs 5
 
+``--per-task``: the driver process's CPU per task of an own LocalCluster of 2 workers (client,
+scheduler and nannies), ``--n`` shard-sized tasks that do nothing, and the Dask tasks that
+carried them.
+
 ``--idle``: the CPU an own LocalCluster of 2 workers spends doing nothing for 8 s, with
 distributed's shipped settings and with those warp starts it with.
 """
@@ -48,11 +52,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -285,6 +291,40 @@ def _noop(x):
     return x
 
 
+@dataclass
+class _ShardLike:
+    """A task as large as a warehouse shard's (64 samples: ~28 kB pickled, paths and hashes)."""
+
+    index: int
+    samples: list
+
+
+def _shard_noop(task: _ShardLike) -> tuple[int, str]:
+    from distributed import get_worker
+
+    return task.index, get_worker().get_current_task()  # the Dask task that carried it
+
+
+def per_task_cost(n: int = 400) -> dict:
+    """The driver process's CPU (client, scheduler, nannies) per task of an own LocalCluster of 2
+    workers over ``n`` tasks that do nothing, and how many Dask tasks carried them."""
+    from warpdata.etl.executors import open_runner, parse_executor
+
+    tasks = [_ShardLike(i, [{"key": f"{i:06d}-{j:06d}", "path": f"/data/coco/images/train2017/{i:06d}{j:06d}.jpg",
+                             "sha256": f"{i:032x}{j:032x}", "size": 100_000 + j, "boxes": [[1.0, 2.0, 3.0, 4.0 + j]] * 3,
+                             "classes": [1, 2, j]} for j in range(64)]) for i in range(n)]
+    with open_runner(parse_executor("dask"), 2) as r:
+        list(r.imap_unordered(_shard_noop, tasks[:8]))
+        c, t = time.process_time(), time.perf_counter()
+        got = list(r.imap_unordered(_shard_noop, tasks))
+        c, t = time.process_time() - c, time.perf_counter() - t
+    if sorted(i for i, _ in got) != list(range(n)):
+        raise SystemExit("per-task: a task's result is missing or repeated")
+    return {"driver_ms_per_task": 1e3 * c / n, "wall_ms_per_task": 1e3 * t / n,
+            "dask_tasks": len({k for _, k in got}), "task_kb": len(pickle.dumps(tasks[0])) / 1e3,
+            "load_1m": os.getloadavg()[0]}
+
+
 def task_round_trip() -> float:
     """Seconds per task of a Dask LocalCluster (2 workers, 2 tasks in flight each), no work in it."""
     from warpdata.etl.executors import open_runner, parse_executor
@@ -346,7 +386,15 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=320, help="--breakdown: target size in px")
     ap.add_argument("--idle", action="store_true",
                     help="CPU an idle own Dask LocalCluster (2 workers) spends, shipped settings vs warp's")
+    ap.add_argument("--per-task", action="store_true",
+                    help="driver CPU per task of a Dask LocalCluster (2 workers): --n shard-sized no-op tasks")
     a = ap.parse_args()
+    if a.per_task:
+        r = per_task_cost(a.n)
+        print(f"{a.n} no-op tasks of {r['task_kb']:.1f} kB on a Dask LocalCluster of 2 workers: "
+              f"{r['dask_tasks']} Dask tasks, driver CPU {r['driver_ms_per_task']:.2f} ms per task, "
+              f"wall {r['wall_ms_per_task']:.2f} ms per task, load {r['load_1m']:.2f}")
+        return 0
     if a.idle:
         for label, pcts in idle_cost().items():
             print(f"idle LocalCluster-2, {label} settings: % of one core per process (driver, workers): "

@@ -38,9 +38,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
+import itertools
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -302,30 +304,43 @@ class DaskRunner(Runner):
     def imap_unordered(self, fn, tasks, *, window=None):
         from distributed import as_completed
 
-        window = window or 2 * max(1, len(self.offering) if self.resources else self.threads)
+        slots = max(1, len(self.offering) if self.resources else self.threads)
+        window = window or 2 * slots
+        # several tasks per Dask task while many are left: each Dask task costs the driver ~9 ms
+        # of CPU in the scheduler and client (BENCHMARKS.md, "ETL scaling: where Dask's time goes")
+        left = len(tasks) if isinstance(tasks, Sized) else 0
         it = iter(tasks)
         n = 0
 
-        def submit(task):
-            nonlocal n
+        def submit():
+            nonlocal n, left
+            batch = list(itertools.islice(it, batch_size(left, slots)))
+            if not batch:
+                return None
+            left = max(0, left - len(batch))
             # pure=False: every submission is computed (a task lost with its worker is rescheduled
             # by the scheduler itself, up to distributed.scheduler.allowed-failures times)
             n += 1
-            return self.client.submit(fn, task, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}",
+            return self.client.submit(run_batch, fn, batch, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}",
                                       **({"resources": self.resources} if self.resources else {}))
 
         first = []
-        for task in it:
-            first.append(submit(task))
-            if n >= window:
-                break
+        while len(first) < window and (fut := submit()) is not None:
+            first.append(fut)
         if not first:
             return
         ac = as_completed(first, loop=self.client.loop)
         try:
             for fut in ac:
                 try:
-                    res = fut.result()
+                    outcomes = fut.result()
+                    nxt = submit()
+                    if nxt is not None:
+                        ac.add(nxt)
+                    for ok, res in outcomes:
+                        if not ok:
+                            raise res
+                        yield res
                 except Exception as e:
                     if _is_infrastructure(e):
                         if _scheduler_lost(self.client, self.scheduler, e):
@@ -338,10 +353,6 @@ class DaskRunner(Runner):
                     raise
                 finally:
                     fut.release()
-                nxt = next(it, None)
-                if nxt is not None:
-                    ac.add(submit(nxt))
-                yield res
         except BaseException:
             for f in list(ac.futures):
                 f.cancel()
@@ -481,8 +492,6 @@ class _DebugOnly(logging.Handler):
         try:
             msg = record.getMessage()
             if record.exc_info:
-                import traceback
-
                 msg += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
             log.debug(f"{record.name}: {msg}")
         except Exception:
@@ -571,6 +580,34 @@ def _is_infrastructure(e: BaseException) -> bool:
     # cluster's failure, never the data's
     return isinstance(e, KilledWorker | OSError | TimeoutError | concurrent.futures.CancelledError) and \
         not hasattr(e, "exit_code")
+
+
+# at most this many tasks go in one Dask task, and a run keeps about GUIDED_SHARES Dask tasks per
+# worker slot for what is left: batches shrink towards the end of a run, down to one task, so no
+# worker waits on a large last batch (guided self-scheduling)
+MAX_BATCH = 8
+GUIDED_SHARES = 4
+
+
+def batch_size(left: int, slots: int) -> int:
+    """How many of ``left`` remaining tasks the next Dask task runs (1 when ``left`` is unknown)."""
+    return max(1, min(MAX_BATCH, left // (GUIDED_SHARES * max(1, slots))))
+
+
+def run_batch(fn: Callable[[Any], Any], tasks: list[Any]) -> list[tuple[bool, Any]]:
+    """Run ``fn`` over ``tasks`` on a worker: ``(True, result)`` for each, in order, up to the first
+    that raises, which ends the list as ``(False, exception)``; the driver yields the results (each
+    is receipted) before it raises the exception, as if the tasks had been sent one by one."""
+    out: list[tuple[bool, Any]] = []
+    for task in tasks:
+        try:
+            out.append((True, fn(task)))
+        except Exception as e:
+            # its traceback does not travel with it: the worker's side goes along as a note
+            e.add_note("on the Dask worker:\n" + "".join(traceback.format_exception(e)).rstrip())
+            out.append((False, e))
+            break
+    return out
 
 
 class RayRunner(Runner):
@@ -722,16 +759,21 @@ def _ray_probe(settings: dict[str, str], paths: list[tuple[str, str]], name: str
 
 
 def require(spec: ExecutorSpec) -> None:
-    """Fail now (DependencyError, exit 78) when ``spec`` needs an extra that is not installed."""
-    import importlib
+    """Fail now (DependencyError, exit 78) when ``spec`` needs an extra that is not installed.
+
+    Only looked up, not imported: importing ``distributed`` costs the main thread 1.1-1.3 s of CPU
+    before the header pass; the runner started in the background (:func:`start_runner`) imports it
+    while the driver scans (an import that fails there is the same DependencyError)."""
+    import importlib.util
 
     for mod, pkg, extra in {"dask": [("dask", "dask", "dask"), ("distributed", "distributed", "dask")],
                             "ray": [("ray", "ray", "ray")]}.get(spec.kind, []):
         try:
-            if importlib.import_module(mod) is None:
-                raise ImportError(mod)
-        except ImportError:
-            raise missing_dependency(f"--executor {spec.text}", pkg, extra) from None
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise missing_dependency(f"--executor {spec.text}", pkg, extra)
 
 
 def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,
