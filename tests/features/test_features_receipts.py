@@ -68,3 +68,25 @@ def test_s3_damaged_and_foreign_receipts_are_deleted_with_their_parts(sources, s
                                          "read": 2, "written": 4}
     assert _stored(s3, vp) == reference
     assert s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=journal).get("KeyCount") == 0
+
+
+def test_a_receipt_whose_failures_or_counts_are_not_its_tasks_is_not_reused(tmp_path):
+    """The receipt's task hash and the part's bytes verify, but its result counts other records or
+    names failure positions outside the task (a negative one quarantined another task's image)."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from warpdata.features.parts import PartResult, PartTask, _reuse, task_sha256
+
+    part = tmp_path / "part-00001.wfs"
+    part.write_bytes(b"three records")
+    items = [SimpleNamespace(key=f"k{i}", digest=f"d{i}") for i in range(3)]
+    task = PartTask(index=1, path=str(part), fingerprint="f" * 64, spec=None, fields=[], items=items,
+                    batches=[0, 0, 0], encoder=None, decode_threads=1, pool_key="")
+    result = {"index": 1, "records": 2, "sha256": hashlib.sha256(b"three records").hexdigest(),
+              "bytes": 13, "failures": [[2, "decode-error", "m"]], "orig_sizes": [[8, 8], [8, 8]], "truncated": 0}
+    receipt = {"task_sha256": task_sha256(task), "result": result}
+    assert isinstance(_reuse(task, receipt), PartResult)  # the honest receipt is reused
+    for forged in ({"failures": [[-1, "decode-error", "m"]]}, {"failures": [[3, "decode-error", "m"]]},
+                   {"failures": [["0", "decode-error", "m"]]}, {"records": 3}, {"index": 0}):
+        assert _reuse(task, {**receipt, "result": {**result, **forged}}) is None, forged

@@ -279,6 +279,10 @@ def _reuse(task: PartTask, receipt: dict[str, Any],
     if receipt["task_sha256"] != task_sha256(task):
         return None
     res = PartResult(**receipt["result"])
+    n = len(task.items)
+    if res.index != task.index or res.records + len(res.failures) != n or any(
+            not (isinstance(f[0], int) and 0 <= f[0] < n) for f in res.failures):
+        return None  # a receipt whose result is not this task's records (damaged or forged): rebuilt
     if res.records and listed is not None:
         sizes, name = (listed[1], PART_PATTERN) if res.failures else (listed[0], SHARD_PATTERN)
         if sizes.get(name.format(task.index)) != res.bytes:
