@@ -177,7 +177,9 @@ class LocalRunner(Runner):
                     break
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
+                # the finished ones first: a failure found in the same wait must not cost the
+                # receipts of the tasks that finished beside it (docs/formats/receipts.md)
+                for fut in sorted(done, key=lambda f: f.exception() is not None):
                     res = fut.result()
                     nxt = next(it, None)
                     if nxt is not None:
