@@ -7,6 +7,7 @@ docs/formats/feature-shard.md, docs/features-config.md).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_wri
 from warpdata.core.canonical import canonical_json, identity, seal, sha256_file
 from warpdata.core.errors import ConfigError, DataError, InternalError
 from warpdata.etl import cut, objectstore
+from warpdata.etl.driver import Plug, drive
 from warpdata.etl.executors import (
     ExecutorSpec,
     parse_executor,
@@ -324,10 +326,6 @@ def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resou
                total: int, target: Any = None) -> tuple[list[PartResult], Any]:
     """Reuse every receipted part, run the rest on ``ex``, receipt each as it finishes
     (warp/etl/driver.py)."""
-    import functools
-
-    from warpdata.etl.driver import Plug, drive
-
     listed = None
     # what every worker of an existing cluster must reach (warp/etl/access.py): the build directory,
     # or the store it uploads its parts to; the sources are the driver's (or its spool's) folders

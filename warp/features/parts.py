@@ -41,6 +41,7 @@ from warpdata.formats.imageinfo import (
     image_info,
     size_problem,
 )
+from warpdata.storage.locations import filesystem, parse_location
 
 log = logging.getLogger(__name__)
 
@@ -301,8 +302,6 @@ def _drop_part(task: PartTask) -> None:
         os.unlink(task.path)
     for url in (task.upload_shard, task.upload_part):
         if url is not None:
-            from warpdata.storage.locations import filesystem, parse_location
-
             loc = parse_location(url)
             with contextlib.suppress(FileNotFoundError):
                 filesystem(loc).rm_file(loc.path)
