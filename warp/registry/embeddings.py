@@ -474,8 +474,14 @@ class EmbeddingIndex:
                 return [{"row": int(rows[j]), "id": self.ids[rows[j]], "distance": float(1.0 - sims[j])}
                         for j in order]
         sims = self.vectors @ q
-        top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
-        top = top[np.lexsort((top, -sims[top]))]  # by similarity, then row: deterministic ties
+        if k < len(sims):
+            # argpartition picks an arbitrary row among equal similarities at the k-th place (its SIMD
+            # kernels differ by CPU), so take every row tying the k-th value, then cut after the sort
+            kth = -np.partition(-sims, k - 1)[k - 1]
+            top = np.flatnonzero(sims >= kth)
+        else:
+            top = np.arange(len(sims))
+        top = top[np.lexsort((top, -sims[top]))][:k]  # by similarity, then row: deterministic ties
         return [{"row": int(i), "id": self.ids[i], "distance": float(1.0 - sims[i])} for i in top]
 
 
