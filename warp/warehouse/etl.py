@@ -46,7 +46,6 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -250,10 +249,8 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         build_dir = fresh_build_dir(root, version, clear=req.clear, older_than=t_started_wall)
         journal, store_sizes = _journal(build_dir, store, store_vdir, version)
         spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation)
-        tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir)
-        if store is not None:
-            for task in tasks:
-                task.upload = f"{store}/{store_vdir}/{os.path.basename(task.path)}"
+        tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir,
+                     None if store is None else f"{store}/{store_vdir}")
         threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
         t = time.perf_counter()
         results, drove = _run_tasks(tasks, executor, workers, len(kept), cfg.durable, journal, started, store_sizes,
@@ -262,13 +259,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         phases["build"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        # full-decode failures (truncated data the header pass missed) join the quarantine
-        failed = {f[1]: f for r in results for f in r.failures}
-        verdict = _judge(sc.quarantine, sc.valid, req, cfg, failed)
-        files = export_summaries(build_dir, sc.quarantine, sources)
-        files["samples"] = export_samples(build_dir, tasks, results, cfg.root)
-        doc = manifest_doc(cfg, recipe, version, CODE_VERSION, sc.quarantine, verdict, sc.labels.classes, results,
-                           files, build_dir)
+        doc = _outputs(req, cfg, sc, recipe, version, sources, build_dir, tasks, results)
         metrics = _write_metrics(build_dir, results, phases, workers, cfg, doc, sc, executor, drove, t_start)
         if store is not None:
             dest, counts, upload_s = finish_in_store(store, store_vdir, build_dir, doc, results, journal, root)
@@ -279,6 +270,19 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         res = _finished(doc, final, metrics, phases, t, t_start)
         atomic_write_bytes(final / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
     return res
+
+
+def _outputs(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, recipe: dict[str, Any], version: str,
+             sources: list[tuple[str, str, int]], build_dir: Path, tasks: list[ShardTask],
+             results: list[ShardResult]) -> dict[str, Any]:
+    """The final verdict, with the full-decode failures (truncated data the header pass missed) in
+    the quarantine; then the side tables in ``build_dir`` and the sealed manifest (not yet written)."""
+    failed = {f[1]: f for r in results for f in r.failures}
+    verdict = _judge(sc.quarantine, sc.valid, req, cfg, failed)
+    files = export_summaries(build_dir, sc.quarantine, sources)
+    files["samples"] = export_samples(build_dir, tasks, results, cfg.root)
+    return manifest_doc(cfg, recipe, version, CODE_VERSION, sc.quarantine, verdict, sc.labels.classes, results,
+                        files, build_dir)
 
 
 def _judge(q: Quarantine, valid: list[ValidSample], req: EtlRequest, cfg: wconfig.WarehouseConfig,

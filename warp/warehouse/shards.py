@@ -264,11 +264,14 @@ def samples_per_shard(cfg: wconfig.WarehouseConfig, n: int) -> int:
 
 
 def plan(samples: list[ValidSample], per_shard: int, spec: TransformSpec, max_boxes: int,
-         build_dir: Path) -> list[ShardTask]:
+         build_dir: Path, upload: str | None = None) -> list[ShardTask]:
+    """The shard tasks: ``samples`` cut in order into lists of ``per_shard``, each written into
+    ``build_dir`` (and, given ``upload``, an object-store version directory, uploaded there)."""
     tasks = []
     for i, start in enumerate(range(0, len(samples), per_shard)):
         sid = f"shard-{i:05d}"
         tasks.append(ShardTask(i, sid, str(build_dir / f"{sid}.twh1"), spec, max_boxes, per_shard,
-                               samples[start:start + per_shard]))
+                               samples[start:start + per_shard],
+                               None if upload is None else f"{upload}/{sid}.twh1"))
     return tasks
 
