@@ -436,3 +436,27 @@ def test_rerun_removes_leftovers_of_killed_builds_but_not_running_ones(tmp_path)
         os.close(fd)
     assert sorted(removed) == sorted([str(dead), str(old_tree)])
     assert running.is_dir() and mine.is_dir() and not dead.exists() and not old_tree.exists()
+
+
+def test_worker_preload_holds_the_functions_shipped_to_workers():
+    """A Dask LocalCluster's workers import WORKER_PRELOAD before they fork; the shard task and the
+    worker initializer are pickled by reference to their module, so that module must be preloaded."""
+    import pickle
+
+    from warpdata.warehouse import etl as wetl
+    from warpdata.warehouse import shards
+
+    for fn in (shards.build_shard, shards.init_process_worker):
+        assert fn.__module__ in shards.WORKER_PRELOAD
+        assert pickle.loads(pickle.dumps(fn)) is fn
+    assert wetl.build_shard is shards.build_shard  # the pipeline ships the same function
+
+
+def test_live_loader_does_not_load_the_pipeline():
+    """The live (dev) loader shares the header pass with `warp etl` (warehouse.scan) without importing
+    the pipeline and its driver (docs/design.md §2, floors: systems below pipelines)."""
+    code = ("import sys, warpdata.warehouse.live\n"
+            "print(sorted(m for m in sys.modules if m in ('warpdata.warehouse.etl', 'warpdata.etl.driver')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
