@@ -70,8 +70,6 @@ UPWARD_ALLOWED: frozenset[tuple[str, str]] = frozenset({
     ("warpdata.read.order", "warpdata.tbl.loader"),
     ("warpdata.read.order", "warpdata.warehouse.manifest"),
     ("warpdata.read.order", "warpdata.warehouse.reader"),
-    # the live (dev-only) loader decodes with the warehouse pipeline's code
-    ("warpdata.warehouse.live", "warpdata.warehouse.etl"),
 })
 
 # In-function imports of warp modules in library code (outside cli/ and commands/) when this
@@ -268,8 +266,8 @@ MODULE_CYCLES_ALLOWED: list[list[str]] = [
      "warpdata.storage.s3"],
 ]
 PACKAGE_CYCLES_ALLOWED: list[list[str]] = [
-    # read.order -> the systems' readers -> read; warehouse.live (the dev loader) -> warehouse.etl
-    ["warpdata.features@systems", "warpdata.read@read", "warpdata.warehouse@pipelines", "warpdata.warehouse@systems"],
+    # read.order -> the systems' readers -> read
+    ["warpdata.features@systems", "warpdata.read@read", "warpdata.warehouse@systems"],
 ]
 
 

@@ -376,12 +376,12 @@ def test_full_decode_failures_count_against_thresholds(cli, dataset, tmp_path):
 def test_pixels_written_while_the_shard_fills_give_the_same_shards(cli, dataset, tmp_path, monkeypatch, direct):
     """Pages of pixels handed to the disk after every sample (O_DIRECT on or off), with a sample that
     fails only in the full decode mid-shard, give the same shards as one write at the end."""
-    from warpdata.warehouse import etl as wetl
+    from warpdata.warehouse import shards
 
     d, _ = dataset
     ref = etl(cli, config(d, out=str(tmp_path / "ref")))
-    monkeypatch.setattr(wetl, "FLUSH_BYTES", 1)
-    monkeypatch.setattr(wetl, "DIRECT_MIN_SHARD_BYTES", 0)
+    monkeypatch.setattr(shards, "FLUSH_BYTES", 1)
+    monkeypatch.setattr(shards, "DIRECT_MIN_SHARD_BYTES", 0)
     monkeypatch.setenv("WARP_DIRECT_IO", direct)
     got = etl(cli, config(d, out=str(tmp_path / "got"), extra="[build]\nworkers = 2"))
     assert got["version"] == ref["version"]
@@ -401,9 +401,9 @@ def test_metrics_say_how_shards_reached_the_disk(cli, dataset, tmp_path, monkeyp
     monkeypatch.setenv("WARP_DIRECT_IO", "auto")
     small = etl(cli, config(d, out=str(tmp_path / "small")))  # shards far below DIRECT_MIN_SHARD_BYTES
     assert json.loads((Path(small["path"]) / "metrics.json").read_text())["direct_io_fraction"] == 0
-    from warpdata.warehouse import etl as wetl
+    from warpdata.warehouse import shards
 
-    monkeypatch.setattr(wetl, "DIRECT_MIN_SHARD_BYTES", 0)
+    monkeypatch.setattr(shards, "DIRECT_MIN_SHARD_BYTES", 0)
     on = etl(cli, config(d, out=str(tmp_path / "on")))
     frac = json.loads((Path(on["path"]) / "metrics.json").read_text())["direct_io_fraction"]
     # every byte (images of 96x96x3, not whole pages) goes through aligned blocks
@@ -417,7 +417,7 @@ def test_rerun_removes_leftovers_of_killed_builds_but_not_running_ones(tmp_path)
     import os
     import time
 
-    from warpdata.warehouse.etl import BUILD_PREFIX, remove_leftovers
+    from warpdata.warehouse.finalize import BUILD_PREFIX, remove_leftovers
 
     root = tmp_path / "wh"
     dead = root / f"{BUILD_PREFIX}aaaaaaaaaaaa"
@@ -436,3 +436,27 @@ def test_rerun_removes_leftovers_of_killed_builds_but_not_running_ones(tmp_path)
         os.close(fd)
     assert sorted(removed) == sorted([str(dead), str(old_tree)])
     assert running.is_dir() and mine.is_dir() and not dead.exists() and not old_tree.exists()
+
+
+def test_worker_preload_holds_the_functions_shipped_to_workers():
+    """A Dask LocalCluster's workers import WORKER_PRELOAD before they fork; the shard task and the
+    worker initializer are pickled by reference to their module, so that module must be preloaded."""
+    import pickle
+
+    from warpdata.warehouse import etl as wetl
+    from warpdata.warehouse import shards
+
+    for fn in (shards.build_shard, shards.init_process_worker):
+        assert fn.__module__ in shards.WORKER_PRELOAD
+        assert pickle.loads(pickle.dumps(fn)) is fn
+    assert wetl.build_shard is shards.build_shard  # the pipeline ships the same function
+
+
+def test_live_loader_does_not_load_the_pipeline():
+    """The live (dev) loader shares the header pass with `warp etl` (warehouse.scan) without importing
+    the pipeline and its driver (docs/design.md §2, floors: systems below pipelines)."""
+    code = ("import sys, warpdata.warehouse.live\n"
+            "print(sorted(m for m in sys.modules if m in ('warpdata.warehouse.etl', 'warpdata.etl.driver')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"

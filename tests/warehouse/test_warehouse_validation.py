@@ -10,8 +10,8 @@ import pytest
 from warpdata.core.config import ConfigSource
 from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
 from warpdata.warehouse import config as wconfig
-from warpdata.warehouse.etl import scan
 from warpdata.warehouse.images import exif_orientation_jpeg, probe
+from warpdata.warehouse.scan import scan
 from warpdata.warehouse.transform import orient
 
 

@@ -9,19 +9,6 @@ manifest schema ships as ``manifest.schema.json``.
 
 from __future__ import annotations
 
-from typing import Any
+from warpdata.warehouse.reader import Warehouse, open
 
-
-def open(path, *, allow_invalid: bool = False, verify: str = "fast", version: str | None = None,
-         store: str | None = None, mode: str | None = None, artifact: str | None = None) -> Any:
-    """Open a warehouse version directory, or a published dataset by name (``"vision/coco"``).
-
-    See :func:`warpdata.warehouse.reader.open`; ``version=``/``store=``
-    pick the published version and store (default: latest in WARP_STORE);
-    ``verify``: ``"fast"`` (each shard's SHA-256 on first touch), ``"full"``
-    (every shard's when opened) or ``"off"``.
-    """
-    from warpdata.warehouse.reader import open as _open
-
-    return _open(path, allow_invalid=allow_invalid, verify=verify, version=version, store=store, mode=mode,
-                 artifact=artifact)
+__all__ = ["Warehouse", "open"]

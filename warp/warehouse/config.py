@@ -41,6 +41,7 @@ from warpdata.core.errors import ConfigError
 from warpdata.etl import buildconfig
 from warpdata.etl.objectstore import is_url
 from warpdata.etl.quarantine import Thresholds
+from warpdata.etl.spool import mirror_root
 
 FORMATS = ("coco", "yolo", "jsonl")
 RESIZE_MODES = ("letterbox", "resize")
@@ -190,8 +191,6 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
     root_text = input_override if input_override is not None else s["path"]
     remote_root = None
     if is_url(root_text):
-        from warpdata.etl.spool import mirror_root
-
         remote_root = root_text.rstrip("/")
         root = mirror_root(remote_root)
     else:

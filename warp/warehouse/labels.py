@@ -183,10 +183,21 @@ def _check_box(b: Any, min_size: float) -> tuple[str, str] | None:
     return None
 
 
+def _class_problem(cid: int | None, shown: str, names: list[str], limits: Limits,
+                   where: str) -> tuple[str, str] | None:
+    """Why class id ``cid`` (given as ``shown``) rejects its sample: not one of the [source] classes
+    (when they are listed), or over ``[limits] max_class_id``."""
+    if cid is None or cid < 0 or (names and cid >= len(names)):
+        return "unknown-class", f"{where}: class {shown} is not in [source] classes"
+    if cid > limits.max_class_id:
+        return "unknown-class", (f"{where}: class {cid} is over [limits] max_class_id = {limits.max_class_id} "
+                                 "(list the classes in [source] classes, or raise the limit)")
+    return None
+
+
 def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: float,
               limits: Limits = Limits()) -> LabelSet:
     root_real = os.path.realpath(root)
-    root_s = str(root)
     records: list[LabelRecord] = []
     rejects: list[tuple[str, str, str, str, str]] = []
     classes: dict[int, str] = {}
@@ -194,103 +205,131 @@ def load_coco(root: Path, label_files: list[Path], images_dir: str, min_box: flo
     for lf in label_files:
         doc = _read_json(lf, limits)
         src = rel_path(root, lf)
-        if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
-            raise DataError(f"{lf}: not a COCO annotation file (no 'images' list)",
-                            hint="[source] format = \"coco\" expects COCO JSON", path=str(lf))
-        if not isinstance(doc.get("categories", []), list):
-            raise DataError(f"{lf}: 'categories' is not a list", hint="fix the COCO file", path=str(lf))
-        if doc.get("annotations") and not doc.get("categories"):
-            raise DataError(f"{lf}: has annotations but no 'categories' list, so their category ids name no class",
-                            hint="add \"categories\": [{\"id\": 1, \"name\": \"...\"}, ...] to the COCO file",
-                            path=str(lf))
-        if not isinstance(doc.get("annotations", []), list):
-            raise DataError(f"{lf}: 'annotations' is not a list", hint="fix the COCO file", path=str(lf))
+        _coco_check(lf, doc)
         run = lf.stem
-        for c in doc.get("categories", []):
-            if not isinstance(c, dict) or not isinstance(c.get("id"), int) or isinstance(c.get("id"), bool) \
-                    or not isinstance(c.get("name"), str):
-                raise DataError(f"{lf}: category {c!r:.200} needs an integer 'id' and a string 'name'",
-                                hint="fix the categories list", path=str(lf))
-            if not 0 <= c["id"] <= limits.max_class_id:
-                raise DataError(f"{lf}: category id {c['id']} is outside 0..{limits.max_class_id} "
-                                "([limits] max_class_id)", path=str(lf),
-                                hint="renumber the categories, or raise [limits] max_class_id in the config")
-            if classes.get(c["id"], c["name"]) != c["name"]:
-                raise DataError(f"{lf}: category id {c['id']} is named both {classes[c['id']]!r} and {c['name']!r}",
-                                hint="use one name per category id across label files", path=str(lf))
-            classes[c["id"]] = c["name"]
-        by_id: dict[int, LabelRecord] = {}
-        bad_ids: set[int] = set()
-        images = doc.pop("images")
-        for i in range(len(images)):
-            im, images[i] = images[i], None  # each parsed entry is freed as its record is made
-            if not isinstance(im, dict) or not isinstance(im.get("id"), int) or not isinstance(im.get("file_name"), str) \
-                    or not im["file_name"] or "\x00" in im["file_name"]:
-                sid = im.get("file_name") if isinstance(im, dict) and isinstance(im.get("file_name"), str) else f"{src}#images[{i}]"
-                rejects.append((run, sid.replace("\x00", "\\0"), src, "bad-schema",
-                                f"images[{i}] needs an integer 'id' and a 'file_name'"))
-                continue
-            if escapes(images_dir, im["file_name"]):
-                rejects.append((run, im["file_name"], src, "path-outside-root",
-                                f"images[{i}] file_name {im['file_name']!r} leaves the dataset root"))
-                bad_ids.add(im["id"])
-                continue
-            key = str(PurePosixPath(images_dir) / im["file_name"]) if images_dir else im["file_name"]
-            w, h = im.get("width"), im.get("height")
-            if (w is not None and not (isinstance(w, int) and w > 0)) or (h is not None and not (isinstance(h, int) and h > 0)):
-                rejects.append((run, key, src, "bad-schema", f"images[{i}] width/height {w!r}x{h!r} are not positive integers"))
-                bad_ids.add(im["id"])
-                continue
-            if im["id"] in by_id or key in seen_keys:
-                rejects.append((run, f"{key}#dup{i}", src, "duplicate",
-                                f"images[{i}] repeats image id {im['id']} / file {im['file_name']}"))
-                continue
-            seen_keys.add(key)
-            rec = LabelRecord(key=key, root=root_s, run=run, boxes=_NONE, classes=_NONE, source=src,
-                              width=w, height=h, root_real=root_real)
-            by_id[im["id"]] = rec
-        rejected: set[int] = set()
-        for j, ann in enumerate(doc.get("annotations") or []):
-            if not isinstance(ann, dict) or not isinstance(ann.get("image_id"), int):
-                rejects.append((run, f"{src}#annotations[{j}]", src, "bad-schema",
-                                f"annotations[{j}] has no integer image_id"))
-                continue
-            rec = by_id.get(ann["image_id"])
-            if rec is None:
-                if ann["image_id"] in bad_ids:
-                    continue
-                rejects.append((run, f"{src}#annotation:{ann.get('id', j)}", src, "orphan-label",
-                                f"annotation {ann.get('id', j)} refers to image_id {ann['image_id']}, which is not in 'images'"))
-                continue
-            if ann["image_id"] in rejected:
-                continue
-            problem = None
-            bbox = ann.get("bbox")
-            cat = ann.get("category_id")
-            p = _check_box(bbox, min_box)
-            if p:
-                problem = p
-            elif not isinstance(cat, int) or cat not in classes:
-                problem = ("unknown-class", f"annotation {ann.get('id', j)}: category_id {cat!r} is not in categories")
-            else:
-                x, y, bw, bh = (float(v) for v in bbox)
-                if bw <= min_box or bh <= min_box:
-                    problem = ("box-degenerate", f"annotation {ann.get('id', j)}: bbox {bbox} has width/height <= {min_box}")
-                elif len(rec.boxes) >= limits.max_label_boxes:
-                    problem = ("too-many-boxes", f"more than {limits.max_label_boxes} boxes "
-                               "([limits] max_label_boxes; raise it in the config)")
-            if problem:
-                rejects.append((run, rec.key, src, problem[0], problem[1]))
-                rejected.add(ann["image_id"])
-                rec.boxes, rec.classes = _NONE, _NONE  # free them now: the sample is out
-                continue
-            if rec.boxes is _NONE:
-                rec.boxes, rec.classes, rec.ann_ids = [], [], []
-            rec.boxes.append([x, y, x + bw, y + bh])
-            rec.classes.append(cat)
-            rec.ann_ids.append(str(ann.get("id", f"annotations[{j}]")))
+        _coco_categories(lf, doc, classes, limits)
+        by_id, bad_ids = _coco_images(doc, str(root), root_real, run, src, images_dir, seen_keys, rejects)
+        rejected = _coco_annotations(doc, by_id, bad_ids, classes, run, src, min_box, limits, rejects)
         records.extend(r for iid, r in by_id.items() if iid not in rejected)
     return LabelSet(records, [{"id": k, "name": v} for k, v in sorted(classes.items())], list(label_files), rejects)
+
+
+def _coco_check(lf: Path, doc: Any) -> None:
+    """The shape of a COCO annotation file: an error naming the file when it is not one."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+        raise DataError(f"{lf}: not a COCO annotation file (no 'images' list)",
+                        hint="[source] format = \"coco\" expects COCO JSON", path=str(lf))
+    if not isinstance(doc.get("categories", []), list):
+        raise DataError(f"{lf}: 'categories' is not a list", hint="fix the COCO file", path=str(lf))
+    if doc.get("annotations") and not doc.get("categories"):
+        raise DataError(f"{lf}: has annotations but no 'categories' list, so their category ids name no class",
+                        hint="add \"categories\": [{\"id\": 1, \"name\": \"...\"}, ...] to the COCO file",
+                        path=str(lf))
+    if not isinstance(doc.get("annotations", []), list):
+        raise DataError(f"{lf}: 'annotations' is not a list", hint="fix the COCO file", path=str(lf))
+
+
+def _coco_categories(lf: Path, doc: dict[str, Any], classes: dict[int, str], limits: Limits) -> None:
+    """Add the file's categories to ``classes`` (id -> name), one name per id across files."""
+    for c in doc.get("categories", []):
+        if not isinstance(c, dict) or not isinstance(c.get("id"), int) or isinstance(c.get("id"), bool) \
+                or not isinstance(c.get("name"), str):
+            raise DataError(f"{lf}: category {c!r:.200} needs an integer 'id' and a string 'name'",
+                            hint="fix the categories list", path=str(lf))
+        if not 0 <= c["id"] <= limits.max_class_id:
+            raise DataError(f"{lf}: category id {c['id']} is outside 0..{limits.max_class_id} "
+                            "([limits] max_class_id)", path=str(lf),
+                            hint="renumber the categories, or raise [limits] max_class_id in the config")
+        if classes.get(c["id"], c["name"]) != c["name"]:
+            raise DataError(f"{lf}: category id {c['id']} is named both {classes[c['id']]!r} and {c['name']!r}",
+                            hint="use one name per category id across label files", path=str(lf))
+        classes[c["id"]] = c["name"]
+
+
+def _coco_images(doc: dict[str, Any], root_s: str, root_real: str, run: str, src: str, images_dir: str,
+                 seen_keys: set[str], rejects: list[tuple[str, str, str, str, str]],
+                 ) -> tuple[dict[int, LabelRecord], set[int]]:
+    """A record per valid ``images`` entry by image id, and the ids of entries rejected (their
+    annotations are then not orphans); the list is freed as it is read."""
+    by_id: dict[int, LabelRecord] = {}
+    bad_ids: set[int] = set()
+    images = doc.pop("images")
+    for i in range(len(images)):
+        im, images[i] = images[i], None  # each parsed entry is freed as its record is made
+        if not isinstance(im, dict) or not isinstance(im.get("id"), int) or not isinstance(im.get("file_name"), str) \
+                or not im["file_name"] or "\x00" in im["file_name"]:
+            sid = im.get("file_name") if isinstance(im, dict) and isinstance(im.get("file_name"), str) else f"{src}#images[{i}]"
+            rejects.append((run, sid.replace("\x00", "\\0"), src, "bad-schema",
+                            f"images[{i}] needs an integer 'id' and a 'file_name'"))
+            continue
+        if escapes(images_dir, im["file_name"]):
+            rejects.append((run, im["file_name"], src, "path-outside-root",
+                            f"images[{i}] file_name {im['file_name']!r} leaves the dataset root"))
+            bad_ids.add(im["id"])
+            continue
+        key = str(PurePosixPath(images_dir) / im["file_name"]) if images_dir else im["file_name"]
+        w, h = im.get("width"), im.get("height")
+        if (w is not None and not (isinstance(w, int) and w > 0)) or (h is not None and not (isinstance(h, int) and h > 0)):
+            rejects.append((run, key, src, "bad-schema", f"images[{i}] width/height {w!r}x{h!r} are not positive integers"))
+            bad_ids.add(im["id"])
+            continue
+        if im["id"] in by_id or key in seen_keys:
+            rejects.append((run, f"{key}#dup{i}", src, "duplicate",
+                            f"images[{i}] repeats image id {im['id']} / file {im['file_name']}"))
+            continue
+        seen_keys.add(key)
+        rec = LabelRecord(key=key, root=root_s, run=run, boxes=_NONE, classes=_NONE, source=src,
+                          width=w, height=h, root_real=root_real)
+        by_id[im["id"]] = rec
+    return by_id, bad_ids
+
+
+def _coco_annotations(doc: dict[str, Any], by_id: dict[int, LabelRecord], bad_ids: set[int],
+                      classes: dict[int, str], run: str, src: str, min_box: float, limits: Limits,
+                      rejects: list[tuple[str, str, str, str, str]]) -> set[int]:
+    """Attach each annotation's box to its image's record; returns the ids of images rejected for a
+    bad annotation."""
+    rejected: set[int] = set()
+    for j, ann in enumerate(doc.get("annotations") or []):
+        if not isinstance(ann, dict) or not isinstance(ann.get("image_id"), int):
+            rejects.append((run, f"{src}#annotations[{j}]", src, "bad-schema",
+                            f"annotations[{j}] has no integer image_id"))
+            continue
+        rec = by_id.get(ann["image_id"])
+        if rec is None:
+            if ann["image_id"] in bad_ids:
+                continue
+            rejects.append((run, f"{src}#annotation:{ann.get('id', j)}", src, "orphan-label",
+                            f"annotation {ann.get('id', j)} refers to image_id {ann['image_id']}, which is not in 'images'"))
+            continue
+        if ann["image_id"] in rejected:
+            continue
+        problem = None
+        bbox = ann.get("bbox")
+        cat = ann.get("category_id")
+        p = _check_box(bbox, min_box)
+        if p:
+            problem = p
+        elif not isinstance(cat, int) or cat not in classes:
+            problem = ("unknown-class", f"annotation {ann.get('id', j)}: category_id {cat!r} is not in categories")
+        else:
+            x, y, bw, bh = (float(v) for v in bbox)
+            if bw <= min_box or bh <= min_box:
+                problem = ("box-degenerate", f"annotation {ann.get('id', j)}: bbox {bbox} has width/height <= {min_box}")
+            elif len(rec.boxes) >= limits.max_label_boxes:
+                problem = ("too-many-boxes", f"more than {limits.max_label_boxes} boxes "
+                           "([limits] max_label_boxes; raise it in the config)")
+        if problem:
+            rejects.append((run, rec.key, src, problem[0], problem[1]))
+            rejected.add(ann["image_id"])
+            rec.boxes, rec.classes = _NONE, _NONE  # free them now: the sample is out
+            continue
+        if rec.boxes is _NONE:
+            rec.boxes, rec.classes, rec.ann_ids = [], [], []
+        rec.boxes.append([x, y, x + bw, y + bh])
+        rec.classes.append(cat)
+        rec.ann_ids.append(str(ann.get("id", f"annotations[{j}]")))
+    return rejected
 
 
 def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[str], min_box: float,
@@ -352,12 +391,8 @@ def load_yolo(root: Path, labels_dir: Path, images_dir: str, class_names: list[s
                 if not all(math.isfinite(v) for v in vals):
                     problem = ("non-finite", f"{src}:{ln}: NaN or infinite value")
                     break
-                if cls < 0 or (class_names and cls >= len(class_names)):
-                    problem = ("unknown-class", f"{src}:{ln}: class {cls} is not in [source] classes")
-                    break
-                if cls > limits.max_class_id:
-                    problem = ("unknown-class", f"{src}:{ln}: class {cls} is over [limits] max_class_id = "
-                               f"{limits.max_class_id} (list the classes in [source] classes, or raise the limit)")
+                problem = _class_problem(cls, str(cls), class_names, limits, f"{src}:{ln}")
+                if problem:
                     break
                 if len(rec.boxes) >= limits.max_label_boxes:
                     problem = ("too-many-boxes", f"{src}: more than {limits.max_label_boxes} boxes "
@@ -459,12 +494,8 @@ def load_jsonl(root: Path, label_files: list[Path], images_dir: str, class_names
         if problem is None:
             for c in classes:
                 cid = name_to_id.get(c) if isinstance(c, str) else (c if isinstance(c, int) and not isinstance(c, bool) else None)
-                if cid is None or cid < 0 or (names and cid >= len(names)):
-                    problem = ("unknown-class", f"{src}:{ln}: class {c!r:.60} is not in [source] classes")
-                    break
-                if cid > limits.max_class_id:
-                    problem = ("unknown-class", f"{src}:{ln}: class {cid} is over [limits] max_class_id = "
-                               f"{limits.max_class_id} (list the classes in [source] classes, or raise the limit)")
+                problem = _class_problem(cid, f"{c!r:.60}", names, limits, f"{src}:{ln}")
+                if problem:
                     break
                 ids.append(cid)
         w, h = obj.get("width"), obj.get("height")

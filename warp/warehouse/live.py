@@ -1,7 +1,7 @@
 """The live (dev-only) loader: decode the source on the fly with the ETL's code.
 
 :class:`LiveDataset` reads the same TOML config as ``warp etl``, runs the
-same label loading and header-pass validation (:func:`~.etl.scan`), and
+same label loading and header-pass validation (:func:`~.scan.scan`), and
 transforms each sample with the same :class:`~.transform.Transformer` and
 box code, so ``live[i]`` equals the warehouse sample with the same key byte
 for byte (a test proves it). It is a fallback for development: it pays the
@@ -20,7 +20,8 @@ import numpy as np
 from warpdata.core.config import parse_toml
 from warpdata.core.errors import DataError
 from warpdata.warehouse import config as wconfig
-from warpdata.warehouse.etl import scan
+from warpdata.warehouse.remote import read_source
+from warpdata.warehouse.scan import scan
 from warpdata.warehouse.transform import DecodeError, Transformer, TransformSpec, transform_boxes
 
 
@@ -50,8 +51,6 @@ class LiveDataset:
         dt = {"u8": np.uint8, "f16": np.float16, "f32": np.float32}[spec.dtype]
         image = np.empty((3, spec.height, spec.width), dt)
         if s.url is not None and not (s.local and os.path.exists(s.local)):
-            from warpdata.warehouse.remote import read_source
-
             data = read_source(s.url, s.sha256)
         else:
             # a source on object storage: the header pass's spooled copy (warehouse/remote.py)

@@ -24,7 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from warpdata.core.errors import DataError
+from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.names import MANIFEST_NAME, TENSOR_WAREHOUSE
 
 KIND = TENSOR_WAREHOUSE
@@ -39,7 +40,7 @@ def schema() -> dict[str, Any]:
 
 
 def validate_manifest(doc: Any, where: str = "manifest") -> None:
-    import jsonschema
+    import jsonschema  # heavy (with its dependencies): only validation needs it
 
     validator = jsonschema.Draft202012Validator(schema())
     err = next(iter(sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))), None)
@@ -52,8 +53,6 @@ def validate_manifest(doc: Any, where: str = "manifest") -> None:
 
 def check_seal(doc: dict[str, Any], where: str, hint: str = REBUILD_HINT) -> None:
     """Refuse a manifest without the content hash, or whose content does not hash to it."""
-    from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
-
     if doc.get("manifest_version") == 1 or CONTENT_HASH_FIELD not in doc:
         raise DataError(f"{where}: tensor-warehouse manifest without a content hash (manifest_version "
                         f"{doc.get('manifest_version')!r}, written by an older warp): its fields cannot be checked",
@@ -98,8 +97,6 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     try:
         raw = m.read_bytes()
     except FileNotFoundError:
-        from warpdata.core.errors import MissingInputError
-
         raise MissingInputError(f"{m} does not exist", hint="point at a warehouse version directory "
                                 "(<root>/vYYYYMMDD-<hash>/) written by 'warp etl'") from None
     doc = parse(raw, str(m))

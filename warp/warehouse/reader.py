@@ -49,10 +49,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.core.errors import DataError
+from warpdata.core.errors import (
+    BlobCorruptedError,
+    DataError,
+    DatasetNotFoundError,
+    MissingInputError,
+    UsageError,
+)
 from warpdata.core.names import MANIFEST_NAME
 from warpdata.core.verify import LEVELS, verify_level
 from warpdata.formats import twh1
+from warpdata.partition.sampler import ShardAwareSampler
+from warpdata.read.materialize import looks_like_dataset, materialize
 from warpdata.warehouse import manifest as wmanifest
 
 log = logging.getLogger("warpdata.warehouse")
@@ -116,9 +124,6 @@ class Warehouse:
                        mode: str | None = None, artifact: str | None = None, allow_invalid: bool = False,
                        verify: str = "fast", cache: Any = None) -> Warehouse:
         """Open the tensor warehouse published as dataset ``name`` (see the module docstring)."""
-        from warpdata.core.errors import DatasetNotFoundError
-        from warpdata.read.materialize import materialize
-
         verify = verify_level(verify, "warehouse", OLD_VERIFY)
         docs: list[dict[str, Any]] = []
 
@@ -137,8 +142,6 @@ class Warehouse:
             m = materialize(name, wmanifest.KIND, shard_files, version=version, store=store, mode=mode,
                             artifact=artifact, cache=cache, trust_cached=verify != "off")
         except DatasetNotFoundError as e:
-            from warpdata.core.errors import MissingInputError
-
             raise MissingInputError(f"{name} is not a local directory, and {e.message}",
                                     hint="pass a warehouse version directory written by 'warp etl', or the "
                                          "name of a dataset published with 'warp publish NAME --from DIR'") from None
@@ -242,8 +245,6 @@ class Warehouse:
                 return self._check_one(i, verify)
             except DataError as e:
                 first = e
-        from warpdata.core.errors import BlobCorruptedError
-
         obj = pub.store_object(rel)
         raise BlobCorruptedError(f"{self.path}/{rel}: fails its check in a freshly fetched copy of store "
                                  f"object {obj} ({first.message})",
@@ -325,8 +326,6 @@ class Warehouse:
 
     def sampler(self, **kwargs: Any):
         """A :class:`~warpdata.partition.sampler.ShardAwareSampler` over this warehouse's shards."""
-        from warpdata.partition.sampler import ShardAwareSampler
-
         return ShardAwareSampler(self.shard_sizes.tolist(), **kwargs)
 
     def close(self) -> None:
@@ -350,15 +349,17 @@ class Warehouse:
 def open(path: str | os.PathLike, *, allow_invalid: bool = False, verify: str = "fast",
          version: str | None = None, store: str | None = None, mode: str | None = None,
          artifact: str | None = None) -> Warehouse:
-    """Open a warehouse version directory (or its manifest.json), or a published dataset ``ws/name``."""
-    from warpdata.read.materialize import looks_like_dataset
+    """Open a warehouse version directory (or its manifest.json), or a published dataset by name
+    (``"vision/coco"``).
 
+    ``version=``/``store=`` pick the published version and store (default: latest in WARP_STORE);
+    ``verify``: ``"fast"`` (each shard's SHA-256 on first touch), ``"full"`` (every shard's when
+    opened) or ``"off"``.
+    """
     if looks_like_dataset(path):
         return Warehouse.from_published(str(path), version=version, store=store, mode=mode, artifact=artifact,
                                         allow_invalid=allow_invalid, verify=verify)
     if version is not None or store is not None or artifact is not None:
-        from warpdata.core.errors import UsageError
-
         raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a local path",
                          hint="pass the dataset name (workspace/name) to open a published warehouse")
     return Warehouse(path, allow_invalid=allow_invalid, verify=verify)

@@ -21,14 +21,21 @@ contract; in short:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core import envvars
+from warpdata.core.atomic import atomic_write_bytes
+from warpdata.core.canonical import canonical_json
+from warpdata.core.errors import DataError, InfrastructureError, MissingInputError
+from warpdata.etl.objectstore import _is_infra, credentials_error
 from warpdata.etl.spool import claim, sweep
+from warpdata.storage.base import open_object_store
 from warpdata.warehouse.config import Limits
 from warpdata.warehouse.images import ImageProbe, ProbeError, probe
 from warpdata.warehouse.labels import LabelRecord
@@ -38,8 +45,6 @@ SPOOL = ".spool"
 
 
 def _fs(url: str):
-    from warpdata.storage.base import open_object_store
-
     objects = open_object_store(url)
     return objects.fs, objects.root
 
@@ -53,9 +58,6 @@ def _get(fs, path: str) -> bytes:
 
 
 def _infra(e: BaseException, url: str):
-    from warpdata.core.errors import InfrastructureError
-    from warpdata.etl.objectstore import _is_infra, credentials_error
-
     cred = credentials_error(e, url)
     if cred is not None:
         return cred
@@ -145,16 +147,12 @@ FACTS_VERSION = 1
 
 
 def facts_path(url: str) -> Path:
-    from warpdata.core import envvars
-
     h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     return Path(envvars.default_cache_dir()) / "etl-source-facts" / f"{h}.json"
 
 
 def load_facts(url: str) -> dict[str, dict[str, Any]]:
     """``{key: fact}`` recorded by earlier runs over ``url`` (empty when none or unreadable)."""
-    import json
-
     try:
         doc = json.loads(facts_path(url).read_bytes())
     except (OSError, ValueError):
@@ -166,9 +164,6 @@ def load_facts(url: str) -> dict[str, dict[str, Any]]:
 
 
 def save_facts(url: str, facts: dict[str, dict[str, Any]]) -> None:
-    from warpdata.core.atomic import atomic_write_bytes
-    from warpdata.core.canonical import canonical_json
-
     p = facts_path(url)
     p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(p, canonical_json({"facts_version": FACTS_VERSION, "url": url.rstrip("/"),
@@ -232,8 +227,6 @@ def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome], dict[str, d
     Up to :data:`PREFETCH` GETs of the batch run ahead of the probing on a small thread pool (the
     HTTP clients release the GIL while they wait); the records are still handled in order.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     fs, base = _fs(batch.url)
     spool = os.path.join(batch.mirror, SPOOL)
     out: list[ProbeOutcome] = []
