@@ -48,7 +48,7 @@ import os
 import stat
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -171,6 +171,19 @@ def _bytes_left(f: BinaryIO) -> int | None:
     return max(end - cur, 0)
 
 
+def _top_up(b: bytes, n: int, more: Callable[[int, int], bytes | None]) -> bytes:
+    """``b`` extended towards ``n`` bytes by ``more(bytes so far, bytes wanted)`` until it returns nothing."""
+    parts = [b]
+    got = len(b)
+    while got < n:
+        chunk = more(got, n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 class _Reader:
     """Exact reads from a stream, counting the position.
 
@@ -234,15 +247,7 @@ class _Reader:
                 return self._ra[:n]
         b = os.pread(self.fd, n, at)  # type: ignore[arg-type]
         if 0 < len(b) < n:  # a regular file returns all of it unless it shrank (or a signal came)
-            parts = [b]
-            got = len(b)
-            while got < n:
-                more = os.pread(self.fd, n - got, at + got)  # type: ignore[arg-type]
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            b = b"".join(parts)
+            b = _top_up(b, n, lambda got, want: os.pread(self.fd, want, at + got))  # type: ignore[arg-type]
         self.pos += len(b)
         return b
 
@@ -258,15 +263,7 @@ class _Reader:
         if b is None:
             b = b""
         if len(b) < n:
-            parts = [b]
-            got = len(b)
-            while got < n:
-                more = self.f.read(min(n - got, _CHUNK))
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            b = b"".join(parts)
+            b = _top_up(b, n, lambda _got, want: self.f.read(min(want, _CHUNK)))
         self.pos += len(b)
         return b
 
