@@ -314,7 +314,7 @@ _tls = threading.local()
 
 
 def _zstd_c(level: int):
-    import zstandard
+    import zstandard  # lazy: a codec only some files use; readers of the others never load it
 
     cache = getattr(_tls, "zc", None)
     if cache is None:
@@ -328,7 +328,7 @@ def _zstd_c(level: int):
 def _zstd_d():
     d = getattr(_tls, "zd", None)
     if d is None:
-        import zstandard
+        import zstandard  # lazy, as in _zstd_c
 
         d = _tls.zd = zstandard.ZstdDecompressor()
     return d
@@ -373,7 +373,7 @@ def encode_sample(data, *, format: str | int = "unknown", width: int = 0, height
     usize = len(data)
     stored, flags = data, 0
     if compression == "lz4" and usize:
-        import lz4.block
+        import lz4.block  # lazy (a codec only some files use), as zstandard above
 
         if level is not None and level > 1:
             packed = lz4.block.compress(data, mode="high_compression", compression=min(level, 12),

@@ -35,7 +35,7 @@ def schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _validator():
-    import jsonschema
+    import jsonschema  # lazy: heavy, loaded on the first manifest check
 
     return jsonschema.Draft202012Validator(schema())
 

@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import struct
+import tempfile
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -230,8 +233,6 @@ def _image_info(fd: int, name: str, size: int, off: int, data: bytes):
 
 def _plan_name(meta: bytes) -> str:
     """A planned sample's payload member name (for errors), from its metadata: the converter writes it there."""
-    import json
-
     return json.loads(meta)["name"]
 
 
@@ -267,8 +268,6 @@ class _PlanSpool:
         self.count += 1
         if len(buf) >= self.CAP:
             if self._file is None:
-                import tempfile
-
                 os.makedirs(self.where, exist_ok=True)  # where the writer will put OUT (it would make it too)
                 self._file = tempfile.TemporaryFile(dir=self.where)  # noqa: SIM115 - closed by close()
             self._file.write(buf)
@@ -399,8 +398,6 @@ def _exists(output: str, meanwhile: bool = False) -> UsageError:
 
 def _exclusive_temp(output: str) -> str:
     """A fresh name beside ``output`` (same directory, so the final move is a rename)."""
-    import uuid
-
     head, name = os.path.split(os.path.abspath(output))
     return os.path.join(head, f"{temp_prefix()}{uuid.uuid4().hex[:12]}-{name}")
 
