@@ -20,6 +20,64 @@ import numpy as np
 from isal.isal_zlib import crc32 as _isal_crc32
 from warpdata.core.errors import DataError, MissingInputError, UsageError, WarpError
 
+__all__ = [
+    "BadMagic",
+    "COMPRESSIONS",
+    "CRC32_RESIDUE",
+    "ChecksumMismatch",
+    "CorruptIndex",
+    "CorruptMetadata",
+    "CorruptSample",
+    "DecompressionError",
+    "ENTRY",
+    "ENTRY_DTYPE",
+    "ENTRY_SIZE",
+    "EXTENSION_FLAGS",
+    "E_HAS_METADATA",
+    "E_LZ4",
+    "E_ZSTD",
+    "EncodedSample",
+    "FORMATS",
+    "FORMAT_CODES",
+    "F_COMPRESSED",
+    "F_HAS_CHECKSUMS",
+    "F_HAS_METADATA",
+    "F_INDEX_CRC32",
+    "F_META_CRC32",
+    "F_PAYLOAD_CRC32",
+    "F_WARP_METADATA",
+    "F_ZSTD",
+    "HEADER",
+    "HEADER_SIZE",
+    "Header",
+    "KNOWN_FLAGS",
+    "LZ4_MAX_RATIO",
+    "MAGIC",
+    "MAX_DIM",
+    "META_BLOCK",
+    "META_BLOCK_SIZE",
+    "META_CUSTOM",
+    "META_JSON",
+    "META_MSGPACK",
+    "META_NONE",
+    "META_PROTOBUF",
+    "PRECOMPRESSED",
+    "SampleInfo",
+    "SampleNotFound",
+    "TRAILER_SIZE",
+    "TblError",
+    "TruncatedFile",
+    "UnsupportedVersion",
+    "VERSION",
+    "canonical_json",
+    "crc16",
+    "crc32",
+    "encode_sample",
+    "entry_codec",
+    "parse_header",
+    "resolve_compression",
+]
+
 # ---------------------------------------------------------------- layout ----
 MAGIC = b"TBL\x02"
 VERSION = 2
@@ -256,7 +314,7 @@ _tls = threading.local()
 
 
 def _zstd_c(level: int):
-    import zstandard
+    import zstandard  # lazy: a codec only some files use; readers of the others never load it
 
     cache = getattr(_tls, "zc", None)
     if cache is None:
@@ -270,7 +328,7 @@ def _zstd_c(level: int):
 def _zstd_d():
     d = getattr(_tls, "zd", None)
     if d is None:
-        import zstandard
+        import zstandard  # lazy, as in _zstd_c
 
         d = _tls.zd = zstandard.ZstdDecompressor()
     return d
@@ -315,7 +373,7 @@ def encode_sample(data, *, format: str | int = "unknown", width: int = 0, height
     usize = len(data)
     stored, flags = data, 0
     if compression == "lz4" and usize:
-        import lz4.block
+        import lz4.block  # lazy (a codec only some files use), as zstandard above
 
         if level is not None and level > 1:
             packed = lz4.block.compress(data, mode="high_compression", compression=min(level, 12),

@@ -231,7 +231,7 @@ class TblReader:
             if flags & E_ZSTD:
                 out = _zstd_d().decompress(data, max_output_size=usize)
             else:
-                import lz4.block
+                import lz4.block  # lazy: a codec only some files use (formats/tbl_layout.py)
 
                 out = lz4.block.decompress(data, uncompressed_size=usize)
         except Exception as e:

@@ -11,6 +11,7 @@ import os
 import tempfile
 from array import array
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +133,6 @@ class _DirectPayloads:
     SYNC_EVERY = 32 << 20
 
     def __init__(self, path: str, start: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
 
         self._io = ThreadPoolExecutor(self.IO_THREADS, thread_name_prefix="tbl-direct")
         self._sync = ThreadPoolExecutor(1, thread_name_prefix="tbl-sync")

@@ -7,10 +7,13 @@ docs/formats/feature-shard.md, docs/features-config.md).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime as _dt
 import functools
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -287,8 +290,6 @@ def _default_decode_threads(ex: ExecutorSpec, n_workers: int) -> int:
 def _store_target(url: str, fp: str, clear: bool, reasons: list[str], t_scan: float):
     """``(StoreTarget, None)`` for a version to build in the store at ``url``, or ``(None, result)``
     when a complete version of fingerprint ``fp`` is there (one listing, one manifest GET)."""
-    import datetime as _dt
-
 
     vdir, complete = objectstore.find_version_dir(url, fp)
     if complete and not clear:
@@ -347,8 +348,6 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
            resources: dict[str, float], clear: bool, allow_invalid: bool, metrics: dict[str, Any],
            reasons: list[str], orphan_captions: int, device: str | None, t_start: float,
            outp: Path, target: Any = None) -> BuildResult:
-    import shutil
-
     h, w = spec.size
     if clear and build_dir.exists():
         shutil.rmtree(build_dir)
@@ -510,8 +509,6 @@ def _fetch_parts(parts: list[tuple[PartTask, PartResult]]) -> None:
     """Each part's WFS1 file back at ``task.path`` from the store, checked against its receipted
     SHA-256; one that is gone or differs (an interrupted re-cut wrote over a part uploaded under
     its shard name) is built again here: a task's bytes depend only on the task."""
-    import dataclasses
-
 
     for task, res in parts:
         url = task.upload_part if res.failures else task.upload_shard
@@ -534,8 +531,6 @@ def _finish_in_store(target: Any, local: Path, manifest: dict[str, Any], metrics
     re-cut shards and ``metrics.json`` (plain PUTs: a rerun may change them before the manifest names
     them), every other file create-only, ``manifest.json`` last, then ``latest``; then the receipts,
     the build prefix and the staging copy go."""
-    import shutil
-
 
     t_up = time.perf_counter()
     names = {s["path"] for s in manifest["shards"]}
@@ -579,7 +574,7 @@ def _write_records(path: Path, keys: list[str], rows: list[tuple[str, bool, int,
     Deterministic: rows follow the record order, which is the scan order
     whatever the worker count; written under a temporary name and renamed.
     """
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: heavy, and only the commit writes records.parquet
     import pyarrow.parquet as pq
 
     shard_of: list[str] = []

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import warpdata
 from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.core.errors import ConfigError, DataError
 from warpdata.core.names import FEATURE_CACHE
@@ -172,13 +173,12 @@ def base_fields(spec: CacheSpec) -> list[FieldSpec]:
 
 
 def code_versions(with_torch: bool) -> dict[str, str]:
-    import PIL
-    import warpdata
+    import PIL  # lazy: a heavy third-party package, loaded only when a build fingerprints its code
 
     v = {"warpdata": warpdata.__version__, "wfs": str(WFS_VERSION), "pillow": PIL.__version__,
          "numpy": np.__version__}
     if with_torch:
-        import torch
+        import torch  # lazy: heavy, and only for an encoder that runs on torch
 
         v["torch"] = torch.__version__
     return v

@@ -32,9 +32,14 @@ from typing import Any
 from warpdata.core.config import ConfigSource, Field, non_negative, positive, validate
 from warpdata.core.errors import ConfigError, UsageError
 from warpdata.core.names import FEATURE_CACHE
-from warpdata.etl import buildconfig
+from warpdata.etl import buildconfig, spool
+from warpdata.etl.executors import resolve_executor
 from warpdata.etl.pipelines import EtlRequest, EtlResult
+from warpdata.etl.quarantine import sources_named
+from warpdata.etl.workers import resolve_workers
+from warpdata.features.remote import is_url
 from warpdata.features.transform import INTERPOLATIONS, target_size
+from warpdata.features.writer import CacheSpec, SourceDir, build_cache
 from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS
 
 MAX_REPEATS = 1_000_000  # the manifest schema's bound too (warp/features/manifest.schema.json)
@@ -183,8 +188,6 @@ def _overlap(dirs: list[Any], source: ConfigSource) -> None:
 def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = None,
                      source: ConfigSource | None = None):
     """``cfg`` as :func:`check_config` returns it."""
-    from warpdata.features.writer import CacheSpec, SourceDir
-
     where = source or ConfigSource(str(base), "")
     src = cfg["source"]
     dirs = cfg.get("directory") or []
@@ -206,8 +209,6 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
     out_path = (req.output if req and req.output else None) or cfg["output"]["path"]
 
     def rel(p: str) -> str:
-        from warpdata.features.remote import is_url
-
         if is_url(p):  # an object-store output (docs/features-config.md, "Output on object storage")
             return p
         q = Path(p).expanduser()
@@ -235,10 +236,6 @@ def _local_sources(spec: Any) -> Iterator[Any]:
     """``spec`` with its source folders on object storage (``s3://…``) copied to a mirror of this
     run (warp/etl/spool.py): removed when the build ends, however it ends, swept after a kill. The
     cache's bytes depend on the files' keys and contents only, so they are a local folder's."""
-    from warpdata.etl import spool
-    from warpdata.etl.quarantine import sources_named
-    from warpdata.features.remote import is_url
-
     urls = [spec.source] if spec.sources is None else [d.path for d in spec.sources]
     remote = [u for u in urls if is_url(u)]
     if not remote:
@@ -258,13 +255,8 @@ def _local_sources(spec: Any) -> Iterator[Any]:
 
 
 def run(req: EtlRequest) -> EtlResult:
-    from warpdata.features.writer import build_cache
-
     cfg = check_config(req.config, req.source)
     spec = spec_from_config(cfg, Path(req.config_path).parent, req, req.source)
-    from warpdata.etl.executors import resolve_executor
-    from warpdata.etl.workers import resolve_workers
-
     b = cfg["build"]
     executor = resolve_executor(req.executor, b["executor"] or None)
     with _local_sources(spec) as local_spec:

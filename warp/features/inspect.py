@@ -17,9 +17,11 @@ from typing import Any
 
 from warpdata.artifacts.inspect import Report
 from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
-from warpdata.core.names import FEATURE_CACHE
-
-KIND = FEATURE_CACHE
+from warpdata.core.errors import DataError
+from warpdata.features.manifest import KIND
+from warpdata.features.manifest import read as read_checked
+from warpdata.features.reader import ShardCache, caption_text
+from warpdata.formats.featshard import FeatureShardReader
 
 
 def _manifest_kind(path: str) -> str | None:
@@ -54,10 +56,6 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
 
 
 def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
-    from warpdata.core.errors import DataError
-    from warpdata.features.manifest import read as read_checked
-    from warpdata.features.reader import ShardCache, caption_text
-
     m = read_manifest(root)
     try:
         read_checked(root)
@@ -132,9 +130,6 @@ def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
 
 
 def _inspect_shard(path: str, *, verify: bool, head: int) -> Report:
-    from warpdata.core.errors import DataError
-    from warpdata.formats.featshard import FeatureShardReader
-
     problems: list[str] = []
     with FeatureShardReader(path) as r:
         summary = {"format": "WFS1", "records": len(r), "record_size": r.layout.record_size,

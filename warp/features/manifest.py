@@ -17,6 +17,7 @@ import os
 from importlib import resources
 from typing import Any
 
+from warpdata.artifacts.manifests import find_manifest
 from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
 from warpdata.core.errors import DataError
 from warpdata.core.names import FEATURE_CACHE
@@ -34,7 +35,7 @@ def schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _validator():
-    import jsonschema
+    import jsonschema  # lazy: heavy, loaded on the first manifest check
 
     return jsonschema.Draft202012Validator(schema())
 
@@ -86,8 +87,6 @@ def parse(raw: bytes, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
 
 def read(path: str | os.PathLike) -> dict[str, Any]:
     """The checked manifest of cache directory ``path`` (or of that manifest file)."""
-    from warpdata.artifacts.manifests import find_manifest
-
     m = find_manifest(path)
     doc = parse(m.read_bytes(), str(m))
     base = m.parent.resolve()

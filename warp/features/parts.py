@@ -10,6 +10,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
+import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -141,11 +144,9 @@ class PartResult:
 
 def _where() -> str:
     """Where a task runs: the Dask worker's address, else host:pid."""
-    import socket
-    import sys
-
     if "distributed" in sys.modules:
         try:
+            # lazy: only inside a Dask worker, where it is loaded already
             from distributed import get_worker
 
             return str(get_worker().address)
@@ -411,6 +412,4 @@ def _place(src: str, dst: Path) -> None:
     try:
         os.link(src, dst)
     except OSError:
-        import shutil
-
         shutil.copyfile(src, dst)

@@ -53,11 +53,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.verify import LEVELS, verify_level
 from warpdata.features import manifest as fmanifest
-from warpdata.features.writer import KIND
+from warpdata.features.manifest import KIND
+from warpdata.features.remote import is_url, open_version, stream_object
 from warpdata.formats.featshard import FeatureShardChecksumError, FeatureShardReader, FieldSpec
+from warpdata.read.materialize import looks_like_dataset, materialize
+from warpdata.read.refetch import retry_after_refetch
+from warpdata.storage.blobcache import BlobCache
+from warpdata.storage.remote import Remote
 
 VERIFY_MODES = LEVELS  # ("off", "fast", "full")
 OLD_VERIFY = {"record": "fast", "shard": "full", "none": "off"}
@@ -77,20 +82,12 @@ class ShardCache:
         if max_resident < 1:
             raise ValueError(f"max_resident must be >= 1, got {max_resident}")
         verify = verify_level(verify, "ShardCache", OLD_VERIFY)
-        from warpdata.read.materialize import looks_like_dataset, materialize
-
         self.published: Any = None
         self._remote_url: str | None = None  # a cache built on object storage: its version's URL
-        from warpdata.features.remote import is_url
-
         if is_url(path):
             if version is not None or store is not None or artifact is not None:
-                from warpdata.core.errors import UsageError
-
                 raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a URL",
                                  hint="open the version's own URL (<url>/v<YYYYMMDD>-<hash12>) instead")
-            from warpdata.features.remote import open_version
-
             self._remote_url, m, self._remote_obj = open_version(str(path))
             self.path = Path(self._remote_url)
             self._members = None
@@ -114,8 +111,6 @@ class ShardCache:
                 rel: (x.path, x.offset, x.length) for rel, x in pub.members.items()}
             m = docs[0]
         elif version is not None or store is not None or artifact is not None:
-            from warpdata.core.errors import UsageError
-
             raise UsageError(f"version=, store= and artifact= apply to published datasets; {path} is a local path",
                              hint="pass the dataset name (workspace/name) to open a published feature cache")
         else:
@@ -239,16 +234,11 @@ class ShardCache:
         one node (DataLoader workers) fetch a shard once between them (the cache's per-blob lock); this process pins what it fetched until
         :meth:`close`.
         """
-        from warpdata.storage.blobcache import BlobCache
-        from warpdata.storage.remote import Remote
-
         entry = self._by_path[rel]
         if self._blobs is None:
             self._blobs = BlobCache()
         if self._remote_obj is None:
             self._remote_obj = Remote(self._remote_url)
-        from warpdata.features.remote import stream_object
-
         remote, h = self._remote_obj, str(entry["sha256"])
         p = self._blobs.fetch(h, lambda f: stream_object(remote, rel, f, int(entry["bytes"])),
                               source=remote.url_of(rel))
@@ -294,29 +284,19 @@ class ShardCache:
             return self._after_refetch(s, e, lambda: self._open_once(s))
 
     def _after_refetch(self, s: int, first: DataError, again):
-        """A published shard failed a check: evict its tar shard, fetch it again once, retry ``again``.
-
-        docs/formats/registry.md ("Readers"): a second failure means the
-        published bytes are wrong, and the error names the store object.
-        """
-        rel = self.shards[s]["path"]
+        """A published shard failed a check: evict its tar shard, fetch it again once, retry ``again``
+        (:func:`warpdata.read.refetch.retry_after_refetch`: a second failure names the store object)."""
         pub = self.published
-        if pub.refetch(rel):
+
+        def refetched() -> None:
             self._members = {r: (x.path, x.offset, x.length) for r, x in pub.members.items()}
             old = self._lru.pop(s, None)
             if old is not None:
                 old.close()
-            try:
-                return again()
-            except DataError as e:
-                first = e
-        from warpdata.core.errors import BlobCorruptedError
 
-        obj = pub.store_object(rel)
-        raise BlobCorruptedError(f"{self.path}/{rel}: fails its check in a freshly fetched copy of store "
-                                 f"object {obj} ({first.message})",
-                                 hint="the published bytes are wrong: rebuild the cache ('warp etl --clear') "
-                                      "and publish it again", store_object=obj, member=rel) from None
+        return retry_after_refetch(pub, self.shards[s]["path"], first, again, label=str(self.path),
+                                   hint="the published bytes are wrong: rebuild the cache ('warp etl --clear') "
+                                        "and publish it again", refetched=refetched)
 
     def _open_once(self, s: int) -> FeatureShardReader:
         entry = self.shards[s]

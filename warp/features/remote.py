@@ -19,22 +19,29 @@ blob cache by the SHA-256 the manifest names (:class:`warpdata.features.reader.S
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from warpdata.core.atomic import TMP_PREFIX
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.names import MANIFEST_NAME
+from warpdata.etl import objectstore
+from warpdata.features import manifest as fmanifest
+from warpdata.storage.base import open_object_store
+from warpdata.storage.blobcache import BlobCache
+from warpdata.storage.remote import Remote
 
 VERSION_RE = re.compile(r"^v\d{8}-[0-9a-f]{12}$")
 BUILD_PREFIX = f"{TMP_PREFIX}build-"  # as the local build directory's
 
 
 def is_url(text: Any) -> bool:
-    from warpdata.etl.objectstore import is_url as _is_url
-
-    return isinstance(text, str) and _is_url(text)
+    return isinstance(text, str) and objectstore.is_url(text)
 
 
 def version_name(fingerprint: str, date: str) -> str:
@@ -65,8 +72,6 @@ class StoreTarget:
 
 
 def _fs(url: str):
-    from warpdata.storage.base import open_object_store
-
     objects = open_object_store(url)
     return objects.fs, objects.location
 
@@ -74,16 +79,12 @@ def _fs(url: str):
 def put_overwrite(local: str, url: str) -> None:
     """Upload a file that a rerun may legitimately change (a re-cut shard before the manifest
     names it, ``metrics.json``): a plain PUT."""
-    from warpdata.etl import objectstore
-
     fs, loc = _fs(url)
     objectstore._call(url, fs.put_file, local, loc.path)
 
 
 def get_file(url: str, local: str) -> bool:
     """Download ``url`` to ``local``; False when it is absent."""
-    from warpdata.etl import objectstore
-
     fs, loc = _fs(url)
     try:
         objectstore._call(url, fs.get_file, loc.path, local)
@@ -94,10 +95,6 @@ def get_file(url: str, local: str) -> bool:
 
 def remove(url: str, names: list[str] | None = None) -> None:
     """Delete objects ``names`` under ``url`` (all of it when None); absent ones are fine."""
-    import contextlib
-
-    from warpdata.etl import objectstore
-
     fs, loc = _fs(url)
     with contextlib.suppress(FileNotFoundError):
         if names is None:
@@ -113,9 +110,6 @@ def open_version(url: str) -> tuple[str, dict[str, Any], Any]:
     names the version). Two GETs either way: ``latest``, then the manifest (a version URL:
     ``latest`` is absent there, its manifest is read directly).
     """
-    from warpdata.features import manifest as fmanifest
-    from warpdata.storage.remote import Remote
-
     base = url.rstrip("/")
     top = Remote(base)
     raw = top.get("latest")
@@ -169,15 +163,6 @@ def stage_version(url: str, dest: Any) -> dict[str, int]:
     ``records.parquet``, the quarantine tables; not ``metrics.json``) are small: one listing, then
     one GET each. Returns ``{"shards_fetched", "shards_cached", "files"}``.
     """
-    import contextlib
-    import os
-    import shutil
-    from pathlib import Path
-
-    from warpdata.etl import objectstore
-    from warpdata.features import manifest as fmanifest
-    from warpdata.storage.blobcache import BlobCache
-
     vurl, m, remote = open_version(url)
     out = Path(dest)
     out.mkdir(parents=True)

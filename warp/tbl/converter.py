@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import struct
+import tempfile
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -230,8 +233,6 @@ def _image_info(fd: int, name: str, size: int, off: int, data: bytes):
 
 def _plan_name(meta: bytes) -> str:
     """A planned sample's payload member name (for errors), from its metadata: the converter writes it there."""
-    import json
-
     return json.loads(meta)["name"]
 
 
@@ -267,8 +268,6 @@ class _PlanSpool:
         self.count += 1
         if len(buf) >= self.CAP:
             if self._file is None:
-                import tempfile
-
                 os.makedirs(self.where, exist_ok=True)  # where the writer will put OUT (it would make it too)
                 self._file = tempfile.TemporaryFile(dir=self.where)  # noqa: SIM115 - closed by close()
             self._file.write(buf)
@@ -399,8 +398,6 @@ def _exists(output: str, meanwhile: bool = False) -> UsageError:
 
 def _exclusive_temp(output: str) -> str:
     """A fresh name beside ``output`` (same directory, so the final move is a rename)."""
-    import uuid
-
     head, name = os.path.split(os.path.abspath(output))
     return os.path.join(head, f"{temp_prefix()}{uuid.uuid4().hex[:12]}-{name}")
 
@@ -410,115 +407,65 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
                   progress: Callable[[int, int], None] | None,
                   warn: Callable[[str], None] | None, write_to: str) -> ConvertResult:
     """Plan every sample (pass 1), then write them (pass 2) into ``write_to``; see the module docstring."""
-    try:  # members that come without (all of) their bytes are read on from here: plain files, stdin included
-        fd = f.fileno()
-    except (OSError, AttributeError, ValueError):
-        fd = -1
-    # a plain file is planned whole before anything is written: the plans give the sample count
-    # the output's layout needs, in the same pass over the headers (no counting pre-pass). Pipes
-    # and gzip streams are written as they are read, into spools the writer moves at close
-    two_pass = req.input != "-" and res.tar_bytes is not None
-    plans = _PlanSpool(os.path.dirname(os.path.abspath(req.output)))
-
-    def plan(key: str, members: list) -> None:
-        """Choose the payload, read its format and size, build the metadata; or skip the sample."""
-        at = _payload_at(members)
-        if at is None:
-            names = ", ".join(m[1] for m in members)
-            for m in members:
-                on_skip(m[1], f"sample {key!r} has no image member ({names})")
-            return
-        _ext, name, size, off, data = members[at]
-        try:
-            info = _image_info(fd, name, size, off, data)
-        except DataError as e:
-            if req.on_error == "raise":
-                raise DataError(f"{req.input}: {e.message}",
-                                hint="fix or remove the member, or rerun with --on-error skip (or warn)",
-                                member=name, key=key) from None
-            if req.on_error == "warn" and warn:
-                warn(f"skipping sample {key!r}: {e.message}")
-            for m in members:
-                on_skip(m[1], f"bad image header ({e.__class__.__name__})")
-            return
-        meta, n_side = _sidecars_json(key, members, at, on_skip, fd)
-        res.sidecars += n_side
-        formats[info.format] += 1
-        w, h = info.width, info.height
-        w, h = (w if 0 < w <= MAX_DIM else 0), (h if 0 < h <= MAX_DIM else 0)
-        if len(data) < size:
-            data = b""  # (a head: pass 2 reads it all, into the writer's staging buffer)
-        if two_pass:
-            plans.add(size, off, data, FORMAT_CODES.get(info.format, 0), w, h, meta)
-        else:
-            emit(name, size, off, data, FORMAT_CODES.get(info.format, 0), w, h, meta)
-
-    writer: TblWriter | None = None
-    pool = ThreadPoolExecutor(workers, thread_name_prefix="tbl-encode") if workers > 1 else None
-    pending: deque = deque()
-    window = 4 * workers
-    read_to = 0  # tar bytes read so far (uncompressed), for progress
-    as_is: dict[int, bool] = {}  # format code -> stored as is (no compression) under req.compression
-
-    def drain(limit: int) -> None:
-        while len(pending) > limit:
-            fut = pending.popleft()
-            writer.add_encoded(fut.result() if isinstance(fut, Future) else fut)  # type: ignore[union-attr]
-            res.samples += 1
-            if progress:
-                progress(res.samples, read_to)
-
-    def emit(name: str | None, size: int, off: int, data: bytes, fmt: int, w: int, h: int, meta: bytes) -> None:
-        """Checksum (and maybe compress) one planned sample and hand it to the writer, in order.
-
-        ``data`` is the payload, or empty when it is to be read from ``off``
-        (``name``, for errors, None for the name in ``meta``).
-        """
-        nonlocal read_to
-        read_to = off + size
-        if name is None:
-            name = _plan_name(meta)
-        stored_as_is = as_is.get(fmt)
-        if stored_as_is is None:  # as encode_sample decides it
-            stored_as_is = as_is[fmt] = resolve_compression(req.compression, fmt) == "none"
-        if stored_as_is:  # checksums only: ~25 us of C per 120 KB photo, less than handing it to a thread
-            if len(data) < size:  # straight into the writer's staging buffer, where it offers one
-                if pending:
-                    drain(0)  # the slot is where the next payload goes: everything before it is written
-                slot = writer.payload_slot(size)  # type: ignore[union-attr]
-                if slot is not None:
-                    read_at_into(fd, slot, off, size, name)
-                    data = slot
-                else:
-                    data = read_at(fd, off, size, name)
-            elif pending:  # compressed samples before it are still in the pool: it waits its turn
-                pending.append(EncodedSample(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta))
-                drain(window)
-                return
-            writer.add_stored(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta)  # type: ignore[union-attr]
-            res.samples += 1
-            if progress:
-                progress(res.samples, read_to)
-            return
-        if len(data) < size:
-            data = read_at(fd, off, size, name)
-        kwargs = dict(format=fmt, width=w, height=h, compression=req.compression, level=req.level,
-                      trailer=True, metadata=meta)
-        if pool:
-            pending.append(pool.submit(encode_sample, data, **kwargs))
-        else:
-            pending.append(encode_sample(data, **kwargs))
-        drain(window)
-
+    run = _Run(req, f, res, on_skip, formats, workers, progress, warn)
     try:
-        if not two_pass:  # streamed: the sample count is not known up front (the writer moves payloads at close)
-            writer = TblWriter(write_to, compression=req.compression, level=req.level, extensions=True,
-                               expected_samples=None, fsync=req.fsync)
+        if not run.two_pass:  # streamed: the sample count is not known up front (the writer moves payloads at close)
+            run.writer = TblWriter(write_to, compression=req.compression, level=req.level, extensions=True,
+                                   expected_samples=None, fsync=req.fsync)
+        run.scan(f)
+        if run.two_pass and run.plans.count:
+            run.writer = TblWriter(write_to, compression=req.compression, level=req.level, extensions=True,
+                                   expected_samples=run.plans.count, fsync=req.fsync)
+            run.write_planned()
+        run.drain(0)
+        if not res.samples:
+            raise DataError(_no_samples_message(req.input, res, reasons), **_no_samples_hint(res))
+        run.writer.close(warp_metadata=True)  # type: ignore[union-attr]
+    except BaseException:
+        run.abort()
+        raise
+    finally:
+        run.close()
+    return _finish(req, res, run.writer, write_to, reasons, formats, t0)  # type: ignore[arg-type]
+
+
+class _Run:
+    """One conversion's planning and writing state: the passes of :func:`_convert_open`.
+
+    Pass 1 (:meth:`scan`) groups the members into samples and plans each
+    (:meth:`plan`): into the spool for a plain file, straight to :meth:`emit`
+    for a pipe or gzip stream. Pass 2 (:meth:`write_planned`) writes the
+    spooled plans. Samples reach the writer in input order (:meth:`drain`).
+    """
+
+    def __init__(self, req: ConvertRequest, f, res: ConvertResult, on_skip, formats: Counter[str], workers: int,
+                 progress: Callable[[int, int], None] | None, warn: Callable[[str], None] | None) -> None:
+        self.req, self.res, self.on_skip, self.formats = req, res, on_skip, formats
+        self.progress, self.warn = progress, warn
+        try:  # members that come without (all of) their bytes are read on from here: plain files, stdin included
+            self.fd = f.fileno()
+        except (OSError, AttributeError, ValueError):
+            self.fd = -1
+        # a plain file is planned whole before anything is written: the plans give the sample count
+        # the output's layout needs, in the same pass over the headers (no counting pre-pass). Pipes
+        # and gzip streams are written as they are read, into spools the writer moves at close
+        self.two_pass = req.input != "-" and res.tar_bytes is not None
+        self.plans = _PlanSpool(os.path.dirname(os.path.abspath(req.output)))
+        self.writer: TblWriter | None = None
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tbl-encode") if workers > 1 else None
+        self.pending: deque = deque()
+        self.window = 4 * workers
+        self.read_to = 0  # tar bytes read so far (uncompressed), for progress
+        self.as_is: dict[int, bool] = {}  # format code -> stored as is (no compression) under req.compression
+
+    def scan(self, f) -> None:
+        """Pass 1: group the members into samples by WebDataset key and :meth:`plan` each."""
+        res, on_skip, plan = self.res, self.on_skip, self.plan
         # members come as (name, size, kind, file offset, bytes or their head): a big member of a
         # plain file is read only once known to be a payload, straight into the writer's staging buffer
         key: str | None = None
         cur: list = []  # the current sample's members: (ext, name, size, offset, bytes or their head)
-        for name, size, kind, off, data in scan_members(f, max_member=req.max_member_bytes,
+        for name, size, kind, off, data in scan_members(f, max_member=self.req.max_member_bytes,
                                                         defer_above=_DEFER_ABOVE):
             res.members += 1
             if kind != "file":
@@ -537,44 +484,135 @@ def _convert_open(req: ConvertRequest, f, res: ConvertResult, on_skip, reasons: 
             cur.append((name[dot + 1:], name, size, off, data))
         if cur:
             plan(key, cur)  # type: ignore[arg-type]
-        if two_pass and plans.count:
-            writer = TblWriter(write_to, compression=req.compression, level=req.level, extensions=True,
-                               expected_samples=plans.count, fsync=req.fsync)
-            # pass 2, its common case inline (a payload stored as is, nothing compressed in flight):
-            # one preadv into the staging buffer, two CRC passes over it while it is in cache, one add
-            slot_of, add_stored, preadv = writer.payload_slot, writer.add_stored, os.preadv
-            for size, off, data, fmt, w, h, meta in plans:
-                if pending or not as_is.get(fmt):  # (the first of a format decides it, in emit)
-                    emit(None, size, off, data, fmt, w, h, meta)
-                    continue
-                read_to = off + size
-                if not data:
-                    slot = slot_of(size)
-                    if slot is not None:
-                        if size and preadv(fd, [slot], off) != size:
-                            read_at_into(fd, slot, off, size, _plan_name(meta))
-                        data = slot
-                    else:
-                        data = read_at(fd, off, size, _plan_name(meta))
-                add_stored(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta)
-                res.samples += 1
-                if progress:
-                    progress(res.samples, read_to)
-        drain(0)
-        if not res.samples:
-            raise DataError(_no_samples_message(req.input, res, reasons), **_no_samples_hint(res))
-        writer.close(warp_metadata=True)  # type: ignore[union-attr]
-    except BaseException:
-        for fut in pending:
+
+    def plan(self, key: str, members: list) -> None:
+        """Choose the payload, read its format and size, build the metadata; or skip the sample."""
+        req, on_skip = self.req, self.on_skip
+        at = _payload_at(members)
+        if at is None:
+            names = ", ".join(m[1] for m in members)
+            for m in members:
+                on_skip(m[1], f"sample {key!r} has no image member ({names})")
+            return
+        _ext, name, size, off, data = members[at]
+        try:
+            info = _image_info(self.fd, name, size, off, data)
+        except DataError as e:
+            if req.on_error == "raise":
+                raise DataError(f"{req.input}: {e.message}",
+                                hint="fix or remove the member, or rerun with --on-error skip (or warn)",
+                                member=name, key=key) from None
+            if req.on_error == "warn" and self.warn:
+                self.warn(f"skipping sample {key!r}: {e.message}")
+            for m in members:
+                on_skip(m[1], f"bad image header ({e.__class__.__name__})")
+            return
+        meta, n_side = _sidecars_json(key, members, at, on_skip, self.fd)
+        self.res.sidecars += n_side
+        self.formats[info.format] += 1
+        w, h = info.width, info.height
+        w, h = (w if 0 < w <= MAX_DIM else 0), (h if 0 < h <= MAX_DIM else 0)
+        if len(data) < size:
+            data = b""  # (a head: pass 2 reads it all, into the writer's staging buffer)
+        if self.two_pass:
+            self.plans.add(size, off, data, FORMAT_CODES.get(info.format, 0), w, h, meta)
+        else:
+            self.emit(name, size, off, data, FORMAT_CODES.get(info.format, 0), w, h, meta)
+
+    def _added(self) -> None:
+        self.res.samples += 1
+        if self.progress:
+            self.progress(self.res.samples, self.read_to)
+
+    def drain(self, limit: int) -> None:
+        """Hand the samples in flight to the writer, in order, until ``limit`` are left."""
+        pending, writer = self.pending, self.writer
+        while len(pending) > limit:
+            fut = pending.popleft()
+            writer.add_encoded(fut.result() if isinstance(fut, Future) else fut)  # type: ignore[union-attr]
+            self._added()
+
+    def emit(self, name: str | None, size: int, off: int, data: bytes, fmt: int, w: int, h: int,
+             meta: bytes) -> None:
+        """Checksum (and maybe compress) one planned sample and hand it to the writer, in order.
+
+        ``data`` is the payload, or empty when it is to be read from ``off``
+        (``name``, for errors, None for the name in ``meta``).
+        """
+        req, fd = self.req, self.fd
+        self.read_to = off + size
+        if name is None:
+            name = _plan_name(meta)
+        stored_as_is = self.as_is.get(fmt)
+        if stored_as_is is None:  # as encode_sample decides it
+            stored_as_is = self.as_is[fmt] = resolve_compression(req.compression, fmt) == "none"
+        if stored_as_is:  # checksums only: ~25 us of C per 120 KB photo, less than handing it to a thread
+            if len(data) < size:  # straight into the writer's staging buffer, where it offers one
+                if self.pending:
+                    self.drain(0)  # the slot is where the next payload goes: everything before it is written
+                slot = self.writer.payload_slot(size)  # type: ignore[union-attr]
+                if slot is not None:
+                    read_at_into(fd, slot, off, size, name)
+                    data = slot
+                else:
+                    data = read_at(fd, off, size, name)
+            elif self.pending:  # compressed samples before it are still in the pool: it waits its turn
+                self.pending.append(EncodedSample(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta))
+                self.drain(self.window)
+                return
+            self.writer.add_stored(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta)  # type: ignore[union-attr]
+            self._added()
+            return
+        if len(data) < size:
+            data = read_at(fd, off, size, name)
+        kwargs = dict(format=fmt, width=w, height=h, compression=req.compression, level=req.level,
+                      trailer=True, metadata=meta)
+        if self.pool:
+            self.pending.append(self.pool.submit(encode_sample, data, **kwargs))
+        else:
+            self.pending.append(encode_sample(data, **kwargs))
+        self.drain(self.window)
+
+    def write_planned(self) -> None:
+        """Pass 2 over the spooled plans, its common case inline (a payload stored as is, nothing
+        compressed in flight): one preadv into the staging buffer, two CRC passes over it while it is
+        in cache, one add."""
+        writer, fd, res, progress, as_is = self.writer, self.fd, self.res, self.progress, self.as_is
+        slot_of, add_stored, preadv = writer.payload_slot, writer.add_stored, os.preadv  # type: ignore[union-attr]
+        for size, off, data, fmt, w, h, meta in self.plans:
+            if self.pending or not as_is.get(fmt):  # (the first of a format decides it, in emit)
+                self.emit(None, size, off, data, fmt, w, h, meta)
+                continue
+            self.read_to = read_to = off + size
+            if not data:
+                slot = slot_of(size)
+                if slot is not None:
+                    if size and preadv(fd, [slot], off) != size:
+                        read_at_into(fd, slot, off, size, _plan_name(meta))
+                    data = slot
+                else:
+                    data = read_at(fd, off, size, _plan_name(meta))
+            add_stored(data, size, 0, crc16(data), crc32(data), fmt, w, h, meta)
+            res.samples += 1
+            if progress:
+                progress(res.samples, read_to)
+
+    def abort(self) -> None:
+        for fut in self.pending:
             if isinstance(fut, Future):
                 fut.cancel()
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        plans.close()
-        if pool:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if self.writer is not None:
+            self.writer.abort()
+
+    def close(self) -> None:
+        self.plans.close()
+        if self.pool:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _finish(req: ConvertRequest, res: ConvertResult, writer: TblWriter, write_to: str, reasons: Counter[str],
+            formats: Counter[str], t0: float) -> ConvertResult:
+    """Fill in the result from the closed writer; with ``req.verify``, read the output back and check it."""
     res.input_bytes, res.stored_bytes = writer.bytes_in, writer.bytes_stored
     res.compressed_samples = writer.compressed_samples
     res.output_bytes = Path(write_to).stat().st_size

@@ -48,7 +48,7 @@ import os
 import stat
 import sys
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -171,6 +171,19 @@ def _bytes_left(f: BinaryIO) -> int | None:
     return max(end - cur, 0)
 
 
+def _top_up(b: bytes, n: int, more: Callable[[int, int], bytes | None]) -> bytes:
+    """``b`` extended towards ``n`` bytes by ``more(bytes so far, bytes wanted)`` until it returns nothing."""
+    parts = [b]
+    got = len(b)
+    while got < n:
+        chunk = more(got, n - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 class _Reader:
     """Exact reads from a stream, counting the position.
 
@@ -234,15 +247,7 @@ class _Reader:
                 return self._ra[:n]
         b = os.pread(self.fd, n, at)  # type: ignore[arg-type]
         if 0 < len(b) < n:  # a regular file returns all of it unless it shrank (or a signal came)
-            parts = [b]
-            got = len(b)
-            while got < n:
-                more = os.pread(self.fd, n - got, at + got)  # type: ignore[arg-type]
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            b = b"".join(parts)
+            b = _top_up(b, n, lambda got, want: os.pread(self.fd, want, at + got))  # type: ignore[arg-type]
         self.pos += len(b)
         return b
 
@@ -258,15 +263,7 @@ class _Reader:
         if b is None:
             b = b""
         if len(b) < n:
-            parts = [b]
-            got = len(b)
-            while got < n:
-                more = self.f.read(min(n - got, _CHUNK))
-                if not more:
-                    break
-                parts.append(more)
-                got += len(more)
-            b = b"".join(parts)
+            b = _top_up(b, n, lambda _got, want: self.f.read(min(want, _CHUNK)))
         self.pos += len(b)
         return b
 
@@ -326,13 +323,7 @@ def _cut_member(m: TarMember, got: int) -> TarFormatError:
 
 def read_member_into(m: TarMember, buf) -> None:
     """Read a deferred member's bytes into the writable buffer ``buf`` (exactly ``m.size`` bytes)."""
-    with memoryview(buf) as mv:
-        got = 0
-        while got < m.size:
-            n = os.preadv(m.fd, [mv[got:m.size]], m.file_offset + got)  # type: ignore[arg-type]
-            if n <= 0:
-                raise _cut_member(m, got)
-            got += n
+    _pread_into(m.fd, buf, m.file_offset, m.size, m.name, m.offset)  # type: ignore[arg-type]
 
 
 def read_at(fd: int, offset: int, size: int, name: str) -> bytes:
@@ -345,12 +336,17 @@ def read_at(fd: int, offset: int, size: int, name: str) -> bytes:
 
 def read_at_into(fd: int, buf, offset: int, size: int, name: str) -> None:
     """:func:`read_at` into the writable buffer ``buf`` (exactly ``size`` bytes), with no copy in between."""
+    _pread_into(fd, buf, offset, size, name, offset)
+
+
+def _pread_into(fd: int, buf, offset: int, size: int, name: str, archive_offset: int) -> None:
+    """``size`` bytes at ``offset`` in ``fd`` into ``buf``; a cut names member ``name`` at ``archive_offset``."""
     with memoryview(buf) as mv:
         got = 0
         while got < size:
             n = os.preadv(fd, [mv[got:size]], offset + got)
             if n <= 0:
-                raise _cut(name, offset, size, got)
+                raise _cut(name, archive_offset, size, got)
             got += n
 
 
@@ -370,6 +366,88 @@ def member_data(m: TarMember) -> bytes:
     return b
 
 
+_NOT_A_TAR_HINT = "give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)"
+
+
+def _next_header(r: _Reader, read, at: int) -> bytes | None:
+    """The 512-byte header at ``at``, or None at the end of the archive (a gzip stream read to its end)."""
+    hdr = read(BLOCK)
+    if not hdr:
+        if at == 0:
+            raise TarFormatError("the input is empty (0 bytes), not a tar archive", hint=_NOT_A_TAR_HINT)
+        r.drain()
+        return None  # EOF between members without end blocks: tolerated, as tar(1) does
+    if len(hdr) < BLOCK and at == 0:
+        raise TarFormatError(f"not a tar archive ({len(hdr)} bytes, shorter than one 512-byte tar header)",
+                             hint=_NOT_A_TAR_HINT)
+    if len(hdr) < BLOCK:
+        raise TarFormatError(f"tar archive ends inside a header at byte {at}",
+                             hint="the archive is truncated: copy or download it again")
+    if hdr == ZERO_BLOCK:
+        # the data so far is only trustworthy once gzip has checked its trailer CRC
+        r.drain()
+        return None
+    try:
+        stored = _octal(hdr[148:156], "checksum", at)
+    except TarFormatError:
+        if at == 0:
+            raise TarFormatError("not a tar archive (no valid tar header at byte 0)", hint=_NOT_A_TAR_HINT) from None
+        raise
+    computed = header_checksum(hdr)
+    if stored != computed:
+        if at == 0:
+            raise TarFormatError(f"not a tar archive (header checksum {stored} != {computed} at byte 0)",
+                                 hint=_NOT_A_TAR_HINT)
+        raise TarFormatError(f"tar header at byte {at}: checksum mismatch (stored {stored}, computed {computed})",
+                             hint="the archive is damaged: copy or download it again")
+    return hdr
+
+
+def _extended_body(r: _Reader, typ: bytes, size: int, padded: int, at: int) -> bytes:
+    """The body of an extended header (GNU ``L``/``K``, PAX ``x``/``g``), its padding skipped."""
+    if size > MAX_EXTENDED_HEADER:
+        raise TarFormatError(f"tar header at byte {at}: extended header ({typ.decode()!r}) declares "
+                             f"{size:,} bytes, more than the {MAX_EXTENDED_HEADER:,} allowed",
+                             hint="the archive is damaged")
+    body = r.read(size)
+    if len(body) < size:
+        raise TarFormatError(f"tar archive ends inside an extended header at byte {at}",
+                             hint="the archive is truncated: copy or download it again")
+    r.skip(padded - size, "the padding of the extended header at byte %d", at)
+    return body
+
+
+def _header_name(hdr: bytes) -> str:
+    """The member name a ustar/GNU header holds: the name field, after the ustar prefix when there is one."""
+    name = _decode_name(hdr[0:100])
+    if hdr[345] and hdr[257:263] == b"ustar\0":  # POSIX ustar: 155-byte prefix (usually empty)
+        prefix = _decode_name(hdr[345:500])
+        if prefix:
+            name = prefix + "/" + name
+    return name
+
+
+def _pax_overrides(name: str, size: int, merged: dict[str, str], at: int) -> tuple[str, int]:
+    """``(name, size)`` of a member after its PAX records (``path``, ``size``)."""
+    if "path" in merged:
+        name = merged["path"]
+    if "size" in merged:
+        if not merged["size"].isascii() or not merged["size"].isdigit():
+            raise TarFormatError(f"PAX header at byte {at}: size {merged['size']!r} is not a whole number",
+                                 hint="the archive is damaged")
+        size = int(merged["size"])
+    return name, size
+
+
+def _too_large(name: str, at: int, size: int, max_member: int) -> MemberTooLarge:
+    return MemberTooLarge(
+        f"member {name!r} (header at byte {at}) declares {size:,} bytes, more than the limit of "
+        f"{max_member:,} bytes ({max_member / (1 << 20):,.0f} MiB) per member",
+        hint="a damaged header or a decompression bomb; if the archive really holds members that "
+             "large, raise the limit with 'warp tar-to-tbl --max-member-mb N'",
+        member=name, size=size, limit=max_member)
+
+
 def _members(r: _Reader, with_data: bool, max_member: int, defer_above: int | None) -> Iterator[TarMember]:
     """:func:`iter_members` over a :class:`_Reader`."""
     read = r._pread if r.fd is not None else r.read  # a plain file: no gzip errors to translate
@@ -378,52 +456,15 @@ def _members(r: _Reader, with_data: bool, max_member: int, defer_above: int | No
     gpax: dict[str, str] = {}
     while True:
         at = r.pos
-        hdr = read(BLOCK)
-        if not hdr:
-            if at == 0:
-                raise TarFormatError("the input is empty (0 bytes), not a tar archive",
-                                     hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
-            r.drain()
-            return  # EOF between members without end blocks: tolerated, as tar(1) does
-        if len(hdr) < BLOCK and at == 0:
-            raise TarFormatError(f"not a tar archive ({len(hdr)} bytes, shorter than one 512-byte tar header)",
-                                 hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
-        if len(hdr) < BLOCK:
-            raise TarFormatError(f"tar archive ends inside a header at byte {at}",
-                                 hint="the archive is truncated: copy or download it again")
-        if hdr == ZERO_BLOCK:
-            # the data so far is only trustworthy once gzip has checked its trailer CRC
-            r.drain()
+        hdr = _next_header(r, read, at)
+        if hdr is None:
             return
-        try:
-            stored = _octal(hdr[148:156], "checksum", at)
-        except TarFormatError:
-            if at == 0:
-                raise TarFormatError("not a tar archive (no valid tar header at byte 0)",
-                                     hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)") from None
-            raise
-        computed = header_checksum(hdr)
-        if stored != computed:
-            if at == 0:
-                raise TarFormatError(f"not a tar archive (header checksum {stored} != {computed} at byte 0)",
-                                     hint="give a WebDataset .tar or .tar.gz file (or '-' for one on stdin)")
-            raise TarFormatError(f"tar header at byte {at}: checksum mismatch (stored {stored}, computed {computed})",
-                                 hint="the archive is damaged: copy or download it again")
         typ = hdr[156:157]
         size = _octal(hdr[124:136], "size", at)
         if size < 0:
             raise TarFormatError(f"tar header at byte {at}: negative size", hint="the archive is damaged")
-        padded = (size + BLOCK - 1) // BLOCK * BLOCK
         if typ in (b"L", b"K", b"x", b"g"):
-            if size > MAX_EXTENDED_HEADER:
-                raise TarFormatError(f"tar header at byte {at}: extended header ({typ.decode()!r}) declares "
-                                     f"{size:,} bytes, more than the {MAX_EXTENDED_HEADER:,} allowed",
-                                     hint="the archive is damaged")
-            body = r.read(size)
-            if len(body) < size:
-                raise TarFormatError(f"tar archive ends inside an extended header at byte {at}",
-                                     hint="the archive is truncated: copy or download it again")
-            r.skip(padded - size, "the padding of the extended header at byte %d", at)
+            body = _extended_body(r, typ, size, (size + BLOCK - 1) // BLOCK * BLOCK, at)
             if typ == b"L":
                 long_name = _decode_name(body)
             elif typ == b"x":
@@ -431,36 +472,18 @@ def _members(r: _Reader, with_data: bool, max_member: int, defer_above: int | No
             elif typ == b"g":
                 gpax.update(_parse_pax(body, at))
             continue  # K (long link name) only matters for links, which carry no data
-        name = _decode_name(hdr[0:100])
-        if hdr[345] and hdr[257:263] == b"ustar\0":  # POSIX ustar: 155-byte prefix (usually empty)
-            prefix = _decode_name(hdr[345:500])
-            if prefix:
-                name = prefix + "/" + name
-        if long_name is not None:
-            name = long_name
+        name = _header_name(hdr) if long_name is None else long_name
         if gpax or pax:
-            merged = {**gpax, **pax}
-            if "path" in merged:
-                name = merged["path"]
-            if "size" in merged:
-                if not merged["size"].isascii() or not merged["size"].isdigit():
-                    raise TarFormatError(f"PAX header at byte {at}: size {merged['size']!r} is not a whole number",
-                                         hint="the archive is damaged")
-                size = int(merged["size"])
-                padded = (size + BLOCK - 1) // BLOCK * BLOCK
+            name, size = _pax_overrides(name, size, {**gpax, **pax}, at)
             pax = {}
         long_name = None
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
         kind = ("file" if typ in REGULAR_TYPES else "dir" if typ == b"5" else
                 "symlink" if typ == b"2" else "hardlink" if typ == b"1" else "other")
         data_at = r.pos
         data = None
         if kind == "file" and size > max_member:
-            raise MemberTooLarge(
-                f"member {name!r} (header at byte {at}) declares {size:,} bytes, more than the limit of "
-                f"{max_member:,} bytes ({max_member / (1 << 20):,.0f} MiB) per member",
-                hint="a damaged header or a decompression bomb; if the archive really holds members that "
-                     "large, raise the limit with 'warp tar-to-tbl --max-member-mb N'",
-                member=name, size=size, limit=max_member)
+            raise _too_large(name, at, size, max_member)
         if kind == "file" and defer_above is not None and size > defer_above and with_data:
             r.skip(size, "member %r", name)  # checks that all of it lies inside the file
             r.skip(padded - size, "the padding of member %r", name)

@@ -36,7 +36,7 @@ except ImportError as e:  # pragma: no cover - exercised only without torch
     raise missing_dependency("the PyTorch adaptor for .tbl files", "torch", "torch") from e
 
 from warpdata.core.verify import verify_level
-from warpdata.formats.tbl import SampleInfo, TblReader
+from warpdata.formats.tbl import FORMAT_CODES, SampleInfo, TblReader
 from warpdata.tbl.loader import OLD_VERIFY, ImageDecoder, TblLoader, _verify_all
 
 
@@ -74,8 +74,6 @@ class TblDataset(Dataset):
             raise IndexError(f"{self.path}: index {i} out of range ({self._n} samples)")
         j = int(self.selection[i]) if self.selection is not None else i
         info = self._reader.info(j)
-        from warpdata.formats.tbl import FORMAT_CODES
-
         img = self._decoder(self._reader.read(j), FORMAT_CODES.get(info.format, 0), info.width, info.height)
         t = torch.from_numpy(img if img.flags.writeable else img.copy())
         return (self.transform(t) if self.transform else t), j
