@@ -128,7 +128,7 @@ def test_ray_gives_the_reference_bytes(cli, volume, reference, tmp_path):
 
 def test_range_plan_keeps_every_level_whole(volume):
     """Every task holds whole slabs of every level: level l's rows [a/2^l, b/2^l) start on its tile."""
-    from warpdata.tiles.etl import plan_ranges
+    from warpdata.tiles.build import plan_ranges
     from warpdata.tiles.writer import TileWriter
 
     w = TileWriter(volume / "plan.zarr", (37, 50, 70), "uint16", (3, 16, 32), shards=(3, 32, 64), levels=3,

@@ -218,7 +218,7 @@ def test_a_failure_that_is_not_the_datas_keeps_the_receipts(cli, volume, referen
 
 
 def test_the_build_directory_is_a_sibling_of_the_output():
-    from warpdata.tiles.etl import build_base
+    from warpdata.tiles.build import build_base
 
     # a top-level output's build directory is its sibling under /, not inside it
     assert build_base("file", "/tiles", "0123456789abcdef", "/tiles") == "/.warp-tmp-build-0123456789ab-tiles"
