@@ -148,7 +148,7 @@ def test_crc32c_combine_matches_one_pass():
     import os
 
     from warpdata.formats import crc
-    from warpdata.tiles.writer import crc32c_combine
+    from warpdata.tiles.digests import crc32c_combine
 
     parts = [os.urandom(n) for n in (0, 1, 7, 4096, 100_003)]
     acc = 0

@@ -131,7 +131,7 @@ def test_the_manifest_covers_every_object_through_the_hash_chain(volume, referen
     """Each level's sha256 is over its slab digests, each over its objects' SHA-256s; zarr.json hashed too."""
     import hashlib
 
-    from warpdata.tiles.writer import level_digest, slab_digest
+    from warpdata.tiles.digests import level_digest, slab_digest
 
     m = json.loads(reference["manifest.json"])
     assert set(m["metadata_sha256"]) == {"zarr.json", "0/zarr.json", "1/zarr.json", "2/zarr.json"}
