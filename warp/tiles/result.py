@@ -3,11 +3,13 @@ pyramid group's ``zarr.json`` and the manifest's schema check (docs/formats/zarr
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from warpdata.artifacts.kinds import validate
 from warpdata.core.errors import DataError, InternalError
+from warpdata.core.names import ZARR_ARRAY
 from warpdata.formats import zarr_v3
 from warpdata.tiles.ome import group_attributes
 
@@ -51,3 +53,10 @@ def check_manifest(doc: dict, where: str) -> None:
     except DataError as e:
         raise InternalError(f"TileWriter built an invalid manifest: {e.message}",
                             hint="report this with the array's shape, dtype and options") from None
+
+
+def warm_manifest_check() -> None:
+    """Load what :func:`check_manifest` needs (jsonschema, the zarr-array schema and its validator)
+    ahead of the first check: the check of an empty document, whose rejection is expected."""
+    with contextlib.suppress(DataError):
+        validate({"kind": ZARR_ARRAY}, "(warm-up of the manifest check)")

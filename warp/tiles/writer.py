@@ -56,7 +56,7 @@ from warpdata.tiles.canary import check_first_chunks
 from warpdata.tiles.digests import crc32c_combine, level_digest, slab_digest
 from warpdata.tiles.layout import auto_shards, check_shards, default_axes, layout_fields
 from warpdata.tiles.pyramid import METHODS, Downsampler, downsampled_shape
-from warpdata.tiles.result import WriteResult, check_manifest, pyramid_group
+from warpdata.tiles.result import WriteResult, check_manifest, pyramid_group, warm_manifest_check
 
 __all__ = ["TileWriter", "WriteResult", "auto_shards", "crc32c_combine", "level_digest", "slab_digest"]
 
@@ -207,6 +207,10 @@ class TileWriter(CommitOnSuccess):
         self._queue: queue.Queue = queue.Queue()
         self._io = ThreadPoolExecutor(2, thread_name_prefix="warp-tiles-io")
         self._io_pending: deque[tuple[list[Future], Any]] = deque()
+        # close()'s schema check of the manifest first imports jsonschema (0.08-0.17 s here): done now,
+        # beside the compression, it is off the write's serial tail (BENCHMARKS.md, "Tiles: where the
+        # CPU writer's time goes")
+        self._warm = self._io.submit(warm_manifest_check) if self._top and self.rows is None else None
         self._shard_setup()
         # the backend finishes a slab's shards one after another and signals each, so a shard's
         # SHA-256 and write overlap the rest of the slab's compression: only the last shard's are
