@@ -4,6 +4,7 @@
     .venv/bin/python bench/tiles_write.py --gib 0.25 --runs 2   # quicker
     .venv/bin/python bench/tiles_write.py --checksum-cost       # + warp without chunk CRC-32C
     .venv/bin/python bench/tiles_write.py --dir /var/tmp        # to a disk directory instead of tmpfs
+    .venv/bin/python bench/tiles_write.py --stages --gib 0.25   # warp's CPU seconds per stage only
 
 All three write the same u16 volumes (``--volume``): the photo-like one
 (smooth structure + noise, ``warpdata.sampledata.volume``, ~2x at zstd 1) and a
@@ -233,6 +234,140 @@ class ThreadRoles:
             self.cpu[role] = self.cpu.get(role, 0.0) + t - self._base.get(tid, 0.0)
 
 
+class StageTimers:
+    """CPU seconds per stage of warp's CPU writer, each stage timed with ``time.thread_time`` in the
+    thread that runs it (``--stages``): a profile that holds under load, unlike wall time.
+
+    While it is entered it wraps, and on exit puts back, the functions each stage runs in:
+
+    * compression workers (``kernels/cpu.py``): the whole task, the tile gather (``_tile_source``),
+      zstd (``ZSTD_compress2``, called through the cffi binding), the chunk CRC-32C;
+    * the collector (``warp/tiles/writer.py``): its loop, the input's CRC-32C, shard assembly;
+    * the I/O threads: the whole object (``_put_object``: SHA-256 + put) and the put itself
+      (write, fsync, rename: ``storage/zarr_store.py``).
+
+    The wrappers cost ~1-2 µs per call (two clock reads), against ~1-3 ms of zstd per 512 KiB
+    chunk; the writer is otherwise the real one, with its real backend, threads and files.
+    """
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._undo: list[tuple[object, str, object]] = []
+
+    def _add(self, key: str, dt: float) -> None:
+        with self._lock:
+            self.cpu[key] = self.cpu.get(key, 0.0) + dt
+
+    def _timed(self, fn, key: str):
+        clock, add = time.thread_time, self._add
+
+        def timed(*args, **kwargs):
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                add(key, clock() - t0)
+
+        return timed
+
+    def _patch(self, owner: object, name: str, value: object) -> None:
+        self._undo.append((owner, name, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def __enter__(self) -> StageTimers:
+        from types import SimpleNamespace
+
+        from warpdata.formats import crc, zarr_v3
+        from warpdata.kernels import cpu
+        from warpdata.storage import zarr_store
+        from warpdata.tiles import writer
+
+        if cpu._zc is None:
+            raise SystemExit("--stages needs zstandard's cffi binding (the CPU backend's direct path)")
+        zc = cpu._zc
+        lib = SimpleNamespace(**{n: getattr(zc.lib, n) for n in dir(zc.lib) if n.startswith("ZSTD_")})
+        lib.ZSTD_compress2 = self._timed(zc.lib.ZSTD_compress2, "workers: zstd")
+        native = crc.native_extend()
+        self._patch(cpu, "_zc", SimpleNamespace(ffi=zc.ffi, lib=lib))
+        self._patch(cpu, "crc32c", SimpleNamespace(
+            extend=crc.extend,
+            native_extend=lambda: None if native is None else self._timed(native, "workers: chunk CRC-32C")))
+        self._patch(cpu.CpuBackend, "_compress_direct",
+                    self._timed(cpu.CpuBackend._compress_direct, "workers: task (all of it)"))
+        self._patch(cpu.CpuBackend, "_tile_source", self._timed(cpu.CpuBackend._tile_source, "workers: tile gather"))
+        self._patch(writer, "crc32c", SimpleNamespace(extend=self._timed(crc.extend, "collector: input CRC-32C")))
+        self._patch(zarr_v3, "shard_parts", self._timed(zarr_v3.shard_parts, "collector: shard assembly"))
+        self._patch(writer.TileWriter, "_collect_loop",
+                    self._timed(writer.TileWriter._collect_loop, "collector: loop (all of it)"))
+        self._patch(writer.TileWriter, "_put_object",
+                    self._timed(writer.TileWriter._put_object, "io: object (all of it)"))
+        self._patch(zarr_store.Store, "put", self._timed(zarr_store.Store.put, "io: put (write, fsync, rename)"))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            owner, name, value = self._undo.pop()
+            setattr(owner, name, value)
+
+    def stages(self) -> dict[str, float]:
+        """The stages, each once: the "all of it" totals less their timed parts."""
+        c = dict(self.cpu)
+        g = c.get
+        out = {
+            "workers: zstd": g("workers: zstd", 0.0),
+            "workers: tile gather": g("workers: tile gather", 0.0),
+            "workers: chunk CRC-32C": g("workers: chunk CRC-32C", 0.0),
+            "workers: Python per task and chunk": g("workers: task (all of it)", 0.0) - g("workers: zstd", 0.0)
+            - g("workers: tile gather", 0.0) - g("workers: chunk CRC-32C", 0.0),
+            "io: SHA-256 of each object": g("io: object (all of it)", 0.0) - g("io: put (write, fsync, rename)", 0.0),
+            "io: put (write, fsync, rename)": g("io: put (write, fsync, rename)", 0.0),
+            "collector: input CRC-32C": g("collector: input CRC-32C", 0.0),
+            "collector: shard assembly": g("collector: shard assembly", 0.0),
+            "collector: the rest (hand-offs, keys, canary)": g("collector: loop (all of it)", 0.0)
+            - g("collector: input CRC-32C", 0.0) - g("collector: shard assembly", 0.0),
+        }
+        return out
+
+
+def stage_profile(a: np.ndarray, runs: int, where: str, chunks=CHUNKS, shards=SHARDS) -> dict:
+    """warp's CPU writer over ``a`` ``runs`` times under :class:`StageTimers`: per stage the median
+    CPU seconds, plus ``process`` (the process's CPU, median) and ``other`` (process CPU outside
+    the timed stages: the main thread, thread start-up, page faults of fresh buffers)."""
+    from warpdata.tiles.writer import TileWriter
+
+    base = tempfile.mkdtemp(prefix="warp-bench-stages-", dir=where)
+    samples: list[dict[str, float]] = []
+    try:
+        for i in range(runs):
+            path = os.path.join(base, f"{i}.zarr")
+            with StageTimers() as st:
+                c0 = time.process_time()
+                with TileWriter(path, a.shape, a.dtype, chunks, shards=shards, level=1, backend="cpu") as w:
+                    w.write_array(a)
+                cpu = time.process_time() - c0
+            row = st.stages()
+            row["process"] = cpu
+            row["other"] = cpu - sum(v for k, v in row.items() if k != "process")
+            samples.append(row)
+            shutil.rmtree(path, ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return {k: statistics.median(r[k] for r in samples) for k in samples[0]}
+
+
+def print_stages(label: str, prof: dict, zstd_alone: float, nbytes: int) -> None:
+    """The stage table: CPU-s, share of warp's CPU, and each stage against zstd alone over the same tiles."""
+    total = prof["process"]
+    print(f"\n[{label}] warp CPU writer per stage, median of runs ({nbytes / 2**30:.2f} GiB; zstd alone over the "
+          f"same tiles {zstd_alone:.3f} CPU-s; load average {os.getloadavg()[0]:.2f})")
+    print(f"{'stage':48} {'CPU-s':>7} {'% warp':>7} {'x zstd alone':>12}")
+    for k, v in prof.items():
+        if k != "process":
+            print(f"{k:48} {v:7.3f} {100 * v / total:6.1f}% {v / zstd_alone:12.3f}")
+    print(f"{'warp, the whole process':48} {total:7.3f} {100.0:6.1f}% {total / zstd_alone:12.3f}")
+
+
 def du(path: str) -> int:
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs
                if f not in ("zarr.json", "manifest.json"))
@@ -425,6 +560,9 @@ def main(argv: list[str] | None = None) -> int:
                         "index-only: tensorstore checksums only the shard index")
     p.add_argument("--checksum-cost", action="store_true",
                    help="also run warp without the per-chunk CRC-32C (checksum=False), round-robin with the rest")
+    p.add_argument("--stages", action="store_true",
+                   help="only warp's CPU seconds per stage (zstd, gather, CRCs, SHA-256, writes, ...), "
+                        "each timed in its thread, against zstd alone over the same tiles; no peers")
     a_ = p.parse_args(argv)
 
     from warpdata.sampledata.volume import photo_like_volume
@@ -443,6 +581,11 @@ def main(argv: list[str] | None = None) -> int:
         a = makers[label]()
         print(f"{label} volume {shape} u16, {a.nbytes / 2**30:.2f} GiB, generated in {time.perf_counter() - t0:.1f} s; "
               f"{cores()} cores", file=sys.stderr)
+        if a_.stages:
+            ceil = zstd_ceiling(a, 2)
+            zstd_alone = a.nbytes / max(v[1] for k, v in ceil.items() if k != "all cores") / 1e9
+            print_stages(label, stage_profile(a, a_.runs, a_.dir), zstd_alone, a.nbytes)
+            continue
         rows, ceiling, format_ceiling, measured, load0, load1 = run_volume(a, label, a_)
         warp = rows[0]
         note = f"{label}, {a.nbytes / 2**30:.2f} GiB u16, median of {a_.runs}, load {load0[0]:.2f} -> {load1[0]:.2f}"
@@ -456,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         figures.append(figure(f"tiles write ({label}), warp ({a_.backend}), % of zstd on every core at once",
                               100 * warp[2] / measured, "%", note=note))
         del a
+    if a_.stages:
+        return 0  # a profile, not the comparison: no figures
     emit("tiles_write", figures, load_start=load_start)
     return 0
 

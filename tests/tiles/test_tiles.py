@@ -245,6 +245,30 @@ def test_etl_from_stdin_in_a_subprocess(volume_dir, tmp_path):
     np.testing.assert_array_equal(zarr.open_group(str(out), mode="r")["0"][...], a)
 
 
+_WARM_CHECK = """
+import sys, time
+import numpy as np
+from warpdata.tiles.writer import TileWriter
+assert "jsonschema" not in sys.modules
+a = np.arange(64 * 64, dtype="<u2").reshape(64, 64)
+w = TileWriter(sys.argv[1], a.shape, a.dtype, (32, 32), backend="cpu", fsync=False)
+deadline = time.monotonic() + 60  # a bound for a loaded machine, not a timing assertion
+while "jsonschema" not in sys.modules and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("loaded before close" if "jsonschema" in sys.modules else "not loaded before close")
+w.write_array(a)
+print(w.close().manifest["kind"])
+"""
+
+
+def test_the_manifest_check_is_loaded_while_the_array_compresses(tmp_path):
+    """close()'s schema check imports jsonschema; the writer loads it at start, off the serial tail."""
+    p = subprocess.run([sys.executable, "-c", _WARM_CHECK, str(tmp_path / "a.zarr")], capture_output=True,
+                       text=True, check=False)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:2] == ["loaded before close", "zarr-array"]
+
+
 def _cfg(tmp_path, body: str) -> Path:
     (tmp_path / "in.raw").write_bytes(b"\0" * (4 * 6 * 2))
     p = tmp_path / "bad.toml"

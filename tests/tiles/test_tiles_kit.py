@@ -128,7 +128,7 @@ def test_ray_gives_the_reference_bytes(cli, volume, reference, tmp_path):
 
 def test_range_plan_keeps_every_level_whole(volume):
     """Every task holds whole slabs of every level: level l's rows [a/2^l, b/2^l) start on its tile."""
-    from warpdata.tiles.etl import plan_ranges
+    from warpdata.tiles.build import plan_ranges
     from warpdata.tiles.writer import TileWriter
 
     w = TileWriter(volume / "plan.zarr", (37, 50, 70), "uint16", (3, 16, 32), shards=(3, 32, 64), levels=3,
@@ -148,7 +148,7 @@ def test_crc32c_combine_matches_one_pass():
     import os
 
     from warpdata.formats import crc
-    from warpdata.tiles.writer import crc32c_combine
+    from warpdata.tiles.digests import crc32c_combine
 
     parts = [os.urandom(n) for n in (0, 1, 7, 4096, 100_003)]
     acc = 0

@@ -131,7 +131,7 @@ def test_the_manifest_covers_every_object_through_the_hash_chain(volume, referen
     """Each level's sha256 is over its slab digests, each over its objects' SHA-256s; zarr.json hashed too."""
     import hashlib
 
-    from warpdata.tiles.writer import level_digest, slab_digest
+    from warpdata.tiles.digests import level_digest, slab_digest
 
     m = json.loads(reference["manifest.json"])
     assert set(m["metadata_sha256"]) == {"zarr.json", "0/zarr.json", "1/zarr.json", "2/zarr.json"}
@@ -218,7 +218,7 @@ def test_a_failure_that_is_not_the_datas_keeps_the_receipts(cli, volume, referen
 
 
 def test_the_build_directory_is_a_sibling_of_the_output():
-    from warpdata.tiles.etl import build_base
+    from warpdata.tiles.build import build_base
 
     # a top-level output's build directory is its sibling under /, not inside it
     assert build_base("file", "/tiles", "0123456789abcdef", "/tiles") == "/.warp-tmp-build-0123456789ab-tiles"

@@ -2,10 +2,15 @@
 
 * :class:`~warpdata.tiles.writer.TileWriter` – the streaming writer (the
   design's non-blocking ``write(buf) -> int``), sharded or unsharded, with
-  optional multiscale pyramids;
+  optional multiscale pyramids (``pyramid.py``); beside it its layout defaults
+  (``layout.py``), the hash chain (``digests.py``), the first-slab canary
+  (``canary.py``), its result and group metadata (``result.py``) and the
+  swap of a finished local output into place (``replace.py``);
 * :func:`write_array` – one call for an in-memory array;
-* ``etl.run`` – the ``warp etl`` pipeline for ``[source] format = "raw" | "npy"``;
-* ``inspect`` / ``checks`` – ``warp inspect`` and ``warp doctor`` hooks.
+* ``etl.run`` – the ``warp etl`` pipeline for ``[source] format = "raw" | "npy"``,
+  its resumable range-parallel build in ``build.py``;
+* ``inspect`` / ``preview`` / ``checks`` – ``warp inspect``, ``warp inspect --preview`` and
+  ``warp doctor`` hooks (named in ``warpdata.artifacts.kinds``).
 
 Tiling math lives in ``warpdata.formats.tiling``, the Zarr layout in
 ``warpdata.formats.zarr_v3``, the compression backends in ``warpdata.kernels``.

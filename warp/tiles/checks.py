@@ -9,17 +9,16 @@ is a WARN, since ``auto`` silently falls back to the CPU.
 
 from __future__ import annotations
 
+import os
+import shutil
+
+from warpdata.core.errors import WarpError
 from warpdata.doctor.registry import FAIL, PASS, WARN, CheckResult, check
+from warpdata.kernels import availability, resolve
 
 
 @check("tile-backends", "backends")
 def tile_backends() -> CheckResult:
-    import os
-    import shutil
-
-    from warpdata.core.errors import WarpError
-    from warpdata.kernels import availability, resolve
-
     avail = availability()
     parts = [f"{name}: {'available' if reason is None else 'unavailable (' + reason + ')'}"
              for name, reason in avail.items()]

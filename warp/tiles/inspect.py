@@ -12,15 +12,22 @@ and compared — any difference is a problem (exit 1).
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import math
 import os
 
 from warpdata.artifacts.inspect import Report
+from warpdata.artifacts.kinds import validate
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
+from warpdata.formats import crc as crc32c
 from warpdata.formats import zarr_v3
 from warpdata.storage import zarr_store
+from warpdata.tiles.digests import level_digest, slab_digest
+from warpdata.tiles.layout import layout_fields
+from warpdata.tiles.ome import describe_group
 
 
 def _read_json(path: str) -> dict | None:
@@ -108,133 +115,135 @@ def _objects(store: zarr_store.Store) -> list[tuple[str, int]]:
     return found
 
 
-def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
-    from warpdata.formats import crc as crc32c
-    from warpdata.tiles.ome import describe_group
-
-    root = os.path.dirname(target) if os.path.isfile(target) else target
+def _manifest_at(root: str) -> tuple[dict | None, str | None]:
+    """The zarr-array manifest at ``root`` when it passes its schema, and what is wrong with it otherwise."""
     manifest = _read_json(os.path.join(root, MANIFEST_NAME))
-    if manifest is not None and manifest.get("kind") != ZARR_ARRAY:
-        manifest = None
-    schema_problem = None
-    if manifest is not None:
-        from warpdata.artifacts.kinds import validate
-        from warpdata.core.errors import DataError
+    if manifest is None or manifest.get("kind") != ZARR_ARRAY:
+        return None, None
+    try:
+        validate(manifest, f"{root}/{MANIFEST_NAME}")
+    except DataError as e:  # reported; the arrays are still described from zarr.json
+        return None, e.message
+    return manifest, None
 
-        try:
-            validate(manifest, f"{root}/{MANIFEST_NAME}")
-        except DataError as e:  # reported below; the arrays are still described from zarr.json
-            schema_problem, manifest = e.message, None
+
+class _Totals:
+    """What ``inspect`` adds up over the levels, and what ``--verify`` checked and found."""
+
+    def __init__(self) -> None:
+        self.raw = self.stored = self.objects = 0
+        self.level_rows: list[list] = []
+        self.layouts: list = []
+        self.problems: list[str] = []
+        self.checked = {"levels": 0, "objects": 0, "chunks": 0, "chunk_crcs": 0, "index_crcs": 0, "metadata": 0,
+                        "content_hashes": 0}
+        self.input_crc: str | None = None
+
+
+def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
+    root = os.path.dirname(target) if os.path.isfile(target) else target
+    manifest, schema_problem = _manifest_at(root)
     paths, group = _levels(root, manifest)
     store = zarr_store.Store(root)
-    rows, problems, level_rows = [], [], []
-    total_raw = total_stored = total_objects = 0
-    first = None
-    checked = {"levels": 0, "objects": 0, "chunks": 0, "chunk_crcs": 0, "index_crcs": 0, "metadata": 0,
-               "content_hashes": 0}
-    input_crc = None
+    t = _Totals()
     if schema_problem:
-        problems.append(schema_problem)
-    if verify and group is not None:
-        checked["metadata"] += 1
-        problem = _zarr_python_check(group, f"{root}/{zarr_v3.ZARR_JSON}", group=True)
-        if problem:
-            problems.append(problem)
-    if verify and manifest is not None and isinstance(manifest.get("levels"), list):
-        listed = [lv.get("path", "") if isinstance(lv, dict) else None for lv in manifest["levels"]]
-        if listed != paths:
-            problems.append(f"{root}/{MANIFEST_NAME}: lists levels {listed} but the metadata has {paths}")
-    layouts = []
+        t.problems.append(schema_problem)
+    if verify:
+        _verify_group(root, manifest, paths, group, t)
+    first = None
     for i, p in enumerate(paths):
         st = store.sub(p)
         layout = zarr_v3.read_layout(st)
-        layouts.append(layout)
         objs = _objects(st)
-        stored = sum(n for _, n in objs)
-        raw = layout.dtype.itemsize * math.prod(layout.shape)
-        total_raw += raw
-        total_stored += stored
-        total_objects += len(objs)
-        level_rows.append([p or ".", list(layout.shape), list(layout.chunks), list(layout.shards) if layout.shards else
-                           "-", len(objs), f"{stored:,}", f"{raw / stored:.2f}" if stored else "-"])
-        if first is None:
-            first = (st, layout, objs)
+        stored, raw = sum(n for _, n in objs), layout.dtype.itemsize * math.prod(layout.shape)
+        t.layouts.append(layout)
+        t.raw, t.stored, t.objects = t.raw + raw, t.stored + stored, t.objects + len(objs)
+        t.level_rows.append([p or ".", list(layout.shape), list(layout.chunks), list(layout.shards) if layout.shards
+                             else "-", len(objs), f"{stored:,}", f"{raw / stored:.2f}" if stored else "-"])
+        first = first or (layout, objs)
         if verify:
-            checked["metadata"] += 1
-            problem = _zarr_python_check(zarr_v3.read_metadata(st), f"{st.url}/{zarr_v3.ZARR_JSON}", group=False)
-            if problem:
-                problems.append(problem)
-            counts, probs = zarr_v3.verify_array(st)
-            problems.extend(probs)
-            checked["levels"] += 1
-            for k in ("objects", "chunks", "chunk_crcs", "index_crcs"):
-                checked[k] += counts[k]
-            lv_doc = manifest["levels"][i] if manifest is not None and i < len(manifest.get("levels") or []) else {}
-            if isinstance(lv_doc, dict) and lv_doc.get("sha256"):
-                checked["content_hashes"] += 1
-                got = _level_content_sha256(st, layout, objs)
-                if got != lv_doc["sha256"]:
-                    problems.append(f"{st.url}: the objects hash to {got} but the manifest's level sha256 is "
-                                    f"{lv_doc['sha256']} (docs/formats/zarr-tiles.md, \"Content hashes\")")
-            if i == 0 and not probs and manifest is not None and manifest.get("input_crc32c"):
-                _check_manifest_layout(manifest, layout, st.url, problems)
-                crc = 0
-                for block in zarr_v3.iter_row_blocks(st, layout):
-                    crc = crc32c.extend(crc, block.reshape(-1).view("u1"))
-                input_crc = f"{crc:08x}"
-                if input_crc != manifest["input_crc32c"]:
-                    problems.append(f"{st.url}: decoded array CRC-32C {crc:08x} differs from the input's "
-                                    f"{manifest['input_crc32c']} recorded in the manifest")
-    st, layout, objs = first
-    summary = {
-        "format": "zarr-v3",
-        "shape": list(layout.shape),
-        "dtype": layout.dtype.name,
-        "chunks": list(layout.chunks),
-        "shards": list(layout.shards) if layout.shards else None,
-        "fill_value": zarr_v3.fill_value_json(layout.fill_value, layout.dtype),
-        "codec": {"name": "zstd", "level": layout.level, "checksum": "crc32c" if layout.checksum else None},
-        "levels": len(paths),
-        "objects": total_objects,
-        "raw_bytes": total_raw,
-        "stored_bytes": total_stored,
-        "ratio": round(total_raw / total_stored, 4) if total_stored else None,
-    }
-    ome_row = None
+            _verify_level(i, st, layout, objs, manifest, t)
+    layout, objs = first
+    summary = {**layout_fields(layout.shape, layout.dtype, layout.chunks, layout.shards, layout.fill_value,
+                               layout.level, layout.checksum),
+               "levels": len(paths), "objects": t.objects, "raw_bytes": t.raw, "stored_bytes": t.stored,
+               "ratio": round(t.raw / t.stored, 4) if t.stored else None}
     if group is not None:
-        ome = describe_group(group)
-        summary["ome_zarr"] = ome
-        ome_row = ["OME-Zarr", ome["text"]]
+        summary["ome_zarr"] = describe_group(group)
     if manifest is not None:
         summary.update({k: manifest[k] for k in ("backend", "input_crc32c", "downsample", "recipe_key") if k in manifest})
+    tables = [("zarr array", ["field", "value"], _array_rows(summary, layout, t)),
+              ("levels", ["path", "shape", "chunks", "shards", "objects", "bytes", "ratio"], t.level_rows)]
+    if verify:
+        summary["verified"] = not t.problems
+        summary["verification"] = dict(t.checked, input_crc32c=t.input_crc, passed=not t.problems)
+        tables.append(("verification", ["check", "result"], _verification_rows(t.checked, t.layouts, t.input_crc,
+                                                                             manifest, group, t.problems)))
+    if head:
+        tables.append(("objects", ["key", "bytes"], [[k, f"{n:,}"] for k, n in objs[:head]]))
+    return Report(kind=ZARR_ARRAY, target=target, summary=summary, tables=tables, ok=not t.problems,
+                  problems=t.problems)
+
+
+def _array_rows(summary: dict, layout, t: _Totals) -> list[list[str]]:
     rows = [["shape", f"{summary['shape']} {summary['dtype']}"],
             ["chunks / shards", f"{summary['chunks']} / {summary['shards'] or 'unsharded'}"],
             ["codec", f"zstd level {layout.level}" + (", CRC-32C per chunk" if layout.checksum else
                                                        ", no per-chunk checksum (written before warp added one)")],
             ["fill value", str(summary["fill_value"])],
-            ["stored", f"{total_stored:,} bytes in {total_objects} objects (ratio {summary['ratio']})"]]
-    if ome_row:
-        rows.append(ome_row)
-    tables = [("zarr array", ["field", "value"], rows),
-              ("levels", ["path", "shape", "chunks", "shards", "objects", "bytes", "ratio"], level_rows)]
-    if verify:
-        summary["verified"] = not problems
-        summary["verification"] = dict(checked, input_crc32c=input_crc, passed=not problems)
-        tables.append(("verification", ["check", "result"], _verification_rows(checked, layouts, input_crc,
-                                                                             manifest, group, problems)))
-    if head:
-        tables.append(("objects", ["key", "bytes"], [[k, f"{n:,}"] for k, n in objs[:head]]))
-    return Report(kind=ZARR_ARRAY, target=target, summary=summary, tables=tables, ok=not problems,
-                  problems=problems)
+            ["stored", f"{t.stored:,} bytes in {t.objects} objects (ratio {summary['ratio']})"]]
+    if "ome_zarr" in summary:
+        rows.append(["OME-Zarr", summary["ome_zarr"]["text"]])
+    return rows
+
+
+def _verify_group(root: str, manifest: dict | None, paths: list[str], group: dict | None, t: _Totals) -> None:
+    """``--verify``: the group's metadata by zarr-python, and the manifest's levels against it."""
+    if group is not None:
+        t.checked["metadata"] += 1
+        problem = _zarr_python_check(group, f"{root}/{zarr_v3.ZARR_JSON}", group=True)
+        if problem:
+            t.problems.append(problem)
+    if manifest is not None and isinstance(manifest.get("levels"), list):
+        listed = [lv.get("path", "") if isinstance(lv, dict) else None for lv in manifest["levels"]]
+        if listed != paths:
+            t.problems.append(f"{root}/{MANIFEST_NAME}: lists levels {listed} but the metadata has {paths}")
+
+
+def _verify_level(i: int, st: zarr_store.Store, layout, objs: list[tuple[str, int]], manifest: dict | None,
+                  t: _Totals) -> None:
+    """``--verify`` of level ``i``: its metadata, every object and chunk, its content hash, and (level 0)
+    the decoded array's CRC-32C against the input's recorded in the manifest."""
+    t.checked["metadata"] += 1
+    problem = _zarr_python_check(zarr_v3.read_metadata(st), f"{st.url}/{zarr_v3.ZARR_JSON}", group=False)
+    if problem:
+        t.problems.append(problem)
+    counts, probs = zarr_v3.verify_array(st)
+    t.problems.extend(probs)
+    t.checked["levels"] += 1
+    for k in ("objects", "chunks", "chunk_crcs", "index_crcs"):
+        t.checked[k] += counts[k]
+    lv_doc = manifest["levels"][i] if manifest is not None and i < len(manifest.get("levels") or []) else {}
+    if isinstance(lv_doc, dict) and lv_doc.get("sha256"):
+        t.checked["content_hashes"] += 1
+        got = _level_content_sha256(st, layout, objs)
+        if got != lv_doc["sha256"]:
+            t.problems.append(f"{st.url}: the objects hash to {got} but the manifest's level sha256 is "
+                              f"{lv_doc['sha256']} (docs/formats/zarr-tiles.md, \"Content hashes\")")
+    if i == 0 and not probs and manifest is not None and manifest.get("input_crc32c"):
+        _check_manifest_layout(manifest, layout, st.url, t.problems)
+        crc = 0
+        for block in zarr_v3.iter_row_blocks(st, layout):
+            crc = crc32c.extend(crc, block.reshape(-1).view("u1"))
+        t.input_crc = f"{crc:08x}"
+        if t.input_crc != manifest["input_crc32c"]:
+            t.problems.append(f"{st.url}: decoded array CRC-32C {crc:08x} differs from the input's "
+                              f"{manifest['input_crc32c']} recorded in the manifest")
 
 
 def _level_content_sha256(st: zarr_store.Store, layout, objs: list[tuple[str, int]]) -> str:
     """A level's content digest from its objects: per slab (one index of the slowest dimension of size > 1)
     the digest of ``<key> <sha256>`` lines in C order, then the digest of the slab digests."""
-    import hashlib
-
-    from warpdata.tiles.writer import level_digest, slab_digest
-
     first = next((d for d, n in enumerate(layout.shape) if n > 1), 0)
     slabs: dict[int, list[tuple[tuple[int, ...], str]]] = {}
     for key, _n in objs:
@@ -283,6 +292,4 @@ def _verification_rows(checked: dict, layouts: list, input_crc: str | None, mani
 
 
 def _has_zarr() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("zarr") is not None

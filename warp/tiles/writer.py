@@ -30,19 +30,20 @@ OME-Zarr-style multiscale group with levels ``0``, ``1``, ….
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
+import os
 import queue
+import shutil
 import threading
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from warpdata.core.atomic import CommitOnSuccess
+from warpdata.core.atomic import CommitOnSuccess, dir_mode
+from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import ConfigError, DataError, InternalError
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.formats import crc as crc32c
@@ -50,81 +51,14 @@ from warpdata.formats import zarr_v3
 from warpdata.formats.tiling import SlabPlan, TileGeometry
 from warpdata.kernels import TileBackend, get_backend
 from warpdata.storage import zarr_store
+from warpdata.tiles import replace
+from warpdata.tiles.canary import check_first_chunks
+from warpdata.tiles.digests import crc32c_combine, level_digest, slab_digest
+from warpdata.tiles.layout import auto_shards, check_shards, default_axes, layout_fields
 from warpdata.tiles.pyramid import METHODS, Downsampler, downsampled_shape
+from warpdata.tiles.result import WriteResult, check_manifest, pyramid_group, warm_manifest_check
 
-SHARD_CAP_BYTES = 64 << 20
-
-
-def auto_shards(shape: Sequence[int], tile: Sequence[int], itemsize: int, cap: int = SHARD_CAP_BYTES) -> tuple[int, ...]:
-    """Default shard shape: the tile's extent on the slowest kept dimension, as
-    many tiles as fit under ``cap`` bytes on the others (halving the largest)."""
-    geo = TileGeometry.create(shape, tile, np.uint8)
-    first = geo.kept[0]
-    factors = [1 if (d <= first or s <= 1) else c for d, (s, c) in enumerate(zip(geo.shape, geo.counts, strict=True))]
-    while math.prod(factors) * geo.tile_elements * itemsize > cap and max(factors) > 1:
-        i = max(range(len(factors)), key=lambda d: (factors[d], -d))
-        factors[i] = -(-factors[i] // 2)
-    return tuple(f * n for f, n in zip(factors, geo.tile, strict=True))
-
-
-def check_shards(shape: Sequence[int], tile: Sequence[int], shards: Sequence[int]) -> tuple[int, ...]:
-    geo = TileGeometry.create(shape, tile, np.uint8)
-    if len(shards) != len(shape):
-        raise ConfigError(f"shard shape {list(shards)} has {len(shards)} dimensions but the array has {len(shape)}",
-                          hint="give one shard size per dimension")
-    out = []
-    for d, (s, n, sh) in enumerate(zip(geo.shape, geo.tile, shards, strict=True)):
-        sh = 1 if s <= 1 else int(sh)
-        if sh < 1 or sh % n:
-            raise ConfigError(f"shard size {sh} in dimension {d} is not a positive multiple of the tile size {n}",
-                              hint="make every shard size a multiple of the tile size")
-        if d == geo.kept[0] and sh != n:
-            raise ConfigError(f"shard size {sh} in dimension {d} (the slowest) must equal the tile size {n}",
-                              hint="streamed writes complete one tile-height of shards at a time (docs/design.md §5)")
-        out.append(sh)
-    return tuple(out)
-
-
-def default_axes(ndim: int, names: Sequence[str] | None = None) -> list[dict]:
-    """OME-style axes: …, t, c, then up to three spatial axes z, y, x (last)."""
-    if names is None:
-        spatial = ["z", "y", "x"][-min(ndim, 3):]
-        lead = ["t", "c"][-min(ndim - len(spatial), 2):] if ndim > len(spatial) else []
-        extra = [f"dim_{i}" for i in range(ndim - len(spatial) - len(lead))]
-        names = extra + lead + spatial
-        # leading extra axes (>= 6-D) have no type: like t and c they are not downsampled
-        kinds = {"t": "time", "c": "channel", **{n: None for n in extra}}
-    else:
-        kinds = {"t": "time", "c": "channel"}
-    if len(names) != ndim:
-        raise ConfigError(f"{len(names)} axis names for {ndim} dimensions", hint="give one name per dimension")
-    out = []
-    for n in names:
-        t = kinds.get(n, "space")
-        out.append({"name": n} if t is None else {"name": n, "type": t})
-    return out
-
-
-@dataclass
-class WriteResult:
-    url: str
-    shape: tuple[int, ...]
-    dtype: str
-    raw_bytes: int
-    stored_bytes: int
-    objects: int
-    chunks: int
-    levels: list[dict] = field(default_factory=list)
-    manifest: dict[str, Any] = field(default_factory=dict)
-    #: pyramids: whether the group is valid OME-Zarr 0.5 ({"valid", "version", "reason", "text"}); None for one level
-    ome_zarr: dict[str, Any] | None = None
-    #: CRC-32C of the bytes this writer took (a range writer: its rows only)
-    crc32c: int = 0
-
-    @property
-    def ratio(self) -> float:
-        return self.raw_bytes / self.stored_bytes if self.stored_bytes else 0.0
-
+__all__ = ["TileWriter", "WriteResult", "auto_shards", "crc32c_combine", "level_digest", "slab_digest"]
 
 _STOP = object()
 _WAKE = object()  # a ticket became ready (the collector re-checks)
@@ -198,18 +132,12 @@ class TileWriter(CommitOnSuccess):
             final = zarr_store.Store(url, fsync=fsync, config=storage_config)
             self.url = final.url
             if final.local:
-                from warpdata.tiles import replace
-
                 # nothing half-written is ever visible under the final name (docs/formats/zarr-tiles.md,
                 # "Writing and replacing"): build in a temporary sibling, rename on success
                 replace.check_replaceable(final.location.path)
                 replace.clean_leftovers(final.location.path, replace.run_started())
                 self._final = final.location.path
                 if build_dir is not None:  # the ETL's resumable build directory (kept across a killed run)
-                    import os
-
-                    from warpdata.core.atomic import dir_mode
-
                     os.makedirs(build_dir, mode=dir_mode(), exist_ok=True)
                     self._tmp = str(build_dir)
                 else:
@@ -279,6 +207,10 @@ class TileWriter(CommitOnSuccess):
         self._queue: queue.Queue = queue.Queue()
         self._io = ThreadPoolExecutor(2, thread_name_prefix="warp-tiles-io")
         self._io_pending: deque[tuple[list[Future], Any]] = deque()
+        # close()'s schema check of the manifest first imports jsonschema (0.08-0.17 s here): done now,
+        # beside the compression, it is off the write's serial tail (BENCHMARKS.md, "Tiles: where the
+        # CPU writer's time goes")
+        self._warm = self._io.submit(warm_manifest_check) if self._top and self.rows is None else None
         self._shard_setup()
         # the backend finishes a slab's shards one after another and signals each, so a shard's
         # SHA-256 and write overlap the rest of the slab's compression: only the last shard's are
@@ -490,7 +422,7 @@ class TileWriter(CommitOnSuccess):
             with self._slab_lock:
                 self._slab_objs[slab_no] = [None] * len(self._tiles_per_obj)
             self._slab_sent[slab_no] = [set(), [], 0, 0]
-            # the first slab's chunks are checked (_check_chunks) before any of its objects is written
+            # the first slab's chunks are checked (canary.py) before any of its objects is written
             if self._early and slab_no != self._first_slab:
                 self.backend.on_group_ready(ticket, lambda g, s=slab_no, t=ticket: self._queue.put((_OBJECT, s, g, t)))
             # slabs arrive in stream order: checksum the input while the backend compresses it,
@@ -535,44 +467,13 @@ class TileWriter(CommitOnSuccess):
             with self._cond:
                 self._cond.notify_all()
 
-    def _check_chunks(self, data: np.ndarray, frames: list) -> None:
-        """Decode the first slab's first and last chunk on the CPU and compare them with their input.
-
-        A cheap canary (two chunks per writer, ~1 ms) against a backend that compresses the
-        wrong bytes — a GPU kernel or nvCOMP build never seen before, say: it fails the write
-        before anything is committed, instead of leaving an array that reads back wrong.
-        """
-        import zstandard
-        from warpdata.formats.tiling import gather_tile
-
-        g, counts, n = self.plan.geometry, self.plan.slab_counts, self.plan.tiles_per_slab
-        buf = np.empty(g.tile, g.dtype)
-        dctx = zstandard.ZstdDecompressor()
-        for t in sorted({0, n - 1}):
-            idx = tuple(int(i) for i in np.unravel_index(t, counts)) if counts else ()
-            expect = gather_tile(data, idx, g.tile, self.plan.fill, buf).tobytes()
-            frame = bytes(frames[t])
-            if self.checksum:
-                frame, stored = frame[:-zarr_v3.CRC_SIZE], frame[-zarr_v3.CRC_SIZE:]
-                if len(stored) != zarr_v3.CRC_SIZE or zarr_v3.chunk_crc(frame) != stored:
-                    frame = None
-            try:
-                got = "a chunk whose CRC-32C does not match" if frame is None else \
-                    dctx.decompress(frame, max_output_size=len(expect))
-            except zstandard.ZstdError as e:
-                got = f"an undecodable zstd frame ({e})"
-            if got != expect:
-                what = got if isinstance(got, str) else f"{len(got)} bytes that differ from its input"
-                raise InternalError(f"{self.url}: backend {self.backend.name} compressed chunk {idx} of the first "
-                                    f"slab into {what}; nothing was committed",
-                                    hint="write with the cpu backend ([tiles] backend = \"cpu\", WARP_BACKEND=cpu or backend=\"cpu\") "
-                                         "and report this with `warp doctor --json`")
-
     def _finish_slab(self, slab_no: int, buf_id: int, rows: int, view: np.ndarray, frames: list,
                      ticket: Any = None) -> None:
         data = view[:rows]
         if slab_no == self._first_slab and len(frames) == self.plan.tiles_per_slab:
-            self._check_chunks(data, frames)  # before the slab buffer is handed back for reuse
+            # before the slab buffer is handed back for reuse
+            check_first_chunks(self.plan, data, frames, checksum=self.checksum, url=self.url,
+                               backend=self.backend.name)
         if self._down is not None:
             down = self._down.push(data)
             if down is not None:
@@ -756,30 +657,16 @@ class TileWriter(CommitOnSuccess):
         if self._top:
             try:
                 if self.levels > 1:
-                    from warpdata.tiles.ome import group_attributes
-
-                    scales = []
-                    fac = [2.0 if a.get("type") == "space" else 1.0 for a in self.axes]
-                    for i, lv in enumerate(levels):
-                        scales.append((lv["path"], [f ** i for f in fac]))
-                    multiscale = zarr_v3.ome_multiscales(scales, self.axes, method=self.method)["ome"]["multiscales"][0]
-                    # valid OME-Zarr 0.5 where the axes qualify, else under "warp" with the reason (ome.py)
-                    attrs, result.ome_zarr = group_attributes(multiscale, self.axes)
-                    attrs.update(self.attributes)
-                    meta = zarr_v3.encode_json(zarr_v3.group_metadata(attrs))
+                    meta, result.ome_zarr = pyramid_group(levels, self.axes, self.method, self.attributes)
                     self.root.put(zarr_v3.ZARR_JSON, meta)
                     self._meta_sha[zarr_v3.ZARR_JSON] = hashlib.sha256(meta).hexdigest()
                 result.manifest = self._manifest(result)
-                _check_manifest(result.manifest, f"{self.url}/{MANIFEST_NAME}")
-                from warpdata.core.canonical import canonical_json
-
+                check_manifest(result.manifest, f"{self.url}/{MANIFEST_NAME}")
                 self.root.put(MANIFEST_NAME, canonical_json(result.manifest) + b"\n")
                 if self.on_committed is not None:
                     self.on_committed()
                 if self._tmp is not None:
-                    from warpdata.tiles.replace import publish_dir
-
-                    publish_dir(self._tmp, self._final, fsync=self._fsync)
+                    replace.publish_dir(self._tmp, self._final, fsync=self._fsync)
                     self._tmp = None
             except BaseException:
                 self._discard()
@@ -833,8 +720,6 @@ class TileWriter(CommitOnSuccess):
             return
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
         elif getattr(self, "root", None) is not None and not self.root.local:
             self.root.remove_written()
@@ -843,13 +728,7 @@ class TileWriter(CommitOnSuccess):
         g = self.geometry
         m = {
             "kind": ZARR_ARRAY,
-            "format": "zarr-v3",
-            "shape": list(g.shape),
-            "dtype": g.dtype.name,
-            "chunks": list(g.tile),
-            "shards": list(self.shards) if self.shards else None,
-            "fill_value": zarr_v3.fill_value_json(self.fill_value, g.dtype),
-            "codec": {"name": "zstd", "level": self.level, "checksum": "crc32c" if self.checksum else None},
+            **layout_fields(g.shape, g.dtype, g.tile, self.shards, self.fill_value, self.level, self.checksum),
             "array": r.levels[0]["path"],
             "levels": r.levels,
             "downsample": self.method if self.levels > 1 else None,
@@ -896,68 +775,3 @@ class TileWriter(CommitOnSuccess):
         if discard:
             self._discard()
 
-
-def slab_digest(objects) -> str:
-    """SHA-256 of a slab: one line ``<key> <object sha256>\\n`` per object, in the object grid's C order."""
-    h = hashlib.sha256()
-    for key, d in objects:
-        h.update(f"{key} {d}\n".encode())
-    return h.hexdigest()
-
-
-def level_digest(slabs) -> str:
-    """SHA-256 of a level: one line ``<slab digest>\\n`` per slab, in order."""
-    h = hashlib.sha256()
-    for d in slabs:
-        h.update(f"{d}\n".encode())
-    return h.hexdigest()
-
-
-def _gf2_times(mat: list[int], vec: int) -> int:
-    out, i = 0, 0
-    while vec:
-        if vec & 1:
-            out ^= mat[i]
-        vec >>= 1
-        i += 1
-    return out
-
-
-def _gf2_square(mat: list[int]) -> list[int]:
-    return [_gf2_times(mat, v) for v in mat]
-
-
-@functools.lru_cache(maxsize=64)
-def _zeros_operator(len2: int) -> tuple[int, ...]:
-    """The GF(2) matrix that appends ``len2`` zero bytes to a CRC-32C register (zlib's method)."""
-    op = [0x82F63B78] + [1 << n for n in range(31)]  # one zero bit
-    for _ in range(3):
-        op = _gf2_square(op)  # one zero byte
-    out = [1 << n for n in range(32)]  # identity
-    while len2:
-        if len2 & 1:
-            out = [_gf2_times(op, v) for v in out]
-        len2 >>= 1
-        if len2:
-            op = _gf2_square(op)
-    return tuple(out)
-
-
-def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC-32C of ``A + B`` from ``crc(A)``, ``crc(B)`` and ``len(B)`` (zlib's ``crc32_combine``
-    with the Castagnoli polynomial): the tasks of a range-parallel write checksum their own rows,
-    a writer its slabs. The operator for each length is cached (slabs mostly share one)."""
-    if len2 <= 0:
-        return crc1
-    return _gf2_times(list(_zeros_operator(len2)), crc1) ^ crc2
-
-
-def _check_manifest(doc: dict, where: str) -> None:
-    """The manifest against its schema before it is written: a failure is a bug in warp, not bad input."""
-    from warpdata.artifacts.kinds import validate
-
-    try:
-        validate(doc, where)
-    except DataError as e:
-        raise InternalError(f"TileWriter built an invalid manifest: {e.message}",
-                            hint="report this with the array's shape, dtype and options") from None
