@@ -12,6 +12,11 @@ import os
 from warpdata.core import envvars
 from warpdata.core.errors import ConfigError
 
+# the most workers a run may ask for: a thread, process or LocalCluster worker each, so a typo (-j
+# 20000) would start that many before the first task; an external cluster's size is its own
+MAX_WORKERS = 4096
+_TOO_MANY_HINT = f"ask for at most {MAX_WORKERS} workers (the CPU count here is {{cpus}})"
+
 
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity mask where the OS has one)."""
@@ -30,7 +35,24 @@ def env_workers() -> int | None:
         raise ConfigError(f"WARP_WORKERS={env!r} is not a positive whole number",
                           hint="set it to a worker count like 2, or unset it to use every CPU",
                           key="WARP_WORKERS")
-    return int(text)
+    return check_workers(int(text), "WARP_WORKERS", key="WARP_WORKERS")
+
+
+def check_workers(n: int, where: str, *, key: str | None = None) -> int:
+    """``n`` when it is at most :data:`MAX_WORKERS`, else ConfigError (exit 78) naming ``where``."""
+    if n > MAX_WORKERS:
+        raise ConfigError(f"{where}: {n} workers is more than the {MAX_WORKERS} a run may start",
+                          hint=_TOO_MANY_HINT.format(cpus=cpu_count()), key=key)
+    return n
+
+
+def workers_check(value: int) -> str | None:
+    """A config schema check (``Field(check=...)``) of ``[build] workers``."""
+    if value < 0:
+        return "must be >= 0"
+    if value > MAX_WORKERS:
+        return f"must be at most {MAX_WORKERS} (0 = WARP_WORKERS or the CPU count)"
+    return None
 
 
 def resolve_workers(explicit: int | None = None, configured: int | None = None, *,
@@ -42,7 +64,7 @@ def resolve_workers(explicit: int | None = None, configured: int | None = None, 
     typo in the environment is reported instead of silently ignored.
     """
     env = env_workers()
-    for v in (explicit, configured, env):
+    for v, where in ((explicit, "--workers/-j"), (configured, "[build] workers"), (env, "WARP_WORKERS")):
         if v:
-            return max(1, int(v))
+            return check_workers(max(1, int(v)), where)
     return default if default is not None else cpu_count()
