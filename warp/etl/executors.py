@@ -237,10 +237,16 @@ class DaskRunner(Runner):
         env: dict[str, str] | None = None
         try:
             if spec.address is None:
-                # an own cluster offers what the tasks ask for: one task per worker at a time
-                with _forkserver(preload) as env, dask.config.set(own_cluster_config()):
-                    self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                                host="127.0.0.1", dashboard_address=":0",  # no fixed port (8787)
+                # an own cluster offers what the tasks ask for: one task per worker slot at a time
+                layout = OWN_CLUSTER_LAYOUTS[OWN_CLUSTER_LAYOUT]
+                processes = layout["processes"]
+                n, threads = (1, workers) if layout["one_worker"] else (workers, 1)
+                with (_forkserver(preload) if processes else contextlib.nullcontext()) as env, \
+                        dask.config.set(own_cluster_config()):
+                    # threads: the scheduler and workers talk in-process (inproc://), never over a socket
+                    self.cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=processes,
+                                                **({"host": "127.0.0.1"} if processes else {}),
+                                                dashboard_address=":0",  # no fixed port (8787)
                                                 scheduler_kwargs={"dashboard": False}, silence_logs=40,
                                                 **({"resources": self.resources} if self.resources else {}),
                                                 **({"env": env} if env else {}))
@@ -411,6 +417,22 @@ OWN_CLUSTER_CONFIG: dict[str, tuple[Any, Any]] = {  # key: (distributed's defaul
     "distributed.admin.system-monitor.interval": ("500ms", "5s"),
     "distributed.worker.memory.monitor-interval": ("100ms", "1s"),
 }
+
+
+# How the LocalCluster warp starts itself (``--executor dask``) runs its workers; the external
+# cluster path (dask://, dask:FILE) is whatever the user started. Measured in CPU seconds per image
+# (BENCHMARKS.md, "ETL scaling: Dask's own LocalCluster, the layouts"):
+#   processes    one single-threaded worker process per worker, each under a nanny, forked from a
+#                fork server that imported distributed and the pipeline's modules once;
+#   threads      the workers are threads of the driver process (processes=False): no nannies, no
+#                fork server, no pickling of tasks and results; the decoders release the GIL;
+#   one-process  one worker process (and nanny) with a thread per worker.
+OWN_CLUSTER_LAYOUTS: dict[str, dict[str, bool]] = {
+    "processes": {"processes": True, "one_worker": False},
+    "threads": {"processes": False, "one_worker": False},
+    "one-process": {"processes": True, "one_worker": True},
+}
+OWN_CLUSTER_LAYOUT = "processes"
 
 
 def own_cluster_config() -> dict[str, Any]:
