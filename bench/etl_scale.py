@@ -209,6 +209,19 @@ def watched_run(cfg: Path, args: list[str], env: dict[str, str], stats: Path) ->
             "total_cpu_s": sum(roles.values()), "tasks": counts, "load_1m": (load0 + os.getloadavg()[0]) / 2}
 
 
+def evict(d: Path) -> None:
+    """Drop the corpus's pages from the page cache (``POSIX_FADV_DONTNEED``, these files only), so
+    every run's header pass reads from the disk alike: a run's 5 GB of output otherwise evicts a
+    varying part of the inputs, and the next run's header pass waits on the disk or does not."""
+    for p in d.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 # --breakdown / --scaling: the executors by name, their arguments and environment
 _DASK = ["--executor", "dask"]
 KINDS: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -244,6 +257,8 @@ def breakdown(a: argparse.Namespace) -> int:
     for i in range(a.runs):
         for name in (list(kinds) if i % 2 == 0 else list(reversed(kinds))):
             args, extra = kinds[name]
+            if a.cold:
+                evict(d)
             res[name].append(watched_run(cfg, args, {**env, **extra}, work / f"stats-{name}-{i}.json"))
     report = {}
     for name, runs in res.items():
@@ -434,6 +449,9 @@ def main() -> int:
     ap.add_argument("--scaling", action="store_true",
                     help="--breakdown of local-2, process-2, dask-2 and dask-1, with the dask-2 / dask-1 ratio "
                          "(whole command and build phase)")
+    ap.add_argument("--cold", action="store_true",
+                    help="--breakdown: drop the corpus from the page cache before every run (the header pass reads "
+                         "from the disk each time)")
     ap.add_argument("--kinds", default="",
                     help="--breakdown: the executors to run, comma-separated (" + ", ".join(KINDS) + ")")
     ap.add_argument("--idle", action="store_true",

@@ -86,6 +86,22 @@ def test_dask_local_cluster_gives_the_reference_bytes(cli, dataset, reference, t
     assert artifact(res["path"]) == reference
 
 
+@pytest.mark.parametrize("layout", ["processes", "threads", "one-process"])
+def test_every_own_cluster_layout_gives_the_reference_bytes(cli, dataset, reference, tmp_path, monkeypatch, layout):
+    """The layouts measured for an own LocalCluster (warp/etl/executors.py, OWN_CLUSTER_LAYOUTS):
+    workers as processes, as threads of the driver, one process of threads; same bytes."""
+    _dask()
+    from warpdata.etl import executors
+
+    monkeypatch.setattr(executors, "OWN_CLUSTER_LAYOUT", layout)
+    res = etl(cli, config(dataset, tmp_path / "wh"), "--executor", "dask", "-j", "2")
+    metrics = json.loads((Path(res["path"]) / "metrics.json").read_text())
+    assert metrics["cluster"]["cluster"] == "LocalCluster" and metrics["cluster"]["threads"] == 2
+    assert metrics["cluster"]["workers"] == (1 if layout == "one-process" else 2)
+    assert metrics["cluster"]["scheduler"].startswith("inproc://" if layout == "threads" else "tcp://127.0.0.1:")
+    assert artifact(res["path"]) == reference
+
+
 def _free_port() -> int:
     import socket
 
