@@ -8,8 +8,9 @@ spec (``--executor``,           runs the tasks on
 ``local`` (default), ``thread`` a thread pool in this process (decoders release the GIL)
 ``process``                     a process pool on this machine
 ``dask``                        a Dask ``LocalCluster`` started for the run: one
-                                single-threaded worker process per worker, bound
-                                to 127.0.0.1, no dashboard
+                                worker per worker, as threads of this process
+                                (in-process transport, no dashboard); a process
+                                per worker when the tasks ask for resources
 ``dask://HOST:PORT``            an existing Dask scheduler
 ``dask:SCHEDULER_FILE``         an existing Dask scheduler, by its scheduler file
 ``ray``                         Ray Core tasks on a local Ray started for the run
@@ -233,12 +234,14 @@ class DaskRunner(Runner):
         except ImportError:
             raise missing_dependency(spec.named, "distributed", "dask") from None
         self.cluster = None
+        self.layout = None
         self.address = spec.address
         env: dict[str, str] | None = None
         try:
             if spec.address is None:
                 # an own cluster offers what the tasks ask for: one task per worker slot at a time
-                layout = OWN_CLUSTER_LAYOUTS[OWN_CLUSTER_LAYOUT]
+                self.layout = OWN_CLUSTER_LAYOUT if not self.resources else RESOURCES_LAYOUT
+                layout = OWN_CLUSTER_LAYOUTS[self.layout]
                 processes = layout["processes"]
                 n, threads = (1, workers) if layout["one_worker"] else (workers, 1)
                 with (_forkserver(preload) if processes else contextlib.nullcontext()) as env, \
@@ -330,6 +333,8 @@ class DaskRunner(Runner):
     def describe(self) -> dict[str, Any]:
         d = {"executor": "dask", "scheduler": self.scheduler, "workers": self.n_workers, "threads": self.threads,
              "cluster": "LocalCluster" if self.cluster is not None else "external"}
+        if self.cluster is not None:
+            d["layout"] = self.layout
         if self.resources:
             d["resources"] = dict(sorted(self.resources.items()))
             d["workers_offering"] = self.offering
@@ -420,19 +425,28 @@ OWN_CLUSTER_CONFIG: dict[str, tuple[Any, Any]] = {  # key: (distributed's defaul
 
 
 # How the LocalCluster warp starts itself (``--executor dask``) runs its workers; the external
-# cluster path (dask://, dask:FILE) is whatever the user started. Measured in CPU seconds per image
-# (BENCHMARKS.md, "ETL scaling: Dask's own LocalCluster, the layouts"):
+# cluster path (dask://, dask:FILE) is whatever the user started. Measured in CPU seconds per image,
+# the whole process tree (BENCHMARKS.md, "Dask's own LocalCluster: workers as threads"):
 #   processes    one single-threaded worker process per worker, each under a nanny, forked from a
 #                fork server that imported distributed and the pipeline's modules once;
-#   threads      the workers are threads of the driver process (processes=False): no nannies, no
-#                fork server, no pickling of tasks and results; the decoders release the GIL;
+#   threads      the workers are threads of the driver process (processes=False, inproc://
+#                transport): no nannies, no fork server, no sockets, tasks and results not
+#                pickled; the decoders and the resize release the GIL, as on local threads;
 #   one-process  one worker process (and nanny) with a thread per worker.
+# "threads" spends the least (about 20 % less CPU per image than "processes" on the warehouse
+# job, no fork server, half the event-loop CPU) and leaves no child process to outlive a killed
+# driver. Tasks still go through the scheduler, so the own cluster keeps testing the path an
+# external cluster takes, except pickling: tests/etl/test_etl_scale.py runs an external cluster of
+# real `dask worker` processes for that.
 OWN_CLUSTER_LAYOUTS: dict[str, dict[str, bool]] = {
     "processes": {"processes": True, "one_worker": False},
     "threads": {"processes": False, "one_worker": False},
     "one-process": {"processes": True, "one_worker": True},
 }
-OWN_CLUSTER_LAYOUT = "processes"
+OWN_CLUSTER_LAYOUT = "threads"
+# tasks that ask for resources (the feature cache's GPU encoder) keep a process per worker: each
+# loads its model in its own process and device context, as on a real cluster
+RESOURCES_LAYOUT = "processes"
 
 
 def own_cluster_config() -> dict[str, Any]:
