@@ -39,6 +39,16 @@ on this machine, so ``--n 6000`` is ~11 s and ``--n 18000`` ~33 s:
 
     python bench/etl_scale.py --breakdown --n 18000 --runs 5
 
+``--scaling``: the same breakdown for ``local-2``, ``process-2``, ``dask-2`` and ``dask-1``, plus
+the dask-2 / dask-1 ratio of the whole command and of the build phase (the median of the
+back-to-back pairs' ratios). ``--kinds`` picks other executors (``dask-2-processes``,
+``dask-2-threads``, ``dask-2-one-process``: an own LocalCluster's layouts, warp/etl/executors.py);
+``--cold`` drops the corpus from the page cache before every run, so every header pass reads
+from the disk alike. The lead's quiet run (about 2 × 60 s per round at 18,000 photos... ≥ 60 s
+for dask-1 needs ``--n 30000`` or more here):
+
+    python bench/etl_scale.py --scaling --cold --n 36000 --runs 5
+
 ``--per-task``: the driver process's CPU per task of an own LocalCluster of 2 workers (client,
 scheduler and nannies), ``--n`` shard-sized tasks that do nothing, and the Dask tasks that
 carried them.
