@@ -44,10 +44,10 @@ the dask-2 / dask-1 ratio of the whole command and of the build phase (the media
 back-to-back pairs' ratios). ``--kinds`` picks other executors (``dask-2-processes``,
 ``dask-2-threads``, ``dask-2-one-process``: an own LocalCluster's layouts, warp/etl/executors.py);
 ``--cold`` drops the corpus from the page cache before every run, so every header pass reads
-from the disk alike. The lead's quiet run (about 2 × 60 s per round at 18,000 photos... ≥ 60 s
-for dask-1 needs ``--n 30000`` or more here):
+from the disk alike. For a dask-1 job of at least 60 s (issue 23's scaling target) take 30,000
+photos here (dask-1 ran 18,000 in 41.8 s, quiet); a round of the four is about 4 minutes:
 
-    python bench/etl_scale.py --scaling --cold --n 36000 --runs 5
+    python bench/etl_scale.py --scaling --cold --n 30000 --runs 5
 
 ``--per-task``: the driver process's CPU per task of an own LocalCluster of 2 workers (client,
 scheduler and nannies), ``--n`` shard-sized tasks that do nothing, and the Dask tasks that
