@@ -5,6 +5,8 @@
   of a LocalCluster, receipt writers, fsync) from ``/proc/PID/task/TID``;
 * ``WARP_BENCH_DASK_LAYOUT`` picks the layout of an own Dask LocalCluster
   (``OWN_CLUSTER_LAYOUTS`` in warp/etl/executors.py) for the run;
+* ``WARP_BENCH_HEADER_THREADS=1`` runs the warehouse's header pass on
+  ``warp.etl.workers.header_threads(-j)`` threads instead of ``-j``;
 * every runner's tasks and results are pickled once more to count the bytes a process pool or a
   cluster moves between the driver and the workers, and the tasks are counted and timed.
 
@@ -91,6 +93,18 @@ def main() -> int:
         if layout not in executors.OWN_CLUSTER_LAYOUTS:
             raise SystemExit(f"WARP_BENCH_DASK_LAYOUT={layout!r}: one of {sorted(executors.OWN_CLUSTER_LAYOUTS)}")
         executors.OWN_CLUSTER_LAYOUT = layout
+    if os.environ.get("WARP_BENCH_HEADER_THREADS"):
+        # the header pass on header_threads(-j) threads (warp/etl/workers.py) instead of -j: what the
+        # one-line change in warp/warehouse/etl.py's scan() would do, measured before it is made
+        from warpdata.etl.workers import header_threads
+        from warpdata.warehouse import etl as wetl
+
+        orig = wetl.probe_all
+
+        def probe_all(records, *, workers, **kw):
+            return orig(records, workers=header_threads(workers), **kw)
+
+        wetl.probe_all = probe_all
     for cls in (executors.LocalRunner, executors.DaskRunner, executors.RayRunner):
         cls.imap_unordered = _counting(cls.imap_unordered)
     atexit.register(_dump)

@@ -245,6 +245,10 @@ KINDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "dask-2-threads": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
     "dask-1-threads": (["-j", "1", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
     "dask-2-one-process": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "one-process"}),
+    # the header pass on warp.etl.workers.header_threads(-j) threads (set by bench/_etl_probe.py)
+    "local-2-header": (["-j", "2"], {"WARP_BENCH_HEADER_THREADS": "1"}),
+    "dask-1-header": (["-j", "1", *_DASK], {"WARP_BENCH_HEADER_THREADS": "1"}),
+    "dask-2-header": (["-j", "2", *_DASK], {"WARP_BENCH_HEADER_THREADS": "1"}),
 }
 BREAKDOWN_KINDS = ["local-2", "process-2", "dask-2"]
 SCALING_KINDS = ["local-2", "process-2", "dask-2", "dask-1"]

@@ -128,3 +128,10 @@ def test_a_local_receipt_that_cannot_be_deleted_is_a_typed_error(tmp_path):
         assert "shard-00001.json" in str(e.value)
     finally:
         receipts.chmod(0o700)
+
+
+def test_a_header_pass_gets_a_few_threads_per_worker_within_a_cap():
+    from warpdata.etl.workers import HEADER_THREADS_CAP, header_threads
+
+    assert header_threads(1) == 4 and header_threads(2) == 8
+    assert header_threads(16) == HEADER_THREADS_CAP and header_threads(100) == 100  # never fewer than the workers

@@ -68,3 +68,17 @@ def resolve_workers(explicit: int | None = None, configured: int | None = None, 
         if v:
             return check_workers(max(1, int(v)), where)
     return default if default is not None else cpu_count()
+
+
+# threads of a header pass per worker, at most HEADER_THREADS_CAP: the pass reads each source once
+# and waits on the disk more than it computes (0.16-0.18 ms of CPU per image read cold, 0.27-0.30 ms
+# of wall on 2 threads, 0.19-0.24 ms on 8: BENCHMARKS.md, "Dask's own LocalCluster: workers as
+# threads"); its reads and hashing release the GIL
+HEADER_THREADS_PER_WORKER = 4
+HEADER_THREADS_CAP = 32
+
+
+def header_threads(workers: int) -> int:
+    """Threads for a header pass on this machine when ``workers`` tasks run at once: a few per
+    worker, so the disk's latency overlaps, never fewer than ``workers``."""
+    return max(workers, min(HEADER_THREADS_CAP, HEADER_THREADS_PER_WORKER * workers))
