@@ -52,6 +52,10 @@ def _worker_tick_s(dask_worker) -> float:
     return dask_worker._tick_interval
 
 
+def _memory_limit(dask_worker):
+    return dask_worker.memory_manager.memory_limit
+
+
 def _profiling(dask_worker) -> bool:
     return "profile" in dask_worker.periodic_callbacks
 
@@ -75,7 +79,10 @@ def test_own_dask_cluster_runs_without_the_dashboards_housekeeping(layout, monke
             got = r.client.run(_worker_settings)
             assert all(v == {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
                              "distributed.admin.system-monitor.interval": "5s"} for v in got.values())
+        limits = r.client.run(_memory_limit)
     assert len(profiling) == 2 and not any(profiling.values())
+    if layout == "threads":  # a thread would hold the whole driver's memory against its share, and pause
+        assert set(limits.values()) == {None}
     assert set(ticks.values()) == {1.0}
     assert sched_tick == 1.0  # the scheduler, in this process: read when it started
     with dask.config.set({"distributed.admin.tick.interval": "50ms"}), open_runner(parse_executor("dask"), 1) as r:

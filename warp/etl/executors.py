@@ -246,9 +246,11 @@ class DaskRunner(Runner):
                 n, threads = (1, workers) if layout["one_worker"] else (workers, 1)
                 with (_forkserver(preload) if processes else contextlib.nullcontext()) as env, \
                         dask.config.set(own_cluster_config()):
-                    # threads: the scheduler and workers talk in-process (inproc://), never over a socket
+                    # threads: the scheduler and workers talk in-process (inproc://), never over a socket,
+                    # and have no memory limit: a worker thread would measure the whole driver's memory
+                    # against its share of the machine and pause (stop taking tasks) or spill for it
                     self.cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=processes,
-                                                **({"host": "127.0.0.1"} if processes else {}),
+                                                **({"host": "127.0.0.1"} if processes else {"memory_limit": 0}),
                                                 dashboard_address=":0",  # no fixed port (8787)
                                                 scheduler_kwargs={"dashboard": False}, silence_logs=40,
                                                 **({"resources": self.resources} if self.resources else {}),
