@@ -241,6 +241,7 @@ KINDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "dask-1": (["-j", "1", *_DASK], {}),
     "dask-2": (["-j", "2", *_DASK], {}),
     # the own LocalCluster's layouts (warp/etl/executors.py, OWN_CLUSTER_LAYOUTS), set by bench/_etl_probe.py
+    "dask-1-processes": (["-j", "1", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "processes"}),
     "dask-2-processes": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "processes"}),
     "dask-2-threads": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
     "dask-1-threads": (["-j", "1", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
@@ -282,7 +283,8 @@ def breakdown(a: argparse.Namespace) -> int:
     base_name = "local-2" if "local-2" in report else next(iter(report))
     base = report[base_name]["rate"]
     ratios = {}
-    for one, two in (("dask-1", "dask-2"), ("dask-1-threads", "dask-2-threads"), ("local-1", "local-2")):
+    for one, two in (("dask-1", "dask-2"), ("dask-1-threads", "dask-2-threads"),
+                     ("dask-1-processes", "dask-2-processes"), ("local-1", "local-2")):
         if one in res and two in res:
             # medians of the per-round ratios: each round's pair ran back to back, under the same load
             pairs = list(zip(res[one], res[two], strict=True))
