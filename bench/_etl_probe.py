@@ -3,6 +3,10 @@
 * every Python thread takes its name as its OS thread name (``prctl(PR_SET_NAME)``), so the bench
   can split the driver process's CPU time by thread (main, Dask's ``IO loop`` with the scheduler
   of a LocalCluster, receipt writers, fsync) from ``/proc/PID/task/TID``;
+* ``WARP_BENCH_DASK_LAYOUT`` picks the layout of an own Dask LocalCluster
+  (``OWN_CLUSTER_LAYOUTS`` in warp/etl/executors.py) for the run;
+* ``WARP_BENCH_HEADER_THREADS=1`` runs the warehouse's header pass on
+  ``warp.etl.workers.header_threads(-j)`` threads instead of ``-j``;
 * every runner's tasks and results are pickled once more to count the bytes a process pool or a
   cluster moves between the driver and the workers, and the tasks are counted and timed.
 
@@ -27,8 +31,13 @@ _libc = ctypes.CDLL(None)
 _inner = threading.Thread._bootstrap_inner
 
 
+# native thread id -> the thread's whole Python name (the OS keeps 15 bytes of it), for the bench
+NAMES: dict[int, str] = {}
+
+
 def _named_bootstrap(self):
     _libc.prctl(PR_SET_NAME, self.name.encode()[:15], 0, 0, 0)
+    NAMES[threading.get_native_id()] = self.name
     _inner(self)
 
 
@@ -53,15 +62,14 @@ def _counting(orig):
         st = STATS.setdefault(name, {"executor": self.kind, "tasks": 0, "task_bytes": 0, "result_bytes": 0,
                                      "seconds": 0.0})
         t0 = time.perf_counter()
-
-        def sized(it):
-            for t in it:
-                st["tasks"] += 1
-                st["task_bytes"] += _size(t)
-                yield t
+        # counted up front and handed on as a list: the Dask runner batches only tasks whose count
+        # it knows (a generator here made every batch one task: the first breakdowns measured that)
+        tasks = list(tasks)
+        st["tasks"] += len(tasks)
+        st["task_bytes"] += sum(_size(t) for t in tasks)
 
         try:
-            for r in orig(self, fn, sized(tasks), window=window):
+            for r in orig(self, fn, tasks, window=window):
                 st["result_bytes"] += _size(r)
                 yield r
         finally:
@@ -74,12 +82,29 @@ def _dump() -> None:
     path = os.environ.get("WARP_BENCH_STATS")
     if path:
         with open(path, "w") as f:
-            json.dump(STATS, f)
+            json.dump({**STATS, "_threads": {str(k): v for k, v in NAMES.items()}}, f)
 
 
 def main() -> int:
     from warpdata.etl import executors
 
+    layout = os.environ.get("WARP_BENCH_DASK_LAYOUT")
+    if layout:  # the own LocalCluster's layout under test (warp/etl/executors.py, OWN_CLUSTER_LAYOUTS)
+        if layout not in executors.OWN_CLUSTER_LAYOUTS:
+            raise SystemExit(f"WARP_BENCH_DASK_LAYOUT={layout!r}: one of {sorted(executors.OWN_CLUSTER_LAYOUTS)}")
+        executors.OWN_CLUSTER_LAYOUT = layout
+    if os.environ.get("WARP_BENCH_HEADER_THREADS"):
+        # the header pass on header_threads(-j) threads (warp/etl/workers.py) instead of -j: what the
+        # one-line change in warp/warehouse/etl.py's scan() would do, measured before it is made
+        from warpdata.etl.workers import header_threads
+        from warpdata.warehouse import etl as wetl
+
+        orig = wetl.probe_all
+
+        def probe_all(records, *, workers, **kw):
+            return orig(records, workers=header_threads(workers), **kw)
+
+        wetl.probe_all = probe_all
     for cls in (executors.LocalRunner, executors.DaskRunner, executors.RayRunner):
         cls.imap_unordered = _counting(cls.imap_unordered)
     atexit.register(_dump)

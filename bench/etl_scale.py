@@ -39,6 +39,16 @@ on this machine, so ``--n 6000`` is ~11 s and ``--n 18000`` ~33 s:
 
     python bench/etl_scale.py --breakdown --n 18000 --runs 5
 
+``--scaling``: the same breakdown for ``local-2``, ``process-2``, ``dask-2`` and ``dask-1``, plus
+the dask-2 / dask-1 ratio of the whole command and of the build phase (the median of the
+back-to-back pairs' ratios). ``--kinds`` picks other executors (``dask-2-processes``,
+``dask-2-threads``, ``dask-2-one-process``: an own LocalCluster's layouts, warp/etl/executors.py);
+``--cold`` drops the corpus from the page cache before every run, so every header pass reads
+from the disk alike. For a dask-1 job of at least 60 s (issue 23's scaling target) take 30,000
+photos here (dask-1 ran 18,000 in 41.8 s, quiet); a round of the four is about 4 minutes:
+
+    python bench/etl_scale.py --scaling --cold --n 30000 --runs 5
+
 ``--per-task``: the driver process's CPU per task of an own LocalCluster of 2 workers (client,
 scheduler and nannies), ``--n`` shard-sized tasks that do nothing, and the Dask tasks that
 carried them.
@@ -143,6 +153,8 @@ def _tid_cpu(pid: int) -> dict[int, tuple[str, float]]:
 
 
 def _thread_group(name: str) -> str:
+    if "Dask-Default-Threads" in name or "Dask-Actor-Threads" in name:
+        return "dask worker threads"  # an own LocalCluster's workers as threads of the driver
     if name == "IO loop" or name.startswith("Dask-"):
         return "dask loop (scheduler, nannies, client)"
     if name == "main":
@@ -190,20 +202,57 @@ def watched_run(cfg: Path, args: list[str], env: dict[str, str], stats: Path) ->
     mpath = Path(str(doc.get("path", ""))) / "metrics.json"
     if mpath.is_file():
         phases = json.loads(mpath.read_text()).get("phases_s", {})
+    counts = json.loads(stats.read_text()) if stats.is_file() else {}
+    full = counts.pop("_threads", {})  # whole thread names (the OS keeps 15 bytes)
     by_thread: dict[str, float] = {}
-    for name, cpu in threads.values():
-        g = _thread_group(name)
+    for tid, (name, cpu) in threads.items():
+        g = _thread_group(full.get(str(tid), name))
         by_thread[g] = by_thread.get(g, 0.0) + cpu
     workers = sorted((v["cpu"] for v in procs.values() if v["role"] == "worker"), reverse=True)
     roles: dict[str, float] = {}
     for v in procs.values():
         roles[v["role"]] = roles.get(v["role"], 0.0) + v["cpu"]
-    counts = json.loads(stats.read_text()) if stats.is_file() else {}
     return {"wall_s": wall, "samples": doc["samples"], "rate": doc["samples"] / wall,
             "build_s": float(phases.get("build", 0.0)), "probe_s": float(phases.get("probe", 0.0)),
             "driver_cpu_s": roles.get("driver", 0.0), "driver_threads_cpu_s": by_thread,
             "workers_cpu_s": workers, "helpers_cpu_s": roles.get("fork server", 0.0) + roles.get("resource tracker", 0.0),
             "total_cpu_s": sum(roles.values()), "tasks": counts, "load_1m": (load0 + os.getloadavg()[0]) / 2}
+
+
+def evict(d: Path) -> None:
+    """Drop the corpus's pages from the page cache (``POSIX_FADV_DONTNEED``, these files only), so
+    every run's header pass reads from the disk alike: a run's 5 GB of output otherwise evicts a
+    varying part of the inputs, and the next run's header pass waits on the disk or does not."""
+    for p in d.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# --breakdown / --scaling: the executors by name, their arguments and environment
+_DASK = ["--executor", "dask"]
+KINDS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "local-1": (["-j", "1"], {}),
+    "local-2": (["-j", "2"], {}),
+    "process-2": (["-j", "2", "--executor", "process"], {}),
+    "dask-1": (["-j", "1", *_DASK], {}),
+    "dask-2": (["-j", "2", *_DASK], {}),
+    # the own LocalCluster's layouts (warp/etl/executors.py, OWN_CLUSTER_LAYOUTS), set by bench/_etl_probe.py
+    "dask-1-processes": (["-j", "1", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "processes"}),
+    "dask-2-processes": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "processes"}),
+    "dask-2-threads": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
+    "dask-1-threads": (["-j", "1", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
+    "dask-2-one-process": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "one-process"}),
+    # the header pass on warp.etl.workers.header_threads(-j) threads (set by bench/_etl_probe.py)
+    "local-2-header": (["-j", "2"], {"WARP_BENCH_HEADER_THREADS": "1"}),
+    "dask-1-header": (["-j", "1", *_DASK], {"WARP_BENCH_HEADER_THREADS": "1"}),
+    "dask-2-header": (["-j", "2", *_DASK], {"WARP_BENCH_HEADER_THREADS": "1"}),
+}
+BREAKDOWN_KINDS = ["local-2", "process-2", "dask-2"]
+SCALING_KINDS = ["local-2", "process-2", "dask-2", "dask-1"]
 
 
 def breakdown(a: argparse.Namespace) -> int:
@@ -214,28 +263,57 @@ def breakdown(a: argparse.Namespace) -> int:
     work.mkdir(parents=True)
     env = {**os.environ, "WARP_CACHE_DIR": str(work / "cache")}
     cfg = config(d, str(work / "wh"), name="breakdown.toml", size=a.size)
-    kinds = {"local-2": ["-j", "2"], "process-2": ["-j", "2", "--executor", "process"],
-             "dask-2": ["-j", "2", "--executor", "dask"]}
+    names = a.kinds.split(",") if a.kinds else (SCALING_KINDS if a.scaling else BREAKDOWN_KINDS)
+    unknown = [k for k in names if k not in KINDS]
+    if unknown:
+        raise SystemExit(f"--kinds: unknown {unknown}; one of {', '.join(KINDS)}")
+    kinds = {k: KINDS[k] for k in names}
     res: dict[str, list[dict]] = {k: [] for k in kinds}
     for i in range(a.runs):
         for name in (list(kinds) if i % 2 == 0 else list(reversed(kinds))):
-            res[name].append(watched_run(cfg, kinds[name], env, work / f"stats-{name}-{i}.json"))
+            args, extra = kinds[name]
+            if a.cold:
+                evict(d)
+            res[name].append(watched_run(cfg, args, {**env, **extra}, work / f"stats-{name}-{i}.json"))
     report = {}
     for name, runs in res.items():
         runs.sort(key=lambda r: r["wall_s"])
         m = runs[len(runs) // 2]  # the median run, whole (its parts add up)
         report[name] = m
-    base = report["local-2"]["rate"]
+    base_name = "local-2" if "local-2" in report else next(iter(report))
+    base = report[base_name]["rate"]
+    ratios = {}
+    for one, two in (("dask-1", "dask-2"), ("dask-1-threads", "dask-2-threads"),
+                     ("dask-1-processes", "dask-2-processes"), ("local-1", "local-2")):
+        if one in res and two in res:
+            # medians of the per-round ratios: each round's pair ran back to back, under the same load
+            pairs = list(zip(res[one], res[two], strict=True))
+            ratios[f"{two} / {one}"] = {
+                "whole": statistics.median(o["wall_s"] / t["wall_s"] for o, t in pairs),
+                "build": statistics.median(o["build_s"] / max(1e-9, t["build_s"]) for o, t in pairs),
+                "one_wall_s": statistics.median(o["wall_s"] for o, _ in pairs)}
     if a.json:
         print(json.dumps({"n": a.n, "size": a.size, "runs": a.runs, "cpus": os.cpu_count(), "median_runs": report,
-                          "all": res}, indent=2))
+                          "ratios": ratios, "all": res}, indent=2))
         return 0
     loads = [r["load_1m"] for v in res.values() for r in v]
     print(f"{a.n} photos at {a.size} px, {a.runs} rounds alternated, {os.cpu_count()} CPUs, load average (1 min) "
           f"{min(loads):.2f}-{max(loads):.2f}; the median run of each executor:")
+    print(f"\n{'executor':16} {'wall s':>7} {'x ' + base_name:>10} "
+          f"{'header s':>8} {'build s':>8} {'CPU s':>7} {'ms/img':>7} {'main':>6} {'loop':>6} {'other':>6} "
+          f"{'workers':>8} {'fork':>6} {'load':>5}")
+    for name, m in report.items():
+        th = m["driver_threads_cpu_s"]
+        print(f"{name:16} {m['wall_s']:7.2f} {m['rate'] / base:10.3f} {m['probe_s']:8.2f} {m['build_s']:8.2f} "
+              f"{m['total_cpu_s']:7.2f} {1e3 * m['total_cpu_s'] / m['samples']:7.3f} {th.get('main', 0):6.2f} "
+              f"{th.get('dask loop (scheduler, nannies, client)', 0):6.2f} {th.get('other threads', 0):6.2f} "
+              f"{sum(m['workers_cpu_s']) + th.get('dask worker threads', 0):8.2f} {m['helpers_cpu_s']:6.2f} {m['load_1m']:5.2f}")
+    for k, v in ratios.items():
+        print(f"{k}: {v['whole']:.3f}x the whole command, {v['build']:.3f}x the build phase "
+              f"(median of {a.runs} back-to-back pairs; the one-worker job {v['one_wall_s']:.1f} s)")
     for name, m in report.items():
         n = m["samples"]
-        print(f"\n{name}: wall {m['wall_s']:.2f} s, {m['rate']:.1f} img/s ({m['rate'] / base:.3f}x local-2), "
+        print(f"\n{name}: wall {m['wall_s']:.2f} s, {m['rate']:.1f} img/s ({m['rate'] / base:.3f}x {base_name}), "
               f"header pass {m['probe_s']:.2f} s, build {m['build_s']:.2f} s, load {m['load_1m']:.2f}")
         print(f"  CPU s: total {m['total_cpu_s']:.2f} ({1e3 * m['total_cpu_s'] / n:.2f} ms/img); "
               f"driver process {m['driver_cpu_s']:.2f} ("
@@ -384,6 +462,14 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="where the CPU goes on local, process and dask (one job, --n photos at --size px)")
     ap.add_argument("--size", type=int, default=320, help="--breakdown: target size in px")
+    ap.add_argument("--scaling", action="store_true",
+                    help="--breakdown of local-2, process-2, dask-2 and dask-1, with the dask-2 / dask-1 ratio "
+                         "(whole command and build phase)")
+    ap.add_argument("--cold", action="store_true",
+                    help="--breakdown: drop the corpus from the page cache before every run (the header pass reads "
+                         "from the disk each time)")
+    ap.add_argument("--kinds", default="",
+                    help="--breakdown: the executors to run, comma-separated (" + ", ".join(KINDS) + ")")
     ap.add_argument("--idle", action="store_true",
                     help="CPU an idle own Dask LocalCluster (2 workers) spends, shipped settings vs warp's")
     ap.add_argument("--per-task", action="store_true",
@@ -400,7 +486,7 @@ def main() -> int:
             print(f"idle LocalCluster-2, {label} settings: % of one core per process (driver, workers): "
                   f"{pcts}, sum {sum(pcts):.1f} %")
         return 0
-    if a.breakdown:
+    if a.breakdown or a.scaling:
         return breakdown(a)
 
     sys.path.insert(0, str(ROOT / "tests"))

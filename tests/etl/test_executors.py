@@ -16,6 +16,11 @@ def _env_of(name: str) -> tuple[str, str | None, int]:
 
 @pytest.mark.parametrize("spec", ["process", pytest.param("dask", marks=pytest.mark.slow)])
 def test_workers_see_the_environment_of_now(spec, monkeypatch):
+    from warpdata.etl import executors
+
+    # an own LocalCluster's workers are threads of this process (they see its environment as it is);
+    # its process layout forks them from a fork server, which this test is about
+    monkeypatch.setattr(executors, "OWN_CLUSTER_LAYOUT", "processes")
     ex = parse_executor(spec)
     monkeypatch.setenv("WARP_TEST_RUN", "first")
     monkeypatch.setenv("WARP_TEST_GONE", "stale")  # in the fork server's environment from its start
@@ -43,30 +48,48 @@ def _tick_s(dask_scheduler) -> float:
     return dask_scheduler._tick_interval
 
 
+def _worker_tick_s(dask_worker) -> float:
+    return dask_worker._tick_interval
+
+
+def _memory_limit(dask_worker):
+    return dask_worker.memory_manager.memory_limit
+
+
 def _profiling(dask_worker) -> bool:
     return "profile" in dask_worker.periodic_callbacks
 
 
 @pytest.mark.slow
-def test_own_dask_cluster_runs_without_the_dashboards_housekeeping():
+@pytest.mark.parametrize("layout", ["threads", "processes"])
+def test_own_dask_cluster_runs_without_the_dashboards_housekeeping(layout, monkeypatch):
     """An own LocalCluster's workers do not profile their threads every 10 ms nor check their event
     loop every 20 ms (BENCHMARKS.md, "ETL scaling: where Dask's time goes"); a setting the user
-    chose is kept."""
+    chose is kept. Read from the running servers: threads of this process read the settings when
+    they started, as worker processes do."""
     import dask
+    from warpdata.etl import executors
 
+    monkeypatch.setattr(executors, "OWN_CLUSTER_LAYOUT", layout)
     with open_runner(parse_executor("dask"), 2) as r:
-        got = r.client.run(_worker_settings)
         profiling = r.client.run(_profiling)
+        ticks = r.client.run(_worker_tick_s)
         sched_tick = r.client.run_on_scheduler(_tick_s)
-    assert len(got) == 2
-    assert all(v == {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
-                     "distributed.admin.system-monitor.interval": "5s"} for v in got.values())
-    assert not any(profiling.values())
+        if layout == "processes":  # a worker process keeps the settings it started with
+            got = r.client.run(_worker_settings)
+            assert all(v == {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                             "distributed.admin.system-monitor.interval": "5s"} for v in got.values())
+        limits = r.client.run(_memory_limit)
+    assert len(profiling) == 2 and not any(profiling.values())
+    if layout == "threads":  # a thread would hold the whole driver's memory against its share, and pause
+        assert set(limits.values()) == {None}
+    assert set(ticks.values()) == {1.0}
     assert sched_tick == 1.0  # the scheduler, in this process: read when it started
     with dask.config.set({"distributed.admin.tick.interval": "50ms"}), open_runner(parse_executor("dask"), 1) as r:
-        (kept,) = r.client.run(_worker_settings).values()
-    assert kept["distributed.admin.tick.interval"] == "50ms"
-    assert kept["distributed.worker.profile.enabled"] is False
+        (kept,) = r.client.run(_worker_tick_s).values()
+        (profiled,) = r.client.run(_profiling).values()
+    assert kept == 0.05
+    assert profiled is False
 
 
 def test_batches_shrink_to_single_tasks_at_the_end():

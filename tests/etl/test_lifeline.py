@@ -55,3 +55,31 @@ def test_children_of_a_killed_process_pool_driver_end_with_it(tmp_path):
     finally:
         if _session(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc (Linux)")
+def test_a_killed_dask_driver_leaves_nothing_running(tmp_path):
+    """``--executor dask``'s own LocalCluster runs its workers as threads of the driver
+    (warp/etl/executors.py, OWN_CLUSTER_LAYOUT): mid-run the driver has no child process, so a
+    ``kill -9`` of it leaves nothing of the run (main's worker processes, nannies and fork server
+    had to be made to follow it)."""
+    pytest.importorskip("distributed", reason="the dask extra (dask, distributed) is not installed")
+    d = tmp_path / "coco"
+    generate(d, count=40, seed=5, min_side=64, max_side=150)
+    out = tmp_path / "wh"
+    proc = spawn_etl(coco_config(d, out), "-x", "dask", "-j", "2")
+    try:
+        deadline = time.monotonic() + 120
+        while not list(out.glob(".warp-tmp-build-*/receipts/shard-*.json")) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        children = [p for p in _session(proc.pid) if p[0] != proc.pid]
+        if proc.poll() is not None:
+            pytest.skip("the build finished before the driver could be killed")
+        assert children == []  # the cluster is up (a shard is receipted) and is all in the driver
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        assert _session(proc.pid) == []
+    finally:
+        if _session(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from warpdata.core import envvars
 from warpdata.core.errors import AuthenticationError, ConfigError, StorePermissionError
+from warpdata.storage.locations import StorageConfig, filesystem, parse_location
 
 # store settings that say *where* the store is and *how* to address it; never secrets
 TRAVELLING = ("WARP_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "WARP_S3_REGION", "AWS_REGION",
@@ -72,7 +73,6 @@ def _probe_path(role: str, path: str, worker: str) -> None:
 
 
 def _probe_store(role: str, url: str, worker: str) -> None:
-    from warpdata.storage.locations import StorageConfig, filesystem, parse_location
 
     cfg = StorageConfig.from_env()
     if loc_protocol(url) == "s3" and not cfg.anon:

@@ -22,7 +22,9 @@ from typing import Any
 from warpdata.core.canonical import identity
 from warpdata.core.config import ConfigSource, Field, non_negative
 from warpdata.core.errors import ConfigError
+from warpdata.etl.executors import check_spec
 from warpdata.etl.quarantine import Thresholds
+from warpdata.etl.workers import MAX_WORKERS, workers_check
 
 WAREHOUSE, FEATURE_CACHE, TILES = "tensor warehouse", "feature cache", "tiled array"
 
@@ -33,8 +35,6 @@ LEGACY_IDENTITY = ("version",)
 
 
 def _executor_check(v: Any) -> str | None:
-    from warpdata.etl.executors import check_spec  # executors imports Dask/Ray helpers: load on use
-
     problem = check_spec(v)
     if problem is None and v.strip().lower().startswith(("dask://", "dask+tcp://")):
         # a port no scheduler can listen on is the config's mistake: refused here, not after the 10 s
@@ -56,7 +56,8 @@ def _fraction(v: Any) -> str | None:
 
 
 COMMON: dict[str, Field] = {
-    "workers": Field(int, 0, "concurrent tasks; 0 = WARP_WORKERS or the CPU count", check=non_negative),
+    "workers": Field(int, 0, f"concurrent tasks, at most {MAX_WORKERS}; 0 = WARP_WORKERS or the CPU count",
+                     check=workers_check),
     "executor": Field(str, "", "where tasks run: local (this process's threads), process, dask, dask://HOST:PORT, "
                                "dask:SCHEDULER_FILE or ray; empty = WARP_EXECUTOR or local",
                       check=_executor_check),

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from warpdata.core import progress as _progress
 from warpdata.core.errors import ConfigError, InfrastructureError
+from warpdata.etl.executors import open_runner
 from warpdata.etl.receipts import Journal, ReceiptWriter
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,6 @@ def drive(tasks: Sequence[T], fn: Callable[[T], R], journal: Journal, plug: Plug
     finishes; the results in task order, and what was done. ``runner_options`` go to
     :func:`~warpdata.etl.executors.open_runner` (initializer, started, resources, preload, access);
     ``on_result(task, result)`` runs on the driver as each built task finishes."""
-    from warpdata.etl.executors import open_runner
-
     report = DriveReport(cluster={"executor": executor.text, "workers": workers})
     listed0, read0, written0 = journal.listings, journal.reads, journal.writes
     results, todo = split_receipted(tasks, journal, plug, report)

@@ -8,8 +8,9 @@ spec (``--executor``,           runs the tasks on
 ``local`` (default), ``thread`` a thread pool in this process (decoders release the GIL)
 ``process``                     a process pool on this machine
 ``dask``                        a Dask ``LocalCluster`` started for the run: one
-                                single-threaded worker process per worker, bound
-                                to 127.0.0.1, no dashboard
+                                worker per worker, as threads of this process
+                                (in-process transport, no dashboard); a process
+                                per worker when the tasks ask for resources
 ``dask://HOST:PORT``            an existing Dask scheduler
 ``dask:SCHEDULER_FILE``         an existing Dask scheduler, by its scheduler file
 ``ray``                         Ray Core tasks on a local Ray started for the run
@@ -41,10 +42,12 @@ import functools
 import itertools
 import logging
 import os
+import socket
+import threading
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from warpdata.core import envvars
@@ -66,14 +69,32 @@ class ExecutorSpec:
     kind: str  # thread | process | dask | ray
     address: str | None = None  # dask: tcp://host:port or a scheduler file; ray: its address
     text: str = "local"
+    # where the spec came from, for every error about it: "--executor", "WARP_EXECUTOR" or the
+    # config file's key ("x.toml: [build] executor"); not part of what the spec is
+    where: str = field(default="--executor", compare=False)
 
     @property
     def distributed(self) -> bool:
         return self.kind in ("dask", "ray")
 
+    @property
+    def named(self) -> str:
+        """The setting and its value as the user wrote them, to start an error message with."""
+        if self.where == "--executor":
+            return f"--executor {self.text}"
+        if self.where == "WARP_EXECUTOR":
+            return f"WARP_EXECUTOR={self.text}"
+        return f"{self.where} = {self.text!r}"
+
 
 def parse_executor(text: str, *, where: str = "--executor") -> ExecutorSpec:
-    """Parse an executor spec; ConfigError (exit 78) naming ``where`` when it is not one."""
+    """Parse an executor spec; ConfigError (exit 78) naming ``where`` when it is not one. The spec
+    keeps ``where`` for later errors about it (:attr:`ExecutorSpec.named`)."""
+    spec = _parse_executor(text, where)
+    return spec if where == "--executor" else replace(spec, where=where)
+
+
+def _parse_executor(text: str, where: str) -> ExecutorSpec:
     t = text.strip()
     low = t.lower()
     if low in ("", "local", "thread", "threads"):
@@ -114,14 +135,19 @@ def check_spec(value: Any) -> str | None:
 
 
 def resolve_executor(cli: str | None = None, configured: str | None = None, *,
-                     where_config: str = "[build] executor") -> ExecutorSpec:
-    """``--executor`` > the config's ``[build] executor`` > ``WARP_EXECUTOR`` > local threads."""
+                     where_config: str = "[build] executor", config_file: str | None = None) -> ExecutorSpec:
+    """``--executor`` > the config's ``[build] executor`` > ``WARP_EXECUTOR`` > local threads.
+
+    The spec remembers where it came from (:attr:`ExecutorSpec.where`): an error about the cluster
+    it names (unreachable, no workers, not a scheduler) names that setting, and ``config_file``
+    (the ``--config`` path) when the value came from the file."""
     env = envvars.get("WARP_EXECUTOR")
     env_spec = parse_executor(env, where="WARP_EXECUTOR") if env else None
     if cli:
         return parse_executor(cli)
     if configured:
-        return parse_executor(configured, where=where_config)
+        where = f"{config_file}: {where_config}" if config_file else where_config
+        return parse_executor(configured, where=where)
     return env_spec or ExecutorSpec("thread", None, "local")
 
 
@@ -206,16 +232,26 @@ class DaskRunner(Runner):
             import dask
             from distributed import Client, LocalCluster
         except ImportError:
-            raise missing_dependency("--executor dask", "distributed", "dask") from None
+            raise missing_dependency(spec.named, "distributed", "dask") from None
         self.cluster = None
+        self.layout = None
         self.address = spec.address
         env: dict[str, str] | None = None
         try:
             if spec.address is None:
-                # an own cluster offers what the tasks ask for: one task per worker at a time
-                with _forkserver(preload) as env, dask.config.set(own_cluster_config()):
-                    self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                                host="127.0.0.1", dashboard_address=":0",  # no fixed port (8787)
+                # an own cluster offers what the tasks ask for: one task per worker slot at a time
+                self.layout = OWN_CLUSTER_LAYOUT if not self.resources else RESOURCES_LAYOUT
+                layout = OWN_CLUSTER_LAYOUTS[self.layout]
+                processes = layout["processes"]
+                n, threads = (1, workers) if layout["one_worker"] else (workers, 1)
+                with (_forkserver(preload) if processes else contextlib.nullcontext()) as env, \
+                        dask.config.set(own_cluster_config()):
+                    # threads: the scheduler and workers talk in-process (inproc://), never over a socket,
+                    # and have no memory limit: a worker thread would measure the whole driver's memory
+                    # against its share of the machine and pause (stop taking tasks) or spill for it
+                    self.cluster = LocalCluster(n_workers=n, threads_per_worker=threads, processes=processes,
+                                                **({"host": "127.0.0.1"} if processes else {"memory_limit": 0}),
+                                                dashboard_address=":0",  # no fixed port (8787)
                                                 scheduler_kwargs={"dashboard": False}, silence_logs=40,
                                                 **({"resources": self.resources} if self.resources else {}),
                                                 **({"env": env} if env else {}))
@@ -223,16 +259,17 @@ class DaskRunner(Runner):
             else:
                 _quiet_distributed()
                 address = spec.address if spec.address.startswith("tcp://") else _scheduler_file_address(spec)
-                ident = _scheduler_identity(address, spec.text)
+                _resolve_host(address, spec.named)
+                ident = _scheduler_identity(address, spec.named)
                 self.client = Client(address, set_as_default=False, timeout=f"{CONNECT_TIMEOUT_S:g}s")
                 if not ident.get("n_workers"):
-                    _wait_for_workers(self.client, spec.text)
+                    _wait_for_workers(self.client, spec)
         except WarpError:
             self.close()
             raise
         except (OSError, TimeoutError) as e:
             self.close()
-            raise InfrastructureError(f"could not reach the Dask scheduler {spec.text}: {e}",
+            raise InfrastructureError(f"{spec.named}: could not reach the Dask scheduler: {e}",
                                       hint="check the scheduler is running and reachable, then rerun") from None
         except BaseException:
             self.close()
@@ -264,7 +301,7 @@ class DaskRunner(Runner):
             if not self.offering:
                 self.close()
                 want = " ".join(f"{k}={v:g}" for k, v in sorted(self.resources.items()))
-                raise ConfigError(f"--executor {spec.text}: no worker of the Dask cluster {self.scheduler} offers "
+                raise ConfigError(f"{spec.named}: no worker of the Dask cluster {self.scheduler} offers "
                                   f"the resources the tasks ask for ({want}); they would wait forever",
                                   hint=f"start workers with 'dask worker ... --resources \"{want}\"' (one per GPU), "
                                        "or change what the tasks ask for ([build] resources, caching_device)")
@@ -298,6 +335,8 @@ class DaskRunner(Runner):
     def describe(self) -> dict[str, Any]:
         d = {"executor": "dask", "scheduler": self.scheduler, "workers": self.n_workers, "threads": self.threads,
              "cluster": "LocalCluster" if self.cluster is not None else "external"}
+        if self.cluster is not None:
+            d["layout"] = self.layout
         if self.resources:
             d["resources"] = dict(sorted(self.resources.items()))
             d["workers_offering"] = self.offering
@@ -387,6 +426,31 @@ OWN_CLUSTER_CONFIG: dict[str, tuple[Any, Any]] = {  # key: (distributed's defaul
 }
 
 
+# How the LocalCluster warp starts itself (``--executor dask``) runs its workers; the external
+# cluster path (dask://, dask:FILE) is whatever the user started. Measured in CPU seconds per image,
+# the whole process tree (BENCHMARKS.md, "Dask's own LocalCluster: workers as threads"):
+#   processes    one single-threaded worker process per worker, each under a nanny, forked from a
+#                fork server that imported distributed and the pipeline's modules once;
+#   threads      the workers are threads of the driver process (processes=False, inproc://
+#                transport): no nannies, no fork server, no sockets, tasks and results not
+#                pickled; the decoders and the resize release the GIL, as on local threads;
+#   one-process  one worker process (and nanny) with a thread per worker.
+# "threads" spends the least (about 20 % less CPU per image than "processes" on the warehouse
+# job, no fork server, half the event-loop CPU) and leaves no child process to outlive a killed
+# driver. Tasks still go through the scheduler, so the own cluster keeps testing the path an
+# external cluster takes, except pickling: tests/etl/test_etl_scale.py runs an external cluster of
+# real `dask worker` processes for that.
+OWN_CLUSTER_LAYOUTS: dict[str, dict[str, bool]] = {
+    "processes": {"processes": True, "one_worker": False},
+    "threads": {"processes": False, "one_worker": False},
+    "one-process": {"processes": True, "one_worker": True},
+}
+OWN_CLUSTER_LAYOUT = "threads"
+# tasks that ask for resources (the feature cache's GPU encoder) keep a process per worker: each
+# loads its model in its own process and device context, as on a real cluster
+RESOURCES_LAYOUT = "processes"
+
+
 def own_cluster_config() -> dict[str, Any]:
     """The dask settings an own LocalCluster starts with (:data:`OWN_CLUSTER_CONFIG`), except
     those the user set to something else."""
@@ -423,18 +487,62 @@ def _scheduler_file_address(spec: ExecutorSpec) -> str:
         with open(spec.address, "rb") as f:
             address = json.load(f)["address"]
     except FileNotFoundError:
-        raise ConfigError(f"--executor {spec.text}: scheduler file {spec.address} does not exist",
+        raise ConfigError(f"{spec.named}: scheduler file {spec.address} does not exist",
                           hint="start 'dask scheduler --scheduler-file FILE' first, on a shared filesystem") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"--executor {spec.text}: {spec.address} is not a Dask scheduler file ({e})",
+        raise ConfigError(f"{spec.named}: {spec.address} is not a Dask scheduler file ({e})",
                           hint="pass the file 'dask scheduler --scheduler-file FILE' wrote") from None
     if not isinstance(address, str) or "://" not in address:
-        raise ConfigError(f"--executor {spec.text}: {spec.address} names no scheduler address",
+        raise ConfigError(f"{spec.named}: {spec.address} names no scheduler address",
                           hint="pass the file 'dask scheduler --scheduler-file FILE' wrote")
     return address
 
 
-def _scheduler_identity(address: str, text: str) -> dict[str, Any]:
+# a name lookup answers within this many seconds (a resolver that does not answer is the network's
+# failure, exit 75); an unknown host fails at once, before the connect's CONNECT_TIMEOUT_S
+RESOLVE_TIMEOUT_S = 5.0
+# getaddrinfo's "this name does not exist" answers: the address is wrong, a rerun cannot help (exit 78)
+_NO_SUCH_HOST = {getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL", "EAI_ADDRFAMILY")
+                 if hasattr(socket, n)}
+
+
+def _resolve_host(address: str, named: str) -> None:
+    """Look the scheduler's host up before connecting: ``distributed``'s connect retries an
+    unresolvable name until its timeout (10 s of silence), where the resolver has already said the
+    name does not exist (ConfigError, exit 78, naming the address). A resolver that does not answer
+    within :data:`RESOLVE_TIMEOUT_S`, or answers "try again", is InfrastructureError (exit 75)."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    host = host.strip("[]")  # tcp://[::1]:8786
+    if not host or not port.isdigit():
+        return  # not host:port (the connect names what is wrong with it)
+    box: list[Any] = []
+
+    def lookup() -> None:
+        try:
+            box.append(socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM))
+        except OSError as e:
+            box.append(e)
+
+    # on a thread: getaddrinfo has no timeout of its own and a dead resolver blocks it for 20 s and more
+    t = threading.Thread(target=lookup, name="warp-etl-resolve", daemon=True)
+    t.start()
+    t.join(RESOLVE_TIMEOUT_S)
+    if not box:
+        raise InfrastructureError(f"{named}: looking up the host {host!r} did not answer within "
+                                  f"{RESOLVE_TIMEOUT_S:g} s",
+                                  hint="check the network and DNS on this machine, then rerun") from None
+    e = box[0]
+    if isinstance(e, socket.gaierror) and e.errno in _NO_SUCH_HOST:
+        raise ConfigError(f"{named}: the host {host!r} of {address} does not resolve ({e.strerror})",
+                          hint="pass the address 'dask scheduler' printed (tcp://HOST:8786 by default), "
+                               "spelled as this machine resolves it")
+    if isinstance(e, OSError):
+        raise InfrastructureError(f"{named}: could not look up the host {host!r} of {address}: {e}",
+                                  hint="check the network and DNS on this machine, then rerun")
+
+
+def _scheduler_identity(address: str, named: str) -> dict[str, Any]:
     """The scheduler's ``identity`` reply, within :data:`CONNECT_TIMEOUT_S`.
 
     ``distributed.Client(address, timeout=...)`` bounds the TCP connect but not the handshake: a
@@ -456,32 +564,33 @@ def _scheduler_identity(address: str, text: str) -> dict[str, Any]:
     try:
         reply = asyncio.run(asyncio.wait_for(ask(), CONNECT_TIMEOUT_S))
     except TimeoutError:
-        raise InfrastructureError(f"--executor {text}: {address} did not answer as a Dask scheduler within "
+        raise InfrastructureError(f"{named}: {address} did not answer as a Dask scheduler within "
                                   f"{CONNECT_TIMEOUT_S:g} s",
                                   hint="check the address is the one 'dask scheduler' printed (its port, "
                                        "8786 by default) and that the scheduler is running, then rerun") from None
     except OSError as e:
-        raise InfrastructureError(f"--executor {text}: could not reach the Dask scheduler at {address}: {e}",
+        raise InfrastructureError(f"{named}: could not reach the Dask scheduler at {address}: {e}",
                                   hint="check the scheduler is running and reachable, then rerun") from None
     except Exception as e:  # a peer that speaks something else: the protocol fails to parse
-        raise ConfigError(f"--executor {text}: {address} is not a Dask scheduler ({type(e).__name__}: {e})",
+        raise ConfigError(f"{named}: {address} is not a Dask scheduler ({type(e).__name__}: {e})",
                           hint="pass the address 'dask scheduler' printed (tcp://HOST:8786 by default)") from None
     kind = reply.get("type") if isinstance(reply, dict) else None
     if kind != "Scheduler":
-        raise ConfigError(f"--executor {text}: {address} is a Dask {kind or 'peer'}, not a scheduler",
+        raise ConfigError(f"{named}: {address} is a Dask {kind or 'peer'}, not a scheduler",
                           hint="pass the scheduler's address (the one 'dask scheduler' printed), not a worker's")
     return reply
 
 
-def _wait_for_workers(client: Any, text: str) -> None:
+def _wait_for_workers(client: Any, spec: ExecutorSpec) -> None:
     """Wait up to ``WARP_CLUSTER_WAIT`` seconds for a first worker, saying so (a silent wait looks
     like a hang); InfrastructureError (exit 75) when none joins."""
     wait = cluster_wait()
-    log.warning(f"waiting up to {wait:g} s for a worker to join the Dask scheduler {text} (WARP_CLUSTER_WAIT)")
+    log.warning(f"waiting up to {wait:g} s for a worker to join the Dask scheduler {spec.text} ({spec.where}; "
+                "WARP_CLUSTER_WAIT)")
     try:
         client.wait_for_workers(1, timeout=wait)
     except TimeoutError:
-        raise InfrastructureError(f"--executor {text}: no Dask worker joined the scheduler within {wait:g} s",
+        raise InfrastructureError(f"{spec.named}: no Dask worker joined the scheduler within {wait:g} s",
                                   hint=f"start workers with 'dask worker {client.scheduler.address}' "
                                        "(README, \"Clusters\"), or raise WARP_CLUSTER_WAIT, then rerun") from None
 
@@ -623,7 +732,7 @@ class RayRunner(Runner):
         try:
             import ray
         except ImportError:
-            raise missing_dependency("--executor ray", "ray", "ray") from None
+            raise missing_dependency(spec.named, "ray", "ray") from None
         self.ray = ray
         self.own = spec.address is None
         self.guard = None
@@ -648,7 +757,7 @@ class RayRunner(Runner):
         self.initializer = initializer
         if access:
             try:
-                self._probe_nodes(access, spec.text)
+                self._probe_nodes(access, spec.named)
             except BaseException:
                 self.close()
                 raise
@@ -658,7 +767,7 @@ class RayRunner(Runner):
         if missing:
             self.close()
             want = ", ".join(f"{k}={v:g}" for k, v in sorted(missing.items()))
-            raise ConfigError(f"--executor {spec.text}: the Ray cluster offers none of the resources the tasks ask "
+            raise ConfigError(f"{spec.named}: the Ray cluster offers none of the resources the tasks ask "
                               f"for ({want}); they would wait forever",
                               hint="start Ray nodes with those resources (ray start --num-gpus / --resources), "
                                    "or change what the tasks ask for ([build] resources, caching_device)")
@@ -687,7 +796,7 @@ class RayRunner(Runner):
             cause = e.as_instanceof_cause()
             raise (cause.cause if getattr(cause, "cause", None) is not None else cause) from None
         except ray.exceptions.GetTimeoutError:
-            raise InfrastructureError(f"--executor {text}: the Ray cluster's nodes did not run the access probe "
+            raise InfrastructureError(f"{text}: the Ray cluster's nodes did not run the access probe "
                                       f"within {PROBE_TIMEOUT_S:g} s",
                                       hint="check every node is up ('ray status'), then rerun") from None
 
@@ -775,7 +884,7 @@ def require(spec: ExecutorSpec) -> None:
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise missing_dependency(f"--executor {spec.text}", pkg, extra)
+            raise missing_dependency(spec.named, pkg, extra)
 
 
 def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,

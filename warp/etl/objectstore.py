@@ -23,6 +23,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from warpdata.core import envvars
 from warpdata.core.errors import (
     AuthenticationError,
     ConfigError,
@@ -31,6 +32,8 @@ from warpdata.core.errors import (
     WarpError,
 )
 from warpdata.core.names import MANIFEST_NAME
+from warpdata.etl.access import CREDENTIALS_HINT
+from warpdata.storage.locations import StorageConfig, filesystem, parse_location
 
 MANIFEST = MANIFEST_NAME
 LATEST = "latest"
@@ -42,7 +45,6 @@ def is_url(text: str | None) -> bool:
 
 
 def staging_root(url: str) -> Path:
-    from warpdata.core import envvars
     h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
     return Path(envvars.default_cache_dir()) / "etl-staging" / h
 
@@ -67,8 +69,6 @@ def credentials_error(e: BaseException, url: str) -> AuthenticationError | None:
         return None
     import socket
 
-    from warpdata.etl.access import CREDENTIALS_HINT
-
     return AuthenticationError(f"no S3 credentials on {socket.gethostname()} (pid {os.getpid()}) for {url}: "
                                f"{type(e).__name__}: {e}", hint=CREDENTIALS_HINT)
 
@@ -86,8 +86,6 @@ def _is_infra(e: BaseException) -> bool:
 
 def upload_version(local: Path, url: str) -> tuple[str, dict[str, int]]:
     """Upload the finished version directory ``local`` under ``url``; returns its URL and counts."""
-    from warpdata.storage.locations import filesystem, parse_location
-
     loc = parse_location(url)
     fs = filesystem(loc)
     dest = loc.join(local.name)
@@ -134,8 +132,6 @@ def check_reachable(url: str) -> None:
     """Fail fast (exit 75) when the store at ``url`` cannot be reached, before any work."""
     import dataclasses
 
-    from warpdata.storage.locations import StorageConfig, filesystem, parse_location
-
     loc = parse_location(url)
     # one quick attempt: the store is either there or the run stops before any work
     cfg = dataclasses.replace(StorageConfig.from_env(), retries=1, connect_timeout=5.0) if loc.protocol == "s3" else None
@@ -168,8 +164,6 @@ def find_version_dir(url: str, version: str) -> tuple[str | None, bool]:
     the version a killed run was writing (its shards are reused); ``None``
     when there is none.
     """
-    from warpdata.storage.locations import filesystem, parse_location
-
     loc = parse_location(url)
     fs = filesystem(loc)
     tail = "-" + version[:12]
@@ -187,8 +181,6 @@ def find_version_dir(url: str, version: str) -> tuple[str | None, bool]:
 
 def list_sizes(url: str) -> dict[str, int]:
     """``{name: size}`` of the objects directly under ``url`` (one listing; empty when absent)."""
-    from warpdata.storage.locations import filesystem, parse_location
-
     loc = parse_location(url)
     fs = filesystem(loc)
     try:
@@ -205,8 +197,6 @@ def put_create_only(local: str, url: str) -> bool:
     Called by the worker that built the file, so shard bytes go to the store
     from where they were made; a killed driver's rerun finds them there.
     """
-    from warpdata.storage.locations import filesystem, parse_location
-
     loc = parse_location(url)
     fs = filesystem(loc)
     try:
@@ -221,7 +211,6 @@ def put_create_only(local: str, url: str) -> bool:
 
 
 def read_manifest(url: str) -> bytes:
-    from warpdata.storage.locations import filesystem, parse_location
 
     loc = parse_location(url)
     return _call(url, filesystem(loc).cat_file, f"{loc.path}/{MANIFEST}")

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warpdata.core.atomic import atomic_file
 from warpdata.core.errors import ConfigError, DataError
 
 CATEGORIES = ("missing", "invalid")
@@ -432,7 +433,6 @@ class Quarantine:
 def _write_parquet(path: Any, columns: dict[str, Any]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from warpdata.core.atomic import atomic_file
 
     with atomic_file(path, fsync=False) as f:
         pq.write_table(pa.table(columns), f, compression="zstd")

@@ -13,16 +13,18 @@ receipt; the journal is removed before the version becomes visible.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from warpdata.core.atomic import create_exclusive
 from warpdata.core.canonical import canonical_json
-from warpdata.core.errors import InfrastructureError, InternalError
+from warpdata.core.errors import InfrastructureError, InternalError, WarpError, os_failure
+from warpdata.storage.errors import translate_storage_error
+from warpdata.storage.locations import filesystem, parse_location
 
 RECEIPT_VERSION = 1
 DIR = "receipts"
@@ -37,12 +39,20 @@ def _infra(e: BaseException, what: str) -> InfrastructureError:
                                "rerun the same command once it is back: finished shards are reused")
 
 
+def _store_error(e: BaseException, action: str, url: str) -> WarpError:
+    """A store client's exception (s3fs, botocore, aiohttp) as warp's typed error: credentials,
+    permissions and a missing bucket or endpoint as the registry maps them (warp/storage/errors.py,
+    exit 77/78), anything else as a temporary failure (exit 75), never the raw library exception."""
+    typed = translate_storage_error(e, url, action)
+    if isinstance(typed, WarpError):
+        return typed
+    return _infra(e, f"could not {action} {url}")
+
+
 class Journal:
     """The receipts under ``base`` (a local directory or an fsspec URL)."""
 
     def __init__(self, base: str) -> None:
-        from warpdata.storage.locations import filesystem, parse_location
-
         # shard ids whose receipt :meth:`load_all` found damaged or foreign and deleted: the
         # pipeline deletes their shards' objects too before rebuilding them (rule 2 of
         # docs/formats/receipts.md)
@@ -75,7 +85,11 @@ class Journal:
         except OSError as e:
             if self.local:
                 return None
-            raise _infra(e, f"could not read the receipt {self.loc.protocol}://{p}") from None
+            raise _store_error(e, "read the receipt", f"{self.loc.protocol}://{p}") from None
+        except Exception as e:  # botocore's own errors are not OSErrors
+            if self.local:
+                raise
+            raise _store_error(e, "read the receipt", f"{self.loc.protocol}://{p}") from None
         try:
             doc = json.loads(raw)
         except ValueError:
@@ -98,7 +112,11 @@ class Journal:
         except OSError as e:
             if self.local:
                 return {}
-            raise _infra(e, f"could not list the receipts under {self.loc.url}") from None
+            raise _store_error(e, "list the receipts under", self.loc.url) from None
+        except Exception as e:  # botocore's own errors are not OSErrors
+            if self.local:
+                raise
+            raise _store_error(e, "list the receipts under", self.loc.url) from None
         sids = [n[:-5] for n in sorted(names)]
         # one listing, then the receipts read RECEIPT_CONCURRENCY at a time: a resume of 10,000
         # shards waits for ~10,000 / 16 round trips to the store, not 10,000
@@ -157,28 +175,40 @@ class Journal:
             return True
         except FileExistsError:
             return False
-        except OSError as e:
+        except Exception as e:
             if "PreconditionFailed" in str(e) or "412" in str(e):
                 return False
-            raise _infra(e, f"could not write the receipt s3://{p}") from None
+            raise _store_error(e, "write the receipt", f"{self.loc.protocol}://{p}") from None
 
     def forget(self, shard_id: str) -> None:
-        """Drop a receipt that failed verification (its shard is rebuilt)."""
-        with contextlib.suppress(FileNotFoundError):
+        """Drop a receipt that failed verification (its shard is rebuilt). A store that refuses or
+        does not answer is warp's typed error (exit 75/77/78), never the client library's."""
+        p = self.path(shard_id)
+        try:
             if self.local:
-                os.unlink(self.path(shard_id))
+                os.unlink(p)
             else:
-                self.fs.rm_file(self.path(shard_id))
+                self.fs.rm_file(p)
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            if self.local:
+                if isinstance(e, OSError):
+                    raise os_failure(e, p) from None
+                raise
+            raise _store_error(e, "delete the receipt", f"{self.loc.protocol}://{p}") from None
 
     def remove(self) -> None:
         """Remove the whole journal (once the manifest is written)."""
         if self.local:
-            import shutil
-
             shutil.rmtree(self.loc.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(self.loc.path, recursive=True)
+            return
+        try:
+            self.fs.rm(self.loc.path, recursive=True)
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise _store_error(e, "delete the receipts under", self.loc.url) from None
 
 
 class ReceiptWriter:

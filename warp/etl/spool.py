@@ -24,6 +24,9 @@ import uuid
 from pathlib import Path
 
 from warpdata.core import envvars
+from warpdata.core.errors import MissingInputError
+from warpdata.etl.objectstore import _infra, _is_infra
+from warpdata.storage.locations import filesystem, parse_location
 
 
 def spool_base() -> Path:
@@ -98,10 +101,6 @@ def remove_mirror(mirror: Path) -> None:
 def download_folder(url: str, dest: Path) -> Path:
     """Copy every object under ``url`` into ``dest`` (relative keys kept); returns ``dest``.
     MissingInputError naming the URL when there is nothing there."""
-    from warpdata.core.errors import MissingInputError
-    from warpdata.etl.objectstore import _infra, _is_infra
-    from warpdata.storage.locations import filesystem, parse_location
-
     loc = parse_location(url.rstrip("/"))
     fs = filesystem(loc)
     prefix = loc.path.rstrip("/") + "/"
