@@ -56,7 +56,8 @@ def test_an_unreachable_scheduler_from_the_config_file_names_the_config_key(cli,
     cfg = coco_config(dataset, tmp_path / "wh", name="cfgexec.toml", build=f'executor = "dask://127.0.0.1:{port}"')
     r = cli("etl", "--config", cfg)
     assert r.code == 75, r.err
-    assert f"[build] executor = 'dask://127.0.0.1:{port}'" in r.err and "--executor" not in r.err, r.err
+    assert f"cfgexec.toml: [build] executor = 'dask://127.0.0.1:{port}'" in r.err, r.err
+    assert "--executor" not in r.err, r.err
 
 
 # -- an unknown host -----------------------------------------------------------------------------

@@ -258,7 +258,7 @@ def run(req: EtlRequest) -> EtlResult:
     cfg = check_config(req.config, req.source)
     spec = spec_from_config(cfg, Path(req.config_path).parent, req, req.source)
     b = cfg["build"]
-    executor = resolve_executor(req.executor, b["executor"] or None)
+    executor = resolve_executor(req.executor, b["executor"] or None, config_file=str(req.config_path) if req.config_path else None)
     with _local_sources(spec) as local_spec:
         res = build_cache(local_spec, clear=req.clear, allow_invalid=req.allow_invalid,
                           workers=resolve_workers(req.workers, b["workers"]), executor=executor,

@@ -261,7 +261,7 @@ def run(req: EtlRequest) -> EtlResult:
     shards = None if shards == "none" else shards
     backend_name = resolve_backend(tiles["backend"])
     build = cfg["build"]
-    executor = resolve_executor(req.executor, build["executor"] or None)
+    executor = resolve_executor(req.executor, build["executor"] or None, config_file=str(req.config_path) if req.config_path else None)
     require(executor)
     if executor.kind == "thread":
         # one process: its compression threads are the workers (--workers > [tiles] threads > WARP_WORKERS)
@@ -295,7 +295,7 @@ def run(req: EtlRequest) -> EtlResult:
                       axes=cfg["output"]["axes"], manifest_extra=extra)
         t0 = time.perf_counter()
         if executor.kind != "thread" and inp.path == "-":
-            raise ConfigError(f"--executor {executor.text}: the workers cannot read this process's stdin",
+            raise ConfigError(f"{executor.named}: the workers cannot read this process's stdin",
                               hint="write the input to a file the workers can read (a shared filesystem "
                                    "or s3://...), or use the local executor")
         counts: dict[str, Any] = {}

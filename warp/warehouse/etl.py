@@ -139,7 +139,7 @@ def _run_prestarted(req: EtlRequest, store: str | None = None) -> EtlResult:
     """A distributed executor is started while the driver scans the inputs (it takes seconds)."""
     cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
                        output_override=req.output, workers_override=req.workers)
-    executor = resolve_executor(req.executor, cfg.executor)
+    executor = resolve_executor(req.executor, cfg.executor, config_file=str(req.config_path) if req.config_path else None)
     if not executor.distributed:
         return _run(req, store=store)
     require(executor)
@@ -191,7 +191,7 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
     cfg = wconfig.load(req.config, req.source, req.config_path, input_override=req.input,
                        output_override=req.output, workers_override=req.workers)
     workers = resolve_workers(req.workers, cfg.workers)
-    executor = resolve_executor(req.executor, cfg.executor)
+    executor = resolve_executor(req.executor, cfg.executor, config_file=str(req.config_path) if req.config_path else None)
     import cv2  # heavy (OpenCV): only a build needs it, never the CLI's start-up
 
     cv2.setNumThreads(1)  # parallelism comes from whole-shard workers

@@ -19,6 +19,7 @@ from warpdata.core import progress as _progress
 from warpdata.etl import cut
 from warpdata.etl.executors import LocalRunner
 from warpdata.etl.quarantine import Quarantine
+from warpdata.etl.workers import header_threads
 from warpdata.warehouse import config as wconfig
 from warpdata.warehouse import labels as wlabels
 from warpdata.warehouse import remote
@@ -72,7 +73,7 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     elif runner is not None:
         outcomes = _probe_on_runner(cfg, ls.records, params, runner)
     else:
-        outcomes = probe_all(ls.records, workers=workers, limits=cfg.limits, **params)
+        outcomes = probe_all(ls.records, workers=header_threads(workers), limits=cfg.limits, **params)
     valid: list[ValidSample] = []
     sources: list[tuple[str, str, int]] = []
     truncated_boxes = 0
