@@ -21,6 +21,10 @@ class LocalObjectStore(ObjectStore):
         super().__init__(location, config)
         self.stale_after = stale_after
 
+    @classmethod
+    def for_location(cls, location: Location, config: StorageConfig, *, stale_lock_after: float) -> LocalObjectStore:
+        return cls(location, config, stale_lock_after)
+
     def exists(self, key: str) -> bool:
         return os.path.exists(self.path(key))
 
