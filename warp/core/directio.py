@@ -28,6 +28,8 @@ import threading
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from warpdata.core import envvars
+
 BLOCK = 4096
 # where O_DIRECT skips the page cache and behaves (tmpfs accepts it on new kernels but copies into
 # memory anyway; network and FUSE filesystems vary; btrfs checksums direct writes in flight)
@@ -77,7 +79,6 @@ def filesystem_type(path: str | os.PathLike) -> str | None:
 
 def wants_direct(path: str | os.PathLike) -> bool:
     """Whether large writes under ``path`` should use O_DIRECT (``WARP_DIRECT_IO``: auto, 1, 0)."""
-    from warpdata.core import envvars
     if not hasattr(os, "O_DIRECT"):
         return False
     mode = (envvars.get("WARP_DIRECT_IO") or "auto").strip().lower()

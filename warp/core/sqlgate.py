@@ -57,6 +57,7 @@ from typing import Any
 
 from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, UsageError
+from warpdata.core.sizes import format_size, parse_size
 
 __all__ = ["ALLOWED_FUNCTIONS", "MAX_DEPTH", "MAX_SQL_CHARS", "QUERY_FUNCTIONS", "SAFE_CONFIG", "QueryLimitError",
            "QueryLimits", "check_filter", "check_query", "confine", "connect", "guarded", "lock", "serialize_sql",
@@ -105,8 +106,6 @@ class QueryLimits:
 
     @classmethod
     def from_env(cls) -> QueryLimits:
-        from warpdata.core.sizes import parse_size
-
         d = cls.defaults()
         threads, memory, timeout = d.threads, d.memory_bytes, d.timeout_s
         raw = envvars.get("WARP_SQL_THREADS")
@@ -214,8 +213,6 @@ def guarded(con, what: str, limits: QueryLimits | None = None) -> Iterator[None]
                               hint="narrow it (a WHERE clause, a LIMIT), or raise WARP_SQL_TIMEOUT "
                                    "(seconds, 0 for no limit)", timeout_s=lim.timeout_s) from None
     except duckdb.OutOfMemoryException:
-        from warpdata.core.sizes import format_size
-
         raise QueryLimitError(f"{what} needs more than its memory limit of {format_size(lim.memory_bytes)}",
                               hint="narrow it (fewer columns, a WHERE clause, fewer groups), or raise "
                                    "WARP_SQL_MEMORY (e.g. 8GB)", memory_bytes=lim.memory_bytes) from None

@@ -17,7 +17,13 @@ import hashlib
 import uuid
 
 from warpdata.core import envvars
+from warpdata.core.sqlgate import confine, connect
 from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult, check, dir_check
+from warpdata.registry.store import Store
+from warpdata.storage.base import open_object_store
+from warpdata.storage.errors import translate_storage_error
+from warpdata.storage.locations import missing_store_folder
+from warpdata.storage.remote import HttpStatusError
 
 # why the store cannot be used, once a store check found out (later store checks SKIP on it)
 _STORE_BLOCKED: dict[str, str] = {}
@@ -44,8 +50,6 @@ def store_credentials() -> CheckResult:
 
 
 def _credentials() -> CheckResult:
-    from warpdata.storage.base import open_object_store
-
     url = envvars.default_store()
     try:
         objects = open_object_store(url)
@@ -70,8 +74,6 @@ def _credentials() -> CheckResult:
 
 def _store_failure(url: str, e: Exception, what: str) -> CheckResult:
     """One line naming the cause (refused, DNS, timeout, credentials, bucket) and its fix."""
-    from warpdata.storage.errors import translate_storage_error
-
     err = translate_storage_error(e, url, what)
     hint = getattr(err, "hint", None)
     if err is e or not hint:
@@ -90,9 +92,6 @@ def store() -> CheckResult:
 
 
 def _store() -> CheckResult:
-    from warpdata.storage.base import open_object_store
-    from warpdata.storage.locations import missing_store_folder
-
     url = envvars.default_store()
     try:
         objects = open_object_store(url)
@@ -133,8 +132,6 @@ def _store() -> CheckResult:
 
 def _http_store(objects) -> CheckResult:
     """A store served over HTTP(S): reachable? (read-only: nothing is written, nothing listed)."""
-    from warpdata.storage.remote import HttpStatusError
-
     url, remote = objects.url, objects.remote
     facts: dict = {"url": url, "read_only": True}
     try:
@@ -167,7 +164,6 @@ def duckdb_parquet() -> CheckResult:
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from warpdata.storage.base import open_object_store
 
     url = envvars.default_store()
     try:
@@ -189,8 +185,6 @@ def duckdb_parquet() -> CheckResult:
         return CheckResult(FAIL, f"cannot write a Parquet probe to {url}: {type(e).__name__}: {e}",
                            "fix the 'store' check first")
     try:
-        from warpdata.core.sqlgate import confine, connect
-
         if loc.protocol == "file":
             con = connect()
         elif loc.protocol == "s3":
@@ -215,8 +209,6 @@ def duckdb_parquet() -> CheckResult:
 
 
 def _registry_store():
-    from warpdata.registry.store import Store
-
     return Store(envvars.default_store())
 
 
@@ -255,8 +247,6 @@ def create_only() -> CheckResult:
         second = store.put_object(key, b"other bytes")
         got = store.get_object(key)
     except Exception as e:
-        from warpdata.storage.errors import translate_storage_error
-
         err = translate_storage_error(e, store.url, "write")
         return CheckResult(FAIL, f"store {store.url}: create-only write failed: {err}",
                            getattr(err, "hint", None) or "check WARP_STORE, the endpoint and credentials")

@@ -27,6 +27,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from warpdata.core.sqlgate import QueryLimitError, serialize_sql
+
 __all__ = ["MAX_ROW_GROUP_STATS", "MAX_STAT_COLUMNS", "MAX_STRING_STAT", "Predicate", "footer_size_of",
            "parse_footer", "shard_stats"]
 
@@ -178,7 +180,6 @@ class Predicate:
     def parse(cls, expr: str, column_names: list[str]) -> Predicate | None:
         """The predicate of ``WHERE expr``, or None when DuckDB cannot parse it here."""
         import duckdb
-        from warpdata.core.sqlgate import QueryLimitError, serialize_sql
 
         try:
             raw = serialize_sql(f"SELECT * FROM warp_table WHERE {expr}")  # the process's parsing connection

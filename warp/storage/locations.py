@@ -29,7 +29,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError, DependencyError, install_hint
+from warpdata.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    DependencyError,
+    ReadOnlyStoreError,
+    install_hint,
+)
+from warpdata.core.sqlgate import connect
 
 
 @dataclass(frozen=True)
@@ -136,8 +143,6 @@ class StorageConfig:
 
     def duckdb_connect(self, fs=None):
         """A DuckDB connection whose ``s3://`` reads go through the same s3fs settings."""
-        from warpdata.core.sqlgate import connect
-
         con = connect()  # never installs or auto-loads an extension
         con.register_filesystem(fs if fs is not None else self.s3fs())
         return con
@@ -188,8 +193,6 @@ def _s3fs_class(s3fs: Any) -> type:
 
 
 def _no_credentials_error(cfg: StorageConfig) -> Exception:
-    from warpdata.core.errors import AuthenticationError
-
     where = f"profile {cfg.profile!r}" if cfg.profile else \
         "the environment, ~/.aws/credentials, ~/.aws/config or instance metadata"
     return AuthenticationError(
@@ -283,8 +286,6 @@ def filesystem(loc: Location, config: StorageConfig | None = None):
     if loc.protocol == "s3":
         return (config or StorageConfig.from_env()).s3fs()
     if loc.protocol in HTTP_PROTOCOLS:
-        from warpdata.core.errors import ReadOnlyStoreError
-
         raise ReadOnlyStoreError(f"store {loc.url} is served over HTTP: it has no filesystem to list or write",
                                  hint="HTTP(S) stores are read-only (warp stream/cat/warm/doctor); publish to "
                                       "the bucket or folder the host serves, then read it over HTTP")

@@ -12,6 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from warpdata.core.errors import DataError
+from warpdata.storage.errors import connection_cause
+from warpdata.storage.locations import filesystem
 from warpdata.storage.policy import (
     ERROR_CAP,
     JSON_CAP,
@@ -22,7 +25,7 @@ from warpdata.storage.policy import (
     RequestStats,
     is_tls_error,
 )
-from warpdata.storage.s3client import CRED_ENV
+from warpdata.storage.s3client import CRED_ENV, boto3_client
 from warpdata.storage.s3sign import SigV4Presigner
 from warpdata.storage.wire import (
     ConnectTimeoutError,
@@ -99,7 +102,6 @@ def _s3_client(config):
 
     if importlib.util.find_spec("boto3") is None:  # the [s3] extra
         return None
-    from warpdata.storage.s3client import boto3_client
 
     # SigV4 (which every region accepts for query signing; botocore may pick SigV2): this one client
     # both sends whole-object GETs and signs the presigned URLs of ranged reads
@@ -143,7 +145,6 @@ class _ArrowTransport:
         (``warp info``: the pointer and the manifest) never imports pyarrow."""
         if self._fs is None:
             from pyarrow import fs as pafs
-            from warpdata.storage.locations import filesystem
 
             if self.protocol == "s3":
                 self._fs = _pyarrow_s3(self.config)
@@ -258,8 +259,6 @@ class _ArrowTransport:
             raise
 
     def classify(self, e: BaseException) -> str | None:
-        from warpdata.storage.errors import connection_cause
-
         if self.protocol != "s3":
             return None
         if isinstance(e, BodyTooLarge | InsecureRedirect | RangeIgnored) or is_tls_error(e):
@@ -485,8 +484,6 @@ class _PresignedRanges:
         if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
             raise FileNotFoundError(path)
         if r.status == 416:
-            from warpdata.core.errors import DataError
-
             raise DataError(f"s3://{path}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
                             hint="the stored object is shorter than the manifest says; republish the dataset")
         raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))

@@ -13,7 +13,18 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from warpdata.core.atomic import TMP_PREFIX, file_mode, fsync_dir
+from warpdata.core.directio import (
+    BLOCK,
+    AlignedFile,
+    give_aligned,
+    pack_into,
+    take_aligned,
+    wants_direct,
+)
 from warpdata.core.errors import MissingInputError
+from warpdata.formats.zarr_v3 import _check_against_manifest, iter_row_blocks, read_layout
+from warpdata.storage.locations import filesystem, parse_location
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +42,6 @@ class Store:
     """
 
     def __init__(self, url: str | os.PathLike, *, fsync: bool = True, config=None) -> None:
-        from warpdata.storage.locations import filesystem, parse_location
-
         self.location = parse_location(url)
         self.url = self.location.url
         self.fsync = fsync
@@ -75,8 +84,6 @@ class Store:
     def _put_local(self, path: str, parts: Sequence, sync_dir: bool) -> int:
         import tempfile
 
-        from warpdata.core.atomic import TMP_PREFIX, fsync_dir
-
         parent, name = os.path.split(path)
         if parent not in self._dirs:
             os.makedirs(parent, exist_ok=True)
@@ -110,15 +117,11 @@ class Store:
 
     def _direct(self, parent: str) -> bool:
         if self._direct_ok is None:
-            from warpdata.core.directio import wants_direct
-
             self._direct_ok = wants_direct(parent)
         return self._direct_ok
 
     def sync_dirs(self) -> None:
         """fsync every directory that got an object through ``put(..., sync_dir=False)``."""
-        from warpdata.core.atomic import fsync_dir
-
         while self._unsynced:
             fsync_dir(self._unsynced.pop())
 
@@ -154,8 +157,6 @@ class Store:
 
 
 def _file_mode() -> int:
-    from warpdata.core.atomic import file_mode
-
     return file_mode()
 
 
@@ -170,8 +171,6 @@ DIRECT_MIN_BYTES = 256 << 10
 
 def _write_direct(path: str, parts: Sequence, total: int) -> int:
     """Write ``parts`` to the empty file at ``path`` via one page-aligned bounce buffer."""
-    from warpdata.core.directio import BLOCK, AlignedFile, give_aligned, pack_into, take_aligned
-
     padded = -(-total // BLOCK) * BLOCK
     buf = take_aligned(padded)
     try:
@@ -220,7 +219,6 @@ def read_array(url: str | os.PathLike) -> np.ndarray:
     import math
 
     import numpy as np
-    from warpdata.formats.zarr_v3 import _check_against_manifest, iter_row_blocks, read_layout
 
     store = Store(url)
     layout = read_layout(store)
