@@ -103,8 +103,6 @@ _WHOLE_HOSTS: set[str] = set()  # hosts seen to ignore Range in this process: th
 _WHOLE_MU = threading.Lock()
 
 
-
-
 class Remote:
     """Key reads against a store root: counted, retried within a budget, ranged, never listed."""
 

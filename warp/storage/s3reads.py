@@ -440,6 +440,17 @@ class _PresignedRanges:
             self._give(u.scheme, u.netloc, c)
         return r, body
 
+    def _send_signed(self, path: str, headers: dict[str, str], stats: RequestStats, base: float,
+                     cap_of: Callable[[Any], int | None]) -> tuple[str, Any, bytes | None]:
+        """(URL, response, body) of one GET of ``path`` by a presigned URL; on a 403 the URL is signed
+        afresh and sent once more (credentials may have been rotated since the URL was signed)."""
+        url = self._url(path)
+        r, body = self._send(url, headers, stats, base, cap_of)
+        if r.status == 403:
+            url = self._url(path, fresh=True)
+            r, body = self._send(url, headers, stats, base, cap_of)
+        return url, r, body
+
     def get_object(self, path: str, stats: RequestStats, base: float) -> bytes | None:
         """The whole (small) object ``bucket/key`` by one GET (at most :data:`JSON_CAP` bytes);
         None when there is no such key."""
@@ -448,28 +459,19 @@ class _PresignedRanges:
         def cap_of(r) -> int:
             return JSON_CAP if r.status == 200 else ERROR_CAP
 
-        url = self._url(path)
-        r, body = self._send(url, headers, stats, base, cap_of)
-        if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
-            url = self._url(path, fresh=True)
-            r, body = self._send(url, headers, stats, base, cap_of)
+        url, r, body = self._send_signed(path, headers, stats, base, cap_of)
         if r.status == 200:
             return body
-        code, message = _s3_error_of(body)
-        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        if (err := _failure(r, body, url)) is None:
             return None
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+        raise err
 
     def read_range(self, path: str, start: int, length: int, stats: RequestStats, base: float) -> bytes:
         """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key;
         :class:`RangeIgnored` when the endpoint answers with the whole object)."""
         headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
         cap_of = _range_cap(start, length)
-        url = self._url(path)
-        r, body = self._send(url, headers, stats, base, cap_of)
-        if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
-            url = self._url(path, fresh=True)
-            r, body = self._send(url, headers, stats, base, cap_of)
+        url, r, body = self._send_signed(path, headers, stats, base, cap_of)
         if r.status == 206:
             cr = r.getheader("Content-Range") or ""
             if not _content_range_ok(cr, start, length, body):
@@ -480,13 +482,12 @@ class _PresignedRanges:
             if body is not None:
                 return body  # the whole object was asked for
             raise RangeIgnored(f"s3://{path}", start, length, _content_length(r))
-        code, message = _s3_error_of(body)
-        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        if (err := _failure(r, body, url)) is None:
             raise FileNotFoundError(path)
         if r.status == 416:
             raise DataError(f"s3://{path}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
                             hint="the stored object is shorter than the manifest says; republish the dataset")
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+        raise err
 
     def get_whole(self, path: str, size: int, stats: RequestStats, base: float) -> bytes:
         """The whole object ``bucket/key`` of ``size`` bytes by one GET (for an endpoint that ignores Range)."""
@@ -495,10 +496,17 @@ class _PresignedRanges:
                              lambda r: size if r.status == 200 else ERROR_CAP)
         if r.status == 200:
             return body
-        code, message = _s3_error_of(body)
-        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        if (err := _failure(r, body, url)) is None:
             raise FileNotFoundError(path)
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+        raise err
+
+
+def _failure(r: Any, body: bytes | None, url: str) -> S3ResponseError | None:
+    """The error of an S3 answer that is not a success; None when it says there is no such key."""
+    code, message = _s3_error_of(body)
+    if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        return None
+    return S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
 
 
 _OPEN_S3: Any = None  # the S3 transports alive (a WeakSet), closed before pyarrow finalizes S3
