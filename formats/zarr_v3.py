@@ -43,6 +43,9 @@ from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.formats import crc
 from warpdata.formats.tiling import SUPPORTED_DTYPES, normalize_dtype, tile_counts
 
+# lazy third-party imports: zstandard is imported inside the functions that use it, so importing
+# this module does not load it (decode_chunk reads a chunk)
+
 ZARR_JSON = "zarr.json"
 EMPTY = 2**64 - 1
 INDEX_ENTRY = 16  # two u64 per inner chunk

@@ -30,6 +30,9 @@ from typing import Any
 
 from warpdata.core import envvars
 
+# lazy third-party imports: numpy is imported inside the functions that use it, so importing this
+# module does not load it (core/ stays free of third-party imports)
+
 BLOCK = 4096
 # where O_DIRECT skips the page cache and behaves (tmpfs accepts it on new kernels but copies into
 # memory anyway; network and FUSE filesystems vary; btrfs checksums direct writes in flight)

@@ -59,6 +59,9 @@ from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, UsageError
 from warpdata.core.sizes import format_size, parse_size
 
+# lazy third-party imports: duckdb (heavy) is imported inside the functions that use it, so
+# importing this module does not load it: it loads on the first connection
+
 __all__ = ["ALLOWED_FUNCTIONS", "MAX_DEPTH", "MAX_SQL_CHARS", "QUERY_FUNCTIONS", "SAFE_CONFIG", "QueryLimitError",
            "QueryLimits", "check_filter", "check_query", "confine", "connect", "guarded", "lock", "serialize_sql",
            "where_sql"]

@@ -27,6 +27,9 @@ from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.locations import missing_store_folder
 from warpdata.storage.remote import HttpStatusError
 
+# lazy third-party imports: duckdb and pyarrow (heavy) are imported by the duckdb-parquet check
+# alone
+
 T = TypeVar("T")
 
 # why the store cannot be used, once a store check found out (later store checks SKIP on it)

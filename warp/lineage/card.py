@@ -30,6 +30,9 @@ from warpdata.lineage.diff import DiffRequest, diff_published
 from warpdata.lineage.history import versions
 from warpdata.registry.store import Store
 
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it
+
 __all__ = ["CARD_MAX_BYTES", "SECTIONS", "Card", "CardRequest", "generate", "merge"]
 
 SECTIONS = ("summary", "tables", "artifacts", "quarantine", "sources", "history", "preview")

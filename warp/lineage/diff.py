@@ -38,6 +38,9 @@ from warpdata.registry.store import Store
 from warpdata.registry.tarpack import ArtifactIndex
 from warpdata.warehouse import manifest as wmanifest
 
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it (the row comparisons)
+
 __all__ = ["ArtifactDiff", "DiffRequest", "DiffResult", "TableDiff", "diff", "diff_local", "diff_published"]
 
 KEY_COLUMNS = ("key", "path", "id", "sample_id", "name")

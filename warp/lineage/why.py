@@ -42,6 +42,9 @@ from warpdata.registry.tarpack import ArtifactIndex
 from warpdata.storage.locations import open_url
 from warpdata.warehouse import manifest as wmanifest
 
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it (the Parquet side-table reads)
+
 log = logging.getLogger(__name__)
 
 __all__ = ["Lineage", "WhyRequest", "why"]

@@ -43,6 +43,8 @@ from warpdata.core.errors import DataError, MissingInputError
 from warpdata.registry.manifest import NAME_RE
 from warpdata.registry.tarpack import list_members
 
+# lazy third-party imports: pyarrow (heavy) is imported by write_listing alone
+
 __all__ = ["FromSource", "check_symlinks", "describe_source"]
 
 TBL_MAGIC = b"TBL\x02"

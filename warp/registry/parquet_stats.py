@@ -29,6 +29,9 @@ from typing import Any
 
 from warpdata.core.sqlgate import QueryLimitError, serialize_sql
 
+# lazy third-party imports: pyarrow and duckdb (heavy) are imported inside the functions that use
+# them, so importing this module loads none of them
+
 __all__ = ["MAX_ROW_GROUP_STATS", "MAX_STAT_COLUMNS", "MAX_STRING_STAT", "Predicate", "footer_size_of",
            "parse_footer", "shard_stats"]
 

@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 from warpdata.sampledata.photos import encode_jpeg, encode_png, real_photo_corpus, synthetic_photo
 
+# lazy third-party imports: PIL (heavy) is imported inside the functions that use it, so importing
+# this module does not load it
+
 _ADJ = ("red", "misty", "golden", "quiet", "crowded", "snowy", "old", "bright", "tiny", "wooden")
 _NOUN = ("harbor", "cat", "bicycle", "mountain", "street market", "lighthouse", "forest path", "teapot",
          "train station", "garden")

@@ -27,6 +27,8 @@ from warpdata.core.errors import UsageError
 from warpdata.sampledata.photos import encode_png, synthetic_photo
 from warpdata.sampledata.wds import CLASSES
 
+# lazy third-party imports: pyarrow (heavy) is imported by generate() alone
+
 IMAGES = 10
 WAV_RATE = 8000
 

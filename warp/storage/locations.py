@@ -38,6 +38,10 @@ from warpdata.core.errors import (
 )
 from warpdata.core.sqlgate import connect
 
+# lazy third-party imports: fsspec, s3fs, pyarrow.fs and botocore (heavy; s3fs and botocore the
+# [s3] extra) are imported inside the functions that use them, so importing this module loads none
+# of them: parsing a URL needs none
+
 
 @dataclass(frozen=True)
 class StorageConfig:

@@ -13,6 +13,8 @@ from typing import Any
 
 from warpdata.core.errors import ReadOnlyStoreError
 
+# lazy third-party imports: pyarrow (heavy) is imported by the pyarrow file-system handler alone
+
 __all__ = ["RangeFile", "plan_ranges"]
 
 # Planning the ranged GETs of a read (:func:`plan_ranges`; docs/design.md §9, "S3": nearby ranged

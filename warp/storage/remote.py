@@ -90,6 +90,9 @@ from warpdata.storage.wire import (
     _HttpTransport,
 )
 
+# lazy third-party imports: pyarrow (heavy) is imported by Remote.fs alone: key reads (`warp
+# info`) do not load it
+
 log = logging.getLogger(__name__)
 
 __all__ = ["HttpStatusError", "RangeFile", "Remote", "RequestStats", "plan_ranges", "retry_budget"]

@@ -15,6 +15,9 @@ from typing import Any
 from warpdata.core.errors import DependencyError, install_hint
 from warpdata.storage.locations import StorageConfig, limit_connect_retries
 
+# lazy third-party imports: botocore and boto3 (the [s3] extra) are imported when an S3 store
+# first needs a client
+
 __all__ = ["boto3_client", "shared_client"]
 
 # what decides which credentials a client resolves: a client is shared only while these are unchanged

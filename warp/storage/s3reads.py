@@ -40,6 +40,10 @@ from warpdata.storage.wire import (
     _S3ConnectError,
 )
 
+# lazy third-party imports: pyarrow and botocore (heavy) are imported inside the functions that
+# use them, so importing this module loads none of them: an S3 read with static credentials signs
+# its own URLs and never loads botocore
+
 _S3_FS: dict[tuple, tuple[float, Any]] = {}
 _S3_FS_TTL = 300.0  # seconds a filesystem (and the credentials resolved into it) is reused
 

@@ -9,11 +9,12 @@ fsync, rename); on object stores one PUT per object.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from warpdata.core.atomic import TMP_PREFIX, file_mode, fsync_dir
+from warpdata.core import atomic
 from warpdata.core.directio import (
     BLOCK,
     AlignedFile,
@@ -28,6 +29,9 @@ from warpdata.storage.locations import filesystem, parse_location
 
 if TYPE_CHECKING:
     import numpy as np
+
+# lazy third-party imports: numpy is imported by read_array alone (warp/storage keeps heavy
+# packages out of its import blocks: ruff's banned-module-level-imports in pyproject.toml)
 
 
 class Store:
@@ -88,7 +92,7 @@ class Store:
         if parent not in self._dirs:
             os.makedirs(parent, exist_ok=True)
             self._dirs.add(parent)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + name, dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=atomic.TMP_PREFIX, suffix="-" + name, dir=parent)
         try:
             try:
                 total = sum(len(memoryview(p).cast("B")) for p in parts)
@@ -110,7 +114,7 @@ class Store:
             raise
         if self.fsync:
             if sync_dir:
-                fsync_dir(parent)
+                atomic.fsync_dir(parent)
             else:
                 self._unsynced.add(parent)
         return n
@@ -123,7 +127,7 @@ class Store:
     def sync_dirs(self) -> None:
         """fsync every directory that got an object through ``put(..., sync_dir=False)``."""
         while self._unsynced:
-            fsync_dir(self._unsynced.pop())
+            atomic.fsync_dir(self._unsynced.pop())
 
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -157,7 +161,7 @@ class Store:
 
 
 def _file_mode() -> int:
-    return file_mode()
+    return atomic.file_mode()
 
 
 IOV_BATCH = 1024  # Linux's IOV_MAX
@@ -216,8 +220,6 @@ def read_array(url: str | os.PathLike) -> np.ndarray:
     ``zarr.json`` and level 0 must decode to the recorded input CRC-32C —
     so damaged metadata is a DataError, not an array of the wrong shape.
     """
-    import math
-
     import numpy as np
 
     store = Store(url)
