@@ -145,7 +145,9 @@ def test_s3_round_trip_through_s3fs_pyarrow_and_duckdb(s3):
                    filesystem=cfg.pyarrow_s3())
     assert pq.read_table(loc.join("t.parquet").path, filesystem=cfg.pyarrow_s3(), columns=["x"]).column("x").to_pylist() == [1, 2, 3]
     # DuckDB reads it through s3fs
-    con = cfg.duckdb_connect(fs)
+    from warpdata.core.sqlgate import connect
+
+    con = connect(filesystem=fs)
     assert con.execute("select sum(x), max(y) from read_parquet(?)", [loc.join("t.parquet").url]).fetchone() == (6, "c")
     assert s3.count("GET", "rt/t.parquet") >= 1
 

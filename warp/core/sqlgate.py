@@ -179,14 +179,22 @@ _OPERATORS = {"OPERATOR_NOT", "OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL", "COMPA
               "OPERATOR_COALESCE", "OPERATOR_NULLIF"}
 
 
-def connect(limits: QueryLimits | None = None):
+def connect(limits: QueryLimits | None = None, *, filesystem: Any = None):
     """A DuckDB connection that never installs or auto-loads an extension, bounded by ``limits``
-    (:meth:`QueryLimits.from_env` when None): threads, memory (no spilling to disk) and depth."""
+    (:meth:`QueryLimits.from_env` when None): threads, memory (no spilling to disk) and depth.
+
+    ``filesystem``: an fsspec filesystem DuckDB reads its URLs through, such as the s3fs of a
+    store's :class:`~warpdata.storage.locations.StorageConfig` (``config.s3fs()``), so that its
+    ``s3://`` reads use the same endpoint, region and credentials as every other client.
+    """
     import duckdb
 
     lim = limits or QueryLimits.from_env()
-    return duckdb.connect(config={**SAFE_CONFIG, "threads": lim.threads, "memory_limit": f"{lim.memory_bytes}B",
-                                  "temp_directory": "", "max_expression_depth": max(lim.max_depth * 2, 100)})
+    con = duckdb.connect(config={**SAFE_CONFIG, "threads": lim.threads, "memory_limit": f"{lim.memory_bytes}B",
+                                 "temp_directory": "", "max_expression_depth": max(lim.max_depth * 2, 100)})
+    if filesystem is not None:
+        con.register_filesystem(filesystem)
+    return con
 
 
 @contextmanager

@@ -184,7 +184,6 @@ def duckdb_parquet() -> CheckResult:
     buf = pa.BufferOutputStream()
     pq.write_table(pa.table({"x": [1, 2, 3]}), buf)
     probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}.parquet")
-    cfg = objects.config
     try:
         fs = objects.fs
         fs.pipe_file(probe.path, buf.getvalue().to_pybytes())
@@ -192,13 +191,7 @@ def duckdb_parquet() -> CheckResult:
         return CheckResult(FAIL, f"cannot write a Parquet probe to {url}: {type(e).__name__}: {e}",
                            "fix the 'store' check first")
     try:
-        if loc.protocol == "file":
-            con = connect()
-        elif loc.protocol == "s3":
-            con = cfg.duckdb_connect(fs)
-        else:
-            con = connect()
-            con.register_filesystem(fs)
+        con = connect(filesystem=None if loc.protocol == "file" else fs)
         # the probe file and nothing else (DuckDB checks fsspec URLs in both spellings)
         confine(con, [probe.url] if loc.protocol == "file" else [probe.url, f"{loc.protocol}:///{probe.path.lstrip('/')}"])
         n = con.execute("select sum(x) from read_parquet(?)", [probe.url]).fetchone()[0]

@@ -36,7 +36,6 @@ from warpdata.core.errors import (
     ReadOnlyStoreError,
     install_hint,
 )
-from warpdata.core.sqlgate import connect
 
 # lazy third-party imports: fsspec, s3fs, pyarrow.fs and botocore (heavy; s3fs and botocore the
 # [s3] extra) are imported inside the functions that use them, so importing this module loads none
@@ -144,12 +143,6 @@ class StorageConfig:
         session = botocore.session.Session(profile=self.profile) if self.profile else botocore.session.Session()
         c = session.get_credentials()
         return "none found" if c is None else str(getattr(c, "method", "unknown"))
-
-    def duckdb_connect(self, fs=None):
-        """A DuckDB connection whose ``s3://`` reads go through the same s3fs settings."""
-        con = connect()  # never installs or auto-loads an extension
-        con.register_filesystem(fs if fs is not None else self.s3fs())
-        return con
 
 
 CONNECT_ATTEMPTS = 2  # refused / unresolvable: one retry, then the error
