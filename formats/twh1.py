@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
-from warpdata.core.directio import aligned_empty
-from warpdata.core.errors import DataError
+from warpdata.core.directio import BLOCK, aligned_empty, pack_into
+from warpdata.core.errors import DataError, MissingInputError
 
 if TYPE_CHECKING:
     from warpdata.core.directio import AlignedFile
@@ -300,8 +300,6 @@ class ShardBuilder:
         to the device without a page-cache copy; the header page is written last,
         after everything else, so a torn file never carries a valid header.
         """
-        from warpdata.core.directio import BLOCK, pack_into
-
         clock = time.perf_counter
         lay = self.layout()
         pieces = self._pieces(lay)
@@ -385,8 +383,6 @@ class TWH1Shard:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            from warpdata.core.errors import MissingInputError
-
             raise MissingInputError(f"{self.path}: shard file does not exist",
                                     hint="the warehouse is incomplete; rebuild it with 'warp etl --clear'") from None
         try:

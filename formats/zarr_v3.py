@@ -40,7 +40,11 @@ import google_crc32c
 import numpy as np
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
+from warpdata.formats import crc
 from warpdata.formats.tiling import SUPPORTED_DTYPES, normalize_dtype, tile_counts
+
+# lazy third-party imports: zstandard is imported inside the functions that use it, so importing
+# this module does not load it (decode_chunk reads a chunk)
 
 ZARR_JSON = "zarr.json"
 EMPTY = 2**64 - 1
@@ -68,8 +72,6 @@ class ZarrChecksumError(DataError):
 
 def chunk_crc(frame: Any) -> bytes:
     """The ``crc32c`` codec's suffix for ``frame``: its CRC-32C, u32 little-endian."""
-    from warpdata.formats import crc
-
     return crc.extend(0, frame).to_bytes(CRC_SIZE, "little")
 
 
@@ -547,8 +549,6 @@ def _check_against_manifest(store: KeyReader, layout: ArrayLayout, data: np.ndar
         raise DataError(f"{where}: data_type {layout.dtype.name} differs from the {m.get('dtype')} in manifest.json",
                         hint="the metadata is damaged; rewrite the array", path=where)
     if lv.get("path", "") == m.get("array", "") and isinstance(m.get("input_crc32c"), str):
-        from warpdata.formats import crc
-
         got = f"{crc.extend(0, data):08x}"
         if got != m["input_crc32c"]:
             raise ZarrChecksumError(f"{store.url}: decodes to CRC-32C {got}, not the input's {m['input_crc32c']} recorded "

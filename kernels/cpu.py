@@ -45,6 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import zstandard
+from warpdata.core import envvars
 from warpdata.core.errors import InternalError
 from warpdata.formats import crc as crc32c
 from warpdata.formats.tiling import SlabPlan, gather_tile
@@ -99,7 +100,6 @@ def give_buffer(buf: np.ndarray) -> None:
 
 
 def default_threads() -> int:
-    from warpdata.core import envvars
     env = envvars.get("WARP_WORKERS")
     if env and env.isdigit() and int(env) > 0:
         return int(env)

@@ -43,6 +43,9 @@ from warpdata.formats.zarr_v3 import CRC_SIZE, chunk_crc
 from warpdata.formats.zstdframe import content_size, with_content_size
 from warpdata.kernels import TileBackend
 
+# lazy third-party imports: cupy (the optional [gpu] extra) is imported inside the functions that
+# use it, so importing this module does not load it: the module imports on a machine without CUDA
+
 _UINT_FOR_SIZE = {1: ("unsigned char", np.uint8), 2: ("unsigned short", np.uint16),
                   4: ("unsigned int", np.uint32), 8: ("unsigned long long", np.uint64)}
 

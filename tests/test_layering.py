@@ -261,9 +261,6 @@ def _package_graph() -> dict[str, set[str]]:
 MODULE_CYCLES_ALLOWED: list[list[str]] = [
     # read.dataset imports read.registered, read.torch and read.table inside functions; they import it back
     ["warpdata.read.dataset", "warpdata.read.registered", "warpdata.read.table", "warpdata.read.torch"],
-    # storage.base.open_object_store imports each protocol inside a function; each protocol imports base
-    ["warpdata.storage.base", "warpdata.storage.http", "warpdata.storage.local", "warpdata.storage.memory",
-     "warpdata.storage.s3"],
 ]
 PACKAGE_CYCLES_ALLOWED: list[list[str]] = [
     # read.order -> the systems' readers -> read

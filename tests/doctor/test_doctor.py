@@ -215,3 +215,27 @@ def test_doctor_names_the_other_warpdata_distribution(tmp_path):
                        capture_output=True, text=True)
     check = next(c for c in json.loads(r.stdout)["checks"] if c["name"].endswith("distribution"))
     assert check["status"] == "PASS" and check["facts"]["providers"] == ["warp-toolchain"], check
+
+
+@pytest.mark.parametrize("check_name", ["store-create-only", "store-cas"])
+def test_a_write_probe_that_cannot_connect_names_the_cause(monkeypatch, check_name):
+    """Run alone (no 'store' check before it to SKIP on), each write probe names a refused endpoint
+    and its fix, the compare-and-swap probe as the create-only one does (it used to print the raw
+    exception with advice about If-Match support)."""
+    import socket
+
+    from warpdata.doctor import store as store_checks
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    for k, v in {"AWS_ACCESS_KEY_ID": "fake", "AWS_SECRET_ACCESS_KEY": "fake", "AWS_EC2_METADATA_DISABLED": "true",
+                 "WARP_S3_ENDPOINT": f"http://127.0.0.1:{port}", "WARP_STORE": "s3://bucket/warp"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(store_checks, "_STORE_BLOCKED", {})
+    c = next(c for c in all_checks() if c.name == check_name)
+    result = run_check(c)
+    assert result.status == FAIL, result
+    assert f"127.0.0.1:{port} refuses connections" in result.detail
+    assert "If-Match" not in (result.remedy or "") and "WARP_S3_ENDPOINT" in (result.remedy or ""), result.remedy

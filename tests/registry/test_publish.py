@@ -68,7 +68,9 @@ def test_publish_idempotent(cli, s3, tmp_path, monkeypatch):
     h, off, ln = idx.lookup("sub/7.jpg")
     assert store.read_range(h, off, ln) == bytes([7]) * 507
     # DuckDB reads the published Parquet straight from S3 through the same storage config
-    con = store.config.duckdb_connect()
+    from warpdata.core.sqlgate import connect
+
+    con = connect(filesystem=store.config.s3fs())
     urls = [store.blob_url(s.hash) for s in m.tables["main"].shards]
     assert con.execute(f"select count(*), sum(label) from read_parquet({urls!r})").fetchone() == (30, 135)
 

@@ -21,11 +21,11 @@ from warpdata.core.errors import ManifestCorruptedError
 from warpdata.registry.manifest import Manifest, ShardRef, Table, version_hash_of
 from warpdata.registry.parquet_stats import (
     MAX_STRING_STAT,
-    Predicate,
     footer_size_of,
     parse_footer,
     shard_stats,
 )
+from warpdata.registry.predicate import Predicate
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "registry"
 H = [f"{i:064x}" for i in range(1, 10)]

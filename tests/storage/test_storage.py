@@ -145,7 +145,9 @@ def test_s3_round_trip_through_s3fs_pyarrow_and_duckdb(s3):
                    filesystem=cfg.pyarrow_s3())
     assert pq.read_table(loc.join("t.parquet").path, filesystem=cfg.pyarrow_s3(), columns=["x"]).column("x").to_pylist() == [1, 2, 3]
     # DuckDB reads it through s3fs
-    con = cfg.duckdb_connect(fs)
+    from warpdata.core.sqlgate import connect
+
+    con = connect(filesystem=fs)
     assert con.execute("select sum(x), max(y) from read_parquet(?)", [loc.join("t.parquet").url]).fetchone() == (6, "c")
     assert s3.count("GET", "rt/t.parquet") >= 1
 
@@ -363,3 +365,33 @@ def test_storage_modules_are_split_along_their_seams():
     assert not long, long
     assert {"HttpStatusError", "RangeFile", "Remote", "RequestStats", "plan_ranges", "retry_budget"} <= set(remote.__all__)
     assert all(hasattr(remote, n) for n in remote.__all__)
+
+
+def test_each_protocol_is_opened_through_the_table_and_only_its_module_is_imported(tmp_path):
+    """open_object_store picks the class from storage.base.PROTOCOLS: opening a local store imports
+    neither the S3 nor the HTTP module (a fresh interpreter), and every protocol parse_location
+    yields has an entry."""
+    import subprocess
+    import sys
+
+    from warpdata.storage.base import PROTOCOLS, open_object_store
+
+    code = ("import sys\nfrom warpdata.storage.base import open_object_store\n"
+            f"s = open_object_store({str(tmp_path)!r}, stale_lock_after=7.0)\n"
+            "print(type(s).__name__, s.stale_after, "
+            "sorted(m for m in ('warpdata.storage.s3', 'warpdata.storage.http') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["LocalObjectStore", "7.0", "[]"]
+    opened = {u: type(open_object_store(u)).__name__ for u in ("memory://t", "https://h.example/s", "http://h/s")}
+    assert opened == {"memory://t": "MemoryObjectStore", "https://h.example/s": "HttpObjectStore",
+                      "http://h/s": "HttpObjectStore"}
+    assert set(PROTOCOLS) == {"file", "memory", "s3", "http", "https"}
+
+
+def test_a_location_of_no_known_protocol_is_a_config_error():
+    from warpdata.storage.base import open_object_store
+
+    with pytest.raises(ConfigError, match="gopher") as e:
+        open_object_store(Location("gopher", "h/x"))
+    assert e.value.exit_code == ExitCode.CONFIG and "file" in e.value.hint

@@ -41,7 +41,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-TMP_PREFIX = ".warp-tmp-"
+from warpdata.core.names import TMP_PREFIX
+
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2

@@ -28,6 +28,11 @@ import threading
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from warpdata.core import envvars
+
+# lazy third-party imports: numpy is imported inside the functions that use it, so importing this
+# module does not load it (core/ stays free of third-party imports)
+
 BLOCK = 4096
 # where O_DIRECT skips the page cache and behaves (tmpfs accepts it on new kernels but copies into
 # memory anyway; network and FUSE filesystems vary; btrfs checksums direct writes in flight)
@@ -77,7 +82,6 @@ def filesystem_type(path: str | os.PathLike) -> str | None:
 
 def wants_direct(path: str | os.PathLike) -> bool:
     """Whether large writes under ``path`` should use O_DIRECT (``WARP_DIRECT_IO``: auto, 1, 0)."""
-    from warpdata.core import envvars
     if not hasattr(os, "O_DIRECT"):
         return False
     mode = (envvars.get("WARP_DIRECT_IO") or "auto").strip().lower()

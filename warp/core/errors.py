@@ -59,6 +59,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from warpdata.core.names import TMP_PREFIX
+
 
 class ExitCode(IntEnum):
     OK = 0
@@ -452,8 +454,6 @@ def os_failure(err: OSError, where: str | None = None) -> WarpError:
     """
     import errno as _errno
     import os
-
-    from warpdata.core.atomic import TMP_PREFIX
 
     name = _errno.errorcode.get(err.errno or 0, "")
     if where is None:

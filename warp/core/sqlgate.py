@@ -57,6 +57,10 @@ from typing import Any
 
 from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, UsageError
+from warpdata.core.sizes import format_size, parse_size
+
+# lazy third-party imports: duckdb (heavy) is imported inside the functions that use it, so
+# importing this module does not load it: it loads on the first connection
 
 __all__ = ["ALLOWED_FUNCTIONS", "MAX_DEPTH", "MAX_SQL_CHARS", "QUERY_FUNCTIONS", "SAFE_CONFIG", "QueryLimitError",
            "QueryLimits", "check_filter", "check_query", "confine", "connect", "guarded", "lock", "serialize_sql",
@@ -105,8 +109,6 @@ class QueryLimits:
 
     @classmethod
     def from_env(cls) -> QueryLimits:
-        from warpdata.core.sizes import parse_size
-
         d = cls.defaults()
         threads, memory, timeout = d.threads, d.memory_bytes, d.timeout_s
         raw = envvars.get("WARP_SQL_THREADS")
@@ -177,14 +179,22 @@ _OPERATORS = {"OPERATOR_NOT", "OPERATOR_IS_NULL", "OPERATOR_IS_NOT_NULL", "COMPA
               "OPERATOR_COALESCE", "OPERATOR_NULLIF"}
 
 
-def connect(limits: QueryLimits | None = None):
+def connect(limits: QueryLimits | None = None, *, filesystem: Any = None):
     """A DuckDB connection that never installs or auto-loads an extension, bounded by ``limits``
-    (:meth:`QueryLimits.from_env` when None): threads, memory (no spilling to disk) and depth."""
+    (:meth:`QueryLimits.from_env` when None): threads, memory (no spilling to disk) and depth.
+
+    ``filesystem``: an fsspec filesystem DuckDB reads its URLs through, such as the s3fs of a
+    store's :class:`~warpdata.storage.locations.StorageConfig` (``config.s3fs()``), so that its
+    ``s3://`` reads use the same endpoint, region and credentials as every other client.
+    """
     import duckdb
 
     lim = limits or QueryLimits.from_env()
-    return duckdb.connect(config={**SAFE_CONFIG, "threads": lim.threads, "memory_limit": f"{lim.memory_bytes}B",
-                                  "temp_directory": "", "max_expression_depth": max(lim.max_depth * 2, 100)})
+    con = duckdb.connect(config={**SAFE_CONFIG, "threads": lim.threads, "memory_limit": f"{lim.memory_bytes}B",
+                                 "temp_directory": "", "max_expression_depth": max(lim.max_depth * 2, 100)})
+    if filesystem is not None:
+        con.register_filesystem(filesystem)
+    return con
 
 
 @contextmanager
@@ -214,8 +224,6 @@ def guarded(con, what: str, limits: QueryLimits | None = None) -> Iterator[None]
                               hint="narrow it (a WHERE clause, a LIMIT), or raise WARP_SQL_TIMEOUT "
                                    "(seconds, 0 for no limit)", timeout_s=lim.timeout_s) from None
     except duckdb.OutOfMemoryException:
-        from warpdata.core.sizes import format_size
-
         raise QueryLimitError(f"{what} needs more than its memory limit of {format_size(lim.memory_bytes)}",
                               hint="narrow it (fewer columns, a WHERE clause, fewer groups), or raise "
                                    "WARP_SQL_MEMORY (e.g. 8GB)", memory_bytes=lim.memory_bytes) from None

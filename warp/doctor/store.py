@@ -15,9 +15,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from warpdata.core import envvars
+from warpdata.core.sqlgate import confine, connect
 from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult, check, dir_check
+from warpdata.registry.store import Store
+from warpdata.storage.base import open_object_store
+from warpdata.storage.errors import translate_storage_error
+from warpdata.storage.locations import missing_store_folder
+from warpdata.storage.remote import HttpStatusError
+
+# lazy third-party imports: duckdb and pyarrow (heavy) are imported by the duckdb-parquet check
+# alone
+
+T = TypeVar("T")
 
 # why the store cannot be used, once a store check found out (later store checks SKIP on it)
 _STORE_BLOCKED: dict[str, str] = {}
@@ -44,8 +57,6 @@ def store_credentials() -> CheckResult:
 
 
 def _credentials() -> CheckResult:
-    from warpdata.storage.base import open_object_store
-
     url = envvars.default_store()
     try:
         objects = open_object_store(url)
@@ -70,8 +81,6 @@ def _credentials() -> CheckResult:
 
 def _store_failure(url: str, e: Exception, what: str) -> CheckResult:
     """One line naming the cause (refused, DNS, timeout, credentials, bucket) and its fix."""
-    from warpdata.storage.errors import translate_storage_error
-
     err = translate_storage_error(e, url, what)
     hint = getattr(err, "hint", None)
     if err is e or not hint:
@@ -90,9 +99,6 @@ def store() -> CheckResult:
 
 
 def _store() -> CheckResult:
-    from warpdata.storage.base import open_object_store
-    from warpdata.storage.locations import missing_store_folder
-
     url = envvars.default_store()
     try:
         objects = open_object_store(url)
@@ -133,8 +139,6 @@ def _store() -> CheckResult:
 
 def _http_store(objects) -> CheckResult:
     """A store served over HTTP(S): reachable? (read-only: nothing is written, nothing listed)."""
-    from warpdata.storage.remote import HttpStatusError
-
     url, remote = objects.url, objects.remote
     facts: dict = {"url": url, "read_only": True}
     try:
@@ -167,7 +171,6 @@ def duckdb_parquet() -> CheckResult:
     import duckdb
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from warpdata.storage.base import open_object_store
 
     url = envvars.default_store()
     try:
@@ -181,7 +184,6 @@ def duckdb_parquet() -> CheckResult:
     buf = pa.BufferOutputStream()
     pq.write_table(pa.table({"x": [1, 2, 3]}), buf)
     probe = loc.join(f".warp-doctor-{uuid.uuid4().hex}.parquet")
-    cfg = objects.config
     try:
         fs = objects.fs
         fs.pipe_file(probe.path, buf.getvalue().to_pybytes())
@@ -189,15 +191,7 @@ def duckdb_parquet() -> CheckResult:
         return CheckResult(FAIL, f"cannot write a Parquet probe to {url}: {type(e).__name__}: {e}",
                            "fix the 'store' check first")
     try:
-        from warpdata.core.sqlgate import confine, connect
-
-        if loc.protocol == "file":
-            con = connect()
-        elif loc.protocol == "s3":
-            con = cfg.duckdb_connect(fs)
-        else:
-            con = connect()
-            con.register_filesystem(fs)
+        con = connect(filesystem=None if loc.protocol == "file" else fs)
         # the probe file and nothing else (DuckDB checks fsspec URLs in both spellings)
         confine(con, [probe.url] if loc.protocol == "file" else [probe.url, f"{loc.protocol}:///{probe.path.lstrip('/')}"])
         n = con.execute("select sum(x) from read_parquet(?)", [probe.url]).fetchone()[0]
@@ -214,54 +208,42 @@ def duckdb_parquet() -> CheckResult:
                        facts={"duckdb": duckdb.__version__})
 
 
-def _registry_store():
-    from warpdata.registry.store import Store
-
-    return Store(envvars.default_store())
-
-
-def _probe_prefix() -> str:
-    return f".warp-doctor/{uuid.uuid4().hex}"
-
-
-def _probe_store():
-    """(store, None) for a check that writes probe objects, or (None, the result to report) when
-    it cannot run here (no store, or a read-only one)."""
+def _probe(write: Callable[[Store, str], T], what: str, hint: str) -> tuple[Store, T] | CheckResult:
+    """``write(store, prefix)`` against the store under a fresh probe prefix, removed afterwards: (the
+    store, what ``write`` returned), or the result to report instead: a SKIP when this store cannot be
+    probed here (an earlier store check failed, or it is read-only), a FAIL naming the cause when a
+    write raised (translated by warp/storage/errors.py: refused, DNS, credentials, bucket)."""
     blocked = store_blocker()
     if blocked is not None:
-        return None, blocked
-    store = _registry_store()
+        return blocked
+    store = Store(envvars.default_store())
     if (ro := _read_only(store)) is not None:
-        return None, ro
-    return store, None
-
-
-def _cleanup(store, prefix: str) -> None:
-    with contextlib.suppress(Exception):
-        store.remove_prefix(prefix)
+        return ro
+    prefix = f".warp-doctor/{uuid.uuid4().hex}"
+    try:
+        return store, write(store, prefix)
+    except Exception as e:
+        err = translate_storage_error(e, store.url, "write")
+        detail = f"{type(e).__name__}: {e}" if err is e else str(err)
+        return CheckResult(FAIL, f"store {store.url}: {what} failed: {detail}", getattr(err, "hint", None) or hint)
+    finally:
+        with contextlib.suppress(Exception):
+            store.remove_prefix(prefix)
 
 
 @check("store-create-only", "store")
 def create_only() -> CheckResult:
     """A create-only write succeeds once and is refused the second time, bytes intact."""
-    store, skip = _probe_store()
-    if skip is not None:
-        return skip
-    prefix = _probe_prefix()
     data = uuid.uuid4().bytes
-    key = f"{prefix}/probe"
-    try:
-        first = store.put_object(key, data)
-        second = store.put_object(key, b"other bytes")
-        got = store.get_object(key)
-    except Exception as e:
-        from warpdata.storage.errors import translate_storage_error
 
-        err = translate_storage_error(e, store.url, "write")
-        return CheckResult(FAIL, f"store {store.url}: create-only write failed: {err}",
-                           getattr(err, "hint", None) or "check WARP_STORE, the endpoint and credentials")
-    finally:
-        _cleanup(store, prefix)
+    def write(store: Store, prefix: str) -> tuple[bool, bool, bytes | None]:
+        key = f"{prefix}/probe"
+        return store.put_object(key, data), store.put_object(key, b"other bytes"), store.get_object(key)
+
+    probed = _probe(write, "create-only write", "check WARP_STORE, the endpoint and credentials")
+    if isinstance(probed, CheckResult):
+        return probed
+    store, (first, second, got) = probed
     if not first:
         return CheckResult(FAIL, f"store {store.url}: a fresh create-only write was refused", "check the store URL")
     if second or got != data:
@@ -274,21 +256,19 @@ def create_only() -> CheckResult:
 @check("store-cas", "store")
 def compare_and_swap() -> CheckResult:
     """A conditional update of a pointer with a stale token is refused."""
-    store, skip = _probe_store()
-    if skip is not None:
-        return skip
-    prefix = _probe_prefix()
-    key = f"{prefix}/latest.json"
-    try:
+
+    def write(store: Store, prefix: str) -> tuple[Any, Any, Any, bytes | None]:
+        key = f"{prefix}/latest.json"
         t1 = store.swap_object(key, b'{"v": 1}', None)
         t2 = store.swap_object(key, b'{"v": 2}', t1) if t1 else None
         stale = store.swap_object(key, b'{"v": 3}', t1) if t2 else "skipped"
-        final = store.get_object(key)
-    except Exception as e:
-        return CheckResult(FAIL, f"store {store.url}: conditional write failed: {type(e).__name__}: {e}",
-                           "use an S3 service that honours If-Match (AWS S3, recent MinIO) or a local store")
-    finally:
-        _cleanup(store, prefix)
+        return t1, t2, stale, store.get_object(key)
+
+    probed = _probe(write, "conditional write",
+                    "use an S3 service that honours If-Match (AWS S3, recent MinIO) or a local store")
+    if isinstance(probed, CheckResult):
+        return probed
+    store, (t1, t2, stale, final) = probed
     if t1 is None or t2 is None:
         return CheckResult(FAIL, f"store {store.url}: a conditional write with the current token was refused",
                            "check the store's If-Match / If-None-Match support")

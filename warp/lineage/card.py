@@ -25,6 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warpdata.core.errors import UsageError
+from warpdata.core.sizes import format_size
+from warpdata.lineage.diff import DiffRequest, diff_published
+from warpdata.lineage.history import versions
+from warpdata.registry.store import Store
+
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it
 
 __all__ = ["CARD_MAX_BYTES", "SECTIONS", "Card", "CardRequest", "generate", "merge"]
 
@@ -99,8 +106,6 @@ def merge(existing: str | None, sections: dict[str, str], title: str) -> str:
 
 
 def generate(req: CardRequest) -> Card:
-    from warpdata.registry.store import Store
-
     name, _, version = req.dataset.partition("@")
     st = Store(req.store_url)
     m = st.resolve(name, version or None)
@@ -122,8 +127,6 @@ def generate(req: CardRequest) -> Card:
 # -- sections --------------------------------------------------------------------------------------
 
 def _size(n: int | None) -> str:
-    from warpdata.core.sizes import format_size
-
     return "" if n is None else format_size(n)
 
 
@@ -250,9 +253,6 @@ def _sources(st, m) -> str:
 
 
 def _history(st, name: str, current: str) -> str:
-    from warpdata.lineage.diff import DiffRequest, diff_published
-    from warpdata.lineage.history import versions
-
     hist = versions(st, name)
     rows, prev = [], None
     for v in hist:

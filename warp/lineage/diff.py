@@ -29,8 +29,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warpdata.artifacts import kinds
+from warpdata.artifacts.manifests import read_manifest
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
+from warpdata.features import manifest as fmanifest
+from warpdata.registry.store import Store
+from warpdata.registry.tarpack import ArtifactIndex
+from warpdata.warehouse import manifest as wmanifest
+
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it (the row comparisons)
 
 __all__ = ["ArtifactDiff", "DiffRequest", "DiffResult", "TableDiff", "diff", "diff_local", "diff_published"]
 
@@ -211,8 +220,6 @@ class _Reader:
 
 
 def diff_published(req: DiffRequest) -> DiffResult:
-    from warpdata.registry.store import Store
-
     st = Store(req.store_url)
     name = req.target
     va = st.resolve_version(name, req.from_version)
@@ -275,8 +282,6 @@ def _diff_table(tn: str, ta, tb, req: DiffRequest, rd: _Reader) -> TableDiff:
 
 
 def _diff_artifact(an: str, aa, ab, req: DiffRequest, rd: _Reader) -> ArtifactDiff:
-    from warpdata.registry.tarpack import ArtifactIndex
-
     if aa is None or ab is None:
         present = aa or ab
         ad = ArtifactDiff(an, "added" if aa is None else "removed")
@@ -318,20 +323,13 @@ def _diff_artifact(an: str, aa, ab, req: DiffRequest, rd: _Reader) -> ArtifactDi
 # -- local artifacts ----------------------------------------------------------------------------------
 
 def _local(d: Path) -> dict[str, Any]:
-    from warpdata.artifacts import kinds
-    from warpdata.artifacts.manifests import read_manifest
-
     if not (d / MANIFEST_NAME).is_file():
         raise MissingInputError(f"{d}: no {MANIFEST_NAME}", hint="give two directories written by 'warp etl'")
     doc = read_manifest(d)
     kind = doc.get("kind")
     if kind == TENSOR_WAREHOUSE:
-        from warpdata.warehouse import manifest as wmanifest
-
         return wmanifest.read(d)
     if kind == FEATURE_CACHE:
-        from warpdata.features import manifest as fmanifest
-
         return fmanifest.read(d)
     if kind == ZARR_ARRAY:
         return kinds.validate(doc, str(d / MANIFEST_NAME))

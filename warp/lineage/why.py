@@ -24,12 +24,26 @@ import bisect
 import logging
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warpdata.artifacts import kinds
+from warpdata.core import envvars
+from warpdata.core.atomic import atomic_write_bytes
+from warpdata.core.canonical import CONTENT_HASH_FIELD
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
+from warpdata.features import manifest as fmanifest
+from warpdata.formats.tbl import SampleNotFound, TblReader
+from warpdata.registry.store import Store
+from warpdata.registry.tarpack import ArtifactIndex
+from warpdata.storage.locations import open_url
+from warpdata.warehouse import manifest as wmanifest
+
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it (the Parquet side-table reads)
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +91,6 @@ class _Remote:
     """An artifact directory on an object store (``s3://…``): files read by ranged GETs."""
 
     def __init__(self, url: str) -> None:
-        from warpdata.storage.locations import open_url
-
         self.url = url.rstrip("/")
         self.fs, path = open_url(self.url)
         self.path = path.rstrip("/")
@@ -265,8 +277,6 @@ def _read_json(m: Path) -> tuple[dict[str, Any], list[int]]:
 def _seal_stamp(m: Path) -> Path:
     import hashlib
 
-    from warpdata.core import envvars
-
     name = hashlib.sha256(str(m.resolve()).encode()).hexdigest()[:32]
     return Path(envvars.default_cache_dir()) / "lineage-seals" / f"{name}.json"
 
@@ -287,9 +297,6 @@ def _sealed(doc: dict[str, Any], d: Path | _Remote, before: list[int] | None) ->
     """
     import hashlib
     import json
-
-    from warpdata.core.atomic import atomic_write_bytes
-    from warpdata.core.canonical import CONTENT_HASH_FIELD
 
     m = d / MANIFEST_NAME
     where = str(m)
@@ -321,8 +328,6 @@ def _sealed(doc: dict[str, Any], d: Path | _Remote, before: list[int] | None) ->
 
 def _checked_shard(doc: dict[str, Any], shard: dict[str, Any], d: Path | _Remote, path_field: str) -> None:
     """Schema-check ``doc`` with ``shards`` cut to ``shard``, and confine the shard's path to ``d``."""
-    from warpdata.artifacts import kinds
-
     where = str(d / MANIFEST_NAME)
     kinds.validate({**doc, "shards": [shard]}, where)
     rel = shard[path_field]
@@ -345,24 +350,33 @@ def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, 
                         hint="rebuild the artifact with 'warp etl'", path=where) from None
 
 
-def _why_warehouse(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
-    from warpdata.warehouse import manifest as wmanifest
+def _side_row(base: Lineage, d: Path | _Remote, table: Any, index_column: str, count: int, sample: str,
+              quarantined: Callable[[], dict[str, Any] | None]) -> tuple[dict[str, Any] | None, Lineage | None]:
+    """(the side-table row of ``sample``, None), found by its index (``index_column``, checked against
+    ``count``) or its key; for a key the table lacks, (None, the answer from its quarantine record).
+    ``index_column`` also names the thing in the not-found error ("sample", "record")."""
+    if base.index is not None:
+        _check_index(base.index, count, str(d))
+        return _parquet_row(table, index_column, base.index), None
+    row = _parquet_row(table, "key", sample)
+    if row is not None:
+        return row, None
+    base.key = sample
+    q = quarantined()
+    if q is None:
+        raise _not_found(d, sample, index_column)
+    return None, _quarantine_answer(base, q)
 
+
+def _why_warehouse(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
     files = doc.get("files", {})
     samples = d / files.get("samples", "samples.parquet")
     i = _as_index(sample)
     base = Lineage(str(d), TENSOR_WAREHOUSE, i, None)
-    if i is not None:
-        _check_index(i, doc["num_samples"], str(d))
-        row = _parquet_row(samples, "sample", i)
-    else:
-        row = _parquet_row(samples, "key", sample)
-        if row is None:
-            base.key = sample
-            q = _quarantined(d, files, sample)
-            if q is None:
-                raise _not_found(d, sample, "sample")
-            return _quarantine_answer(base, q)
+    row, answer = _side_row(base, d, samples, "sample", doc["num_samples"], sample,
+                            lambda: _quarantined(d, files, sample))
+    if answer is not None:
+        return answer
     if row is None:
         raise DataError(f"{samples}: no row for sample {i} although the manifest holds {doc['num_samples']}",
                         hint=wmanifest.REBUILD_HINT, path=str(samples))
@@ -414,22 +428,13 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
 # -- feature cache ------------------------------------------------------------------------------
 
 def _why_feature_cache(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
-    from warpdata.features import manifest as fmanifest
-
     records = d / "records.parquet"
     i = _as_index(sample)
     base = Lineage(str(d), FEATURE_CACHE, i, None)
-    if i is not None:
-        _check_index(i, doc["records"], str(d))
-        row = _parquet_row(records, "record", i)
-    else:
-        row = _parquet_row(records, "key", sample)
-        if row is None:
-            base.key = sample
-            q = _parquet_row(d / "quarantine.parquet", "sample_id", sample)
-            if q is None:
-                raise _not_found(d, sample, "record")
-            return _quarantine_answer(base, q)
+    row, answer = _side_row(base, d, records, "record", doc["records"], sample,
+                            lambda: _parquet_row(d / "quarantine.parquet", "sample_id", sample))
+    if answer is not None:
+        return answer
     if row is None:
         raise DataError(f"{records}: no row for record {i}", hint=fmanifest.REBUILD_HINT, path=str(records))
     shard = next((s for s in doc["shards"] if isinstance(s, dict) and s.get("path") == row["shard"]), None)
@@ -480,8 +485,6 @@ def _feature_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], he
 # -- .tbl --------------------------------------------------------------------------------------
 
 def _why_tbl(p: Path, sample: str) -> Lineage:
-    from warpdata.formats.tbl import SampleNotFound, TblReader
-
     r = TblReader(p, verify=False)
     try:
         i = _as_index(sample)
@@ -510,8 +513,6 @@ def _why_tbl(p: Path, sample: str) -> Lineage:
 # -- Zarr array ---------------------------------------------------------------------------------
 
 def _why_zarr(d: Path, doc: dict[str, Any], sample: str) -> Lineage:
-    from warpdata.artifacts import kinds
-
     kinds.validate(doc, str(d / MANIFEST_NAME))
     i = _as_index(sample)
     if i is None:
@@ -540,8 +541,6 @@ KEY_COLUMNS = ("key", "path", "id", "sample_id", "name")
 
 
 def _why_published(target: str, sample: str, store_url: str | None, table: str | None) -> Lineage:
-    from warpdata.registry.store import Store
-
     name, _, version = target.partition("@")
     st = Store(store_url)
     m = st.resolve(name, version or None)
@@ -647,8 +646,6 @@ def _open_parquet(st, blob: str):
 
 def _refs(st, m, tname: str, values: dict[str, Any]) -> list[dict[str, Any]]:
     """Each bound column's member, with the tar shard (blob) holding it and the byte range."""
-    from warpdata.registry.tarpack import ArtifactIndex
-
     refs, indexes = [], {}
     for col, b in sorted(m.bindings_for(tname).items()):
         member = values.get(col)
@@ -673,8 +670,6 @@ def _published_producer(st, m, tname: str, kind: str) -> tuple[dict[str, Any], A
     (one ranged read of the member, its seal checked) and the artifact's member index."""
     import json
 
-    from warpdata.registry.tarpack import ArtifactIndex
-
     for p in m.metadata.get("sources") or []:
         if not isinstance(p, dict) or p.get("kind") != kind or tname not in (p.get("tables") or []):
             continue
@@ -687,10 +682,7 @@ def _published_producer(st, m, tname: str, kind: str) -> tuple[dict[str, Any], A
         blob, off, ln = idx.lookup(MANIFEST_NAME)
         where = f"{p['artifact']}:{MANIFEST_NAME}"
         if kind == TENSOR_WAREHOUSE:
-            from warpdata.warehouse import manifest as wmanifest
-
             return wmanifest.parse(st.read_range(blob, off, ln), where), idx
-        from warpdata.features import manifest as fmanifest
 
         try:
             doc = json.loads(st.read_range(blob, off, ln))

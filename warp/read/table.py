@@ -412,7 +412,8 @@ class Query:
         columns (None: all; [] for ``count(*)``).
         """
         import pyarrow as pa
-        from warpdata.registry.parquet_stats import Predicate, shard_stats
+        from warpdata.registry.parquet_stats import shard_stats
+        from warpdata.registry.predicate import Predicate
 
         ds = self.table.ds
         names = self.table.schema_names()

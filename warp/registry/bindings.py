@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 from warpdata.core.errors import DataError
 
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it
+
 SHOW_MISSING = 5
 
 

@@ -81,6 +81,9 @@ from warpdata.core.errors import (
     UsageError,
 )
 
+# lazy third-party imports: numpy, PIL and faiss (heavy; faiss optional) are imported inside the
+# functions that use them, so importing this module loads none of them
+
 if TYPE_CHECKING:
     import numpy as np
 

@@ -18,8 +18,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 from warpdata.core.errors import ConfigError, DataError, UsageError, WarpError
 from warpdata.core.progress import progress
 from warpdata.features.encoders import checked_output, find_factory
@@ -45,8 +46,8 @@ from warpdata.registry.manifest import Manifest, normalize
 from warpdata.registry.publish import PublishRequest, PublishResult, _Stager, _staging_dir, _upload
 from warpdata.registry.store import Store
 
-if TYPE_CHECKING:
-    import numpy as np
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it
 
 __all__ = ["AddResult", "add", "load_embedder"]
 
@@ -127,7 +128,6 @@ def _reuse_source(ds, store: str | None, name: str, identity: dict, tname: str, 
 
 def _previous_vectors(prev, name: str, dim: int) -> tuple[dict[tuple[str, str], int], np.ndarray]:
     """(id, content hash) -> row, and the raw vectors, of embedding ``name`` in version ``prev``."""
-    import numpy as np
 
     lookup: dict[tuple[str, str], int] = {}
     parts: list[np.ndarray] = []
@@ -154,7 +154,6 @@ def add(dataset_id: str, *, column: str, encoder: str, name: str | None = None, 
     least :data:`ANN_MIN_ROWS` rows, else exact), ``exact`` or ``ivf-flat``.
     ``reuse``: take the vectors of unchanged rows from an earlier version.
     """
-    import numpy as np
 
     name = name or re.sub(r"[^a-z0-9_]", "_", encoder.rsplit(":", 1)[-1].lower())[:64]
     if not NAME_RE.match(name):
@@ -268,7 +267,6 @@ def _index_kind(index: str, n: int) -> str:
 def _write_index(work: str, name: str, dim: int, identity: dict, tname: str, column: str, vectors: np.ndarray,
                  ids: list[str], hashes: list[str | None], kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Write ``emb_<name>.parquet``, ``index/`` and (ivf-flat) ``ann/`` into ``work``; (index.json, ann.json)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 

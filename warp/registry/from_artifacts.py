@@ -41,6 +41,9 @@ from typing import Any
 from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.registry.manifest import NAME_RE
+from warpdata.registry.tarpack import list_members
+
+# lazy third-party imports: pyarrow (heavy) is imported by write_listing alone
 
 __all__ = ["FromSource", "check_symlinks", "describe_source"]
 
@@ -120,7 +123,6 @@ def describe_source(path: str | os.PathLike, *, follow_symlinks: bool = False) -
         doc = read_manifest(p)
         kind = str(doc["kind"])
         check_symlinks(p, follow_symlinks=follow_symlinks)
-        from warpdata.registry.tarpack import list_members
 
         # metrics.json records how a build ran (timings, a timestamp), not what it holds: publishing it
         # would make every identical rebuild a new version (docs/formats/registry.md)

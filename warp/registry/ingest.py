@@ -48,6 +48,9 @@ from warpdata.formats.imageinfo import (
 from warpdata.registry.manifest import NAME_RE, REF_TYPES, Binding, validate_dataset_id
 from warpdata.registry.publish import PublishRequest, publish
 
+# lazy third-party imports: pyarrow and PIL (heavy) are imported inside the functions that use
+# them, so importing this module loads none of them
+
 __all__ = ["IMAGE_EXTENSIONS", "FileInfo", "IngestOptions", "IngestResult", "Rejected", "check_file",
            "ingest_imagefolder", "ingest_paired", "ingest_table", "walk"]
 

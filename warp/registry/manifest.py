@@ -90,6 +90,9 @@ from warpdata.core.errors import (
 )
 from warpdata.registry.schemacheck import SchemaChecker
 
+# lazy third-party imports: pyarrow (heavy) is imported by decode_arrow_schema alone: reading a
+# manifest (`warp info`) does not load it
+
 __all__ = [
     "FORMAT_VERSION",
     "FORMAT_VERSIONS",

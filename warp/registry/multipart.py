@@ -18,6 +18,9 @@ from warpdata.core.errors import ConfigError
 from warpdata.registry.store import Store, blob_key
 from warpdata.storage.s3 import S3ObjectStore
 
+# lazy third-party imports: botocore (the [s3] extra) is imported inside the functions that use
+# it, so importing this module does not load it: only S3 uploads need it
+
 MULTIPART_MIN = 64 << 20  # blobs this large go up in parts, several at once
 PART_SIZE = 16 << 20  # S3 takes 5 MiB to 5 GiB per part and at most 10,000 parts
 MAX_PARTS = 10_000

@@ -97,6 +97,9 @@ from warpdata.registry.tarpack import (
 )
 from warpdata.storage.blobcache import BlobCache
 
+# lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
+# importing this module does not load it (the reads of a table file being published)
+
 __all__ = ["DatasetBuilder", "PlannedBlob", "PublishRequest", "PublishResult", "parse_binding",
            "parse_named", "publish"]
 

@@ -56,6 +56,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from warpdata.core import envvars
+from warpdata.core.atomic import remove_stale_temps
 from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import (
     BlobCorruptedError,
@@ -63,6 +64,7 @@ from warpdata.core.errors import (
     DatasetNotFoundError,
     LockTimeoutError,
     ManifestCorruptedError,
+    UsageError,
 )
 from warpdata.registry.manifest import (
     HASH_RE,
@@ -75,7 +77,7 @@ from warpdata.registry.manifest import (
 from warpdata.storage.base import ObjectStore, open_object_store
 from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.http import read_only_error
-from warpdata.storage.locations import Location, StorageConfig
+from warpdata.storage.locations import Location, StorageConfig, missing_store_folder
 from warpdata.storage.locks import FileLock
 
 __all__ = ["FileLock", "LatestPointer", "Store", "open_store"]  # FileLock: warpdata.storage.locks
@@ -254,7 +256,6 @@ class Store:
         """
         if self.location.protocol != "file":
             return []
-        from warpdata.core.atomic import remove_stale_temps
 
         root = self.location.path
         return remove_stale_temps([os.path.join(root, "blobs"), os.path.join(root, "datasets")],
@@ -285,8 +286,6 @@ class Store:
         ends first, as ``data[start:start + length]`` would give."""
         key = blob_key(hash_hex)
         if start < 0 or length < 0:
-            from warpdata.core.errors import UsageError
-
             raise UsageError(f"read_range of blob {hash_hex}: start {start} and length {length} must be >= 0",
                              hint="this is a bug in the caller")
         if length == 0:  # fsspec reads a whole S3 object for an empty range: answer without a read
@@ -375,8 +374,6 @@ class Store:
     def not_found(self, dataset_id: str) -> DatasetNotFoundError:
         """The error for ``dataset_id`` having no ``latest`` here, with close names where the store lists."""
         import difflib
-
-        from warpdata.storage.locations import missing_store_folder
 
         missing = missing_store_folder(self.location)
         if missing:

@@ -17,7 +17,10 @@ import io
 from pathlib import Path
 
 import numpy as np
-from warpdata.sampledata.photos import encode_png, real_photo_corpus, synthetic_photo
+from warpdata.sampledata.photos import encode_jpeg, encode_png, real_photo_corpus, synthetic_photo
+
+# lazy third-party imports: PIL (heavy) is imported inside the functions that use it, so importing
+# this module does not load it
 
 _ADJ = ("red", "misty", "golden", "quiet", "crowded", "snowy", "old", "bright", "tiny", "wooden")
 _NOUN = ("harbor", "cat", "bicycle", "mountain", "street market", "lighthouse", "forest path", "teapot",
@@ -107,7 +110,6 @@ def generate(out: Path, count: int = 48, seed: int = 0) -> dict:
         good += 1
     broken = groups[1]
     img = synthetic_photo(rng, 120, 90)
-    from warpdata.sampledata.photos import encode_jpeg
 
     jpeg = encode_jpeg(img)
     (broken / "no_caption.jpg").write_bytes(jpeg)

@@ -29,6 +29,9 @@ from pathlib import Path
 import numpy as np
 from warpdata.sampledata.photos import synthetic_photo
 
+# lazy third-party imports: PIL (heavy) is imported inside the functions that use it, so importing
+# this module does not load it
+
 CLASSES = [(1, "person", (230, 40, 40)), (2, "car", (40, 200, 60)), (3, "dog", (40, 80, 230))]
 
 TOML = """# Tensor warehouse config written by `python -m warpdata.sampledata detection`.

@@ -15,6 +15,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+# lazy third-party imports: PIL (heavy) is imported inside the functions that use it, so importing
+# this module does not load it
+
 
 def synthetic_photo(rng: np.random.Generator, width: int, height: int) -> np.ndarray:
     """An HxWx3 uint8 image with photo-like statistics."""

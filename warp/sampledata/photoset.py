@@ -22,8 +22,12 @@ import wave
 from pathlib import Path
 
 import numpy as np
+from warpdata.core.atomic import atomic_file, atomic_write_bytes
+from warpdata.core.errors import UsageError
 from warpdata.sampledata.photos import encode_png, synthetic_photo
 from warpdata.sampledata.wds import CLASSES
+
+# lazy third-party imports: pyarrow (heavy) is imported by generate() alone
 
 IMAGES = 10
 WAV_RATE = 8000
@@ -46,8 +50,6 @@ def _wav(seed: int) -> bytes:
 def generate(out: Path, count: int = 500, seed: int = 0) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from warpdata.core.atomic import atomic_file, atomic_write_bytes
-    from warpdata.core.errors import UsageError
 
     out = Path(out)
     count = int(count)

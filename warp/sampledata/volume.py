@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from warpdata.core.atomic import atomic_file, atomic_write_bytes, atomic_write_text
 from warpdata.formats.tiling import normalize_dtype
 
 _SLAB_ELEMENTS = 1 << 24  # rows generated per step: bounded float32 temporaries
@@ -101,7 +102,6 @@ def generate(out: Path, count: int = 64, seed: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     shape = (int(count), 256, 256)
     vol = photo_like_volume(shape, "uint16", seed)
-    from warpdata.core.atomic import atomic_file, atomic_write_bytes, atomic_write_text
 
     atomic_write_bytes(out / "volume.raw", vol.tobytes())
     with atomic_file(out / "volume.npy") as f:

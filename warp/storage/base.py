@@ -17,16 +17,18 @@ import hashlib
 import os
 from typing import Any
 
+from warpdata.core.errors import ConfigError
+from warpdata.core.registry import load
 from warpdata.storage.locations import (
-    HTTP_PROTOCOLS,
     Location,
     StorageConfig,
     filesystem,
     parse_location,
 )
 from warpdata.storage.policy import RequestStats
+from warpdata.storage.remote import Remote
 
-__all__ = ["ObjectStore", "open_object_store"]
+__all__ = ["PROTOCOLS", "ObjectStore", "open_object_store"]
 
 
 class ObjectStore(abc.ABC):
@@ -45,6 +47,12 @@ class ObjectStore(abc.ABC):
         self.stats = RequestStats()
         self._fs: Any = None
         self._remote: Any = None
+
+    @classmethod
+    def for_location(cls, location: Location, config: StorageConfig, *, stale_lock_after: float) -> ObjectStore:
+        """The store at ``location`` as :func:`open_object_store` makes it (``stale_lock_after``: seconds
+        after which a lock file left by a dead writer is taken over, for protocols that lock)."""
+        return cls(location, config)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -66,8 +74,6 @@ class ObjectStore(abc.ABC):
         """This store's reader (:class:`~warpdata.storage.remote.Remote`): whole, ranged and streamed
         gets under the request policy, counted in :attr:`stats`; made on first use."""
         if self._remote is None:
-            from warpdata.storage.remote import Remote
-
             self._remote = Remote(self.location, config=self.config, stats=self.stats)
         return self._remote
 
@@ -140,6 +146,17 @@ class ObjectStore(abc.ABC):
         the new token, or None when another writer got there first."""
 
 
+# Each protocol's ObjectStore by dotted path, imported when a URL of that protocol is first opened
+# (the habit of warp/artifacts/kinds.py): each protocol module imports this one for ObjectStore, so
+# naming them here instead of importing them keeps warp/storage free of import cycles, and opening a
+# local store does not import the S3 or HTTP code. A new protocol is one line here (CONTRIBUTING.md).
+PROTOCOLS: dict[str, str] = {
+    "file": "warpdata.storage.local:LocalObjectStore",
+    "memory": "warpdata.storage.memory:MemoryObjectStore",
+    "s3": "warpdata.storage.s3:S3ObjectStore",
+    "http": "warpdata.storage.http:HttpObjectStore",
+    "https": "warpdata.storage.http:HttpObjectStore",
+}
 
 
 def open_object_store(url: str | os.PathLike | Location, config: StorageConfig | None = None, *,
@@ -148,19 +165,8 @@ def open_object_store(url: str | os.PathLike | Location, config: StorageConfig |
     ``http(s)://``); S3 configured from ``config`` or the environment."""
     loc = url if isinstance(url, Location) else parse_location(url)
     config = config or StorageConfig.from_env()
-    # each protocol's module is imported when a URL of it is opened (the CLI's start-up)
-    if loc.protocol in HTTP_PROTOCOLS:
-        from warpdata.storage.http import HttpObjectStore
-
-        return HttpObjectStore(loc, config)
-    if loc.protocol == "file":
-        from warpdata.storage.local import LocalObjectStore
-
-        return LocalObjectStore(loc, config, stale_lock_after)
-    if loc.protocol == "memory":
-        from warpdata.storage.memory import MemoryObjectStore
-
-        return MemoryObjectStore(loc, config)
-    from warpdata.storage.s3 import S3ObjectStore
-
-    return S3ObjectStore(loc, config)
+    if loc.protocol not in PROTOCOLS:
+        raise ConfigError(f"store {loc.url}: no store protocol {loc.protocol!r}",
+                          hint=f"warp opens the protocols {', '.join(PROTOCOLS)}")
+    cls = load(PROTOCOLS[loc.protocol], "store protocol")
+    return cls.for_location(loc, config, stale_lock_after=stale_lock_after)

@@ -14,7 +14,10 @@ from warpdata.core.errors import (
     AuthenticationError,
     StorePermissionError,
     StoreUnavailableError,
+    WarpError,
+    os_failure,
 )
+from warpdata.storage.policy import is_tls_error
 
 __all__ = ["connection_cause", "translate_storage_error"]
 
@@ -125,8 +128,6 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
     ("read", "write", "list"). Exceptions that are already warp errors, and
     ones this function does not recognise, are returned unchanged.
     """
-    from warpdata.core.errors import WarpError
-
     if isinstance(exc, WarpError):
         return exc  # type: ignore[return-value]
     name = type(exc).__name__
@@ -141,8 +142,6 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
     if isinstance(exc, PermissionError) and exc.errno is not None:
         # the local file system said no (a read-only store directory, say): the operating system's
         # permission failure, exit 77 naming the path, not an S3 bucket policy
-        from warpdata.core.errors import os_failure
-
         return os_failure(exc, exc.filename or url)  # type: ignore[return-value]
     if isinstance(exc, PermissionError) or code in ("AccessDenied", "AllAccessDisabled", "403"):
         verb = {"read": "GetObject", "write": "PutObject", "list": "ListBucket"}.get(action, action)
@@ -153,7 +152,6 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
         return StoreUnavailableError(
             f"bucket for {url} does not exist",
             hint="create the bucket, or set WARP_STORE to an existing s3://BUCKET/PREFIX")
-    from warpdata.storage.policy import is_tls_error
 
     if is_tls_error(exc):  # permanent (docs/formats/registry.md, "Request policy")
         return StoreUnavailableError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from warpdata.core.errors import BlobNotFoundError
+from warpdata.core.errors import BlobNotFoundError, NotListableError, ReadOnlyStoreError
 from warpdata.storage.base import ObjectStore
 
 __all__ = ["HttpObjectStore", "read_only_error"]
@@ -48,8 +48,6 @@ class HttpObjectStore(ObjectStore):
             raise FileNotFoundError(self.remote.url_of(key)) from None
 
     def list_names(self, prefix: str) -> list[str]:
-        from warpdata.core.errors import NotListableError
-
         raise NotListableError(
             f"store {self.url} is served over HTTP and cannot be listed ({prefix}/)",
             hint="name the dataset (e.g. 'warp ls ws/name', 'warp stream ws/name') and give versions as "
@@ -62,8 +60,6 @@ class HttpObjectStore(ObjectStore):
 
 
 def read_only_error(url: str, action: str):
-    from warpdata.core.errors import ReadOnlyStoreError
-
     return ReadOnlyStoreError(
         f"cannot {action}: store {url} is served over HTTP(S), which is read-only",
         hint="publish to the s3:// bucket or folder the web host serves (--store or WARP_STORE), "

@@ -8,7 +8,7 @@ import contextlib
 import hashlib
 import os
 
-from warpdata.core.atomic import create_exclusive
+from warpdata.core.atomic import atomic_write_bytes, create_exclusive
 from warpdata.storage.base import ObjectStore
 from warpdata.storage.locations import Location, StorageConfig
 from warpdata.storage.locks import FileLock
@@ -20,6 +20,10 @@ class LocalObjectStore(ObjectStore):
     def __init__(self, location: Location, config: StorageConfig, stale_after: float) -> None:
         super().__init__(location, config)
         self.stale_after = stale_after
+
+    @classmethod
+    def for_location(cls, location: Location, config: StorageConfig, *, stale_lock_after: float) -> LocalObjectStore:
+        return cls(location, config, stale_lock_after)
 
     def exists(self, key: str) -> bool:
         return os.path.exists(self.path(key))
@@ -41,8 +45,6 @@ class LocalObjectStore(ObjectStore):
         return create_exclusive(self.path(key), source=local)
 
     def write_if(self, key: str, data: bytes, token: str | None) -> str | None:
-        from warpdata.core.atomic import atomic_write_bytes
-
         path = self.path(key)
         with FileLock(path + ".lock", stale_after=self.stale_after):
             current = self.read_versioned(key)

@@ -29,7 +29,17 @@ from typing import Any
 from urllib.parse import urlparse
 
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError, DependencyError, install_hint
+from warpdata.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    DependencyError,
+    ReadOnlyStoreError,
+    install_hint,
+)
+
+# lazy third-party imports: fsspec, s3fs, pyarrow.fs and botocore (heavy; s3fs and botocore the
+# [s3] extra) are imported inside the functions that use them, so importing this module loads none
+# of them: parsing a URL needs none
 
 
 @dataclass(frozen=True)
@@ -134,14 +144,6 @@ class StorageConfig:
         c = session.get_credentials()
         return "none found" if c is None else str(getattr(c, "method", "unknown"))
 
-    def duckdb_connect(self, fs=None):
-        """A DuckDB connection whose ``s3://`` reads go through the same s3fs settings."""
-        from warpdata.core.sqlgate import connect
-
-        con = connect()  # never installs or auto-loads an extension
-        con.register_filesystem(fs if fs is not None else self.s3fs())
-        return con
-
 
 CONNECT_ATTEMPTS = 2  # refused / unresolvable: one retry, then the error
 CONNECT_TIMEOUT_ATTEMPTS = 1  # a connect that timed out already waited connect_timeout
@@ -188,8 +190,6 @@ def _s3fs_class(s3fs: Any) -> type:
 
 
 def _no_credentials_error(cfg: StorageConfig) -> Exception:
-    from warpdata.core.errors import AuthenticationError
-
     where = f"profile {cfg.profile!r}" if cfg.profile else \
         "the environment, ~/.aws/credentials, ~/.aws/config or instance metadata"
     return AuthenticationError(
@@ -283,8 +283,6 @@ def filesystem(loc: Location, config: StorageConfig | None = None):
     if loc.protocol == "s3":
         return (config or StorageConfig.from_env()).s3fs()
     if loc.protocol in HTTP_PROTOCOLS:
-        from warpdata.core.errors import ReadOnlyStoreError
-
         raise ReadOnlyStoreError(f"store {loc.url} is served over HTTP: it has no filesystem to list or write",
                                  hint="HTTP(S) stores are read-only (warp stream/cat/warm/doctor); publish to "
                                       "the bucket or folder the host serves, then read it over HTTP")

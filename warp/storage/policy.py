@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from warpdata.core import envvars
+from warpdata.core.errors import ConfigError
 
 DEFAULT_RETRY_BUDGET = 60.0  # seconds (WARP_RETRY_BUDGET)
 DEFAULT_DEADLINE = 30.0  # seconds (WARP_REQUEST_DEADLINE): one attempt's base deadline
@@ -51,8 +52,6 @@ def _seconds(name: str, default: float, example: str) -> float:
     except ValueError:
         v = -1.0
     if not v >= 0 or v == float("inf"):
-        from warpdata.core.errors import ConfigError
-
         raise ConfigError(f"{name}={raw!r} is not a number of seconds >= 0", hint=f"e.g. {example}")
     return v
 
@@ -66,8 +65,6 @@ def request_deadline() -> float:
     """``WARP_REQUEST_DEADLINE`` in seconds: one attempt's base deadline (a ConfigError names a bad value)."""
     v = _seconds("WARP_REQUEST_DEADLINE", DEFAULT_DEADLINE, "WARP_REQUEST_DEADLINE=30")
     if v == 0:
-        from warpdata.core.errors import ConfigError
-
         raise ConfigError("WARP_REQUEST_DEADLINE=0 leaves no time for a request",
                           hint="e.g. WARP_REQUEST_DEADLINE=30 (seconds per attempt)")
     return v

@@ -11,6 +11,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from warpdata.core.errors import ReadOnlyStoreError
+
+# lazy third-party imports: pyarrow (heavy) is imported by the pyarrow file-system handler alone
+
 __all__ = ["RangeFile", "plan_ranges"]
 
 # Planning the ranged GETs of a read (:func:`plan_ranges`; docs/design.md §9, "S3": nearby ranged
@@ -268,8 +272,6 @@ class _RemoteHandler:
         return self.open_input_file(path)
 
     def _read_only(self, *args: Any, **kw: Any):
-        from warpdata.core.errors import ReadOnlyStoreError
-
         raise ReadOnlyStoreError(f"{self.remote.url}: the read path writes nothing")
 
     get_file_info_selector = create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = _read_only

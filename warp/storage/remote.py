@@ -59,6 +59,18 @@ from collections.abc import Callable
 from typing import Any
 
 from warpdata.core import envvars
+from warpdata.core.errors import (
+    AuthenticationError,
+    BlobNotFoundError,
+    DataError,
+    RangeNotSupportedError,
+    StoreBusyError,
+    StorePermissionError,
+    StoreUnavailableError,
+    WarpError,
+)
+from warpdata.storage.blobcache import BlobCache
+from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.locations import HTTP_PROTOCOLS, Location, StorageConfig, parse_location
 from warpdata.storage.policy import (
     BodyTooLarge,
@@ -78,6 +90,9 @@ from warpdata.storage.wire import (
     _HttpTransport,
 )
 
+# lazy third-party imports: pyarrow (heavy) is imported by Remote.fs alone: key reads (`warp
+# info`) do not load it
+
 log = logging.getLogger(__name__)
 
 __all__ = ["HttpStatusError", "RangeFile", "Remote", "RequestStats", "plan_ranges", "retry_budget"]
@@ -89,8 +104,6 @@ CONNECT_TIMEOUT_ATTEMPTS = 1  # a connect that timed out already waited connect_
 STREAM_CHUNK = 8 << 20  # bytes per ranged GET of a streamed object (:meth:`Remote.stream_to`)
 _WHOLE_HOSTS: set[str] = set()  # hosts seen to ignore Range in this process: their objects are read whole
 _WHOLE_MU = threading.Lock()
-
-
 
 
 class Remote:
@@ -144,14 +157,6 @@ class Remote:
 
     # -- errors ----------------------------------------------------------------
     def _wrap(self, e: Exception, key: str, action: str = "read") -> Exception:
-        from warpdata.core.errors import (
-            AuthenticationError,
-            StorePermissionError,
-            StoreUnavailableError,
-            WarpError,
-        )
-        from warpdata.storage.errors import translate_storage_error
-
         if isinstance(e, WarpError):
             return e
         where = self.url_of(key)
@@ -188,8 +193,6 @@ class Remote:
         return t
 
     def _busy(self, key: str, attempts: int, seconds: float, last: Exception):
-        from warpdata.core.errors import StoreBusyError
-
         status = getattr(last, "status", None)
         return StoreBusyError(
             f"store {self.url} kept refusing reads of {key}: {attempts} attempt(s) over {seconds:.1f}s, "
@@ -202,8 +205,6 @@ class Remote:
     def _call(self, key: str, fn: Callable[[], Any]) -> Any:
         """Run one request with the retry policy (module docstring); the transport counts each
         request it sends (a HEAD that opens an S3 object, each redirect hop)."""
-        from warpdata.core.errors import WarpError
-
         t0 = time.monotonic()
         attempt = 0
         while True:
@@ -263,8 +264,6 @@ class Remote:
         return self._missing(key)
 
     def _missing(self, key: str):
-        from warpdata.core.errors import BlobNotFoundError
-
         return BlobNotFoundError(f"{self.url_of(key)} is missing from the store",
                                  hint="the version was published incompletely; republish it")
 
@@ -289,8 +288,6 @@ class Remote:
             else:
                 self.stats.received(len(data))
         if len(data) != length:
-            from warpdata.core.errors import DataError
-
             raise DataError(f"{self.url_of(key)}: asked for {length} bytes at {start}, got {len(data)}",
                             hint="the stored object is shorter than the manifest says; republish the dataset")
         return data
@@ -315,8 +312,6 @@ class Remote:
         the blob cache and sliced from there (docs/formats/registry.md, "HTTP stores"). An object
         whose key names no hash cannot be verified: RangeNotSupportedError."""
         import re
-
-        from warpdata.core.errors import RangeNotSupportedError
 
         m = re.fullmatch(r"blobs/sha256/[0-9a-f]{2}/([0-9a-f]{64})", key)
         if m is None:
@@ -354,8 +349,6 @@ class Remote:
     def blob_cache(self):
         """The blob cache whole objects are kept in (:meth:`_whole`): the one a reader set, or the default."""
         if self._blob_cache is None:
-            from warpdata.storage.blobcache import BlobCache
-
             self._blob_cache = BlobCache()
         return self._blob_cache
 
@@ -374,8 +367,6 @@ class Remote:
         :class:`~warpdata.core.errors.DataError` naming it (with ``hint``). A failed write to ``dst``
         (this machine's disk) is raised as it is, not retried and not named a store error.
         """
-        from warpdata.core.errors import DataError
-
         def mismatch(got: str) -> DataError:
             return DataError(f"{self.url_of(key)}: expected {size} bytes, the store {got}",
                              hint=hint or "the object was replaced, or what names its size is wrong",
@@ -426,8 +417,6 @@ def _policy_error(e: BaseException, where: str, action: str, store: str, endpoin
     a redirect to plain http, an answer for another range) from the host at ``endpoint``, or
     None for any other failure."""
     from urllib.parse import urlsplit
-
-    from warpdata.core.errors import StoreUnavailableError
 
     host = urlsplit(endpoint).netloc or endpoint
     if is_tls_error(e):

@@ -10,6 +10,9 @@ from warpdata.storage.base import ObjectStore
 from warpdata.storage.locations import Location, StorageConfig
 from warpdata.storage.s3client import shared_client
 
+# lazy third-party imports: botocore (the [s3] extra) is imported inside the calls that catch its
+# errors
+
 __all__ = ["S3ObjectStore"]
 
 _CONFLICT_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}

@@ -12,7 +12,11 @@ import os
 import threading
 from typing import Any
 
+from warpdata.core.errors import DependencyError, install_hint
 from warpdata.storage.locations import StorageConfig, limit_connect_retries
+
+# lazy third-party imports: botocore and boto3 (the [s3] extra) are imported when an S3 store
+# first needs a client
 
 __all__ = ["boto3_client", "shared_client"]
 
@@ -51,8 +55,6 @@ def boto3_client(config: StorageConfig, attempts: int | None = None, signature: 
         from botocore import UNSIGNED
         from botocore.config import Config
     except ImportError:
-        from warpdata.core.errors import DependencyError, install_hint
-
         raise DependencyError("S3 stores need the 'boto3' package, which is not installed",
                               hint=install_hint("s3")) from None
     kw: dict[str, Any] = {

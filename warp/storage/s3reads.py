@@ -12,6 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from warpdata.core.errors import DataError
+from warpdata.storage.errors import connection_cause
+from warpdata.storage.locations import filesystem
 from warpdata.storage.policy import (
     ERROR_CAP,
     JSON_CAP,
@@ -22,7 +25,7 @@ from warpdata.storage.policy import (
     RequestStats,
     is_tls_error,
 )
-from warpdata.storage.s3client import CRED_ENV
+from warpdata.storage.s3client import CRED_ENV, boto3_client
 from warpdata.storage.s3sign import SigV4Presigner
 from warpdata.storage.wire import (
     ConnectTimeoutError,
@@ -36,6 +39,10 @@ from warpdata.storage.wire import (
     _s3_error_of,
     _S3ConnectError,
 )
+
+# lazy third-party imports: pyarrow and botocore (heavy) are imported inside the functions that
+# use them, so importing this module loads none of them: an S3 read with static credentials signs
+# its own URLs and never loads botocore
 
 _S3_FS: dict[tuple, tuple[float, Any]] = {}
 _S3_FS_TTL = 300.0  # seconds a filesystem (and the credentials resolved into it) is reused
@@ -99,7 +106,6 @@ def _s3_client(config):
 
     if importlib.util.find_spec("boto3") is None:  # the [s3] extra
         return None
-    from warpdata.storage.s3client import boto3_client
 
     # SigV4 (which every region accepts for query signing; botocore may pick SigV2): this one client
     # both sends whole-object GETs and signs the presigned URLs of ranged reads
@@ -143,7 +149,6 @@ class _ArrowTransport:
         (``warp info``: the pointer and the manifest) never imports pyarrow."""
         if self._fs is None:
             from pyarrow import fs as pafs
-            from warpdata.storage.locations import filesystem
 
             if self.protocol == "s3":
                 self._fs = _pyarrow_s3(self.config)
@@ -258,8 +263,6 @@ class _ArrowTransport:
             raise
 
     def classify(self, e: BaseException) -> str | None:
-        from warpdata.storage.errors import connection_cause
-
         if self.protocol != "s3":
             return None
         if isinstance(e, BodyTooLarge | InsecureRedirect | RangeIgnored) or is_tls_error(e):
@@ -441,6 +444,17 @@ class _PresignedRanges:
             self._give(u.scheme, u.netloc, c)
         return r, body
 
+    def _send_signed(self, path: str, headers: dict[str, str], stats: RequestStats, base: float,
+                     cap_of: Callable[[Any], int | None]) -> tuple[str, Any, bytes | None]:
+        """(URL, response, body) of one GET of ``path`` by a presigned URL; on a 403 the URL is signed
+        afresh and sent once more (credentials may have been rotated since the URL was signed)."""
+        url = self._url(path)
+        r, body = self._send(url, headers, stats, base, cap_of)
+        if r.status == 403:
+            url = self._url(path, fresh=True)
+            r, body = self._send(url, headers, stats, base, cap_of)
+        return url, r, body
+
     def get_object(self, path: str, stats: RequestStats, base: float) -> bytes | None:
         """The whole (small) object ``bucket/key`` by one GET (at most :data:`JSON_CAP` bytes);
         None when there is no such key."""
@@ -449,28 +463,19 @@ class _PresignedRanges:
         def cap_of(r) -> int:
             return JSON_CAP if r.status == 200 else ERROR_CAP
 
-        url = self._url(path)
-        r, body = self._send(url, headers, stats, base, cap_of)
-        if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
-            url = self._url(path, fresh=True)
-            r, body = self._send(url, headers, stats, base, cap_of)
+        url, r, body = self._send_signed(path, headers, stats, base, cap_of)
         if r.status == 200:
             return body
-        code, message = _s3_error_of(body)
-        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        if (err := _failure(r, body, url)) is None:
             return None
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+        raise err
 
     def read_range(self, path: str, start: int, length: int, stats: RequestStats, base: float) -> bytes:
         """``length`` bytes of ``bucket/key`` from ``start`` by one GET (FileNotFoundError: no such key;
         :class:`RangeIgnored` when the endpoint answers with the whole object)."""
         headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
         cap_of = _range_cap(start, length)
-        url = self._url(path)
-        r, body = self._send(url, headers, stats, base, cap_of)
-        if r.status == 403:  # credentials may have been rotated since the URL was signed: once more
-            url = self._url(path, fresh=True)
-            r, body = self._send(url, headers, stats, base, cap_of)
+        url, r, body = self._send_signed(path, headers, stats, base, cap_of)
         if r.status == 206:
             cr = r.getheader("Content-Range") or ""
             if not _content_range_ok(cr, start, length, body):
@@ -481,15 +486,12 @@ class _PresignedRanges:
             if body is not None:
                 return body  # the whole object was asked for
             raise RangeIgnored(f"s3://{path}", start, length, _content_length(r))
-        code, message = _s3_error_of(body)
-        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        if (err := _failure(r, body, url)) is None:
             raise FileNotFoundError(path)
         if r.status == 416:
-            from warpdata.core.errors import DataError
-
             raise DataError(f"s3://{path}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
                             hint="the stored object is shorter than the manifest says; republish the dataset")
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+        raise err
 
     def get_whole(self, path: str, size: int, stats: RequestStats, base: float) -> bytes:
         """The whole object ``bucket/key`` of ``size`` bytes by one GET (for an endpoint that ignores Range)."""
@@ -498,10 +500,17 @@ class _PresignedRanges:
                              lambda r: size if r.status == 200 else ERROR_CAP)
         if r.status == 200:
             return body
-        code, message = _s3_error_of(body)
-        if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        if (err := _failure(r, body, url)) is None:
             raise FileNotFoundError(path)
-        raise S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
+        raise err
+
+
+def _failure(r: Any, body: bytes | None, url: str) -> S3ResponseError | None:
+    """The error of an S3 answer that is not a success; None when it says there is no such key."""
+    code, message = _s3_error_of(body)
+    if r.status == 404 and code in ("NoSuchKey", "", "NotFound"):
+        return None
+    return S3ResponseError(r.status, code or str(r.status), message or (r.reason or ""), url, _retry_after(r))
 
 
 _OPEN_S3: Any = None  # the S3 transports alive (a WeakSet), closed before pyarrow finalizes S3

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from warpdata import __version__
+from warpdata.core.errors import DataError
 from warpdata.storage.policy import (
     ERROR_CAP,
     JSON_CAP,
@@ -231,8 +233,6 @@ class _HttpTransport:
         is not read: None). A redirect from https to http is refused (:class:`InsecureRedirect`)."""
         from urllib.parse import urljoin, urlsplit
 
-        from warpdata import __version__
-
         url = self.url(key)
         hdrs = {"User-Agent": f"warp/{__version__}", "Accept-Encoding": "identity", **headers}
 
@@ -288,8 +288,6 @@ class _HttpTransport:
         if status in (404, 410):
             raise FileNotFoundError(self.url(key))
         if status == 416:
-            from warpdata.core.errors import DataError
-
             raise DataError(f"{self.url(key)}: bytes {start}-{start + length - 1} lie past the object's end (HTTP 416)",
                             hint="the stored object is shorter than the manifest says; republish the dataset")
         raise self._error(status, r, key)

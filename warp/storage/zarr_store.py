@@ -9,14 +9,29 @@ fsync, rename); on object stores one PUT per object.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from warpdata.core import atomic
+from warpdata.core.directio import (
+    BLOCK,
+    AlignedFile,
+    give_aligned,
+    pack_into,
+    take_aligned,
+    wants_direct,
+)
 from warpdata.core.errors import MissingInputError
+from warpdata.formats.zarr_v3 import _check_against_manifest, iter_row_blocks, read_layout
+from warpdata.storage.locations import filesystem, parse_location
 
 if TYPE_CHECKING:
     import numpy as np
+
+# lazy third-party imports: numpy is imported by read_array alone (warp/storage keeps heavy
+# packages out of its import blocks: ruff's banned-module-level-imports in pyproject.toml)
 
 
 class Store:
@@ -31,8 +46,6 @@ class Store:
     """
 
     def __init__(self, url: str | os.PathLike, *, fsync: bool = True, config=None) -> None:
-        from warpdata.storage.locations import filesystem, parse_location
-
         self.location = parse_location(url)
         self.url = self.location.url
         self.fsync = fsync
@@ -75,13 +88,11 @@ class Store:
     def _put_local(self, path: str, parts: Sequence, sync_dir: bool) -> int:
         import tempfile
 
-        from warpdata.core.atomic import TMP_PREFIX, fsync_dir
-
         parent, name = os.path.split(path)
         if parent not in self._dirs:
             os.makedirs(parent, exist_ok=True)
             self._dirs.add(parent)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix="-" + name, dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=atomic.TMP_PREFIX, suffix="-" + name, dir=parent)
         try:
             try:
                 total = sum(len(memoryview(p).cast("B")) for p in parts)
@@ -103,24 +114,20 @@ class Store:
             raise
         if self.fsync:
             if sync_dir:
-                fsync_dir(parent)
+                atomic.fsync_dir(parent)
             else:
                 self._unsynced.add(parent)
         return n
 
     def _direct(self, parent: str) -> bool:
         if self._direct_ok is None:
-            from warpdata.core.directio import wants_direct
-
             self._direct_ok = wants_direct(parent)
         return self._direct_ok
 
     def sync_dirs(self) -> None:
         """fsync every directory that got an object through ``put(..., sync_dir=False)``."""
-        from warpdata.core.atomic import fsync_dir
-
         while self._unsynced:
-            fsync_dir(self._unsynced.pop())
+            atomic.fsync_dir(self._unsynced.pop())
 
     def get(self, key: str) -> bytes:
         path = self._path(key)
@@ -154,9 +161,7 @@ class Store:
 
 
 def _file_mode() -> int:
-    from warpdata.core.atomic import file_mode
-
-    return file_mode()
+    return atomic.file_mode()
 
 
 IOV_BATCH = 1024  # Linux's IOV_MAX
@@ -170,8 +175,6 @@ DIRECT_MIN_BYTES = 256 << 10
 
 def _write_direct(path: str, parts: Sequence, total: int) -> int:
     """Write ``parts`` to the empty file at ``path`` via one page-aligned bounce buffer."""
-    from warpdata.core.directio import BLOCK, AlignedFile, give_aligned, pack_into, take_aligned
-
     padded = -(-total // BLOCK) * BLOCK
     buf = take_aligned(padded)
     try:
@@ -217,10 +220,7 @@ def read_array(url: str | os.PathLike) -> np.ndarray:
     ``zarr.json`` and level 0 must decode to the recorded input CRC-32C —
     so damaged metadata is a DataError, not an array of the wrong shape.
     """
-    import math
-
     import numpy as np
-    from warpdata.formats.zarr_v3 import _check_against_manifest, iter_row_blocks, read_layout
 
     store = Store(url)
     layout = read_layout(store)
