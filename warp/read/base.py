@@ -5,7 +5,18 @@ A published version (:class:`~warpdata.read.dataset.Dataset`) and a dataset regi
 (:meth:`~DatasetBase.info`), the parts (tables, artifacts, the default table), and the table,
 embedding and artifact names checked against the manifest. Each subclass says where its blobs
 come from (the :class:`~warpdata.read.source.BlobSource` methods) and how a DataLoader worker
-opens the same version again (:meth:`~DatasetBase.reopen`). The class sits below both, so
+opens the same version again (:meth:`~DatasetBase.reopen`).
+
+Opening a version reads its manifest and nothing else, and imports no reader of its parts: the
+table reader (:mod:`warpdata.read.table`: partition plans, the batch reader, the SQL gate), the
+artifact member reader (:mod:`warpdata.read.refs`, with the tar index) and the embedding index
+(:mod:`warpdata.registry.embeddings`) are imported by :meth:`~DatasetBase.table`,
+``artifact()`` and :meth:`~DatasetBase.embeddings` on first use. These are the read API's only warp
+imports inside functions, on purpose: they keep ``warpdata.dataset(...)`` and ``warp info`` at the
+open cost of issue 22 (about 10 % more CPU per open with them at the top, 16 more modules;
+pinned by tests/read/test_open_imports.py). None is a cycle: no reader imports a dataset module.
+
+The class sits below both, so
 ``read.dataset`` (whose :func:`~warpdata.read.dataset.dataset` finds a registered dataset
 first) imports ``read.registered`` and neither imports the other back (CONTRIBUTING.md
 "Floors").
@@ -17,10 +28,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import MissingInputError
-from warpdata.registry.embeddings import EmbeddingIndex, open_index
 
 if TYPE_CHECKING:
     from warpdata.read.table import Table
+    from warpdata.registry.embeddings import EmbeddingIndex
     from warpdata.registry.manifest import Manifest
     from warpdata.storage.blobcache import BlobCache
     from warpdata.storage.remote import Remote
@@ -125,10 +136,7 @@ class DatasetBase:
 
     def table(self, name: str | None = None) -> Table:
         """Table ``name``; without a name, :attr:`default_table`."""
-        # The one warp import here that is not at the top, on purpose: the table reader (partition
-        # plans, the batch reader, the SQL gate, Parquet statistics: 16 modules) is loaded when a table
-        # is first opened, so opening a dataset and `warp info` stay at their cost of issue 22
-        # (tests/read/test_open_imports.py). No cycle: read.table imports no dataset module.
+        # a part's reader, on first use (module docstring)
         from warpdata.read.table import Table
 
         return Table(self, self.table_name(name))
@@ -142,4 +150,7 @@ class DatasetBase:
 
     def embeddings(self, name: str) -> EmbeddingIndex:
         """Cosine search (ANN when the version has an index) over embedding ``name`` (see :mod:`warpdata.registry.embeddings`)."""
+        # a part's reader, on first use (module docstring)
+        from warpdata.registry.embeddings import open_index
+
         return open_index(self, name)

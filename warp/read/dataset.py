@@ -66,7 +66,6 @@ from warpdata.core.errors import (
 from warpdata.core.sizes import parse_size
 from warpdata.core.verify import verify_level
 from warpdata.read.base import MODES, DatasetBase
-from warpdata.read.refs import ArtifactReader
 from warpdata.read.registered import open_registered
 from warpdata.read.source import WarmResult
 from warpdata.registry.manifest import Manifest, blob_key, validate_dataset_id
@@ -75,6 +74,7 @@ from warpdata.storage.base import open_object_store
 from warpdata.storage.blobcache import BlobCache, normalize_hash
 
 if TYPE_CHECKING:
+    from warpdata.read.refs import ArtifactReader
     from warpdata.registry.manifest import ShardRef
 
 log = logging.getLogger(__name__)
@@ -258,6 +258,9 @@ class Dataset(DatasetBase):
         return _reopen, (self.id, self.mode, self.version, self.remote.url, self.verify)
 
     def artifact(self, name: str) -> ArtifactReader:
+        # a part's reader, on first use (read.base's docstring)
+        from warpdata.read.refs import ArtifactReader
+
         return ArtifactReader(self, self.artifact_name(name))
 
     # -- blobs -------------------------------------------------------------------

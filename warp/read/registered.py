@@ -28,7 +28,6 @@ from typing import Any
 from warpdata.core.canonical import sha256_file
 from warpdata.core.errors import DataError, DatasetNotFoundError, MissingInputError, UsageError
 from warpdata.read.base import MODES, DatasetBase
-from warpdata.read.refs import REF_TYPES, FileRef
 from warpdata.read.source import WarmResult
 from warpdata.registry.manifest import Artifact, Binding, Manifest, ShardRef, Table
 from warpdata.registry.register import RegisteredFileChangedError, load, registry_path, stamp_now
@@ -231,6 +230,9 @@ class DirArtifactReader:
         return Path(self._path(member))
 
     def ref(self, member: str, ref_type: str = "file"):
+        # a part's reader, on first use (read.base's docstring)
+        from warpdata.read.refs import REF_TYPES, FileRef
+
         return REF_TYPES.get(ref_type, FileRef)(self, member)  # type: ignore[arg-type]
 
     def wait_fetches(self, timeout: float = 60.0) -> bool:
