@@ -13,8 +13,8 @@ artifact member reader (:mod:`warpdata.read.refs`, with the tar index) and the e
 (:mod:`warpdata.registry.embeddings`) are imported by :meth:`~DatasetBase.table`,
 ``artifact()`` and :meth:`~DatasetBase.embeddings` on first use. These are the read API's only warp
 imports inside functions, on purpose: they keep ``warpdata.dataset(...)`` and ``warp info`` at the
-open cost of issue 22 (about 10 % more CPU per open with them at the top, 16 more modules;
-pinned by tests/read/test_open_imports.py). None is a cycle: no reader imports a dataset module.
+open cost of issue 22 (with them at the top an open imported 19 more modules and took about 40 %
+more CPU; pinned by tests/read/test_open_imports.py). None is a cycle: no reader imports a dataset module.
 
 The class sits below both, so
 ``read.dataset`` (whose :func:`~warpdata.read.dataset.dataset` finds a registered dataset
