@@ -17,7 +17,7 @@ NOT_AT_OPEN = ["jsonschema", "numpy", "pyarrow", "duckdb", "boto3", "botocore", 
                "warpdata.core.sqlgate", "warpdata.read.table", "warpdata.partition.plan", "warpdata.read.refs",
                "warpdata.registry.tarpack", "warpdata.registry.embeddings"]
 NOT_FOR_SCHEMA = ["jsonschema", "duckdb", "boto3", "botocore", "fsspec", "s3fs", "pandas",
-                  "warpdata.registry.embeddings"]
+                  "warpdata.registry.embeddings", "warpdata.read.refs", "warpdata.registry.tarpack"]
 
 
 def _modules_after(tmp_path, store: str) -> dict:

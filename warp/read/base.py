@@ -11,10 +11,12 @@ Opening a version reads its manifest and nothing else, and imports no reader of 
 table reader (:mod:`warpdata.read.table`: partition plans, the batch reader, the SQL gate), the
 artifact member reader (:mod:`warpdata.read.refs`, with the tar index) and the embedding index
 (:mod:`warpdata.registry.embeddings`) are imported by :meth:`~DatasetBase.table`,
-``artifact()`` and :meth:`~DatasetBase.embeddings` on first use. These are the read API's only warp
-imports inside functions, on purpose: they keep ``warpdata.dataset(...)`` and ``warp info`` at the
-open cost of issue 22 (with them at the top an open imported 19 more modules and took about 40 %
-more CPU; pinned by tests/read/test_open_imports.py). None is a cycle: no reader imports a dataset module.
+``artifact()`` (and a table's bound columns, ``Table.batch_dicts``) and :meth:`~DatasetBase.embeddings`
+on first use. These are the read API's only warp imports inside functions, on purpose: they keep
+``warpdata.dataset(...)`` and ``warp info`` at the open cost of issue 22 (with them at the top an open
+imported 19 more modules and took about 40 % more CPU), and ``warp schema`` off the member reader and
+its tar index (about 5 % of its CPU); pinned by tests/read/test_open_imports.py. None is a cycle: no
+reader imports a dataset module.
 
 The class sits below both, so
 ``read.dataset`` (whose :func:`~warpdata.read.dataset.dataset` finds a registered dataset

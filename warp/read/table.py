@@ -40,7 +40,6 @@ from warpdata.read.batches import (
     _ShardFiles,
     _worker_info,
 )
-from warpdata.read.refs import make_refs
 from warpdata.read.torch import TorchLoader
 from warpdata.registry.parquet_stats import Predicate, shard_stats
 
@@ -234,6 +233,9 @@ class Table:
         shards by pread, the rest by coalesced ranged GETs), so ``read_bytes()``
         and the decoders cost no request.
         """
+        # the artifact member reader, on first use (read.base's docstring)
+        from warpdata.read.refs import make_refs
+
         bound = {c: make_refs(self.ds, b, read_refs) for c, b in self.bindings.items()}
         for batch in self.batches(batch_size, columns, **kw):
             d = batch.to_pydict()
