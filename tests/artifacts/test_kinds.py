@@ -40,3 +40,15 @@ def test_a_written_zarr_manifest_validates_and_a_damaged_one_is_refused(tmp_path
             kinds.validate({**doc, field: bad}, "a.zarr/manifest.json")
     with pytest.raises(DataError, match="unknown manifest kind"):
         kinds.validate({**doc, "kind": "nope"}, "a.zarr/manifest.json")
+
+
+def test_every_order_hook_loads_and_the_loaders_are_the_ones_warp_order_names():
+    """``warp order`` finds each loader's order through the table (warpdata.read.order imports no system)."""
+    from warpdata.core.registry import load
+    from warpdata.read.order import KIND_NAMES
+
+    hooks = {name: k.order for name, k in kinds.KINDS.items() if k.order}
+    hooks.update({name: k.order for name, k in kinds.FILE_KINDS.items()})
+    assert set(hooks) == set(KIND_NAMES) == {"tensor-warehouse", "feature-cache", "tbl"}
+    for target in hooks.values():
+        assert callable(load(target, "order hook"))

@@ -10,10 +10,14 @@ import sys
 
 from support.datasets import make_rows, publish
 
-# never needed to open a dataset on a local store, nor for its schema
+# never needed to open a dataset on a local store, nor for its schema. The readers of a version's parts
+# load on first use (warpdata.read.base): the table reader (and with it the SQL gate's checker,
+# warpdata.core.sqlgate, pure Python) when a table is opened, DuckDB only when a query runs
 NOT_AT_OPEN = ["jsonschema", "numpy", "pyarrow", "duckdb", "boto3", "botocore", "fsspec", "s3fs", "pandas",
-               "warpdata.core.sqlgate"]
-NOT_FOR_SCHEMA = ["jsonschema", "duckdb", "boto3", "botocore", "fsspec", "s3fs", "pandas", "warpdata.core.sqlgate"]
+               "warpdata.core.sqlgate", "warpdata.read.table", "warpdata.partition.plan", "warpdata.read.refs",
+               "warpdata.registry.tarpack", "warpdata.registry.embeddings"]
+NOT_FOR_SCHEMA = ["jsonschema", "duckdb", "boto3", "botocore", "fsspec", "s3fs", "pandas",
+                  "warpdata.registry.embeddings", "warpdata.read.refs", "warpdata.registry.tarpack"]
 
 
 def _modules_after(tmp_path, store: str) -> dict:

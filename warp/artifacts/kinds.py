@@ -1,4 +1,4 @@
-"""The one table of artifact kinds: each kind's manifest, schema, inspector, previewer and checks.
+"""The one table of artifact kinds: each kind's manifest, schema, inspector, previewer, checks and order.
 
 =================== ================ ======================================= =============================
 kind                written by       schema                                  inspector
@@ -12,7 +12,14 @@ kind                written by       schema                                  ins
 The table is how a system registers itself with the floors above it (CONTRIBUTING.md "Floors"):
 every entry is a dotted path (``package.module`` or ``package.module:name``) that
 :func:`warpdata.core.registry.load` imports only when it is used, so this module, ``warp inspect``,
-``--preview`` and ``warp doctor`` import no system, and ``warp --help`` pays for none of them.
+``--preview``, ``warp doctor`` and ``warp order`` import no system, and ``warp --help`` pays for
+none of them.
+
+A kind a loader reads names its order hook (``order``): the function
+:func:`warpdata.read.order.epoch_order` calls to replay that loader's epoch order (its contract
+is :data:`warpdata.read.order.OrderHook`). An artifact that is one file rather than a directory
+with a manifest, the ``.tbl`` packed-sample file (docs/formats/tbl.md), has no manifest kind; its
+loader registers in :data:`FILE_KINDS`.
 
 Every kind's manifest is validated against its schema before a reader trusts a field
 (:func:`validate`). ``publish --from`` takes any kind written by ``warp etl``: the artifact's
@@ -41,17 +48,37 @@ class ArtifactKind:
     written_by: str
     previewer: str = ""  # "module:function" drawing `warp inspect --preview` (warpdata.artifacts.preview)
     checks: str = ""  # module registering this kind's `warp doctor` checks (warpdata.doctor.registry)
+    order: str = ""  # "module:function": its loader's epoch order for `warp order` (warpdata.read.order)
 
 
 KINDS: dict[str, ArtifactKind] = {k.name: k for k in (
     ArtifactKind(TENSOR_WAREHOUSE, MANIFEST_NAME, "warpdata.warehouse", "warpdata.warehouse.inspect", "directory",
-                 "warp etl", previewer="warpdata.warehouse.preview:preview"),
+                 "warp etl", previewer="warpdata.warehouse.preview:preview",
+                 order="warpdata.warehouse.order:epoch_source"),
     ArtifactKind(ZARR_ARRAY, MANIFEST_NAME, "warpdata.tiles", "warpdata.tiles.inspect", "directory", "warp etl",
                  previewer="warpdata.tiles.preview:preview", checks="warpdata.tiles.checks"),
     ArtifactKind(FEATURE_CACHE, MANIFEST_NAME, "warpdata.features", "warpdata.features.inspect", "directory",
-                 "warp etl", previewer="warpdata.features.preview:preview"),
+                 "warp etl", previewer="warpdata.features.preview:preview",
+                 order="warpdata.features.order:epoch_source"),
     ArtifactKind(DATASET, MANIFEST_NAME, "warpdata.registry", "warpdata.read.inspect", "none",
                  "warp publish", previewer="warpdata.read.inspect:preview"),
+)}
+
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """An artifact that is one file (no manifest beside it) and the loader that reads it."""
+
+    name: str
+    suffix: str  # the file name's usual ending
+    order: str  # "module:function": its loader's epoch order (as ArtifactKind.order)
+
+
+#: the single-file artifacts a warp loader reads; ``warp order`` reads a file as the kind its suffix
+#: names, else as the first (a ``.tbl`` file by another name)
+FILE_KINDS: dict[str, FileKind] = {k.name: k for k in (
+    FileKind("tbl", ".tbl", order="warpdata.tbl.order:epoch_source"),
 )}
 
 

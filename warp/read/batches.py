@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core import envvars
-from warpdata.core.errors import UsageError
+from warpdata.core.errors import BlobCorruptedError, DataError, ManifestCorruptedError, UsageError
 from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.world import parse_shard, resolve_world, worker_info
-from warpdata.storage.blobcache import CacheTooSmallError
+from warpdata.registry.parquet_stats import parse_footer
+from warpdata.storage.blobcache import CacheTooSmallError, normalize_hash
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -90,8 +91,6 @@ class _ShardFiles:
             # the one lock of the Python file it wraps the RangeFile in)
             pf = pq.ParquetFile(src, pre_buffer=False, metadata=md)
         except Exception as e:
-            from warpdata.core.errors import DataError
-
             raise DataError(f"{self.ds.remote.url_of(self.ds.blob_key(s))}: not a readable Parquet shard: {e}",
                             hint="the store copy is damaged; republish the dataset") from None
         with self._mu:
@@ -151,7 +150,6 @@ class _ShardFiles:
             return None
         import pyarrow as pa
         import pyarrow.parquet as pq
-        from warpdata.core.errors import DataError
 
         key = self.ds.blob_key(s)
         data = _verified_get(self.ds, s)
@@ -237,9 +235,6 @@ def _verified_get(ds: BlobSource, s: ShardRef) -> bytes:
     (hashlib releases the GIL); fetched once more on a mismatch, then BlobCorruptedError."""
     import hashlib
 
-    from warpdata.core.errors import BlobCorruptedError
-    from warpdata.storage.blobcache import normalize_hash
-
     key, want = ds.blob_key(s), normalize_hash(s.hash)
     for attempt in (1, 2):
         data = ds.remote.read_range(key, 0, s.byte_size, s.byte_size)
@@ -272,9 +267,6 @@ def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
 def _parse_recorded_footer(ds: BlobSource, s: ShardRef, data: bytes):
     """The footer metadata from the shard's last ``footer_size`` bytes (the manifest's length);
     ManifestCorruptedError when they are not a footer of that length."""
-    from warpdata.core.errors import ManifestCorruptedError
-    from warpdata.registry.parquet_stats import parse_footer
-
     size = len(data)
     try:
         return parse_footer(data)
@@ -679,8 +671,6 @@ class _RowGroupBatcher:
 def _check_rows(files: _ShardFiles, unit: int, groups: list[int], got: int, want: int) -> None:
     """Row groups read must hold the rows planned from the manifest's statistics."""
     if got != want:
-        from warpdata.core.errors import DataError
-
         ds, s = files.ds, files.shards[unit]
         raise DataError(f"{ds.remote.url_of(ds.blob_key(s))}: row groups {groups} hold {got} rows, "
                         f"the manifest says {want}",

@@ -46,6 +46,7 @@ Contract
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -53,23 +54,39 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from warpdata.core import envvars
-from warpdata.core.errors import MissingInputError, UsageError
+from warpdata.core.errors import (
+    BlobCorruptedError,
+    DatasetNotFoundError,
+    ManifestCorruptedError,
+    MissingInputError,
+    StoreBusyError,
+    StoreUnavailableError,
+    UsageError,
+)
+from warpdata.core.sizes import parse_size
+from warpdata.core.verify import verify_level
+from warpdata.read.base import MODES, DatasetBase
+from warpdata.read.registered import open_registered
 from warpdata.read.source import WarmResult
+from warpdata.registry.manifest import Manifest, blob_key, validate_dataset_id
+from warpdata.registry.store import Store
 from warpdata.storage.base import open_object_store
 from warpdata.storage.blobcache import BlobCache, normalize_hash
 
 if TYPE_CHECKING:
-    from warpdata.read.table import Table
-    from warpdata.registry.manifest import Manifest, ShardRef
+    from warpdata.read.refs import ArtifactReader
+    from warpdata.registry.manifest import ShardRef
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "remote", "hybrid", "local")
+__all__ = ["MODES", "Dataset", "dataset"]
 # Manifests parsed and verified against their version hash in this process, by (store, dataset, version):
 # a version is immutable, so a second open of it skips the schema check and the hash (~30-60 ms); the
 # store is part of the key so what was seen through one store is never used for another
 _MANIFESTS: dict[tuple[str, str, str], tuple[Manifest, bytes]] = {}
 _MANIFESTS_MU = threading.Lock()
+
+
 def dataset(name: str, mode: str | None = None, version: str | None = None, *,
             store: str | None = None, cache: BlobCache | None = None, verify: str | None = None) -> Dataset:
     """Open dataset ``name`` (``workspace/name``) for reading.
@@ -80,8 +97,6 @@ def dataset(name: str, mode: str | None = None, version: str | None = None, *,
     a ``cache`` passed in keeps its own mode for ``fast`` and ``full``.
     """
     if store is None:
-        from warpdata.read.registered import open_registered
-
         reg = open_registered(name, mode, version)
         if reg is not None:
             return reg
@@ -91,14 +106,11 @@ def dataset(name: str, mode: str | None = None, version: str | None = None, *,
 _CACHE_MODE = {"fast": "stamp", "full": "full", "off": "stamp"}  # read-API level -> blob-cache mode
 
 
-class Dataset:
-    """One resolved version of a published dataset."""
+class Dataset(DatasetBase):
+    """One resolved version of a published dataset (the shared parts: :class:`~warpdata.read.base.DatasetBase`)."""
 
     def __init__(self, name: str, *, mode: str | None = None, version: str | None = None,
                  store: str | None = None, cache: BlobCache | None = None, verify: str | None = None) -> None:
-        from warpdata.core.verify import verify_level
-        from warpdata.registry.manifest import validate_dataset_id
-
         explicit = verify is not None
         # not given: WARP_CACHE_VERIFY's level (the blob cache itself refuses a bad value)
         self.verify = verify_level(verify, "dataset") if explicit else \
@@ -126,13 +138,6 @@ class Dataset:
 
     # -- resolution -----------------------------------------------------------
     def _resolve(self, version: str | None) -> tuple[str, Manifest]:
-        from warpdata.core.errors import (
-            DatasetNotFoundError,
-            StoreBusyError,
-            StoreUnavailableError,
-        )
-        from warpdata.registry.store import Store
-
         if version not in (None, "latest"):
             vh = version.lower()
             if len(vh) != 64:
@@ -170,8 +175,6 @@ class Dataset:
                                      "check the spelling of workspace/name and the store URL (WARP_STORE)")
         vh = _parse_latest(raw, self.id, self.remote.url_of(Store.latest_key(self.id)))
         if self.cache is not None:
-            import hashlib
-
             etag = hashlib.sha256(raw).hexdigest()
             old = self.cache.get_pointer(self.id, store=self.remote.url)
             if old is None or old.get("etag") != etag:
@@ -205,9 +208,6 @@ class Dataset:
             log.debug(f"manifest not cached ({e})")
 
     def _load_manifest(self, vh: str) -> tuple[Manifest, bytes]:
-        from warpdata.registry.manifest import Manifest
-        from warpdata.registry.store import Store
-
         key = Store.manifest_key(self.id, vh)
         src = self.remote.url_of(key)
         if self.meta_cache is not None:
@@ -225,8 +225,6 @@ class Dataset:
                                     hint=f"run 'warp warm {self.id}' while online")
         data = self.remote.get(key)
         if data is None:
-            from warpdata.core.errors import DatasetNotFoundError
-
             raise DatasetNotFoundError(f"version {vh} of {self.id} is not in store {self.remote.url}",
                                        hint="check the version hash; omit it to read latest")
         m = Manifest.from_bytes(data, source=src, expected_hash=vh)
@@ -250,117 +248,23 @@ class Dataset:
             except OSError as e:  # an unwritable cache: read it from the store, verified below
                 log.debug(f"{key} not cached ({e})")
         data = self.remote.read_range(key, 0, s.byte_size, s.byte_size) if s.byte_size else b""
-        import hashlib
-
         if hashlib.sha256(data).hexdigest() != s.hash:
-            from warpdata.core.errors import BlobCorruptedError
-
             raise BlobCorruptedError(f"{self.remote.url_of(key)}: does not hash to {s.hash}",
                                      hint="the store copy is damaged; republish the dataset")
         return data
 
-    @property
-    def stats(self):
-        """Requests sent to the store and bytes received so far (:class:`~warpdata.storage.remote.RequestStats`)."""
-        return self.remote.stats
+    def reopen(self) -> tuple[Callable[..., Dataset], tuple]:
+        """This version again in its store (a DataLoader worker opens it by id: nothing opened is pickled)."""
+        return _reopen, (self.id, self.mode, self.version, self.remote.url, self.verify)
 
-    # -- facts -------------------------------------------------------------------
-    def info(self) -> dict:
-        """What the manifest says about this version, as JSON-able facts (no request beyond
-        the two that opened the dataset): tables with rows, shards, bytes and column counts;
-        artifacts; bindings; totals; and the publisher's metadata envelope."""
-        m = self.manifest
-        try:
-            default = self.default_table
-        except MissingInputError:
-            default = None
-        tables = []
-        for name in self.tables:
-            t = m.tables[name]
-            fields = (t.schema or {}).get("fields")
-            tables.append({"name": name, "rows": t.row_count, "shards": len(t.shards), "bytes": t.byte_size,
-                           "columns": len(fields) if fields is not None else None, "default": name == default})
-        artifacts = [{"name": a, "kind": m.artifacts[a].kind, "shards": len(m.artifacts[a].shards),
-                      "members": m.artifacts[a].member_count, "bytes": m.artifacts[a].byte_size}
-                     for a in self.artifacts]
-        envelope = {k: v for k, v in m.metadata.items() if k in ("created_at", "warp_version", "description")}
-        return {"dataset": self.id, "version": self.version, "store": self.remote.url,
-                "format_version": m.content()["format_version"],
-                "rows": m.stats.get("total_rows"), "bytes": m.stats.get("total_bytes"),
-                "tables": tables, "artifacts": artifacts, "bindings": [b.to_dict() for b in m.bindings],
-                **envelope}
-
-    # -- parts -----------------------------------------------------------------
-    @property
-    def tables(self) -> list[str]:
-        return sorted(self.manifest.tables)
-
-    @property
-    def artifacts(self) -> list[str]:
-        return sorted(self.manifest.artifacts)
-
-    @property
-    def default_table(self) -> str:
-        """The table a command reads when none is named.
-
-        The only table; else ``main``; else the table the publisher declared
-        (``metadata.default_table``: ``warp publish --from`` names a tensor
-        warehouse's ``samples`` or a feature cache's ``records``). Otherwise
-        there is no safe guess: :class:`MissingInputError` lists the tables.
-        """
-        names = self.tables
-        if len(names) == 1:
-            return names[0]
-        if "main" in names:
-            return "main"
-        declared = self.manifest.metadata.get("default_table")
-        if isinstance(declared, str) and declared in names:
-            return declared
-        if not names:
-            raise MissingInputError(f"{self.id} has no tables (artifacts: {', '.join(self.artifacts) or 'none'})",
-                                    hint=f"read its artifacts with dataset({self.id!r}).artifact(NAME)")
-        raise MissingInputError(f"{self.id} has {len(names)} tables and none is called 'main': "
-                                f"name one ({', '.join(names)})",
-                                hint=f"pass --table NAME (CLI) or .table(NAME), e.g. {names[0]!r}")
-
-    def table_name(self, name: str | None = None) -> str:
-        """``name`` checked against the manifest (MissingInputError with the close match); without
-        a name, :attr:`default_table`. What :meth:`table` opens, without importing the reader."""
-        if name is None:
-            name = self.default_table
-        if name not in self.manifest.tables:
-            import difflib
-
-            close = difflib.get_close_matches(name, self.tables, n=1)
-            raise MissingInputError(f"{self.id} has no table {name!r} (tables: {', '.join(self.tables) or 'none'})",
-                                    hint=f"did you mean {close[0]!r}?" if close else "see 'warp inspect " + self.id + "'")
-        return name
-
-    def table(self, name: str | None = None) -> Table:
-        """Table ``name``; without a name, :attr:`default_table`."""
-        name = self.table_name(name)
-        from warpdata.read.table import Table
-
-        return Table(self, name)
-
-    def artifact(self, name: str):
+    def artifact(self, name: str) -> ArtifactReader:
+        # a part's reader, on first use (read.base's docstring)
         from warpdata.read.refs import ArtifactReader
 
-        if name not in self.manifest.artifacts:
-            raise MissingInputError(f"{self.id} has no artifact {name!r} (artifacts: {', '.join(self.artifacts) or 'none'})",
-                                    hint=f"see 'warp inspect {self.id}'")
-        return ArtifactReader(self, name)
-
-    def embeddings(self, name: str):
-        """Cosine search (ANN when the version has an index) over embedding ``name`` (see :mod:`warpdata.registry.embeddings`)."""
-        from warpdata.registry.embeddings import open_index
-
-        return open_index(self, name)
+        return ArtifactReader(self, self.artifact_name(name))
 
     # -- blobs -------------------------------------------------------------------
     def blob_key(self, s: ShardRef) -> str:
-        from warpdata.registry.manifest import blob_key
-
         if "://" in s.uri:
             raise UsageError(f"{s.uri}: shards outside the store are not supported by this reader",
                              hint="republish the dataset so its blobs live in the store")
@@ -394,7 +298,7 @@ class Dataset:
 
     def open_blob(self, s: ShardRef):
         """A random-access file over a blob: the cached copy if any, else ranged remote reads."""
-        import pyarrow as pa
+        import pyarrow as pa  # heavy: on use only (opening a dataset loads no pyarrow, tests/read/test_open_imports.py)
 
         p = self.cached_path(s)
         if p is not None:
@@ -413,8 +317,6 @@ class Dataset:
         ``max_bytes`` caps what is newly downloaded. Already-cached blobs cost
         one local hash check and no network.
         """
-        from warpdata.core.sizes import parse_size
-
         if self.cache is None or self.mode == "local":
             raise UsageError(f"warm needs a cache and a store; mode {self.mode!r} has {'no cache' if self.cache is None else 'no store'}",
                              hint="use mode='auto'")
@@ -460,9 +362,12 @@ def _meta_cache() -> BlobCache | None:
         return None
 
 
-def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:
-    from warpdata.core.errors import ManifestCorruptedError
+def _reopen(name: str, mode: str, version: str, store: str, verify: str) -> Dataset:
+    """:meth:`Dataset.reopen`'s function: the same version of ``name`` in ``store``."""
+    return Dataset(name, mode=mode, version=version, store=store, verify=verify)
 
+
+def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:
     try:
         doc = json.loads(raw)
         vh = doc["version_hash"]
@@ -472,7 +377,4 @@ def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:
     except (ValueError, KeyError, TypeError) as e:
         raise ManifestCorruptedError(f"{src} is not a valid latest pointer ({e})",
                                      hint=f"republish {dataset_id} with --set-latest to rewrite it") from None
-
-
-# -- tables ----------------------------------------------------------------------
 

@@ -52,6 +52,8 @@ from typing import Any
 
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import MANIFEST_NAME
+from warpdata.read.dataset import Dataset
+from warpdata.registry.manifest import DATASET_ID_RE
 
 __all__ = ["Member", "PublishedArtifact", "looks_like_dataset", "materialize"]
 
@@ -60,8 +62,6 @@ def looks_like_dataset(target: Any) -> bool:
     """True when ``target`` is not an existing path but a ``workspace/name`` id."""
     if not isinstance(target, str) or os.path.exists(target):
         return False
-    from warpdata.registry.manifest import DATASET_ID_RE
-
     return bool(DATASET_ID_RE.match(target))
 
 
@@ -167,8 +167,6 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
     ``files(manifest_doc)`` names the data files the reader needs (paths
     relative to the artifact root); ``manifest.json`` always comes along.
     """
-    from warpdata.read.dataset import Dataset
-
     ds = Dataset(target, mode=mode, version=version, store=store, cache=cache)
     if ds.cache is None:
         raise UsageError(f"opening {kind} {target} needs the blob cache; mode='remote' keeps nothing locally",

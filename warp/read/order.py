@@ -7,18 +7,44 @@ tensor warehouse (``make_loader``), a feature cache (``BigBatchLoader``) or a
 :class:`~warpdata.partition.digest.EpochOrder`: the same sequence, content name
 and digests the loader's resume states carry. Only manifests and indexes are
 read, never a sample.
+
+A table is ordered here (it is the read API's own loader). Every other loader's system registers an
+order hook in the artifact-kind table (:mod:`warpdata.artifacts.kinds`: ``ArtifactKind.order`` for a
+directory with a manifest, :data:`~warpdata.artifacts.kinds.FILE_KINDS` for a ``.tbl`` file), loaded
+by name when used, so this module imports no system (CONTRIBUTING.md "Floors"). A hook is
+:data:`OrderHook`; systems whose loader draws from
+:class:`~warpdata.partition.sampler.ShardAwareSampler` build their maker with :func:`sampler_order`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from warpdata.artifacts.kinds import FILE_KINDS, KINDS
+from warpdata.artifacts.manifests import read_manifest
 from warpdata.core.errors import MissingInputError, UsageError
-from warpdata.partition.digest import EpochOrder, content_of_manifest
+from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE
+from warpdata.core.registry import load
+from warpdata.partition.digest import EpochOrder
+from warpdata.partition.plan import ShardPlan, content_of_table
+from warpdata.partition.sampler import ShardAwareSampler
 from warpdata.partition.split import mode_of
+from warpdata.read.dataset import dataset
 
-KINDS = ("table", "warehouse", "features", "tbl")
+if TYPE_CHECKING:
+    import numpy as np
+
+#: ``make(seed, epoch, shuffle) -> (content name, the epoch's sequence of sample positions: an int64 array)``
+OrderMaker = Callable[[int, int, bool], tuple[str, Any]]
+#: an order hook: ``hook(target, published=False, version=None, store=None) -> OrderMaker``;
+#: ``target`` is a local path, or with ``published=True`` a ``ws/name`` in ``store``
+OrderHook = Callable[..., OrderMaker]
+
+# EpochOrder.kind (what `warp order` prints) of each artifact kind with an order hook
+KIND_NAMES = {TENSOR_WAREHOUSE: "warehouse", FEATURE_CACHE: "features", "tbl": "tbl"}
 # each loader's own shuffle default
 SHUFFLE = {"table": False, "warehouse": True, "features": True, "tbl": False}
 
@@ -41,83 +67,51 @@ def epoch_order(target: str | os.PathLike, *, seed: int = 0, epoch: int = 0, dro
     return EpochOrder(kind, content, mode, int(seed), int(epoch), shuffle, sequence)
 
 
-def _sampler_order(shard_sizes, repeats, content):
-    def make(seed: int, epoch: int, shuffle: bool):
-        from warpdata.partition.sampler import ShardAwareSampler
-
+def sampler_order(shard_sizes: Sequence[int], repeats: np.ndarray | None, content: str) -> OrderMaker:
+    """The maker of a loader that draws from :class:`~warpdata.partition.sampler.ShardAwareSampler`
+    over shards of ``shard_sizes`` (``repeats``: each record's repeat count, or None)."""
+    def make(seed: int, epoch: int, shuffle: bool) -> tuple[str, np.ndarray]:
         s = ShardAwareSampler(list(shard_sizes), rank=0, world_size=1, shuffle=shuffle, seed=seed,
                               repeats=repeats, content=content)
         return content, s.sequence(epoch)
     return make
 
 
-def _local(p: Path):
+def _hook(kind: str, target: str) -> OrderHook:
+    entry = FILE_KINDS.get(kind) or KINDS.get(kind)
+    if entry is None or not entry.order:
+        raise MissingInputError(f"{target}: a {kind} has no loader to order",
+                                hint="warp order takes a published table, a tensor warehouse, a feature cache "
+                                     "or a .tbl file")
+    return load(entry.order, f"order hook of {kind}")
+
+
+def _local(p: Path) -> tuple[str, OrderMaker]:
     if p.is_file():
-        from warpdata.tbl.loader import TblLoader
-
-        def make(seed: int, epoch: int, shuffle: bool):
-            loader = TblLoader(p, 1, shuffle=shuffle, seed=seed, rank=0, world_size=1, verify="off")
-            try:
-                return loader.content, loader.order(epoch).copy()
-            finally:
-                loader.reader.close()
-        return "tbl", make
-    from warpdata.artifacts.manifests import read_manifest
-    from warpdata.core.names import MANIFEST_NAME
-
+        kind = next((k.name for k in FILE_KINDS.values() if p.name.endswith(k.suffix)), next(iter(FILE_KINDS)))
+        return KIND_NAMES[kind], _hook(kind, str(p))(p)
     man = p / MANIFEST_NAME
     if not man.is_file():
         raise MissingInputError(f"{p}: not a .tbl file, and no {MANIFEST_NAME} in it",
                                 hint="pass a .tbl file, a warehouse or feature-cache version directory, "
                                      "or a published WS/NAME")
-    doc = read_manifest(man)  # a damaged manifest is a DataError naming it, not a crash
-    from warpdata.features.manifest import KIND as FEATURES
-
-    if doc.get("kind") == FEATURES:
-        from warpdata.features.reader import ShardCache
-
-        cache = ShardCache(p, verify="off")
-        return "features", _sampler_order(cache.shard_sizes.tolist(), cache.record_repeats(),
-                                          content_of_manifest(cache.manifest))
-    from warpdata.warehouse.reader import Warehouse
-
-    wh = Warehouse(p, verify="off", allow_invalid=True)
-    return "warehouse", _sampler_order(wh.shard_sizes.tolist(), None, content_of_manifest(wh.manifest))
+    kind = read_manifest(man)["kind"]  # a damaged manifest is a DataError naming it, not a crash
+    return KIND_NAMES.get(kind, kind), _hook(kind, str(p))(p)
 
 
-def _published(name: str, table: str | None, version: str | None, store: str | None):
-    from warpdata.read.dataset import dataset
-
+def _published(name: str, table: str | None, version: str | None, store: str | None) -> tuple[str, OrderMaker]:
     ds = dataset(name, version=version, store=store)
-    from warpdata.features.manifest import KIND as FEATURES
-    from warpdata.warehouse.manifest import KIND as WAREHOUSE
-
-    kinds = set(ds.artifacts)  # a warehouse or feature cache is published as the artifact named by its kind
-    # a published warehouse or feature cache is ordered as its loader reads it, unless --table asks
-    # for one of the dataset's tables (Table.batches)
-    if table is None and WAREHOUSE in kinds:
-        from warpdata.warehouse.reader import Warehouse
-
-        wh = Warehouse.from_published(name, version=version, store=store, verify="off", allow_invalid=True)
-        try:
-            return "warehouse", _sampler_order(wh.shard_sizes.tolist(), None, content_of_manifest(wh.manifest))
-        finally:
-            wh.close()
-    if table is None and FEATURES in kinds:
-        from warpdata.features.reader import ShardCache
-
-        cache = ShardCache(name, version=version, store=store, verify="off")
-        try:
-            return "features", _sampler_order(cache.shard_sizes.tolist(), cache.record_repeats(),
-                                              content_of_manifest(cache.manifest))
-        finally:
-            cache.close()
+    # a warehouse or feature cache is published as the artifact named by its kind, and ordered as its
+    # loader reads it (the first such kind in the table), unless --table asks for one of the tables
+    if table is None:
+        for kind, entry in KINDS.items():
+            if entry.order and kind in ds.artifacts:
+                return KIND_NAMES[kind], _hook(kind, name)(name, published=True, version=version, store=store)
     if ds.tables:
         t = ds.table(table)
 
-        def make(seed: int, epoch: int, shuffle: bool):
-            import numpy as np
-            from warpdata.partition.plan import ShardPlan, content_of_table
+        def make(seed: int, epoch: int, shuffle: bool) -> tuple[str, np.ndarray]:
+            import numpy as np  # heavy for this module's importers (doctor, `warp order`): on use only
 
             plan = ShardPlan(t._row_counts(), seed=seed, epoch=epoch, shuffle=shuffle)
             parts = [np.arange(a, a + n, dtype=np.int64) for a, n in plan.runs()]

@@ -36,7 +36,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.atomic import atomic_write_text
+from warpdata.core.errors import DataError, MissingInputError, UsageError, missing_dependency
+from warpdata.registry.tarpack import ArtifactIndex
+from warpdata.storage.blobcache import CacheTooSmallError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -86,8 +89,6 @@ class ArtifactReader:
 
     @property
     def index(self):
-        from warpdata.registry.tarpack import ArtifactIndex
-
         if self._index is None:
             with self._mu:
                 if self._index is None:
@@ -171,8 +172,6 @@ class ArtifactReader:
         threading.Thread(target=self._fetch_loop, name="warp-shard-fetch", daemon=True).start()
 
     def _fetch_loop(self) -> None:
-        from warpdata.storage.blobcache import CacheTooSmallError
-
         while True:
             with self._mu:
                 if not self._fetch_q or self._fetch_stopped is not None:
@@ -301,8 +300,6 @@ class ArtifactReader:
         data = self.read(member)
         h = hashlib.sha256(data).hexdigest()
         p = cache.put_bytes(h, data)
-        from warpdata.core.atomic import atomic_write_text
-
         atomic_write_text(pointer, h, fsync=False)
         return p
 
@@ -373,8 +370,6 @@ class ImageRef(FileRef):
         try:
             from PIL import Image
         except ImportError:
-            from warpdata.core.errors import missing_dependency
-
             raise missing_dependency("ImageRef.as_pil()", "pillow") from None
         data = self.read_bytes()
         try:
@@ -436,8 +431,6 @@ class AudioRef(FileRef):
         try:
             import soundfile
         except ImportError:
-            from warpdata.core.errors import missing_dependency
-
             raise missing_dependency(f"decoding {self.member} (not PCM WAV)", "soundfile", extra="audio") from None
         try:
             arr, rate = soundfile.read(io.BytesIO(data), dtype="float32")

@@ -1,6 +1,7 @@
 """Reading a registered dataset: local files where they are (``warp register``).
 
-:class:`RegisteredDataset` is a :class:`~warpdata.read.dataset.Dataset` whose blobs are the
+:class:`RegisteredDataset` is a dataset version (:class:`~warpdata.read.base.DatasetBase`, as a
+published :class:`~warpdata.read.dataset.Dataset` is) whose blobs are the
 registered files themselves (a registration is described in :mod:`warpdata.registry.register`
 and docs/formats/registry.md, "Registered datasets"). Tables, filters, batches, DataLoaders
 and refs work unchanged: a table shard's "cached copy" is the registered Parquet file, and an
@@ -19,13 +20,17 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from warpdata.core.errors import MissingInputError, UsageError
-from warpdata.read.dataset import Dataset
+from warpdata.core.canonical import sha256_file
+from warpdata.core.errors import DataError, DatasetNotFoundError, MissingInputError, UsageError
+from warpdata.read.base import MODES, DatasetBase
 from warpdata.read.source import WarmResult
+from warpdata.registry.manifest import Artifact, Binding, Manifest, ShardRef, Table
+from warpdata.registry.register import RegisteredFileChangedError, load, registry_path, stamp_now
 from warpdata.storage.remote import RequestStats
 
 _CHECKED: dict[str, list[int]] = {}  # path -> stamp that was verified in this process
@@ -35,8 +40,6 @@ _CHECKED_MU = threading.Lock()
 def _verify(path: str, want_hash: str, stamp: Sequence[int] | None, dataset_id: str, full: bool = False) -> str:
     """``path`` if it still holds the registered bytes (stamp, else a full hash; ``full``: always a
     full hash); typed errors otherwise."""
-    from warpdata.registry.register import RegisteredFileChangedError, stamp_now
-
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -48,8 +51,6 @@ def _verify(path: str, want_hash: str, stamp: Sequence[int] | None, dataset_id: 
         return path
     if not full and _CHECKED.get(path) == now:
         return path
-    from warpdata.core.canonical import sha256_file
-
     got = sha256_file(path)
     if got != want_hash:
         raise RegisteredFileChangedError(
@@ -81,15 +82,12 @@ class _LocalFiles:
         return e
 
 
-class RegisteredDataset(Dataset):
+class RegisteredDataset(DatasetBase):
     """A dataset of local files registered with ``warp register`` (module docstring)."""
 
     registered = True
 
     def __init__(self, doc: dict[str, Any], doc_path: str, mode: str | None = None) -> None:
-        from warpdata.read.dataset import MODES
-        from warpdata.registry.manifest import Artifact, Binding, Manifest, ShardRef, Table
-
         mode = (mode or "local").lower()
         if mode not in MODES:
             raise UsageError(f"unknown mode {mode!r}", hint="use auto, remote, hybrid or local")
@@ -124,6 +122,10 @@ class RegisteredDataset(Dataset):
     def __repr__(self) -> str:
         return f"RegisteredDataset({self.id!r}, version={self.version[:12]!r})"
 
+    def reopen(self) -> tuple[Callable[..., RegisteredDataset], tuple]:
+        """This registration again, at this version (a DataLoader worker opens it by name)."""
+        return _reopen, (self.id, self.version)
+
     def blob_key(self, s) -> str:
         return self._paths[s.hash][0]
 
@@ -139,15 +141,12 @@ class RegisteredDataset(Dataset):
             return f.read()
 
     def open_blob(self, s):
-        import pyarrow as pa
+        import pyarrow as pa  # heavy: on use only (opening a dataset loads no pyarrow)
 
         return pa.memory_map(self.cached_path(s), "r")
 
-    def artifact(self, name: str):
-        if name not in self.manifest.artifacts:
-            raise MissingInputError(f"{self.id} has no artifact {name!r} (artifacts: {', '.join(self.artifacts) or 'none'})",
-                                    hint=f"see 'warp inspect {self.id}'")
-        return DirArtifactReader(self, name)
+    def artifact(self, name: str) -> DirArtifactReader:
+        return DirArtifactReader(self, self.artifact_name(name))
 
     def warm(self, tables=None, shards=None, max_bytes=None, artifacts=True, on_blob=None) -> WarmResult:
         """Nothing to download: checks the registered table files instead (stamps, or a hash)."""
@@ -165,8 +164,6 @@ class RegisteredDataset(Dataset):
     def verify_files(self) -> list[str]:
         """Hash every registered file in full (table files and artifact members), whatever their
         stamps say; one message per file that is gone or holds other bytes (empty: all intact)."""
-        from warpdata.core.errors import DataError
-
         files = [(f["path"], f["hash"]) for t in self.doc["tables"].values() for f in t["files"]]
         files += [(os.path.join(a["root"], m), e[0]) for a in self.doc["artifacts"].values()
                   for m, e in a["members"].items()]
@@ -200,7 +197,7 @@ class DirArtifactReader:
     def _entry(self, member: str) -> list:
         e = self._members.get(member)
         if e is None:
-            import difflib
+            import difflib  # stdlib, the error path only
 
             close = difflib.get_close_matches(member, list(self._members), n=1)
             raise MissingInputError(f"artifact {self.name} of {self.ds.id} has no member {member!r}",
@@ -226,8 +223,6 @@ class DirArtifactReader:
         ms = list(members)
         if len(ms) < 8:
             return [self.read(m) for m in ms]
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(max_workers=min(threads, len(ms))) as ex:
             return list(ex.map(self.read, ms))
 
@@ -235,6 +230,7 @@ class DirArtifactReader:
         return Path(self._path(member))
 
     def ref(self, member: str, ref_type: str = "file"):
+        # a part's reader, on first use (read.base's docstring)
         from warpdata.read.refs import REF_TYPES, FileRef
 
         return REF_TYPES.get(ref_type, FileRef)(self, member)  # type: ignore[arg-type]
@@ -248,16 +244,21 @@ class DirArtifactReader:
 
 def open_registered(name: str, mode: str | None = None, version: str | None = None) -> RegisteredDataset | None:
     """The registered dataset ``name``, or None when it is not registered."""
-    from warpdata.registry.register import load, registry_path
-
     doc = load(name)
     if doc is None:
         return None
     if version not in (None, "latest") and not doc["version_hash"].startswith(version.lower()):
-        from warpdata.core.errors import DatasetNotFoundError
-
         raise DatasetNotFoundError(
             f"{name} is registered in place as version {doc['version_hash'][:12]}, not {version!r}",
             hint=f"omit the version, or read the store's copy with --store; 'warp unregister {name}' "
                  "drops the registration")
     return RegisteredDataset(doc, str(registry_path(name)), mode)
+
+
+def _reopen(name: str, version: str) -> RegisteredDataset:
+    """:meth:`RegisteredDataset.reopen`'s function: registration ``name`` at ``version``."""
+    ds = open_registered(name, None, version)
+    if ds is None:
+        raise MissingInputError(f"{name} is no longer registered in place (read at version {version[:12]})",
+                                hint=f"register it again ('warp register {name} ...') and restart the run")
+    return ds

@@ -1,6 +1,6 @@
 """What the read path shares: protocols for a dataset version and a table, and WarmResult.
 
-:class:`~warpdata.read.dataset.Dataset` and :class:`~warpdata.read.table.Table` satisfy
+:class:`~warpdata.read.base.DatasetBase` and :class:`~warpdata.read.table.Table` satisfy
 them; the batch reader (:mod:`warpdata.read.batches`) and the refs (:mod:`warpdata.read.refs`)
 depend on these protocols only, so no read module imports one that imports it back.
 """
@@ -33,6 +33,7 @@ class BlobSource(Protocol):
     def fetch_meta(self, s: ShardRef) -> bytes: ...
     def open_blob(self, s: ShardRef) -> Any: ...
     def artifact(self, name: str) -> Any: ...
+    def reopen(self) -> tuple[Any, tuple[Any, ...]]: ...
 
 
 class TableSource(Protocol):

@@ -7,10 +7,21 @@ footers and the row groups they need; ``filter(sql)`` runs in DuckDB behind the 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from warpdata.core.errors import MissingInputError, UsageError
+from warpdata.core.errors import MissingInputError, UsageError, missing_dependency
+from warpdata.core.sqlgate import (
+    QueryLimits,
+    check_filter,
+    check_query,
+    connect,
+    guarded,
+    lock,
+    where_sql,
+)
 from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.split import mode_of
 from warpdata.partition.world import (
@@ -29,12 +40,18 @@ from warpdata.read.batches import (
     _ShardFiles,
     _worker_info,
 )
+from warpdata.read.torch import TorchLoader
+from warpdata.registry.parquet_stats import shard_stats
+from warpdata.registry.predicate import Predicate
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from warpdata.read.source import BlobSource, WarmResult
-    from warpdata.read.torch import TorchLoader
     from warpdata.registry.manifest import ShardRef
+
+# pyarrow, duckdb, pandas and polars are heavy: each is imported in the method that uses it, so
+# opening a table and reading its schema from the manifest loads none of them
+# (tests/read/test_open_imports.py)
 
 
 #: rows :meth:`Table.to_pandas` / :meth:`Table.to_polars` load without ``allow_large=True``
@@ -99,8 +116,6 @@ class Table:
         names = self.visible_names()
         bad = [c for c in cols if c not in names]
         if bad:
-            import difflib
-
             close = difflib.get_close_matches(bad[0], names, n=1)
             raise UsageError(f"table {self.name} of {self.ds.id} has no column {bad[0]!r} "
                              f"(columns: {', '.join(names)})", hint=f"did you mean {close[0]!r}?" if close else None)
@@ -219,6 +234,7 @@ class Table:
         shards by pread, the rest by coalesced ranged GETs), so ``read_bytes()``
         and the decoders cost no request.
         """
+        # the artifact member reader, on first use (read.base's docstring)
         from warpdata.read.refs import make_refs
 
         bound = {c: make_refs(self.ds, b, read_refs) for c, b in self.bindings.items()}
@@ -255,8 +271,6 @@ class Table:
         try:
             import pandas  # noqa: F401
         except ImportError:
-            from warpdata.core.errors import missing_dependency
-
             raise missing_dependency("Table.to_pandas()", "pandas", extra="pandas") from None
         return self.to_arrow(limit=limit).to_pandas()
 
@@ -267,8 +281,6 @@ class Table:
         try:
             import polars
         except ImportError:
-            from warpdata.core.errors import missing_dependency
-
             raise missing_dependency("Table.to_polars()", "polars", extra="polars") from None
         return polars.from_arrow(self.to_arrow(limit=limit))
 
@@ -297,10 +309,7 @@ class Table:
         ``WARP_SQL_TIMEOUT``, 300; 0 for none), ``WARP_SQL_MEMORY`` and ``WARP_SQL_THREADS``;
         going past a limit is a :class:`~warpdata.core.sqlgate.QueryLimitError`.
         """
-        import dataclasses
-
         import duckdb
-        from warpdata.core.sqlgate import QueryLimits, check_query, connect, guarded, lock
 
         limits = QueryLimits.from_env()
         if timeout is not None:
@@ -358,8 +367,6 @@ class Table:
         (cached shards by pread, the rest by coalesced ranged GETs), instead of
         lists of member paths. ``shard=`` / ``policy=`` are deprecated names.
         """
-        from warpdata.read.torch import TorchLoader
-
         where = "Table.to_torch"
         if "shard" in kw:
             rank, world_size = renamed(where, "shard", kw.pop("shard"), "rank= and world_size=", (rank, world_size),
@@ -412,8 +419,6 @@ class Query:
         columns (None: all; [] for ``count(*)``).
         """
         import pyarrow as pa
-        from warpdata.registry.parquet_stats import shard_stats
-        from warpdata.registry.predicate import Predicate
 
         ds = self.table.ds
         names = self.table.schema_names()
@@ -495,8 +500,6 @@ class Query:
         return parts[0] if len(parts) == 1 else pads.dataset(parts)
 
     def sql(self, limit: int | None = None, what: str | None = None) -> str:
-        from warpdata.core.sqlgate import check_filter, where_sql
-
         check_filter(self.expr, self.table.visible_names())  # one expression over the view's columns, or UsageError
         cols = what or (", ".join(_quote_ident(c) for c in self.columns) if self.columns else "*")
         sql = f"SELECT {cols} FROM warp_table WHERE {where_sql(self.expr)}"
@@ -515,8 +518,6 @@ class Query:
             dset = self._arrow_dataset(shard)
         if dset is None:
             return None, None
-        from warpdata.core.sqlgate import connect, guarded, lock
-
         con = connect()
         con.register("warp_table", dset)
         lock(con)  # no file, network or extension access beyond the registered shards
@@ -525,9 +526,13 @@ class Query:
                 return con, con.sql(sql)
         except duckdb.Error as e:
             con.close()
-            raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
-                             hint=f"write a DuckDB SQL boolean expression over the columns "
-                                  f"{', '.join(self.table.schema_names())}") from None
+            raise self._failed(e) from None
+
+    def _failed(self, e: Exception) -> UsageError:
+        """DuckDB's error ``e`` running this filter, as the UsageError naming the columns."""
+        return UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
+                          hint=f"write a DuckDB SQL boolean expression over the columns "
+                               f"{', '.join(self.table.schema_names())}")
 
     def _what(self) -> str:
         short = self.expr if len(self.expr) <= 200 else self.expr[:197] + "..."
@@ -541,7 +546,6 @@ class Query:
         ``"r/w"``, ``"auto"``) is the deprecated name of these keywords. Each fetch runs under
         the time limit (docs/sql.md), not the whole stream, which goes at the reader's pace."""
         import duckdb
-        from warpdata.core.sqlgate import QueryLimits, guarded
 
         where = "Query.batches"
         if shard is not UNSET:
@@ -571,9 +575,7 @@ class Query:
                     if b.num_rows:
                         yield b
             except duckdb.Error as e:
-                raise UsageError(f"filter {self.expr!r} on {self.table.ds.id}/{self.table.name}: {e}",
-                                 hint=f"write a DuckDB SQL boolean expression over the columns "
-                                      f"{', '.join(self.table.schema_names())}") from None
+                raise self._failed(e) from None
         finally:
             con.close()
 
@@ -592,8 +594,6 @@ class Query:
         con, rel = self._run(self.sql(what="count(*)"), None, [])
         if rel is None:
             return 0
-        from warpdata.core.sqlgate import guarded
-
         try:
             with guarded(con, self._what()):
                 return int(rel.fetchall()[0][0])

@@ -1,13 +1,15 @@
 """PyTorch over a table: :class:`TorchLoader` and the picklable IterableDataset behind it.
 
 Numeric columns become tensors, other columns lists; each DataLoader worker reopens the
-dataset by id, so nothing heavy is pickled.
+dataset by id (the recipe of the dataset's ``reopen()``, :class:`~warpdata.read.base.DatasetBase`),
+so nothing heavy is pickled and this module imports no dataset module (they import it).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from warpdata.core.errors import missing_dependency
 from warpdata.partition.plan import ResumeState
 
 if TYPE_CHECKING:
@@ -30,8 +32,6 @@ class TorchLoader:
         try:
             import torch  # noqa: F401
         except ImportError:
-            from warpdata.core.errors import missing_dependency
-
             raise missing_dependency("to_torch()", "torch", "torch") from None
         self.table, self.batch_size, self.columns = table, batch_size, columns
         self.num_workers, self.kw = num_workers, kw
@@ -65,11 +65,8 @@ class TorchLoader:
             # the workers get this rank's state as planned here (a list of every rank's states merged once)
             kw = {**kw, "resume": self._probe.plan.state_after(0, manifest=self.table.ds.version,
                                                                 table=self.table.name)}
-        src = self.table.ds
-        # a registered dataset is found again by name (store None), a published one in its store
-        store = None if getattr(src, "registered", False) else src.remote.url
-        ds = _make_torch_iterable((src.id, src.version, src.mode, store, getattr(src, "verify", None),
-                                   self.table.name, self.batch_size, self.columns,
+        # a registered dataset is found again by name, a published one in its store (reopen())
+        ds = _make_torch_iterable((self.table.ds.reopen(), self.table.name, self.batch_size, self.columns,
                                    (self.rank, self.world_size), kw, self.read_refs))
         self.consumed = 0
         for b in DataLoader(ds, batch_size=None, num_workers=self.num_workers,
@@ -111,10 +108,8 @@ def _make_torch_iterable(args: tuple) -> Any:
                 return (_make_torch_iterable, (self.args,))
 
             def __iter__(self):
-                dataset_id, version, mode, store, verify, table, batch_size, columns, world, kw, read_refs = self.args
-                from warpdata.read.dataset import dataset
-
-                ds = dataset(dataset_id, mode=mode, version=version, store=store, verify=verify)
+                (reopen, args), table, batch_size, columns, world, kw, read_refs = self.args
+                ds = reopen(*args)
                 t = ds.table(table)
                 readers = {c: ds.artifact(b.artifact) for c, b in t.bindings.items()} if read_refs else {}
                 for b in t.batches(batch_size, columns, rank=world[0], world_size=world[1], **kw):
