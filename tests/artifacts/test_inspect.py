@@ -119,3 +119,23 @@ def test_report_to_dict_tables():
                ok=False, problems=["sample 3: crc mismatch"])
     assert r.to_dict() == {"kind": "k", "target": "t", "ok": False, "n": 1, "problems": ["sample 3: crc mismatch"],
                            "tables": {"rows": [{"a": 1, "b": 2}, {"a": 3, "b": 4}]}}
+
+
+def test_sniffing_a_target_loads_no_reader_of_the_kinds_tried_before_it(tmp_path):
+    """Every target is sniffed by the entries before its own: a .tbl file or a plain manifest must
+    not load the feature cache's reader (the first entry) on the way (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    tbl = tmp_path / "x.tbl"
+    tbl.write_bytes(b"TBL\x02" + bytes(60))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "manifest.json").write_text(json.dumps({"kind": "something-else"}))
+    code = ("import sys\nfrom warpdata.artifacts.inspect import find_target\n"
+            f"assert find_target({str(tbl)!r}).name == 'tbl'\n"
+            f"assert find_target({str(tmp_path / 'm')!r}).name == 'manifest'\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith(('warpdata.features.reader', "
+            "'warpdata.features.inspect')))\n"
+            "assert not loaded, loaded\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

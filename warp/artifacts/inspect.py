@@ -29,13 +29,21 @@ class Target:
     name: str
     inspector: str
     previewer: str = ""
+    # "module:function" answering sniff(target, head, is_dir) without loading the inspector: every
+    # target is sniffed by the entries before its own, so a sniff that imports a reader taxes them all
+    sniffer: str = ""
+
+    def sniff(self, target: str, head: bytes | None, is_dir: bool) -> bool:
+        fn = load(self.sniffer, "sniffer") if self.sniffer else load(self.inspector, "inspector").sniff
+        return bool(fn(target, head, is_dir))
 
 
 # tried in this order (the first whose sniff() claims the target wins): the artifact kinds'
 # inspectors and previewers from their table (warpdata.artifacts.kinds), plus .tbl files and any
 # other manifest
 INSPECTORS: tuple[Target, ...] = (
-    Target(FEATURE_CACHE, KINDS[FEATURE_CACHE].inspector, KINDS[FEATURE_CACHE].previewer),
+    Target(FEATURE_CACHE, KINDS[FEATURE_CACHE].inspector, KINDS[FEATURE_CACHE].previewer,
+           sniffer="warpdata.features.manifest:sniff"),
     Target("tbl", "warpdata.tbl.inspect", "warpdata.artifacts.preview:tbl"),
     Target(TENSOR_WAREHOUSE, KINDS[TENSOR_WAREHOUSE].inspector, KINDS[TENSOR_WAREHOUSE].previewer),
     Target(ZARR_ARRAY, KINDS[ZARR_ARRAY].inspector, KINDS[ZARR_ARRAY].previewer),
@@ -76,7 +84,7 @@ def find_target(target: str) -> Target | None:
     """The first entry of :data:`INSPECTORS` whose inspector sniffs ``target``, or None."""
     head, is_dir = read_head(target)
     for t in INSPECTORS:
-        if load(t.inspector, "inspector").sniff(target, head, is_dir):
+        if t.sniff(target, head, is_dir):
             return t
     return None
 

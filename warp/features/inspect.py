@@ -11,41 +11,16 @@ record's CRC-32C.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from warpdata.artifacts.inspect import Report
-from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
+from warpdata.artifacts.manifests import read_manifest
 from warpdata.core.errors import DataError
-from warpdata.features.manifest import KIND
+from warpdata.features.manifest import KIND, sniff  # noqa: F401 (the inspector's sniff, kept light there)
 from warpdata.features.manifest import read as read_checked
 from warpdata.features.reader import ShardCache, caption_text
 from warpdata.formats.featshard import FeatureShardReader
-
-
-def _manifest_kind(path: str) -> str | None:
-    # every directory with a manifest is sniffed here first: parse only files that mention the kind
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 20)
-            if b'"feature-cache"' not in head:
-                return None
-            data = json.loads(head + f.read())
-    except (OSError, ValueError):
-        return None
-    return data.get("kind") if isinstance(data, dict) else None
-
-
-def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
-    if is_dir:
-        m = os.path.join(target, MANIFEST_NAME)
-        return os.path.isfile(m) and _manifest_kind(m) == KIND
-    if head is None:
-        return False
-    if head.startswith(b"WFS1"):
-        return True
-    return head.lstrip().startswith(b"{") and b'"feature-cache"' in head and _manifest_kind(target) == KIND
 
 
 def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:

@@ -20,7 +20,7 @@ from typing import Any
 from warpdata.artifacts.manifests import find_manifest
 from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
 from warpdata.core.errors import DataError
-from warpdata.core.names import FEATURE_CACHE
+from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME
 
 KIND = FEATURE_CACHE
 MANIFEST_VERSION = 2  # 2: sealed by content_sha256 (docs/formats/feature-shard.md)
@@ -96,3 +96,30 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
             raise DataError(f"{m}: shard {sh['path']!r} resolves outside the cache directory",
                             hint=REBUILD_HINT, path=str(m), shard=sh["path"])
     return doc
+
+
+def _manifest_kind(path: str) -> str | None:
+    # `warp inspect` sniffs every target here first: parse only files that mention the kind
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+            if b'"feature-cache"' not in head:
+                return None
+            data = json.loads(head + f.read())
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
+def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
+    """Whether ``warp inspect`` should take ``target`` as a feature cache, a WFS1 shard or its manifest.
+
+    Lives here, not in the inspector, so that sniffing a target of another kind loads no reader."""
+    if is_dir:
+        m = os.path.join(target, MANIFEST_NAME)
+        return os.path.isfile(m) and _manifest_kind(m) == FEATURE_CACHE
+    if head is None:
+        return False
+    if head.startswith(b"WFS1"):
+        return True
+    return head.lstrip().startswith(b"{") and b'"feature-cache"' in head and _manifest_kind(target) == FEATURE_CACHE
