@@ -364,13 +364,17 @@ class ShardAwareSampler:
 
     def tally(self, consumed: int) -> Tally:
         """The digests of the first ``consumed`` samples of this rank's epoch (and what it carries)."""
-        if self._ledger is None:
-            seq = self.sequence()
-            self._ledger = Ledger(sample_keys(self.content), self._rem, seq.__getitem__)
-        own = self._ledger.tally_prefix(self.epoch_items(), consumed)
+        return Tally.of(self.digest_fields(consumed))
+
+    def digest_fields(self, consumed: int) -> dict[str, Any]:
+        """The digest fields of a state after the first ``consumed`` samples of this rank's epoch: a row of
+        prefix sums over the epoch's keys (made a chunk at a time, :meth:`Ledger.prefix_lanes`)."""
+        ledger = self._ledger
+        if ledger is None:
+            ledger = self._ledger = Ledger(sample_keys(self.content), self._rem, self.sequence().__getitem__)
         dropped = self.per_rank * self.world_size if self.mode == "drop" and self.rank == 0 else None
-        return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
-                                 carried=self._carried, dropped_from=dropped)
+        return ledger.prefix_fields(self.epoch_items(), consumed, content=self.content, order=self.order_digest(),
+                                    carried=self._carried, dropped_from=dropped)
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """JSON-able resume state; ``consumed`` = samples used so far this epoch."""
@@ -383,7 +387,7 @@ class ShardAwareSampler:
                 "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "window": self.window, "mode": self.mode,
                 "done": [list(x) for x in self._rem.done], "seed": self.seed, "shuffle": self.shuffle,
-                **self.tally(n).fields()}
+                **self.digest_fields(n)}
 
     def _consumed_positions(self, state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
         """Positions of the sequence consumed by the rank that saved ``state`` (its done ones too)."""

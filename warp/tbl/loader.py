@@ -296,14 +296,18 @@ class TblLoader:
 
     def tally(self, batches_consumed: int) -> Tally:
         """The digests of this rank's first ``batches_consumed`` batches of the epoch (and what it carries)."""
+        return Tally.of(self.digest_fields(batches_consumed))
+
+    def digest_fields(self, batches_consumed: int) -> dict[str, Any]:
+        """The digest fields of a state after this rank's first ``batches_consumed`` batches: a row of prefix
+        sums over the epoch's keys (made a chunk at a time, :meth:`Ledger.prefix_lanes`)."""
         if self._ledger is None:
-            order = self.order()
-            self._ledger = Ledger(sample_keys(self.content), self._rem, order.__getitem__)
+            self._ledger = Ledger(sample_keys(self.content), self._rem, self.order().__getitem__)
             self._ledger_items = np.arange(self._start, self._start + self._count, dtype=np.int64)
-        own = self._ledger.tally_prefix(self._ledger_items, min(batches_consumed * self.batch_size, self._count))
         dropped = self._count * self.world_size if self.mode == "drop" and self.rank == 0 else None
-        return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
-                                 carried=self._carried, dropped_from=dropped)
+        return self._ledger.prefix_fields(self._ledger_items, min(batches_consumed * self.batch_size, self._count),
+                                          content=self.content, order=self.order_digest(), carried=self._carried,
+                                          dropped_from=dropped)
 
     def _batch_positions(self, j: int) -> tuple[int, int]:
         """Items ``[lo, hi)`` of the remainder that batch ``j`` of this rank reads."""
@@ -334,7 +338,7 @@ class TblLoader:
         return {"kind": "tbl", "epoch": self.epoch, "fingerprint": self._fingerprint(), "rank": self.rank,
                 "world_size": self.world_size, "batch_size": self.batch_size, "mode": self.mode,
                 "done": [list(x) for x in self._rem.done], "consumed": int(k), "seed": self.seed,
-                "shuffle": bool(self.shuffle), **self.tally(int(k)).fields()}
+                "shuffle": bool(self.shuffle), **self.digest_fields(int(k))}
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume from this rank's state, or from the list of every rank's states (any world size)."""
