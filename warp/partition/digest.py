@@ -53,7 +53,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warpdata.partition.split import Remainder, merge_intervals, subtract_intervals
+from warpdata.partition.split import (
+    Remainder,
+    check_drop_leaves_batches,
+    merge_intervals,
+    rank_span,
+    subtract_intervals,
+)
 from warpdata.partition.world import ResumeMismatchError
 
 if TYPE_CHECKING:
@@ -787,8 +793,6 @@ class EpochOrder:
         return order_digest(self.content, self.mode, self.seed, self.epoch, runs_of(self.sequence))
 
     def _span(self, rank: int, world_size: int, batch_size: int) -> tuple[int, int]:
-        from warpdata.partition.split import check_drop_leaves_batches, rank_span
-
         if world_size < 1 or not 0 <= rank < world_size:
             raise ResumeMismatchError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})",
                                       hint="pass --world-size W and --rank R with 0 <= R < W")

@@ -474,6 +474,30 @@ class ShardAwareSampler:
         check_same_epoch("sampler resume", states, content=self.content, order=self.order_digest(epochs[0]))
 
 
+class BatchIndices:
+    """A :class:`ShardAwareSampler`'s batches as lists of indices: a DataLoader's ``sampler=`` with
+    ``batch_size=None`` (one dataset call a batch), with the sampler's ``set_epoch`` and resume state."""
+
+    def __init__(self, inner: ShardAwareSampler) -> None:
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for b in self.inner.batches():
+            yield b.tolist()
+
+    def __len__(self) -> int:
+        return -(-len(self.inner) // self.inner.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        return self.inner.state_dict(consumed)
+
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        self.inner.load_state_dict(state)
+
+
 def torch_sampler(sampler: ShardAwareSampler):
     """Wrap as a ``torch.utils.data.Sampler`` (same iteration, len, set_epoch, state)."""
     from torch.utils.data import Sampler
