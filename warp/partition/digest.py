@@ -74,7 +74,7 @@ HASH_CHUNK = 1 << 14  # keys hashed per numpy pass (temporaries that stay in cac
 FLAT_BITS = 16  # exponents below 2^16 are looked up in one flat table of powers (at most 512 KiB a lane)
 FLAT = 1 << FLAT_BITS
 FEW_RUNS = 256  # an order of at most this many runs has its prefixes summed in Python, not numpy
-__all__ = ["Digest", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
+__all__ = ["Digest", "EpochKeys", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
            "order_digest", "sample_keys", "set_digest"]
 
 
@@ -660,6 +660,42 @@ class Ledger:
         return Tally(content=content, order_digest=order, consumed=c + cd, consumed_samples=n + cn,
                      pad=p + cp, pad_samples=q + cq, dropped=dd, dropped_samples=dn, carried=cd,
                      carried_samples=cn, carried_pad=cp, carried_pad_samples=cq)
+
+
+class EpochKeys:
+    """The digest side of a loader of single keys (:class:`~warpdata.partition.sampler.ShardAwareSampler`,
+    ``TblLoader``): the order digest of an epoch's sequence (kept for the last epoch asked), the
+    :class:`Ledger` of this rank's items, and ``carried``, what the ranks of earlier runs at another world
+    size consumed (rank 0 of the run that resumed from them)."""
+
+    def __init__(self, mode: str, seed: int) -> None:
+        self.mode, self.seed = mode, seed
+        self.carried: tuple[Digest, int, Digest, int] | None = None
+        self.ledger: Ledger | None = None  # dropped by its owner when its remainder or epoch changes
+        self._order: tuple[Any, str] = (None, "")
+
+    def order_digest(self, content: str, epoch: int, sequence: np.ndarray) -> str:
+        key = (content, epoch)
+        if self._order[0] != key:
+            self._order = (key, order_digest(content, self.mode, self.seed, epoch, runs_of(sequence)))
+        return self._order[1]
+
+    def fields(self, content: str, epoch: int, sequence: np.ndarray, rem: Remainder, items: np.ndarray, count: int,
+               dropped_from: int | None) -> dict[str, Any]:
+        """A state's digest fields: this rank consumed ``items[:count]`` of ``rem`` over ``sequence``."""
+        ledger = self.ledger
+        if ledger is None:
+            ledger = self.ledger = Ledger(sample_keys(content), rem, sequence.__getitem__)
+        return ledger.prefix_fields(items, count, content=content, order=self.order_digest(content, epoch, sequence),
+                                    carried=self.carried, dropped_from=dropped_from)
+
+    def check(self, where: str, states: Sequence[Any], content: str, epoch: int, sequence: np.ndarray) -> None:
+        """Refuse states of another artifact or epoch order (:func:`check_same_epoch`)."""
+        check_same_epoch(where, states, content=content, order=self.order_digest(content, epoch, sequence))
+
+    def resumed(self, states: Sequence[Any], *, own: bool, rank: int) -> None:
+        """Carry what ``states`` carried (``own``: this rank's own state), else, on rank 0, what they consumed."""
+        self.carried = carried_of(states[0]) if own else carry(states) if rank == 0 else None
 
 
 def carried_of(state: Any) -> tuple[Digest, int, Digest, int] | None:
