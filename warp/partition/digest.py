@@ -21,8 +21,9 @@ for a mistake that does not depend on ``g`` the chance is below ``n / 2^61`` per
 unlike XOR a repeated key does not cancel: a missing, repeated or extra sample changes
 it. A run of consecutive indices ``s .. t-1`` is a geometric series with a closed form,
 ``(g^t - g^s) / (g - 1)``, so an order made of runs (a table's row groups) is hashed a
-run at a time in O(log n) per run, never per sample; single keys are hashed a batch at a
-time in numpy (``g^i`` from tables of powers, 10 bits of ``i`` at a time). It guards
+run at a time in O(log n) per run, never per sample; single keys are hashed an array at a
+time in numpy (``g^i`` looked up in a flat table of powers below 2^16, in two tables with one
+product below 2^32, 10 bits of ``i`` at a time beyond). It guards
 against accidents (lost, repeated or skipped samples), not against someone forging a
 collision.
 
