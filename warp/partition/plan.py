@@ -365,6 +365,9 @@ class ShardPlan:
             ledger = self._ledger = Ledger(keys, self._rem, self.row_indices, prefix)
             ledger.carried = _carried(self.carried)
             self._run = None
+            self._fields_template = {"order_digest": self.order_digest(content), "consumed_digest": "",
+                                     "consumed_samples": 0, "pad_digest": "", "pad_samples": 0,
+                                     "dropped_digest": "", "dropped_samples": 0, "carried": ()}
         return ledger
 
     def digest_fields(self, consumed: tuple[tuple[int, int], ...], content: str,
@@ -384,11 +387,15 @@ class ShardPlan:
         else:
             (a, b, n), pa, pb, q = own, 0, 0, 0
         carried = ledger.carried
+        drops = self.policy == "drop" and self.rank == 0
+        if carried is None and not q and not drops:  # a state's usual fields: two of them change
+            got = self._fields_template.copy()
+            got["consumed_digest"], got["consumed_samples"] = f"{a:016x}{b:016x}", n
+            return got
         if carried is not None:
             cd, cn, cp, cq = carried
             a, b, n, pa, pb, q = (a + cd.a) % P, (b + cd.b) % P, n + cn, (pa + cp.a) % P, (pb + cp.b) % P, q + cq
-        dd, dn = ledger.dropped(self.rows_per_rank * self.world) if self.policy == "drop" and self.rank == 0 else \
-            (None, 0)
+        dd, dn = ledger.dropped(self.rows_per_rank * self.world) if drops else (None, 0)
         return {"order_digest": self.order_digest(content), "consumed_digest": f"{a:016x}{b:016x}",
                 "consumed_samples": n, "pad_digest": f"{pa:016x}{pb:016x}" if q else "", "pad_samples": q,
                 "dropped_digest": dd.hex() if dn else "", "dropped_samples": dn,
@@ -418,24 +425,27 @@ class ShardPlan:
             prefix, keys = ledger.runs, ledger.keys
             cum, starts = prefix.cum, prefix.starts
             bs, base, rows = self.batch_size, self._base, self.rows_per_rank
-            ga, gb = self._batch_series(keys)
+            (ca, step_a), (cb, step_b) = self._batch_series(keys)
             for j in order[m:n]:
                 lo = base + j * bs
                 hi = lo + bs
-                u = bisect.bisect_right(cum, lo) - 1
-                if hi <= cum[u + 1] and j * bs + bs <= rows:  # a full batch inside run u: closed form
-                    first = nxt.pop(j, None)
-                    if first is None:
-                        s = starts[u] + lo - cum[u]
-                        first = (keys.power(0, s), keys.power(1, s))
-                    a, b = (a + first[0] * ga[0]) % P, (b + first[1] * gb[0]) % P
-                    if hi < cum[u + 1]:  # the next batch starts in this run: g^(s + bs)
-                        nxt[j + 1] = (first[0] * ga[1] % P, first[1] * gb[1] % P)
+                got = nxt.pop(j, None)  # (g^s of its first row, the end of its run): left by its worker's last batch
+                if got is None:
+                    u = bisect.bisect_right(cum, lo) - 1
+                    s, end = starts[u] + lo - cum[u], cum[u + 1]
+                    got = (keys.power(0, s), keys.power(1, s), end)
+                fa, fb, end = got
+                if hi <= end and j * bs + bs <= rows:  # a full batch inside one run: closed form
+                    a += fa * ca  # reduced once, after the loop
+                    b += fb * cb
                     k += bs
+                    if hi < end:  # its worker's next batch starts in this run: g^(s + bs)
+                        nxt[j + 1] = (fa * step_a % P, fb * step_b % P, end)
                 else:
                     hi = base + min(j * bs + bs, rows)
                     (a1, b1), (a0, b0) = prefix.at(hi), prefix.at(lo)
-                    a, b, k = (a + a1 - a0) % P, (b + b1 - b0) % P, k + hi - lo
+                    a, b, k = a + a1 - a0, b + b1 - b0, k + hi - lo
+            a, b = a % P, b % P
             run[1:5] = n, a, b, k
         return a, b, k
 
