@@ -154,10 +154,11 @@ def test_prefix_tallies_match_a_rehash_at_every_count_and_start_again_backwards(
         assert (n, q) == (len(own), len(pad))
         assert c == KEYS.digest(seq[rem.positions(own)]) and p == KEYS.digest(seq[rem.positions(pad)])
     ordered = np.arange(6100)  # a first chunk of own items only (4 columns), then one with the pad repeats
-    for count in (4095, 4096, 5800, 5801, 6100):
-        c, n, p, q = Ledger(KEYS, rem, seq.__getitem__).tally_prefix(ordered, count)
-        assert (n, q) == (min(count, 5800), max(0, count - 5800))
-        assert c + p == KEYS.digest(seq[rem.positions(ordered[:count])])
+    for keys in (seq, seq + 2**20):  # indices below 2^16 (both lanes in one lookup), and above
+        for count in (4095, 4096, 5800, 5801, 6100):
+            c, n, p, q = Ledger(KEYS, rem, keys.__getitem__).tally_prefix(ordered, count)
+            assert (n, q) == (min(count, 5800), max(0, count - 5800))
+            assert c + p == KEYS.digest(keys[rem.positions(ordered[:count])])
 
 
 @pytest.mark.parametrize(("policy", "workers", "done"), [("exact", 1, ()), ("exact", 3, ((50, 700), (900, 901))),

@@ -50,6 +50,7 @@ import bisect
 import functools
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,7 @@ CHUNK = 1 << 20  # positions mapped to keys per step (bounds the temporaries at 
 HASH_CHUNK = 1 << 14  # keys hashed per numpy pass (temporaries that stay in cache)
 FLAT_BITS = 16  # exponents below 2^16 are looked up in one flat table of powers (at most 512 KiB a lane)
 FLAT = 1 << FLAT_BITS
+LITTLE = sys.byteorder == "little"  # a uint64 array read as uint32 pairs is (low, high)
 FEW_RUNS = 256  # an order of at most this many runs has its prefixes summed in Python, not numpy
 __all__ = ["Digest", "EpochKeys", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
            "order_digest", "sample_keys", "set_digest"]
@@ -155,6 +157,7 @@ class SampleKeys:
         self._py: tuple[list[list[int]], list[list[int]]] = ([], [])  # lane → piece k → g^(d·2^(10k)), d < 1024
         self._np: tuple[list[Any], list[Any]] = ([], [])
         self._flats: tuple[list[Any], list[Any]] = ([None, None], [None, None])  # lane → [low, high] flat tables
+        self._pairs: Any = None  # both lanes' low flat tables side by side, (n, 2)
 
     def _tables(self, lane: int, pieces: int) -> list[list[int]]:
         tables = self._py[lane]
@@ -219,6 +222,21 @@ class SampleKeys:
         for k in range(1, pieces):
             r = _mulmod(r, arrays[k][(e >> (_PIECE * k)) & 1023])
         return r
+
+    def pair_terms(self, indices: np.ndarray) -> np.ndarray | None:
+        """Each key's terms in lanes a and b as the rows of a ``(n, 2)`` uint64 array: one lookup in a flat
+        table of both lanes' powers. None unless every index is below 2^16 (then :meth:`terms`)."""
+        import numpy as np
+
+        top = int(indices.max()) if len(indices) else 0
+        if top >> FLAT_BITS:
+            return None
+        pairs = self._pairs
+        if pairs is None or len(pairs) <= top:
+            a, b = self._flat(0, top + 1, False), self._flat(1, top + 1, False)
+            n = min(len(a), len(b))
+            pairs = self._pairs = np.stack([a[:n], b[:n]], axis=1)
+        return pairs[indices]
 
     def terms(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each key's term in lanes a and b (uint64 residues), for prefix sums."""
@@ -589,24 +607,33 @@ class Ledger:
         return self._lanes_at(count)
 
     def _prefix_sums(self, part: np.ndarray) -> np.ndarray:
-        """Per item of ``part``: the running sums (32-bit halves, so uint64 never overflows) of its terms in
-        lanes a and b; where ``part`` holds pad repeats, also the running count of own items and the
-        running sums of the pad terms (9 columns, else 4)."""
+        """Per item of ``part``: the running sums of its terms' 32-bit halves (so uint64 never overflows):
+        4 columns, lane a low and high, lane b low and high; where ``part`` holds pad repeats, 9: the own
+        lanes' halves (high, low), the running count of own items, the pad lanes' halves (high, low)."""
         import numpy as np
 
         m = self.rem.size
-        ta, tb = self.keys.terms(self.index_of(self.rem.positions(part)))
-        pad = part >= m
-        lanes = ((ta, None), (tb, None)) if not pad.any() else ((ta, ~pad), (tb, ~pad), (ta, pad), (tb, pad))
-        cols = np.empty((len(part), 4 if len(lanes) == 2 else 9), np.uint64)
-        for k, (x, keep) in enumerate(lanes):
-            if keep is not None:
-                x = np.where(keep, x, np.uint64(0))
+        idx = self.index_of(self.rem.positions(part))
+        pad = len(part) > 0 and int(part.max()) >= m
+        if not pad and LITTLE:
+            pairs = self.keys.pair_terms(idx)
+            if pairs is not None:  # one lookup, and a uint64 read as its (low, high) 32-bit halves
+                return np.cumsum(pairs.view(np.uint32), axis=0, dtype=np.uint64)
+        ta, tb = self.keys.terms(idx)
+        if not pad:
+            cols = np.empty((len(part), 4), np.uint64)
+            for k, x in enumerate((ta, tb)):
+                np.bitwise_and(x, np.uint64(_M32), out=cols[:, 2 * k])
+                np.right_shift(x, np.uint64(32), out=cols[:, 2 * k + 1])
+            return np.cumsum(cols, axis=0, out=cols)
+        own = part < m
+        cols = np.empty((len(part), 9), np.uint64)
+        for k, (x, keep) in enumerate(((ta, own), (tb, own), (ta, ~own), (tb, ~own))):
+            x = np.where(keep, x, np.uint64(0))
             at = 2 * k + (k >= 2)  # columns 0-3 the own lanes' halves, 4 the own count, 5-8 the pad lanes'
             np.right_shift(x, np.uint64(32), out=cols[:, at])
             np.bitwise_and(x, np.uint64(_M32), out=cols[:, at + 1])
-        if len(lanes) == 4:
-            cols[:, 4] = ~pad
+        cols[:, 4] = own
         return np.cumsum(cols, axis=0, out=cols)
 
     def _lanes_at(self, count: int) -> tuple[int, int, int, int, int, int]:
@@ -616,7 +643,7 @@ class Ledger:
         a, b, n, pa, pb, q = self._base
         row = self._cum[j - 1].tolist()
         if len(row) == 4:  # no pad repeat in this chunk
-            ah, al, bh, bl = row
+            al, ah, bl, bh = row
             return (a + (ah << 32) + al) % P, (b + (bh << 32) + bl) % P, n + j, pa, pb, q
         ah, al, bh, bl, k, pah, pal, pbh, pbl = row
         return ((a + (ah << 32) + al) % P, (b + (bh << 32) + bl) % P, n + k,

@@ -417,11 +417,13 @@ class ShardPlan:
         run = self._run
         if run is None or run[0] != num_workers or not run[1] <= n <= run[1] + ADVANCE:
             c, k, _p, _q = ledger.tally(self._items(consumed))
-            order = run[5] if run is not None and run[0] == num_workers else self.yield_order(num_workers)
+            order = run[5] if run is not None and run[0] == num_workers else None  # made when first advanced
             self._run = [num_workers, n, c.a, c.b, k, order, {}]
             return c.a, c.b, k
         _, m, a, b, k, order, nxt = run
         if n > m:
+            if order is None:
+                order = run[5] = self.yield_order(num_workers)
             prefix, keys = ledger.runs, ledger.keys
             cum, starts = prefix.cum, prefix.starts
             bs, base, rows = self.batch_size, self._base, self.rows_per_rank
