@@ -197,13 +197,19 @@ def test_table_states_from_running_lanes_equal_the_closed_form(policy, rank, con
                                                                  want.fields().get("dropped_digest", ""))
 
 
+@pytest.mark.parametrize("lists", [True, False])
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("reads", ["every", "every third", "jumps", "backwards"])
-def test_table_running_lanes_in_and_across_row_groups_equal_the_rows_read(workers, reads):
+def test_table_running_lanes_in_and_across_row_groups_equal_the_rows_read(workers, reads, lists, monkeypatch):
     """A table state read after each batch, every third, after jumps past ADVANCE, or going back: the running
-    lanes (a batch inside a row group in closed form from its worker's last one, batches across row groups
-    and the short last one from the prefixes) give the digest of the rows its batches read."""
+    lanes (every batch's lanes made at once; or, for a rank of more than BATCH_LISTS batches, a batch inside
+    a row group in closed form from its worker's last one, batches across row groups and the short last one
+    from the prefixes) give the digest of the rows its batches read."""
+    from warpdata.partition import plan as plans
     from warpdata.partition.plan import ADVANCE
+
+    if not lists:
+        monkeypatch.setattr(plans, "BATCH_LISTS", 0)
 
     units = [700, 3, 0, 1200, 64, 511]
     plan = ShardPlan(units, rank=1, world=2, batch_size=8, seed=4, shuffle=True, consumed=((2, 5),))

@@ -407,11 +407,12 @@ class ShardPlan:
         of the yield order; None where this path does not apply (an epoch resumed at another world size,
         or pad repeats in this rank's run: by intervals).
 
-        The lanes are kept as integers and advanced a batch at a time from the last state read: a full
-        batch inside one run of rows (a row group) is ``g^s · (g^bs - 1) / (g - 1)`` for its first row
-        ``s``, and the next batch of its worker starts at ``g^s · g^bs``: a few multiplications a batch
-        (docs/partitioning.md, "Digest"). A jump of more than ``ADVANCE`` batches, or back, starts again
-        from the intervals (O(workers) closed forms)."""
+        The lanes are kept as integers and advanced a batch at a time from the last state read: by the
+        batch's lanes, made for every batch at once (:meth:`_batch_lanes`) when the rank has at most
+        ``BATCH_LISTS`` batches; else in closed form: a full batch inside one run of rows (a row group)
+        is ``g^s · (g^bs - 1) / (g - 1)`` for its first row ``s``, and the next batch of its worker starts
+        at ``g^s · g^bs``, a few multiplications a batch (docs/partitioning.md, "Digest"). A jump of more
+        than ``ADVANCE`` batches, or back, starts again from the intervals (O(workers) closed forms)."""
         if self.done_rows or self._base + self.rows_per_rank > self._rem.size:
             return None
         run = self._run
@@ -424,6 +425,13 @@ class ShardPlan:
         if n > m:
             if order is None:
                 order = run[5] = self.yield_order(num_workers)
+            if self.num_batches <= BATCH_LISTS:  # every batch's lanes made once, in numpy: a lookup a batch
+                da, db, dk = self._batch_lanes(ledger)
+                for j in order[m:n]:
+                    a, b, k = a + da[j], b + db[j], k + dk[j]
+                a, b = a % P, b % P
+                run[1:5] = n, a, b, k
+                return a, b, k
             prefix, keys = ledger.runs, ledger.keys
             cum, starts = prefix.cum, prefix.starts
             bs, base, rows = self.batch_size, self._base, self.rows_per_rank
@@ -450,6 +458,22 @@ class ShardPlan:
             a, b = a % P, b % P
             run[1:5] = n, a, b, k
         return a, b, k
+
+    def _batch_lanes(self, ledger: Ledger) -> tuple[list[int], list[int], list[int]]:
+        """Each batch's lanes and rows, indexed by batch number (this rank's run, nothing taken out):
+        the order's prefix digests at the batch boundaries (:meth:`RunPrefix.at_array`), differenced."""
+        got = getattr(self, "_lanes_of_batches", None)
+        if got is None or got[0] is not ledger:
+            import numpy as np
+
+            bounds = self._base + np.minimum(np.arange(self.num_batches + 1, dtype=np.int64) * self.batch_size,
+                                             self.rows_per_rank)
+            lanes = []
+            for x in ledger.runs.at_array(bounds):
+                d = x[1:] + (np.uint64(P) - x[:-1])  # (at(hi) - at(lo)) mod P, below 2P
+                lanes.append(np.where(d >= P, d - np.uint64(P), d).tolist())
+            got = self._lanes_of_batches = (ledger, lanes[0], lanes[1], np.diff(bounds).tolist())
+        return got[1], got[2], got[3]
 
     def _batch_series(self, keys) -> tuple[tuple[int, int], tuple[int, int]]:
         """Per lane ``((g^bs - 1) / (g - 1), g^bs)``: a full batch's digest from its first row's term, and
@@ -614,6 +638,7 @@ class ShardPlan:
 
 
 ADVANCE = 64  # a state read at most this many batches after the last one advances its lanes batch by batch
+BATCH_LISTS = 1 << 16  # a rank of at most this many batches keeps every batch's lanes (else: closed forms)
 
 
 def content_of_table(manifest: str, table: str) -> str:
