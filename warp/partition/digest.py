@@ -395,7 +395,7 @@ class RunPrefix:
 @functools.lru_cache(maxsize=8)
 def sample_keys(content: str) -> SampleKeys:
     """The :class:`SampleKeys` of ``content``, shared in this process (its power tables are built once: up
-    to ~2 MiB for an artifact of 65,536 samples or more, so the 8 most recent contents are kept)."""
+    to ~3 MiB for an artifact of 65,536 samples or more, so the 8 most recent contents are kept)."""
     return SampleKeys(content)
 
 
