@@ -3,15 +3,19 @@
 Each loader reads one epoch of a small local artifact while the loop saves a resume
 state after *every* step (the worst case: a job checkpoints every few hundred steps),
 alternating runs with the digests and runs with them switched off (this script replaces
-each loader's ``tally`` by one returning an empty tally: a switch of the benchmark only,
-not of the library). The ratio is epoch throughput with / without, median of the
-rounds, from one run. Three settings: a state saved every step and dropped (a
+each loader's ``digest_fields``, where every state's digest fields are made, by one
+returning an empty tally's: a switch of the benchmark only, not of the library). The
+ratio is epoch throughput with / without, median of the rounds, from one run; under load
+it swings too much to resolve 2 %, so the script also times the digest code in place
+(``digest_fields``, this thread's CPU time, less the timer's own cost measured at the
+start): its share of the epoch's wall time, per saved state, and CPU seconds per million
+samples (the figure that stays fair under load: the wall grows, the digests' CPU little). Three settings: a state saved every step and dropped (a
 ``Table.batches`` state computes its digests only when read: ``PendingState``), a state
 saved every step with its digests read (``Tally.of``: what serialising it costs in
 digests), and a state saved only at epoch end (one per epoch, as the recipe does). The
 last state of every epoch is read in all three, as ``combine_digests`` reads it.
 
-    .venv/bin/python bench/order_digest.py [--rounds 3]
+    .venv/bin/python bench/order_digest.py [--rounds 3] [--only make_loader TblLoader]
 
 Loaders: ``Table.batches`` (the read path of ``to_torch``, a 200,000-row local table,
 batches of 256), ``make_loader`` (a 2,000-sample warehouse of 32×24 images, batches of
@@ -23,6 +27,7 @@ batches of 64, 0 workers), ``TblLoader`` (3,000 64×48 JPEGs decoded, batches of
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -87,51 +92,77 @@ def build() -> dict:
     return arts
 
 
-@contextmanager
-def digests_off():
-    """Every loader's tally replaced by an empty one (this benchmark's switch)."""
-    from warpdata.partition.digest import Tally
+def _patched():
+    """The loaders' digest code: every resume state's digest fields come from one of these methods."""
     from warpdata.partition.plan import ShardPlan
     from warpdata.partition.sampler import ShardAwareSampler
     from warpdata.tbl.loader import TblLoader
 
-    saved = (ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally)
-    ShardPlan.tally = lambda self, consumed, content, after=None: Tally()
-    ShardAwareSampler.tally = lambda self, consumed: Tally()
-    TblLoader.tally = lambda self, batches_consumed: Tally()
+    return ShardPlan, ShardAwareSampler, TblLoader
+
+
+@contextmanager
+def digests_off():
+    """Every loader's digest fields replaced by those of an empty tally (this benchmark's switch)."""
+    from warpdata.partition.digest import Tally
+
+    classes = _patched()
+    saved = tuple(c.digest_fields for c in classes)
+    empty = Tally().fields()
+    table = {"order_digest": "", "consumed_digest": empty["consumed_digest"], "consumed_samples": 0,
+             "pad_digest": "", "pad_samples": 0, "dropped_digest": "", "dropped_samples": 0, "carried": ()}
+    classes[0].digest_fields = lambda self, consumed, content, after=None: dict(table)
+    classes[1].digest_fields = lambda self, consumed: dict(empty)
+    classes[2].digest_fields = lambda self, batches_consumed: dict(empty)
     try:
         yield
     finally:
-        ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = saved
+        for c, f in zip(classes, saved, strict=True):
+            c.digest_fields = f
 
 
-SPENT = [0.0, 0]  # CPU seconds inside the loaders' tally() (the digests' whole cost) and calls, in the runs with digests
+SPENT = [0.0, 0]  # CPU seconds inside the loaders' digest_fields() (the digests' whole cost) and calls
+CLOCK = [0.0]  # CPU seconds one timed call of an empty function costs (the timer's own), subtracted
 
 
 @contextmanager
 def digests_timed():
-    """Every loader's tally timed (the runs with digests): its share of the epoch, measured in place."""
-    from warpdata.partition.plan import ShardPlan
-    from warpdata.partition.sampler import ShardAwareSampler
-    from warpdata.tbl.loader import TblLoader
-
-    saved = (ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally)
-
-    def timed(fn):
-        def run(*a, **k):
-            t0 = time.thread_time()  # this thread's CPU: a wait for the GIL the loader's threads hold is not counted
-            try:
-                return fn(*a, **k)
-            finally:
-                SPENT[0] += time.thread_time() - t0
-                SPENT[1] += 1
-        return run
-
-    ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = (timed(f) for f in saved)
+    """Every loader's digest_fields timed (the runs with digests): its share of the epoch, measured in place."""
+    classes = _patched()
+    saved = tuple(c.digest_fields for c in classes)
+    for c, f in zip(classes, saved, strict=True):
+        c.digest_fields = _timed(f)
     try:
         yield
     finally:
-        ShardPlan.tally, ShardAwareSampler.tally, TblLoader.tally = saved
+        for c, f in zip(classes, saved, strict=True):
+            c.digest_fields = f
+
+
+def _timed(fn):
+    clock = time.thread_time  # this thread's CPU: a wait for the GIL the loader's threads hold is not counted
+
+    def run(*a, **k):
+        t0 = clock()
+        try:
+            return fn(*a, **k)
+        finally:
+            SPENT[0] += clock() - t0 - CLOCK[0]
+            SPENT[1] += 1
+    return run
+
+
+def calibrate() -> float:
+    """The CPU time a timed call of an empty function adds (the median of 7 runs of 20,000 calls)."""
+    empty = _timed(lambda: None)
+    runs = []
+    for _ in range(7):
+        SPENT[0], CLOCK[0] = 0.0, 0.0
+        for _ in range(20_000):
+            empty()
+        runs.append(SPENT[0] / 20_000)
+    SPENT[0], SPENT[1] = 0.0, 0
+    return statistics.median(runs)
 
 
 SAVED = [0]  # states saved in the epoch
@@ -205,41 +236,51 @@ LOADERS = {"Table.batches": epoch_table, "make_loader": epoch_warehouse, "BigBat
            "TblLoader": epoch_tbl}
 
 
-def timed(fn, arts, setting: str, off: bool) -> tuple[float, float, float]:
-    """(samples/s, share of the epoch's wall time spent computing digests, µs per saved state)."""
+def timed(fn, arts, setting: str, off: bool) -> tuple[float, float, float, float]:
+    """(samples/s, share of the epoch's wall time spent computing digests, µs per saved state, CPU seconds
+    of digests per million samples)."""
     SPENT[0], SPENT[1], SAVED[0] = 0.0, 0, 0
     every, read = SETTINGS[setting]
     with digests_off() if off else digests_timed():
         t0 = time.perf_counter()
         n = fn(arts, every, read)
         wall = time.perf_counter() - t0
-    return n / wall, SPENT[0] / wall, 1e6 * SPENT[0] / max(1, SAVED[0])
+    return n / wall, SPENT[0] / wall, 1e6 * SPENT[0] / max(1, SAVED[0]), 1e6 * SPENT[0] / n
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", nargs="*", choices=list(LOADERS), help="these loaders only")
     a = ap.parse_args()
     arts = build()
+    CLOCK[0] = calibrate()
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; the timer's own cost, subtracted: "
+          f"{1e6 * CLOCK[0]:.2f} µs a call")
     print(f"| loader | states saved | samples/s with digests | without | ratio (median of {a.rounds}) |"
-          " per-round ratios | time in digests (median) | µs per saved state (median) |")
-    print("|---|---|---|---|---|---|---|---|")
+          " per-round ratios | time in digests (median) | µs per saved state (median) |"
+          " CPU-s of digests per 1 M samples (median) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, fn in LOADERS.items():
+        if a.only and name not in a.only:
+            continue
         fn(arts, True, True)  # warm: page cache, imports, first-touch verification
         for setting in SETTINGS:
-            on, off, share, per = [], [], [], []
+            on, off, share, per, cpu = [], [], [], [], []
             for r in range(a.rounds):  # alternate, the first run of a round swapping each round
                 for digest in ((True, False) if r % 2 == 0 else (False, True)):
-                    rate, spent, each = timed(fn, arts, setting, off=not digest)
+                    rate, spent, each, per_m = timed(fn, arts, setting, off=not digest)
                     (on if digest else off).append(rate)
                     if digest:
                         share.append(spent)
                         per.append(each)
+                        cpu.append(per_m)
             ratios = [x / y for x, y in zip(on, off, strict=True)]
             print(f"| {name} | {setting} | {statistics.median(on):,.0f} | "
                   f"{statistics.median(off):,.0f} | {statistics.median(ratios):.3f} | "
                   f"{', '.join(f'{x:.3f}' for x in ratios)} | {100 * statistics.median(share):.2f} % | "
-                  f"{statistics.median(per):,.1f} |", flush=True)
+                  f"{statistics.median(per):,.1f} | {statistics.median(cpu):.3f} |", flush=True)
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

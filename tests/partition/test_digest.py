@@ -99,6 +99,19 @@ def test_lanes_are_powers_of_g_and_runs_have_a_closed_form():
         assert prefix.digest(a, b) == KEYS.digest(seq[a:b])
 
 
+@pytest.mark.parametrize("top", [1, 2000, 2**16, 2**16 + 1, 300_000, 2**32, 2**32 + 1, 2**45])
+def test_vectorised_powers_from_flat_tables_are_the_lanes(top):
+    """powers() looks exponents below 2^16 up in one flat table, below 2^32 in two (one product), and
+    beyond 10 bits at a time: every way gives g^e mod 2^61 - 1."""
+    keys = SampleKeys(f"flat-{top}")
+    e = np.unique(np.concatenate([np.random.default_rng(top % 997).integers(0, top, 300), [0, top - 1]]))
+    for lane in (0, 1):
+        got = keys.powers(lane, e.astype(np.uint64)).tolist()
+        assert got == [pow(keys.g[lane], int(x), P) for x in e], lane
+    assert keys.digest(e) == Digest(sum(pow(keys.g[0], int(x), P) for x in e) % P,
+                                    sum(pow(keys.g[1], int(x), P) for x in e) % P)
+
+
 def test_run_prefixes_summed_in_python_and_in_numpy_agree_with_the_keys():
     """An order of at most FEW_RUNS runs has its prefixes summed in Python, a longer one in numpy: both
     give the digest of the keys, at run boundaries, inside runs, one by one and as arrays."""
@@ -134,12 +147,18 @@ def test_prefix_tallies_match_a_rehash_at_every_count_and_start_again_backwards(
     seq = np.random.default_rng(3).permutation(6000)
     items = np.random.default_rng(4).permutation(6100)  # items past 5,800 are pad repeats
     ledger = Ledger(KEYS, rem, seq.__getitem__)
-    for count in (0, 1, 1023, 1024, 1025, 3000, 4096, 6100, 700, 6100):  # crosses chunks, then goes back
+    for count in (0, 1, 1023, 1024, 1025, 3000, 4096, 4097, 6100, 700, 6100):  # crosses chunks, then goes back
         c, n, p, q = ledger.tally_prefix(items, count)
         part = items[:count]
         own, pad = part[part < rem.size], part[part >= rem.size]
         assert (n, q) == (len(own), len(pad))
         assert c == KEYS.digest(seq[rem.positions(own)]) and p == KEYS.digest(seq[rem.positions(pad)])
+    ordered = np.arange(6100)  # a first chunk of own items only (4 columns), then one with the pad repeats
+    for keys in (seq, seq + 2**20):  # indices below 2^16 (both lanes in one lookup), and above
+        for count in (4095, 4096, 5800, 5801, 6100):
+            c, n, p, q = Ledger(KEYS, rem, keys.__getitem__).tally_prefix(ordered, count)
+            assert (n, q) == (min(count, 5800), max(0, count - 5800))
+            assert c + p == KEYS.digest(keys[rem.positions(ordered[:count])])
 
 
 @pytest.mark.parametrize(("policy", "workers", "done"), [("exact", 1, ()), ("exact", 3, ((50, 700), (900, 901))),
@@ -162,8 +181,9 @@ def test_table_plan_states_equal_the_rows_they_read(policy, workers, done):
 
 @pytest.mark.parametrize(("policy", "rank", "consumed"), [("exact", 1, ()), ("exact", 0, ((1, 3),)), ("pad", 2, ()),
                                                           ("pad", 0, ()), ("drop", 0, ((0, 1), (4, 6)))])
-def test_table_states_from_batch_prefix_sums_equal_the_closed_form(policy, rank, consumed):
-    """state_after reads a state's tally from prefix sums over the batches; it equals the interval tally."""
+def test_table_states_from_running_lanes_equal_the_closed_form(policy, rank, consumed):
+    """state_after's states read their tally from running lanes advanced batch by batch; it equals the
+    interval tally."""
     plan = ShardPlan([300, 0, 250, 450, 17], rank=rank, world=3, batch_size=16, policy=policy, seed=2, shuffle=True,
                      consumed=consumed)
     other = ShardPlan([300, 0, 250, 450, 17], rank=rank, world=3, batch_size=16, policy=policy, seed=2,
@@ -175,3 +195,34 @@ def test_table_states_from_batch_prefix_sums_equal_the_closed_form(policy, rank,
             assert (state.consumed_digest, state.consumed_samples) == (want.consumed.hex(), want.consumed_samples)
             assert (state.pad_digest, state.dropped_digest) == (want.fields().get("pad_digest", ""),
                                                                  want.fields().get("dropped_digest", ""))
+
+
+@pytest.mark.parametrize("lists", [True, False])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("reads", ["every", "every third", "jumps", "backwards"])
+def test_table_running_lanes_in_and_across_row_groups_equal_the_rows_read(workers, reads, lists, monkeypatch):
+    """A table state read after each batch, every third, after jumps past ADVANCE, or going back: the running
+    lanes (every batch's lanes made at once; or, for a rank of more than BATCH_LISTS batches, a batch inside
+    a row group in closed form from its worker's last one, batches across row groups and the short last one
+    from the prefixes) give the digest of the rows its batches read."""
+    from warpdata.partition import plan as plans
+    from warpdata.partition.plan import ADVANCE
+
+    if not lists:
+        monkeypatch.setattr(plans, "BATCH_LISTS", 0)
+
+    units = [700, 3, 0, 1200, 64, 511]
+    plan = ShardPlan(units, rank=1, world=2, batch_size=8, seed=4, shuffle=True, consumed=((2, 5),))
+    keys = SampleKeys("m/t")
+    order = plan.yield_order(workers)
+    total = len(order)
+    assert total > 2 * ADVANCE
+    ns = {"every": range(total + 1), "every third": range(0, total + 1, 3),
+          "jumps": [1, 2, ADVANCE + 5, ADVANCE + 6, total], "backwards": [total, 40, 41, 3, total - 1]}[reads]
+    offsets = np.concatenate([[0], np.cumsum(units)])
+    before = [offsets[s.unit] + r for j in range(2, 5) for s in plan.batch_slices(j) for r in range(s.start, s.stop)]
+    for n in ns:
+        state = plan.state_after(n, workers, manifest="m", table="t")
+        rows = before + [offsets[s.unit] + r for j in order[:n] for s in plan.batch_slices(j)
+                         for r in range(s.start, s.stop)]
+        assert (state.consumed_digest, state.consumed_samples) == (keys.digest(rows).hex(), len(rows)), n

@@ -46,7 +46,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from warpdata.features.reader import ShardCache, caption_text
 from warpdata.partition.digest import content_of_manifest
-from warpdata.partition.sampler import ShardAwareSampler
+from warpdata.partition.sampler import BatchIndices, ShardAwareSampler
 from warpdata.partition.world import UNSET, renamed
 
 _TORCH_DTYPES = {"uint8": torch.uint8, "int8": torch.int8, "uint16": torch.uint16, "int16": torch.int16,
@@ -96,18 +96,8 @@ class FeatureCacheDataset(Dataset):
         return tensors
 
 
-class _BatchIndexSampler(Sampler):
+class _BatchIndexSampler(BatchIndices, Sampler):
     """Yields the shard-aware sampler's big batches as index lists (one dataset call per batch)."""
-
-    def __init__(self, inner: ShardAwareSampler) -> None:
-        self.inner = inner
-
-    def __iter__(self):
-        for b in self.inner.batches():
-            yield b.tolist()
-
-    def __len__(self) -> int:
-        return -(-len(self.inner) // self.inner.batch_size)
 
 
 @dataclass

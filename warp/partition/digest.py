@@ -21,8 +21,9 @@ for a mistake that does not depend on ``g`` the chance is below ``n / 2^61`` per
 unlike XOR a repeated key does not cancel: a missing, repeated or extra sample changes
 it. A run of consecutive indices ``s .. t-1`` is a geometric series with a closed form,
 ``(g^t - g^s) / (g - 1)``, so an order made of runs (a table's row groups) is hashed a
-run at a time in O(log n) per run, never per sample; single keys are hashed a batch at a
-time in numpy (``g^i`` from tables of powers, 10 bits of ``i`` at a time). It guards
+run at a time in O(log n) per run, never per sample; single keys are hashed an array at a
+time in numpy (``g^i`` looked up in a flat table of powers below 2^16, in two tables with one
+product below 2^32, 10 bits of ``i`` at a time beyond). It guards
 against accidents (lost, repeated or skipped samples), not against someone forging a
 collision.
 
@@ -49,11 +50,18 @@ import bisect
 import functools
 import hashlib
 import json
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warpdata.partition.split import Remainder, merge_intervals, subtract_intervals
+from warpdata.partition.split import (
+    Remainder,
+    check_drop_leaves_batches,
+    merge_intervals,
+    rank_span,
+    subtract_intervals,
+)
 from warpdata.partition.world import ResumeMismatchError
 
 if TYPE_CHECKING:
@@ -65,8 +73,11 @@ _M32 = (1 << 32) - 1
 _M29 = (1 << 29) - 1
 CHUNK = 1 << 20  # positions mapped to keys per step (bounds the temporaries at 8 MiB)
 HASH_CHUNK = 1 << 14  # keys hashed per numpy pass (temporaries that stay in cache)
+FLAT_BITS = 16  # exponents below 2^16 are looked up in one flat table of powers (at most 512 KiB a lane)
+FLAT = 1 << FLAT_BITS
+LITTLE = sys.byteorder == "little"  # a uint64 array read as uint32 pairs is (low, high)
 FEW_RUNS = 256  # an order of at most this many runs has its prefixes summed in Python, not numpy
-__all__ = ["Digest", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
+__all__ = ["Digest", "EpochKeys", "SampleKeys", "Tally", "combine_digests", "content_of_manifest", "digest_report",
            "order_digest", "sample_keys", "set_digest"]
 
 
@@ -145,6 +156,8 @@ class SampleKeys:
         self._inv = tuple(pow(g - 1, P - 2, P) for g in self.g)  # 1 / (g - 1) for the series
         self._py: tuple[list[list[int]], list[list[int]]] = ([], [])  # lane → piece k → g^(d·2^(10k)), d < 1024
         self._np: tuple[list[Any], list[Any]] = ([], [])
+        self._flats: tuple[list[Any], list[Any]] = ([None, None], [None, None])  # lane → [low, high] flat tables
+        self._pairs: Any = None  # both lanes' low flat tables side by side, (n, 2)
 
     def _tables(self, lane: int, pieces: int) -> list[list[int]]:
         tables = self._py[lane]
@@ -171,11 +184,35 @@ class SampleKeys:
             k += 1
         return r
 
+    def _flat(self, lane: int, size: int, high: bool) -> np.ndarray:
+        """``g^i`` (``high``: ``g^(i·2^16)``) for ``i < size`` (rounded up to a power of two, at most 2^16), as
+        uint64: made by doubling (``T[k:2k] = T[:k]·g^k``), a few numpy passes; kept for this content."""
+        import numpy as np
+
+        tables = self._flats[lane]
+        got = tables[high]
+        if got is not None and len(got) >= size:
+            return got
+        t = got if got is not None else np.ones(1, np.uint64)
+        while len(t) < size:
+            step = self.power(lane, len(t) << FLAT_BITS if high else len(t))
+            t = np.concatenate([t, _mulmod(t, np.uint64(step))])
+        tables[high] = t  # one assignment: a reader in another thread sees the old table or this one
+        return t
+
     def powers(self, lane: int, e: np.ndarray) -> np.ndarray:
-        """:meth:`power` of a uint64 array of exponents, vectorised."""
+        """:meth:`power` of a uint64 array of exponents, vectorised: one lookup in a flat table of powers for
+        exponents below 2^16, a lookup in two tables and one product below 2^32, else 10 bits at a time."""
         import numpy as np
 
         top = int(e.max()) if len(e) else 0
+        if top >> FLAT_BITS == 0:  # (indices as int64: numpy converts uint64 ones first, 3x slower)
+            return self._flat(lane, top + 1, False)[e.view(np.int64)]
+        if top >> (2 * FLAT_BITS) == 0:
+            low = self._flat(lane, 1 << FLAT_BITS, False)
+            high = self._flat(lane, (top >> FLAT_BITS) + 1, True)
+            return _mulmod(low[(e & np.uint64(FLAT - 1)).view(np.int64)],
+                           high[(e >> np.uint64(FLAT_BITS)).view(np.int64)])
         pieces = max(1, -(-top.bit_length() // _PIECE))
         tables = self._tables(lane, pieces)
         arrays = self._np[lane]
@@ -185,6 +222,21 @@ class SampleKeys:
         for k in range(1, pieces):
             r = _mulmod(r, arrays[k][(e >> (_PIECE * k)) & 1023])
         return r
+
+    def pair_terms(self, indices: np.ndarray) -> np.ndarray | None:
+        """Each key's terms in lanes a and b as the rows of a ``(n, 2)`` uint64 array: one lookup in a flat
+        table of both lanes' powers. None unless every index is below 2^16 (then :meth:`terms`)."""
+        import numpy as np
+
+        top = int(indices.max()) if len(indices) else 0
+        if top >> FLAT_BITS:
+            return None
+        pairs = self._pairs
+        if pairs is None or len(pairs) <= top:
+            a, b = self._flat(0, top + 1, False), self._flat(1, top + 1, False)
+            n = min(len(a), len(b))
+            pairs = self._pairs = np.stack([a[:n], b[:n]], axis=1)
+        return np.take(pairs, indices, axis=0)  # (not pairs[indices]: numpy's 2-D fancy indexing is 8x slower)
 
     def terms(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each key's term in lanes a and b (uint64 residues), for prefix sums."""
@@ -340,9 +392,10 @@ class RunPrefix:
         return a, b, n
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)
 def sample_keys(content: str) -> SampleKeys:
-    """The :class:`SampleKeys` of ``content``, shared in this process (its power tables are built once)."""
+    """The :class:`SampleKeys` of ``content``, shared in this process (its power tables are built once: up
+    to ~3 MiB for an artifact of 65,536 samples or more, so the 8 most recent contents are kept)."""
     return SampleKeys(content)
 
 
@@ -461,6 +514,7 @@ class Tally:
 
 
 _NONE = (Digest(), 0, Digest(), 0)
+_ZERO = (0, 0, 0, 0, 0, 0)  # Ledger.prefix_lanes of nothing
 
 
 class Ledger:
@@ -483,7 +537,7 @@ class Ledger:
         # tally_prefix: prefix sums over items [_lo, _hi) of the array _items; _base is the tally of items[:_lo]
         self._items: np.ndarray | None = None
         self._lo = self._hi = 0
-        self._base = _NONE
+        self._base = _ZERO
         self._cum: np.ndarray | None = None
 
     def _digest(self, a: int, b: int) -> Digest:
@@ -533,44 +587,89 @@ class Ledger:
         return self._sum
 
     def tally_prefix(self, items: np.ndarray, count: int) -> tuple[Digest, int, Digest, int]:
-        """The tally of ``items[:count]`` (an array of item numbers, each once).
+        """The tally of ``items[:count]`` (an array of item numbers, each once): :meth:`prefix_lanes` as digests."""
+        a, b, n, pa, pb, q = self.prefix_lanes(items, count)
+        return Digest(a, b), n, Digest(pa, pb), q
 
-        The items' terms are summed a chunk at a time into prefix sums, so a tally costs
-        O(1) once its chunk is made (chunks double from 1,024 to 65,536 items)."""
+    def prefix_lanes(self, items: np.ndarray, count: int) -> tuple[int, int, int, int, int, int]:
+        """``(a, b, n, pad a, pad b, pad n)``: the lanes and counts of ``items[:count]``'s own samples and pad
+        repeats (an array of item numbers, each once; lanes reduced modulo ``P``).
+
+        The items' terms are summed a chunk at a time into prefix sums (a few numpy calls a chunk:
+        chunks double from 4,096 to 65,536 items), so a state costs a row lookup once its chunk is made."""
         if self._items is not items or count < self._lo:
-            self._items, self._lo, self._hi, self._base, self._cum = items, 0, 0, _NONE, None
+            self._items, self._lo, self._hi, self._base, self._cum = items, 0, 0, _ZERO, None
         count = min(count, len(items))
         while count > self._hi:
-            self._base = self._at(self._hi)
+            self._base = self._lanes_at(self._hi)
             self._lo = self._hi
-            self._hi = min(len(items), self._lo + min(1 << 16, max(1024, self._lo)))
+            self._hi = min(len(items), self._lo + min(1 << 16, max(1 << 12, self._lo)))
             self._cum = self._prefix_sums(items[self._lo:self._hi])
-        return self._at(count)
+        return self._lanes_at(count)
 
     def _prefix_sums(self, part: np.ndarray) -> np.ndarray:
-        """Per item of ``part``: the running sums (32-bit halves, so uint64 never overflows) of its own
-        terms in lanes a and b, the running count of own items, and the running sums of its pad terms."""
+        """Per item of ``part``: the running sums of its terms' 32-bit halves (so uint64 never overflows):
+        4 columns, lane a low and high, lane b low and high; where ``part`` holds pad repeats, 9: the own
+        lanes' halves (high, low), the running count of own items, the pad lanes' halves (high, low)."""
         import numpy as np
 
         m = self.rem.size
-        ta, tb = self.keys.terms(self.index_of(self.rem.positions(part)))
+        idx = self.index_of(self.rem.positions(part))
+        pad = len(part) > 0 and int(part.max()) >= m
+        if not pad and LITTLE:
+            pairs = self.keys.pair_terms(idx)
+            if pairs is not None:  # one lookup, and a uint64 read as its (low, high) 32-bit halves
+                return np.cumsum(pairs.view(np.uint32), axis=0, dtype=np.uint64)
+        ta, tb = self.keys.terms(idx)
+        if not pad:
+            cols = np.empty((len(part), 4), np.uint64)
+            for k, x in enumerate((ta, tb)):
+                np.bitwise_and(x, np.uint64(_M32), out=cols[:, 2 * k])
+                np.right_shift(x, np.uint64(32), out=cols[:, 2 * k + 1])
+            return np.cumsum(cols, axis=0, out=cols)
         own = part < m
         cols = np.empty((len(part), 9), np.uint64)
         for k, (x, keep) in enumerate(((ta, own), (tb, own), (ta, ~own), (tb, ~own))):
             x = np.where(keep, x, np.uint64(0))
-            at = 5 + 2 * (k - 2) if k >= 2 else 2 * k
-            cols[:, at], cols[:, at + 1] = x >> np.uint64(32), x & np.uint64(_M32)
+            at = 2 * k + (k >= 2)  # columns 0-3 the own lanes' halves, 4 the own count, 5-8 the pad lanes'
+            np.right_shift(x, np.uint64(32), out=cols[:, at])
+            np.bitwise_and(x, np.uint64(_M32), out=cols[:, at + 1])
         cols[:, 4] = own
         return np.cumsum(cols, axis=0, out=cols)
 
-    def _at(self, count: int) -> tuple[Digest, int, Digest, int]:
+    def _lanes_at(self, count: int) -> tuple[int, int, int, int, int, int]:
         j = count - self._lo
         if j <= 0 or self._cum is None:
             return self._base
-        ah, al, bh, bl, n, pah, pal, pbh, pbl = self._cum[j - 1].tolist()
-        c, k, p, q = self._base
-        return (c + Digest(((ah << 32) + al) % P, ((bh << 32) + bl) % P), k + n,
-                p + Digest(((pah << 32) + pal) % P, ((pbh << 32) + pbl) % P), q + j - n)
+        a, b, n, pa, pb, q = self._base
+        row = self._cum[j - 1].tolist()
+        if len(row) == 4:  # no pad repeat in this chunk
+            al, ah, bl, bh = row
+            return (a + (ah << 32) + al) % P, (b + (bh << 32) + bl) % P, n + j, pa, pb, q
+        ah, al, bh, bl, k, pah, pal, pbh, pbl = row
+        return ((a + (ah << 32) + al) % P, (b + (bh << 32) + bl) % P, n + k,
+                (pa + (pah << 32) + pal) % P, (pb + (pbh << 32) + pbl) % P, q + j - k)
+
+    def prefix_fields(self, items: np.ndarray, count: int, *, content: str, order: str,
+                      carried: tuple[Digest, int, Digest, int] | None, dropped_from: int | None) -> dict[str, Any]:
+        """The digest fields of a resume state (:meth:`Tally.fields`, byte for byte) whose rank consumed
+        ``items[:count]``: :meth:`prefix_lanes` plus ``carried``, and the dropped tail when
+        ``dropped_from``. The per-key loaders' state path: a row lookup and a few integers."""
+        a, b, n, pa, pb, q = self.prefix_lanes(items, count)
+        if carried is not None:
+            cd, cn, cp, cq = carried
+            a, b, n, pa, pb, q = (a + cd.a) % P, (b + cd.b) % P, n + cn, (pa + cp.a) % P, (pb + cp.b) % P, q + cq
+        out: dict[str, Any] = {"content": content, "order_digest": order, "consumed_digest": f"{a:016x}{b:016x}",
+                               "consumed_samples": n}
+        if q:
+            out.update(pad_digest=f"{pa:016x}{pb:016x}", pad_samples=q)
+        if dropped_from is not None:
+            dd, dn = self.dropped(dropped_from)
+            if dn:
+                out.update(dropped_digest=dd.hex(), dropped_samples=dn)
+        if carried is not None and (cn or cq):
+            out["carried"] = [cd.hex(), cn, cp.hex(), cq]
+        return out
 
     def dropped(self, lo: int) -> tuple[Digest, int]:
         """The digest of items ``lo ..`` of the order, which no rank reads (``drop_last``)."""
@@ -590,6 +689,42 @@ class Ledger:
         return Tally(content=content, order_digest=order, consumed=c + cd, consumed_samples=n + cn,
                      pad=p + cp, pad_samples=q + cq, dropped=dd, dropped_samples=dn, carried=cd,
                      carried_samples=cn, carried_pad=cp, carried_pad_samples=cq)
+
+
+class EpochKeys:
+    """The digest side of a loader of single keys (:class:`~warpdata.partition.sampler.ShardAwareSampler`,
+    ``TblLoader``): the order digest of an epoch's sequence (kept for the last epoch asked), the
+    :class:`Ledger` of this rank's items, and ``carried``, what the ranks of earlier runs at another world
+    size consumed (rank 0 of the run that resumed from them)."""
+
+    def __init__(self, mode: str, seed: int) -> None:
+        self.mode, self.seed = mode, seed
+        self.carried: tuple[Digest, int, Digest, int] | None = None
+        self.ledger: Ledger | None = None  # dropped by its owner when its remainder or epoch changes
+        self._order: tuple[Any, str] = (None, "")
+
+    def order_digest(self, content: str, epoch: int, sequence: np.ndarray) -> str:
+        key = (content, epoch)
+        if self._order[0] != key:
+            self._order = (key, order_digest(content, self.mode, self.seed, epoch, runs_of(sequence)))
+        return self._order[1]
+
+    def fields(self, content: str, epoch: int, sequence: np.ndarray, rem: Remainder, items: np.ndarray, count: int,
+               dropped_from: int | None) -> dict[str, Any]:
+        """A state's digest fields: this rank consumed ``items[:count]`` of ``rem`` over ``sequence``."""
+        ledger = self.ledger
+        if ledger is None:
+            ledger = self.ledger = Ledger(sample_keys(content), rem, sequence.__getitem__)
+        return ledger.prefix_fields(items, count, content=content, order=self.order_digest(content, epoch, sequence),
+                                    carried=self.carried, dropped_from=dropped_from)
+
+    def check(self, where: str, states: Sequence[Any], content: str, epoch: int, sequence: np.ndarray) -> None:
+        """Refuse states of another artifact or epoch order (:func:`check_same_epoch`)."""
+        check_same_epoch(where, states, content=content, order=self.order_digest(content, epoch, sequence))
+
+    def resumed(self, states: Sequence[Any], *, own: bool, rank: int) -> None:
+        """Carry what ``states`` carried (``own``: this rank's own state), else, on rank 0, what they consumed."""
+        self.carried = carried_of(states[0]) if own else carry(states) if rank == 0 else None
 
 
 def carried_of(state: Any) -> tuple[Digest, int, Digest, int] | None:
@@ -723,8 +858,6 @@ class EpochOrder:
         return order_digest(self.content, self.mode, self.seed, self.epoch, runs_of(self.sequence))
 
     def _span(self, rank: int, world_size: int, batch_size: int) -> tuple[int, int]:
-        from warpdata.partition.split import check_drop_leaves_batches, rank_span
-
         if world_size < 1 or not 0 <= rank < world_size:
             raise ResumeMismatchError(f"rank {rank} is not in 0..{world_size - 1} (world size {world_size})",
                                       hint="pass --world-size W and --rank R with 0 <= R < W")

@@ -49,6 +49,7 @@ from warpdata.partition.digest import (
     Ledger,
     P,
     RunPrefix,
+    Tally,
     carry,
     check_same_epoch,
     merge_runs,
@@ -150,7 +151,6 @@ class ResumeState:
 _FIELDS = tuple(f.name for f in fields(ResumeState))
 _TALLY_FIELDS = ("order_digest", "consumed_digest", "consumed_samples", "pad_digest", "pad_samples",
                  "dropped_digest", "dropped_samples", "carried")
-_TALLY_DEFAULTS = {f.name: f.default for f in fields(ResumeState) if f.name in _TALLY_FIELDS}
 
 
 def _resume_state(values: dict[str, Any]) -> ResumeState:
@@ -193,10 +193,8 @@ class PendingState(ResumeState):
         if pending is None:  # filled by another thread between the check and here
             return
         plan, n, workers = pending
-        tally = plan.tally(self.consumed, self.content, after=(n, workers)).fields()
-        got = {k: tally.get(k, default) for k, default in _TALLY_DEFAULTS.items()}
-        got["carried"] = tuple(got["carried"])
-        d.update(got)  # every digest field first, then the plan is let go: a reader never sees half
+        d.update(plan.digest_fields(self.consumed, self.content, after=(n, workers)))
+        # every digest field first, then the plan is let go: a reader never sees half
         d.pop("_pending", None)
 
     def __eq__(self, other: object) -> bool:
@@ -352,12 +350,13 @@ class ShardPlan:
                                                         merge_runs(self.runs())))
         return self._order_digest[1]
 
-    def tally(self, consumed: Iterable[tuple[int, int]], content: str, after: tuple[int, int] | None = None):
-        """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``.
+    def tally(self, consumed: Iterable[tuple[int, int]], content: str, after: tuple[int, int] | None = None) -> Tally:
+        """The digests (:class:`~warpdata.partition.digest.Tally`) of batch intervals ``consumed``
+        (``after``: see :meth:`digest_fields`)."""
+        d = self.digest_fields(tuple(consumed), content, after)
+        return Tally.of({**d, "content": content, "carried": list(d["carried"])})
 
-        ``after=(n, num_workers)`` says ``consumed`` is this plan's ``consumed`` plus the first
-        ``n`` batches of :meth:`yield_order` (what :meth:`state_after` passes): the tally is then
-        read from prefix sums over the batches, made once (O(1) per state)."""
+    def _ledger_of(self, content: str) -> Ledger:
         ledger = getattr(self, "_ledger", None)
         if ledger is None or ledger.keys.content != content:
             keys = sample_keys(content)
@@ -365,48 +364,126 @@ class ShardPlan:
             prefix = RunPrefix(keys, [a for a, _ in runs], [n for _, n in runs])
             ledger = self._ledger = Ledger(keys, self._rem, self.row_indices, prefix)
             ledger.carried = _carried(self.carried)
-            self._batch_sums = None
-        own = self._tally_after(ledger, *after) if after is not None else None
+            self._run = None
+            self._fields_template = {"order_digest": self.order_digest(content), "consumed_digest": "",
+                                     "consumed_samples": 0, "pad_digest": "", "pad_samples": 0,
+                                     "dropped_digest": "", "dropped_samples": 0, "carried": ()}
+        return ledger
+
+    def digest_fields(self, consumed: tuple[tuple[int, int], ...], content: str,
+                      after: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Every digest field of a :class:`ResumeState` (its defaults where empty) whose rank consumed batch
+        intervals ``consumed``.
+
+        ``after=(n, num_workers)`` says ``consumed`` is this plan's ``consumed`` plus the first ``n``
+        batches of :meth:`yield_order` (what :meth:`state_after` passes): the digest is then read from
+        running lanes that the states read in turn advance batch by batch (:meth:`_running`): O(1) a state
+        read every step."""
+        ledger = self._ledger_of(content)
+        own = self._running(ledger, consumed, *after) if after is not None else None
         if own is None:
-            own = ledger.tally(self._items(consumed))
-        dropped = self.rows_per_rank * self.world if self.policy == "drop" and self.rank == 0 else None
-        return ledger.make(content=content, order=self.order_digest(content), own=own,
-                           carried=ledger.carried, dropped_from=dropped)
+            c, n, p, q = ledger.tally(self._items(consumed))
+            a, b, pa, pb = c.a, c.b, p.a, p.b
+        else:
+            (a, b, n), pa, pb, q = own, 0, 0, 0
+        carried = ledger.carried
+        drops = self.policy == "drop" and self.rank == 0
+        if carried is None and not q and not drops:  # a state's usual fields: two of them change
+            got = self._fields_template.copy()
+            got["consumed_digest"], got["consumed_samples"] = f"{a:016x}{b:016x}", n
+            return got
+        if carried is not None:
+            cd, cn, cp, cq = carried
+            a, b, n, pa, pb, q = (a + cd.a) % P, (b + cd.b) % P, n + cn, (pa + cp.a) % P, (pb + cp.b) % P, q + cq
+        dd, dn = ledger.dropped(self.rows_per_rank * self.world) if drops else (None, 0)
+        return {"order_digest": self.order_digest(content), "consumed_digest": f"{a:016x}{b:016x}",
+                "consumed_samples": n, "pad_digest": f"{pa:016x}{pb:016x}" if q else "", "pad_samples": q,
+                "dropped_digest": dd.hex() if dn else "", "dropped_samples": dn,
+                "carried": (cd.hex(), cn, cp.hex(), cq) if carried is not None and (cn or cq) else ()}
 
-    def _tally_after(self, ledger, n: int, num_workers: int):
-        """The own tally of ``consumed`` plus the first ``n`` batches of the yield order, from prefix sums
-        over the batches' digests; None where the fast path does not apply (an epoch resumed at
-        another world size, or pad repeats in this rank's run)."""
-        memo = self._batch_sums
-        if memo is None or memo[0] != num_workers:
-            memo = self._batch_sums = self._batch_prefix(ledger, num_workers, first=memo is None)
-        rows, (c, cn, p, q) = memo[1], memo[2]
-        if rows is None:
+    def _running(self, ledger: Ledger, consumed: tuple[tuple[int, int], ...], n: int,
+                 num_workers: int) -> tuple[int, int, int] | None:
+        """``(a, b, rows)``: the own lanes of ``consumed``, this plan's ``consumed`` plus the first ``n`` batches
+        of the yield order; None where this path does not apply (an epoch resumed at another world size,
+        or pad repeats in this rank's run: by intervals).
+
+        The lanes are kept as integers and advanced a batch at a time from the last state read: by the
+        batch's lanes, made for every batch at once (:meth:`_batch_lanes`) when the rank has at most
+        ``BATCH_LISTS`` batches; else in closed form: a full batch inside one run of rows (a row group)
+        is ``g^s · (g^bs - 1) / (g - 1)`` for its first row ``s``, and the next batch of its worker starts
+        at ``g^s · g^bs``, a few multiplications a batch (docs/partitioning.md, "Digest"). A jump of more
+        than ``ADVANCE`` batches, or back, starts again from the intervals (O(workers) closed forms)."""
+        if self.done_rows or self._base + self.rows_per_rank > self._rem.size:
             return None
-        a, b, k = rows[n] if n < len(rows) else rows[-1]
-        return (c + Digest(a, b) if cn else Digest(a, b)), cn + k, p, q
+        run = self._run
+        if run is None or run[0] != num_workers or not run[1] <= n <= run[1] + ADVANCE:
+            c, k, _p, _q = ledger.tally(self._items(consumed))
+            order = run[5] if run is not None and run[0] == num_workers else None  # made when first advanced
+            self._run = [num_workers, n, c.a, c.b, k, order, {}]
+            return c.a, c.b, k
+        _, m, a, b, k, order, nxt = run
+        if n > m:
+            if order is None:
+                order = run[5] = self.yield_order(num_workers)
+            if self.num_batches <= BATCH_LISTS:  # every batch's lanes made once, in numpy: a lookup a batch
+                da, db, dk = self._batch_lanes(ledger)
+                for j in order[m:n]:
+                    a, b, k = a + da[j], b + db[j], k + dk[j]
+                a, b = a % P, b % P
+                run[1:5] = n, a, b, k
+                return a, b, k
+            prefix, keys = ledger.runs, ledger.keys
+            cum, starts = prefix.cum, prefix.starts
+            bs, base, rows = self.batch_size, self._base, self.rows_per_rank
+            (ca, step_a), (cb, step_b) = self._batch_series(keys)
+            for j in order[m:n]:
+                lo = base + j * bs
+                hi = lo + bs
+                got = nxt.pop(j, None)  # (g^s of its first row, the end of its run): left by its worker's last batch
+                if got is None:
+                    u = bisect.bisect_right(cum, lo) - 1
+                    s, end = starts[u] + lo - cum[u], cum[u + 1]
+                    got = (keys.power(0, s), keys.power(1, s), end)
+                fa, fb, end = got
+                if hi <= end and j * bs + bs <= rows:  # a full batch inside one run: closed form
+                    a += fa * ca  # reduced once, after the loop
+                    b += fb * cb
+                    k += bs
+                    if hi < end:  # its worker's next batch starts in this run: g^(s + bs)
+                        nxt[j + 1] = (fa * step_a % P, fb * step_b % P, end)
+                else:
+                    hi = base + min(j * bs + bs, rows)
+                    (a1, b1), (a0, b0) = prefix.at(hi), prefix.at(lo)
+                    a, b, k = a + a1 - a0, b + b1 - b0, k + hi - lo
+            a, b = a % P, b % P
+            run[1:5] = n, a, b, k
+        return a, b, k
 
-    def _batch_prefix(self, ledger, num_workers: int, first: bool):
-        """``(num_workers, rows, base)``: row ``n`` holds the lanes and rows of the first ``n`` batches of
-        the yield order, ``base`` the tally of this plan's ``consumed``; rows None: no fast path."""
-        import numpy as np
+    def _batch_lanes(self, ledger: Ledger) -> tuple[list[int], list[int], list[int]]:
+        """Each batch's lanes and rows, indexed by batch number (this rank's run, nothing taken out):
+        the order's prefix digests at the batch boundaries (:meth:`RunPrefix.at_array`), differenced."""
+        got = getattr(self, "_lanes_of_batches", None)
+        if got is None or got[0] is not ledger:
+            import numpy as np
 
-        m, base, r, bs = self._rem.size, self._base, self.rows_per_rank, self.batch_size
-        if first or self.done_rows or base + r > m:  # a first state (perhaps the only one, at epoch end)
-            return (0 if first else num_workers), None, _NO_TALLY  # is cheaper by intervals
-        order = np.asarray(self.yield_order(num_workers), np.int64)
-        lo = base + order * bs
-        hi = base + np.minimum((order + 1) * bs, r)
-        (a1, b1), (a0, b0) = ledger.runs.at_array(hi), ledger.runs.at_array(lo)
-        cols = np.zeros((len(order) + 1, 5), np.uint64)
-        for k, (x, y) in enumerate(((a1, a0), (b1, b0))):
-            d = x + (np.uint64(P) - y)  # (at(hi) - at(lo)) mod P, below 2P
-            d = np.where(d >= P, d - np.uint64(P), d)
-            cols[1:, 2 * k], cols[1:, 2 * k + 1] = d >> np.uint64(32), d & np.uint64(0xFFFFFFFF)
-        cols[1:, 4] = (hi - lo).view(np.uint64)
-        rows = [(((ah << 32) + al) % P, ((bh << 32) + bl) % P, k)
-                for ah, al, bh, bl, k in np.cumsum(cols, axis=0, out=cols).tolist()]
-        return num_workers, rows, ledger.tally(self._items(self.consumed))
+            bounds = self._base + np.minimum(np.arange(self.num_batches + 1, dtype=np.int64) * self.batch_size,
+                                             self.rows_per_rank)
+            lanes = []
+            for x in ledger.runs.at_array(bounds):
+                d = x[1:] + (np.uint64(P) - x[:-1])  # (at(hi) - at(lo)) mod P, below 2P
+                lanes.append(np.where(d >= P, d - np.uint64(P), d).tolist())
+            got = self._lanes_of_batches = (ledger, lanes[0], lanes[1], np.diff(bounds).tolist())
+        return got[1], got[2], got[3]
+
+    def _batch_series(self, keys) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Per lane ``((g^bs - 1) / (g - 1), g^bs)``: a full batch's digest from its first row's term, and
+        the next batch's first term."""
+        got = getattr(self, "_series", None)
+        if got is None or got[0] is not keys:
+            bs = self.batch_size
+            lanes = [((keys.power(x, bs) - 1) * keys._inv[x] % P, keys.power(x, bs)) for x in (0, 1)]
+            got = self._series = (keys, lanes[0], lanes[1])
+        return got[1], got[2]
 
     # -- workers ----------------------------------------------------------------
     def remaining(self) -> list[int]:
@@ -560,7 +637,8 @@ class ShardPlan:
                            carried=(carried[0].hex(), carried[1], carried[2].hex(), carried[3]) if carried else ())
 
 
-_NO_TALLY = (Digest(), 0, Digest(), 0)
+ADVANCE = 64  # a state read at most this many batches after the last one advances its lanes batch by batch
+BATCH_LISTS = 1 << 16  # a rank of at most this many batches keeps every batch's lanes (else: closed forms)
 
 
 def content_of_table(manifest: str, table: str) -> str:

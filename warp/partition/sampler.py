@@ -62,16 +62,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import ConfigError
-from warpdata.partition.digest import (
-    Ledger,
-    Tally,
-    carried_of,
-    carry,
-    check_same_epoch,
-    order_digest,
-    runs_of,
-    sample_keys,
-)
+from warpdata.partition.digest import EpochKeys, Tally
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -160,8 +151,7 @@ class ShardAwareSampler:
         self._complete = False  # a pass ended: the next one starts the epoch whole
         # the sample keys' content name (docs/partitioning.md); a bare sampler names its shards and weights
         self.content = content or f"sampler:{self._data_fingerprint()}"
-        self._carried = None  # what earlier runs at another world size consumed (rank 0; digest.carry)
-        self._cache: dict[str, Any] = {}
+        self._digests = EpochKeys(self.mode, self.seed)
         self._sequences: dict[int, np.ndarray] = {}
         self._set_done(())
 
@@ -170,7 +160,7 @@ class ShardAwareSampler:
         self._rem = Remainder(self.num_samples_total, done)
         self._start, self.per_rank = rank_span(self._rem.size, self.rank, self.world_size, self.mode,
                                                self.batch_size)
-        self._ledger = None
+        self._digests.ledger = None
         self._items = None  # (epoch, this rank's items in yield order)
 
     # the names of the first release
@@ -189,7 +179,7 @@ class ShardAwareSampler:
         """Choose the epoch; another epoch than the current one forgets any resume state."""
         if int(epoch) != self.epoch:
             self._skip = 0
-            self._carried = None
+            self._digests.carried = None
             self._complete = False
             self._set_done(())
         self.epoch = int(epoch)
@@ -307,7 +297,7 @@ class ShardAwareSampler:
     def _pass(self) -> tuple[np.ndarray, int]:
         if self._complete:  # the last pass ended: this one reads the whole epoch again
             self._complete = False
-            self._carried = None
+            self._digests.carried = None
             self._set_done(())
         idx = self.epoch_indices()
         skip, self._skip = self._skip, 0
@@ -357,20 +347,18 @@ class ShardAwareSampler:
     def order_digest(self, epoch: int | None = None) -> str:
         """The epoch's order digest (:func:`warpdata.partition.digest.order_digest`)."""
         e = self.epoch if epoch is None else int(epoch)
-        key = f"order:{e}"
-        if key not in self._cache:
-            self._cache = {key: order_digest(self.content, self.mode, self.seed, e, runs_of(self.sequence(e)))}
-        return self._cache[key]
+        return self._digests.order_digest(self.content, e, self.sequence(e))
 
     def tally(self, consumed: int) -> Tally:
         """The digests of the first ``consumed`` samples of this rank's epoch (and what it carries)."""
-        if self._ledger is None:
-            seq = self.sequence()
-            self._ledger = Ledger(sample_keys(self.content), self._rem, seq.__getitem__)
-        own = self._ledger.tally_prefix(self.epoch_items(), consumed)
+        return Tally.of(self.digest_fields(consumed))
+
+    def digest_fields(self, consumed: int) -> dict[str, Any]:
+        """The digest fields of a state after the first ``consumed`` samples of this rank's epoch: a row of
+        prefix sums over the epoch's keys (made a chunk at a time, :meth:`Ledger.prefix_lanes`)."""
         dropped = self.per_rank * self.world_size if self.mode == "drop" and self.rank == 0 else None
-        return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
-                                 carried=self._carried, dropped_from=dropped)
+        return self._digests.fields(self.content, self.epoch, self.sequence(), self._rem, self.epoch_items(),
+                                    consumed, dropped)
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """JSON-able resume state; ``consumed`` = samples used so far this epoch."""
@@ -383,7 +371,7 @@ class ShardAwareSampler:
                 "rank": self.rank, "world_size": self.world_size, "num_workers": self.num_workers,
                 "batch_size": self.batch_size, "window": self.window, "mode": self.mode,
                 "done": [list(x) for x in self._rem.done], "seed": self.seed, "shuffle": self.shuffle,
-                **self.tally(n).fields()}
+                **self.digest_fields(n)}
 
     def _consumed_positions(self, state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
         """Positions of the sequence consumed by the rank that saved ``state`` (its done ones too)."""
@@ -429,7 +417,7 @@ class ShardAwareSampler:
         self._skip = consumed
         self._yielded = consumed
         self._complete = False
-        self._carried = carried_of(state)
+        self._digests.resumed([state], own=True, rank=self.rank)
         self.resumed_elsewhere = False
 
     def _load_elastic(self, states: list[dict[str, Any]]) -> None:
@@ -457,7 +445,7 @@ class ShardAwareSampler:
         self._skip = self._yielded = 0
         self._complete = False
         # rank 0 carries what the old run consumed, so the final states sum to the epoch's digest
-        self._carried = carry(states) if self.rank == 0 else None
+        self._digests.resumed(states, own=False, rank=self.rank)
         self.resumed_elsewhere = True  # this run splits what the old run's ranks left
 
     def _check_states(self, states: list[dict[str, Any]]) -> None:
@@ -467,7 +455,31 @@ class ShardAwareSampler:
             raise ResumeMismatchError(f"sampler resume: the state is for epoch {epochs[0]}, this sampler was set "
                                       f"to epoch {self.epoch}",
                                       hint="call set_epoch() with the state's epoch, or load the state first")
-        check_same_epoch("sampler resume", states, content=self.content, order=self.order_digest(epochs[0]))
+        self._digests.check("sampler resume", states, self.content, epochs[0], self.sequence(epochs[0]))
+
+
+class BatchIndices:
+    """A :class:`ShardAwareSampler`'s batches as lists of indices: a DataLoader's ``sampler=`` with
+    ``batch_size=None`` (one dataset call a batch), with the sampler's ``set_epoch`` and resume state."""
+
+    def __init__(self, inner: ShardAwareSampler) -> None:
+        self.inner = inner
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for b in self.inner.batches():
+            yield b.tolist()
+
+    def __len__(self) -> int:
+        return -(-len(self.inner) // self.inner.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        return self.inner.state_dict(consumed)
+
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        self.inner.load_state_dict(state)
 
 
 def torch_sampler(sampler: ShardAwareSampler):

@@ -59,16 +59,7 @@ import numpy as np
 from warpdata.core.errors import DataError, UsageError
 from warpdata.core.verify import verify_level
 from warpdata.formats.tbl import FORMAT_CODES, SampleInfo, TblReader
-from warpdata.partition.digest import (
-    Ledger,
-    Tally,
-    carried_of,
-    carry,
-    check_same_epoch,
-    order_digest,
-    runs_of,
-    sample_keys,
-)
+from warpdata.partition.digest import EpochKeys, Tally
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -237,10 +228,9 @@ class TblLoader:
         self._skip = 0  # batches of this rank's epoch consumed before this pass (resume)
         self._yielded = 0
         self._complete = False  # a pass ended: the next one starts the epoch whole
-        self._carried = None  # what earlier runs at another world size consumed (rank 0; digest.carry)
+        self._digests = EpochKeys(self.mode, self.seed)
         self._content: str | None = None
         self._orders: dict[int, np.ndarray] = {}
-        self._order_digests: dict[int, str] = {}
         self._split(())
         self._pool = BufferPool(self.prefetch + 3)
         if resume is not None:
@@ -251,13 +241,14 @@ class TblLoader:
         self._start, self._count = rank_span(self._rem.size, self.rank, self.world_size, self.mode,
                                              self.batch_size)
         self._num_batches = -(-self._count // self.batch_size)
-        self._ledger = None
+        self._digests.ledger = None
+        self._items = None  # this rank's items in batch order, made for the first state
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the shuffle of the next iteration (same on every rank); a new epoch drops resume state."""
         if int(epoch) != self.epoch:
             self._skip = 0
-            self._carried = None
+            self._digests.carried = None
             self._complete = False
             self._split(())
         self.epoch = int(epoch)
@@ -289,21 +280,20 @@ class TblLoader:
 
     def order_digest(self, epoch: int | None = None) -> str:
         e = self.epoch if epoch is None else int(epoch)
-        got = self._order_digests.get(e)
-        if got is None:
-            got = self._order_digests[e] = order_digest(self.content, self.mode, self.seed, e, runs_of(self.order(e)))
-        return got
+        return self._digests.order_digest(self.content, e, self.order(e))
 
     def tally(self, batches_consumed: int) -> Tally:
         """The digests of this rank's first ``batches_consumed`` batches of the epoch (and what it carries)."""
-        if self._ledger is None:
-            order = self.order()
-            self._ledger = Ledger(sample_keys(self.content), self._rem, order.__getitem__)
-            self._ledger_items = np.arange(self._start, self._start + self._count, dtype=np.int64)
-        own = self._ledger.tally_prefix(self._ledger_items, min(batches_consumed * self.batch_size, self._count))
+        return Tally.of(self.digest_fields(batches_consumed))
+
+    def digest_fields(self, batches_consumed: int) -> dict[str, Any]:
+        """The digest fields of a state after this rank's first ``batches_consumed`` batches: a row of prefix
+        sums over the epoch's keys (made a chunk at a time, :meth:`Ledger.prefix_lanes`)."""
+        if self._items is None:
+            self._items = np.arange(self._start, self._start + self._count, dtype=np.int64)
         dropped = self._count * self.world_size if self.mode == "drop" and self.rank == 0 else None
-        return self._ledger.make(content=self.content, order=self.order_digest(), own=own,
-                                 carried=self._carried, dropped_from=dropped)
+        return self._digests.fields(self.content, self.epoch, self.order(), self._rem, self._items,
+                                    min(batches_consumed * self.batch_size, self._count), dropped)
 
     def _batch_positions(self, j: int) -> tuple[int, int]:
         """Items ``[lo, hi)`` of the remainder that batch ``j`` of this rank reads."""
@@ -334,7 +324,7 @@ class TblLoader:
         return {"kind": "tbl", "epoch": self.epoch, "fingerprint": self._fingerprint(), "rank": self.rank,
                 "world_size": self.world_size, "batch_size": self.batch_size, "mode": self.mode,
                 "done": [list(x) for x in self._rem.done], "consumed": int(k), "seed": self.seed,
-                "shuffle": bool(self.shuffle), **self.tally(int(k)).fields()}
+                "shuffle": bool(self.shuffle), **self.digest_fields(int(k))}
 
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume from this rank's state, or from the list of every rank's states (any world size)."""
@@ -356,7 +346,7 @@ class TblLoader:
         if len(modes) > 1:
             raise ResumeMismatchError(f"TblLoader: the resume states' split mode and this loader's differ {modes}",
                                       hint="resume with the drop_last / pad of the run that saved the states")
-        check_same_epoch("TblLoader resume", states, content=self.content, order=self.order_digest(epoch))
+        self._digests.check("TblLoader resume", states, self.content, epoch, self.order(epoch))
         if epoch != self.epoch:
             self._orders = {}
         self.epoch = epoch
@@ -369,7 +359,7 @@ class TblLoader:
             if not 0 <= k <= self._num_batches:
                 raise UsageError(f"TblLoader resume state consumed={k} is not in 0..{self._num_batches}")
             self._skip = self._yielded = k
-            self._carried = carried_of(one)
+            self._digests.resumed(states, own=True, rank=self.rank)
             return
         check_all_ranks("TblLoader resume", [(int(st["rank"]), int(st["world_size"])) for st in states])
         done: list[tuple[int, int]] = []
@@ -384,7 +374,7 @@ class TblLoader:
         self._split(merge_intervals(done))
         self._skip = self._yielded = 0
         # rank 0 carries what the old run consumed, so the final states sum to the epoch's digest
-        self._carried = carry(states) if self.rank == 0 else None
+        self._digests.resumed(states, own=False, rank=self.rank)
 
     def _outputs(self, idx: np.ndarray) -> tuple[np.ndarray | None, list[np.ndarray | None]]:
         """The batch array (with ``size``) and each image's output slot, carved from one pooled buffer.
@@ -429,7 +419,7 @@ class TblLoader:
         if self._complete:  # the last pass ended: this one reads the whole epoch again
             self._complete = False
             self._skip = 0
-            self._carried = None
+            self._digests.carried = None
             if self._rem.done:
                 self._split(())
         plans = self.batch_indices(worker, num_workers)

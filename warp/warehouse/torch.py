@@ -27,10 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from warpdata.core.verify import verify_level
 from warpdata.partition.digest import content_of_manifest
-from warpdata.partition.sampler import ShardAwareSampler
+from warpdata.partition.sampler import BatchIndices, ShardAwareSampler
 from warpdata.partition.world import UNSET, renamed, split_policy
-from warpdata.warehouse.reader import Warehouse
+from warpdata.read.materialize import looks_like_dataset
+from warpdata.warehouse.reader import OLD_VERIFY, Warehouse
 
 _TORCH_DTYPE = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float16): torch.float16,
                 np.dtype(np.float32): torch.float32, np.dtype(np.int32): torch.int32,
@@ -46,10 +48,6 @@ class WarehouseDataset(Dataset):
 
     def __init__(self, path: str | os.PathLike | Warehouse, *, allow_invalid: bool = False,
                  verify: str = "fast") -> None:
-        from warpdata.core.verify import verify_level
-        from warpdata.read.materialize import looks_like_dataset
-        from warpdata.warehouse.reader import OLD_VERIFY
-
         verify = verify_level(verify, "WarehouseDataset", OLD_VERIFY)
         opened = path if isinstance(path, Warehouse) else None
         if opened is None and looks_like_dataset(path):
@@ -115,27 +113,8 @@ class WarehouseDataset(Dataset):
         return {k: v[0] for k, v in b.items()}
 
 
-class ShardBatchSampler(Sampler[list[int]]):
+class ShardBatchSampler(BatchIndices, Sampler[list[int]]):
     """Yields the shard-aware sampler's batches as index lists (DataLoader ``sampler=`` with batch_size=None)."""
-
-    def __init__(self, inner: ShardAwareSampler) -> None:
-        self.inner = inner
-
-    def __iter__(self):
-        for b in self.inner.batches():
-            yield b.tolist()
-
-    def __len__(self) -> int:
-        return -(-len(self.inner) // self.inner.batch_size)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.inner.set_epoch(epoch)
-
-    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        return self.inner.state_dict(consumed)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)
 
 
 def make_loader(path: str | os.PathLike | Warehouse, *, batch_size: int, num_workers: int = 0, shuffle: bool = True,
