@@ -65,9 +65,21 @@ FLOOR_NAMES = ["core", "formats/kernels/partition", "storage", "contracts/etl ki
 # Each must shrink to zero: remove a pair when its import goes, never add one.
 UPWARD_ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
-# In-function imports of warp modules in library code (outside cli/ and commands/) when this
-# ratchet was set: the count may fall, never rise. Lower it when you remove some.
-IN_FUNCTION_RATCHET = 322
+# Library modules import warp modules at module level. These are the only imports of warp modules
+# inside functions in library code (cli/ and commands/ import lazily for start-up), each with the
+# measured reason; an (importer, imported) pair not listed here fails, and so does a listed one
+# that is gone.
+LAZY_ALLOWED: dict[tuple[str, str], str] = {
+    # read/base.py's docstring has the figures: at the top, opening a dataset loaded 19 more modules
+    # (dataset() 147 -> 210 ms CPU, `warp info` 190 -> 248 ms); these load on first use instead
+    ("warpdata.read.base", "warpdata.read.table"): "the table reader (sqlgate, parquet stats) on table()",
+    ("warpdata.read.base", "warpdata.registry.embeddings"): "embeddings (numpy search) on embeddings()",
+    ("warpdata.read.dataset", "warpdata.read.refs"): "refs and the tar index on artifact()",
+    ("warpdata.read.registered", "warpdata.read.refs"): "refs and the tar index on artifact()",
+    ("warpdata.read.table", "warpdata.read.refs"): "refs on Table.batch_dicts() only",
+    # the package's lazy table of public names (start-up): `import warpdata.tiles` loads no writer
+    ("warpdata.tiles", "warpdata.tiles.writer"): "write_array() in the package face",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -281,15 +293,17 @@ def test_storage_is_below_the_registry():
     assert not bad, f"warp/storage must not import the layers above it: {bad}"
 
 
-def _in_function_count() -> int:
-    return sum(1 for m, p in MODULES.items() if _library(m) for d, inner in _edges(p) if inner and d != m)
+def _lazy_pairs() -> set[tuple[str, str]]:
+    return {(m, d) for m, p in MODULES.items() if _library(m) for d, inner in _edges(p) if inner and d != m}
 
 
-def test_in_function_imports_only_shrink():
-    n = _in_function_count()
-    assert n <= IN_FUNCTION_RATCHET, (
-        f"{n} in-function imports of warp modules in library code, more than the {IN_FUNCTION_RATCHET} allowed: "
-        "import warp modules at the top of the module (lazy imports are for the CLI and heavy third-party packages)")
+def test_library_imports_warp_modules_at_module_level():
+    pairs = _lazy_pairs()
+    new = sorted(pairs - LAZY_ALLOWED.keys())
+    assert not new, (f"warp imports inside functions in library code: {new}; import them at the top of the "
+                     "module (lazy imports are for cli/, commands/ and heavy third-party packages, saying so)")
+    gone = sorted(LAZY_ALLOWED.keys() - pairs)
+    assert not gone, f"these lazy imports are gone: remove them from LAZY_ALLOWED: {gone}"
 
 
 def _face_reaches(path: Path) -> list[str]:
