@@ -113,3 +113,18 @@ def test_a_symlink_cycle_is_a_data_error(cli, tmp_path):
     assert r.code == 65 and "loops at 'sub/up'" in r.err
     r = cli("publish", "ws/c", "--artifact", f"raw={tmp_path / 'art'}", "--store", str(tmp_path / "store"))
     assert r.code == 0, r.err  # not following, the cycle is simply not entered
+
+
+@pytest.mark.parametrize("command", ["publish", "register"])
+@pytest.mark.parametrize("bind, named", [
+    ("other.image=images:image", "--bind names table 'other', which is not being {verb}"),
+    ("main.image=pics:image", "--bind names artifact 'pics', which is not being {verb}"),
+    ("main.photo=images:image", "--bind main.photo: table main has no column 'photo'"),
+])
+def test_a_bind_naming_what_is_not_there_is_a_usage_error(cli, inputs, command, bind, named):
+    table = _table(inputs, [f"img/{i:03d}.png" for i in range(20)])
+    store = ("--store", str(inputs / "store")) if command == "publish" else ()
+    r = cli(command, "ws/b", "--table", table, "--artifact", f"images={inputs / 'photos'}", "--bind", bind, *store)
+    assert r.code == 2, r.err  # a usage error
+    assert named.format(verb="published" if command == "publish" else "registered") in r.err, r.err
+    assert "internal error" not in r.err and r.out == ""

@@ -242,6 +242,28 @@ class CommitOnSuccess:
             self.abort()
 
 
+def remove_unless_locked(path: str | os.PathLike, lock: str | os.PathLike) -> bool:
+    """Remove the directory ``path`` unless a running process holds ``lock`` (an ``flock`` beside it,
+    taken by the build that owns the directory); then remove the lock file too. True when removed.
+
+    The build directories of `warp etl` (docs/formats/receipts.md) are swept this way: a killed
+    run's directory goes, a running one's stays."""
+    import fcntl  # POSIX only; warp's builds run on POSIX
+
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # the build that owns it is running
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        return True
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

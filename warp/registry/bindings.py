@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from warpdata.core.errors import DataError
+from warpdata.core.errors import DataError, UsageError
 
 # lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
 # importing this module does not load it
@@ -139,3 +139,20 @@ def check_bindings(checks: Sequence[BindingCheck], members: Mapping[str, Sequenc
         + "fix the column, or pass --allow-dangling to publish anyway (the count is recorded in the manifest)",
         binding=c.binding, missing=c.missing, values=c.values, first_missing=list(c.first_missing),
         dangling=dangling)
+
+
+def check_binding_names(bindings: Iterable, columns: Mapping[str, Sequence[str]], artifacts: Iterable[str],
+                        verb: str) -> None:
+    """UsageError when a ``--bind`` names a table, artifact or column that is not being ``verb``
+    ("published", "registered"); ``columns`` maps each table to its column names."""
+    artifacts = set(artifacts)
+    for b in bindings:
+        if b.table not in columns:
+            raise UsageError(f"--bind names table {b.table!r}, which is not being {verb}",
+                             hint=f"tables: {', '.join(sorted(columns)) or 'none'}")
+        if b.artifact not in artifacts:
+            raise UsageError(f"--bind names artifact {b.artifact!r}, which is not being {verb}",
+                             hint=f"artifacts: {', '.join(sorted(artifacts)) or 'none'}")
+        if b.column not in columns[b.table]:
+            raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
+                             hint=f"columns: {', '.join(columns[b.table])}")

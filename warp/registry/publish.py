@@ -61,7 +61,7 @@ from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.features.remote import is_url, stage_version
 from warpdata.lineage.card import CARD_MAX_BYTES, merge
 from warpdata.registry import from_artifacts
-from warpdata.registry.bindings import check_binding, check_bindings
+from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
 from warpdata.registry.from_artifacts import check_symlinks
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
@@ -534,16 +534,7 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
         sources.append({"artifact": aname, **src.source_facts, "tables": sorted(made)})
     if not tables and not artifacts:
         raise UsageError("nothing to publish", hint="give --table NAME=GLOB, --artifact NAME=DIR or --from PATH")
-    for b in bindings:
-        if b.table not in tables:
-            raise UsageError(f"--bind names table {b.table!r}, which is not being published",
-                             hint=f"tables: {', '.join(sorted(tables)) or 'none'}")
-        if b.artifact not in artifacts:
-            raise UsageError(f"--bind names artifact {b.artifact!r}, which is not being published",
-                             hint=f"artifacts: {', '.join(sorted(artifacts)) or 'none'}")
-        if b.column not in tables[b.table].columns:
-            raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
-                             hint=f"columns: {', '.join(tables[b.table].columns)}")
+    check_binding_names(bindings, {n: list(t.columns) for n, t in tables.items()}, artifacts, "published")
     dangling = _check_bindings(req, stager)
     # microseconds: two versions published within a second still order (warp ls --versions, docs/lineage.md)
     metadata: dict[str, Any] = {"created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),

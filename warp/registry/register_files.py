@@ -24,7 +24,7 @@ from warpdata import __version__
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import sha256_file
 from warpdata.core.errors import DataError, ExitCode, MissingInputError, UsageError, WarpError
-from warpdata.registry.bindings import check_binding, check_bindings
+from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
 from warpdata.registry.from_artifacts import check_symlinks
 from warpdata.registry.manifest import Binding, validate_dataset_id
 from warpdata.registry.publish import _parquet_facts, expand_globs
@@ -175,7 +175,8 @@ def register(req: RegisterRequest) -> RegisterResult:
             artifacts[name] = {"root": root, "members": {
                 m: [e[0], e[1], e[2]] for (m, _p, _s), e in zip(scan.members, entries, strict=True)}}
             members_of[name] = [m for m, _, _ in scan.members]
-    _check_binding_names(req.bindings, tables, artifacts)
+    check_binding_names(req.bindings, {n: [f["name"] for f in t["schema"]["fields"]] for n, t in tables.items()},
+                        artifacts, "registered")
     checks, artifact_of = [], {}
     for b in req.bindings:
         key = f"{b.table}.{b.column}={b.artifact}"
@@ -226,21 +227,6 @@ def _store_check(dataset_id: str, shadow: bool) -> tuple[str | None, str | None]
             hint="register it under another name, or pass --shadow to hide the store's version on purpose "
                  "('warp ls' marks registrations)", store=shadows)
     return shadows, unchecked
-
-
-def _check_binding_names(bindings: list[Binding], tables: dict[str, Any], artifacts: dict[str, Any]) -> None:
-    """UsageError when a ``--bind`` names a table, artifact or column that is not being registered."""
-    for b in bindings:
-        if b.table not in tables:
-            raise UsageError(f"--bind names table {b.table!r}, which is not being registered",
-                             hint=f"tables: {', '.join(sorted(tables)) or 'none'}")
-        if b.artifact not in artifacts:
-            raise UsageError(f"--bind names artifact {b.artifact!r}, which is not being registered",
-                             hint=f"artifacts: {', '.join(sorted(artifacts)) or 'none'}")
-        columns = [f["name"] for f in tables[b.table]["schema"]["fields"]]
-        if b.column not in columns:
-            raise UsageError(f"--bind {b.table}.{b.column}: table {b.table} has no column {b.column!r}",
-                             hint=f"columns: {', '.join(columns)}")
 
 
 def _known_hashes(doc: dict[str, Any] | None) -> dict[str, tuple[str, list[int]]]:

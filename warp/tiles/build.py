@@ -12,7 +12,6 @@ per run of consecutive missing ranges on the local executor; the tree is byte-id
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import json
@@ -27,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from warpdata.core import progress as _progress
-from warpdata.core.atomic import TMP_PREFIX, build_lock
+from warpdata.core.atomic import TMP_PREFIX, build_lock, remove_unless_locked
 from warpdata.core.canonical import canonical_json, identity
 from warpdata.core.errors import (
     ConfigError,
@@ -205,18 +204,7 @@ class Build:
             if d == self.base or not os.path.isdir(d) or os.path.islink(d) \
                     or len(os.path.basename(d)) != len(BUILD_PREFIX) + 13 + len(name):
                 continue
-            lock = f"{d}.lock"
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # an ETL of that build is running
-                shutil.rmtree(d, ignore_errors=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(lock)
-            finally:
-                os.close(fd)
+            remove_unless_locked(d, f"{d}.lock")  # kept while an ETL of that build runs
 
     def _prepare_remote(self, up_to_date):
         """An object-store output: up to date when a finished array of this recipe and input is

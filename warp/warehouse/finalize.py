@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fcntl
 import os
 import shutil
 import time
@@ -30,6 +29,7 @@ from warpdata.core.atomic import (
     exchange,
     fsync_dir,
     remove_stale_temps,
+    remove_unless_locked,
     temp_prefix,
 )
 from warpdata.core.canonical import canonical_json, seal
@@ -269,19 +269,8 @@ def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float 
     for d in root.glob(f"{BUILD_PREFIX}*"):
         if not d.is_dir() or d.is_symlink() or d == keep:
             continue
-        lock = root / f"{d.name}.lock"
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # an ETL of that version is running
-            shutil.rmtree(d, ignore_errors=True)
+        if remove_unless_locked(d, root / f"{d.name}.lock"):  # kept while an ETL of that version runs
             removed.append(str(d))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock)
-        finally:
-            os.close(fd)
     others = [p for p in root.glob(f"{TMP_PREFIX}*") if not p.name.startswith(BUILD_PREFIX)]
     if others:
         removed += remove_stale_temps([root], older_than=older_than, exclude=(BUILD_PREFIX,))
