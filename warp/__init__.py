@@ -32,7 +32,7 @@ _LAZY: dict[str, str] = {
 _SUBPACKAGES: frozenset[str] = frozenset({
     "commands", "formats", "kernels", "warehouse", "tiles", "registry", "features",
     "tbl", "sampledata", "etl", "cli", "core", "storage", "artifacts", "doctor", "read",
-    "partition",
+    "partition", "lineage",
 })
 
 

@@ -56,6 +56,21 @@ def _py(env_dir: Path, code: str) -> str:
     return r.stdout
 
 
+def test_every_package_in_the_tree_is_in_the_distribution():
+    """A folder of warp/ with an __init__.py that pyproject.toml does not list is missing from every
+    wheel (warpdata.lineage was, while the editable install hid it); and the package face knows it."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"commands": "warpdata.commands", "formats": "warpdata.formats", "kernels": "warpdata.kernels"}
+    tree = {"warpdata"} | {folders[d] for d in folders if (ROOT / d / "__init__.py").is_file()}
+    tree |= {"warpdata." + ".".join(p.parent.relative_to(ROOT / "warp").parts)
+             for p in (ROOT / "warp").rglob("__init__.py") if p.parent != ROOT / "warp"}
+    assert tree - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - tree == set()
+    import warpdata
+
+    assert {m.split(".", 1)[1] for m in tree if "." in m} <= warpdata._SUBPACKAGES
+
+
 @pytest.mark.slow
 def test_packages_import_from_the_install(installed):
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
