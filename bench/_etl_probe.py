@@ -4,7 +4,7 @@
   can split the driver process's CPU time by thread (main, Dask's ``IO loop`` with the scheduler
   of a LocalCluster, receipt writers, fsync) from ``/proc/PID/task/TID``;
 * ``WARP_BENCH_DASK_LAYOUT`` picks the layout of an own Dask LocalCluster
-  (``OWN_CLUSTER_LAYOUTS`` in warp/etl/executors.py) for the run;
+  (``OWN_CLUSTER_LAYOUTS`` in warp/etl/daskrunner.py) for the run;
 * ``WARP_BENCH_HEADER_THREADS=1`` runs the warehouse's header pass on
   ``warp.etl.workers.header_threads(-j)`` threads instead of ``-j``;
 * every runner's tasks and results are pickled once more to count the bytes a process pool or a
@@ -86,13 +86,13 @@ def _dump() -> None:
 
 
 def main() -> int:
-    from warpdata.etl import executors
+    from warpdata.etl import daskrunner, executors
 
     layout = os.environ.get("WARP_BENCH_DASK_LAYOUT")
-    if layout:  # the own LocalCluster's layout under test (warp/etl/executors.py, OWN_CLUSTER_LAYOUTS)
-        if layout not in executors.OWN_CLUSTER_LAYOUTS:
-            raise SystemExit(f"WARP_BENCH_DASK_LAYOUT={layout!r}: one of {sorted(executors.OWN_CLUSTER_LAYOUTS)}")
-        executors.OWN_CLUSTER_LAYOUT = layout
+    if layout:  # the own LocalCluster's layout under test (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUTS)
+        if layout not in daskrunner.OWN_CLUSTER_LAYOUTS:
+            raise SystemExit(f"WARP_BENCH_DASK_LAYOUT={layout!r}: one of {sorted(daskrunner.OWN_CLUSTER_LAYOUTS)}")
+        daskrunner.OWN_CLUSTER_LAYOUT = layout
     if os.environ.get("WARP_BENCH_HEADER_THREADS"):
         # the header pass on header_threads(-j) threads (warp/etl/workers.py) instead of -j: what the
         # one-line change in warp/warehouse/etl.py's scan() would do, measured before it is made

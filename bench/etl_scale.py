@@ -42,7 +42,7 @@ on this machine, so ``--n 6000`` is ~11 s and ``--n 18000`` ~33 s:
 ``--scaling``: the same breakdown for ``local-2``, ``process-2``, ``dask-2`` and ``dask-1``, plus
 the dask-2 / dask-1 ratio of the whole command and of the build phase (the median of the
 back-to-back pairs' ratios). ``--kinds`` picks other executors (``dask-2-processes``,
-``dask-2-threads``, ``dask-2-one-process``: an own LocalCluster's layouts, warp/etl/executors.py);
+``dask-2-threads``, ``dask-2-one-process``: an own LocalCluster's layouts, warp/etl/daskrunner.py);
 ``--cold`` drops the corpus from the page cache before every run, so every header pass reads
 from the disk alike. For a dask-1 job of at least 60 s (issue 23's scaling target) take 30,000
 photos here (dask-1 ran 18,000 in 41.8 s, quiet); a round of the four is about 4 minutes:
@@ -240,7 +240,7 @@ KINDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "process-2": (["-j", "2", "--executor", "process"], {}),
     "dask-1": (["-j", "1", *_DASK], {}),
     "dask-2": (["-j", "2", *_DASK], {}),
-    # the own LocalCluster's layouts (warp/etl/executors.py, OWN_CLUSTER_LAYOUTS), set by bench/_etl_probe.py
+    # the own LocalCluster's layouts (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUTS), set by bench/_etl_probe.py
     "dask-1-processes": (["-j", "1", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "processes"}),
     "dask-2-processes": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "processes"}),
     "dask-2-threads": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
@@ -332,14 +332,14 @@ def breakdown(a: argparse.Namespace) -> int:
 def idle_cost(seconds: float = 8.0) -> dict[str, list[float]]:
     """CPU % of one core that an idle own LocalCluster of 2 workers spends, per process (driver with
     scheduler and nannies, then each worker), with distributed's shipped settings and with the
-    ones warp starts it with (``OWN_CLUSTER_CONFIG``, warp/etl/executors.py)."""
+    ones warp starts it with (``OWN_CLUSTER_CONFIG``, warp/etl/daskrunner.py)."""
     import psutil
-    from warpdata.etl import executors
+    from warpdata.etl import daskrunner, executors
 
     out = {}
-    ours = executors.OWN_CLUSTER_CONFIG
+    ours = daskrunner.OWN_CLUSTER_CONFIG
     for label, table in (("shipped", {}), ("warp", ours)):
-        executors.OWN_CLUSTER_CONFIG = table
+        daskrunner.OWN_CLUSTER_CONFIG = table
         with executors.open_runner(executors.parse_executor("dask"), 2) as r:
             list(r.imap_unordered(abs, range(4)))
             me = psutil.Process()
@@ -350,7 +350,7 @@ def idle_cost(seconds: float = 8.0) -> dict[str, list[float]]:
             time.sleep(seconds)
             dt = time.perf_counter() - t
             out[label] = [round(100 * (sum(q.cpu_times()[:2]) - a) / dt, 1) for q, a in zip(procs, c0, strict=True)]
-    executors.OWN_CLUSTER_CONFIG = ours
+    daskrunner.OWN_CLUSTER_CONFIG = ours
     return out
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from support.warehouses import coco_config
 from warpdata.core.errors import ConfigError, WarpError
-from warpdata.etl.executors import _resolve_host, parse_executor, resolve_executor
+from warpdata.etl.daskrunner import _resolve_host
+from warpdata.etl.executors import parse_executor, resolve_executor
 from warpdata.etl.receipts import Journal
 from warpdata.etl.workers import MAX_WORKERS, resolve_workers
 from warpdata.sampledata.detection import generate

@@ -82,19 +82,19 @@ def test_dask_local_cluster_gives_the_reference_bytes(cli, dataset, reference, t
     metrics = json.loads((Path(res["path"]) / "metrics.json").read_text())
     assert metrics["cluster"]["cluster"] == "LocalCluster" and metrics["cluster"]["workers"] == 2
     assert metrics["header_pass"] == "driver"  # a LocalCluster shares the driver's machine: its threads probe
-    # its workers are threads of the driver, on the in-process transport (warp/etl/executors.py)
+    # its workers are threads of the driver, on the in-process transport (warp/etl/daskrunner.py)
     assert metrics["cluster"]["scheduler"].startswith("inproc://") and metrics["cluster"]["layout"] == "threads"
     assert artifact(res["path"]) == reference
 
 
 @pytest.mark.parametrize("layout", ["processes", "threads", "one-process"])
 def test_every_own_cluster_layout_gives_the_reference_bytes(cli, dataset, reference, tmp_path, monkeypatch, layout):
-    """The layouts measured for an own LocalCluster (warp/etl/executors.py, OWN_CLUSTER_LAYOUTS):
+    """The layouts measured for an own LocalCluster (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUTS):
     workers as processes, as threads of the driver, one process of threads; same bytes."""
     _dask()
-    from warpdata.etl import executors
+    from warpdata.etl import daskrunner
 
-    monkeypatch.setattr(executors, "OWN_CLUSTER_LAYOUT", layout)
+    monkeypatch.setattr(daskrunner, "OWN_CLUSTER_LAYOUT", layout)
     res = etl(cli, config(dataset, tmp_path / "wh"), "--executor", "dask", "-j", "2")
     metrics = json.loads((Path(res["path"]) / "metrics.json").read_text())
     assert metrics["cluster"]["cluster"] == "LocalCluster" and metrics["cluster"]["threads"] == 2

@@ -16,11 +16,11 @@ def _env_of(name: str) -> tuple[str, str | None, int]:
 
 @pytest.mark.parametrize("spec", ["process", pytest.param("dask", marks=pytest.mark.slow)])
 def test_workers_see_the_environment_of_now(spec, monkeypatch):
-    from warpdata.etl import executors
+    from warpdata.etl import daskrunner
 
     # an own LocalCluster's workers are threads of this process (they see its environment as it is);
     # its process layout forks them from a fork server, which this test is about
-    monkeypatch.setattr(executors, "OWN_CLUSTER_LAYOUT", "processes")
+    monkeypatch.setattr(daskrunner, "OWN_CLUSTER_LAYOUT", "processes")
     ex = parse_executor(spec)
     monkeypatch.setenv("WARP_TEST_RUN", "first")
     monkeypatch.setenv("WARP_TEST_GONE", "stale")  # in the fork server's environment from its start
@@ -68,9 +68,9 @@ def test_own_dask_cluster_runs_without_the_dashboards_housekeeping(layout, monke
     chose is kept. Read from the running servers: threads of this process read the settings when
     they started, as worker processes do."""
     import dask
-    from warpdata.etl import executors
+    from warpdata.etl import daskrunner
 
-    monkeypatch.setattr(executors, "OWN_CLUSTER_LAYOUT", layout)
+    monkeypatch.setattr(daskrunner, "OWN_CLUSTER_LAYOUT", layout)
     with open_runner(parse_executor("dask"), 2) as r:
         profiling = r.client.run(_profiling)
         ticks = r.client.run(_worker_tick_s)

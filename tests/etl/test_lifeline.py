@@ -60,7 +60,7 @@ def test_children_of_a_killed_process_pool_driver_end_with_it(tmp_path):
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc (Linux)")
 def test_a_killed_dask_driver_leaves_nothing_running(tmp_path):
     """``--executor dask``'s own LocalCluster runs its workers as threads of the driver
-    (warp/etl/executors.py, OWN_CLUSTER_LAYOUT): mid-run the driver has no child process, so a
+    (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUT): mid-run the driver has no child process, so a
     ``kill -9`` of it leaves nothing of the run (main's worker processes, nannies and fork server
     had to be made to follow it)."""
     pytest.importorskip("distributed", reason="the dask extra (dask, distributed) is not installed")

@@ -22,7 +22,7 @@ from typing import Any
 from warpdata.core.canonical import identity
 from warpdata.core.config import ConfigSource, Field, non_negative
 from warpdata.core.errors import ConfigError
-from warpdata.etl.executors import check_spec
+from warpdata.etl.executorspec import check_spec
 from warpdata.etl.quarantine import Thresholds
 from warpdata.etl.workers import MAX_WORKERS, workers_check
 

@@ -91,7 +91,7 @@ def _worker_state(task: ShardTask) -> tuple[twh1.ShardBuilder, Transformer, Thre
     return st[1], st[2], st[3]
 
 
-# what an own Dask LocalCluster's workers import before they fork (warp/etl/executors.py)
+# what an own Dask LocalCluster's workers import before they fork (warp/etl/daskrunner.py)
 WORKER_PRELOAD = ("numpy", "cv2", "warpdata.warehouse.shards")
 
 
