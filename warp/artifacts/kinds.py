@@ -18,7 +18,7 @@ none of them.
 A kind a loader reads names its order hook (``order``): the function
 :func:`warpdata.read.order.epoch_order` calls to replay that loader's epoch order (its contract
 is :data:`warpdata.read.order.OrderHook`). An artifact that is one file rather than a directory
-with a manifest, the ``.tbl`` packed-sample file (docs/formats/tbl.md), has no manifest kind; its
+with a manifest, the ``.tbl`` packed-sample file (docs/formats/tbl-v2.md), has no manifest kind; its
 loader registers in :data:`FILE_KINDS`.
 
 Every kind's manifest is validated against its schema before a reader trusts a field
