@@ -62,7 +62,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import ConfigError
-from warpdata.partition.digest import EpochKeys, Tally
+from warpdata.partition.digest import EpochKeys
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -71,6 +71,7 @@ from warpdata.partition.split import (
     mode_of,
     rank_span,
 )
+from warpdata.partition.tally import Tally
 from warpdata.partition.world import (
     UNSET,
     ResumeMismatchError,
