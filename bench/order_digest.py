@@ -13,7 +13,9 @@ samples (the figure that stays fair under load: the wall grows, the digests' CPU
 ``Table.batches`` state computes its digests only when read: ``PendingState``), a state
 saved every step with its digests read (``Tally.of``: what serialising it costs in
 digests), and a state saved only at epoch end (one per epoch, as the recipe does). The
-last state of every epoch is read in all three, as ``combine_digests`` reads it.
+last state of every epoch is read in all three, as ``combine_digests`` reads it. The last
+column times each whole ``state_dict()`` call (this thread's CPU: digests, fingerprints and
+the other fields), the cost of a state saved every step.
 
     .venv/bin/python bench/order_digest.py [--rounds 3] [--only make_loader TblLoader]
 
@@ -165,6 +167,19 @@ def calibrate() -> float:
     return statistics.median(runs)
 
 
+STATES = [0.0, 0]  # CPU seconds inside the loaders' whole state_dict() calls (digests, fingerprints, the rest) and calls
+
+
+def state_of(make):
+    """The state ``make()`` returns, its CPU time (this thread's, less the timer's own) added to :data:`STATES`."""
+    t0 = time.thread_time()
+    try:
+        return make()
+    finally:
+        STATES[0] += time.thread_time() - t0 - CLOCK[0]
+        STATES[1] += 1
+
+
 SAVED = [0]  # states saved in the epoch
 SETTINGS = {"every step": (True, False), "every step, read": (True, True), "epoch end": (False, False)}
 
@@ -187,8 +202,8 @@ def epoch_table(arts, every: bool, read: bool = False) -> int:
     for k, b in enumerate(stream):
         n += b.num_rows
         if every:
-            saved(stream.state_dict(k + 1), read)
-    saved(stream.state_dict(), True)
+            saved(state_of(lambda: stream.state_dict(k + 1)), read)  # noqa: B023 (called at once)
+    saved(state_of(stream.state_dict), True)
     return n
 
 
@@ -200,8 +215,8 @@ def epoch_warehouse(arts, every: bool, read: bool = False) -> int:
     for b in dl:
         n += len(b["index"])
         if every:
-            saved(dl.sampler.state_dict(consumed=n), read)
-    saved(dl.sampler.state_dict(consumed=n), True)
+            saved(state_of(lambda: dl.sampler.state_dict(consumed=n)), read)  # noqa: B023 (called at once)
+    saved(state_of(lambda: dl.sampler.state_dict(consumed=n)), True)
     return n
 
 
@@ -214,8 +229,8 @@ def epoch_features(arts, every: bool, read: bool = False) -> int:
     for step in loader:
         n += len(step)
         if every:
-            saved(loader.state_dict(), read)
-    saved(loader.state_dict(), True)
+            saved(state_of(loader.state_dict), read)
+    saved(state_of(loader.state_dict), True)
     return n
 
 
@@ -227,8 +242,8 @@ def epoch_tbl(arts, every: bool, read: bool = False) -> int:
     for k, b in enumerate(loader):
         n += len(b)
         if every:
-            saved(loader.state_dict(k + 1), read)
-    saved(loader.state_dict(), True)
+            saved(state_of(lambda: loader.state_dict(k + 1)), read)  # noqa: B023 (called at once)
+    saved(state_of(loader.state_dict), True)
     return n
 
 
@@ -236,16 +251,17 @@ LOADERS = {"Table.batches": epoch_table, "make_loader": epoch_warehouse, "BigBat
            "TblLoader": epoch_tbl}
 
 
-def timed(fn, arts, setting: str, off: bool) -> tuple[float, float, float, float]:
+def timed(fn, arts, setting: str, off: bool) -> tuple[float, float, float, float, float]:
     """(samples/s, share of the epoch's wall time spent computing digests, µs per saved state, CPU seconds
-    of digests per million samples)."""
-    SPENT[0], SPENT[1], SAVED[0] = 0.0, 0, 0
+    of digests per million samples, CPU µs per whole state_dict() call)."""
+    SPENT[0], SPENT[1], SAVED[0], STATES[0], STATES[1] = 0.0, 0, 0, 0.0, 0
     every, read = SETTINGS[setting]
     with digests_off() if off else digests_timed():
         t0 = time.perf_counter()
         n = fn(arts, every, read)
         wall = time.perf_counter() - t0
-    return n / wall, SPENT[0] / wall, 1e6 * SPENT[0] / max(1, SAVED[0]), 1e6 * SPENT[0] / n
+    return (n / wall, SPENT[0] / wall, 1e6 * SPENT[0] / max(1, SAVED[0]), 1e6 * SPENT[0] / n,
+            1e6 * STATES[0] / max(1, STATES[1]))
 
 
 def main() -> None:
@@ -259,27 +275,29 @@ def main() -> None:
           f"{1e6 * CLOCK[0]:.2f} µs a call")
     print(f"| loader | states saved | samples/s with digests | without | ratio (median of {a.rounds}) |"
           " per-round ratios | time in digests (median) | µs per saved state (median) |"
-          " CPU-s of digests per 1 M samples (median) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          " CPU-s of digests per 1 M samples (median) | CPU µs per whole state_dict() (median) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, fn in LOADERS.items():
         if a.only and name not in a.only:
             continue
         fn(arts, True, True)  # warm: page cache, imports, first-touch verification
         for setting in SETTINGS:
-            on, off, share, per, cpu = [], [], [], [], []
+            on, off, share, per, cpu, whole = [], [], [], [], [], []
             for r in range(a.rounds):  # alternate, the first run of a round swapping each round
                 for digest in ((True, False) if r % 2 == 0 else (False, True)):
-                    rate, spent, each, per_m = timed(fn, arts, setting, off=not digest)
+                    rate, spent, each, per_m, state = timed(fn, arts, setting, off=not digest)
                     (on if digest else off).append(rate)
                     if digest:
                         share.append(spent)
                         per.append(each)
                         cpu.append(per_m)
+                        whole.append(state)
             ratios = [x / y for x, y in zip(on, off, strict=True)]
             print(f"| {name} | {setting} | {statistics.median(on):,.0f} | "
                   f"{statistics.median(off):,.0f} | {statistics.median(ratios):.3f} | "
                   f"{', '.join(f'{x:.3f}' for x in ratios)} | {100 * statistics.median(share):.2f} % | "
-                  f"{statistics.median(per):,.1f} | {statistics.median(cpu):.3f} |", flush=True)
+                  f"{statistics.median(per):,.1f} | {statistics.median(cpu):.3f} | "
+                  f"{statistics.median(whole):,.1f} |", flush=True)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

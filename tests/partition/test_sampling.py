@@ -148,6 +148,37 @@ def test_batches_match_iteration_and_resume():
     assert np.concatenate(list(r.batches())).tolist() == flat[8:]
 
 
+def test_state_fingerprints_are_hashed_once_and_unchanged(monkeypatch):
+    """state_dict() reads the two fingerprints hashed when the sampler is made (a state saved every step
+    hashes nothing again), and they are the hashes earlier releases wrote: SHA-256 of the shard sizes, a
+    repr of the settings and the weights, so states saved before still load."""
+    import hashlib
+
+    sizes, rep = [13, 7, 22], np.arange(42) % 3 + 1
+    kw = dict(world_size=2, num_workers=2, batch_size=4, seed=5, window=8, pad=True, repeats=rep)
+    s, twin = ShardAwareSampler(sizes, rank=1, **kw), ShardAwareSampler(sizes, rank=1, **kw)
+    s.set_epoch(3)
+    first = s.state_dict(consumed=0)  # the epoch's sequence and order digest made once
+
+    def expect(*settings):
+        h = hashlib.sha256(np.asarray(sizes, np.int64).tobytes())
+        h.update(repr(settings).encode())
+        h.update(b"repeats")
+        h.update(rep.astype(np.int64).tobytes())
+        return h.hexdigest()[:16]
+
+    assert first["data"] == expect(True, 5) and s.content == f"sampler:{first['data']}"
+    assert first["fingerprint"] == expect(2, 1, 2, 4, True, 5, 8, "pad")
+    calls, real = [], hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda *a: calls.append(a) or real(*a))
+    states = [s.state_dict(consumed=n) for n in range(0, len(s) + 1, 5)]
+    assert not calls, f"{len(calls)} SHA-256 computations in {len(states)} states"
+    assert {(st["fingerprint"], st["data"]) for st in states} == {(first["fingerprint"], first["data"])}
+    monkeypatch.undo()
+    twin.load_state_dict(states[2])
+    assert list(twin) == s.epoch_indices()[10:].tolist()
+
+
 def test_bad_settings_and_mismatched_state_are_typed_errors():
     with pytest.raises(ShardingError, match="rank 2 is not in"):
         ShardAwareSampler([3], world_size=2, rank=2)

@@ -44,18 +44,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from warpdata.core.errors import UsageError
-from warpdata.partition.digest import (
-    Digest,
-    Ledger,
-    P,
-    RunPrefix,
-    Tally,
-    carry,
-    check_same_epoch,
-    merge_runs,
-    order_digest,
-    sample_keys,
-)
+from warpdata.partition.digest import carry, check_same_epoch
+from warpdata.partition.keys import Digest, P, RunPrefix, merge_runs, order_digest, sample_keys
 from warpdata.partition.split import (
     MODES,
     Remainder,
@@ -64,6 +54,7 @@ from warpdata.partition.split import (
     merge_intervals,
     rank_span,
 )
+from warpdata.partition.tally import Ledger, Tally
 from warpdata.partition.world import ResumeMismatchError, ShardingError, _from_env
 
 POLICIES = MODES  # ("exact", "pad", "drop")

@@ -62,7 +62,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import ConfigError
-from warpdata.partition.digest import EpochKeys, Tally
+from warpdata.partition.digest import EpochKeys
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -71,6 +71,7 @@ from warpdata.partition.split import (
     mode_of,
     rank_span,
 )
+from warpdata.partition.tally import Tally
 from warpdata.partition.world import (
     UNSET,
     ResumeMismatchError,
@@ -149,8 +150,12 @@ class ShardAwareSampler:
         self._yielded = 0
         self.resumed_elsewhere = False
         self._complete = False  # a pass ended: the next one starts the epoch whole
+        # the resume state's fingerprints, hashed once: they depend only on these settings, fixed for the
+        # sampler's life (set_epoch changes no field of them), and a state saved every step reads them
+        self._data_fp = self._hash_data()
+        self._settings_fp = self._hash_settings()
         # the sample keys' content name (docs/partitioning.md); a bare sampler names its shards and weights
-        self.content = content or f"sampler:{self._data_fingerprint()}"
+        self.content = content or f"sampler:{self._data_fp}"
         self._digests = EpochKeys(self.mode, self.seed)
         self._sequences: dict[int, np.ndarray] = {}
         self._set_done(())
@@ -328,6 +333,13 @@ class ShardAwareSampler:
     # -- resume -----------------------------------------------------------------
     def _data_fingerprint(self) -> str:
         """The epoch sequences: shards, weights, seed and shuffle (not rank, world or workers)."""
+        return self._data_fp
+
+    def _fingerprint(self) -> str:
+        """Everything that fixes this rank's order: the data and the split's settings."""
+        return self._settings_fp
+
+    def _hash_data(self) -> str:
         h = hashlib.sha256(self.shard_sizes.tobytes())
         h.update(repr((self.shuffle, self.seed)).encode())
         if self.repeats is not None:
@@ -335,7 +347,7 @@ class ShardAwareSampler:
             h.update(self.repeats.tobytes())
         return h.hexdigest()[:16]
 
-    def _fingerprint(self) -> str:
+    def _hash_settings(self) -> str:
         h = hashlib.sha256(self.shard_sizes.tobytes())
         h.update(repr((self.world_size, self.rank, self.num_workers, self.batch_size,
                        self.shuffle, self.seed, self.window, self.uneven)).encode())
