@@ -209,3 +209,25 @@ def test_kept_batches_stay_intact_and_dropped_ones_are_recycled(tbl_file, size, 
         for k, im in enumerate(b.images):
             assert np.array_equal(im, ref[int(b.indices[k])])
     assert ld._pool.allocated <= ld._pool.keep < len(ld)  # buffers were reused
+
+
+def test_a_state_saved_every_step_hashes_the_selection_once(tbl_file, monkeypatch):
+    import hashlib
+
+    import warpdata.tbl.loader as tl
+
+    calls, sha256 = [], hashlib.sha256
+
+    def counting(*a):
+        calls.append(1)
+        return sha256(*a)
+
+    ld = TblLoader(tbl_file, 4, shuffle=True, seed=3, threads=1)
+    monkeypatch.setattr(tl.hashlib, "sha256", counting)
+    fps = {ld.state_dict(k)["fingerprint"] for k in range(4)}
+    assert len(fps) == 1 and len(calls) == 1
+    want = sha256(np.ascontiguousarray(ld.selection, np.int64).tobytes())
+    want.update(repr((len(ld.reader), ld.shuffle, ld.seed)).encode())
+    assert fps == {want.hexdigest()[:16]}  # states saved before still load
+    ld.seed = 4  # another seed is another fingerprint, never a stale one
+    assert ld.state_dict(0)["fingerprint"] not in fps

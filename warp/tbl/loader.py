@@ -310,9 +310,13 @@ class TblLoader:
 
     # -- resume -----------------------------------------------------------------
     def _fingerprint(self) -> str:
-        h = hashlib.sha256(np.ascontiguousarray(self.selection, np.int64).tobytes())
-        h.update(repr((len(self.reader), self.shuffle, self.seed)).encode())
-        return h.hexdigest()[:16]
+        # hashed once per selection and settings, not on every state_dict (a state saved every step)
+        key = (id(self.selection), len(self.selection), len(self.reader), self.shuffle, self.seed)
+        if getattr(self, "_fp_key", None) != key:
+            h = hashlib.sha256(np.ascontiguousarray(self.selection, np.int64).tobytes())
+            h.update(repr((len(self.reader), self.shuffle, self.seed)).encode())
+            self._fp_key, self._fp = key, h.hexdigest()[:16]
+        return self._fp
 
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
         """JSON-able resume state once the loop used ``batches_consumed`` batches of this pass
