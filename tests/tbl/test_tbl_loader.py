@@ -218,8 +218,9 @@ def test_a_state_saved_every_step_hashes_the_selection_once(tbl_file, monkeypatc
 
     calls, sha256 = [], hashlib.sha256
 
-    def counting(*a):
-        calls.append(1)
+    def counting(*a):  # hashlib is shared: count only hashes of the selection's bytes
+        if a and len(a[0]) == 8 * len(ld.selection):
+            calls.append(1)
         return sha256(*a)
 
     ld = TblLoader(tbl_file, 4, shuffle=True, seed=3, threads=1)
