@@ -60,8 +60,11 @@ class Row:
 
 
 def _row(case: str, rc: int | str, seconds: float, err: str, note: str = "") -> Row:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    return Row(case, rc, round(seconds, 2), lines[0].strip() if lines else "", "Traceback" in err, len(lines), note)
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    errors = [ln for ln in lines[1:] if ln.startswith("error")]
+    if errors:  # the first line is a warning or the cluster line: say warp's error line too
+        note = "; ".join(filter(None, [f"error line: {errors[0]}", note]))
+    return Row(case, rc, round(seconds, 2), lines[0] if lines else "", "Traceback" in err, len(lines), note)
 
 
 def _etl(cfg: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int | str, float, str, str]:
@@ -288,8 +291,8 @@ NEEDS_S3 = {1, 3, 7, 8, 9}
 def _table(rows: list[Row]) -> str:
     head = "| case | exit | s | first stderr line | traceback | stderr lines | note |\n|---|---|---|---|---|---|---|\n"
     return head + "".join(
-        f"| {r.case} | {r.exit} | {r.seconds:.2f} | {r.first_line.replace('|', '/')[:160]} | "
-        f"{'yes' if r.traceback else 'no'} | {r.stderr_lines} | {r.note} |\n" for r in rows)
+        f"| {r.case} | {r.exit} | {r.seconds:.2f} | {r.first_line.replace('|', '/')} | "
+        f"{'yes' if r.traceback else 'no'} | {r.stderr_lines} | {r.note.replace('|', '/')} |\n" for r in rows)
 
 
 def main(argv: list[str] | None = None) -> int:
