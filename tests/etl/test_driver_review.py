@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.warehouses import coco_config
-from warpdata.core.errors import ConfigError, WarpError
+from warpdata.core.errors import ConfigError, InfrastructureError, WarpError
 from warpdata.etl.daskrunner import _resolve_host
 from warpdata.etl.executors import parse_executor, resolve_executor
 from warpdata.etl.receipts import Journal
@@ -59,6 +59,8 @@ def test_an_unreachable_scheduler_from_the_config_file_names_the_config_key(cli,
     assert r.code == 75, r.err
     assert f"cfgexec.toml: [build] executor = 'dask://127.0.0.1:{port}'" in r.err, r.err
     assert "--executor" not in r.err, r.err
+    # a refused port is said at once, not after distributed's 10 s of connect retries
+    assert f"nothing listens at tcp://127.0.0.1:{port} (connection refused)" in r.err, r.err
 
 
 # -- an unknown host -----------------------------------------------------------------------------
@@ -71,11 +73,17 @@ def test_an_unknown_scheduler_host_fails_at_its_lookup(cli, dataset, tmp_path):
     assert "Traceback" not in r.err and not (tmp_path / "wh").exists()
 
 
-def test_host_lookup_passes_a_known_host_and_refuses_an_unknown_one():
-    _resolve_host("tcp://127.0.0.1:8786", "--executor x")
-    _resolve_host("tcp://localhost:8786", "--executor x")
+def test_host_lookup_passes_a_listening_host_and_refuses_an_unknown_or_closed_one():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        _resolve_host(f"tcp://127.0.0.1:{port}", "--executor x")
+        _resolve_host(f"tcp://localhost:{port}", "--executor x")
     with pytest.raises(ConfigError, match="does not resolve"):
         _resolve_host(f"tcp://{NO_SUCH_HOST}:8786", "--executor x")
+    with pytest.raises(InfrastructureError, match="connection refused"):
+        _resolve_host(f"tcp://127.0.0.1:{_free_port()}", "--executor x")
 
 
 # -- the worker count's upper bound --------------------------------------------------------------

@@ -309,6 +309,8 @@ def _scheduler_file_address(spec: ExecutorSpec) -> str:
 # a name lookup answers within this many seconds (a resolver that does not answer is the network's
 # failure, exit 75); an unknown host fails at once, before the connect's CONNECT_TIMEOUT_S
 RESOLVE_TIMEOUT_S = 5.0
+# seconds one probe connect to the scheduler's port may take before the handshake check takes over
+PROBE_CONNECT_S = 3.0
 # getaddrinfo's "this name does not exist" answers: the address is wrong, a rerun cannot help (exit 78)
 _NO_SUCH_HOST = {getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA", "EAI_FAIL", "EAI_ADDRFAMILY")
                  if hasattr(socket, n)}
@@ -348,6 +350,30 @@ def _resolve_host(address: str, named: str) -> None:
     if isinstance(e, OSError):
         raise InfrastructureError(f"{named}: could not look up the host {host!r} of {address}: {e}",
                                   hint="check the network and DNS on this machine, then rerun")
+    _refuse_fast(e, address, named)
+
+
+def _refuse_fast(infos: list[Any], address: str, named: str) -> None:
+    """InfrastructureError (exit 75) at once when every address of the scheduler's host refuses
+    the connection: nothing listens on that port, and ``distributed``'s connect would retry it for
+    its whole timeout (10 s) before saying so. A connect that does not finish within
+    :data:`PROBE_CONNECT_S` is left to the handshake check, which has its own deadline."""
+    refused = 0
+    for family, kind, proto, _name, sockaddr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.settimeout(PROBE_CONNECT_S)
+            try:
+                s.connect(sockaddr)
+            except ConnectionRefusedError:
+                refused += 1
+                continue
+            except OSError:
+                return  # unreachable or slow: the handshake check names it within its deadline
+            return  # something listens
+    if infos and refused == len(infos):
+        raise InfrastructureError(f"{named}: nothing listens at {address} (connection refused)",
+                                  hint="start the scheduler ('dask scheduler' prints its address) or fix the "
+                                       "port, then rerun")
 
 
 def _scheduler_identity(address: str, named: str) -> dict[str, Any]:
