@@ -31,20 +31,27 @@ def _session(sid: int) -> list[tuple[int, str]]:
     return out
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc (Linux)")
-def test_children_of_a_killed_process_pool_driver_end_with_it(tmp_path):
+def _driver_with_a_receipt(tmp_path, executor: str):
+    """A `warp etl -x EXECUTOR -j 2` driver, once its first shard is receipted, and its children
+    then (skips when the build finished before that could be seen)."""
     d = tmp_path / "coco"
     generate(d, count=40, seed=5, min_side=64, max_side=150)
     out = tmp_path / "wh"
-    proc = spawn_etl(coco_config(d, out), "-x", "process", "-j", "2")
+    proc = spawn_etl(coco_config(d, out), "-x", executor, "-j", "2")
+    deadline = time.monotonic() + 120
+    while not list(out.glob(".warp-tmp-build-*/receipts/shard-*.json")) and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    children = [p for p in _session(proc.pid) if p[0] != proc.pid]
+    if proc.poll() is not None:
+        pytest.skip("the build finished before the driver could be killed")
+    return proc, children
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc (Linux)")
+def test_children_of_a_killed_process_pool_driver_end_with_it(tmp_path):
+    proc, children = _driver_with_a_receipt(tmp_path, "process")
     try:
-        deadline = time.monotonic() + 120
-        while not list(out.glob(".warp-tmp-build-*/receipts/shard-*.json")) and proc.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-        children = [p for p in _session(proc.pid) if p[0] != proc.pid]
-        if proc.poll() is not None:
-            pytest.skip("the build finished before the driver could be killed")
         assert any("forkserver" in c for _, c in children), children  # the pool is up
         os.kill(proc.pid, signal.SIGKILL)  # the driver only, as the OOM killer would
         proc.communicate(timeout=60)
@@ -64,18 +71,8 @@ def test_a_killed_dask_driver_leaves_nothing_running(tmp_path):
     ``kill -9`` of it leaves nothing of the run (main's worker processes, nannies and fork server
     had to be made to follow it)."""
     pytest.importorskip("distributed", reason="the dask extra (dask, distributed) is not installed")
-    d = tmp_path / "coco"
-    generate(d, count=40, seed=5, min_side=64, max_side=150)
-    out = tmp_path / "wh"
-    proc = spawn_etl(coco_config(d, out), "-x", "dask", "-j", "2")
+    proc, children = _driver_with_a_receipt(tmp_path, "dask")
     try:
-        deadline = time.monotonic() + 120
-        while not list(out.glob(".warp-tmp-build-*/receipts/shard-*.json")) and proc.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.01)
-        children = [p for p in _session(proc.pid) if p[0] != proc.pid]
-        if proc.poll() is not None:
-            pytest.skip("the build finished before the driver could be killed")
         assert children == []  # the cluster is up (a shard is receipted) and is all in the driver
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
