@@ -151,3 +151,19 @@ def test_checking_for_dask_does_not_import_it():
             "require(parse_executor('dask')); print(sorted(m for m in ('dask', 'distributed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _square(i: int) -> int:
+    return i * i
+
+
+@pytest.mark.slow
+def test_every_dask_run_submits_keys_no_earlier_run_used():
+    """An external scheduler keeps the keys of earlier runs; a key made of the pid, id(runner) and
+    a counter repeated across runs in one driver, and the scheduler answered a new batch with an
+    old run's result (a KeyError on a tuple's .index in the external-cluster test)."""
+    with open_runner(parse_executor("dask"), 2) as r:
+        first = {k for _, k in r.imap_unordered(_task_and_key, list(range(20)))}
+        second = {k for _, k in r.imap_unordered(_task_and_key, list(range(20)))}
+        assert first and second and not first & second
+        assert sorted(r.imap_unordered(_square, list(range(20)))) == [i * i for i in range(20)]

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import traceback
+import uuid
 from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
@@ -160,6 +161,10 @@ class DaskRunner(Runner):
         left = len(tasks) if isinstance(tasks, Sized) else 0
         it = iter(tasks)
         n = 0
+        # a key the scheduler has never seen: an external cluster keeps the keys of earlier runs,
+        # and pid + id(self) repeat (a runner freed and another made at its address in the same
+        # driver), so the scheduler answered a new batch with an old run's result
+        run = uuid.uuid4().hex[:16]
 
         def submit():
             nonlocal n, left
@@ -170,7 +175,7 @@ class DaskRunner(Runner):
             # pure=False: every submission is computed (a task lost with its worker is rescheduled
             # by the scheduler itself, up to distributed.scheduler.allowed-failures times)
             n += 1
-            return self.client.submit(run_batch, fn, batch, pure=False, key=f"warp-etl-{os.getpid()}-{id(self)}-{n}",
+            return self.client.submit(run_batch, fn, batch, pure=False, key=f"warp-etl-{run}-{n}",
                                       **({"resources": self.resources} if self.resources else {}))
 
         first = []
