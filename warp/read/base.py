@@ -26,6 +26,7 @@ first) imports ``read.registered`` and neither imports the other back (CONTRIBUT
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 MODES = ("auto", "remote", "hybrid", "local")
 
 
-class DatasetBase:
+class DatasetBase(abc.ABC):
     """One opened version of a dataset; subclasses set the attributes below in ``__init__``."""
 
     id: str
@@ -54,10 +55,11 @@ class DatasetBase:
     meta_cache: BlobCache | None
     offline_fallback: bool
 
+    @abc.abstractmethod
     def reopen(self) -> tuple[Callable[..., DatasetBase], tuple[Any, ...]]:
         """``(function, args)``: picklable, ``function(*args)`` opens this same version again in
         another process (a DataLoader worker), without pickling anything opened here."""
-        raise NotImplementedError
+
 
     @property
     def stats(self):
