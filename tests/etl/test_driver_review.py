@@ -125,6 +125,25 @@ def test_receipt_deletes_on_an_unreachable_store_are_typed_errors(monkeypatch):
         assert what in e.value.message and e.value.exit_code in (75, 78), e.value.message
 
 
+def test_a_bug_under_a_receipt_call_stays_a_bug_not_a_store_failure(monkeypatch):
+    """Only the client's errors (OSError, botocore's) become warp's store errors: a TypeError in
+    the call is warp's bug and must reach the CLI as one (exit 70), not as "try again" (75)."""
+    pytest.importorskip("s3fs")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    journal = Journal("s3://warp-bucket/wh/.warp-tmp-build-0123456789ab")
+
+    def broken(*a, **k):
+        raise TypeError("a bug")
+
+    for name in ("rm_file", "rm", "cat_file", "ls", "pipe_file"):
+        monkeypatch.setattr(journal.fs, name, broken)
+    for act in (lambda: journal.forget("shard-00001"), journal.remove, lambda: journal.load("shard-00001"),
+                journal.load_all):
+        with pytest.raises(TypeError, match="a bug"):
+            act()
+
+
 def test_a_local_receipt_that_cannot_be_deleted_is_a_typed_error(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root deletes from a read-only directory")

@@ -39,6 +39,17 @@ def _infra(e: BaseException, what: str) -> InfrastructureError:
                                "rerun the same command once it is back: finished shards are reused")
 
 
+def _client_errors() -> tuple[type[BaseException], ...]:
+    """What a store client raises when the store refuses, is missing or does not answer: OSError
+    (s3fs maps most of it) and botocore's own errors, which are not OSErrors. Anything else is a
+    bug in warp and stays one (exit 70)."""
+    try:  # botocore is heavy and only a remote journal's client loads it: looked up, not imported here
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:
+        return (OSError,)
+    return (OSError, BotoCoreError, ClientError)
+
+
 def _store_error(e: BaseException, action: str, url: str) -> WarpError:
     """A store client's exception (s3fs, botocore, aiohttp) as warp's typed error: credentials,
     permissions and a missing bucket or endpoint as the registry maps them (warp/storage/errors.py,
@@ -86,9 +97,7 @@ class Journal:
             if self.local:
                 return None
             raise _store_error(e, "read the receipt", f"{self.loc.protocol}://{p}") from None
-        except Exception as e:  # botocore's own errors are not OSErrors
-            if self.local:
-                raise
+        except _client_errors() as e:  # botocore's own errors are not OSErrors
             raise _store_error(e, "read the receipt", f"{self.loc.protocol}://{p}") from None
         try:
             doc = json.loads(raw)
@@ -113,9 +122,7 @@ class Journal:
             if self.local:
                 return {}
             raise _store_error(e, "list the receipts under", self.loc.url) from None
-        except Exception as e:  # botocore's own errors are not OSErrors
-            if self.local:
-                raise
+        except _client_errors() as e:  # botocore's own errors are not OSErrors
             raise _store_error(e, "list the receipts under", self.loc.url) from None
         sids = [n[:-5] for n in sorted(names)]
         # one listing, then the receipts read RECEIPT_CONCURRENCY at a time: a resume of 10,000
@@ -175,7 +182,7 @@ class Journal:
             return True
         except FileExistsError:
             return False
-        except Exception as e:
+        except _client_errors() as e:
             if "PreconditionFailed" in str(e) or "412" in str(e):
                 return False
             raise _store_error(e, "write the receipt", f"{self.loc.protocol}://{p}") from None
@@ -191,11 +198,9 @@ class Journal:
                 self.fs.rm_file(p)
         except FileNotFoundError:
             pass
-        except Exception as e:
+        except _client_errors() as e:
             if self.local:
-                if isinstance(e, OSError):
-                    raise os_failure(e, p) from None
-                raise
+                raise os_failure(e, p) from None
             raise _store_error(e, "delete the receipt", f"{self.loc.protocol}://{p}") from None
 
     def remove(self) -> None:
@@ -207,7 +212,7 @@ class Journal:
             self.fs.rm(self.loc.path, recursive=True)
         except FileNotFoundError:
             pass
-        except Exception as e:
+        except _client_errors() as e:
             raise _store_error(e, "delete the receipts under", self.loc.url) from None
 
 
