@@ -23,7 +23,7 @@ from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, InfrastructureError, WarpError, missing_dependency
 from warpdata.etl import access as _access
 from warpdata.etl.executorspec import ExecutorSpec
-from warpdata.etl.runners import Runner, _init_worker, batch_size, run_batch
+from warpdata.etl.runners import Runner, _init_worker, batch_size, pack_batch, run_packed_batch
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class DaskRunner(Runner):
             # pure=False: every submission is computed (a task lost with its worker is rescheduled
             # by the scheduler itself, up to distributed.scheduler.allowed-failures times)
             n += 1
-            return self.client.submit(run_batch, fn, batch, pure=False, key=f"warp-etl-{run}-{n}",
+            return self.client.submit(run_packed_batch, fn, pack_batch(batch), pure=False, key=f"warp-etl-{run}-{n}",
                                       **({"resources": self.resources} if self.resources else {}))
 
         first = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 import functools
 import os
+import pickle
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -113,6 +114,26 @@ GUIDED_SHARES = 4
 def batch_size(left: int, slots: int) -> int:
     """How many of ``left`` remaining tasks the next Dask task runs (1 when ``left`` is unknown)."""
     return max(1, min(MAX_BATCH, left // (GUIDED_SHARES * max(1, slots))))
+
+
+def pack_batch(tasks: list[Any]) -> bytes | list[Any]:
+    """``tasks`` as one pickle for a Dask task, or the list itself when it does not pickle.
+
+    A Dask scheduler unpickles every graph it is sent to learn its dependencies, on its event
+    loop, which then holds the GIL (an own LocalCluster's loop shares it with the workers) or
+    delays every other message; bytes go through untouched, and the worker unpickles them
+    (:func:`run_packed_batch`), beside the other workers (BENCHMARKS.md, "ETL scaling: where Dask's time goes")."""
+    import cloudpickle  # what Dask pickles with (a dependency of distributed): the same objects pickle
+
+    try:
+        return cloudpickle.dumps(tasks, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # Dask's own pickling then names the object that does not pickle
+        return tasks
+
+
+def run_packed_batch(fn: Callable[[Any], Any], tasks: bytes | list[Any]) -> list[tuple[bool, Any]]:
+    """:func:`run_batch` over the tasks :func:`pack_batch` packed."""
+    return run_batch(fn, pickle.loads(tasks) if isinstance(tasks, bytes) else tasks)
 
 
 def run_batch(fn: Callable[[Any], Any], tasks: list[Any]) -> list[tuple[bool, Any]]:

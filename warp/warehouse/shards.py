@@ -33,7 +33,7 @@ from warpdata.storage.locations import filesystem, parse_location
 from warpdata.warehouse import config as wconfig
 from warpdata.warehouse.remote import read_source
 from warpdata.warehouse.transform import DecodeError, Transformer, TransformSpec, transform_boxes
-from warpdata.warehouse.validate import ValidSample
+from warpdata.warehouse.validate import ValidSample, pack_samples, unpack_samples
 
 
 @dataclass
@@ -50,6 +50,20 @@ class ShardTask:
     # an output on object storage: the worker uploads the finished shard here, create-only, and
     # drops its local copy (docs/formats/receipts.md, "Object storage")
     upload: str | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # to a process or a cluster worker, the samples go as columns (warp/warehouse/validate.py)
+        packed = pack_samples(self.samples)
+        if packed is None:
+            return (ShardTask, (self.index, self.shard_id, self.path, self.spec, self.max_boxes, self.capacity,
+                                self.samples, self.upload))
+        return (_unpack_task, (self.index, self.shard_id, self.path, self.spec, self.max_boxes, self.capacity,
+                               packed, self.upload))
+
+
+def _unpack_task(index: int, shard_id: str, path: str, spec: TransformSpec, max_boxes: int, capacity: int,
+                 packed: tuple[Any, ...], upload: str | None) -> ShardTask:
+    return ShardTask(index, shard_id, path, spec, max_boxes, capacity, unpack_samples(packed), upload)
 
 
 @dataclass

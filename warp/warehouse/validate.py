@@ -24,7 +24,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 from warpdata.etl.quarantine import register_reason
@@ -60,6 +61,49 @@ class ValidSample:
     @property
     def empty(self) -> bool:
         return len(self.boxes) == 0
+
+
+# A list of samples as columns, for the trip to a worker (warp/warehouse/shards.py, ShardTask):
+# one list per field and each sample's boxes and classes cut from two joined arrays. Pickled one
+# by one, a shard of 64 samples is 128 small arrays and 64 objects; a Dask client hands every
+# array to its own out-of-band buffer and the scheduler's loop takes them apart again, which
+# cost the driver about 0.7 CPU-s per 10,000 samples (BENCHMARKS.md, "ETL scaling: where Dask's time goes").
+_COLUMNS = tuple(f.name for f in fields(ValidSample) if f.name not in ("boxes", "classes", "probe"))
+_PROBE = tuple(f.name for f in fields(ImageProbe))
+
+
+def pack_samples(samples: list[ValidSample]) -> tuple[Any, ...] | None:
+    """``samples`` as columns (:func:`unpack_samples` gives them back equal), or None when their
+    boxes or classes do not share one dtype and shape (then they travel one by one)."""
+    if not samples:
+        return None
+    b0, c0 = samples[0].boxes, samples[0].classes
+    for s in samples:
+        b, c = s.boxes, s.classes
+        if not (isinstance(b, np.ndarray) and isinstance(c, np.ndarray) and b.dtype == b0.dtype
+                and c.dtype == c0.dtype and b.ndim == 2 and b.shape[1:] == b0.shape[1:] and c.ndim == 1
+                and type(s) is ValidSample and type(s.probe) is ImageProbe):
+            return None
+    counts = [len(s.boxes) for s in samples]
+    ccounts = [len(s.classes) for s in samples]
+    return (_COLUMNS, [[getattr(s, n) for s in samples] for n in _COLUMNS],
+            [tuple(getattr(s.probe, n) for n in _PROBE) for s in samples],
+            np.concatenate([s.boxes for s in samples]), counts,
+            np.concatenate([s.classes for s in samples]), ccounts)
+
+
+def unpack_samples(packed: tuple[Any, ...]) -> list[ValidSample]:
+    """The samples :func:`pack_samples` took apart; each one's arrays are views of the joined ones."""
+    names, columns, probes, boxes, counts, classes, ccounts = packed
+    out = []
+    ob = oc = 0
+    for i, (nb, nc) in enumerate(zip(counts, ccounts, strict=True)):
+        kw = {n: col[i] for n, col in zip(names, columns, strict=True)}
+        out.append(ValidSample(boxes=boxes[ob:ob + nb], classes=classes[oc:oc + nc],
+                               probe=ImageProbe(*probes[i]), **kw))
+        ob += nb
+        oc += nc
+    return out
 
 
 @dataclass(slots=True)
