@@ -106,8 +106,11 @@ def _init_worker(env: dict[str, str], initializer: Callable[[], None] | None) ->
 
 # at most this many tasks go in one Dask task, and a run keeps about GUIDED_SHARES Dask tasks per
 # worker slot for what is left: batches shrink towards the end of a run, down to one task, so no
-# worker waits on a large last batch (guided self-scheduling)
-MAX_BATCH = 8
+# worker waits on a large last batch (guided self-scheduling). 16 shard tasks of 64 photos are
+# 1-2 s of a worker's time: half the Dask tasks of 8 (the scheduler's loop and the driver's
+# submits, 0.5-0.6 s of the build on 30,000 photos) with progress still every second or two
+# (BENCHMARKS.md, "Session 9: Dask's last overheads")
+MAX_BATCH = 16
 GUIDED_SHARES = 4
 
 
