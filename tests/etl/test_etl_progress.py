@@ -74,5 +74,5 @@ def test_distributed_etl_names_its_cluster_on_stderr(dataset, tmp_path):
     pytest.importorskip("distributed", reason="the dask extra (dask, distributed) is not installed")
     r = warp("etl", "--config", str(config(dataset, tmp_path / "wh")), "--executor", "dask", "-j", "2", tty=False)
     line = next(ln for ln in r.stderr.splitlines() if "etl cluster:" in ln)
-    # an own LocalCluster's workers are threads of the driver, on the in-process transport (warp/etl/daskrunner.py)
-    assert "scheduler inproc://" in line and "workers 2" in line and "threads" in line and "layout threads" in line
+    # an own LocalCluster runs a worker process per worker (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUT)
+    assert "scheduler tcp://127.0.0.1:" in line and "workers 2" in line and "threads 2" in line and "layout processes" in line

@@ -82,8 +82,8 @@ def test_dask_local_cluster_gives_the_reference_bytes(cli, dataset, reference, t
     metrics = json.loads((Path(res["path"]) / "metrics.json").read_text())
     assert metrics["cluster"]["cluster"] == "LocalCluster" and metrics["cluster"]["workers"] == 2
     assert metrics["header_pass"] == "driver"  # a LocalCluster shares the driver's machine: its threads probe
-    # its workers are threads of the driver, on the in-process transport (warp/etl/daskrunner.py)
-    assert metrics["cluster"]["scheduler"].startswith("inproc://") and metrics["cluster"]["layout"] == "threads"
+    # a worker process per worker, on TCP to the driver's scheduler (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUT)
+    assert metrics["cluster"]["scheduler"].startswith("tcp://127.0.0.1:") and metrics["cluster"]["layout"] == "processes"
     assert artifact(res["path"]) == reference
 
 

@@ -66,16 +66,21 @@ def test_children_of_a_killed_process_pool_driver_end_with_it(tmp_path):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc (Linux)")
 def test_a_killed_dask_driver_leaves_nothing_running(tmp_path):
-    """``--executor dask``'s own LocalCluster runs its workers as threads of the driver
-    (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUT): mid-run the driver has no child process, so a
-    ``kill -9`` of it leaves nothing of the run (main's worker processes, nannies and fork server
-    had to be made to follow it)."""
+    """``--executor dask``'s own LocalCluster runs a worker process per worker, forked from a fork
+    server (warp/etl/daskrunner.py, OWN_CLUSTER_LAYOUT); each follows the driver
+    (warp/etl/lifeline.py), so a ``kill -9`` of the driver leaves nothing of the run: no worker,
+    no fork server, no resource tracker."""
     pytest.importorskip("distributed", reason="the dask extra (dask, distributed) is not installed")
     proc, children = _driver_with_a_receipt(tmp_path, "dask")
     try:
-        assert children == []  # the cluster is up (a shard is receipted) and is all in the driver
+        # the cluster is up (a shard is receipted): its worker processes and their fork server
+        assert sum("forkserver" in c for _, c in children) >= 1, children
+        assert len(children) >= 3, children  # the fork server and two workers at least
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert _session(proc.pid) == []
     finally:
         if _session(proc.pid):

@@ -173,7 +173,7 @@ def test_config_executor_dask_starts_its_own_local_cluster(cli, sources, referen
     assert r.code == 0, r.err
     assert r.json()["metrics"]["executor"] == "dask"
     m = metrics(out)
-    assert m["cluster"]["cluster"] == "LocalCluster" and m["cluster"]["layout"] == "threads"  # warp/etl/daskrunner.py
+    assert m["cluster"]["cluster"] == "LocalCluster" and m["cluster"]["layout"] == "processes"  # OWN_CLUSTER_LAYOUT, warp/etl/daskrunner.py
     assert files(out) == reference["pixels-multi"]
 
 

@@ -140,7 +140,14 @@ def start_runner(spec: ExecutorSpec, workers: int, *, initializer: Callable[[], 
                  resources: dict[str, float] | None = None, preload: tuple[str, ...] = (),
                  access: Sequence[tuple[str, str]] = ()) -> Future:
     """Start a runner in the background: a Dask LocalCluster or Ray takes seconds to come up,
-    which then overlaps the driver's scan of the inputs instead of adding to it."""
+    which then overlaps the driver's scan of the inputs instead of adding to it.
+
+    Dask's modules are imported here, on the calling thread, first: imported beside the scan's
+    header threads, ``import distributed`` (0.2 s alone) held the GIL they wait for between their
+    reads and cost the header pass 0.4-0.5 s (BENCHMARKS.md, "Session 10: worker processes again")."""
+    if spec.kind == "dask":
+        with contextlib.suppress(ImportError):  # make_runner names what is missing
+            import distributed  # noqa: F401
     ex = ThreadPoolExecutor(1, thread_name_prefix="warp-etl-cluster")
     try:
         return ex.submit(make_runner, spec, workers, initializer, resources, preload, access)
