@@ -59,23 +59,33 @@ def _cmd(pid: int) -> str:
 
 def test_a_ray_started_for_the_run_ends_with_a_killed_driver(tmp_path):
     d = tmp_path / "coco"
-    generate(d, count=40, seed=5, min_side=64, max_side=150)
+    generate(d, count=400, seed=5, min_side=64, max_side=150)
     out = tmp_path / "wh"
     proc = spawn_etl(coco_config(d, out), "-x", "ray", "-j", "2")
     children: dict[int, str] = {}
+    cmds: dict[int, str] = {}  # each noted process's last command line read (a Ray worker renames itself)
+
+    def note() -> None:
+        children.update(descendants(proc.pid))
+        for p in children:
+            cmds[p] = _cmd(p) or cmds.get(p, "")
+
     try:
+        # killed once its first shard is receipted: Ray is up, its workers run the build, and the
+        # driver is not yet shutting Ray down (a fixed wait here once let a quiet machine finish
+        # the build first: the GCS server was gone before the kill)
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline:
-            children.update(descendants(proc.pid))
-            if any("raylet" in _cmd(p) for p in children) and any("ray::" in _cmd(p) for p in children):
+            note()
+            if list(out.glob(".warp-tmp-build-*/receipts/shard-*.json")):
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
+        note()
         if proc.poll() is not None:
             pytest.skip("the build finished before the driver could be killed")
-        time.sleep(2)  # the raylet's agents and workers are up
-        children.update(descendants(proc.pid))
-        children = {p: s for p, s in children.items() if "lifeline" not in _cmd(p)}
-        assert any("gcs_server" in _cmd(p) for p in children), {p: _cmd(p) for p in children}
+        children = {p: s for p, s in children.items() if "lifeline" not in cmds[p]}
+        for part in ("gcs_server", "raylet", "ray::"):  # the tree is up and noted, workers too
+            assert any(part in cmds[p] for p in children), (part, {p: cmds[p] for p in children})
         os.kill(proc.pid, signal.SIGKILL)  # the driver only, as the OOM killer would
         proc.communicate(timeout=60)
         deadline = time.monotonic() + GONE_WITHIN_S
