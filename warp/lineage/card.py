@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.errors import UsageError
 from warpdata.core.sizes import format_size
 from warpdata.lineage.diff import DiffRequest, diff_published
@@ -203,17 +204,16 @@ def _read_table(st, t, columns: list[str]):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    parts = [pq.read_table(pa.BufferReader(st.get_blob(s.hash)), columns=columns) for s in t.shards]
+    parts = [pq.read_table(arrow_reader(st.get_blob(s.hash)), columns=columns) for s in t.shards]
     return pa.concat_tables(parts) if parts else None
 
 
 def _first_rows(st, t, columns: list[str], n: int) -> list[dict[str, Any]]:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not t.shards:
         return []
-    return pq.read_table(pa.BufferReader(st.get_blob(t.shards[0].hash)), columns=columns).slice(0, n).to_pylist()
+    return pq.read_table(arrow_reader(st.get_blob(t.shards[0].hash)), columns=columns).slice(0, n).to_pylist()
 
 
 def _quarantine(st, m) -> str:

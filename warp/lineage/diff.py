@@ -31,6 +31,7 @@ from typing import Any
 
 from warpdata.artifacts import kinds
 from warpdata.artifacts.manifests import read_manifest
+from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.features import manifest as fmanifest
@@ -198,13 +199,12 @@ class _Reader:
         self.bytes = 0
 
     def parquet(self, blob: str):
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         data = self.store.get_blob(blob)
         self.blobs += 1
         self.bytes += len(data)
-        return pq.read_table(pa.BufferReader(data))
+        return pq.read_table(arrow_reader(data))
 
     def blob(self, blob: str) -> bytes:
         data = self.store.get_blob(blob)

@@ -31,6 +31,7 @@ from typing import Any
 
 from warpdata.artifacts import kinds
 from warpdata.core import envvars
+from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import CONTENT_HASH_FIELD
 from warpdata.core.errors import DataError, MissingInputError, UsageError
@@ -638,10 +639,9 @@ def _find_row(st, t, column: str, value: Any) -> tuple[int, int, int, dict[str, 
 
 
 def _open_parquet(st, blob: str):
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(pa.BufferReader(st.get_blob(blob)))
+    return pq.ParquetFile(arrow_reader(st.get_blob(blob)))
 
 
 def _refs(st, m, tname: str, values: dict[str, Any]) -> list[dict[str, Any]]:
