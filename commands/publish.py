@@ -65,6 +65,10 @@ def main(
         "--shard-size", metavar="SIZE", help="Target size of artifact tar shards, with a unit (e.g. 256MiB); a bare number is refused.")] = "256MiB",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Parallel hashing and uploads.")] = 8,
     rehash: Annotated[bool, typer.Option("--rehash", help="Ignore the stat cache: hash and pack every input again.")] = False,
+    keep_layout: Annotated[bool, typer.Option(
+        "--keep-layout", help="Publish Parquet files byte for byte. By default a file without a page index is "
+                              "rewritten with one (pages of 512 rows, same rows and codec), so readers of part "
+                              "of a row group fetch only its pages (docs/partitioning.md).")] = False,
     link_cache: Annotated[bool, typer.Option(
         "--link-cache", help="Hard-link the published files into the local blob cache, so this machine reads "
                              "the dataset from them instead of downloading it (remote stores).")] = False,
@@ -78,7 +82,8 @@ def main(
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
                          workers=workers, rehash=rehash, link_cache=link_cache, description=description,
-                         allow_dangling=allow_dangling, follow_symlinks=follow_symlinks)
+                         allow_dangling=allow_dangling, follow_symlinks=follow_symlinks,
+                         layout="as-is" if keep_layout else "paged")
     req.shard_size = parse_size_option(shard_size, "--shard-size", "256MiB")
     for spec in table or []:
         name, pattern = parse_named(spec, "--table")

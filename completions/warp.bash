@@ -74,7 +74,7 @@ _warp_complete_in() {
                 --description) _warp_files; return 0;;
                 --card) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --link-cache --description --card --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --keep-layout --link-cache --description --card --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         register)
             case "$prev" in

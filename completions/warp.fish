@@ -89,6 +89,7 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l store -r -F -d 'Sto
 complete -c warp -n '__fish_seen_subcommand_from publish' -l shard-size -r -F -d 'Target size of artifact tar shards, with a unit (e.g'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l workers -x -d 'Parallel hashing and uploads'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l rehash -d 'Ignore the stat cache: hash and pack every input again'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l keep-layout -d 'Publish Parquet files byte for byte'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l link-cache -d 'Hard-link the published files into the local blob cache, so this machine read...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l card -r -F -d 'A Markdown dataset card (see \'warp card\') kept with the version in the non-ha...'

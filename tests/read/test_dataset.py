@@ -121,11 +121,25 @@ def test_cache_no_redownload(s3, published):
 
 def test_auto_mode_prefetch_warms_cache(s3, published):
     t = warpdata.dataset("ws/demo").table("main")
+    shards = published.tables["main"].shards
+    s3.reset_counts()
     ids = [i for b in t.batches(100, columns=["id"], prefetch=2) for i in b.column(0).to_pylist()]
     assert ids == list(range(2700))
     cache = BlobCache()
-    # the first shard was read by ranges; the ones after it were prefetched whole
-    assert all(cache.has(s.hash) for s in published.tables["main"].shards[1:])
+    # one column of each shard was read by ranges: no shard is downloaded whole beside it
+    # (bytes in proportion to the columns read, docs/partitioning.md)
+    assert not any(cache.has(s.hash) for s in shards)
+    assert sum(_range_bytes(r) for r in blob_gets(s3)) < sum(s.byte_size for s in shards) // 2
+    # every column: each shard is downloaded once, whole, and kept
+    s3.reset_counts()
+    assert sum(b.num_rows for b in t.batches(100, prefetch=2)) == 2700
+    assert all(cache.has(s.hash) for s in shards)
+    assert sum(_range_bytes(r) for r in blob_gets(s3)) <= sum(s.byte_size for s in shards)
+
+
+def _range_bytes(r: dict) -> int:
+    a, b = r["range"].split("=")[1].split("-")
+    return int(b) - int(a) + 1
 
 
 def test_eviction_under_cap_and_too_small(s3, published, monkeypatch):

@@ -222,7 +222,8 @@ def _planned_whole(ds) -> list[bool]:
             b.append(b[-1] + n)
         return bounds.setdefault(u, b)
 
-    keys = ((u, g) for u in range(len(t.shards)) for g in range(len(bounds_of(u)) - 1))
+    keys = ((u, g, 0, bounds_of(u)[g + 1] - bounds_of(u)[g]) for u in range(len(t.shards))
+            for g in range(len(bounds_of(u)) - 1))
     planner = batches_module._RowGroupBatcher(files, keys, None, bounds_of, all_columns=True)
     try:
         return [planner.reads_whole(u) for u in range(len(t.shards))]

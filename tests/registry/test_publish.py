@@ -262,7 +262,7 @@ def test_the_publisher_reads_its_originals_instead_of_downloading(cli, s3, tmp_p
     monkeypatch.setenv("WARP_STORE", s3.url("warp"))
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))  # same filesystem as the originals
     make_dataset(tmp_path)
-    r = cli(*publish_args(tmp_path), "--link-cache", "--json")
+    r = cli(*publish_args(tmp_path), "--link-cache", "--keep-layout", "--json")
     assert r.code == 0, r.err
     doc = r.json()
     assert doc["cache_linked"] == doc["blobs_total"], doc  # Parquet originals and the packed shards

@@ -21,9 +21,11 @@ from warpdata.registry.store import Store
 from warpdata.registry.tarpack import scan_members
 
 
-def _request(root, dataset="ws/state"):
+def _request(root, dataset="ws/state", layout="as-is"):
+    """The inputs published byte for byte (``layout="as-is"``): these tests are about the stat cache
+    and the files' own bytes; the paged rewrite has its own (tests/registry/test_publish_pages.py)."""
     return PublishRequest(dataset, tables={"main": [f"{root}/data/*.parquet"]}, artifacts={"imgs": str(root / "imgs")},
-                          shard_size=8 << 10)
+                          shard_size=8 << 10, layout=layout)
 
 
 def _settle():

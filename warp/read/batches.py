@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from warpdata.core import envvars
 from warpdata.core.errors import BlobCorruptedError, DataError, ManifestCorruptedError, UsageError
+from warpdata.formats import parquet_pages as pp
 from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.world import parse_shard, resolve_world, worker_info
 from warpdata.registry.parquet_stats import parse_footer
@@ -62,6 +63,9 @@ class _ShardFiles:
         self._mu = threading.Lock()
         self._keeper: Any = None  # the thread putting shards read whole into the blob cache
         self._queued = 0  # bytes handed to it, not written yet
+        self._footers: dict[int, bytes] = {}  # the footer bytes of remotely opened shards (page reads)
+        self._paged: dict[int, Any] = {}  # shard -> (decoded footer, leaf columns by top-level name)
+        self.wait_for: Callable[[int], None] = lambda unit: None  # the prefetcher finishing a shard it fetches
 
     def get(self, i: int):
         with self._mu:
@@ -82,9 +86,11 @@ class _ShardFiles:
         import pyarrow.parquet as pq
 
         s = self.shards[i]
+        self.wait_for(i)  # a shard the prefetcher is downloading is read from the cache, never twice
         local = self.ds.cached_path(s)
         src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
-        md = None if local else _read_footer(self.ds, s, src)
+        footer = None if local else _read_footer(self.ds, s, src)
+        md = footer[0] if footer else None
         try:
             # remote: no pre_buffer, read_groups() prefetches the column chunks a read needs as
             # coalesced ranges in parallel (pyarrow's own pre-buffering would serialise them through
@@ -97,6 +103,8 @@ class _ShardFiles:
             self._open[i] = pf
             self._local[i] = bool(local)
             self._src[i] = None if local else src
+            if footer:
+                self._footers[i] = footer[1]
         return pf
 
     def read_groups(self, i: int, groups: Sequence[int], columns: Sequence[str] | None, whole: bool = False):
@@ -199,6 +207,80 @@ class _ShardFiles:
         if keeper is not None:
             keeper.shutdown(wait=True)
 
+    def read_rows(self, i: int, g: int, lo: int, hi: int, columns: Sequence[str] | None):
+        """Rows ``[lo, hi)`` of row group ``g`` of shard ``i`` fetched by pages, or None where that
+        is not possible (a local or cached shard, no page index, columns whose leaves break pages
+        at different rows): the caller then reads the whole row group.
+
+        The shard's offset index for those columns is one coalesced ranged GET, the pages holding
+        the rows (and each column's dictionary page) another; they are decoded as a file of their
+        own (:func:`warpdata.formats.parquet_pages.slice_file`; docs/partitioning.md, "Reads
+        aligned with storage")."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pf = self.get(i)
+        with self._mu:
+            src = self._src.get(i) if self._open.get(i) is pf else None
+            raw = self._footers.get(i)
+        if src is None or raw is None or not hasattr(src, "prefetch"):
+            return None
+        fmd, leaves_of = self._page_layout(i, raw, pf)
+        names = list(leaves_of) if columns is None else list(columns)
+        leaves = [leaf for n in names for leaf in leaves_of.get(n, ())]
+        if not leaves or len(leaves) != sum(len(leaves_of.get(n, ())) for n in names):
+            return None
+        where = self.ds.remote.url_of(self.ds.blob_key(self.shards[i]))
+        try:
+            ois = [pp.offset_index(fmd, g, leaf) for leaf in leaves]
+            if any(r is None for r in ois):
+                return None
+            with src.prefetched(ois):
+                chunks = {leaf: pp.pages_for_rows(fmd, g, leaf, src.read_at(r[1], r[0]))
+                          for leaf, r in zip(leaves, ois, strict=True)}
+            spans = {leaf: cp.covering(lo, hi) for leaf, cp in chunks.items()}
+            groups: dict[tuple[int, int], list[str]] = {}  # rows covered -> the columns whose pages cover them
+            for n in names:
+                got = {spans[leaf][2:] for leaf in leaves_of[n]}
+                if len(got) != 1:
+                    return None  # a nested column whose leaves break pages at different rows
+                groups.setdefault(got.pop(), []).append(n)
+            ranges = []
+            for leaf, cp in chunks.items():
+                k, m = spans[leaf][:2]
+                if cp.dict_range is not None:
+                    ranges.append(cp.dict_range)
+                ranges.append(cp.byte_range(k, m))
+            out: dict[str, Any] = {}
+            with src.prefetched(ranges):
+                data = {r: src.read_at(r[1], r[0]) for r in set(ranges)}
+            for (first, _end), cols in groups.items():
+                sel = {leaf: (chunks[leaf], *spans[leaf][:2]) for n in cols for leaf in leaves_of[n]}
+                mini, first, end = pp.slice_file(raw, g, sel, data)
+                tab = pq.ParquetFile(pa.BufferReader(mini)).read(columns=cols, use_threads=False)
+                if tab.num_rows != end - first:
+                    raise pp.ParquetPagesError(f"pages of rows {first}..{end} decode to {tab.num_rows} rows")
+                for n in cols:
+                    out[n] = tab.column(n).slice(lo - first, hi - lo)
+        except pp.ParquetPagesError as e:
+            raise DataError(f"{where}: row group {g}: {e.message}",
+                            hint="the store copy is damaged; republish the dataset") from None
+        return pa.table({n: out[n] for n in names})
+
+    def _page_layout(self, i: int, raw: bytes, pf) -> tuple[dict, dict[str, list[int]]]:
+        """The decoded footer of shard ``i`` and its leaf columns by top-level column name."""
+        with self._mu:
+            got = self._paged.get(i)
+        if got is None:
+            leaves: dict[str, list[int]] = {}
+            sch = pf.metadata.schema
+            for j in range(len(sch)):
+                leaves.setdefault(sch.column(j).path.split(".")[0], []).append(j)
+            got = (pp.footer_of(raw), leaves)
+            with self._mu:
+                self._paged[i] = got
+        return got
+
     def row_groups(self, i: int) -> list[int]:
         """Rows per row group: from the manifest's shard statistics when it has them (format 2;
         docs/formats/registry.md), so planning reads opens no shard; else from the footer."""
@@ -249,7 +331,7 @@ def _verified_get(ds: BlobSource, s: ShardRef) -> bytes:
 
 
 def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
-    """The shard's footer metadata by one ranged GET of exactly its recorded length, or None.
+    """``(metadata, footer bytes)`` of the shard by one ranged GET of exactly its recorded length, or None.
 
     Without the length (format-1 manifests) pyarrow reads the file's last 64 KiB
     on the chance that the footer fits; with it, no byte beyond the footer moves.
@@ -261,7 +343,7 @@ def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
         data = src.read_at(size, s.byte_size - size)
     except Exception as e:
         raise ds.remote.typed_error(e, ds.blob_key(s)) from e
-    return _parse_recorded_footer(ds, s, data)
+    return _parse_recorded_footer(ds, s, data), data
 
 
 def _parse_recorded_footer(ds: BlobSource, s: ShardRef, data: bytes):
@@ -293,6 +375,7 @@ class _Prefetcher:
         self.stop = False
         self.error: BaseException | None = None
         self.done: set[int] = set()
+        self.current: int | None = None  # the shard being downloaded now
         self.pinned: list[str] = []
         self.thread = threading.Thread(target=self._run, name="warp-prefetch", daemon=True)
         self.thread.start()
@@ -315,6 +398,10 @@ class _Prefetcher:
             if self.skip(i):
                 continue
             s = self.shards[i]
+            with self.cv:
+                if k <= self.pos:  # the reader got there first: it reads it, this thread does not
+                    continue
+                self.current = i
             try:
                 cache.pin([s.hash])
                 self.pinned.append(s.hash)
@@ -328,6 +415,17 @@ class _Prefetcher:
             except Exception as e:  # prefetch is an optimisation: the reader falls back to ranged reads
                 self.error = e
                 return
+            finally:
+                with self.cv:
+                    self.current = None
+                    self.cv.notify_all()
+
+    def wait_for(self, unit: int) -> None:
+        """Return once shard ``unit`` is not being downloaded by this thread: a reader opening it
+        then finds it in the cache instead of fetching its bytes a second time by ranges."""
+        with self.cv:
+            while self.current == unit:
+                self.cv.wait(0.5)
 
     def close(self) -> None:
         with self.cv:
@@ -412,7 +510,7 @@ class BatchStream:
         opener = _ShardOpener(files, order) if self.limit is None and ds.mode != "local" and len(order) > 1 else None
         cols = self.columns
         cur: tuple[int, int] | None = None  # (shard, row group) of the table held in `cur_tab`
-        cur_tab = None
+        cur_tab, cur_first = None, 0  # ... which holds its rows from `cur_first` on
         bounds: dict[int, list[int]] = {}
 
         def bounds_of(unit: int) -> list[int]:
@@ -432,8 +530,13 @@ class BatchStream:
             if self.limit is None else None
         if opener and groups:
             opener.skip = groups.reads_whole  # such a shard is one GET: no footer to fetch first
-        pre = _Prefetcher(ds, shards, order, self.depth, skip=groups.reads_whole if groups else None) \
-            if self.depth and ds.cache is not None and ds.mode != "local" else None
+        # Only shards the stream reads in full (every row, every column) are downloaded whole ahead
+        # of it, never one it reads by one GET itself or in part by pages: each byte moves once.
+        pre = _Prefetcher(ds, shards, order, self.depth,
+                          skip=lambda u: groups.reads_whole(u) or not groups.needs_all(u)) \
+            if groups and self.depth and ds.cache is not None and ds.mode != "local" else None
+        if pre:
+            files.wait_for = pre.wait_for
         pos = 0
         try:
             for j in self.batch_ids:
@@ -457,15 +560,22 @@ class BatchStream:
                     stop = s.stop if want is None else min(s.stop, s.start + want - got)
                     while start < stop:
                         g = _bisect_right(b, start) - 1
-                        if cur != (s.unit, g):
-                            if groups:
-                                cur_tab = groups.take((s.unit, g))
-                            else:
-                                cur_tab = files.read_groups(s.unit, [g], cols)
-                                _check_rows(files, s.unit, [g], cur_tab.num_rows, b[g + 1] - b[g])
+                        lo, hi = start - b[g], min(stop, b[g + 1]) - b[g]  # rows of group g this slice needs
+                        if cur != (s.unit, g) and groups:
+                            cur_tab, cur_first = groups.take((s.unit, g))
                             cur = (s.unit, g)
-                        take = min(stop, b[g + 1]) - start
-                        parts.append(cur_tab.slice(start - b[g], take))
+                        if cur != (s.unit, g) or not cur_first <= lo < hi <= cur_first + cur_tab.num_rows:
+                            # a limited read (or a span the plan did not foresee): these rows by pages,
+                            # else the whole row group
+                            cur_tab, cur_first = files.read_rows(s.unit, g, lo, hi, cols), lo
+                            if cur_tab is None:
+                                cur_tab, cur_first = files.read_groups(s.unit, [g], cols), 0
+                                _check_rows(files, s.unit, [g], cur_tab.num_rows, b[g + 1] - b[g])
+                            else:
+                                _check_rows(files, s.unit, [g], cur_tab.num_rows, hi - lo)
+                            cur = (s.unit, g)
+                        take = hi - lo
+                        parts.append(cur_tab.slice(lo - cur_first, take))
                         start += take
                         got += take
                 tab = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -488,8 +598,10 @@ class BatchStream:
             files.close()
 
 
-    def _row_group_keys(self, bounds_of) -> Iterator[tuple[int, int]]:
-        """The (shard, row group) pairs this stream reads, in order, without repeats in a row."""
+    def _row_group_keys(self, bounds_of) -> Iterator[tuple[int, int, int, int]]:
+        """``(shard, row group, lo, hi)`` for the row groups this stream reads, in order, without
+        repeats in a row: ``[lo, hi)`` are the rows of the group it needs there (a gap left by a
+        resumed epoch inside them is read with them)."""
         last = None
         for j in self.batch_ids:
             for s in self.plan.batch_slices(j):
@@ -497,10 +609,17 @@ class BatchStream:
                 start = s.start
                 while start < s.stop:
                     g = _bisect_right(b, start) - 1
-                    if (s.unit, g) != last:
-                        last = (s.unit, g)
-                        yield last
-                    start = min(s.stop, b[g + 1])
+                    stop = min(s.stop, b[g + 1])
+                    lo, hi = start - b[g], stop - b[g]
+                    if last is not None and last[:2] == (s.unit, g):
+                        last = (s.unit, g, min(last[2], lo), max(last[3], hi))
+                    else:
+                        if last is not None:
+                            yield last
+                        last = (s.unit, g, lo, hi)
+                    start = stop
+        if last is not None:
+            yield last
 
 
 class _RowGroupBatcher:
@@ -529,6 +648,7 @@ class _RowGroupBatcher:
         self._pending: list[tuple[list[tuple[int, int]], bool, int]] = []  # planned, not submitted
         self._seen: set[int] = set()
         self._whole: set[int] = set()
+        self._all_rows: set[int] = set()  # shards planned so far with no partial row group
         self._plan_mu = threading.RLock()  # planning advances one generator: the prefetcher asks too
         self._plan_error: BaseException | None = None
         self._inflight: list[tuple[list[tuple[int, int]], bool, int, Any]] = []  # (keys, whole, bytes, future)
@@ -544,9 +664,9 @@ class _RowGroupBatcher:
         total = sum(self._files.row_groups(unit)) or 1
         return max(1, (s.byte_size or 0) * rows // total)
 
-    def _runs(self, keys: Iterator[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+    def _runs(self, keys: Iterator[tuple[int, int, int, int]]) -> Iterator[list[tuple[int, int, int, int]]]:
         """Consecutive keys of one shard."""
-        run: list[tuple[int, int]] = []
+        run: list[tuple[int, int, int, int]] = []
         for k in keys:
             if run and k[0] != run[0][0]:
                 yield run
@@ -555,32 +675,51 @@ class _RowGroupBatcher:
         if run:
             yield run
 
-    def _chunked(self, keys: Iterator[tuple[int, int]]) -> Iterator[tuple[list[tuple[int, int]], bool, int]]:
-        """(keys, whole, estimated bytes) of each read, in stream order (planned lazily: a shard's
-        row counts may need its footer)."""
+    def _chunked(self, keys: Iterator[tuple[int, int, int, int]]) -> Iterator[tuple[list[tuple[int, int]], Any, int]]:
+        """(keys, how, estimated bytes) of each read, in stream order (planned lazily: a shard's
+        row counts may need its footer). ``how``: True, the whole shard by one GET; False, whole
+        row groups; ``(lo, hi)``, rows of one row group by pages (:meth:`_ShardFiles.read_rows`),
+        when the stream needs only part of it."""
         for run in self._runs(keys):
             unit = run[0][0]
             b = self._bounds_of(unit)
             n_groups = len(b) - 1
-            whole = (self._all_columns and len(run) == n_groups
-                     and sorted(g for _, g in run) == list(range(n_groups))
+            full = [lo == 0 and hi == b[g + 1] - b[g] for _, g, lo, hi in run]
+            whole = (self._all_columns and len(run) == n_groups and all(full)
+                     and sorted(g for _, g, _, _ in run) == list(range(n_groups))
                      and self._estimate(unit, b[-1]) <= WHOLE_SHARD_BYTES
                      and self._files.whole_candidate(unit))
             if whole:
-                yield run, True, self._estimate(unit, b[-1])
-            else:
-                chunk: list[tuple[int, int]] = []
-                est = 0
-                for key in run:
-                    g = key[1]
-                    e = self._estimate(unit, b[g + 1] - b[g])
-                    if chunk and est + e > self._chunk_bytes:
+                yield [k[:2] for k in run], True, self._estimate(unit, b[-1])
+                continue
+            chunk: list[tuple[int, int]] = []
+            est = 0
+            for (_, g, lo, hi), is_full in zip(run, full, strict=True):
+                if not is_full:
+                    if chunk:
                         yield chunk, False, est
                         chunk, est = [], 0
-                    chunk.append(key)
-                    est += e
-                if chunk:
+                    yield [(unit, g)], (lo, hi), self._estimate(unit, hi - lo)
+                    continue
+                e = self._estimate(unit, b[g + 1] - b[g])
+                if chunk and est + e > self._chunk_bytes:
                     yield chunk, False, est
+                    chunk, est = [], 0
+                chunk.append((unit, g))
+                est += e
+            if chunk:
+                yield chunk, False, est
+
+    def needs_all(self, unit: int) -> bool:
+        """Whether the stream reads every row of every row group of shard ``unit`` with every
+        column (only such a shard is worth downloading whole into the cache ahead of the reader)."""
+        with self._plan_mu:
+            try:
+                while unit not in self._seen and self._plan_next():
+                    pass
+            except Exception:
+                return False
+            return unit in self._all_rows and self._all_columns
 
     def _plan_next(self) -> bool:
         with self._plan_mu:
@@ -594,9 +733,14 @@ class _RowGroupBatcher:
             if c is None:
                 return False
             self._pending.append(c)
-            self._seen.add(c[0][0][0])
-            if c[1]:
-                self._whole.add(c[0][0][0])
+            unit = c[0][0][0]
+            if unit not in self._seen:
+                self._seen.add(unit)
+                self._all_rows.add(unit)
+            if not isinstance(c[1], bool):  # part of a row group
+                self._all_rows.discard(unit)
+            if c[1] is True:
+                self._whole.add(unit)
             return True
 
     def reads_whole(self, unit: int) -> bool:
@@ -610,49 +754,59 @@ class _RowGroupBatcher:
                 return False
             return unit in self._whole
 
-    def _load(self, chunk: list[tuple[int, int]], whole: bool):
-        return self._files.read_groups(chunk[0][0], [g for _, g in chunk], self._cols, whole=whole)
+    def _load(self, chunk: list[tuple[int, int]], how: Any):
+        """The table of a planned read and the first row of its first row group it starts at."""
+        unit, g = chunk[0]
+        if not isinstance(how, bool):
+            tab = self._files.read_rows(unit, g, how[0], how[1], self._cols)
+            if tab is not None:
+                return tab, how[0]
+            how = False
+        return self._files.read_groups(unit, [g for _, g in chunk], self._cols, whole=how), 0
 
     def _fill(self) -> None:
         from concurrent.futures import Future
 
         while len(self._inflight) < max(1, self._ahead) and (self._pending or self._plan_next()):
             with self._plan_mu:
-                c, whole, est = self._pending[0]
+                c, how, est = self._pending[0]
                 if self._inflight and sum(x[2] for x in self._inflight) + est > self._budget:
                     return
                 self._pending.pop(0)
             if self._pool is not None:
-                fut = self._pool.submit(self._load, c, whole)
+                fut = self._pool.submit(self._load, c, how)
             else:
                 fut = Future()
                 fut.set_result(None)  # loaded when taken
-            self._inflight.append((c, whole, est, fut))
+            self._inflight.append((c, how, est, fut))
 
     def take(self, key: tuple[int, int]):
-        tab = self._ready.pop(key, None)
-        if tab is not None:
-            return tab
+        """``(table, first row)``: the rows read for row group ``key`` from its ``first`` row on."""
+        got = self._ready.pop(key, None)
+        if got is not None:
+            return got
         self._ready.clear()
         while True:
             self._fill()
             if not self._inflight:  # past the planned keys: read it alone
-                return self._files.read_groups(key[0], [key[1]], self._cols)
-            chunk, whole, _est, fut = self._inflight.pop(0)
+                return self._files.read_groups(key[0], [key[1]], self._cols), 0
+            chunk, how, _est, fut = self._inflight.pop(0)
             if key not in chunk:  # the consumer skipped ahead: follow it
                 fut.cancel()
                 continue
-            tab = fut.result()
-            if tab is None:
-                tab = self._load(chunk, whole)
+            got = fut.result()
+            tab, first = got if got is not None else self._load(chunk, how)
             self._fill()  # the next reads start before this table is handed out
             b = self._bounds_of(key[0])
+            if not isinstance(how, bool) and tab.num_rows != b[key[1] + 1] - b[key[1]]:  # read by pages
+                _check_rows(self._files, key[0], [key[1]], tab.num_rows, how[1] - how[0])
+                return tab, first
             _check_rows(self._files, key[0], [g for _, g in chunk], tab.num_rows,
                         sum(b[g + 1] - b[g] for _, g in chunk))
             at = 0
             for _, g in chunk:
                 n = b[g + 1] - b[g]
-                self._ready[(key[0], g)] = tab.slice(at, n)
+                self._ready[(key[0], g)] = (tab.slice(at, n), 0)
                 at += n
             return self._ready.pop(key)
 

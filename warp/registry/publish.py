@@ -138,6 +138,9 @@ class PublishRequest:
     card: str | None = None
     allow_dangling: bool = False  # publish bindings whose values name no member (count kept in metadata)
     follow_symlinks: bool = False  # walk symlinked directories inside --artifact directories
+    # "paged": Parquet inputs without a page index are rewritten with one, pages of PAGE_ROWS rows
+    # (docs/partitioning.md, "Reads aligned with storage"); "as-is": published byte for byte
+    layout: str = "paged"
 
 
 @dataclass
@@ -336,13 +339,18 @@ class _Stager:
                             hint="tables take .parquet, .csv or .jsonl files")
         scanned_at = time.time_ns()
         fingerprint, ctime = _file_fingerprint(path)
-        key = self.cache.key("table", fmt, FACTS_VERSION, fingerprint)
+        # the written layout is part of the key: a cached hash of another layout is not this file's
+        layout = () if fmt == "parquet" and self.req.layout != "paged" else (f"pages={PAGE_ROWS}",)
+        key = self.cache.key("table", fmt, FACTS_VERSION, *layout, fingerprint)
         fresh = {"newest_ctime_ns": ctime, "scanned_at_ns": scanned_at}
         staged = os.path.abspath(path).startswith(str(self.stage.resolve()))
         hit = None if staged else self.cache.get(key)
         if hit is None and cached_only:
             return None
-        if fmt == "parquet":
+        paged = fmt == "parquet" and self.req.layout == "paged" and not staged
+        if paged:  # rewritten unless it has a page index already
+            paged = hit is not None and hit.get("paged") or hit is None and not _has_page_index(path)
+        if fmt == "parquet" and not paged:
             if hit is None:
                 hit = {"hash": sha256_file(path), "byte_size": os.path.getsize(path), **_parquet_facts(path)}
                 if not staged:
@@ -351,8 +359,12 @@ class _Stager:
         out = self.stage / f"{uuid.uuid4().hex}.parquet"
 
         def convert() -> dict[str, Any]:
-            _convert_to_parquet(path, fmt, out)
-            return {"hash": sha256_file(out), "byte_size": out.stat().st_size, **_parquet_facts(str(out))}
+            if fmt == "parquet":
+                _page_parquet(path, out)
+            else:
+                _convert_to_parquet(path, fmt, out)
+            got = {"hash": sha256_file(out), "byte_size": out.stat().st_size, **_parquet_facts(str(out))}
+            return {**got, "paged": True} if fmt == "parquet" else got
 
         if hit is None:
             hit = convert()
@@ -448,6 +460,89 @@ def _parquet_facts(path: str) -> dict[str, Any]:
             "stats": shard_stats(md, footer)}
 
 
+#: rows per data page of the Parquet files publish writes (docs/partitioning.md, "Reads aligned
+#: with storage"): a reader of some rows of a row group fetches the pages holding them, so a
+#: rank's share costs its rows plus at most a page per column at each end
+PAGE_ROWS = 512
+#: rows per row group of a rewritten file at most: the offset index a partial read fetches first
+#: grows with the pages of a row group
+GROUP_ROWS_MAX = 65536
+#: a column's dictionary page stops growing here (the column goes on in plain encoding): every
+#: partial read of a column chunk fetches its dictionary page whole
+DICT_PAGE_BYTES = 16 << 10
+
+
+def _parquet_write_options(sample) -> dict[str, Any]:
+    """The writer options of a paged file; ``sample``: its first row group, which picks the columns
+    written with a dictionary (:func:`_dictionary_columns`)."""
+    return {"write_page_index": True, "max_rows_per_page": PAGE_ROWS, "dictionary_pagesize_limit": DICT_PAGE_BYTES,
+            "use_dictionary": _dictionary_columns(sample)}
+
+
+def _dictionary_columns(sample) -> list[str]:
+    """Top-level columns of ``sample`` (an Arrow table) whose values a small dictionary holds: flat
+    strings, binaries and integers with few distinct values, and dictionary-typed columns. Every
+    partial read of a column chunk fetches its dictionary page, so a column of mostly distinct
+    values (ids, floats, free text) is written plain instead."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = []
+    for f, col in zip(sample.schema, sample.columns, strict=True):
+        t = f.type
+        if pa.types.is_dictionary(t):
+            out.append(f.name)
+            continue
+        if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_binary(t) or pa.types.is_large_binary(t)) or not len(col):
+            continue
+        distinct = pc.count_distinct(col).as_py()
+        per_value = col.nbytes / len(col)
+        if distinct * per_value <= DICT_PAGE_BYTES // 2 and distinct * 4 <= len(col):
+            out.append(f.name)
+    return out
+
+
+def _has_page_index(path: str) -> bool:
+    """Whether every column chunk of a Parquet file has an offset index (its pages can be read alone)."""
+    import pyarrow.parquet as pq
+
+    try:
+        md = pq.read_metadata(path)
+    except Exception as e:
+        raise DataError(f"{path}: not a readable Parquet file: {e}",
+                        hint="check the file; CSV/JSONL inputs need a .csv/.jsonl suffix") from None
+    return all(md.row_group(g).column(c).has_offset_index
+               for g in range(md.num_row_groups) for c in range(md.num_columns))
+
+
+def _page_parquet(src: str, out: Path) -> None:
+    """``src`` rewritten with a page index and pages of :data:`PAGE_ROWS` rows, row group by row group
+    (at most :data:`GROUP_ROWS_MAX` rows each), the same schema, metadata and compression codec:
+    the same rows in the same order, deterministic bytes."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(src)
+        md = pf.metadata
+        codec = md.row_group(0).column(0).compression.lower() if md.num_row_groups and md.num_columns else "zstd"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        first = pf.read_row_group(0) if md.num_row_groups else pf.schema_arrow.empty_table()
+        with pq.ParquetWriter(tmp, pf.schema_arrow, compression="none" if codec == "uncompressed" else codec,
+                              **_parquet_write_options(first)) as w:
+            for g in range(md.num_row_groups):
+                t = first if g == 0 else pf.read_row_group(g)
+                for at in range(0, t.num_rows, GROUP_ROWS_MAX):
+                    w.write_table(t.slice(at, GROUP_ROWS_MAX), row_group_size=GROUP_ROWS_MAX)
+    except OSError:
+        raise
+    except Exception as e:
+        raise DataError(f"{src}: not a readable Parquet file: {e}",
+                        hint="check the file, or publish it as it is with --keep-layout") from None
+    os.replace(tmp, out)
+
+
 def _convert_to_parquet(src: str, fmt: str, out: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -465,7 +560,8 @@ def _convert_to_parquet(src: str, fmt: str, out: Path) -> None:
                         hint="fix the file, or convert it to Parquet yourself") from None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="zstd", row_group_size=GROUP_ROWS_MAX,
+                   **_parquet_write_options(table.slice(0, GROUP_ROWS_MAX)))
     os.replace(tmp, out)
 
 
