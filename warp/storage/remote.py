@@ -106,6 +106,12 @@ _WHOLE_HOSTS: set[str] = set()  # hosts seen to ignore Range in this process: th
 _WHOLE_MU = threading.Lock()
 
 
+#: store URL -> when (time.monotonic) it last answered a request of this process: the progress
+#: that :meth:`Remote._call`'s retries are measured against
+_ANSWERED: dict[str, float] = {}
+PATIENCE = 10  # retry budgets one request may wait while the store answers other requests
+
+
 class Remote:
     """Key reads against a store root: counted, retried within a budget, ranged, never listed."""
 
@@ -204,13 +210,23 @@ class Remote:
 
     def _call(self, key: str, fn: Callable[[], Any]) -> Any:
         """Run one request with the retry policy (module docstring); the transport counts each
-        request it sends (a HEAD that opens an S3 object, each redirect hop)."""
+        request it sends (a HEAD that opens an S3 object, each redirect hop).
+
+        Giving up is judged by progress, not per request: a transient failure is retried (backing
+        off with full jitter) until the store has answered no request of this process for the retry
+        budget. A throttled store that still serves some requests slows a job down; it never fails
+        it (docs/partitioning.md, "Throttling")."""
         t0 = time.monotonic()
         attempt = 0
         while True:
             try:
-                return fn()
-            except (WarpError, FileNotFoundError, RangeIgnored):
+                got = fn()
+                _ANSWERED[self.url] = time.monotonic()
+                return got
+            except (FileNotFoundError, RangeIgnored):
+                _ANSWERED[self.url] = time.monotonic()  # an answer all the same
+                raise
+            except WarpError:
                 raise
             except Exception as e:
                 why = self.transport.classify(e)
@@ -228,7 +244,9 @@ class Remote:
                     after = getattr(e, "retry_after", None)
                     if after:
                         pause = max(pause, min(float(after), BACKOFF_CAP * 2))
-                    if elapsed + pause > self.retry_budget:
+                    quiet = time.monotonic() - max(t0, _ANSWERED.get(self.url, 0.0))  # since the store last answered
+                    # ... and one key refused for ten budgets while others are served is given up too
+                    if quiet + pause > self.retry_budget or elapsed + pause > PATIENCE * self.retry_budget:
                         raise self._busy(key, attempt, elapsed, e) from e
                 self.stats.retried(why == "throttle", pause)
                 log.debug(f"{self.url_of(key)}: {_reason(e)}; retry {attempt} in {pause:.2f}s")
