@@ -111,3 +111,34 @@ def test_keep_layout_publishes_byte_for_byte(s3, tmp_path, monkeypatch):
                                         rehash=True))
     assert again.version_hash == twice.version_hash  # the rewrite is deterministic
     assert again.blobs[0].hash != r.blobs[0].hash
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_the_cache_carries_epochs(s3, paged, shuffle):
+    """Ranks sharing a cache directory (one machine, auto mode): epoch 1 fetches each page once,
+    epoch 2 fetches at most 5 % of the columns again, whatever rows each rank reads then."""
+    world = 4
+    want = _column_bytes(warpdata.dataset("ws/paged", mode="remote"))
+    s3.reset_counts()
+    moved = []
+    for epoch in range(2):
+        seen = []
+        for rank in range(world):
+            t = warpdata.dataset("ws/paged").table("main")
+            for b in t.batches(4096, rank=rank, world_size=world, shuffle=shuffle, seed=3, epoch=epoch):
+                seen.extend(b.column("id").to_pylist())
+        assert sorted(seen) == list(range(FILES * FILE_ROWS))
+        moved.append(range_bytes(s3.requests("GET", "warp/blobs/")))
+        s3.reset_counts()
+    assert moved[0] <= 1.05 * want, (moved, want)
+    assert moved[1] <= 0.05 * want, (moved, want)
+
+
+def test_a_second_reader_of_the_same_rows_fetches_nothing(s3, paged):
+    """Two DataLoader-like readers of the same rank on one machine: the second finds every page."""
+    t = warpdata.dataset("ws/paged").table("main")
+    first = [b.column("id").to_pylist() for b in t.batches(4096, columns=["id"], rank=1, world_size=8)]
+    s3.reset_counts()
+    again = [b.column("id").to_pylist() for b in t.batches(4096, columns=["id"], rank=1, world_size=8)]
+    assert again == first
+    assert range_bytes(s3.requests("GET", "warp/blobs/")) == 0

@@ -24,6 +24,7 @@ from warpdata.core.errors import BlobCorruptedError, DataError, ManifestCorrupte
 from warpdata.formats import parquet_pages as pp
 from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.world import parse_shard, resolve_world, worker_info
+from warpdata.read.pieces import PieceCache
 from warpdata.registry.parquet_stats import parse_footer
 from warpdata.storage.blobcache import CacheTooSmallError, normalize_hash
 
@@ -89,7 +90,7 @@ class _ShardFiles:
         self.wait_for(i)  # a shard the prefetcher is downloading is read from the cache, never twice
         local = self.ds.cached_path(s)
         src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
-        footer = None if local else _read_footer(self.ds, s, src)
+        footer = None if local else _read_footer(self.ds, s, src, self.ds.cache)
         md = footer[0] if footer else None
         try:
             # remote: no pre_buffer, read_groups() prefetches the column chunks a read needs as
@@ -231,13 +232,30 @@ class _ShardFiles:
         if not leaves or len(leaves) != sum(len(leaves_of.get(n, ())) for n in names):
             return None
         where = self.ds.remote.url_of(self.ds.blob_key(self.shards[i]))
+        pieces = PieceCache(self.ds.cache, self.shards[i].hash) if self.ds.cache is not None else None
+
+        def fetch(ranges: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+            if not ranges:
+                return {}
+            with src.prefetched(ranges):
+                return {r: src.read_at(r[1], r[0]) for r in set(ranges)}
+
         try:
             ois = [pp.offset_index(fmd, g, leaf) for leaf in leaves]
             if any(r is None for r in ois):
                 return None
-            with src.prefetched(ois):
-                chunks = {leaf: pp.pages_for_rows(fmd, g, leaf, src.read_at(r[1], r[0]))
-                          for leaf, r in zip(leaves, ois, strict=True)}
+            oi_of: dict[int, bytes] = {}
+            for leaf, r in zip(leaves, ois, strict=True):
+                got = pieces.named(g, leaf, "oi") if pieces else None
+                if got is not None and len(got) == r[1]:
+                    oi_of[leaf] = got
+            need = [(leaf, r) for leaf, r in zip(leaves, ois, strict=True) if leaf not in oi_of]
+            got_oi = fetch([r for _, r in need])
+            for leaf, r in need:
+                oi_of[leaf] = got_oi[r]
+                if pieces:
+                    pieces.keep_named(g, leaf, "oi", got_oi[r])
+            chunks = {leaf: pp.pages_for_rows(fmd, g, leaf, oi_of[leaf]) for leaf in leaves}
             spans = {leaf: cp.covering(lo, hi) for leaf, cp in chunks.items()}
             groups: dict[tuple[int, int], list[str]] = {}  # rows covered -> the columns whose pages cover them
             for n in names:
@@ -245,15 +263,42 @@ class _ShardFiles:
                 if len(got) != 1:
                     return None  # a nested column whose leaves break pages at different rows
                 groups.setdefault(got.pop(), []).append(n)
-            ranges = []
+            # from the piece cache what it has (docs/partitioning.md, "The cache carries epochs"), the
+            # rest in one coalesced fetch
+            want: list[tuple[int, int]] = []
+            plans = {}
             for leaf, cp in chunks.items():
                 k, m = spans[leaf][:2]
+                offsets = [p.offset for p in cp.pages]
+                ends = [p.offset + p.size for p in cp.pages]
+                dict_bytes = None
                 if cp.dict_range is not None:
-                    ranges.append(cp.dict_range)
-                ranges.append(cp.byte_range(k, m))
+                    dict_bytes = pieces.named(g, leaf, "dict") if pieces else None
+                    if dict_bytes is None or len(dict_bytes) != cp.dict_range[1]:
+                        dict_bytes = None
+                        want.append(cp.dict_range)
+                have, missing = pieces.lookup(g, leaf, offsets, ends, k, m) if pieces else ({}, [(k, m)])
+                want.extend((offsets[a], ends[b - 1] - offsets[a]) for a, b in missing)
+                plans[leaf] = (offsets, ends, dict_bytes, have, missing)
+            fetched = fetch(want)
+            data: dict[tuple[int, int], bytes] = {}
+            for leaf, cp in chunks.items():
+                k, m = spans[leaf][:2]
+                offsets, ends, dict_bytes, have, missing = plans[leaf]
+                if cp.dict_range is not None:
+                    if dict_bytes is None:
+                        dict_bytes = fetched[cp.dict_range]
+                        if pieces:
+                            pieces.keep_named(g, leaf, "dict", dict_bytes)
+                    data[cp.dict_range] = dict_bytes
+                for a, b in missing:
+                    run = fetched[(offsets[a], ends[b - 1] - offsets[a])]
+                    if pieces:
+                        pieces.keep_pages(g, leaf, offsets, ends, (a, b), run, have)
+                    else:
+                        have.update((p, run[offsets[p] - offsets[a]:ends[p] - offsets[a]]) for p in range(a, b))
+                data[cp.byte_range(k, m)] = b"".join(have[p] for p in range(k, m))
             out: dict[str, Any] = {}
-            with src.prefetched(ranges):
-                data = {r: src.read_at(r[1], r[0]) for r in set(ranges)}
             for (first, _end), cols in groups.items():
                 sel = {leaf: (chunks[leaf], *spans[leaf][:2]) for n in cols for leaf in leaves_of[n]}
                 mini, first, end = pp.slice_file(raw, g, sel, data)
@@ -330,8 +375,9 @@ def _verified_get(ds: BlobSource, s: ShardRef) -> bytes:
                              expected=want, got=got, source=source)
 
 
-def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
-    """``(metadata, footer bytes)`` of the shard by one ranged GET of exactly its recorded length, or None.
+def _read_footer(ds: BlobSource, s: ShardRef, src: Any, cache: Any = None):
+    """``(metadata, footer bytes)`` of the shard by one ranged GET of exactly its recorded length, or None;
+    kept as a piece of the blob cache (``cache``), so the next epoch opens the shard without a request.
 
     Without the length (format-1 manifests) pyarrow reads the file's last 64 KiB
     on the chance that the footer fits; with it, no byte beyond the footer moves.
@@ -339,10 +385,15 @@ def _read_footer(ds: BlobSource, s: ShardRef, src: Any):
     size = (s.stats or {}).get("footer_size")
     if not size or size > s.byte_size:
         return None
-    try:
-        data = src.read_at(size, s.byte_size - size)
-    except Exception as e:
-        raise ds.remote.typed_error(e, ds.blob_key(s)) from e
+    pieces = PieceCache(cache, s.hash) if cache is not None else None
+    data = pieces.named(None, None, "footer") if pieces else None
+    if data is None or len(data) != size:
+        try:
+            data = src.read_at(size, s.byte_size - size)
+        except Exception as e:
+            raise ds.remote.typed_error(e, ds.blob_key(s)) from e
+        if pieces:
+            pieces.keep_named(None, None, "footer", data)
     return _parse_recorded_footer(ds, s, data), data
 
 

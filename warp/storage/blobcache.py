@@ -564,9 +564,11 @@ class BlobCache:
         return n, bad
 
     def clear(self) -> int:
-        """Remove every blob, cached manifest and pointer; returns bytes freed."""
+        """Remove every blob, cached manifest and pointer (and the index of shard pieces read by
+        pages, whose bytes are blobs); returns bytes freed."""
         freed = sum(s for _, s, _, _ in self._scan())
-        for d in (self.blobs_dir, self.stamps_dir, self.manifests_dir, self.pointers_dir, self.locks_dir):
+        for d in (self.blobs_dir, self.stamps_dir, self.manifests_dir, self.pointers_dir, self.locks_dir,
+                  self.root / "pieces"):
             shutil.rmtree(d, ignore_errors=True)
         self._verified.clear()
         return freed
