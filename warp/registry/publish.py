@@ -37,6 +37,7 @@ missing (resumable); concurrent publishers each land a whole version and
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -296,6 +297,7 @@ class _Stager:
         self.table_files: dict[str, list[str]] = {}  # name -> input files (for the binding check)
         self.members: dict[str, list[str]] = {}  # artifact -> member names
         self.skipped_links: dict[str, tuple[str, ...]] = {}  # artifact -> symlinked dirs left out
+        self.page_rows: dict[str, int] = {}  # table -> rows per page of its rewritten files
 
     def _add(self, b: _Blob) -> None:
         prev = self.blobs.get(b.hash)
@@ -308,11 +310,14 @@ class _Stager:
             raise MissingInputError(f"table {name} has no files", hint="--table NAME=GLOB must match Parquet/CSV/JSONL files")
         self.table_files[name] = list(files)
         # stat-cache hits first, in this thread: an unchanged re-publish then starts no threads
-        infos = [self._table_file(f, cached_only=True) for f in files]
+        rows = _parquet_rows(files) if self.req.layout == "paged" else 0
+        self.page_rows[name] = page_rows_for(rows)
+        infos = [self._table_file(f, cached_only=True, page_rows=self.page_rows[name]) for f in files]
         todo = [i for i, info in enumerate(infos) if info is None]
         if todo:
             with ThreadPoolExecutor(max_workers=max(1, min(self.req.workers, len(todo)))) as ex:
-                for i, info in zip(todo, ex.map(self._table_file, [files[i] for i in todo]), strict=True):
+                read = functools.partial(self._table_file, page_rows=self.page_rows[name])
+                for i, info in zip(todo, ex.map(read, [files[i] for i in todo]), strict=True):
                     infos[i] = info
         schema = infos[0]["schema"]
         for f, info in zip(files, infos, strict=True):
@@ -330,7 +335,7 @@ class _Stager:
         # first file's, which is what reading the first shard's footer gave
         return Table(shards=tuple(shards), schema={"fields": schema, "arrow": infos[0]["arrow"]})
 
-    def _table_file(self, path: str, cached_only: bool = False) -> dict[str, Any] | None:
+    def _table_file(self, path: str, cached_only: bool = False, page_rows: int = 0) -> dict[str, Any] | None:
         """Hash (or convert and hash) one table file; with ``cached_only``, None unless the stat cache knows it."""
         suffix = Path(path).suffix.lower()
         fmt = TABLE_SUFFIXES.get(suffix)
@@ -340,7 +345,8 @@ class _Stager:
         scanned_at = time.time_ns()
         fingerprint, ctime = _file_fingerprint(path)
         # the written layout is part of the key: a cached hash of another layout is not this file's
-        layout = () if fmt == "parquet" and self.req.layout != "paged" else (f"pages={PAGE_ROWS}",)
+        page_rows = page_rows or PAGE_ROWS
+        layout = () if fmt == "parquet" and self.req.layout != "paged" else (f"pages={page_rows}",)
         key = self.cache.key("table", fmt, FACTS_VERSION, *layout, fingerprint)
         fresh = {"newest_ctime_ns": ctime, "scanned_at_ns": scanned_at}
         staged = os.path.abspath(path).startswith(str(self.stage.resolve()))
@@ -360,7 +366,7 @@ class _Stager:
 
         def convert() -> dict[str, Any]:
             if fmt == "parquet":
-                _page_parquet(path, out)
+                _page_parquet(path, out, page_rows)
             else:
                 _convert_to_parquet(path, fmt, out)
             got = {"hash": sha256_file(out), "byte_size": out.stat().st_size, **_parquet_facts(str(out))}
@@ -462,8 +468,11 @@ def _parquet_facts(path: str) -> dict[str, Any]:
 
 #: rows per data page of the Parquet files publish writes (docs/partitioning.md, "Reads aligned
 #: with storage"): a reader of some rows of a row group fetches the pages holding them, so a
-#: rank's share costs its rows plus at most a page per column at each end
+#: rank's share costs its rows plus at most a page per column at each end. A table's own count
+#: is :func:`page_rows_for` its rows; this one where the rows are not known (CSV, JSONL)
 PAGE_ROWS = 512
+PAGE_ROWS_MIN, PAGE_ROWS_MAX = 256, 8192
+PAGE_SPLITS = 3200  # pages of at most rows / PAGE_SPLITS rows: 64 ranks share ≤ 2 % of the table
 #: rows per row group of a rewritten file at most: the offset index a partial read fetches first
 #: grows with the pages of a row group
 GROUP_ROWS_MAX = 65536
@@ -472,10 +481,38 @@ GROUP_ROWS_MAX = 65536
 DICT_PAGE_BYTES = 16 << 10
 
 
-def _parquet_write_options(sample) -> dict[str, Any]:
+def page_rows_for(rows: int) -> int:
+    """Rows per page for a table of ``rows`` rows: the power of two nearest below ``rows`` /
+    :data:`PAGE_SPLITS`, within :data:`PAGE_ROWS_MIN` .. :data:`PAGE_ROWS_MAX` (:data:`PAGE_ROWS`
+    when the count is not known). A rank's boundary with its neighbour costs at most a page of
+    each column, so with 64 ranks the pages they share stay near 2 % of the table."""
+    if rows <= 0:
+        return PAGE_ROWS
+    r = PAGE_ROWS_MIN
+    while r * 2 <= min(PAGE_ROWS_MAX, rows // PAGE_SPLITS):
+        r *= 2
+    return r
+
+
+def _parquet_rows(files: list[str]) -> int:
+    """Rows of the Parquet files among ``files``, from their footers (0 where one will not read:
+    the file's own check names it)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for f in files:
+        if TABLE_SUFFIXES.get(Path(f).suffix.lower()) == "parquet":
+            try:
+                total += pq.read_metadata(f).num_rows
+            except Exception:
+                return 0
+    return total
+
+
+def _parquet_write_options(sample, page_rows: int = PAGE_ROWS) -> dict[str, Any]:
     """The writer options of a paged file; ``sample``: its first row group, which picks the columns
     written with a dictionary (:func:`_dictionary_columns`)."""
-    return {"write_page_index": True, "max_rows_per_page": PAGE_ROWS, "dictionary_pagesize_limit": DICT_PAGE_BYTES,
+    return {"write_page_index": True, "max_rows_per_page": page_rows, "dictionary_pagesize_limit": DICT_PAGE_BYTES,
             "use_dictionary": _dictionary_columns(sample)}
 
 
@@ -516,8 +553,8 @@ def _has_page_index(path: str) -> bool:
                for g in range(md.num_row_groups) for c in range(md.num_columns))
 
 
-def _page_parquet(src: str, out: Path) -> None:
-    """``src`` rewritten with a page index and pages of :data:`PAGE_ROWS` rows, row group by row group
+def _page_parquet(src: str, out: Path, page_rows: int = PAGE_ROWS) -> None:
+    """``src`` rewritten with a page index and pages of ``page_rows`` rows, row group by row group
     (at most :data:`GROUP_ROWS_MAX` rows each), the same schema, metadata and compression codec:
     the same rows in the same order, deterministic bytes."""
     import pyarrow.parquet as pq
@@ -530,7 +567,7 @@ def _page_parquet(src: str, out: Path) -> None:
         tmp = out.with_name(out.name + ".tmp")
         first = pf.read_row_group(0) if md.num_row_groups else pf.schema_arrow.empty_table()
         with pq.ParquetWriter(tmp, pf.schema_arrow, compression="none" if codec == "uncompressed" else codec,
-                              **_parquet_write_options(first)) as w:
+                              **_parquet_write_options(first, page_rows)) as w:
             for g in range(md.num_row_groups):
                 t = first if g == 0 else pf.read_row_group(g)
                 for at in range(0, t.num_rows, GROUP_ROWS_MAX):
