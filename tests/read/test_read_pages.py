@@ -142,3 +142,16 @@ def test_a_second_reader_of_the_same_rows_fetches_nothing(s3, paged):
     again = [b.column("id").to_pylist() for b in t.batches(4096, columns=["id"], rank=1, world_size=8)]
     assert again == first
     assert range_bytes(s3.requests("GET", "warp/blobs/")) == 0
+
+
+def test_a_pinned_version_opens_with_one_request(s3, paged, monkeypatch, cli):
+    """WARP_PIN (set once by a launcher): no rank reads `latest`; opening is the manifest alone."""
+    monkeypatch.setenv("WARP_PIN", f"ws/other@{'0' * 64}, ws/paged@{paged.version_hash}")  # a prefix costs a listing
+    s3.reset_counts()
+    ds = warpdata.dataset("ws/paged", mode="remote")
+    assert ds.version == paged.version_hash
+    assert [(r["method"], r["key"].rsplit("/", 1)[-1]) for r in s3.requests()] == [
+        ("GET", f"{paged.version_hash}.json")]
+    monkeypatch.setenv("WARP_PIN", "ws/paged")
+    r = cli("info", "ws/paged")
+    assert r.code == 78 and "WARP_PIN" in r.err and "WS/NAME@VERSION" in r.err, r.err

@@ -46,6 +46,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("WARP_DIRECT_IO", "large local writes (warehouse shards, Zarr shards, tar-to-tbl payloads when fsync is on) bypass the page cache with O_DIRECT: auto (on ext4/xfs), 1 (wherever the filesystem accepts it) or 0 (never)", "auto"),
     EnvVar("WAREHOUSE_CLEAR", "1 makes `warp etl` rebuild a tensor warehouse even if an identical version exists (same as --clear)", "0"),
     EnvVar("WARP_MODE", "default dataset read mode: auto, remote, hybrid or local (offline, cache only)", "auto"),
+    EnvVar("WARP_PIN", "dataset versions a job reads instead of `latest`: WS/NAME@VERSION entries separated by commas, set once by a launcher so no rank reads the `latest` pointer (docs/partitioning.md)", None),
     EnvVar("WARP_PREFETCH", "default background prefetch of table shards: auto, off, or a number of shards ahead", "auto"),
     EnvVar("WARP_SQL_TIMEOUT", "seconds one DuckDB filter or query may run before it is stopped with exit 2 (docs/sql.md); 0 for no limit", "300"),
     EnvVar("WARP_SQL_MEMORY", "memory limit of one DuckDB filter or query connection, a size with a unit like 4GB (nothing spills to disk)", "a quarter of the RAM"),

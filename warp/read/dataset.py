@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING
 from warpdata.core import envvars
 from warpdata.core.errors import (
     BlobCorruptedError,
+    ConfigError,
     DatasetNotFoundError,
     ManifestCorruptedError,
     MissingInputError,
@@ -106,6 +107,25 @@ def dataset(name: str, mode: str | None = None, version: str | None = None, *,
 _CACHE_MODE = {"fast": "stamp", "full": "full", "off": "stamp"}  # read-API level -> blob-cache mode
 
 
+def pinned_versions() -> dict[str, str]:
+    """``WARP_PIN`` as ``{dataset: version}``: ``WS/NAME@VERSION`` entries separated by commas
+    (docs/partitioning.md, "Requests before the first batch"); a malformed entry is a ConfigError."""
+    raw = envvars.get("WARP_PIN")
+    out: dict[str, str] = {}
+    for entry in (raw or "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        name, sep, version = entry.rpartition("@")
+        if not sep or "/" not in name or not version or len(version) > 64 or \
+                not all(c in "0123456789abcdef" for c in version.lower()):
+            raise ConfigError(f"WARP_PIN={raw!r}: {entry!r} is not WS/NAME@VERSION",
+                              hint="e.g. WARP_PIN=vision/coco@7727cdf53cff (a version hash or its prefix; "
+                                   "'warp info WS/NAME --json' prints it)")
+        out[name] = version.lower()
+    return out
+
+
 class Dataset(DatasetBase):
     """One resolved version of a published dataset (the shared parts: :class:`~warpdata.read.base.DatasetBase`)."""
 
@@ -138,6 +158,8 @@ class Dataset(DatasetBase):
 
     # -- resolution -----------------------------------------------------------
     def _resolve(self, version: str | None) -> tuple[str, Manifest]:
+        if version is None:
+            version = pinned_versions().get(self.id)  # a launcher's pin: no rank reads `latest`
         if version not in (None, "latest"):
             vh = version.lower()
             if len(vh) != 64:
