@@ -18,6 +18,7 @@ import fastcrc
 import numpy as np
 from isal.isal_zlib import crc32 as _isal_crc32
 from warpdata.core.errors import MissingInputError
+from warpdata.formats import bounded
 from warpdata.formats.tbl_layout import (
     CRC32_RESIDUE,
     E_HAS_METADATA,
@@ -43,11 +44,11 @@ from warpdata.formats.tbl_layout import (
     CorruptMetadata,
     CorruptSample,
     DecompressionError,
+    FrameSizeMismatch,
     SampleInfo,
     SampleNotFound,
     TblError,
     TruncatedFile,
-    _zstd_d,
     crc16,
     crc32,
     entry_codec,
@@ -227,20 +228,11 @@ class TblReader:
             path=self.path, sample=i, offset=off, check=check, stored=stored, computed=computed)
 
     def _decompress(self, i: int, off: int, data, usize: int, flags: int) -> bytes:
-        try:
-            if flags & E_ZSTD:
-                out = _zstd_d().decompress(data, max_output_size=usize)
-            else:
-                import lz4.block  # lazy: a codec only some files use (formats/tbl_layout.py)
-
-                out = lz4.block.decompress(data, uncompressed_size=usize)
-        except Exception as e:
-            raise DecompressionError(f"{self.path}: sample {i} at offset {off}: {entry_codec(flags)} "
-                                     f"decompression failed ({e})", path=self.path, sample=i, offset=off) from None
-        if len(out) != usize:
-            raise DecompressionError(f"{self.path}: sample {i} at offset {off}: decompressed to {len(out)} "
-                                     f"bytes, index says {usize}", path=self.path, sample=i, offset=off)
-        return out
+        # bounded (formats/bounded.py): a frame declaring another size than the index's is refused
+        # before anything is allocated (docs/formats/tbl-v2.md, "Limits and checks")
+        codec = bounded.zstd if flags & E_ZSTD else bounded.lz4_block
+        return codec(data, usize, where=f"{self.path}: sample {i} at offset {off}", error=DecompressionError,
+                     size_error=FrameSizeMismatch, hint=TblError._HINT, path=self.path, sample=i, offset=off)
 
     def info(self, i: int) -> SampleInfo:
         n = self.num_samples

@@ -1,0 +1,116 @@
+"""Bounded decompression: every zstd frame and LZ4 block warp decodes itself, decoded to the size
+its container says and never more (docs/formats/tbl-v2.md, "Limits and checks";
+docs/formats/zarr-tiles.md, "Limits").
+
+The container always knows the decoded size: a TBL entry's uncompressed size, a Zarr chunk's
+shape × itemsize. A frame is checked against it *before* anything is allocated:
+
+* zstd: python-zstandard sizes its output from the frame header's ``Frame_Content_Size``
+  and ignores ``max_output_size`` when the header has one, so a 131 KB frame declaring 4 GiB
+  of zeros allocates 4 GiB whatever the caller asked for. :func:`zstd` reads the declared size
+  first (``zstandard.frame_content_size``, the header only) and refuses a frame declaring any
+  other size than the expected one; a frame declaring none is decoded into a buffer of exactly
+  the expected size (``max_output_size``: more output is an error, not a reallocation).
+* Neither codec can decode more than a fixed multiple of its input (zstd: one 4-byte RLE
+  block per 128 KiB, at most 32,768x, RFC 8878 §3.1.1.2; an LZ4 block: 255x): an expected
+  size past that is a lying container (a Zarr chunk shape of 2 GiB over a 100-byte object),
+  refused before the output buffer is allocated.
+
+Both raise a :class:`FrameSizeError` naming where the frame is, what it declares and what was
+expected; a frame the codec cannot decode raises the caller's ``error`` class (default
+:class:`FrameError`). Formats pass their own subclasses so their callers keep catching what they
+did (``tbl.DecompressionError``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from warpdata.core.errors import DataError
+
+# lazy third-party imports: zstandard and lz4 are imported inside the functions that use them, so a
+# reader of uncompressed files never loads them
+
+ZSTD_MAX_RATIO = 32768  # one RLE block (3-byte header + 1 byte) regenerates at most 128 KiB
+LZ4_MAX_RATIO = 255  # each 255-valued length byte adds 255 bytes of match: LZ4's limit
+_HINT = "the file is damaged or was crafted: re-create it from its source"
+_tls = threading.local()  # one ZstdDecompressor per thread (creating one per frame costs more than a small frame)
+
+
+class FrameError(DataError):
+    """A compressed payload the codec cannot decode."""
+
+    code = "bad-frame"
+
+
+class FrameSizeError(FrameError):
+    """A compressed payload that declares, needs or produces another decoded size than its container says."""
+
+    code = "frame-size"
+
+
+def zstd_max_output(nbytes: int) -> int:
+    """The most bytes any zstd frame of ``nbytes`` bytes can decode to."""
+    return (nbytes // 4) * 128 * 1024
+
+
+def zstd(payload: Any, expected: int, *, where: str, error: type[DataError] = FrameError,
+         size_error: type[DataError] = FrameSizeError, hint: str = _HINT, **details: object) -> bytes:
+    """Decode one zstd frame to exactly ``expected`` bytes, allocating no more than that.
+
+    ``where`` starts every message ("FILE: sample 3 at offset 4096"); ``details`` go into the
+    error. Raises ``size_error`` when the frame declares another size, cannot reach ``expected``
+    or decodes to another size, ``error`` when it does not decode.
+    """
+    import zstandard  # lazy: see the module note
+
+    n = len(payload) if isinstance(payload, (bytes, bytearray)) else memoryview(payload).nbytes
+    try:
+        declared = zstandard.frame_content_size(payload)
+    except zstandard.ZstdError as e:
+        raise error(f"{where}: zstd decompression failed (not a zstd frame header: {e})", hint=hint,
+                    **details) from None
+    if declared >= 0 and declared != expected:
+        raise size_error(f"{where}: the zstd frame declares {declared:,} decoded bytes, the container "
+                         f"expects {expected:,}", hint=hint, declared=declared, expected=expected, **details)
+    if expected > zstd_max_output(n):
+        raise size_error(f"{where}: the container expects {expected:,} decoded bytes from a {n:,}-byte zstd "
+                         f"frame, more than any zstd frame that size can hold ({zstd_max_output(n):,})",
+                         hint=hint, expected=expected, stored=n, **details)
+    try:
+        # with a declared size (= expected) the output buffer is exactly that size; without one,
+        # max_output_size is the buffer and more output is an error ("did not decompress full frame")
+        dctx = getattr(_tls, "zd", None)
+        if dctx is None:
+            dctx = _tls.zd = zstandard.ZstdDecompressor()
+        out = dctx.decompress(payload, max_output_size=max(expected, 1))
+    except zstandard.ZstdError as e:
+        if declared < 0 and "did not decompress full frame" in str(e):  # the buffer filled up first
+            raise size_error(f"{where}: the zstd frame (no declared size) decodes to more than the {expected:,} "
+                             "bytes the container expects", hint=hint, expected=expected, **details) from None
+        raise error(f"{where}: zstd decompression failed ({e})", hint=hint, **details) from None
+    if len(out) != expected:
+        raise size_error(f"{where}: the zstd frame decodes to {len(out):,} bytes, the container expects "
+                         f"{expected:,}", hint=hint, expected=expected, got=len(out), **details)
+    return out
+
+
+def lz4_block(payload: Any, expected: int, *, where: str, error: type[DataError] = FrameError,
+              size_error: type[DataError] = FrameSizeError, hint: str = _HINT, **details: object) -> bytes:
+    """Decode one LZ4 block (no size prefix) to exactly ``expected`` bytes, allocating no more than that."""
+    import lz4.block  # lazy: see the module note
+
+    n = len(payload) if isinstance(payload, (bytes, bytearray)) else memoryview(payload).nbytes
+    if expected > n * LZ4_MAX_RATIO + 16:
+        raise size_error(f"{where}: the container expects {expected:,} decoded bytes from a {n:,}-byte LZ4 "
+                         f"block, more than LZ4's {LZ4_MAX_RATIO}x expansion allows", hint=hint,
+                         expected=expected, stored=n, **details)
+    try:
+        out = lz4.block.decompress(payload, uncompressed_size=expected)
+    except Exception as e:  # lz4.block raises LZ4BlockError (a RuntimeError) or ValueError
+        raise error(f"{where}: lz4 decompression failed ({e})", hint=hint, **details) from None
+    if len(out) != expected:
+        raise size_error(f"{where}: the LZ4 block decodes to {len(out):,} bytes, the container expects "
+                         f"{expected:,}", hint=hint, expected=expected, got=len(out), **details)
+    return out
