@@ -55,13 +55,15 @@ def zstd_max_output(nbytes: int) -> int:
     return (nbytes // 4) * 128 * 1024
 
 
-def zstd(payload: Any, expected: int, *, where: str, error: type[DataError] = FrameError,
-         size_error: type[DataError] = FrameSizeError, hint: str = _HINT, **details: object) -> bytes:
+def zstd(payload: Any, expected: int, *, where: str, source: str = "the container expects",
+         error: type[DataError] = FrameError, size_error: type[DataError] = FrameSizeError, hint: str = _HINT,
+         **details: object) -> bytes:
     """Decode one zstd frame to exactly ``expected`` bytes, allocating no more than that.
 
-    ``where`` starts every message ("FILE: sample 3 at offset 4096"); ``details`` go into the
-    error. Raises ``size_error`` when the frame declares another size, cannot reach ``expected``
-    or decodes to another size, ``error`` when it does not decode.
+    ``where`` starts every message ("FILE: sample 3 at offset 4096"), ``source`` says where
+    ``expected`` comes from ("the index says"); ``details`` go into the error. Raises
+    ``size_error`` when the frame declares another size, cannot reach ``expected`` or decodes to
+    another size, ``error`` when it does not decode.
     """
     import zstandard  # lazy: see the module note
 
@@ -72,11 +74,11 @@ def zstd(payload: Any, expected: int, *, where: str, error: type[DataError] = Fr
         raise error(f"{where}: zstd decompression failed (not a zstd frame header: {e})", hint=hint,
                     **details) from None
     if declared >= 0 and declared != expected:
-        raise size_error(f"{where}: the zstd frame declares {declared:,} decoded bytes, the container "
-                         f"expects {expected:,}", hint=hint, declared=declared, expected=expected, **details)
+        raise size_error(f"{where}: the zstd frame declares {declared:,} decoded bytes, {source} "
+                         f"{expected:,}", hint=hint, declared=declared, expected=expected, **details)
     if expected > zstd_max_output(n):
-        raise size_error(f"{where}: the container expects {expected:,} decoded bytes from a {n:,}-byte zstd "
-                         f"frame, more than any zstd frame that size can hold ({zstd_max_output(n):,})",
+        raise size_error(f"{where}: {source} {expected:,} decoded bytes from a {n:,}-byte zstd frame, more "
+                         f"than any zstd frame that size can hold ({zstd_max_output(n):,})",
                          hint=hint, expected=expected, stored=n, **details)
     try:
         # with a declared size (= expected) the output buffer is exactly that size; without one,
@@ -87,30 +89,29 @@ def zstd(payload: Any, expected: int, *, where: str, error: type[DataError] = Fr
         out = dctx.decompress(payload, max_output_size=max(expected, 1))
     except zstandard.ZstdError as e:
         if declared < 0 and "did not decompress full frame" in str(e):  # the buffer filled up first
-            raise size_error(f"{where}: the zstd frame (no declared size) decodes to more than the {expected:,} "
-                             "bytes the container expects", hint=hint, expected=expected, **details) from None
+            raise size_error(f"{where}: the zstd frame (no declared size) decodes to more bytes than "
+                             f"{source} ({expected:,})", hint=hint, expected=expected, **details) from None
         raise error(f"{where}: zstd decompression failed ({e})", hint=hint, **details) from None
     if len(out) != expected:
-        raise size_error(f"{where}: the zstd frame decodes to {len(out):,} bytes, the container expects "
-                         f"{expected:,}", hint=hint, expected=expected, got=len(out), **details)
+        raise size_error(f"{where}: the zstd frame decodes to {len(out):,} bytes, {source} {expected:,}", hint=hint, expected=expected, got=len(out), **details)
     return out
 
 
-def lz4_block(payload: Any, expected: int, *, where: str, error: type[DataError] = FrameError,
-              size_error: type[DataError] = FrameSizeError, hint: str = _HINT, **details: object) -> bytes:
+def lz4_block(payload: Any, expected: int, *, where: str, source: str = "the container expects",
+              error: type[DataError] = FrameError, size_error: type[DataError] = FrameSizeError, hint: str = _HINT,
+              **details: object) -> bytes:
     """Decode one LZ4 block (no size prefix) to exactly ``expected`` bytes, allocating no more than that."""
     import lz4.block  # lazy: see the module note
 
     n = len(payload) if isinstance(payload, (bytes, bytearray)) else memoryview(payload).nbytes
     if expected > n * LZ4_MAX_RATIO + 16:
-        raise size_error(f"{where}: the container expects {expected:,} decoded bytes from a {n:,}-byte LZ4 "
-                         f"block, more than LZ4's {LZ4_MAX_RATIO}x expansion allows", hint=hint,
+        raise size_error(f"{where}: {source} {expected:,} decoded bytes from a {n:,}-byte LZ4 block, more "
+                         f"than LZ4's {LZ4_MAX_RATIO}x expansion allows", hint=hint,
                          expected=expected, stored=n, **details)
     try:
         out = lz4.block.decompress(payload, uncompressed_size=expected)
     except Exception as e:  # lz4.block raises LZ4BlockError (a RuntimeError) or ValueError
         raise error(f"{where}: lz4 decompression failed ({e})", hint=hint, **details) from None
     if len(out) != expected:
-        raise size_error(f"{where}: the LZ4 block decodes to {len(out):,} bytes, the container expects "
-                         f"{expected:,}", hint=hint, expected=expected, got=len(out), **details)
+        raise size_error(f"{where}: the LZ4 block decodes to {len(out):,} bytes, {source} {expected:,}", hint=hint, expected=expected, got=len(out), **details)
     return out

@@ -231,8 +231,9 @@ class TblReader:
         # bounded (formats/bounded.py): a frame declaring another size than the index's is refused
         # before anything is allocated (docs/formats/tbl-v2.md, "Limits and checks")
         codec = bounded.zstd if flags & E_ZSTD else bounded.lz4_block
-        return codec(data, usize, where=f"{self.path}: sample {i} at offset {off}", error=DecompressionError,
-                     size_error=FrameSizeMismatch, hint=TblError._HINT, path=self.path, sample=i, offset=off)
+        return codec(data, usize, where=f"{self.path}: sample {i} at offset {off}", source="the index says",
+                     error=DecompressionError, size_error=FrameSizeMismatch, hint=TblError._HINT,
+                     path=self.path, sample=i, offset=off)
 
     def info(self, i: int) -> SampleInfo:
         n = self.num_samples

@@ -392,8 +392,9 @@ def decode_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) -
     output is allocated (docs/formats/zarr-tiles.md, "Limits").
     """
     frame = split_chunk(payload, layout, where)
-    raw = bounded.zstd(frame, layout.chunk_nbytes, where=where, hint="the chunk is corrupt; rewrite the array",
-                       path=where)
+    raw = bounded.zstd(frame, layout.chunk_nbytes, where=where, path=where,
+                       source=f"chunk shape {list(layout.chunks)} of {layout.dtype.name} says",
+                       hint="the chunk is corrupt; rewrite the array")
     return np.frombuffer(raw, dtype=layout.dtype).reshape(layout.chunks)
 
 
