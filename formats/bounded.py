@@ -25,6 +25,7 @@ did (``tbl.DecompressionError``).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from warpdata.core.errors import DataError
@@ -55,16 +56,9 @@ def zstd_max_output(nbytes: int) -> int:
     return (nbytes // 4) * 128 * 1024
 
 
-def zstd(payload: Any, expected: int, *, where: str, source: str = "the container expects",
-         error: type[DataError] = FrameError, size_error: type[DataError] = FrameSizeError, hint: str = _HINT,
-         **details: object) -> bytes:
-    """Decode one zstd frame to exactly ``expected`` bytes, allocating no more than that.
-
-    ``where`` starts every message ("FILE: sample 3 at offset 4096"), ``source`` says where
-    ``expected`` comes from ("the index says"); ``details`` go into the error. Raises
-    ``size_error`` when the frame declares another size, cannot reach ``expected`` or decodes to
-    another size, ``error`` when it does not decode.
-    """
+def _check_zstd(payload: Any, expected: int, where: str, source: str, error: type[DataError],
+                size_error: type[DataError], hint: str, details: dict) -> int:
+    """The frame header's declared size (-1: none), after refusing a frame that cannot give ``expected``."""
     import zstandard  # lazy: see the module note
 
     n = len(payload) if isinstance(payload, (bytes, bytearray)) else memoryview(payload).nbytes
@@ -80,21 +74,73 @@ def zstd(payload: Any, expected: int, *, where: str, source: str = "the containe
         raise size_error(f"{where}: {source} {expected:,} decoded bytes from a {n:,}-byte zstd frame, more "
                          f"than any zstd frame that size can hold ({zstd_max_output(n):,})",
                          hint=hint, expected=expected, stored=n, **details)
+    return declared
+
+
+def _dctx():
+    import zstandard  # lazy: see the module note
+
+    dctx = getattr(_tls, "zd", None)
+    if dctx is None:
+        dctx = _tls.zd = zstandard.ZstdDecompressor()
+    return dctx
+
+
+def zstd(payload: Any, expected: int, *, where: str, source: str = "the container expects",
+         error: type[DataError] = FrameError, size_error: type[DataError] = FrameSizeError, hint: str = _HINT,
+         **details: object) -> bytes:
+    """Decode one zstd frame to exactly ``expected`` bytes, allocating no more than that.
+
+    ``where`` starts every message ("FILE: sample 3 at offset 4096"), ``source`` says where
+    ``expected`` comes from ("the index says"); ``details`` go into the error. Raises
+    ``size_error`` when the frame declares another size, cannot reach ``expected`` or decodes to
+    another size, ``error`` when it does not decode.
+    """
+    import zstandard  # lazy: see the module note
+
+    declared = _check_zstd(payload, expected, where, source, error, size_error, hint, details)
     try:
         # with a declared size (= expected) the output buffer is exactly that size; without one,
         # max_output_size is the buffer and more output is an error ("did not decompress full frame")
-        dctx = getattr(_tls, "zd", None)
-        if dctx is None:
-            dctx = _tls.zd = zstandard.ZstdDecompressor()
-        out = dctx.decompress(payload, max_output_size=max(expected, 1))
+        out = _dctx().decompress(payload, max_output_size=max(expected, 1))
     except zstandard.ZstdError as e:
         if declared < 0 and "did not decompress full frame" in str(e):  # the buffer filled up first
             raise size_error(f"{where}: the zstd frame (no declared size) decodes to more bytes than "
                              f"{source} ({expected:,})", hint=hint, expected=expected, **details) from None
         raise error(f"{where}: zstd decompression failed ({e})", hint=hint, **details) from None
     if len(out) != expected:
-        raise size_error(f"{where}: the zstd frame decodes to {len(out):,} bytes, {source} {expected:,}", hint=hint, expected=expected, got=len(out), **details)
+        raise size_error(f"{where}: the zstd frame decodes to {len(out):,} bytes, {source} {expected:,}",
+                         hint=hint, expected=expected, got=len(out), **details)
     return out
+
+
+def zstd_pieces(payload: Any, expected: int, *, where: str, source: str = "the container expects",
+                error: type[DataError] = FrameError, size_error: type[DataError] = FrameSizeError,
+                hint: str = _HINT, piece: int = 1 << 22, **details: object) -> Iterator[bytes]:
+    """:func:`zstd` in pieces of at most ``piece`` bytes, for a reader that only needs to see the bytes
+    (a checksum): memory stays at one piece plus the frame's window (at most 128 MiB, libzstd's
+    default limit; a frame asking for more is an ``error``), whatever ``expected`` is."""
+    import zstandard  # lazy: see the module note
+
+    declared = _check_zstd(payload, expected, where, source, error, size_error, hint, details)
+    total = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(payload) as r:
+            while True:
+                b = r.read(piece)
+                if not b:
+                    break
+                total += len(b)
+                if total > expected:
+                    what = "(no declared size) " if declared < 0 else ""
+                    raise size_error(f"{where}: the zstd frame {what}decodes to more bytes than {source} "
+                                     f"({expected:,})", hint=hint, expected=expected, **details)
+                yield b
+    except zstandard.ZstdError as e:
+        raise error(f"{where}: zstd decompression failed ({e})", hint=hint, **details) from None
+    if total != expected:
+        raise size_error(f"{where}: the zstd frame decodes to {total:,} bytes, {source} {expected:,}",
+                         hint=hint, expected=expected, got=total, **details)
 
 
 def lz4_block(payload: Any, expected: int, *, where: str, source: str = "the container expects",

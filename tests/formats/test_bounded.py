@@ -109,3 +109,17 @@ def test_a_4gib_bomb_stays_within_a_768mib_address_space():
     lines = p.stdout.split()
     assert lines[:4] == ["FrameSizeError", "65", "FrameSizeError", "65"], p.stdout
     assert int(lines[4]) < 200 << 10, f"peak RSS {int(lines[4]) >> 10} MiB"
+
+
+def test_pieces_give_the_same_bytes_and_the_same_refusals():
+    data = bytes(range(256)) * 40_000  # 10 MB
+    frame = zstandard.ZstdCompressor(level=3).compress(data)
+    pieces = list(bounded.zstd_pieces(frame, len(data), where="x", piece=1 << 20))
+    assert b"".join(pieces) == data and max(map(len, pieces)) <= 1 << 20
+    with pytest.raises(bounded.FrameSizeError, match="declares 4,294,967,296 decoded bytes"):
+        next(bounded.zstd_pieces(zstd_zeros(1 << 32), 1 << 20, where="x"))
+    with pytest.raises(bounded.FrameSizeError, match=r"\(no declared size\) decodes to more bytes"):
+        for _ in bounded.zstd_pieces(zstd_zeros(1 << 32, declare=False), 1 << 20, where="x", piece=1 << 16):
+            pass
+    with pytest.raises(bounded.FrameSizeError, match="decodes to 100 bytes"):
+        list(bounded.zstd_pieces(zstd_zeros(100, declare=False), 1000, where="x"))

@@ -20,6 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import fastcrc
+
 HERE = Path(__file__).parent
 GOLDEN_ZARR = HERE.parent.parent / "golden" / "zarr"
 GIB4 = 1 << 32
@@ -55,6 +57,22 @@ def tbl(dest: Path, *, declare: bool) -> Path:
         # the index's uncompressed size and CRC-16 say 1 MiB of zeros; the trailer CRC-32 is the frame's
         w.add_stored(bomb, TBL_USIZE, t.E_ZSTD | t.E_LZ4, t.crc16(bytes(TBL_USIZE)), None,
                      t.FORMAT_CODES["raw_u8"], 0, 0)
+        w.add(b"last sample " * 100, format="raw_u8")
+    return dest
+
+
+def tbl_honest(dest: Path, usize: int = 768 << 20) -> Path:
+    """A .tbl whose sample 1 honestly decodes to ``usize`` zero bytes from a 24 KB frame (index size,
+    frame header and CRC-16 all agree): valid, and ``warp inspect --verify`` must check it in memory
+    independent of ``usize`` (formats/tbl_reader.py, VERIFY_WHOLE_BYTES)."""
+    from warpdata.formats import tbl as t
+
+    piece, crc = bytes(4 << 20), None
+    for _ in range(usize // len(piece)):
+        crc = t.crc16(piece) if crc is None else fastcrc.crc16.modbus(piece, initial=crc)
+    with t.TblWriter(dest, compression="zstd", level=3) as w:
+        w.add(b"first sample " * 100, format="raw_u8")
+        w.add_stored(zstd_zeros(usize), usize, t.E_ZSTD | t.E_LZ4, crc, None, t.FORMAT_CODES["raw_u8"], 0, 0)
         w.add(b"last sample " * 100, format="raw_u8")
     return dest
 
@@ -111,6 +129,7 @@ def zarr_shape(dest: Path, shape: list[int]) -> Path:
 CASES = {
     "tbl_zstd_declares_4gib.tbl": lambda d: tbl(d, declare=True),
     "tbl_zstd_undeclared_4gib.tbl": lambda d: tbl(d, declare=False),
+    "tbl_zstd_honest_768mib.tbl": tbl_honest,
     "zarr_chunk_declares_4gib": zarr_chunk,
     "zarr_shard_declares_4gib": zarr_shard,
     "zarr_shape_2pow32": lambda d: zarr_shape(d, [5, 2**32 - 1, 6]),  # the issue's shape[1] = 2^32-1
