@@ -62,6 +62,7 @@ MAX_CHUNKS_PER_SHARD = 2**24  # inner chunks of one shard (its index is 16 bytes
 MAX_JSON_BYTES = 1 << 20  # size of a zarr.json
 MAX_ROW_BLOCK_BYTES = 2**30  # decoded bytes of one row of objects (what iter_row_blocks allocates at once)
 MAX_ABSENT_OBJECTS = 1024  # absent objects a whole-array read or verify tolerates before refusing the grid
+VERIFY_WHOLE_BYTES = 64 << 20  # chunks larger than this are verified a piece at a time (check_chunk)
 
 
 class ZarrChecksumError(DataError):
@@ -520,11 +521,12 @@ def _object_blob(store: KeyReader, obj_index: Sequence[int]) -> bytes | None:
         return None
 
 
-def _chunks_of(blob: bytes, store: KeyReader, layout: ArrayLayout,
-               obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+def _payloads_of(blob: bytes, store: KeyReader, layout: ArrayLayout,
+                 obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], Any, str]]:
+    """(chunk grid index, stored payload, where) of each chunk of one object, the shard index checked."""
     where = f"{store.url}/{chunk_key(obj_index)}"
     if layout.shards is None:
-        yield tuple(obj_index), decode_chunk(blob, layout, where)
+        yield tuple(obj_index), blob, where
         return
     per = layout.chunks_per_shard
     n = math.prod(per)
@@ -535,7 +537,27 @@ def _chunks_of(blob: bytes, store: KeyReader, layout: ArrayLayout,
             continue
         local = np.unravel_index(i, per)
         gidx = tuple(int(o) * p + int(li) for o, p, li in zip(obj_index, per, local, strict=True))
-        yield gidx, decode_chunk(mv[off: off + nb], layout, f"{where} (inner chunk {i})")
+        yield gidx, mv[off: off + nb], f"{where} (inner chunk {i})"
+
+
+def _chunks_of(blob: bytes, store: KeyReader, layout: ArrayLayout,
+               obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+    for gidx, payload, where in _payloads_of(blob, store, layout, obj_index):
+        yield gidx, decode_chunk(payload, layout, where)
+
+
+def check_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) -> None:
+    """What :func:`decode_chunk` checks (CRC-32C, frame, decoded size) without keeping the chunk: chunks
+    over VERIFY_WHOLE_BYTES are decoded a piece at a time, so verifying stays bounded whatever
+    chunk shape ``zarr.json`` declares."""
+    if layout.chunk_nbytes <= VERIFY_WHOLE_BYTES:
+        decode_chunk(payload, layout, where)
+        return
+    frame = split_chunk(payload, layout, where)
+    for _ in bounded.zstd_pieces(frame, layout.chunk_nbytes, where=where, path=where,
+                                 source=f"chunk shape {list(layout.chunks)} of {layout.dtype.name} says",
+                                 hint="the chunk is corrupt; rewrite the array"):
+        pass
 
 
 def iter_object_chunks(store: KeyReader, layout: ArrayLayout, obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
@@ -648,7 +670,11 @@ def verify_array(store: KeyReader) -> tuple[dict[str, int], list[str]]:
         counts["objects"] += 1
         counts["stored_bytes"] += size
         try:
-            for _ in iter_object_chunks(store, layout, obj):
+            blob = _object_blob(store, obj)
+            if blob is None:
+                raise MissingInputError(f"{store.url}/{key}: missing", hint="check the array path")
+            for _gidx, payload, where in _payloads_of(blob, store, layout, obj):
+                check_chunk(payload, layout, where)
                 counts["chunks"] += 1
                 counts["chunk_crcs"] += layout.checksum
             counts["index_crcs"] += layout.shards is not None

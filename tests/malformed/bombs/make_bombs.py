@@ -116,6 +116,21 @@ def zarr_shard(dest: Path) -> Path:
     return dest
 
 
+def zarr_chunk_honest(dest: Path) -> Path:
+    """A valid 1x1x1 u32 array whose one chunk has shape 768x1024x256 (768 MiB decoded, within
+    MAX_CHUNK_BYTES), stored as a 24 KB frame that decodes to exactly that: ``warp inspect --verify``
+    must check it in memory independent of the chunk shape (formats/zarr_v3.py, check_chunk)."""
+    from warpdata.formats import zarr_v3
+
+    shutil.rmtree(dest, ignore_errors=True)
+    chunks = [768, 1024, 256]
+    (dest / "c" / "0" / "0").mkdir(parents=True)
+    frame = zstd_zeros(768 * 1024 * 256 * 4)
+    (dest / "c" / "0" / "0" / "0").write_bytes(frame + zarr_v3.chunk_crc(frame))
+    (dest / "zarr.json").write_bytes(zarr_v3.encode_json(zarr_v3.array_metadata([1, 1, 1], "uint32", chunks)))
+    return dest
+
+
 def zarr_shape(dest: Path, shape: list[int]) -> Path:
     """The sharded golden array (5x7x6 u16, 3 shards) whose zarr.json says ``shape``: within every
     metadata limit (MAX_ELEMENTS, MAX_OBJECTS), but a grid of over a billion objects."""
@@ -132,6 +147,7 @@ CASES = {
     "tbl_zstd_honest_768mib.tbl": tbl_honest,
     "zarr_chunk_declares_4gib": zarr_chunk,
     "zarr_shard_declares_4gib": zarr_shard,
+    "zarr_chunk_honest_768mib": zarr_chunk_honest,
     "zarr_shape_2pow32": lambda d: zarr_shape(d, [5, 2**32 - 1, 6]),  # the issue's shape[1] = 2^32-1
     "zarr_shape0_2pow32": lambda d: zarr_shape(d, [2**32 - 1, 7, 6]),  # small rows: found absent, lazily
 }
