@@ -11,10 +11,15 @@ shape × itemsize. A frame is checked against it *before* anything is allocated:
   first (``zstandard.frame_content_size``, the header only) and refuses a frame declaring any
   other size than the expected one; a frame declaring none is decoded into a buffer of exactly
   the expected size (``max_output_size``: more output is an error, not a reallocation).
-* Neither codec can decode more than a fixed multiple of its input (zstd: one 4-byte RLE
-  block per 128 KiB, at most 32,768x, RFC 8878 §3.1.1.2; an LZ4 block: 255x): an expected
-  size past that is a lying container (a Zarr chunk shape of 2 GiB over a 100-byte object),
-  refused before the output buffer is allocated.
+* Neither codec can decode more than a fixed multiple of its input (zstd: blocks regenerate at
+  most Block_Maximum_Size = 128 KiB each and take at least 4 bytes, an RLE block, so 32,768x,
+  RFC 8878 §3.1.1.2; an LZ4 block: 255x): an expected size past that is a lying container (a
+  Zarr chunk shape of 2 GiB over a 100-byte object), refused before the output buffer is
+  allocated. (libzstd 1.5.7 decodes oversized RLE blocks in frames that declare their size,
+  which no compressor writes; such a frame still never passes the declared-size check.)
+
+:func:`zstd_pieces` decodes a frame a piece at a time for readers that only checksum the bytes
+(``--verify``): its memory does not depend on the expected size at all.
 
 Both raise a :class:`FrameSizeError` naming where the frame is, what it declares and what was
 expected; a frame the codec cannot decode raises the caller's ``error`` class (default
@@ -33,7 +38,8 @@ from warpdata.core.errors import DataError
 # lazy third-party imports: zstandard and lz4 are imported inside the functions that use them, so a
 # reader of uncompressed files never loads them
 
-ZSTD_MAX_RATIO = 32768  # one RLE block (3-byte header + 1 byte) regenerates at most 128 KiB
+ZSTD_BLOCK_MAX = 128 * 1024  # Block_Maximum_Size: what one block regenerates at most (RFC 8878)
+ZSTD_MAX_RATIO = ZSTD_BLOCK_MAX // 4  # the smallest block is 4 bytes (an RLE block: 3-byte header + 1 byte)
 LZ4_MAX_RATIO = 255  # each 255-valued length byte adds 255 bytes of match: LZ4's limit
 _HINT = "the file is damaged or was crafted: re-create it from its source"
 _tls = threading.local()  # one ZstdDecompressor per thread (creating one per frame costs more than a small frame)
@@ -52,8 +58,8 @@ class FrameSizeError(FrameError):
 
 
 def zstd_max_output(nbytes: int) -> int:
-    """The most bytes any zstd frame of ``nbytes`` bytes can decode to."""
-    return (nbytes // 4) * 128 * 1024
+    """The most bytes a conforming zstd frame of ``nbytes`` bytes can decode to."""
+    return (nbytes // 4) * ZSTD_BLOCK_MAX
 
 
 def _check_zstd(payload: Any, expected: int, where: str, source: str, error: type[DataError],
@@ -72,7 +78,7 @@ def _check_zstd(payload: Any, expected: int, where: str, source: str, error: typ
                          f"{expected:,}", hint=hint, declared=declared, expected=expected, **details)
     if expected > zstd_max_output(n):
         raise size_error(f"{where}: {source} {expected:,} decoded bytes from a {n:,}-byte zstd frame, more "
-                         f"than any zstd frame that size can hold ({zstd_max_output(n):,})",
+                         f"than a zstd frame that size can hold ({zstd_max_output(n):,}: 128 KiB per 4-byte block)",
                          hint=hint, expected=expected, stored=n, **details)
     return declared
 

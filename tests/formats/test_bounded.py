@@ -58,8 +58,8 @@ def test_empty_frame():
                                                    "expects (1,048,576)"),
     (zstd_zeros(100, declare=False), 1000, "decodes to 100 bytes, the container expects 1,000"),
     # a lying container: no 150-byte frame holds 2 GiB, refused before the 2 GiB buffer
-    (zstd_zeros(4 << 17, declare=False), 1 << 31, "more than any zstd frame that size can hold"),
-])
+    (zstd_zeros(4 << 17, declare=False), 1 << 31, "more than a zstd frame that size can hold"),
+], ids=["declares-4gib", "declares-less", "undeclared-more", "undeclared-less", "impossible-ratio"])
 def test_size_lies_are_typed(frame, expected, needle):
     with pytest.raises(bounded.FrameSizeError) as ei:
         bounded.zstd(frame, expected, where="f.bin: chunk 7", path="f.bin")
