@@ -19,6 +19,8 @@ import fastcrc
 import numpy as np
 from isal.isal_zlib import crc32 as _isal_crc32
 from warpdata.core.errors import DataError, MissingInputError, UsageError, WarpError
+from warpdata.formats import bounded
+from warpdata.formats.bounded import FrameSizeError
 
 __all__ = [
     "BadMagic",
@@ -47,6 +49,7 @@ __all__ = [
     "F_PAYLOAD_CRC32",
     "F_WARP_METADATA",
     "F_ZSTD",
+    "FrameSizeMismatch",
     "HEADER",
     "HEADER_SIZE",
     "Header",
@@ -130,8 +133,8 @@ PRECOMPRESSED = frozenset({"jpeg", "png", "webp", "gif", "mp4", "avi"})
 META_NONE, META_JSON, META_PROTOBUF, META_MSGPACK, META_CUSTOM = 0, 1, 2, 3, 255
 COMPRESSIONS = ("auto", "none", "lz4", "zstd")
 MAX_DIM = 0xFFFF  # sizes above this are stored as 0 (unknown)
-# LZ4 expands at most 255x; anything claiming more is corrupt, not data
-LZ4_MAX_RATIO = 255
+# LZ4 expands at most 255x; anything claiming more is corrupt, not data (formats/bounded.py)
+LZ4_MAX_RATIO = bounded.LZ4_MAX_RATIO
 
 
 # CRC-32 of (message + its own CRC-32, little-endian) is this constant for any
@@ -194,6 +197,13 @@ class CorruptMetadata(TblError):
 
 class DecompressionError(TblError):
     code = "tbl-decompression"
+
+
+class FrameSizeMismatch(DecompressionError, FrameSizeError):
+    """A compressed entry whose frame declares, needs or yields another size than the index's
+    uncompressed size (formats/bounded.py): refused before the output is allocated."""
+
+    code = "tbl-frame-size"
 
 
 class SampleNotFound(WarpError, KeyError):

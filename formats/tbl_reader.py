@@ -18,6 +18,7 @@ import fastcrc
 import numpy as np
 from isal.isal_zlib import crc32 as _isal_crc32
 from warpdata.core.errors import MissingInputError
+from warpdata.formats import bounded
 from warpdata.formats.tbl_layout import (
     CRC32_RESIDUE,
     E_HAS_METADATA,
@@ -43,16 +44,20 @@ from warpdata.formats.tbl_layout import (
     CorruptMetadata,
     CorruptSample,
     DecompressionError,
+    FrameSizeMismatch,
     SampleInfo,
     SampleNotFound,
     TblError,
     TruncatedFile,
-    _zstd_d,
     crc16,
     crc32,
     entry_codec,
     parse_header,
 )
+
+# ZSTD entries larger than this are decoded a piece at a time by verify_all (only their CRC-16 is
+# needed), so `warp inspect --verify` stays bounded whatever the index says (docs/formats/tbl-v2.md)
+VERIFY_WHOLE_BYTES = 64 << 20
 
 
 # ---------------------------------------------------------------- reader ----
@@ -227,20 +232,23 @@ class TblReader:
             path=self.path, sample=i, offset=off, check=check, stored=stored, computed=computed)
 
     def _decompress(self, i: int, off: int, data, usize: int, flags: int) -> bytes:
-        try:
-            if flags & E_ZSTD:
-                out = _zstd_d().decompress(data, max_output_size=usize)
-            else:
-                import lz4.block  # lazy: a codec only some files use (formats/tbl_layout.py)
+        # bounded (formats/bounded.py): a frame declaring another size than the index's is refused
+        # before anything is allocated (docs/formats/tbl-v2.md, "Limits and checks")
+        codec = bounded.zstd if flags & E_ZSTD else bounded.lz4_block
+        return codec(data, usize, where=f"{self.path}: sample {i} at offset {off}", source="the index says",
+                     error=DecompressionError, size_error=FrameSizeMismatch, hint=TblError._HINT,
+                     path=self.path, sample=i, offset=off)
 
-                out = lz4.block.decompress(data, uncompressed_size=usize)
-        except Exception as e:
-            raise DecompressionError(f"{self.path}: sample {i} at offset {off}: {entry_codec(flags)} "
-                                     f"decompression failed ({e})", path=self.path, sample=i, offset=off) from None
-        if len(out) != usize:
-            raise DecompressionError(f"{self.path}: sample {i} at offset {off}: decompressed to {len(out)} "
-                                     f"bytes, index says {usize}", path=self.path, sample=i, offset=off)
-        return out
+    def _crc16_in_pieces(self, i: int, off: int, data, usize: int) -> int:
+        """CRC-16 of a ZSTD entry's decoded bytes, decoded a piece at a time (``verify_all``): memory
+        independent of the index's uncompressed size."""
+        crc = None
+        for piece in bounded.zstd_pieces(data, usize, where=f"{self.path}: sample {i} at offset {off}",
+                                         source="the index says", error=DecompressionError,
+                                         size_error=FrameSizeMismatch, hint=TblError._HINT, path=self.path,
+                                         sample=i, offset=off):
+            crc = crc16(piece) if crc is None else fastcrc.crc16.modbus(piece, initial=crc)
+        return crc16(b"") if crc is None else crc
 
     def info(self, i: int) -> SampleInfo:
         n = self.num_samples
@@ -460,13 +468,16 @@ class TblReader:
                     if progress:
                         progress(i + 1)
                     continue
-            if flags & (E_LZ4 | E_ZSTD):
-                try:
-                    data = self._decompress(i, off, data, usize, flags)
-                except DecompressionError as e:
-                    problems.append(CorruptSample(i, off, "decompress", None, None, e.message))
-                    continue
-            computed = crc16(data)
+            try:
+                if flags & E_ZSTD and usize > VERIFY_WHOLE_BYTES:
+                    computed = self._crc16_in_pieces(i, off, data, usize)
+                else:
+                    if flags & (E_LZ4 | E_ZSTD):
+                        data = self._decompress(i, off, data, usize, flags)
+                    computed = crc16(data)
+            except DecompressionError as e:
+                problems.append(CorruptSample(i, off, "decompress", None, None, e.message))
+                continue
             if computed != c16:
                 problems.append(CorruptSample(i, off, "crc16", c16, computed,
                                               f"sample {i} at offset {off}: CRC-16 stored {c16:04x}, "

@@ -40,11 +40,11 @@ import google_crc32c
 import numpy as np
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
-from warpdata.formats import crc
+from warpdata.formats import bounded, crc
 from warpdata.formats.tiling import SUPPORTED_DTYPES, normalize_dtype, tile_counts
 
-# lazy third-party imports: zstandard is imported inside the functions that use it, so importing
-# this module does not load it (decode_chunk reads a chunk)
+# lazy third-party imports: zstandard is imported by formats/bounded.py when a chunk is decoded, so
+# importing this module does not load it
 
 ZARR_JSON = "zarr.json"
 EMPTY = 2**64 - 1
@@ -61,6 +61,8 @@ MAX_CHUNK_BYTES = 2**31  # decoded bytes of one chunk (what decoding one allocat
 MAX_CHUNKS_PER_SHARD = 2**24  # inner chunks of one shard (its index is 16 bytes each)
 MAX_JSON_BYTES = 1 << 20  # size of a zarr.json
 MAX_ROW_BLOCK_BYTES = 2**30  # decoded bytes of one row of objects (what iter_row_blocks allocates at once)
+MAX_ABSENT_OBJECTS = 1024  # absent objects a whole-array read or verify tolerates before refusing the grid
+VERIFY_WHOLE_BYTES = 64 << 20  # chunks larger than this are verified a piece at a time (check_chunk)
 
 
 class ZarrChecksumError(DataError):
@@ -384,18 +386,16 @@ def decode_index(blob: bytes | memoryview, n_chunks: int, where: str) -> np.ndar
 
 
 def decode_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) -> np.ndarray:
-    """One chunk payload (zstd frame, then its CRC-32C when ``layout.checksum``) → the chunk array."""
-    import zstandard
+    """One chunk payload (zstd frame, then its CRC-32C when ``layout.checksum``) → the chunk array.
 
+    Bounded (formats/bounded.py): a frame declaring, needing or yielding another size than the
+    chunk shape × itemsize is a :class:`~warpdata.formats.bounded.FrameSizeError` raised before the
+    output is allocated (docs/formats/zarr-tiles.md, "Limits").
+    """
     frame = split_chunk(payload, layout, where)
-    try:
-        raw = zstandard.ZstdDecompressor().decompress(frame, max_output_size=layout.chunk_nbytes)
-    except zstandard.ZstdError as e:
-        raise DataError(f"{where}: not a valid zstd frame ({e})", hint="the chunk is corrupt; rewrite the array",
-                        path=where) from None
-    if len(raw) != layout.chunk_nbytes:
-        raise DataError(f"{where}: chunk decodes to {len(raw)} bytes, expected {layout.chunk_nbytes}",
-                        hint="the chunk is corrupt; rewrite the array", path=where)
+    raw = bounded.zstd(frame, layout.chunk_nbytes, where=where, path=where,
+                       source=f"chunk shape {list(layout.chunks)} of {layout.dtype.name} says",
+                       hint="the chunk is corrupt; rewrite the array")
     return np.frombuffer(raw, dtype=layout.dtype).reshape(layout.chunks)
 
 
@@ -456,16 +456,77 @@ def read_layout(store: KeyReader) -> ArrayLayout:
     return ArrayLayout.from_metadata(read_metadata(store), f"{store.url}/{ZARR_JSON}")
 
 
-def iter_object_chunks(store: KeyReader, layout: ArrayLayout, obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
-    """Decoded chunks of one stored object (a shard or a chunk): (chunk grid index, array)."""
-    key = chunk_key(obj_index)
-    where = f"{store.url}/{key}"
-    try:
-        blob = store.get(key)
-    except MissingInputError:
+def grid_indices(shape: Sequence[int]) -> Iterator[tuple[int, ...]]:
+    """Every index of a grid of ``shape`` in C order, lazily (``np.ndindex`` turns each range into a
+    tuple first: 2^29 objects along one dimension were a 4 GiB MemoryError before the first one)."""
+    shape = tuple(int(n) for n in shape)
+    if any(n <= 0 for n in shape):
         return
+    idx = [0] * len(shape)
+    while True:
+        yield tuple(idx)
+        d = len(shape) - 1
+        while d >= 0:
+            idx[d] += 1
+            if idx[d] < shape[d]:
+                break
+            idx[d] = 0
+            d -= 1
+        if d < 0:
+            return
+
+
+class _Absent:
+    """Counts the objects a whole-array pass finds absent and refuses the grid past MAX_ABSENT_OBJECTS:
+    warp writes every object of an array, so a grid mostly absent is a damaged shape, not a sparse
+    array (docs/formats/zarr-tiles.md, "Limits")."""
+
+    def __init__(self, store: KeyReader, layout: ArrayLayout) -> None:
+        self.store, self.layout, self.n, self.visited = store, layout, 0, 0
+
+    def visit(self, present: bool) -> None:
+        self.visited += 1
+        if present:
+            return
+        self.n += 1
+        if self.n > MAX_ABSENT_OBJECTS:
+            lay = self.layout
+            where = f"{self.store.url}/{ZARR_JSON}"
+            total = math.prod(lay.grid_shape)
+            raise DataError(f"{where}: shape {list(lay.shape)} with {'shards' if lay.shards else 'chunks'} "
+                            f"{list(lay.shards or lay.chunks)} declares {total:,} objects, and {self.n:,} of the "
+                            f"first {self.visited:,} are absent: over warp's limit MAX_ABSENT_OBJECTS = "
+                            f"{MAX_ABSENT_OBJECTS:,}", hint="warp writes every object of an array: the shape in "
+                            "zarr.json is damaged or the array is incomplete; rewrite it", path=where,
+                            objects=total, absent=self.n, visited=self.visited)
+
+
+def check_objects_present(store: KeyReader, layout: ArrayLayout, present: int) -> None:
+    """Refuse a grid declaring more than MAX_ABSENT_OBJECTS objects beyond the ``present`` ones
+    (a listing of the array's objects), before any of them is read."""
+    total = math.prod(layout.grid_shape) if math.prod(layout.shape) else 0
+    if total > present + MAX_ABSENT_OBJECTS:
+        where = f"{store.url}/{ZARR_JSON}"
+        raise DataError(f"{where}: shape {list(layout.shape)} with {'shards' if layout.shards else 'chunks'} "
+                        f"{list(layout.shards or layout.chunks)} declares {total:,} objects, the array holds "
+                        f"{present:,}: over warp's limit MAX_ABSENT_OBJECTS = {MAX_ABSENT_OBJECTS:,} absent",
+                        hint="warp writes every object of an array: the shape in zarr.json is damaged or the "
+                        "array is incomplete; rewrite it", path=where, objects=total, present=present)
+
+
+def _object_blob(store: KeyReader, obj_index: Sequence[int]) -> bytes | None:
+    try:
+        return store.get(chunk_key(obj_index))
+    except MissingInputError:
+        return None
+
+
+def _payloads_of(blob: bytes, store: KeyReader, layout: ArrayLayout,
+                 obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], Any, str]]:
+    """(chunk grid index, stored payload, where) of each chunk of one object, the shard index checked."""
+    where = f"{store.url}/{chunk_key(obj_index)}"
     if layout.shards is None:
-        yield tuple(obj_index), decode_chunk(blob, layout, where)
+        yield tuple(obj_index), blob, where
         return
     per = layout.chunks_per_shard
     n = math.prod(per)
@@ -476,7 +537,34 @@ def iter_object_chunks(store: KeyReader, layout: ArrayLayout, obj_index: Sequenc
             continue
         local = np.unravel_index(i, per)
         gidx = tuple(int(o) * p + int(li) for o, p, li in zip(obj_index, per, local, strict=True))
-        yield gidx, decode_chunk(mv[off: off + nb], layout, f"{where} (inner chunk {i})")
+        yield gidx, mv[off: off + nb], f"{where} (inner chunk {i})"
+
+
+def _chunks_of(blob: bytes, store: KeyReader, layout: ArrayLayout,
+               obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+    for gidx, payload, where in _payloads_of(blob, store, layout, obj_index):
+        yield gidx, decode_chunk(payload, layout, where)
+
+
+def check_chunk(payload: bytes | memoryview, layout: ArrayLayout, where: str) -> None:
+    """What :func:`decode_chunk` checks (CRC-32C, frame, decoded size) without keeping the chunk: chunks
+    over VERIFY_WHOLE_BYTES are decoded a piece at a time, so verifying stays bounded whatever
+    chunk shape ``zarr.json`` declares."""
+    if layout.chunk_nbytes <= VERIFY_WHOLE_BYTES:
+        decode_chunk(payload, layout, where)
+        return
+    frame = split_chunk(payload, layout, where)
+    for _ in bounded.zstd_pieces(frame, layout.chunk_nbytes, where=where, path=where,
+                                 source=f"chunk shape {list(layout.chunks)} of {layout.dtype.name} says",
+                                 hint="the chunk is corrupt; rewrite the array"):
+        pass
+
+
+def iter_object_chunks(store: KeyReader, layout: ArrayLayout, obj_index: Sequence[int]) -> Iterator[tuple[tuple[int, ...], np.ndarray]]:
+    """Decoded chunks of one stored object (a shard or a chunk): (chunk grid index, array); none when absent."""
+    blob = _object_blob(store, obj_index)
+    if blob is not None:
+        yield from _chunks_of(blob, store, layout, obj_index)
 
 
 def iter_row_blocks(store: KeyReader, layout: ArrayLayout,
@@ -499,11 +587,16 @@ def iter_row_blocks(store: KeyReader, layout: ArrayLayout,
                         f"decodes to {row_bytes:,} bytes, over warp's limit MAX_ROW_BLOCK_BYTES = "
                         f"{_pow2(max_bytes)}", hint="read it by slices with zarr-python or tensorstore, or "
                         "rewrite it with smaller chunks along the first dimension", path=where)
+    absent = _Absent(store, layout)
     for i0 in range(grid[0]):
         r0, r1 = i0 * step, min((i0 + 1) * step, layout.shape[0])
         block = np.full((r1 - r0, *layout.shape[1:]), layout.fill_value, dtype=layout.dtype)
-        for rest in np.ndindex(*grid[1:]):
-            for gidx, chunk in iter_object_chunks(store, layout, (i0, *rest)):
+        for rest in grid_indices(grid[1:]):
+            blob = _object_blob(store, (i0, *rest))
+            absent.visit(blob is not None)
+            if blob is None:
+                continue
+            for gidx, chunk in _chunks_of(blob, store, layout, (i0, *rest)):
                 start = [g * c for g, c in zip(gidx, layout.chunks, strict=True)]
                 if any(st >= n for st, n in zip(start, layout.shape, strict=True)):
                     continue
@@ -566,16 +659,22 @@ def verify_array(store: KeyReader) -> tuple[dict[str, int], list[str]]:
     problems: list[str] = []
     if math.prod(layout.shape) == 0:
         return counts, problems
-    for obj in np.ndindex(*layout.grid_shape):
+    absent = _Absent(store, layout)
+    for obj in grid_indices(layout.grid_shape):
         key = chunk_key(obj)
         size = store.size(key)
+        absent.visit(size is not None)
         if size is None:
             problems.append(f"{store.url}/{key}: missing")
             continue
         counts["objects"] += 1
         counts["stored_bytes"] += size
         try:
-            for _ in iter_object_chunks(store, layout, obj):
+            blob = _object_blob(store, obj)
+            if blob is None:
+                raise MissingInputError(f"{store.url}/{key}: missing", hint="check the array path")
+            for _gidx, payload, where in _payloads_of(blob, store, layout, obj):
+                check_chunk(payload, layout, where)
                 counts["chunks"] += 1
                 counts["chunk_crcs"] += layout.checksum
             counts["index_crcs"] += layout.shards is not None

@@ -161,6 +161,8 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
         t.level_rows.append([p or ".", list(layout.shape), list(layout.chunks), list(layout.shards) if layout.shards
                              else "-", len(objs), f"{stored:,}", f"{raw / stored:.2f}" if stored else "-"])
         first = first or (layout, objs)
+        if verify and st.local:  # a grid far past the files present is refused before any is read
+            zarr_v3.check_objects_present(st, layout, len(objs))
         if verify:
             _verify_level(i, st, layout, objs, manifest, t)
     layout, objs = first
