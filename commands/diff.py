@@ -69,6 +69,7 @@ def main(
             for sign, keys in (("+", a.added_members), ("-", a.removed_members), ("~", a.changed_members)):
                 for k in keys or ():
                     out.data(f"{sign} {a.artifact} {k}")
+    out.end_data()  # the table and rows reach stdout whole before the summary on stderr
     if res.bytes_total:
         out.info(f"read {res.blobs_read} blob(s), {format_size(res.bytes_read)} of "
                  f"{format_size(res.bytes_total)} in both versions")

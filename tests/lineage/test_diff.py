@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -205,3 +209,40 @@ def test_a_default_key_that_repeats_gets_a_hint_that_can_be_followed(cli, tmp_pa
     r = cli("diff", "ws/dup", "--from", versions[0], "--store", store)
     assert r.code == 2 and "column 'id' does not identify rows" in r.err
     assert "naming none" not in r.err and "give a unique column with --key" in r.err
+
+
+def _two_versions(cli, tmp_path: Path, tables: dict[str, list[dict]], edit) -> tuple[Path, str]:
+    """Publish ``tables`` as ws/two, then with ``edit(table, rows)`` applied; (store, first version)."""
+    store = tmp_path / "store"
+    first = None
+    for step in (0, 1):
+        args = []
+        for name, rows in tables.items():
+            f = tmp_path / f"{name}-{step}.parquet"
+            pq.write_table(pa.Table.from_pylist(edit(name, rows) if step else rows), f)
+            args += ["--table", f"{name}={f}"]
+        r = cli("publish", "ws/two", *args, "--store", store, "-q")
+        assert r.code == 0, r.err
+        first = first or r.out.strip()
+    return store, first
+
+
+def test_the_text_output_ends_its_table_before_the_summary(cli, tmp_path):
+    # issue 40: "changedread 2 blob(s)": the summary on stderr ran into the table's last line
+    store, v1 = _two_versions(cli, tmp_path, {"main": [{"key": "a", "v": 1}, {"key": "b", "v": 2}]},
+                              lambda _t, rows: [rows[0], {"key": "b", "v": 3}])
+    r = cli("diff", "ws/two", "--from", v1[:12], "--store", store)
+    assert r.code == 1
+    lines = r.out.splitlines()
+    assert lines[0].startswith("ws/two: " + v1[:12] + " -> ") and lines[0].endswith(": rows +0 -0 ~1")
+    assert lines[1:] == ["table  key  added  removed  changed  status", "main   key  0      0        1        changed"]
+    assert r.out.endswith("changed\n")
+    assert r.err.startswith("read 2 blob(s), ") and r.err.endswith(" in both versions\n") and r.err.count("\n") == 1
+    # one stream for both, as a terminal or `2>&1` sees them: stdout buffered (a pipe), flushed first
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    p = subprocess.run(f"{shlex.quote(sys.executable)} -m warpdata diff ws/two --from {v1[:12]} "
+                       f"--store {shlex.quote(str(store))} 2>&1", shell=True, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stdout
+    merged = p.stdout.splitlines()
+    assert merged[1:3] == lines[1:3] and merged[3].startswith("read 2 blob(s), ") and len(merged) == 4
