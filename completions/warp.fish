@@ -155,7 +155,7 @@ complete -c warp -n '__fish_seen_subcommand_from why' -F
 complete -c warp -n '__fish_seen_subcommand_from diff' -l from -r -F -d 'The older version (hash or prefix)'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l to -r -F -d 'The newer version (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l table -r -F -d 'Compare only this table'
-complete -c warp -n '__fish_seen_subcommand_from diff' -l key -r -F -d 'The column rows are matched by'
+complete -c warp -n '__fish_seen_subcommand_from diff' -l key -r -F -d 'The column rows are matched by; without --table, the one table that has it is...'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l rows -d 'List the keys added, removed and changed'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from diff' -F
