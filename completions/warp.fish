@@ -47,7 +47,7 @@ complete -c warp -n '__fish_seen_subcommand_from ingest' -l root -r -F -d 'csv: 
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l type -x -a 'image audio video file' -d 'csv, paired: what the files are; only images are decoded'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l names -r -F -d 'paired: column/artifact names (default: the folder names)'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-file-size -r -F -d 'Quarantine files larger than this, with a unit (e.g'
-complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-pixels -x -d 'Quarantine images whose header declares more pixels (default: Pillow\'s cap, 8...'
+complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-pixels -r -F -d 'Quarantine images whose header declares more pixels: a count, or with K, M or...'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l keep -r -F -d 'Keep the written main/quarantine Parquet files in DIR'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l dry-run -d 'Check and plan; upload nothing'
