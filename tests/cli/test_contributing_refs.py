@@ -140,9 +140,7 @@ def _anywhere(path: Path) -> set[str]:
             out.add(n.id)
         elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
             out.add(n.attr)
-        elif isinstance(n, ast.keyword) and n.arg:
-            out.add(n.arg)
-        elif isinstance(n, ast.arg):
+        elif (isinstance(n, ast.keyword) and n.arg) or isinstance(n, ast.arg):
             out.add(n.arg)
         elif isinstance(n, (ast.Import, ast.ImportFrom)):  # a face re-exporting its parts
             out.update((a.asname or a.name).split(".")[0] for a in n.names)
