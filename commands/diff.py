@@ -3,7 +3,9 @@
 For a published dataset WS/NAME: rows added, removed and changed (any column
 differs) per table, matched by --key (default: the first of key, path, id,
 sample_id, name both versions have; without one, rows are compared whole), and
-each artifact's members added, removed and changed. The cost follows the
+each artifact's members added, removed and changed. --key without --table
+compares the one table that has that column. --from and --to pick versions of a
+published dataset only: two directories are the versions. The cost follows the
 change: Parquet shards and tar shards whose hashes both versions share are
 never read, so a 0.1 % change reads about 0.1 % of the data plus the two
 manifests. --rows lists the keys; --json gives the counts and the lists.
@@ -38,7 +40,7 @@ def main(
     from_: Annotated[str | None, typer.Option("--from", metavar="V1", help="The older version (hash or prefix).")] = None,
     to: Annotated[str | None, typer.Option("--to", metavar="V2", help="The newer version (default: latest).")] = None,
     table: Annotated[str | None, typer.Option("--table", metavar="T", help="Compare only this table.")] = None,
-    key: Annotated[str | None, typer.Option("--key", metavar="COL", help="The column rows are matched by.")] = None,
+    key: Annotated[str | None, typer.Option("--key", metavar="COL", help="The column rows are matched by; without --table, the one table that has it is compared.")] = None,
     rows: Annotated[bool, typer.Option("--rows", help="List the keys added, removed and changed.")] = False,
     store: StoreOption = None,
 ) -> int:
@@ -69,6 +71,7 @@ def main(
             for sign, keys in (("+", a.added_members), ("-", a.removed_members), ("~", a.changed_members)):
                 for k in keys or ():
                     out.data(f"{sign} {a.artifact} {k}")
+    out.end_data()  # the table and rows reach stdout whole before the summary on stderr
     if res.bytes_total:
         out.info(f"read {res.blobs_read} blob(s), {format_size(res.bytes_read)} of "
                  f"{format_size(res.bytes_total)} in both versions")

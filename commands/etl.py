@@ -34,8 +34,9 @@ def main(
     output: Annotated[str | None, typer.Option("--output", "-o", help="Override [output] root.")] = None,
     executor: Annotated[str | None, typer.Option(
         "--executor", "-x", metavar="NAME",
-        help="Where shard tasks run: local (default), process, dask (a LocalCluster), dask://HOST:PORT or "
-             "dask:SCHEDULER_FILE (an existing cluster), ray (also [build] executor, WARP_EXECUTOR).")] = None,
+        help="Where shard tasks run: local (default), process, dask (a LocalCluster), dask://HOST:PORT (or "
+             "tcp://HOST:PORT, as 'dask scheduler' prints it) or dask:SCHEDULER_FILE (an existing cluster), ray "
+             "(also [build] executor, WARP_EXECUTOR).")] = None,
 ) -> int:
     from warpdata.core import envvars
     from warpdata.core.config import parse_toml

@@ -55,9 +55,10 @@ def main(
     max_file_size: Annotated[str, typer.Option("--max-file-size", metavar="SIZE",
                                                help="Quarantine files larger than this, with a unit (e.g. 256MiB); "
                                                     "a bare number is refused.")] = "256MiB",
-    max_pixels: Annotated[int, typer.Option(
-        "--max-pixels", min=1, metavar="N",
-        help="Quarantine images whose header declares more pixels (default: Pillow's cap, 89478485).")] = 89_478_485,
+    max_pixels: Annotated[str, typer.Option(
+        "--max-pixels", metavar="N",
+        help="Quarantine images whose header declares more pixels: a count, or with K, M or G in powers of "
+             "1000 (e.g. 50M) (default: Pillow's cap, 89478485).")] = "89478485",
     keep: Annotated[str | None, typer.Option("--keep", metavar="DIR",
                                              help="Keep the written main/quarantine Parquet files in DIR.")] = None,
     set_latest: Annotated[bool, typer.Option(
@@ -71,7 +72,7 @@ def main(
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
-    from warpdata.core.sizes import format_size, parse_size_option
+    from warpdata.core.sizes import format_size, parse_count_option, parse_size_option
     from warpdata.registry.ingest import (
         IngestOptions,
         ingest_imagefolder,
@@ -91,7 +92,7 @@ def main(
     opts = IngestOptions(dataset, store_url=store, set_latest=set_latest, dry_run=dry_run,
                          shard_size=parse_size_option(shard_size, "--shard-size", "256MiB"), workers=workers,
                          max_bytes=parse_size_option(max_file_size, "--max-file-size", "256MiB"),
-                         max_pixels=max_pixels, keep_dir=keep,
+                         max_pixels=parse_count_option(max_pixels, "--max-pixels", "50M"), keep_dir=keep,
                          description=description)
     with out.progress("checking files", unit="files") as files_bar, out.progress("uploading", unit="B") as up_bar:
         if layout == "imagefolder":

@@ -8,7 +8,9 @@ place (`warp register`) come first, marked "registered": reads find them before
 the store (--store lists that store alone).
 
 `warp ls WS/NAME --versions` lists every version of one dataset, oldest first,
-with its date, rows and size (one GET per version); the latest is marked.
+with its date, rows and size (one GET per version); the latest is marked. A
+dataset registered in place has one version, the files as last registered
+(registering again replaces it): it is listed first, marked "registered".
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def main(
     missing = missing_store_folder(st.location)
     if missing and (store is not None or envvars.get("WARP_STORE")):
         raise MissingInputError(missing[0], hint=missing[1], store=st.url)
+    if versions:
+        return _versions(st, ws, reg, store_missing=bool(missing))
     if missing:  # the default store of a fresh install: nothing published yet
         if out.options().json:
             out.emit_json({"store": st.url, "datasets": reg})
@@ -55,8 +59,6 @@ def main(
             out.info(f"no datasets: nothing has been published to the default store {st.url} yet "
                      "(set WARP_STORE or pass --store to read another one)")
         return 0
-    if versions:
-        return _versions(st, ws)
     only = None
     if ws and "/" in ws:  # `warp ls ws/name`: that one dataset
         only = ws
@@ -148,19 +150,45 @@ def _no_latest(versions: list[str]) -> str:
     return "(no latest) " + " ".join(v[:12] for v in versions[:3]) + more
 
 
-def _versions(st, dataset: str | None) -> int:
-    from warpdata.core.errors import UsageError
+def _versions(st, dataset: str | None, reg: list[dict], *, store_missing: bool) -> int:
+    """``--versions``: the store's versions of ``dataset``, oldest first; a registration in place
+    (``reg``) is one more row, first: it holds one version, the files as last registered."""
+    from warpdata.core.errors import DatasetNotFoundError, UsageError
     from warpdata.core.sizes import format_size
     from warpdata.lineage.history import versions
+    from warpdata.registry.register import load
 
     if not dataset or "/" not in dataset:
         raise UsageError("--versions lists the versions of one dataset: give WORKSPACE/NAME",
                          hint="e.g. 'warp ls vision/coco-mini --versions'")
-    hist = versions(st, dataset)
+    mine = next((r for r in reg if r["dataset"] == dataset), None)
+    if mine is None:
+        hist = versions(st, dataset)
+    else:
+        try:  # a registration may shadow a published name (--shadow): its versions are listed too
+            hist = [] if store_missing else versions(st, dataset)
+        except DatasetNotFoundError:
+            hist = []
+        doc = load(dataset) or {}
+        mine = {"version_hash": mine["version"], "registered_at": doc.get("metadata", {}).get("registered_at"),
+                "rows": mine["rows"], "bytes": mine["bytes"], "tables": mine["tables"],
+                "artifacts": mine["artifacts"], "path": mine["registered"]}
     if out.options().json:
-        out.emit_json({"store": st.url, "dataset": dataset, "versions": [v.to_dict() for v in hist]})
+        doc_out = {"store": st.url, "dataset": dataset, "versions": [v.to_dict() for v in hist]}
+        if mine is not None:
+            doc_out["registered"] = mine
+        out.emit_json(doc_out)
         return 0
-    out.table(None, ["version", "created", "rows", "size", "latest"],
-              [[v.version_hash[:12], v.created_at or "", v.rows,
-                format_size(v.bytes) if v.bytes is not None else "", "*" if v.latest else ""] for v in hist])
+    rows = [[v.version_hash[:12], v.created_at or "", v.rows,
+             format_size(v.bytes) if v.bytes is not None else "", "*" if v.latest else ""] for v in hist]
+    if mine is not None:
+        rows.insert(0, [mine["version_hash"][:12] + " (registered)", mine["registered_at"] or "", mine["rows"],
+                        format_size(mine["bytes"]), "reads"])
+    out.table(None, ["version", "created", "rows", "size", "latest"], rows)
+    if mine is not None:
+        out.end_data()
+        published = (f"; the store's {len(hist)} published version(s) follow it, read with --store or "
+                     f"after 'warp unregister {dataset}'") if hist else ""
+        out.info(f"{dataset} is registered in place ({mine['path']}): a registration holds one version, the "
+                 f"files as last registered, and reads use it; registering again replaces it{published}")
     return 0

@@ -108,6 +108,12 @@ def main(
             raise DataError(f"--card {card}: not UTF-8 text", hint="a card is a Markdown file") from None
         except IsADirectoryError:  # a read: not the OS taxonomy's "cannot write"
             raise UsageError(f"--card {card}: it is a directory", hint="give the card's Markdown file") from None
+        from warpdata.lineage.card import card_dataset
+
+        named = card_dataset(req.card)
+        if named is not None and named != dataset:
+            out.warn(f"--card {card} is headed {named}, not {dataset}: another dataset's card? It is stored with "
+                     f"{dataset} as written, and a version's stored card is never rewritten")
 
     with out.progress("uploading", unit="B") as bar:
         result = publish(req, on_upload=bar.advance)

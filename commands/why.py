@@ -29,6 +29,10 @@ EXAMPLES = """
   warp why vision/coco-mini@3f2a9c1e0b7d photos/cat.jpg --table main
 """
 
+# `warp why DS -1`: Click reads -1 as an option; warp/cli/app.py answers with this instead
+NEGATIVE_ARGUMENT = ("sample indexes count from 0 (the first sample is 0, the last of N is N-1), so none is "
+                     "negative; give an index from 0, or a key (one that starts with '-' goes after '--')")
+
 
 def main(
     target: Annotated[str, typer.Argument(

@@ -30,7 +30,7 @@ _warp_complete_in() {
                 --type) _warp_words "image audio video file"; return 0;;
                 --names) _warp_files; return 0;;
                 --max-file-size) _warp_files; return 0;;
-                --max-pixels) :; return 0;;
+                --max-pixels) _warp_files; return 0;;
                 --keep) _warp_files; return 0;;
                 --store) _warp_files; return 0;;
                 --shard-size) _warp_files; return 0;;

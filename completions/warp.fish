@@ -47,7 +47,7 @@ complete -c warp -n '__fish_seen_subcommand_from ingest' -l root -r -F -d 'csv: 
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l type -x -a 'image audio video file' -d 'csv, paired: what the files are; only images are decoded'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l names -r -F -d 'paired: column/artifact names (default: the folder names)'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-file-size -r -F -d 'Quarantine files larger than this, with a unit (e.g'
-complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-pixels -x -d 'Quarantine images whose header declares more pixels (default: Pillow\'s cap, 8...'
+complete -c warp -n '__fish_seen_subcommand_from ingest' -l max-pixels -r -F -d 'Quarantine images whose header declares more pixels: a count, or with K, M or...'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l keep -r -F -d 'Keep the written main/quarantine Parquet files in DIR'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l set-latest -l no-set-latest -d 'Move the dataset\'s latest pointer to this version'
 complete -c warp -n '__fish_seen_subcommand_from ingest' -l dry-run -d 'Check and plan; upload nothing'
@@ -156,7 +156,7 @@ complete -c warp -n '__fish_seen_subcommand_from why' -F
 complete -c warp -n '__fish_seen_subcommand_from diff' -l from -r -F -d 'The older version (hash or prefix)'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l to -r -F -d 'The newer version (default: latest)'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l table -r -F -d 'Compare only this table'
-complete -c warp -n '__fish_seen_subcommand_from diff' -l key -r -F -d 'The column rows are matched by'
+complete -c warp -n '__fish_seen_subcommand_from diff' -l key -r -F -d 'The column rows are matched by; without --table, the one table that has it is...'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l rows -d 'List the keys added, removed and changed'
 complete -c warp -n '__fish_seen_subcommand_from diff' -l store -r -F -d 'Store URL or path: a folder, s3://bucket/prefix, memory://name or https://hos...'
 complete -c warp -n '__fish_seen_subcommand_from diff' -F

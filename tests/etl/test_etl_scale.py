@@ -159,6 +159,12 @@ def test_external_dask_cluster_gives_the_reference_bytes(cli, dataset, reference
     res = etl(cli, config(dataset, tmp_path / "b", build=f'executor = "dask:{dask_cluster["file"]}"', name="b.toml"))
     assert res["executor"] == f"dask:{dask_cluster['file']}"
     assert artifact(res["path"]) == reference
+    # issue 40: the address as 'dask scheduler' prints it (and warp's hints write it), tcp://HOST:PORT
+    r = cli("etl", "--config", config(dataset, tmp_path / "c", name="c.toml"), "--executor",
+            f"tcp://{dask_cluster['address']}")
+    assert r.code == 0, r.err
+    assert r.out.strip() == str(next((tmp_path / "c").glob("v*"))) and "is not a known executor" not in r.err
+    assert artifact(r.out.strip()) == reference
 
 
 def test_ray_gives_the_reference_bytes(cli, dataset, reference, tmp_path):
@@ -185,10 +191,23 @@ def test_bad_warp_workers_is_a_config_error_everywhere(cli, dataset, tmp_path, m
     assert not (tmp_path / "wh").exists() and not (tmp_path / "vol" / "volume.zarr").exists()
 
 
-@pytest.mark.parametrize("spec", ["bogus", "dask://nohost", "dask:", "ray:"])
+@pytest.mark.parametrize("spec", ["bogus", "dask://nohost", "dask:", "ray:", "tcp://nohost"])
 def test_bad_executor_names_the_setting(cli, dataset, tmp_path, spec):
+    # the command line's --executor is a usage error (exit 2), as a bad SIZE is; a config key's is 78
     r = cli("etl", "--config", config(dataset, tmp_path / "wh"), "--executor", spec)
-    assert r.code == 78 and f"--executor: {spec!r}" in r.err and "hint: " in r.err
+    assert r.code == 2 and f"--executor: {spec!r}" in r.err and "hint: " in r.err and r.out == ""
+
+
+def test_an_executor_port_out_of_range_is_a_usage_error_not_connection_refused(cli, dataset, tmp_path):
+    # issue 40: dask://127.0.0.1:99999 was tried and reported "connection refused" (exit 75)
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh"), "--executor", "dask://127.0.0.1:99999")
+    assert (r.code, r.out) == (2, "")
+    assert r.err.splitlines() == [
+        "error: --executor: 'dask://127.0.0.1:99999': port 99999 is out of range (a TCP port is 1 to 65535)",
+        "hint: give the port 'dask scheduler' printed (8786 by default), e.g. dask://127.0.0.1:8786"]
+    r = cli("etl", "--config", config(dataset, tmp_path / "wh", build='executor = "tcp://127.0.0.1:0"', name="p.toml"))
+    assert r.code == 78 and r.out == "" and "names port 0; a TCP port is 1 to 65535" in r.err and "build.executor" in r.err
+    assert not (tmp_path / "wh").exists()
 
 
 def test_warp_executor_env_picks_the_executor_and_the_flag_wins(cli, dataset, reference, tmp_path, monkeypatch):

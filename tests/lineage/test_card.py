@@ -176,3 +176,27 @@ def test_publish_refuses_a_card_with_broken_markers(cli, tmp_path):
             "--card", broken)
     assert r.code == 2 and "--card: section 'tables' has no" in r.err and "cannot be edited" in r.err
     assert not (store / "datasets").exists()
+
+
+def test_publish_card_headed_with_another_datasets_name_is_warned_about(cli, tmp_path):
+    # issue 40: a card headed with another dataset's name was stored without a note
+    store = tmp_path / "store"
+    image_dataset(tmp_path, 2)
+    other = tmp_path / "other.md"
+    other.write_text("# vision/coco\n\nThe COCO subset.\n")
+    args = ["publish", "ws/pics", "--table", f"main={tmp_path / 'table' / 'main.parquet'}", "--store", store, "-q"]
+    r = cli(*args, "--card", other)
+    assert r.code == 0 and len(r.out.strip()) == 64
+    assert r.err == (f"warning: --card {other} is headed vision/coco, not ws/pics: another dataset's card? It is "
+                     "stored with ws/pics as written, and a version's stored card is never rewritten\n")
+    # a card `warp card` wrote for another dataset, its heading changed by hand: its summary names it
+    generated = cli("card", "ws/pics", "--store", store, "--no-history").out
+    assert generated.startswith("# vision/coco\n") and "| dataset | `ws/pics` |" in generated
+    (tmp_path / "gen.md").write_text(generated.replace("# vision/coco", "# Pictures", 1))
+    r = cli("publish", "ws/pics2", *args[2:], "--card", tmp_path / "gen.md")
+    assert r.code == 0 and f"--card {tmp_path / 'gen.md'} is headed ws/pics, not ws/pics2" in r.err
+    # its own card, a heading in words, or none: no note
+    for i, text in enumerate(("# ws/own0\n", "# Pics\n\nHand-written.\n", "no heading at all\n")):
+        (tmp_path / "own.md").write_text(text)
+        r = cli("publish", f"ws/own{i}", *args[2:], "--card", tmp_path / "own.md")
+        assert r.code == 0 and r.err == "" and len(r.out.strip()) == 64, text

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -205,3 +209,101 @@ def test_a_default_key_that_repeats_gets_a_hint_that_can_be_followed(cli, tmp_pa
     r = cli("diff", "ws/dup", "--from", versions[0], "--store", store)
     assert r.code == 2 and "column 'id' does not identify rows" in r.err
     assert "naming none" not in r.err and "give a unique column with --key" in r.err
+
+
+def _two_versions(cli, tmp_path: Path, tables: dict[str, list[dict]], edit) -> tuple[Path, str]:
+    """Publish ``tables`` as ws/two, then with ``edit(table, rows)`` applied; (store, first version)."""
+    store = tmp_path / "store"
+    first = None
+    for step in (0, 1):
+        args = []
+        for name, rows in tables.items():
+            f = tmp_path / f"{name}-{step}.parquet"
+            pq.write_table(pa.Table.from_pylist(edit(name, rows) if step else rows), f)
+            args += ["--table", f"{name}={f}"]
+        r = cli("publish", "ws/two", *args, "--store", store, "-q")
+        assert r.code == 0, r.err
+        first = first or r.out.strip()
+    return store, first
+
+
+def test_the_text_output_ends_its_table_before_the_summary(cli, tmp_path):
+    # issue 40: "changedread 2 blob(s)": the summary on stderr ran into the table's last line
+    store, v1 = _two_versions(cli, tmp_path, {"main": [{"key": "a", "v": 1}, {"key": "b", "v": 2}]},
+                              lambda _t, rows: [rows[0], {"key": "b", "v": 3}])
+    r = cli("diff", "ws/two", "--from", v1[:12], "--store", store)
+    assert r.code == 1
+    lines = r.out.splitlines()
+    assert lines[0].startswith("ws/two: " + v1[:12] + " -> ") and lines[0].endswith(": rows +0 -0 ~1")
+    assert lines[1:] == ["table  key  added  removed  changed  status", "main   key  0      0        1        changed"]
+    assert r.out.endswith("changed\n")
+    assert r.err.startswith("read 2 blob(s), ") and r.err.endswith(" in both versions\n") and r.err.count("\n") == 1
+    # one stream for both, as a terminal or `2>&1` sees them: stdout buffered (a pipe), flushed first
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    p = subprocess.run(f"{shlex.quote(sys.executable)} -m warpdata diff ws/two --from {v1[:12]} "
+                       f"--store {shlex.quote(str(store))} 2>&1", shell=True, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stdout
+    merged = p.stdout.splitlines()
+    assert merged[1:3] == lines[1:3] and merged[3].startswith("read 2 blob(s), ") and len(merged) == 4
+
+
+def test_two_directories_are_the_versions_so_from_and_to_are_usage_errors(cli, tmp_path):
+    # issue 40: `warp diff DIR DIR --to X` ignored --to silently
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    r = cli("diff", a, b, "--to", "81be07")
+    assert r.code == 2 and r.out == ""
+    assert r.err.splitlines() == [
+        f"error: --to 81be07: versions are picked for a published dataset; {a} and {b} are themselves the "
+        "two versions compared",
+        f"hint: drop --to (warp diff {a} {b}), or compare a published dataset's versions: "
+        "warp diff WS/NAME --from V1 --to V2"]
+    r = cli("diff", a, b, "--from", "3f2a9c", "--to", "81be07")
+    assert r.code == 2 and r.out == "" and r.err.startswith("error: --from 3f2a9c and --to 81be07: versions are")
+    assert "hint: drop --from and --to (" in r.err
+
+
+def test_a_published_dataset_given_as_a_directory_is_told_about_from(cli, tmp_path):
+    # issue 40: `warp diff DIR WS/NAME` said "WS/NAME: no manifest.json" (exit 66)
+    a = tmp_path / "a"
+    a.mkdir()
+    for args in ((a, "vision/coco"), ("vision/coco@3f2a9c", a)):
+        r = cli("diff", *args)
+        given = str(args[1] if args[0] == a else args[0])
+        assert r.code == 2 and r.out == ""
+        assert r.err.splitlines() == [
+            f"error: {given} is not a local directory; a published dataset is compared with one of its own "
+            "versions, given by --from (and --to), not with a directory",
+            "hint: warp diff vision/coco --from V1 [--to V2] (list them with 'warp ls vision/coco --versions'); "
+            "two local artifacts: warp diff DIR DIR2"]
+    r = cli("diff", a, tmp_path / "missing")  # neither a directory nor a dataset id: what is missing
+    assert r.code == 66 and r.out == "" and f"error: {a}: no manifest.json" in r.err
+
+
+def test_key_without_table_compares_the_table_that_has_the_column(cli, tmp_path):
+    # issue 40: `diff --key COL` without --table failed on the first table, which lacked COL
+    tables = {"labels": [{"label_id": 1, "name": "cat", "value": 0}, {"label_id": 2, "name": "dog", "value": 0}],
+              "main": [{"key": "a", "value": 1}, {"key": "b", "value": 2}]}
+
+    def edit(table, rows):
+        return [rows[0], {**rows[1], "name": "wolf"}] if table == "labels" else rows
+
+    store, v1 = _two_versions(cli, tmp_path, tables, edit)
+    r = cli("diff", "ws/two", "--from", v1, "--key", "label_id", "--rows", "--store", store)
+    assert r.code == 1, r.err
+    lines = r.out.splitlines()
+    assert lines[0].endswith(": rows +0 -0 ~1")
+    assert lines[1:] == ["table   key       added  removed  changed  status",
+                         "labels  label_id  0      0        1        changed", "~ labels 2"]
+    assert r.err.startswith("read 2 blob(s), ")
+    r = cli("diff", "ws/two", "--from", v1, "--key", "value", "--store", store)  # in both tables
+    assert r.code == 2 and r.out == ""
+    assert r.err.splitlines() == ["error: ws/two: --key 'value' is a column of 2 tables (labels, main): say which "
+                                  "with --table", "hint: e.g. --table labels --key value"]
+    r = cli("diff", "ws/two", "--from", v1, "--key", "nope", "--store", store)  # in none
+    assert r.code == 2 and r.out == ""
+    assert r.err.splitlines() == ["error: ws/two: --key 'nope' is not a column of any table",
+                                  "hint: tables and their columns: labels (label_id, name, value); main (key, value)"]
+    r = cli("diff", "ws/two", "--from", v1, "--key", "value", "--table", "main", "--json", "--store", store)
+    assert r.code == 0 and [t["table"] for t in r.json()["tables"]] == ["main"]

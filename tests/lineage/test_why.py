@@ -226,3 +226,16 @@ def test_a_damaged_side_table_is_a_data_error_in_why_and_diff(cli, coco_warehous
     if side != "quarantine":  # diff reads the samples and sources tables
         r = cli("diff", coco_warehouse, copy)
         assert r.code == 65 and f"{path}: not a readable Parquet file" in r.err, r.err
+
+
+def test_a_negative_index_is_told_indexes_count_from_0(cli):
+    # issue 40: `warp why DS -1` answered "No such option: -1" (Click reads -1 as an option)
+    said = ("-1 is not an option: sample indexes count from 0 (the first sample is 0, the last of N is N-1), so "
+            "none is negative; give an index from 0, or a key (one that starts with '-' goes after '--')")
+    r = cli("why", "vision/coco", "-1")
+    assert (r.code, r.out) == (2, "")
+    assert r.err == f"Usage: warp why [OPTIONS] {{TARGET}} {{INDEX|KEY}}\nTry 'warp why -h' for help.\n\nError: {said}\n"
+    r = cli("--json", "why", "vision/coco", "-1")
+    assert r.code == 2 and r.json() == {"error": "usage", "exit_code": 2, "message": said}
+    r = cli("why", "vision/coco", "3", "--bogus")  # other unknown options keep Click's answer
+    assert r.code == 2 and r.out == "" and r.err.endswith("\nError: No such option: --bogus\n")

@@ -265,3 +265,26 @@ def test_ingest_to_s3_twice_uploads_nothing(cli, s3, tmp_path, monkeypatch):
     assert second.json()["blobs_uploaded"] == 0 and s3.count("PUT") == 0
     ds = warpdata.dataset("ws/pets", mode="remote")
     assert ds.artifact("images").read("cat/cat1.jpg") == (tmp_path / "pets" / "cat" / "cat1.jpg").read_bytes()
+
+
+def test_max_pixels_takes_k_m_g_units(cli, tmp_path):
+    # issue 40: `--max-pixels 1M` was refused ("'1M' is not a valid integer") though sizes take units
+    from warpdata.core.sizes import parse_count_option
+
+    assert [parse_count_option(t, "--max-pixels") for t in ("89478485", "1M", "0.3k", "2.5K", " 1g ")] == \
+        [89_478_485, 10**6, 300, 2500, 10**9]
+    root = tmp_path / "pets"
+    make_folder(root)  # (10+i) x (20+i): 200, 231 and 264 pixels per class
+    (root / "cat" / "wide.jpg").write_bytes(jpeg(40, 30))  # 1,200 pixels
+    r = cli("-q", "ingest", "imagefolder", root, "ws/pets", "--max-pixels", "1K")
+    assert r.code == 0 and len(r.out.strip()) == 64
+    assert r.err == ("warning: 1 file(s) quarantined (too-many-pixels 1); see the quarantine table, e.g. cat/wide.jpg: "
+                     "JPEG header declares 40x30 = 1,200 pixels, over the cap of 1,000\n")
+    r = cli("-q", "ingest", "imagefolder", root, "ws/pets", "--max-pixels", "1M", "--json")
+    assert r.code == 0 and r.err == "" and (r.json()["rows"], r.json()["quarantined"]) == (7, 0)
+    for bad in ("1Mi", "0", "0.5", "-3", "lots", "1.5KB"):
+        r = cli("ingest", "imagefolder", root, "ws/pets", "--max-pixels", bad)
+        assert (r.code, r.out) == (2, ""), bad
+        assert r.err.splitlines() == [
+            f"error: --max-pixels {bad!r} is not a count of at least 1",
+            "hint: e.g. --max-pixels 50M: a whole number, or with K, M or G (powers of 1000: 1M = 1,000,000)"], bad

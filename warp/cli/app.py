@@ -276,6 +276,32 @@ def _listed_only(name: str) -> Callable[[], None]:
 
 _CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
+def command_class(mod: Any) -> type:
+    """The Click command class of ``mod``'s command: Typer's, and where the module has a
+    ``NEGATIVE_ARGUMENT`` string, a negative number given as an argument (`warp why DS -1`, which
+    Click reads as an option: "No such option: -1") is a usage error (exit 2) saying that string:
+    what the argument counts from."""
+    import re
+
+    from typer.core import TyperCommand
+
+    # Click's exceptions as Typer uses them (Typer may carry its own copy of Click)
+    clicks = importlib.import_module(typer.BadParameter.__module__)
+    said = getattr(mod, "NEGATIVE_ARGUMENT", None)
+    if said is None:
+        return TyperCommand
+
+    class WarpCommand(TyperCommand):
+        def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+            try:
+                return super().parse_args(ctx, args)
+            except clicks.NoSuchOption as e:
+                if not re.fullmatch(r"-[0-9]+", e.option_name or ""):
+                    raise
+                raise clicks.UsageError(f"{e.option_name} is not an option: {said}", ctx) from None
+
+    return WarpCommand
+
 
 def build_app(load: Sequence[str] | None = None) -> typer.Typer:
     """The Typer app. ``load`` names the commands whose modules are imported
@@ -303,6 +329,7 @@ def build_app(load: Sequence[str] | None = None) -> typer.Typer:
             short_help=spec.summary,
             epilog=examples_epilog(getattr(mod, "EXAMPLES", "")),
             context_settings=_CONTEXT,
+            cls=command_class(mod),
         )(guarded(mod.main))
     return app
 

@@ -5,7 +5,8 @@ global flags (``--json``, ``-q``/``-v``, ``--color``, ``--debug``). Helpers
 here are the only way commands print:
 
 * :func:`emit_json` writes exactly one JSON document to stdout;
-* :func:`data` writes plain data lines to stdout;
+* :func:`data` writes plain data lines to stdout; :func:`end_data` flushes them before a
+  summary on stderr;
 * :func:`info`, :func:`warn`, :func:`detail` write to stderr, honouring -q/-v;
 * :func:`progress` is a Rich progress bar on a stderr console, and a no-op
   when stderr is not a terminal, under ``--json`` or ``-q``;
@@ -93,6 +94,13 @@ def emit_json(obj: Any) -> None:
 
 def data(line: str = "") -> None:
     sys.stdout.write(line + "\n")
+
+
+def end_data() -> None:
+    """End what was printed on stdout before a summary goes to stderr: flush it, so a terminal or a
+    ``2>&1`` pipe shows the table (and its last line's newline) whole, then the summary."""
+    stream = sys.stdout  # a local: an error flushing it is reported as stdout's
+    stream.flush()
 
 
 def _stderr(markup: str, plain: str) -> None:

@@ -10,7 +10,8 @@ numbers as bytes for callers that pass ints.
 command (``cache gc --limit``, ``publish``/``ingest --shard-size``, ``ingest
 --max-file-size``, ``warm --max-bytes``); ``tests/cli/test_output_edges.py``
 finds every option whose metavar is SIZE and checks that each refuses a bare
-number.
+number. :func:`parse_count_option` reads counts the same way (``ingest --max-pixels 1M``):
+a bare number is a count there, and K, M, G are the decimal units.
 """
 
 from __future__ import annotations
@@ -46,6 +47,26 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmg]?)\s*$", re.IGNORECASE)
+_COUNT_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def parse_count_option(text: str, option: str, example: str = "1M") -> int:
+    """A count given to ``option`` (pixels, ...): a whole number, or one with a K, M or G suffix in
+    powers of 1000 (``1M`` = 1,000,000, ``2.5K`` = 2,500), as sizes' decimal units; at least 1.
+    Anything else is a usage error (exit 2). A count has no binary units: ``Mi`` is refused."""
+    m = _COUNT.match(text)
+    if m:
+        from fractions import Fraction  # exact, as parse_size
+
+        n = Fraction(m.group(1)) * _COUNT_UNITS[m.group(2).lower()]
+        if n.denominator == 1 and n >= 1:
+            return int(n)
+    raise UsageError(f"{option} {text.strip()!r} is not a count of at least 1",
+                     hint=f"e.g. {option} {example}: a whole number, or with K, M or G (powers of 1000: "
+                          "1M = 1,000,000)", option=option, value=text)
 
 
 def parse_size_option(text: str, option: str, example: str = "20GB") -> int:

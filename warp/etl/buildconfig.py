@@ -35,14 +35,9 @@ LEGACY_IDENTITY = ("version",)
 
 
 def _executor_check(v: Any) -> str | None:
-    problem = check_spec(v)
-    if problem is None and v.strip().lower().startswith(("dask://", "dask+tcp://")):
-        # a port no scheduler can listen on is the config's mistake: refused here, not after the 10 s
-        # the connect waits (docs/design.md §11)
-        port = int(v.rpartition(":")[2])
-        if not 1 <= port <= 65535:
-            return f"names port {port}; a TCP port is 1 to 65535 (the scheduler's, 8786 by default)"
-    return problem
+    # a port no scheduler can listen on is the config's mistake: check_spec refuses it here, not
+    # after the 10 s the connect waits (docs/design.md §11)
+    return check_spec(v)
 
 
 def _resources_check(v: Any) -> str | None:

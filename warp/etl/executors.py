@@ -11,11 +11,16 @@ spec (``--executor``,           runs the tasks on
                                 worker per worker, as threads of this process
                                 (in-process transport, no dashboard); a process
                                 per worker when the tasks ask for resources
-``dask://HOST:PORT``            an existing Dask scheduler
+``dask://HOST:PORT``,           an existing Dask scheduler (``tcp://``: the address
+``tcp://HOST:PORT``             ``dask scheduler`` prints); a port outside 1-65535 is
+                                refused as the spec's mistake, never tried
 ``dask:SCHEDULER_FILE``         an existing Dask scheduler, by its scheduler file
 ``ray``                         Ray Core tasks on a local Ray started for the run
 ``ray://HOST:PORT``, ``ray:auto`` an existing Ray cluster
 =============================== ===================================================
+
+A spec that is none of these is a UsageError (exit 2) given as ``--executor``, and a ConfigError
+(exit 78) from ``[build] executor`` or ``WARP_EXECUTOR``.
 
 A task is a picklable value and the function a module-level function, so the
 same task gives the same bytes wherever it runs. Results come back in

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError
+from warpdata.core.errors import ConfigError, UsageError
 
 KINDS = ("local", "thread", "process", "dask", "ray")
-HELP = ("local (threads; also 'thread'), process, dask (a LocalCluster), dask://HOST:PORT or "
-        "dask:SCHEDULER_FILE (an existing cluster), ray, ray://HOST:PORT or ray:auto")
+HELP = ("local (threads; also 'thread'), process, dask (a LocalCluster), dask://HOST:PORT (or tcp://HOST:PORT, "
+        "as 'dask scheduler' prints it) or dask:SCHEDULER_FILE (an existing cluster), ray, ray://HOST:PORT or ray:auto")
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,16 @@ class ExecutorSpec:
 
 
 def parse_executor(text: str, *, where: str = "--executor") -> ExecutorSpec:
-    """Parse an executor spec; ConfigError (exit 78) naming ``where`` when it is not one. The spec
-    keeps ``where`` for later errors about it (:attr:`ExecutorSpec.named`)."""
-    spec = _parse_executor(text, where)
+    """Parse an executor spec; an error naming ``where`` when it is not one: a UsageError (exit 2)
+    for the command line's ``--executor``, a ConfigError (exit 78) for a config file's key or
+    ``WARP_EXECUTOR``. The spec keeps ``where`` for later errors about it
+    (:attr:`ExecutorSpec.named`)."""
+    try:
+        spec = _parse_executor(text, where)
+    except ConfigError as e:
+        if where != "--executor":
+            raise
+        raise UsageError(e.message, hint=e.hint, **e.details) from None
     return spec if where == "--executor" else replace(spec, where=where)
 
 
@@ -56,12 +63,17 @@ def _parse_executor(text: str, where: str) -> ExecutorSpec:
         return ExecutorSpec("process", None, t)
     if low == "dask":
         return ExecutorSpec("dask", None, t)
-    if low.startswith(("dask://", "dask+tcp://")):
+    if low.startswith(("dask://", "dask+tcp://", "tcp://")):  # tcp://: the address 'dask scheduler' prints
         rest = t.split("://", 1)[1]
         host, sep, port = rest.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"{where}: {t!r} is not dask://HOST:PORT",
-                              hint="e.g. dask://10.0.0.5:8786 (the address 'dask scheduler' prints)")
+                              hint="e.g. dask://10.0.0.5:8786 or tcp://10.0.0.5:8786 (the address 'dask scheduler' "
+                                   "prints)")
+        if not 1 <= int(port) <= 65535:  # no connection can be tried: not "connection refused"
+            raise ConfigError(f"{where}: {t!r}: port {int(port)} is out of range (a TCP port is 1 to 65535)",
+                              hint="give the port 'dask scheduler' printed (8786 by default), e.g. "
+                                   f"dask://{host}:8786", port=int(port))
         return ExecutorSpec("dask", f"tcp://{rest}", t)
     if low.startswith("dask:"):
         path = t[5:]
@@ -82,7 +94,9 @@ def check_spec(value: Any) -> str | None:
     """A config schema check (``Field(check=...)``): None when ``value`` is an executor spec."""
     try:
         parse_executor(value)
-    except ConfigError:
+    except UsageError as e:
+        if "port" in e.details:  # a port no scheduler can listen on: refused before any connect
+            return f"names port {e.details['port']}; a TCP port is 1 to 65535 (the scheduler's, 8786 by default)"
         return "must be one of: " + HELP
     return None
 

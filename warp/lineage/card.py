@@ -29,12 +29,13 @@ from warpdata.core.errors import UsageError
 from warpdata.core.sizes import format_size
 from warpdata.lineage.diff import DiffRequest, diff_published
 from warpdata.lineage.history import versions
+from warpdata.registry.manifest import validate_dataset_id
 from warpdata.registry.store import Store
 
 # lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
 # importing this module does not load it
 
-__all__ = ["CARD_MAX_BYTES", "SECTIONS", "Card", "CardRequest", "generate", "merge"]
+__all__ = ["CARD_MAX_BYTES", "SECTIONS", "Card", "CardRequest", "card_dataset", "generate", "merge"]
 
 SECTIONS = ("summary", "tables", "artifacts", "quarantine", "sources", "history", "preview")
 CARD_MAX_BYTES = 1 << 20  # a card stored in a manifest's envelope (warp publish --card)
@@ -104,6 +105,24 @@ def merge(existing: str | None, sections: dict[str, str], title: str) -> str:
         if name not in seen:
             text = text.rstrip("\n") + f"\n\n{begin(name)}\n{body.rstrip()}\n{end(name)}\n"
     return text
+
+
+_SUMMARY_ID = re.compile(r"^\| dataset \| `([^`]+)` \|[ \t]*$", re.M)
+
+
+def card_dataset(text: str) -> str | None:
+    """The dataset a card names: its first level-1 heading when that is a dataset id (``warp
+    card`` heads a card ``# WS/NAME``), else the dataset row of its generated summary; None when
+    it names none (a heading in words, no summary)."""
+    for line in text.splitlines():
+        if line.startswith("# "):
+            title = line[2:].strip().strip("`").partition("@")[0]
+            try:
+                return validate_dataset_id(title)
+            except UsageError:
+                break  # a title in words names no dataset; the summary may
+    m = _SUMMARY_ID.search(text)
+    return m.group(1) if m else None
 
 
 def generate(req: CardRequest) -> Card:

@@ -8,14 +8,17 @@ Contract (docs/lineage.md, "warp diff"):
   shards of one version that the other lacks are fetched (one GET each). Without a key column
   (``--key``, else the first of ``key``, ``path``, ``id``, ``sample_id``, ``name`` in both
   schemas) rows are compared whole: added and removed only. A table in one version only counts
-  all its rows from the manifest, reading nothing unless the keys are asked for.
+  all its rows from the manifest, reading nothing unless the keys are asked for. ``--key``
+  without ``--table`` compares the one table that has the column (UsageError when several or
+  none do).
 * **Artifacts** of a published version: members added, removed and changed by content. A
   member whose tar shard (blob) is in both versions at the same offset and length is unchanged
   without a read; the others are read by ranged GETs and compared by SHA-256.
 * **Two local artifacts of the same kind** (warehouse versions, feature caches, Zarr arrays):
   shards (or levels) added, removed and changed by the hashes their manifests record, and the
   samples of the per-sample side table (``samples.parquet`` + ``sources.parquet``,
-  ``records.parquet``) by key; payloads are never read.
+  ``records.parquet``) by key; payloads are never read. The directories are the versions:
+  ``--from``/``--to`` are refused, as is a second "directory" that is a dataset id.
 
 The result counts what was read (blobs, bytes) and what was skipped, so the cost is visible.
 """
@@ -35,6 +38,7 @@ from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.features import manifest as fmanifest
+from warpdata.registry.manifest import validate_dataset_id
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import ArtifactIndex
 from warpdata.warehouse import manifest as wmanifest
@@ -121,6 +125,15 @@ class DiffResult:
 
 def diff(req: DiffRequest) -> DiffResult:
     if req.other is not None:
+        for given in (req.target, req.other):
+            _refuse_published_as_dir(given, req)
+        picked = [f"{flag} {v}" for flag, v in (("--from", req.from_version), ("--to", req.to_version)) if v]
+        if picked:  # two directories are the two versions: a version flag would be silently ignored
+            raise UsageError(f"{' and '.join(picked)}: versions are picked for a published dataset; "
+                             f"{req.target} and {req.other} are themselves the two versions compared",
+                             hint=f"drop {' and '.join(f.split()[0] for f in picked)} "
+                                  f"(warp diff {req.target} {req.other}), or compare a published dataset's "
+                                  "versions: warp diff WS/NAME --from V1 --to V2")
         return diff_local(Path(req.target), Path(req.other), req)
     p = Path(req.target)
     if p.exists():
@@ -130,6 +143,22 @@ def diff(req: DiffRequest) -> DiffResult:
         raise UsageError(f"warp diff {req.target}: --from V1 is required for a published dataset",
                          hint=f"list versions with 'warp ls {req.target} --versions'")
     return diff_published(req)
+
+
+def _refuse_published_as_dir(given: str, req: DiffRequest) -> None:
+    """UsageError when ``given`` (one of two directories) is no local path but reads as WS/NAME:
+    a published dataset is compared with one of its own versions, by --from."""
+    if Path(given).exists():
+        return
+    name = given.partition("@")[0]
+    try:
+        validate_dataset_id(name)
+    except UsageError:
+        return  # neither a directory nor a dataset id: the local comparison says what is missing
+    raise UsageError(f"{given} is not a local directory; a published dataset is compared with one of its own "
+                     "versions, given by --from (and --to), not with a directory",
+                     hint=f"warp diff {name} --from V1 [--to V2] (list them with 'warp ls {name} --versions'); "
+                          "two local artifacts: warp diff DIR DIR2", dataset=name)
 
 
 # -- rows -------------------------------------------------------------------------------------
@@ -233,17 +262,45 @@ def diff_published(req: DiffRequest) -> DiffResult:
             raise MissingInputError(f"{name}: no table {req.table!r} in either version",
                                     hint=f"tables: {', '.join(names) or 'none'}")
         names = [req.table]
+    elif req.key is not None:  # --key alone: the one table that has the column, as if named by --table
+        names = [_table_of_key(name, req.key, ma, mb, names)]
     for tn in names:
         ta, tb = ma.tables.get(tn), mb.tables.get(tn)
         res.bytes_total += (ta.byte_size if ta else 0) + (tb.byte_size if tb else 0)
         res.tables.append(_diff_table(tn, ta, tb, req, rd))
-    if req.table is None:
+    if req.table is None and req.key is None:
         for an in sorted(set(ma.artifacts) | set(mb.artifacts)):
             aa, ab = ma.artifacts.get(an), mb.artifacts.get(an)
             res.bytes_total += (aa.byte_size if aa else 0) + (ab.byte_size if ab else 0)
             res.artifacts.append(_diff_artifact(an, aa, ab, req, rd))
     res.blobs_read, res.bytes_read = rd.blobs, rd.bytes
     return res
+
+
+def _table_of_key(name: str, key: str, ma, mb, names: list[str]) -> str:
+    """The table ``--key`` names without ``--table``: the one whose columns hold ``key`` (in both
+    versions, else in either); UsageError when none or several do."""
+    if len(names) == 1:
+        return names[0]  # the one table: _pick_key says what is wrong with the key, if anything
+
+    def has(tn: str, test) -> bool:
+        return test(key in t.columns for t in (ma.tables.get(tn), mb.tables.get(tn)) if t is not None)
+
+    found = [tn for tn in names if has(tn, all)] or [tn for tn in names if has(tn, any)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise UsageError(f"{name}: --key {key!r} is a column of {len(found)} tables ({', '.join(found)}): "
+                         "say which with --table", hint=f"e.g. --table {found[0]} --key {key}",
+                         tables=found)
+
+    def cols(tn: str) -> str:
+        t = mb.tables.get(tn) or ma.tables.get(tn)
+        shown = list(t.columns)[:8]
+        return f"{tn} ({', '.join(shown)}{', ...' if len(t.columns) > 8 else ''})"
+
+    raise UsageError(f"{name}: --key {key!r} is not a column of any table",
+                     hint="tables and their columns: " + "; ".join(cols(tn) for tn in names))
 
 
 def _diff_table(tn: str, ta, tb, req: DiffRequest, rd: _Reader) -> TableDiff:
