@@ -127,8 +127,13 @@ _warp_complete_in() {
             case "$prev" in
                 --head) :; return 0;;
                 --preview) _warp_files; return 0;;
+                --world) :; return 0;;
+                --workers) :; return 0;;
+                --batch-size) :; return 0;;
+                --columns) _warp_files; return 0;;
+                --table) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--verify --head --preview --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--verify --head --preview --plan --world --workers --batch-size --columns --table --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         stream)
             case "$prev" in

@@ -133,6 +133,12 @@ complete -c warp -n '__fish_seen_subcommand_from head' -F
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l verify -d 'Check every checksum; exit 1 on corruption'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l head -x -d 'Also show the first N rows/samples where that applies'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -l preview -r -F -d 'Draw the artifact instead (sample grid with boxes, contact sheet, Zarr slices...'
+complete -c warp -n '__fish_seen_subcommand_from inspect' -l plan -d 'For a published dataset: what each rank will fetch in a cold epoch (requests,...'
+complete -c warp -n '__fish_seen_subcommand_from inspect' -l world -x -d 'With --plan: the number of ranks'
+complete -c warp -n '__fish_seen_subcommand_from inspect' -l workers -x -d 'With --plan: DataLoader workers per rank'
+complete -c warp -n '__fish_seen_subcommand_from inspect' -l batch-size -x -d 'With --plan: rows per batch'
+complete -c warp -n '__fish_seen_subcommand_from inspect' -l columns -r -F -d 'With --plan: the columns read (comma-separated)'
+complete -c warp -n '__fish_seen_subcommand_from inspect' -l table -r -F -d 'With --plan: the table (default: the dataset\'s default)'
 complete -c warp -n '__fish_seen_subcommand_from inspect' -F
 
 complete -c warp -n '__fish_seen_subcommand_from stream' -l table -r -F -d 'Table to stream (default: the only table, else main)'

@@ -155,3 +155,25 @@ def test_a_pinned_version_opens_with_one_request(s3, paged, monkeypatch, cli):
     monkeypatch.setenv("WARP_PIN", "ws/paged")
     r = cli("info", "ws/paged")
     assert r.code == 78 and "WARP_PIN" in r.err and "WS/NAME@VERSION" in r.err, r.err
+
+
+@pytest.mark.parametrize("world, workers", [(4, 0), (8, 2)])
+def test_the_plan_prices_what_the_ranks_then_fetch(s3, paged, cli, world, workers):
+    """`warp inspect WS/NAME --plan --world N --workers K`: the bytes it prints are those the ranks
+    then download (the same split, the same reads), counted by the server."""
+    r = cli("inspect", "ws/paged", "--plan", "--world", str(world), "--workers", str(workers),
+            "--batch-size", "2048", "--json")
+    assert r.code == 0, r.err
+    plan = r.json()
+    assert len(plan["readers"]) == world * max(1, workers)
+    assert sum(x["rows"] for x in plan["readers"]) == FILES * FILE_ROWS
+    s3.reset_counts()
+    for rank in range(world):
+        t = warpdata.dataset("ws/paged", mode="remote").table("main")
+        for w in range(max(1, workers)):
+            for _ in t.batches(2048, rank=rank, world_size=world, worker=(w, max(1, workers))):
+                pass
+    got = range_bytes(s3.requests("GET", "warp/blobs/"))
+    assert got == plan["bytes"], (got, plan["bytes"])
+    text = cli("inspect", "ws/paged", "--plan", "--world", str(world))
+    assert text.code == 0 and "per rank" in text.out and "total:" in text.out
