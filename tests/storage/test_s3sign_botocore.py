@@ -16,8 +16,10 @@ signs another way). An endpoint with ``user:pw@`` is refused by warp with a Conf
 setting, before anything is signed.
 
 ``WARP_PRESIGN_EXAMPLES=2000`` runs the property over 2,000 examples instead of the profile's;
-``WARP_PRESIGN_CENSUS=600`` runs the census test: 600 examples from a fixed seed, never failing,
-printing the tally (equal, declined, refused, mismatched and how) for before/after comparisons.
+``WARP_PRESIGN_CENSUS=600`` runs the census test: 600 cases drawn from a fixed seed apart from
+Hypothesis's engine (whose choices follow the code under test), the same cases for any version of
+s3sign.py; it never fails and prints the tally (equal, declined, refused, mismatched and how) for
+before/after comparisons. It uses Hypothesis internals (``ConjectureData``), so it is opt-in.
 """
 
 from __future__ import annotations
