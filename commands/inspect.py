@@ -132,7 +132,7 @@ def _plan(target: str, world: int, workers: int, batch_size: int, columns: str |
               [[k, rows, len(objs), req, format_size(b)] for k, rows, objs, req, b in ranks.values()])
     ratio = p.bytes / max(1, p.columns_bytes)
     out.data(f"total: {p.requests} requests, {format_size(p.bytes)} for {format_size(p.columns_bytes)} of columns "
-             f"({ratio:.3f}x)")
+             f"({ratio:.3f}x): " + ", ".join(f"{k} {format_size(v)}" for k, v in p.bytes_by_kind().items()))
     if p.planning:
         out.info(f"planning read {p.planning.get('requests', 0)} request(s), "
                  f"{format_size(p.planning.get('bytes', 0))} (footers and page indexes)")

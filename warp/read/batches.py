@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core import envvars
+from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.errors import BlobCorruptedError, DataError, ManifestCorruptedError, UsageError
 from warpdata.formats import parquet_pages as pp
 from warpdata.partition.plan import ResumeState, ShardPlan
@@ -157,7 +158,6 @@ class _ShardFiles:
                 return None
         if not self.whole_candidate(i):
             return None
-        import pyarrow as pa
         import pyarrow.parquet as pq
 
         key = self.ds.blob_key(s)
@@ -166,7 +166,7 @@ class _ShardFiles:
             self._keep(s, data)
         md = _parse_recorded_footer(self.ds, s, data[len(data) - size:])
         try:
-            return pq.ParquetFile(pa.BufferReader(data), metadata=md)
+            return pq.ParquetFile(arrow_reader(data), metadata=md)  # Arrow's memory: warp/core/arrowmem.py
         except Exception as e:
             raise DataError(f"{self.ds.remote.url_of(key)}: not a readable Parquet shard: {e}",
                             hint="the store copy is damaged; republish the dataset") from None
@@ -302,7 +302,8 @@ class _ShardFiles:
             for (first, _end), cols in groups.items():
                 sel = {leaf: (chunks[leaf], *spans[leaf][:2]) for n in cols for leaf in leaves_of[n]}
                 mini, first, end = pp.slice_file(raw, g, sel, data)
-                tab = pq.ParquetFile(pa.BufferReader(mini)).read(columns=cols, use_threads=False)
+                # in Arrow's memory: no Arrow thread may hold the last reference to Python bytes at exit
+                tab = pq.ParquetFile(arrow_reader(mini)).read(columns=cols, use_threads=False)
                 if tab.num_rows != end - first:
                     raise pp.ParquetPagesError(f"pages of rows {first}..{end} decode to {tab.num_rows} rows")
                 for n in cols:

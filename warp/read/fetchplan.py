@@ -34,10 +34,17 @@ class ReaderPlan:
     requests: int = 0
     bytes: int = 0
     objects: set = field(default_factory=set)
+    # bytes by what they are: whole shards, row groups' column chunks, footers, offset indexes, pages
+    kinds: dict = field(default_factory=dict)
+
+    def add(self, kind: str, requests: int, nbytes: int) -> None:
+        self.requests += requests
+        self.bytes += nbytes
+        self.kinds[kind] = self.kinds.get(kind, 0) + nbytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "worker": self.worker, "rows": self.rows, "requests": self.requests,
-                "bytes": self.bytes, "objects": len(self.objects)}
+                "bytes": self.bytes, "objects": len(self.objects), "bytes_by_kind": dict(sorted(self.kinds.items()))}
 
 
 @dataclass
@@ -59,10 +66,18 @@ class EpochPlan:
     def requests(self) -> int:
         return sum(r.requests for r in self.readers)
 
+    def bytes_by_kind(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.readers:
+            for k, v in r.kinds.items():
+                out[k] = out.get(k, 0) + v
+        return dict(sorted(out.items()))
+
     def to_dict(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "version": self.version, "table": self.table, "world": self.world,
                 "workers": self.workers, "columns_bytes": self.columns_bytes, "bytes": self.bytes,
                 "requests": self.requests, "bytes_ratio": self.bytes / max(1, self.columns_bytes),
+                "bytes_by_kind": self.bytes_by_kind(),
                 "readers": [r.to_dict() for r in self.readers], "planning": self.planning}
 
 
@@ -128,12 +143,9 @@ def epoch_plan(table: Any, world: int, workers: int = 0, batch_size: int = 8192,
                 full = [lo == 0 and hi == b[g + 1] - b[g] for g, lo, hi in groups]
                 if all_cols and all(full) and len(groups) == len(b) - 1 and s.byte_size <= WHOLE_SHARD_BYTES \
                         and files.whole_candidate(unit):
-                    rp.requests += 1
-                    rp.bytes += s.byte_size
+                    rp.add("shards", 1, s.byte_size)
                     continue
-                footer = (s.stats or {}).get("footer_size") or 0
-                rp.requests += 1
-                rp.bytes += footer
+                rp.add("footers", 1, (s.stats or {}).get("footer_size") or 0)
                 md = files.get(unit).metadata
                 leaves = [j for j in range(md.num_columns)
                           if names is None or md.schema.column(j).path.split(".")[0] in names]
@@ -152,10 +164,9 @@ def epoch_plan(table: Any, world: int, workers: int = 0, batch_size: int = 8192,
                     for cp in cps.values():
                         k, m, _, _ = cp.covering(lo, hi)
                         pages += ([cp.dict_range] if cp.dict_range else []) + [cp.byte_range(k, m)]
-                for ranges in (data, ois, pages):
+                for kind, ranges in (("row groups", data), ("page indexes", ois), ("pages", pages)):
                     got = plan_ranges(ranges)
-                    rp.requests += len(got)
-                    rp.bytes += sum(n for _, n in got)
+                    rp.add(kind, len(got), sum(n for _, n in got))
             readers.append(rp)
     after = ds.remote.stats.snapshot() if before is not None else None
     cost = {k: after[k] - before[k] for k in ("requests", "bytes")} if after else {}
