@@ -20,7 +20,13 @@ from typing import Any
 from warpdata.formats import parquet_pages as pp
 from warpdata.partition.plan import ShardPlan
 from warpdata.partition.split import mode_of
-from warpdata.read.batches import WHOLE_SHARD_BYTES, BatchStream, _ShardFiles, chunk_ranges
+from warpdata.read.batches import (
+    PAGE_WASTE,
+    WHOLE_SHARD_BYTES,
+    BatchStream,
+    _ShardFiles,
+    chunk_ranges,
+)
 from warpdata.storage.ranges import plan_ranges
 
 __all__ = ["EpochPlan", "ReaderPlan", "epoch_plan"]
@@ -164,8 +170,9 @@ def epoch_plan(table: Any, world: int, workers: int = 0, batch_size: int = 8192,
                     for cp in cps.values():
                         k, m, _, _ = cp.covering(lo, hi)
                         pages += ([cp.dict_range] if cp.dict_range else []) + [cp.byte_range(k, m)]
-                for kind, ranges in (("row groups", data), ("page indexes", ois), ("pages", pages)):
-                    got = plan_ranges(ranges)
+                for kind, ranges, waste in (("row groups", data, None), ("page indexes", ois, PAGE_WASTE),
+                                            ("pages", pages, PAGE_WASTE)):
+                    got = plan_ranges(ranges, waste=waste)
                     rp.add(kind, len(got), sum(n for _, n in got))
             readers.append(rp)
     after = ds.remote.stats.snapshot() if before is not None else None

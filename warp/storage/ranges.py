@@ -152,10 +152,10 @@ class RangeFile:
             return hit
         return self.remote.read_range(self.key, offset, n, self._size)
 
-    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> list[int]:
-        """Fetch ``(offset, length)`` ranges as :func:`plan_ranges` plans them, in parallel; tokens
-        for :meth:`release`."""
-        merged = plan_ranges(ranges)
+    def prefetch(self, ranges: Sequence[tuple[int, int]], waste: float | None = None) -> list[int]:
+        """Fetch ``(offset, length)`` ranges as :func:`plan_ranges` plans them (``waste``: its bytes
+        beyond the needed ones), in parallel; tokens for :meth:`release`."""
+        merged = plan_ranges(ranges, waste=waste)
         if not merged:
             return []
         if len(merged) == 1:
@@ -176,8 +176,8 @@ class RangeFile:
                 self._held.pop(t, None)
 
     @contextlib.contextmanager
-    def prefetched(self, ranges: Sequence[tuple[int, int]]):
-        tokens = self.prefetch(ranges)
+    def prefetched(self, ranges: Sequence[tuple[int, int]], waste: float | None = None):
+        tokens = self.prefetch(ranges, waste)
         try:
             yield
         finally:
