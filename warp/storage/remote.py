@@ -214,8 +214,9 @@ class Remote:
 
         Giving up is judged by progress, not per request: a transient failure is retried (backing
         off with full jitter) until the store has answered no request of this process for the retry
-        budget. A throttled store that still serves some requests slows a job down; it never fails
-        it (docs/partitioning.md, "Throttling")."""
+        budget, a throttling answer (503 SlowDown, 429) counting as an answer; one request gives up
+        after :data:`PATIENCE` budgets whatever else is answered. A throttled store slows a job
+        down; it does not fail it (docs/partitioning.md, "Throttling")."""
         t0 = time.monotonic()
         attempt = 0
         while True:
@@ -234,6 +235,8 @@ class Remote:
                     raise self._wrap(e, key) from e
                 attempt += 1
                 elapsed = time.monotonic() - t0
+                if why == "throttle":  # "slow down" is the store answering: it is alive, only busy
+                    _ANSWERED[self.url] = time.monotonic()
                 if why in ("connect", "connect-timeout"):
                     limit = CONNECT_TIMEOUT_ATTEMPTS if why == "connect-timeout" else CONNECT_ATTEMPTS
                     if attempt >= limit:
