@@ -44,6 +44,7 @@ from warpdata.partition.keys import (
     set_digest,
 )
 from warpdata.partition.split import Remainder, check_drop_leaves_batches, rank_span
+from warpdata.partition.states import bad, check_carried, check_dict_state, check_done, compare
 from warpdata.partition.tally import Ledger, Tally
 from warpdata.partition.world import ResumeMismatchError
 
@@ -84,8 +85,41 @@ class EpochKeys:
                                     carried=self.carried, dropped_from=dropped_from)
 
     def check(self, where: str, states: Sequence[Any], content: str, epoch: int, sequence: np.ndarray) -> None:
-        """Refuse states of another artifact or epoch order (:func:`check_same_epoch`)."""
-        check_same_epoch(where, states, content=content, order=self.order_digest(content, epoch, sequence))
+        """Refuse malformed states (:func:`~warpdata.partition.states.check_dict_state`: every field's type and
+        range), states of another artifact or epoch order (:func:`check_same_epoch`), and a ``TblLoader`` state
+        (``kind`` ``"tbl"``) whose digests and counts are not those of the batches it says it consumed
+        (:meth:`verify_span`). A sampler verifies its states itself (its workers interleave a rank's span)."""
+        for st in states:
+            check_dict_state(where, st)
+        order = self.order_digest(content, epoch, sequence)
+        check_same_epoch(where, states, content=content, order=order)
+        for st in states:
+            if st.get("kind") == "tbl":
+                self.verify_span(where, st, content, epoch, sequence)
+
+    def verify_span(self, where: str, st: Any, content: str, epoch: int, sequence: np.ndarray) -> None:
+        """A state of a rank that reads its span of the order in order, ``consumed`` batches of it (``TblLoader``):
+        its digest fields recomputed from the first ``consumed × batch_size`` items of that span (each consumed
+        sample hashed once) and compared, and what it carries from its ``done`` positions."""
+        import numpy as np
+
+        n = len(sequence)
+        done = tuple(tuple(x) for x in st.get("done", ()))
+        check_done(where, done, n)
+        rem = Remainder(n, done)
+        rank, world, bs = st["rank"], st["world_size"], st["batch_size"]
+        start, count = rank_span(rem.size, rank, world, st["mode"], bs)
+        k = st["consumed"]
+        if k > -(-count // bs):
+            raise bad(where, "consumed", k, f"rank {rank} of {world} has {-(-count // bs)} batch(es) this epoch")
+        items = np.arange(start, start + min(k * bs, count), dtype=np.int64)
+        ledger = Ledger(sample_keys(content), rem, sequence.__getitem__)
+        dropped = count * world if st["mode"] == "drop" and rank == 0 else None
+        want = ledger.prefix_fields(items, len(items), content=content, order=self.order_digest(content, epoch, sequence),
+                                    carried=carried_of(st), dropped_from=dropped)
+        compare(where, st, want, "consumed batches")
+        check_carried(where, st.get("carried"), rank == 0, rem.done,
+                      lambda: digest_of(ledger.keys, sequence[rem.done_positions()]).hex())
 
     def resumed(self, states: Sequence[Any], *, own: bool, rank: int) -> None:
         """Carry what ``states`` carried (``own``: this rank's own state), else, on rank 0, what they consumed."""

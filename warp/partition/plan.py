@@ -56,6 +56,7 @@ from warpdata.partition.split import (
 from warpdata.partition.states import (
     ResumeStateError,
     bad,
+    check_carried,
     check_done,
     check_table_state,
     compare,
@@ -629,21 +630,15 @@ class ShardPlan:
             compare(where, values, {**values, "order_digest": self.order_digest(content)}, "fields")
         else:
             compare(where, values, self.digest_fields(self.consumed, content), "consumed batch intervals")
-        carried = values["carried"]
-        if not (elastic or self.rank == 0):
-            if carried:
-                raise bad(where, "carried", carried, "only rank 0 carries what earlier runs consumed")
-            return
-        if not self.done_rows and not (carried and (carried[1] or carried[3])):
-            return
         runs = self._ledger_of(content).runs
-        got = Digest()
-        for a, b in self.done_rows:
-            got += runs.digest(a, b)
-        n = sum(b - a for a, b in self.done_rows)
-        if not carried or (carried[0], int(carried[1])) != (got.hex(), n):
-            raise ResumeStateError(f"{where}: the resume state's carried {_shown(list(carried)[:2])} is not what "
-                                   f"its done_rows give ({got.hex()}, {n} samples)", hint=_HINT, field="carried")
+
+        def done_digest() -> str:
+            got = Digest()
+            for a, b in self.done_rows:
+                got += runs.digest(a, b)
+            return got.hex()
+
+        check_carried(where, values["carried"], elastic or self.rank == 0, self.done_rows, done_digest)
 
     @classmethod
     def merge_states(cls, unit_rows: Sequence[int], states: Sequence[ResumeState], *, manifest: str = "",
@@ -689,15 +684,6 @@ class ShardPlan:
 
 ADVANCE = 64  # a state read at most this many batches after the last one advances its lanes batch by batch
 BATCH_LISTS = 1 << 16  # a rank of at most this many batches keeps every batch's lanes (else: closed forms)
-
-
-_HINT = ("pass the state the loader's state_dict() saved, unchanged: an edited or damaged state is refused "
-         "(docs/partitioning.md, Resume)")
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _checked(state: ResumeState, unit_rows: Sequence[int]) -> dict[str, Any]:

@@ -258,3 +258,21 @@ def compare(where: str, state: Mapping[str, Any], want: Mapping[str, Any], what:
                 msg = (f"{where}: the resume state's {k} is {_shown(got)}, but its {what} give {_shown(exp)} "
                        "against the plan")
             raise ResumeStateError(msg, hint=HINT, field=k)
+
+
+def check_carried(where: str, carried: Any, holds: bool, done: tuple[tuple[int, int], ...], digest_of_done) -> None:
+    """What a state carries (``carried``: what the ranks of earlier runs consumed) is the digest and count of
+    the positions in its ``done`` set: held by rank 0 (``holds``) of a run resumed at another world size, by
+    no other rank. ``digest_of_done()`` gives the hex digest of those positions' samples."""
+    carried = tuple(carried or ())
+    if not holds:
+        if carried:
+            raise bad(where, "carried", list(carried), "only rank 0 carries what earlier runs consumed")
+        return
+    n = sum(b - a for a, b in done)
+    if not n and not (carried and carried[1]):
+        return
+    want = digest_of_done()
+    if not carried or (carried[0], carried[1]) != (want, n):
+        raise ResumeStateError(f"{where}: the resume state's carried {_shown(list(carried[:2]))} is not what its done "
+                               f"positions give ({want}, {n} samples)", hint=HINT, field="carried")
