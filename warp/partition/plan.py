@@ -134,9 +134,14 @@ class ResumeState:
         (:mod:`warpdata.partition.states`; what it consumed is checked against the plan by
         :meth:`ShardPlan.resume`)."""
         where = "ResumeState.from_json"
-        d = load_json(text, where)
+        return cls.from_dict(load_json(text, where), where)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "ResumeState.from_dict") -> ResumeState:
+        """The state of a parsed :meth:`to_json` document, its fields and their ranges checked."""
         if not isinstance(d, dict):
             raise bad(where, "state", d, "a JSON object (ResumeState.to_json()) is expected")
+        d = dict(d)
         if d.pop("v", None) != 1:
             raise bad(where, "v", None, "1 (the resume-state version this warp writes) is expected")
         unknown = sorted(set(d) - set(_FIELDS))
