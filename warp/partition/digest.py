@@ -33,6 +33,7 @@ from warpdata.partition.keys import (
     LITTLE,
     Digest,
     P,
+    RunOrder,
     RunPrefix,
     SampleKeys,
     content_of_manifest,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["CHUNK", "FEW_RUNS", "FLAT", "FLAT_BITS", "HASH_CHUNK", "LITTLE", "P", "Digest", "DigestReport", "EpochKeys",
-           "EpochOrder", "Ledger", "RankShare", "RunPrefix", "SampleKeys", "Tally", "carried_of", "carry",
+           "EpochOrder", "Ledger", "RankShare", "RunOrder", "RunPrefix", "SampleKeys", "Tally", "carried_of", "carry",
            "check_same_epoch", "combine_digests", "content_of_manifest", "digest_of", "digest_report",
            "merge_runs", "order_digest", "runs_of", "sample_keys", "set_digest"]
 
@@ -213,7 +214,9 @@ class RankShare:
 class EpochOrder:
     """One epoch of one artifact as a loader orders it: the ground truth ``warp order`` prints.
 
-    ``sequence``: the sample indices in the epoch's order (before the split over ranks).
+    ``sequence``: the sample indices in the epoch's order (before the split over ranks): an int64 array, or
+    a :class:`~warpdata.partition.keys.RunOrder` (its runs: memory O(runs) however many samples they claim;
+    ``warp order`` and ``warp doctor --states`` on a table, warehouse or unweighted feature cache).
     """
 
     kind: str
@@ -243,17 +246,32 @@ class EpochOrder:
         return rank_span(self.samples, rank, world_size, self.mode, batch_size)
 
     def share(self, rank: int, world_size: int, batch_size: int = 1) -> RankShare:
-        """Rank ``rank`` of ``world_size``'s share of this epoch, read from its start."""
-        import numpy as np
-
+        """Rank ``rank`` of ``world_size``'s share of this epoch, read from its start: its own samples and its
+        pad repeats (items past the end, wrapping to the start) digested a range of positions at a time."""
         start, count = self._span(rank, world_size, batch_size)
         n = self.samples
-        items = np.arange(start, start + count, dtype=np.int64)
+        end = start + count
         keys = sample_keys(self.content)
-        own, pad = items[items < n], items[items >= n]
+        own_hi = min(end, n)
+        pad_lo = max(start, n)
+        own = self._digest_items(keys, start, own_hi)
+        pad = self._digest_items(keys, pad_lo, end)
         dropped = n - world_size * count if self.mode == "drop" else 0
-        return RankShare(rank, world_size, start, len(own), digest_of(keys, self.sequence[own]).hex(), len(pad),
-                         digest_of(keys, self.sequence[pad % n]).hex(), dropped)
+        return RankShare(rank, world_size, start, max(0, own_hi - start), own.hex(), max(0, end - pad_lo), pad.hex(),
+                         dropped)
+
+    def _digest_items(self, keys: SampleKeys, lo: int, hi: int) -> Digest:
+        """The digest of items ``lo .. hi-1`` of the order (items past its end wrap to its start): by the
+        closed form over the runs of a :class:`RunOrder` (O(runs), whatever the sample count), else over
+        slices of the array (views, no copy)."""
+        n, out = self.samples, Digest()
+        prefix = RunPrefix(keys, *self.sequence.runs()) if isinstance(self.sequence, RunOrder) and hi > lo else None
+        while lo < hi and n:
+            a = lo % n
+            take = min(hi - lo, n - a)
+            out += prefix.digest(a, a + take) if prefix is not None else digest_of(keys, self.sequence[a:a + take])
+            lo += take
+        return out
 
     def keys(self, rank: int | None = None, world_size: int = 1, batch_size: int = 1):
         """The sample indices in order (of one rank's share when ``rank`` is given), a chunk at a time."""

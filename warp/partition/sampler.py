@@ -62,7 +62,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import ConfigError
-from warpdata.partition.digest import EpochKeys, carried_of, digest_of, sample_keys
+from warpdata.partition.digest import EpochKeys, RunOrder, carried_of, digest_of, sample_keys
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -211,6 +211,15 @@ class ShardAwareSampler:
             got.flags.writeable = False
             self._sequences = {e: got}
         return got
+
+    def sequence_runs(self, epoch: int | None = None) -> RunOrder | None:
+        """The epoch's sequence as its runs, one per shard in the epoch's shard order: O(shards) memory
+        however many samples the shards claim (``warp order``); None with ``repeats`` (a copy of a shard
+        holds some of its samples, not a run)."""
+        if self._copies is not None:
+            return None
+        order = self.shard_order(epoch)
+        return RunOrder(self.offsets[order], self.shard_sizes[order])
 
     def _sequence(self, epoch: int) -> np.ndarray:
         import numpy as np
