@@ -17,8 +17,8 @@ from typing import Any
 
 from warpdata.core.errors import MissingInputError, WarpError
 from warpdata.doctor.registry import FAIL, PASS, CheckResult
-from warpdata.partition.digest import check_same_epoch, digest_report
-from warpdata.partition.plan import ResumeState
+from warpdata.partition.digest import EpochKeys, EpochOrder, check_same_epoch, digest_report
+from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.states import (
     HINT,
     MAX_DEPTH,
@@ -29,6 +29,7 @@ from warpdata.partition.states import (
     load_json,
     nesting,
 )
+from warpdata.read.dataset import dataset
 from warpdata.read.order import epoch_order
 
 
@@ -100,6 +101,30 @@ def _settings(st: dict[str, Any]) -> dict[str, Any]:
             "rank": s.get("rank", 0), "world": s.get("world", s.get("world_size", 1))}
 
 
+def _inconsistent(target: str, states: list[dict[str, Any]], order: EpochOrder, version: str | None,
+                  store: str | None) -> WarpError | None:
+    """The first state whose consumed set, counts and digests disagree with one another or with the epoch's
+    plan, as the error its loader's resume would raise (None when every state agrees): a table's states by
+    :meth:`ShardPlan.resume`, a ``.tbl`` loader's by :meth:`EpochKeys.verify_span`. A sampler's
+    (``make_loader``, ``BigBatchLoader``) are checked when they are resumed (their twin needs the loader's
+    shards and settings)."""
+    try:
+        if order.kind == "table":
+            ds = dataset(target, version=version, store=store)
+            t = ds.table(states[0].get("table") or None)  # the table epoch_order ordered
+            counts = t._row_counts()
+            for st in states:
+                ShardPlan.resume(counts, ResumeState.from_dict(st, "doctor --states"), manifest=ds.version,
+                                 table=t.name)
+        elif order.kind == "tbl":
+            keys = EpochKeys(order.mode, order.seed)
+            for st in states:
+                keys.verify_span("doctor --states", st, order.content, order.epoch, order.sequence)
+    except ResumeStateError as e:
+        return e
+    return None
+
+
 def check_states(target: str, files: Sequence[str | Path], *, version: str | None = None,
                  store: str | None = None) -> list[tuple[str, CheckResult]]:
     """The checks of a saved set of final states against ``warp order TARGET``."""
@@ -148,6 +173,13 @@ def check_states(target: str, files: Sequence[str | Path], *, version: str | Non
         checks.append(("order", CheckResult(PASS, f"order digest {report.order_digest} ({order.mode}, seed "
                                                   f"{order.seed}, epoch {order.epoch})")))
     want = order.set_digest()
+    wrong = _inconsistent(target, states, order, version, store)
+    if wrong is not None:
+        checks.append(("exactly-once", CheckResult(
+            FAIL, wrong.message, "a state's digests are not those of what it says it consumed: it was edited "
+                                 "or damaged after it was saved (docs/partitioning.md, Resume)",
+            facts={"field": wrong.details.get("field")})))
+        return checks
     facts = {"samples": order.samples, "consumed_samples": report.consumed_samples,
              "pad_samples": report.pad_samples, "dropped_samples": report.dropped_samples,
              "digest": report.digest, "set_digest": want}
