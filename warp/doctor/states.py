@@ -25,6 +25,7 @@ from warpdata.partition.states import (
     MAX_STATE_BYTES,
     ResumeStateError,
     as_int,
+    bad,
     check_dict_state,
     load_json,
     nesting,
@@ -85,6 +86,8 @@ def check_fields(where: str, st: Any) -> Any:
         return st
     if "sampler" in st:  # BigBatchLoader's: {"epoch", "step", "sampler": the sampler's state}
         as_int(where, "step", st.get("step", 0))
+        if not isinstance(st["sampler"], dict):
+            raise bad(where, "sampler", st["sampler"], "BigBatchLoader's sampler state (a JSON object) is expected")
         check_dict_state(where, st["sampler"])
     elif "policy" in st or "manifest" in st:  # a Table.batches ResumeState
         ResumeState.from_dict(st, where)
