@@ -29,6 +29,7 @@ from typing import Any
 
 from warpdata.core.errors import DataError
 from warpdata.partition.keys import P
+from warpdata.partition.split import MODES
 from warpdata.partition.world import ResumeMismatchError
 
 MAX_WORLD = 1 << 20  # ranks in a world: more is refused as a claim, not planned
@@ -180,8 +181,6 @@ def check_tally(where: str, d: Mapping[str, Any]) -> None:
 
 def check_table_state(where: str, d: Mapping[str, Any]) -> None:
     """The fields of a ``Table.batches`` resume state (:class:`~warpdata.partition.plan.ResumeState`'s values)."""
-    from warpdata.partition.split import MODES
-
     as_str(where, "manifest", d["manifest"])
     as_str(where, "table", d["table"])
     as_int(where, "seed", d["seed"], -MAX_INT - 1, MAX_INT)
@@ -202,8 +201,6 @@ def check_table_state(where: str, d: Mapping[str, Any]) -> None:
 
 def check_dict_state(where: str, st: Any) -> Mapping[str, Any]:
     """The fields of a sampler's or ``TblLoader``'s resume state (a dict); returns it."""
-    from warpdata.partition.split import MODES
-
     if not isinstance(st, Mapping):
         raise bad(where, "state", st, "a JSON object (the dict state_dict() returned) is expected")
     for k in ("epoch", "rank", "world_size", "batch_size", "consumed", "mode"):
