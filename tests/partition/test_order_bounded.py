@@ -81,12 +81,15 @@ def claimed_warehouse(tmp_path_factory):
 
 def _bounded(args: list[str]) -> tuple[int, str, str, int]:
     """``warp ARGS`` in a subprocess under a 1 GiB address-space limit: exit code, stdout, stderr, peak RSS (KiB)."""
+    # the peak of this process's own memory (VmHWM): ru_maxrss after exec keeps the forking parent's peak
     code = ("import resource, sys\n"
             "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
             "from warpdata.cli.app import main\n"
             f"rc = main({args!r})\n"
             "sys.stdout.flush()\n"
-            "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')]\n"
+            "print('RSS', hwm[0].split()[1] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+            "file=sys.stderr)\n"
             "sys.exit(rc)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=dict(os.environ))
     return r.returncode, r.stdout, r.stderr, int(r.stderr.rsplit("RSS ", 1)[1].split()[0])
