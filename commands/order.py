@@ -57,6 +57,11 @@ def main(
     from warpdata.core.errors import UsageError
     from warpdata.read.order import epoch_order
 
+    if drop_last and pad:  # said in the CLI's words, not the library's keywords
+        raise UsageError("--pad and --drop-last ask for opposite things (repeat samples to fill the uneven tail, "
+                         "or drop it)",
+                         hint=f"pass one of them: warp order {target} --pad (every rank as many samples) or "
+                              "--drop-last (full batches only)")
     if (rank is None) != (world_size is None):
         raise UsageError("--rank and --world-size go together",
                          hint=f"warp order {target} --world-size 8 --rank 0")

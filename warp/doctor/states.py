@@ -17,41 +17,115 @@ from typing import Any
 
 from warpdata.core.errors import MissingInputError, WarpError
 from warpdata.doctor.registry import FAIL, PASS, CheckResult
-from warpdata.partition.digest import check_same_epoch, digest_report
+from warpdata.partition.digest import EpochKeys, EpochOrder, check_same_epoch, digest_report
+from warpdata.partition.plan import ResumeState, ShardPlan
+from warpdata.partition.states import (
+    HINT,
+    MAX_DEPTH,
+    MAX_STATE_BYTES,
+    ResumeStateError,
+    as_int,
+    bad,
+    check_dict_state,
+    load_json,
+    nesting,
+)
+from warpdata.read.dataset import dataset
 from warpdata.read.order import epoch_order
 
 
 def load_states(files: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Every state in ``files`` (a JSON state, or a list of them, per file)."""
+    """Every state in ``files`` (a JSON state, or a list of them, per file): each file's size and JSON nesting
+    bounded (:data:`~warpdata.partition.states.MAX_STATE_BYTES`, :data:`~warpdata.partition.states.MAX_DEPTH`),
+    each state's fields and ranges checked (:func:`check_fields`) before anything is made of them."""
     out: list[dict[str, Any]] = []
     for f in files:
         p = Path(f)
         try:
-            doc = json.loads(p.read_text())
+            with p.open("rb") as fh:
+                raw = fh.read(MAX_STATE_BYTES + 1)  # never more: the size is bounded before anything is parsed
         except FileNotFoundError:
             raise MissingInputError(f"{p}: no such state file",
                                     hint="save every rank's state_dict() as JSON, e.g. json.dump(state, f)") from None
         except IsADirectoryError:  # a read: not the OS taxonomy's "cannot write"
             raise MissingInputError(f"{p}: a directory, not a state file",
                                     hint="pass each rank's state file: --states DIR/rank0.json ...") from None
+        if len(raw) > MAX_STATE_BYTES:
+            raise ResumeStateError(f"{p}: more than {MAX_STATE_BYTES:,} bytes, larger than a file of resume states",
+                                   hint=HINT, field="size")
+        try:
+            doc = json.loads(raw.decode())
+            deep = nesting(doc) > MAX_DEPTH
+        except RecursionError:  # the parser's own limit: deeper than any state
+            doc, deep = None, True
         except ValueError as e:
             raise MissingInputError(f"{p}: not JSON ({e})",
                                     hint="save every rank's state_dict() as JSON (ResumeState.to_json())") from None
+        if deep:
+            raise ResumeStateError(f"{p}: JSON nested more than {MAX_DEPTH} deep, deeper than a file of resume "
+                                   "states", hint=HINT, field="nesting")
         for st in doc if isinstance(doc, list) else [doc]:
-            try:
-                out.append(json.loads(st) if isinstance(st, str) else st)
-            except ValueError as e:
-                raise MissingInputError(f"{p}: a state in the list is a string that is not JSON ({e})",
-                                        hint="save every rank's state_dict() as JSON (ResumeState.to_json())") from None
+            if isinstance(st, str):
+                try:
+                    st = load_json(st, f"{p}: a state in the list")
+                except ResumeStateError as e:
+                    if e.details.get("field") != "json":
+                        raise
+                    raise MissingInputError(f"{p}: a state in the list is a string that is not JSON",
+                                            hint="save every rank's state_dict() as JSON (ResumeState.to_json())"
+                                            ) from None
+            out.append(check_fields(str(p), st))
     return out
 
 
+def check_fields(where: str, st: Any) -> Any:
+    """A state's fields: their types and ranges (a table's, a sampler's, a ``.tbl`` loader's or a
+    ``BigBatchLoader``'s state), a :class:`ResumeStateError` (exit 65) naming the field. A document that is
+    not a state at all is left to the checks (they fail it)."""
+    if not isinstance(st, dict):
+        return st
+    if "sampler" in st:  # BigBatchLoader's: {"epoch", "step", "sampler": the sampler's state}
+        as_int(where, "step", st.get("step", 0))
+        if not isinstance(st["sampler"], dict):
+            raise bad(where, "sampler", st["sampler"], "BigBatchLoader's sampler state (a JSON object) is expected")
+        check_dict_state(where, st["sampler"])
+    elif "policy" in st or "manifest" in st:  # a Table.batches ResumeState
+        ResumeState.from_dict(st, where)
+    else:
+        check_dict_state(where, st)
+    return st
+
+
 def _settings(st: dict[str, Any]) -> dict[str, Any]:
-    s = st.get("sampler", st)
+    s = st.get("sampler", st)  # fields checked by check_fields
     mode = s.get("policy", s.get("mode"))
-    return {"seed": int(s.get("seed", 0)), "epoch": int(s.get("epoch", 0)), "shuffle": bool(s.get("shuffle")),
+    return {"seed": s.get("seed", 0), "epoch": s.get("epoch", 0), "shuffle": bool(s.get("shuffle")),
             "drop_last": mode == "drop", "pad": mode == "pad", "table": s.get("table") or None,
-            "rank": int(s.get("rank", 0)), "world": int(s.get("world", s.get("world_size", 1)))}
+            "rank": s.get("rank", 0), "world": s.get("world", s.get("world_size", 1))}
+
+
+def _inconsistent(target: str, states: list[dict[str, Any]], order: EpochOrder, version: str | None,
+                  store: str | None) -> WarpError | None:
+    """The first state whose consumed set, counts and digests disagree with one another or with the epoch's
+    plan, as the error its loader's resume would raise (None when every state agrees): a table's states by
+    :meth:`ShardPlan.resume`, a ``.tbl`` loader's by :meth:`EpochKeys.verify_span`. A sampler's
+    (``make_loader``, ``BigBatchLoader``) are checked when they are resumed (their twin needs the loader's
+    shards and settings)."""
+    try:
+        if order.kind == "table":
+            ds = dataset(target, version=version, store=store)
+            t = ds.table(states[0].get("table") or None)  # the table epoch_order ordered
+            counts = t._row_counts()
+            for st in states:
+                ShardPlan.resume(counts, ResumeState.from_dict(st, "doctor --states"), manifest=ds.version,
+                                 table=t.name)
+        elif order.kind == "tbl":
+            keys = EpochKeys(order.mode, order.seed)
+            for st in states:
+                keys.verify_span("doctor --states", st, order.content, order.epoch, order.sequence)
+    except ResumeStateError as e:
+        return e
+    return None
 
 
 def check_states(target: str, files: Sequence[str | Path], *, version: str | None = None,
@@ -71,11 +145,16 @@ def check_states(target: str, files: Sequence[str | Path], *, version: str | Non
     same = all({k: v for k, v in s.items() if k != "rank"} == {k: v for k, v in first.items() if k != "rank"}
                for s in sets)
     ranks = sorted(s["rank"] for s in sets)
-    if not same or ranks != list(range(first["world"])):
-        missing = sorted(set(range(first["world"])) - set(ranks))
+    world = first["world"]  # at most MAX_WORLD: never a list of a claimed world's ranks
+    if not same or len(ranks) != world or ranks != list(range(world)):
+        given = set(ranks)
+        missing = [r for r in range(min(world, len(ranks) + 10)) if r not in given][:10]
+        more = world - len(given & set(range(world))) - len(missing)
+        shown = (", ".join(map(str, missing)) + (f" and {more:,} more" if more > 0 else "")) if missing else ""
+        few = ranks if len(ranks) <= 20 else [*ranks[:20], "..."]
         checks.append(("states", CheckResult(
-            FAIL, f"{len(states)} state(s) are not one per rank of one run (ranks {ranks}, world size "
-                  f"{first['world']}" + (f", missing {missing})" if missing else ")"),
+            FAIL, f"{len(states)} state(s) are not one per rank of one run (ranks {few}, world size "
+                  f"{world:,}" + (f", missing [{shown}])" if shown else ")"),
             "pass the final state of every rank of the last run")))
         return checks
     checks.append(("states", CheckResult(PASS, f"{len(states)} state(s): ranks 0..{first['world'] - 1} of one run, "
@@ -97,6 +176,13 @@ def check_states(target: str, files: Sequence[str | Path], *, version: str | Non
         checks.append(("order", CheckResult(PASS, f"order digest {report.order_digest} ({order.mode}, seed "
                                                   f"{order.seed}, epoch {order.epoch})")))
     want = order.set_digest()
+    wrong = _inconsistent(target, states, order, version, store)
+    if wrong is not None:
+        checks.append(("exactly-once", CheckResult(
+            FAIL, wrong.message, "a state's digests are not those of what it says it consumed: it was edited "
+                                 "or damaged after it was saved (docs/partitioning.md, Resume)",
+            facts={"field": wrong.details.get("field")})))
+        return checks
     facts = {"samples": order.samples, "consumed_samples": report.consumed_samples,
              "pad_samples": report.pad_samples, "dropped_samples": report.dropped_samples,
              "digest": report.digest, "set_digest": want}

@@ -33,6 +33,7 @@ from warpdata.partition.keys import (
     LITTLE,
     Digest,
     P,
+    RunOrder,
     RunPrefix,
     SampleKeys,
     content_of_manifest,
@@ -44,6 +45,7 @@ from warpdata.partition.keys import (
     set_digest,
 )
 from warpdata.partition.split import Remainder, check_drop_leaves_batches, rank_span
+from warpdata.partition.states import bad, check_carried, check_dict_state, check_done, compare
 from warpdata.partition.tally import Ledger, Tally
 from warpdata.partition.world import ResumeMismatchError
 
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["CHUNK", "FEW_RUNS", "FLAT", "FLAT_BITS", "HASH_CHUNK", "LITTLE", "P", "Digest", "DigestReport", "EpochKeys",
-           "EpochOrder", "Ledger", "RankShare", "RunPrefix", "SampleKeys", "Tally", "carried_of", "carry",
+           "EpochOrder", "Ledger", "RankShare", "RunOrder", "RunPrefix", "SampleKeys", "Tally", "carried_of", "carry",
            "check_same_epoch", "combine_digests", "content_of_manifest", "digest_of", "digest_report",
            "merge_runs", "order_digest", "runs_of", "sample_keys", "set_digest"]
 
@@ -84,8 +86,41 @@ class EpochKeys:
                                     carried=self.carried, dropped_from=dropped_from)
 
     def check(self, where: str, states: Sequence[Any], content: str, epoch: int, sequence: np.ndarray) -> None:
-        """Refuse states of another artifact or epoch order (:func:`check_same_epoch`)."""
-        check_same_epoch(where, states, content=content, order=self.order_digest(content, epoch, sequence))
+        """Refuse malformed states (:func:`~warpdata.partition.states.check_dict_state`: every field's type and
+        range), states of another artifact or epoch order (:func:`check_same_epoch`), and a ``TblLoader`` state
+        (``kind`` ``"tbl"``) whose digests and counts are not those of the batches it says it consumed
+        (:meth:`verify_span`). A sampler verifies its states itself (its workers interleave a rank's span)."""
+        for st in states:
+            check_dict_state(where, st)
+        order = self.order_digest(content, epoch, sequence)
+        check_same_epoch(where, states, content=content, order=order)
+        for st in states:
+            if st.get("kind") == "tbl":
+                self.verify_span(where, st, content, epoch, sequence)
+
+    def verify_span(self, where: str, st: Any, content: str, epoch: int, sequence: np.ndarray) -> None:
+        """A state of a rank that reads its span of the order in order, ``consumed`` batches of it (``TblLoader``):
+        its digest fields recomputed from the first ``consumed × batch_size`` items of that span (each consumed
+        sample hashed once) and compared, and what it carries from its ``done`` positions."""
+        import numpy as np
+
+        n = len(sequence)
+        done = tuple(tuple(x) for x in st.get("done", ()))
+        check_done(where, done, n)
+        rem = Remainder(n, done)
+        rank, world, bs = st["rank"], st["world_size"], st["batch_size"]
+        start, count = rank_span(rem.size, rank, world, st["mode"], bs)
+        k = st["consumed"]
+        if k > -(-count // bs):
+            raise bad(where, "consumed", k, f"rank {rank} of {world} has {-(-count // bs)} batch(es) this epoch")
+        items = np.arange(start, start + min(k * bs, count), dtype=np.int64)
+        ledger = Ledger(sample_keys(content), rem, sequence.__getitem__)
+        dropped = count * world if st["mode"] == "drop" and rank == 0 else None
+        want = ledger.prefix_fields(items, len(items), content=content, order=self.order_digest(content, epoch, sequence),
+                                    carried=carried_of(st), dropped_from=dropped)
+        compare(where, st, want, "consumed batches")
+        check_carried(where, st.get("carried"), rank == 0, rem.done,
+                      lambda: digest_of(ledger.keys, sequence[rem.done_positions()]).hex())
 
     def resumed(self, states: Sequence[Any], *, own: bool, rank: int) -> None:
         """Carry what ``states`` carried (``own``: this rank's own state), else, on rank 0, what they consumed."""
@@ -179,7 +214,9 @@ class RankShare:
 class EpochOrder:
     """One epoch of one artifact as a loader orders it: the ground truth ``warp order`` prints.
 
-    ``sequence``: the sample indices in the epoch's order (before the split over ranks).
+    ``sequence``: the sample indices in the epoch's order (before the split over ranks): an int64 array, or
+    a :class:`~warpdata.partition.keys.RunOrder` (its runs: memory O(runs) however many samples they claim;
+    ``warp order`` and ``warp doctor --states`` on a table, warehouse or unweighted feature cache).
     """
 
     kind: str
@@ -209,17 +246,32 @@ class EpochOrder:
         return rank_span(self.samples, rank, world_size, self.mode, batch_size)
 
     def share(self, rank: int, world_size: int, batch_size: int = 1) -> RankShare:
-        """Rank ``rank`` of ``world_size``'s share of this epoch, read from its start."""
-        import numpy as np
-
+        """Rank ``rank`` of ``world_size``'s share of this epoch, read from its start: its own samples and its
+        pad repeats (items past the end, wrapping to the start) digested a range of positions at a time."""
         start, count = self._span(rank, world_size, batch_size)
         n = self.samples
-        items = np.arange(start, start + count, dtype=np.int64)
+        end = start + count
         keys = sample_keys(self.content)
-        own, pad = items[items < n], items[items >= n]
+        own_hi = min(end, n)
+        pad_lo = max(start, n)
+        own = self._digest_items(keys, start, own_hi)
+        pad = self._digest_items(keys, pad_lo, end)
         dropped = n - world_size * count if self.mode == "drop" else 0
-        return RankShare(rank, world_size, start, len(own), digest_of(keys, self.sequence[own]).hex(), len(pad),
-                         digest_of(keys, self.sequence[pad % n]).hex(), dropped)
+        return RankShare(rank, world_size, start, max(0, own_hi - start), own.hex(), max(0, end - pad_lo), pad.hex(),
+                         dropped)
+
+    def _digest_items(self, keys: SampleKeys, lo: int, hi: int) -> Digest:
+        """The digest of items ``lo .. hi-1`` of the order (items past its end wrap to its start): by the
+        closed form over the runs of a :class:`RunOrder` (O(runs), whatever the sample count), else over
+        slices of the array (views, no copy)."""
+        n, out = self.samples, Digest()
+        prefix = RunPrefix(keys, *self.sequence.runs()) if isinstance(self.sequence, RunOrder) and hi > lo else None
+        while lo < hi and n:
+            a = lo % n
+            take = min(hi - lo, n - a)
+            out += prefix.digest(a, a + take) if prefix is not None else digest_of(keys, self.sequence[a:a + take])
+            lo += take
+        return out
 
     def keys(self, rank: int | None = None, world_size: int = 1, batch_size: int = 1):
         """The sample indices in order (of one rank's share when ``rank`` is given), a chunk at a time."""

@@ -392,19 +392,62 @@ def set_digest(content: str, indices: np.ndarray | Sequence[int]) -> str:
     return sample_keys(content).digest(indices).hex()
 
 
-def digest_of(keys: SampleKeys, sequence: np.ndarray) -> Digest:
+def digest_of(keys: SampleKeys, sequence: np.ndarray | RunOrder) -> Digest:
     """The digest of ``sequence``: by its runs of consecutive indices when they are long (a table's row
     groups, a warehouse's shards), else key by key."""
     starts, lengths = runs_of(sequence)
-    if len(starts) * 8 <= len(sequence):
+    if isinstance(sequence, RunOrder) or len(starts) * 8 <= len(sequence):
         return keys.digest_runs(starts, lengths)
     return keys.digest(sequence)
 
 
-def runs_of(sequence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+class RunOrder:
+    """An epoch's order given as its runs of consecutive indices (a table's row groups, a warehouse's shards
+    in their shuffled order): O(runs) memory however many samples the runs claim. Reads as the int64 array
+    it stands for: ``len``, indexing by a position, a slice or an array of positions (each position
+    mapped by a binary search over the runs), ``tolist()``, ``numpy.asarray``."""
+
+    def __init__(self, starts: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray) -> None:
+        import numpy as np
+
+        self.starts, self.lengths = merge_runs(zip(np.asarray(starts, np.int64).tolist(),
+                                                   np.asarray(lengths, np.int64).tolist(), strict=True))
+        self.cum = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.cum[-1])
+
+    def runs(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.starts, self.lengths
+
+    def __getitem__(self, pos: Any) -> Any:
+        import numpy as np
+
+        if isinstance(pos, slice):
+            pos = np.arange(*pos.indices(len(self)), dtype=np.int64)
+        p = np.asarray(pos, np.int64)
+        if p.size and (int(p.min()) < 0 or int(p.max()) >= len(self)):
+            raise IndexError(f"positions outside 0..{len(self) - 1}")
+        k = np.searchsorted(self.cum, p, side="right") - 1
+        got = self.starts[k] + p - self.cum[k]
+        return int(got) if got.ndim == 0 else got
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        import numpy as np
+
+        out = self[np.arange(len(self), dtype=np.int64)]
+        return out if dtype is None else out.astype(dtype)
+
+    def tolist(self) -> list[int]:
+        return self.__array__().tolist()
+
+
+def runs_of(sequence: np.ndarray | RunOrder) -> tuple[np.ndarray, np.ndarray]:
     """``(starts, lengths)`` of the maximal runs of consecutive increasing indices of ``sequence``."""
     import numpy as np
 
+    if isinstance(sequence, RunOrder):
+        return sequence.runs()
     seq = np.asarray(sequence, np.int64).reshape(-1)
     if not len(seq):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)

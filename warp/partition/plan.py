@@ -43,7 +43,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from warpdata.core.errors import UsageError
 from warpdata.partition.digest import carry, check_same_epoch
 from warpdata.partition.keys import Digest, P, RunPrefix, merge_runs, order_digest, sample_keys
 from warpdata.partition.split import (
@@ -53,6 +52,15 @@ from warpdata.partition.split import (
     check_drop_leaves_batches,
     merge_intervals,
     rank_span,
+)
+from warpdata.partition.states import (
+    ResumeStateError,
+    bad,
+    check_carried,
+    check_done,
+    check_table_state,
+    compare,
+    load_json,
 )
 from warpdata.partition.tally import Ledger, Tally
 from warpdata.partition.world import ResumeMismatchError, ShardingError, _from_env
@@ -122,17 +130,32 @@ class ResumeState:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ResumeState:
-        try:
-            d = json.loads(text)
-            if d.pop("v", None) != 1:
-                raise ValueError("unknown resume-state version")
-            d["consumed"] = tuple((int(a), int(b)) for a, b in d.get("consumed", []))
-            d["done_rows"] = tuple((int(a), int(b)) for a, b in d.get("done_rows", []))
-            d["carried"] = tuple(d.get("carried", ()))
-            return cls(**d)
-        except (ValueError, TypeError, KeyError) as e:
-            raise UsageError(f"not a warp resume state: {e}",
-                             hint="pass the JSON produced by state_dict()/ResumeState.to_json()") from None
+        """The state in ``text``; its size, nesting, fields and their ranges are checked before any is used
+        (:mod:`warpdata.partition.states`; what it consumed is checked against the plan by
+        :meth:`ShardPlan.resume`)."""
+        where = "ResumeState.from_json"
+        return cls.from_dict(load_json(text, where), where)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "ResumeState.from_dict") -> ResumeState:
+        """The state of a parsed :meth:`to_json` document, its fields and their ranges checked."""
+        if not isinstance(d, dict):
+            raise bad(where, "state", d, "a JSON object (ResumeState.to_json()) is expected")
+        d = dict(d)
+        if d.pop("v", None) != 1:
+            raise bad(where, "v", None, "1 (the resume-state version this warp writes) is expected")
+        unknown = sorted(set(d) - set(_FIELDS))
+        missing = [k for k in _REQUIRED if k not in d]
+        if unknown or missing:
+            k = (unknown or missing)[0]
+            raise bad(where, k, d.get(k), "a field of ResumeState.to_json() is expected" if unknown else
+                      "every field ResumeState.to_json() writes is expected")
+        d = {**{f.name: f.default for f in fields(ResumeState) if f.name not in _REQUIRED}, **d}
+        check_table_state(where, d)
+        d["consumed"] = tuple((a, b) for a, b in d["consumed"])
+        d["done_rows"] = tuple((a, b) for a, b in d["done_rows"])
+        d["carried"] = tuple(d["carried"] or ())
+        return cls(**d)
 
     def next_epoch(self) -> ResumeState:
         fresh = {k: getattr(self, k) for k in _FIELDS if k not in _TALLY_FIELDS}  # no digest computed
@@ -140,6 +163,7 @@ class ResumeState:
 
 
 _FIELDS = tuple(f.name for f in fields(ResumeState))
+_REQUIRED = ("manifest", "table", "seed", "epoch", "rank", "world", "batch_size", "policy")
 _TALLY_FIELDS = ("order_digest", "consumed_digest", "consumed_samples", "pad_digest", "pad_samples",
                  "dropped_digest", "dropped_samples", "carried")
 
@@ -559,6 +583,7 @@ class ShardPlan:
         A merged state (:meth:`merge_states`, ``state.elastic``) resumes at any
         ``rank`` / ``world`` (both required); a rank's own state only at its own.
         """
+        values = _checked(state, unit_rows)
         checks = (("manifest", manifest), ("table", table))
         if not state.elastic:
             checks += (("rank", rank), ("world", world))
@@ -575,16 +600,50 @@ class ShardPlan:
             if rank is None or world is None:
                 raise ShardingError("a merged resume state needs this run's rank and world_size",
                                     hint="pass rank= and world_size= (or run under torchrun)")
-            return cls(unit_rows, rank=rank, world=world, batch_size=state.batch_size, policy=state.policy,
+            plan = cls(unit_rows, rank=rank, world=world, batch_size=state.batch_size, policy=state.policy,
                        seed=state.seed, epoch=state.epoch, shuffle=state.shuffle, done_rows=state.done_rows,
                        carried=state.carried if rank == 0 else ())
+            plan._verify(values, elastic=True)
+            return plan
         plan = cls(unit_rows, rank=state.rank, world=state.world, batch_size=state.batch_size,
                    policy=state.policy, seed=state.seed, epoch=state.epoch, shuffle=state.shuffle,
                    consumed=state.consumed, done_rows=state.done_rows, carried=state.carried)
         if state.num_batches and state.num_batches != plan.num_batches:
             raise ShardingError(f"resume state counts {state.num_batches} batches, the table now gives "
                                 f"{plan.num_batches}", hint="resume against the same dataset version")
+        plan._verify(values, elastic=False)
         return plan
+
+    def _verify(self, values: dict[str, Any], *, elastic: bool) -> None:
+        """The state's consumed set, counts and digests agree with one another and with this plan
+        (docs/partitioning.md, "Resume"): its digest fields are recomputed from its ``consumed`` batch
+        intervals by the closed form over this plan's runs (O(intervals · log n)) and compared, field by
+        field; what rank 0 (or a merged state) carries is recomputed from ``done_rows``."""
+        where = "resume"
+        content = values["content"]
+        if not values["consumed_digest"] and not values["order_digest"]:  # next_epoch(): nothing consumed
+            for k in ("consumed", "done_rows", "carried", "consumed_samples", "pad_samples", "dropped_samples"):
+                if values[k]:
+                    raise bad(where, "consumed_digest", "", f"a state with {k} carries the digests of what it "
+                                                            "consumed")
+            return
+        want_content = content_of_table(values["manifest"], values["table"])
+        if content != want_content:
+            raise bad(where, "content", content, f"the content of its manifest and table ({want_content[:40]}) "
+                                                 "is expected")
+        if elastic:
+            compare(where, values, {**values, "order_digest": self.order_digest(content)}, "fields")
+        else:
+            compare(where, values, self.digest_fields(self.consumed, content), "consumed batch intervals")
+        runs = self._ledger_of(content).runs
+
+        def done_digest() -> str:
+            got = Digest()
+            for a, b in self.done_rows:
+                got += runs.digest(a, b)
+            return got.hex()
+
+        check_carried(where, values["carried"], elastic or self.rank == 0, self.done_rows, done_digest)
 
     @classmethod
     def merge_states(cls, unit_rows: Sequence[int], states: Sequence[ResumeState], *, manifest: str = "",
@@ -610,8 +669,7 @@ class ShardPlan:
         if elastic:
             return first
         check_all_ranks("resume", [(s.rank, s.world) for s in states])
-        if all(s.consumed_digest for s in states):
-            check_same_epoch("resume", states)
+        check_same_epoch("resume", [s for s in states if s.consumed_digest])
         done: list[tuple[int, int]] = []
         for s in states:
             plan = cls.resume(unit_rows, s, manifest=manifest, table=table)
@@ -620,16 +678,29 @@ class ShardPlan:
             m = plan.rows_left
             for lo, hi in plan._items(plan.consumed):
                 done.extend(plan._rem.ranges(lo, min(hi, m)))
-        carried = carry(states) if all(s.consumed_digest for s in states) else None
+        carried = carry(states)  # a state without digests (next_epoch()) consumed nothing: it adds nothing
+        with_digests = next((s for s in states if s.consumed_digest), first)
         return ResumeState(manifest=first.manifest, table=first.table, seed=first.seed, epoch=first.epoch,
                            rank=0, world=0, batch_size=first.batch_size, policy=first.policy,
                            shuffle=first.shuffle, consumed=(), num_batches=0, done_rows=merge_intervals(done),
-                           content=first.content, order_digest=first.order_digest,
-                           carried=(carried[0].hex(), carried[1], carried[2].hex(), carried[3]) if carried else ())
+                           content=with_digests.content, order_digest=with_digests.order_digest,
+                           carried=(carried[0].hex(), carried[1], carried[2].hex(), carried[3]))
 
 
 ADVANCE = 64  # a state read at most this many batches after the last one advances its lanes batch by batch
 BATCH_LISTS = 1 << 16  # a rank of at most this many batches keeps every batch's lanes (else: closed forms)
+
+
+def _checked(state: ResumeState, unit_rows: Sequence[int]) -> dict[str, Any]:
+    """A state's values, their types and ranges checked (and ``done_rows`` within the table) before a plan
+    is made of them."""
+    if not isinstance(state, ResumeState):
+        raise ResumeStateError(f"{type(state).__name__} is not a warp resume state",
+                               hint="pass a ResumeState (state_dict()) or its JSON", field="state")
+    values = state.values()
+    check_table_state("resume", values)
+    check_done("resume", values["done_rows"], sum(int(r) for r in unit_rows))
+    return values
 
 
 def content_of_table(manifest: str, table: str) -> str:

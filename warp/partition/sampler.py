@@ -62,7 +62,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from warpdata.core.errors import ConfigError
-from warpdata.partition.digest import EpochKeys
+from warpdata.partition.digest import EpochKeys, RunOrder, carried_of, digest_of, sample_keys
 from warpdata.partition.split import (
     Remainder,
     check_all_ranks,
@@ -71,6 +71,7 @@ from warpdata.partition.split import (
     mode_of,
     rank_span,
 )
+from warpdata.partition.states import bad, check_carried, check_dict_state, check_done, compare
 from warpdata.partition.tally import Tally
 from warpdata.partition.world import (
     UNSET,
@@ -210,6 +211,15 @@ class ShardAwareSampler:
             got.flags.writeable = False
             self._sequences = {e: got}
         return got
+
+    def sequence_runs(self, epoch: int | None = None) -> RunOrder | None:
+        """The epoch's sequence as its runs, one per shard in the epoch's shard order: O(shards) memory
+        however many samples the shards claim (``warp order``); None with ``repeats`` (a copy of a shard
+        holds some of its samples, not a run)."""
+        if self._copies is not None:
+            return None
+        order = self.shard_order(epoch)
+        return RunOrder(self.offsets[order], self.shard_sizes[order])
 
     def _sequence(self, epoch: int) -> np.ndarray:
         import numpy as np
@@ -385,15 +395,45 @@ class ShardAwareSampler:
                 "done": [list(x) for x in self._rem.done], "seed": self.seed, "shuffle": self.shuffle,
                 **self.digest_fields(n)}
 
+    def _twin(self, state: dict[str, Any]) -> ShardAwareSampler:
+        """The sampler of the rank that saved ``state`` (its world, workers, batch size, window, mode and done
+        positions; this sampler's data, seed and epoch sequence), positioned at the state's epoch."""
+        where = "sampler resume"
+        for k in ("num_workers", "window"):
+            if k not in state:
+                raise bad(where, k, None, "every field state_dict() saves is expected")
+        done = tuple(map(tuple, state.get("done", ())))
+        check_done(where, done, self.num_samples_total)
+        twin = ShardAwareSampler(
+            self.shard_sizes.tolist(), rank=state["rank"], world_size=state["world_size"],
+            num_workers=state["num_workers"], batch_size=state["batch_size"], shuffle=self.shuffle,
+            seed=self.seed, window=state["window"], drop_last=state["mode"] == "drop",
+            pad=state["mode"] == "pad", repeats=self.repeats, content=self.content)
+        e = twin.epoch = int(state["epoch"])
+        twin._sequences = {e: self.sequence(e)}  # the same data, seed and shuffle: the same sequence, made once
+        twin._digests._order = self._digests._order
+        twin._set_done(done)
+        return twin
+
+    def _verify(self, state: dict[str, Any]) -> None:
+        """The state's digests, counts and what it carries agree with the samples it says it consumed: the
+        first ``consumed`` of its rank's epoch (in the order its workers yield them), recomputed by its twin
+        (:meth:`_twin`) and compared field by field (docs/partitioning.md, "Resume")."""
+        where = "sampler resume"
+        twin = self._twin(state)
+        consumed = state["consumed"]
+        if consumed > twin.per_rank:
+            raise bad(where, "consumed", consumed, f"rank {twin.rank} of {twin.world_size} has {twin.per_rank} "
+                                                   "samples this epoch")
+        twin._digests.carried = carried_of(state)
+        compare(where, state, twin.digest_fields(consumed), "consumed samples")
+        seq = twin.sequence()
+        check_carried(where, state.get("carried"), twin.rank == 0, twin._rem.done,
+                      lambda: digest_of(sample_keys(self.content), seq[twin._rem.done_positions()]).hex())
+
     def _consumed_positions(self, state: dict[str, Any]) -> tuple[tuple[int, int], ...]:
         """Positions of the sequence consumed by the rank that saved ``state`` (its done ones too)."""
-        twin = ShardAwareSampler(
-            self.shard_sizes.tolist(), rank=int(state["rank"]), world_size=int(state["world_size"]),
-            num_workers=int(state["num_workers"]), batch_size=int(state["batch_size"]), shuffle=self.shuffle,
-            seed=self.seed, window=int(state["window"]), drop_last=state["mode"] == "drop",
-            pad=state["mode"] == "pad", repeats=self.repeats)
-        twin.epoch = int(state["epoch"])
-        twin._set_done(tuple(map(tuple, state.get("done", ()))))
+        twin = self._twin(state)
         consumed = int(state["consumed"])
         if not 0 <= consumed <= twin.per_rank:
             raise ConfigError(f"sampler state of rank {twin.rank} consumed={consumed} is not in [0, {twin.per_rank}]")
@@ -409,22 +449,28 @@ class ShardAwareSampler:
         size, worker count, batch size, window or split mode: what those ranks
         consumed is taken out of the epoch and the rest is split over this run.
         """
+        where = "sampler resume"
         if isinstance(state, (list, tuple)):
-            states = list(state)
+            states = [check_dict_state(where, st) for st in state]
             if len(states) == 1 and states[0].get("fingerprint") == self._fingerprint():
                 return self.load_state_dict(states[0])
             return self._load_elastic(states)
+        check_dict_state(where, state)
         if state.get("fingerprint") != self._fingerprint():
-            if "data" in state and int(state.get("world_size", 0)) == 1:
+            if "data" in state and state["world_size"] == 1:
                 return self._load_elastic([state])
             raise ConfigError("sampler state was saved with different shards or settings",
                               hint="resume with the same data, world size, workers, batch size, seed and window, "
                                    "or pass the list of the states of every rank of the old run")
-        self._check_states([state])
-        self._set_done(tuple(map(tuple, state.get("done", ()))))
+        done = tuple(map(tuple, state.get("done", ())))
+        check_done(where, done, self.num_samples_total)
         consumed = int(state["consumed"])
-        if not 0 <= consumed <= self.per_rank:
-            raise ConfigError(f"sampler state consumed={consumed} is not in [0, {self.per_rank}]")
+        per_rank = rank_span(Remainder(self.num_samples_total, done).size, self.rank, self.world_size, self.mode,
+                             self.batch_size)[1]
+        if not 0 <= consumed <= per_rank:
+            raise ConfigError(f"sampler state consumed={consumed} is not in [0, {per_rank}]")
+        self._check_states([state])
+        self._set_done(done)
         self.epoch = int(state["epoch"])
         self._skip = consumed
         self._yielded = consumed
@@ -468,6 +514,8 @@ class ShardAwareSampler:
                                       f"to epoch {self.epoch}",
                                       hint="call set_epoch() with the state's epoch, or load the state first")
         self._digests.check("sampler resume", states, self.content, epochs[0], self.sequence(epochs[0]))
+        for st in states:
+            self._verify(st)
 
 
 class BatchIndices:

@@ -41,6 +41,7 @@ Pure Python and the standard library (numpy only inside :meth:`Remainder.array`)
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -195,6 +196,13 @@ class Remainder:
         k = np.searchsorted(cum, q, side="right") - 1
         return starts[k] + q - cum[k]
 
+    def done_positions(self) -> np.ndarray:
+        """The positions in ``done``, as an int64 array."""
+        import numpy as np
+
+        parts = [np.arange(a, b, dtype=np.int64) for a, b in self.done]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
     def array(self, lo: int, hi: int) -> np.ndarray:
         """:meth:`ranges` as an int64 array of positions."""
         import numpy as np
@@ -211,12 +219,20 @@ def check_all_ranks(where: str, ranks_worlds: Sequence[tuple[int, int]]) -> int:
                             hint="pass the states saved by every rank of one run")
     world = worlds[0]
     ranks = sorted(r for r, _ in ranks_worlds)
-    if ranks != list(range(world)):
-        missing = sorted(set(range(world)) - set(ranks))
-        extra = sorted(r for r in set(ranks) if ranks.count(r) > 1 or not 0 <= r < world)
+    if len(ranks) != world or ranks != list(range(world)):  # never a list of a claimed world's ranks
+        given = set(ranks)
+        missing = [r for r in range(min(world, len(ranks) + 10)) if r not in given][:10]
+        more = world - len(given & set(range(world))) - len(missing)
+        counts = Counter(ranks)
+        extra = sorted(r for r in counts if counts[r] > 1 or not 0 <= r < world)
+        shown = ", ".join(map(str, missing)) + (f" and {more:,} more" if more > 0 else "")
         raise ShardingError(
-            f"{where}: to resume at another world size pass the states of all {world} ranks of the old run; "
-            f"got ranks {ranks}" + (f" (missing {missing})" if missing else "")
-            + (f" (repeated or out of range {extra})" if extra else ""),
+            f"{where}: to resume at another world size pass the states of all {world:,} ranks of the old run; "
+            f"got ranks {_few(ranks)}" + (f" (missing [{shown}])" if missing else "")
+            + (f" (repeated or out of range {_few(extra)})" if extra else ""),
             hint="gather every rank's state_dict() (e.g. torch.distributed.all_gather_object) and pass the list")
     return world
+
+
+def _few(xs: list[int]) -> str:
+    return str(xs) if len(xs) <= 20 else f"[{', '.join(map(str, xs[:20]))}, ... {len(xs):,} in all]"

@@ -28,7 +28,7 @@ from warpdata.artifacts.manifests import read_manifest
 from warpdata.core.errors import MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE
 from warpdata.core.registry import load
-from warpdata.partition.digest import EpochOrder
+from warpdata.partition.digest import EpochOrder, RunOrder
 from warpdata.partition.plan import ShardPlan, content_of_table
 from warpdata.partition.sampler import ShardAwareSampler
 from warpdata.partition.split import mode_of
@@ -73,7 +73,8 @@ def sampler_order(shard_sizes: Sequence[int], repeats: np.ndarray | None, conten
     def make(seed: int, epoch: int, shuffle: bool) -> tuple[str, np.ndarray]:
         s = ShardAwareSampler(list(shard_sizes), rank=0, world_size=1, shuffle=shuffle, seed=seed,
                               repeats=repeats, content=content)
-        return content, s.sequence(epoch)
+        runs = s.sequence_runs(epoch)  # O(shards), whatever sample count the shards claim
+        return content, s.sequence(epoch) if runs is None else runs
     return make
 
 
@@ -110,12 +111,10 @@ def _published(name: str, table: str | None, version: str | None, store: str | N
     if ds.tables:
         t = ds.table(table)
 
-        def make(seed: int, epoch: int, shuffle: bool) -> tuple[str, np.ndarray]:
-            import numpy as np  # heavy for this module's importers (doctor, `warp order`): on use only
-
-            plan = ShardPlan(t._row_counts(), seed=seed, epoch=epoch, shuffle=shuffle)
-            parts = [np.arange(a, a + n, dtype=np.int64) for a, n in plan.runs()]
-            return content_of_table(ds.version, t.name), np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        def make(seed: int, epoch: int, shuffle: bool) -> tuple[str, RunOrder]:
+            runs = ShardPlan(t._row_counts(), seed=seed, epoch=epoch, shuffle=shuffle).runs()
+            # the row groups' runs: O(row groups), whatever row count the manifest claims
+            return content_of_table(ds.version, t.name), RunOrder([a for a, _ in runs], [n for _, n in runs])
         return "table", make
     raise MissingInputError(f"{name} has no table, tensor warehouse or feature cache to order",
                             hint=f"warp info {name}  (lists its tables and artifacts)")
