@@ -34,8 +34,8 @@ the far edge; the exact ratio keeps pixels on the boxes (any extra column
 OpenCV's rounding makes is dropped). Decode + letterbox then costs 1.40 instead
 of 1.81 CPU-ms per 600-900 px photo to 320 px, 4.13 instead of 5.44 per 1080p
 photo to 640 (the entropy decoding, which no scale skips, is most of what is
-left). The pixels differ from a full decode by a mean |d| <= 3 and a PSNR >= 33
-dB per image (measured: mean 1.1, PSNR 35-42 dB; BENCHMARKS.md, "DCT-scaled
+left). On photos the pixels differ from a full decode by a mean |d| <= 3 and a
+PSNR >= 33 dB per image (measured: mean 1.1, PSNR 35-42 dB; BENCHMARKS.md, "DCT-scaled
 decode in the warehouse"), and are closer to an antialiased (INTER_AREA) resize
 of the full image than the full decode's linear resize is. ``decode = "full"``
 keeps the full-size decode. The policy is part of the version recipe
