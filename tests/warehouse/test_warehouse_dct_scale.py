@@ -274,3 +274,30 @@ def test_a_decode_mode_that_does_not_exist_is_a_config_error(cli, tmp_path):
     bad.write_text('[source]\nformat = "coco"\npath = "."\n[transform]\ndecode = "fast"\n')
     r = cli("etl", "--config", bad)
     assert r.code == 78 and f"{bad}:5" in r.err and "transform.decode" in r.err and "'scaled'" in r.err
+
+
+def test_every_jpeg_kind_size_mode_and_orientation_decodes_with_the_full_decode_geometry():
+    """Grey, progressive, 4:4:4 / 4:2:2 / 4:2:0, 1 px to 1,500 px, every orientation, both resize
+    modes and every interpolation: the scaled path runs, and its geometry is the full decode's."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    scales = set()
+    for _ in range(60):
+        w, h = int(rng.integers(1, 1500)), int(rng.integers(1, 1500))
+        if rng.random() < 0.2:
+            w = int(rng.integers(1, 20))
+        yy, xx = np.mgrid[0:h, 0:w]
+        a = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) % 64 * 4], -1).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(a[..., 0] if rng.random() < 0.15 else a).save(
+            buf, format="JPEG", quality=int(rng.integers(70, 96)), progressive=bool(rng.random() < 0.3),
+            subsampling=int(rng.choice([0, 1, 2])))
+        data = _with_orientation(buf.getvalue(), int(rng.integers(1, 9)))
+        W, H = int(rng.integers(8, 700)), int(rng.integers(8, 700))
+        mode, interp = str(rng.choice(["letterbox", "resize"])), str(rng.choice(wconfig.INTERPOLATIONS))
+        full, g = _letterbox(data, TransformSpec(W, H, mode, "u8", 114, interp, "full"))
+        scaled, g2 = _letterbox(data, TransformSpec(W, H, mode, "u8", 114, interp, "scaled"))
+        assert g2 == g
+        scales.add(dct_scale(TransformSpec(W, H, mode), probe(data)))
+    assert scales == {1, 2, 4, 8}
