@@ -56,8 +56,10 @@ from warpdata.warehouse.images import JPEG_SOI, ImageProbe
 DecodeError = Rejected  # the one "rejected with a reason" class (warpdata.core.errors)
 
 DECODE_MODES = ("scaled", "full")
-# libjpeg-turbo's power-of-two DCT scales (the SIMD reduced IDCTs), smallest output first; its
-# other n/8 factors are slower than a full decode plus resize and are never used
+# libjpeg-turbo's power-of-two DCT scales (the SIMD reduced IDCTs), smallest output first. Its
+# other n/8 factors are never used: letting simplejpeg pick any n/8 that covers the content (3/8
+# for a third of the 600-900 px photos to 320) decoded slower than 1/2 for all of them, 1.24
+# against 1.16 CPU-ms a photo (BENCHMARKS.md, Session 11)
 DCT_DENOMINATORS = (8, 4, 2)
 # what the version recipe records of each mode: change the text when the policy changes
 SCALE_POLICY = {
