@@ -301,3 +301,14 @@ def test_every_jpeg_kind_size_mode_and_orientation_decodes_with_the_full_decode_
         assert g2 == g
         scales.add(dct_scale(TransformSpec(W, H, mode), probe(data)))
     assert scales == {1, 2, 4, 8}
+
+
+def test_a_truncated_jpeg_is_rejected_at_any_scale():
+    data, _, _ = next(real_photo_corpus(1, seed=2, min_side=800, max_side=900))
+    cut = data[:len(data) * 2 // 3] + b"\xff\xd9"  # an end marker after data cut short: the probe passes
+    p = probe(cut)
+    assert dct_scale(TransformSpec(320, 320), p) == 2
+    for mode in ("full", "scaled"):
+        with pytest.raises(wt.DecodeError) as e:
+            Transformer(TransformSpec(320, 320, decode=mode))(cut, p, np.empty((3, 320, 320), np.uint8))
+        assert e.value.reason == "truncated"
