@@ -48,6 +48,7 @@ RESIZE_MODES = ("letterbox", "resize")
 DTYPES = ("u8", "f16", "f32")
 OVERFLOW = ("truncate", "reject")
 INTERPOLATIONS = ("linear", "nearest", "area", "cubic")
+DECODE_MODES = ("scaled", "full")  # warpdata.warehouse.transform.DECODE_MODES (tests check they agree)
 
 
 def _size_check(v: Any) -> str | None:
@@ -80,6 +81,9 @@ SCHEMA: dict = {
         "pad_value": Field(int, 114, "letterbox padding value (0-255)",
                            check=lambda v: None if 0 <= v <= 255 else "must be 0-255"),
         "interpolation": Field(str, "linear", "resize interpolation", choices=INTERPOLATIONS),
+        "decode": Field(str, "scaled", "JPEG decode: scaled (libjpeg-turbo's DCT scaling to the smallest 1/2, "
+                        "1/4 or 1/8 that still covers the target, then resize; less CPU) or full (full size, "
+                        "then resize)", choices=DECODE_MODES),
     },
     "validation": {
         "box_tolerance": Field(float, 1.0, "pixels a box may stick out of the image (it is then clipped)",
@@ -163,13 +167,14 @@ class WarehouseConfig:
     limits: Limits = Limits()
     # [source] path on object storage (s3://…): ``root`` is then its local mirror (warehouse/remote.py)
     remote_root: str | None = None
+    decode: str = "scaled"  # [transform] decode: "scaled" | "full" (warehouse/transform.py)
 
     def transform_dict(self) -> dict[str, Any]:
         """The cacheable transform config (enters the version key and the manifest)."""
         return {"target_size": [self.width, self.height], "resize_mode": self.resize_mode,
                 "dtype": self.dtype, "max_boxes": self.max_boxes, "overflow": self.overflow,
                 "skip_empty": self.skip_empty, "pad_value": self.pad_value,
-                "interpolation": self.interpolation, "channels": 3, "color": "RGB",
+                "interpolation": self.interpolation, "decode": self.decode, "channels": 3, "color": "RGB",
                 "normalize": "none (raw 0-255)" if self.dtype == "u8" else "x/255",
                 "box_format": "xyxy-pixels", "exif_orientation": "applied"}
 
@@ -220,7 +225,7 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
         shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"], durable=b["durable"],
         resources=None if b["resources"] is None else {k: float(n) for k, n in b["resources"].items()},
-        limits=limits, remote_root=remote_root)
+        limits=limits, remote_root=remote_root, decode=t["decode"])
 
 
 def _check_shard_memory(source: ConfigSource, w: int, h: int, dtype: str, max_boxes: int, shard_samples: int,

@@ -106,7 +106,7 @@ from warpdata.warehouse.shards import (
     task_sha256,
 )
 from warpdata.warehouse.shards import reuse_receipt as _reuse_receipt
-from warpdata.warehouse.transform import TransformSpec, library_versions
+from warpdata.warehouse.transform import SCALE_POLICY, TransformSpec, library_versions
 from warpdata.warehouse.validate import ValidSample
 
 # the last two are the older private names that tests/etl/test_receipts_damaged.py and bench/why_latency.py use
@@ -248,7 +248,8 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
                 return existing
         build_dir = fresh_build_dir(root, version, clear=req.clear, older_than=t_started_wall)
         journal, store_sizes = _journal(build_dir, store, store_vdir, version)
-        spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation)
+        spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation,
+                             cfg.decode)
         tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir,
                      None if store is None else f"{store}/{store_vdir}")
         threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
@@ -310,7 +311,8 @@ def _recipe(cfg: wconfig.WarehouseConfig, ls: wlabels.LabelSet, sources: list[tu
         "dataset_root": cfg.dataset_root_text, "images": cfg.images, "transform": cfg.transform_dict(),
         "validation": cfg.validation_dict(), "thresholds": cfg.thresholds.to_dict(), "classes": ls.classes,
         "samples_per_shard": per_shard, "libraries": library_versions(),
-        "decoder": {"jpeg": "simplejpeg accurate-dct accurate-upsample strict", "other": "pillow"},
+        "decoder": {"jpeg": "simplejpeg accurate-dct accurate-upsample strict", "other": "pillow",
+                    "jpeg_scale": SCALE_POLICY[cfg.decode]},
         "resizer": "opencv cv2.resize + cv2.split", "labels": label_hashes,
         "sources_sha256": identity([list(s) for s in sources]), "num_sources": len(sources),
     }

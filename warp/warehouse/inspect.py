@@ -87,7 +87,7 @@ def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
     rows = [["version", doc["version"]], ["dataset_root", doc["dataset_root"]],
             ["samples", doc["num_samples"]], ["shards", len(doc["shards"])],
             ["size", f"{t['target_size'][0]}x{t['target_size'][1]} {t['resize_mode']} {t['dtype']}, "
-                     f"max_boxes {t['max_boxes']}"],
+                     f"max_boxes {t['max_boxes']}, {t.get('decode', 'full')} decode"],
             ["classes", ", ".join(f"{c['id']}:{c['name']}" for c in doc["classes"])],
             ["validation", f"{verdict['status']}" + (" (overridden by --allow-invalid)" if verdict["allowed"] else "")],
             ["code_version", doc["code_version"]]]

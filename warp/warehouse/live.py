@@ -33,7 +33,7 @@ class LiveDataset:
         sc = scan(c, workers=1)
         self.samples = sc.kept(c.skip_empty)
         self.classes = sc.labels.classes
-        self.spec = TransformSpec(c.width, c.height, c.resize_mode, c.dtype, c.pad_value, c.interpolation)
+        self.spec = TransformSpec(c.width, c.height, c.resize_mode, c.dtype, c.pad_value, c.interpolation, c.decode)
         self._index = {s.key: i for i, s in enumerate(self.samples)}
         self._tr: Transformer | None = None
 
