@@ -127,6 +127,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         try:
+            # every numeric WARP_* setting in its documented bound before the command starts: a bad
+            # one is exit 78 naming it, whichever library code would have read it first (or never)
+            envvars.check_numbers()
             rc = fn(*args, **kwargs)
         except typer.Exit:
             raise
