@@ -42,7 +42,16 @@ import typer
 from warpdata import __version__
 from warpdata.cli import output as out
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError, ExitCode, InternalError, WarpError, os_failure
+from warpdata.core.errors import (
+    ConfigError,
+    ExitCode,
+    InternalError,
+    WarpError,
+    dependency_error,
+    os_failure,
+    process_start_failure,
+    thread_start_failure,
+)
 
 
 @dataclass(frozen=True)
@@ -148,13 +157,13 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             if out.options().debug:
                 traceback.print_exc()
             raise typer.Exit(_report_os_error(e)) from None
-        except Exception as e:  # a bug: say so, and how to report it
+        except Exception as e:  # a bug: say so, and how to report it (unless it is a condition of this machine)
             if out.options().debug:
                 traceback.print_exc()
-            err = InternalError(f"internal error: {type(e).__name__}: {e}",
-                                hint="rerun with --debug for a traceback and report it")
+            err = not_a_bug(e) or InternalError(f"internal error: {type(e).__name__}: {e}",
+                                                hint="rerun with --debug for a traceback and report it")
             report_error(err)
-            raise typer.Exit(int(ExitCode.INTERNAL)) from None
+            raise typer.Exit(int(err.exit_code)) from None
         if isinstance(rc, int) and rc:
             raise typer.Exit(rc)
 
@@ -225,8 +234,44 @@ def _file_name(v: object) -> str | None:
     return None
 
 
+def not_a_bug(e: BaseException) -> WarpError | None:
+    """The typed error for an exception that is this machine's condition, not warp's bug: an
+    optional package that is not installed (78, naming its extra), a thread or process the system
+    would not start (71); None for anything else (a bug: exit 70)."""
+    if isinstance(e, ImportError):
+        return dependency_error(e)
+    if isinstance(e, RuntimeError):
+        return thread_start_failure(e)
+    if isinstance(e, OSError) and _starting_process(e):
+        return process_start_failure(e)
+    return None
+
+
+# where the standard library starts a process: subprocess (fork_exec, posix_spawn), multiprocessing
+# (Popen._launch of fork, spawn and forkserver)
+_PROCESS_STARTERS = frozenset({"_execute_child", "_launch", "_posix_spawn", "_fork_exec", "fork"})
+
+
+def _starting_process(e: OSError) -> bool:
+    """Whether ``e`` is fork/spawn failing for want of resources (EAGAIN, ENOMEM) while starting a process."""
+    import errno
+
+    if e.errno not in (errno.EAGAIN, errno.ENOMEM):
+        return False
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in _PROCESS_STARTERS:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _report_os_error(e: OSError, where: str | None = None) -> int:
     """Report an OSError as its typed warp error; the exit code. ``where``: the stream, when known."""
+    if _starting_process(e):
+        err0 = process_start_failure(e)
+        report_error(err0)
+        return int(err0.exit_code)
     if where is None and e.filename is None:
         where = _failed_stream(e)
     err: WarpError | None = None
@@ -389,9 +434,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return _report_os_error(e, "stdout" if e.filename is None else None)
     except Exception as e:
         if not (isinstance(getattr(e, "exit_code", None), int) and callable(getattr(e, "show", None))):
-            # outside any command (e.g. a command module failed to import): still a bug, exit 70
+            # outside any command (e.g. a command module failed to import): still a bug, exit 70,
+            # unless an optional package it imports is not installed (78)
             if "--debug" in front or envvars.flag("WARP_DEBUG"):
                 traceback.print_exc()
+            known = not_a_bug(e)
+            if known is not None:
+                report_error(known)
+                return int(known.exit_code)
             out.error(f"internal error: {type(e).__name__}: {e}", "rerun with --debug for a traceback and report it")
             return int(ExitCode.INTERNAL)
         # a Click usage error (bad option, missing argument, unknown command)

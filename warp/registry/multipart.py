@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from warpdata.core import envvars
+from warpdata.core.errors import missing_dependency
 from warpdata.registry.store import Store, blob_key
 from warpdata.storage.s3 import S3ObjectStore
 
@@ -54,7 +55,10 @@ def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrenc
     """
     import hashlib
 
-    from botocore.exceptions import ClientError
+    try:
+        from botocore.exceptions import ClientError
+    except ImportError:
+        raise missing_dependency("S3 multipart uploads", "botocore", "s3") from None
 
     b = _s3_backend(store)
     client, bucket, key = b.client, b.bucket, b.object_key(blob_key(hash_hex))
