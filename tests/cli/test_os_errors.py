@@ -170,6 +170,25 @@ def test_stdout_full_and_stdout_closed(env, prints, capfd):
         assert code == (141 if prints[name] else 0) or (name == "doctor" and code in (1, 141)), (name, code, err)
 
 
+# commands that print data, run for real with stdout on /dev/full (the shell's `> /dev/full`)
+PRINTERS = [["stream", "demo/photos"], ["stream", "demo/photos", "--format", "csv"],
+            ["stream", "demo/photos", "--format", "arrow"], ["stream", "demo/photos", "--limit", "3"],
+            ["head", "demo/photos"], ["ls"], ["info", "demo/photos"], ["schema", "demo/photos"],
+            ["inspect", "demo/photos"], ["order", "demo/photos", "--seed", "1"], ["why", "demo/photos", "0"]]
+
+
+@pytest.mark.parametrize("argv", PRINTERS, ids=" ".join)
+def test_stdout_on_dev_full_in_a_process_names_stdout(argv, env, tmp_path):
+    """Issue 36: `warp stream X > /dev/full` named `<stderr>` (an object in the failing frame held
+    stderr, and was looked at before the stdout the frame wrote to): 74 naming stdout."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "warpdata", *argv], cwd=env, stdout=full, stderr=subprocess.PIPE,
+                           env={**os.environ, "WARP_CACHE_DIR": str(tmp_path / "cache")}, text=True, timeout=300)
+    assert p.returncode == 74, (p.returncode, p.stderr)
+    assert p.stderr.startswith("error: no space left on the device writing stdout\n"), p.stderr
+    assert "<stderr>" not in p.stderr and "Traceback" not in p.stderr
+
+
 def test_cache_dir_is_a_file(env, tmp_path, monkeypatch, capfd):
     """WARP_CACHE_DIR naming a regular file: 78 naming the variable, or 0 for commands that need no cache."""
     blocker = tmp_path / "not-a-dir"

@@ -195,7 +195,10 @@ def _failed_stream(e: BaseException) -> str | None:
     """What an OSError without a file name was writing: ``stdout``, or an open file's name.
 
     The OS names no path for a failed ``write``/``flush``; the innermost frame that holds
-    stdout or an open file (or is one of the functions that print data) says what it was.
+    stdout or an open file (or is one of the functions that print data) says what it was. Within
+    a frame, stdout or a file held directly counts before one reached through an object's
+    attributes, and the process's stderr and stdin never count: many objects hold them (a console,
+    a logging handler), so ``warp stream > /dev/full`` named ``<stderr>`` before.
     """
     stdout = sys.stdout
     outs = [stdout, getattr(stdout, "buffer", None)]
@@ -208,20 +211,31 @@ def _failed_stream(e: BaseException) -> str | None:
     for frame in reversed(frames):
         if frame.f_code in printers:
             return "stdout"
-        for v in frame.f_locals.values():
+        values = list(frame.f_locals.values())
+        for v in values:
             if any(v is o for o in outs if o is not None):
                 return "stdout"
-            # a file held directly, or by the writer object whose method failed (self.f)
-            name = _file_name(v) or next(
-                (n for a in getattr(v, "__dict__", {}).values() if (n := _file_name(a))), None)
-            if name:
+        for v in values:  # a file held directly
+            if name := _file_name(v):
+                return name
+        for v in values:  # or by the writer object whose method failed (self.f)
+            if name := next((n for a in getattr(v, "__dict__", {}).values() if (n := _file_name(a))), None):
                 return name
     return None
 
 
+def _std_streams() -> list[object]:
+    """The process's stderr and stdin (current and original, text and binary): never what failed."""
+    found: list[object] = []
+    for s in (sys.stderr, sys.__stderr__, sys.stdin, sys.__stdin__):
+        if s is not None:
+            found += [s, getattr(s, "buffer", None)]
+    return [s for s in found if s is not None]
+
+
 def _file_name(v: object) -> str | None:
     """The path of file object ``v`` (None for anything else, or a closed one opened from a descriptor)."""
-    if not isinstance(v, io.IOBase):
+    if not isinstance(v, io.IOBase) or any(v is s for s in _std_streams()):
         return None
     name = getattr(v, "name", None)
     if isinstance(name, str):
