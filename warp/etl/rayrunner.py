@@ -17,6 +17,7 @@ from warpdata.core.errors import (
     InfrastructureError,
     WarpError,
     missing_dependency,
+    os_failure,
     process_start_failure,
     thread_start_failure,
 )
@@ -60,6 +61,8 @@ def start_failure(spec: ExecutorSpec, e: Exception) -> Exception:
         return exhausted
     if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.ENOMEM):  # fork or spawn failed
         return process_start_failure(e, "a Ray process")
+    if isinstance(e, OSError) and e.errno is not None and not isinstance(e, (ConnectionError, TimeoutError)):
+        return os_failure(e)  # its temporary directory unwritable, full, ...: typed by errno (73, 74, 77)
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     if spec.address is None:
         return InfrastructureError(f"{spec.named}: the Ray started for this run did not come up: {first}",
