@@ -9,8 +9,9 @@
 * a thread the system will not start (``RuntimeError: can't start new thread``): exit 71 (EX_OSERR),
   saying to use fewer workers or raise the limit. Made real by a thread stack size no address
   space can hold, so ``pthread_create`` fails. Before: exit 70;
-* a process the system will not start (fork/spawn failing with EAGAIN): 71 as well (needs a
-  non-root user: root is exempt from ``RLIMIT_NPROC``);
+* a process the system will not start (fork/spawn failing with EAGAIN): 71 as well, made real by
+  ``RLIMIT_NPROC`` (not as root, which is exempt) or a pids cgroup holding one task (a container's
+  ``pids.max``; root is not exempt), where a whole ``warp etl -x process`` is 71 too;
 * Ray failing to come up or to connect: 75, rerun.
 """
 
@@ -142,4 +143,61 @@ def test_ray_that_does_not_come_up_is_75(coco, tmp_path):
     assert "error: --executor ray: the Ray started for this run did not come up: " in r.stderr, r.stderr[-3000:]
     assert "hint: a busy or small machine can time out starting Ray's processes: rerun" in r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+    assert not list((tmp_path / "wh").glob("v*"))
+
+
+PIDS_V1 = "/sys/fs/cgroup/pids"
+
+
+@pytest.fixture
+def one_task_cgroup(tmp_path):
+    """A pids cgroup (v1) that holds one task: a process in it can start no thread and no process."""
+    if not os.access(PIDS_V1, os.W_OK):
+        pytest.skip("no writable pids cgroup (v1) to limit tasks in")
+    cg = os.path.join(PIDS_V1, f"warp-test-{os.getpid()}-{tmp_path.name}")
+    os.mkdir(cg)
+    try:
+        with open(os.path.join(cg, "pids.max"), "w") as f:
+            f.write("1")
+        yield cg
+    finally:
+        os.rmdir(cg)  # its one process has exited
+
+
+@pytest.mark.parametrize("start", ["multiprocessing", "subprocess"])
+def test_a_process_the_kernel_will_not_start_is_71(start, one_task_cgroup):
+    """fork failing for real (EAGAIN at a container's pids.max; root is not exempt from it), as the
+    process executor and Ray start processes: typed 71 by the CLI's mapping, not 74 or 70."""
+    code = ("import os, sys\n"
+            f"open(os.path.join({one_task_cgroup!r}, 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
+            "import multiprocessing, subprocess\n"
+            "from warpdata.cli.app import not_a_bug\n"
+            "try:\n"
+            + ("    multiprocessing.get_context('fork').Process(target=print).start()\n" if start == "multiprocessing"
+               else "    subprocess.run(['true'])\n")
+            + "except OSError as e:\n"
+            "    err = not_a_bug(e)\n"
+            "    print(e.errno, err.exit_code if err else None, err.message if err else '', err.hint if err else '', "
+            "sep='|')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    errno_, exit_code, message, hint = r.stdout.strip().split("|")
+    assert exit_code == "71", (r.stdout, r.stderr[-2000:])
+    assert message.startswith("the system would not start a worker process (EAGAIN") and "ulimit -u" in hint
+
+
+def test_a_command_at_the_containers_pids_max_is_71(coco, tmp_path, one_task_cgroup):
+    """`warp etl -x process` in a cgroup that has no task left (pids.max): whichever it starts first,
+    a thread or a worker process, the answer is 71 and what to do. (OpenBLAS is kept to one thread:
+    its own pool, failing at numpy's import, raises SIGINT.)"""
+    code = ("import os, sys\n"
+            f"open(os.path.join({one_task_cgroup!r}, 'cgroup.procs'), 'w').write(str(os.getpid()))\n"
+            "from warpdata.cli.app import main\n"
+            f"sys.exit(main(['etl', '--config', {str(coco_config(coco, tmp_path / 'wh'))!r}, '-x', 'process', "
+            "'-j', '2']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert r.returncode == 71, r.stderr[-2000:]
+    assert r.stderr.startswith("error: the system would not start "), r.stderr
+    assert "hint: use fewer workers" in r.stderr and "pids.max" in r.stderr and "internal error" not in r.stderr
     assert not list((tmp_path / "wh").glob("v*"))
