@@ -100,8 +100,8 @@ def give_buffer(buf: np.ndarray) -> None:
 
 
 def default_threads() -> int:
-    env = envvars.get("WARP_WORKERS")
-    if env and env.isdigit() and int(env) > 0:
+    env = envvars.number("WARP_WORKERS")  # a bad value is a ConfigError naming it, not ignored
+    if env is not None:
         return int(env)
     try:
         return max(1, len(os.sched_getaffinity(0)))

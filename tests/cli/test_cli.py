@@ -241,8 +241,9 @@ def test_exit_141_through_a_shell_pipeline():
 def test_every_exit_code_is_exercised():
     """The exit codes documented in warp(1) are exactly the ones the tests above cover."""
     # 75 (temporary failure: object store or cluster unreachable) is exercised in tests/etl/test_etl_scale.py;
-    # 73, 74 and 77 (the operating system's refusals) in tests/cli/test_os_errors.py
-    assert sorted(int(c) for c in ExitCode) == [0, 1, 2, 65, 66, 70, 73, 74, 75, 77, 78, 130, 141]
+    # 73, 74 and 77 (the operating system's refusals) in tests/cli/test_os_errors.py; 71 (no thread or
+    # process to start) in tests/cli/test_not_a_bug.py
+    assert sorted(int(c) for c in ExitCode) == [0, 1, 2, 65, 66, 70, 71, 73, 74, 75, 77, 78, 130, 141]
 
 
 # -- --json and streams ----------------------------------------------------------

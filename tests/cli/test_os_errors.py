@@ -170,6 +170,25 @@ def test_stdout_full_and_stdout_closed(env, prints, capfd):
         assert code == (141 if prints[name] else 0) or (name == "doctor" and code in (1, 141)), (name, code, err)
 
 
+# commands that print data, run for real with stdout on /dev/full (the shell's `> /dev/full`)
+PRINTERS = [["stream", "demo/photos"], ["stream", "demo/photos", "--format", "csv"],
+            ["stream", "demo/photos", "--format", "arrow"], ["stream", "demo/photos", "--limit", "3"],
+            ["head", "demo/photos"], ["ls"], ["info", "demo/photos"], ["schema", "demo/photos"],
+            ["inspect", "demo/photos"], ["order", "demo/photos", "--seed", "1"], ["why", "demo/photos", "0"]]
+
+
+@pytest.mark.parametrize("argv", PRINTERS, ids=" ".join)
+def test_stdout_on_dev_full_in_a_process_names_stdout(argv, env, tmp_path):
+    """Issue 36: `warp stream X > /dev/full` named `<stderr>` (an object in the failing frame held
+    stderr, and was looked at before the stdout the frame wrote to): 74 naming stdout."""
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([sys.executable, "-m", "warpdata", *argv], cwd=env, stdout=full, stderr=subprocess.PIPE,
+                           env={**os.environ, "WARP_CACHE_DIR": str(tmp_path / "cache")}, text=True, timeout=300)
+    assert p.returncode == 74, (p.returncode, p.stderr)
+    assert p.stderr.startswith("error: no space left on the device writing stdout\n"), p.stderr
+    assert "<stderr>" not in p.stderr and "Traceback" not in p.stderr
+
+
 def test_cache_dir_is_a_file(env, tmp_path, monkeypatch, capfd):
     """WARP_CACHE_DIR naming a regular file: 78 naming the variable, or 0 for commands that need no cache."""
     blocker = tmp_path / "not-a-dir"
@@ -259,3 +278,31 @@ def test_file_size_limit(name, env, tmp_path):
     # the file named is the one being written: under OUT (publish stages in WARP_CACHE_DIR=OUT/cache)
     assert f"error: file too large writing {out}/" in p.stderr and "ulimit -f" in p.stderr, p.stderr
     assert "internal error" not in p.stderr and "Traceback" not in p.stderr
+    if name == "tar-to-tbl":  # the output as the user named it, not a temporary beside it
+        assert f"error: file too large writing {out}/train.tbl: " in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("limit", [0, FSIZE_LIMIT])
+@pytest.mark.parametrize("source", ["tar", "tar.gz", "stdin"])
+def test_tar_to_tbl_over_the_file_size_limit_names_its_output(source, limit, env, tmp_path):
+    """Issue 36: under `ulimit -f` tar-to-tbl named its input (the frame that failed also held the
+    input file) or a temporary name: 74 naming OUT, whatever the input, whenever the limit bites."""
+    import gzip
+
+    tar = env / "shard.tar"
+    if source == "tar.gz":
+        src = tmp_path / "shard.tar.gz"
+        src.write_bytes(gzip.compress(tar.read_bytes()))
+    argv = ["tar-to-tbl", "-" if source == "stdin" else str(src if source == "tar.gz" else tar),
+            str(tmp_path / "out.tbl")]
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    with open(tar, "rb") as stdin:
+        p = subprocess.run([sys.executable, "-m", "warpdata", *argv], env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                           preexec_fn=cap, stdin=stdin, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 74, (p.returncode, p.stderr)
+    assert p.stderr.startswith(f"error: file too large writing {tmp_path}/out.tbl: "), p.stderr
+    assert "hint: raise the limit (ulimit -f unlimited)" in p.stderr and "Traceback" not in p.stderr
+    assert sorted(f.name for f in tmp_path.iterdir()) == (["shard.tar.gz"] if source == "tar.gz" else [])

@@ -98,7 +98,8 @@ def test_workers_have_an_upper_bound_named_by_setting(cli, dataset, tmp_path, mo
     assert r.code == 78 and "build.workers" in r.err and f"at most {MAX_WORKERS}" in r.err, r.err
     monkeypatch.setenv("WARP_WORKERS", too_many)
     r = cli("etl", "--config", coco_config(dataset, tmp_path / "c"))
-    assert r.code == 78 and f"WARP_WORKERS: {too_many} workers" in r.err, r.err
+    assert r.code == 78 and f"WARP_WORKERS='{too_many}' is out of range" in r.err, r.err
+    assert f"from 1 to {MAX_WORKERS:,}" in r.err, r.err
     assert not any((tmp_path / d).exists() for d in "abc")
     monkeypatch.setenv("WARP_WORKERS", str(MAX_WORKERS))
     assert resolve_workers() == MAX_WORKERS  # the bound itself is allowed

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from support.tether import tethered
+
 
 @dataclass
 class DaskCluster:
@@ -73,9 +75,10 @@ class DaskProcesses:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "WARP_"))}
         env = {**base, "WARP_CACHE_DIR": str(node / "cache"), **(env or {})}
         with open(node / "worker.log", "wb") as logf:  # the child keeps its own copy of the descriptor
-            proc = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://{self.address}",
-                                     "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--host", "127.0.0.1",
-                                     "--local-directory", str(node / "dask"), "--name", name or f"node-{i}"],
+            proc = subprocess.Popen(tethered([sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://{self.address}",
+                                              "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--host",
+                                              "127.0.0.1", "--local-directory", str(node / "dask"),
+                                              "--name", name or f"node-{i}"]),
                                     stdout=subprocess.DEVNULL, stderr=logf, env=env, start_new_session=True)
         self.workers.append(proc)
         return proc
@@ -101,7 +104,8 @@ class DaskProcesses:
 def dask_processes(tmp: Any, workers: int = 0, env: dict[str, str] | None = None) -> Iterator[DaskProcesses]:
     """A ``dask scheduler`` on 127.0.0.1 and ``workers`` ``dask worker`` processes, each with a cache
     directory of its own and the environment of a fresh machine: no ``AWS_*`` / ``WARP_*`` variables
-    unless ``env`` gives them. Everything is killed on exit."""
+    unless ``env`` gives them. Everything is killed on exit, and dies with this process if it is
+    killed first (:mod:`support.tether`)."""
     import json
     import subprocess
     import sys
@@ -111,8 +115,8 @@ def dask_processes(tmp: Any, workers: int = 0, env: dict[str, str] | None = None
     tmp.mkdir(parents=True, exist_ok=True)
     sfile = tmp / "scheduler.json"
     with open(tmp / "scheduler.log", "wb") as logf:
-        sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                                  "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)],
+        sched = subprocess.Popen(tethered([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host",
+                                           "127.0.0.1", "--port", "0", "--no-dashboard", "--scheduler-file", str(sfile)]),
                                  stdout=subprocess.DEVNULL, stderr=logf, start_new_session=True)
     cl = None
     try:

@@ -6,6 +6,7 @@ Fixtures (made available to every test by ``tests/conftest.py``):
     One moto S3 server per test process (per xdist worker), run as a
     subprocess bound to ``127.0.0.1`` on a free port (never 0.0.0.0). A WSGI
     middleware records every S3 request; ``moto_server.endpoint`` is its URL.
+    It dies with the test process, however that ends (``support.tether``).
 
 ``s3`` (function)
     A fresh bucket (``warp-test-<hex>``, created with boto3) and the
@@ -115,8 +116,13 @@ class MotoServer:
 
 
 def start_moto_server() -> MotoServer:
-    """Start moto (with request counting) on 127.0.0.1, a free port; wait until it serves."""
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"],
+    """Start moto (with request counting) on 127.0.0.1, a free port; wait until it serves.
+
+    The server ends with the process that started it, even one killed with ``kill -9``
+    (:mod:`support.tether`): a crashed test worker leaves no server behind."""
+    from support.tether import tethered
+
+    proc = subprocess.Popen(tethered([sys.executable, os.path.abspath(__file__), "--serve"]),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("READY "):

@@ -42,7 +42,16 @@ import typer
 from warpdata import __version__
 from warpdata.cli import output as out
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError, ExitCode, InternalError, WarpError, os_failure
+from warpdata.core.errors import (
+    ConfigError,
+    ExitCode,
+    InternalError,
+    WarpError,
+    dependency_error,
+    os_failure,
+    process_start_failure,
+    thread_start_failure,
+)
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,9 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         try:
+            # every numeric WARP_* setting in its documented bound before the command starts: a bad
+            # one is exit 78 naming it, whichever library code would have read it first (or never)
+            envvars.check_numbers()
             rc = fn(*args, **kwargs)
         except typer.Exit:
             raise
@@ -145,13 +157,13 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             if out.options().debug:
                 traceback.print_exc()
             raise typer.Exit(_report_os_error(e)) from None
-        except Exception as e:  # a bug: say so, and how to report it
+        except Exception as e:  # a bug: say so, and how to report it (unless it is a condition of this machine)
             if out.options().debug:
                 traceback.print_exc()
-            err = InternalError(f"internal error: {type(e).__name__}: {e}",
-                                hint="rerun with --debug for a traceback and report it")
+            err = not_a_bug(e) or InternalError(f"internal error: {type(e).__name__}: {e}",
+                                                hint="rerun with --debug for a traceback and report it")
             report_error(err)
-            raise typer.Exit(int(ExitCode.INTERNAL)) from None
+            raise typer.Exit(int(err.exit_code)) from None
         if isinstance(rc, int) and rc:
             raise typer.Exit(rc)
 
@@ -183,7 +195,10 @@ def _failed_stream(e: BaseException) -> str | None:
     """What an OSError without a file name was writing: ``stdout``, or an open file's name.
 
     The OS names no path for a failed ``write``/``flush``; the innermost frame that holds
-    stdout or an open file (or is one of the functions that print data) says what it was.
+    stdout or an open file (or is one of the functions that print data) says what it was. Within
+    a frame, stdout or a file held directly counts before one reached through an object's
+    attributes, and the process's stderr and stdin never count: many objects hold them (a console,
+    a logging handler), so ``warp stream > /dev/full`` named ``<stderr>`` before.
     """
     stdout = sys.stdout
     outs = [stdout, getattr(stdout, "buffer", None)]
@@ -196,20 +211,31 @@ def _failed_stream(e: BaseException) -> str | None:
     for frame in reversed(frames):
         if frame.f_code in printers:
             return "stdout"
-        for v in frame.f_locals.values():
+        values = list(frame.f_locals.values())
+        for v in values:
             if any(v is o for o in outs if o is not None):
                 return "stdout"
-            # a file held directly, or by the writer object whose method failed (self.f)
-            name = _file_name(v) or next(
-                (n for a in getattr(v, "__dict__", {}).values() if (n := _file_name(a))), None)
-            if name:
+        for v in values:  # a file held directly
+            if name := _file_name(v):
+                return name
+        for v in values:  # or by the writer object whose method failed (self.f)
+            if name := next((n for a in getattr(v, "__dict__", {}).values() if (n := _file_name(a))), None):
                 return name
     return None
 
 
+def _std_streams() -> list[object]:
+    """The process's stderr and stdin (current and original, text and binary): never what failed."""
+    found: list[object] = []
+    for s in (sys.stderr, sys.__stderr__, sys.stdin, sys.__stdin__):
+        if s is not None:
+            found += [s, getattr(s, "buffer", None)]
+    return [s for s in found if s is not None]
+
+
 def _file_name(v: object) -> str | None:
     """The path of file object ``v`` (None for anything else, or a closed one opened from a descriptor)."""
-    if not isinstance(v, io.IOBase):
+    if not isinstance(v, io.IOBase) or any(v is s for s in _std_streams()):
         return None
     name = getattr(v, "name", None)
     if isinstance(name, str):
@@ -222,8 +248,44 @@ def _file_name(v: object) -> str | None:
     return None
 
 
+def not_a_bug(e: BaseException) -> WarpError | None:
+    """The typed error for an exception that is this machine's condition, not warp's bug: an
+    optional package that is not installed (78, naming its extra), a thread or process the system
+    would not start (71); None for anything else (a bug: exit 70)."""
+    if isinstance(e, ImportError):
+        return dependency_error(e)
+    if isinstance(e, RuntimeError):
+        return thread_start_failure(e)
+    if isinstance(e, OSError) and _starting_process(e):
+        return process_start_failure(e)
+    return None
+
+
+# where the standard library starts a process: subprocess (fork_exec, posix_spawn), multiprocessing
+# (Popen._launch of fork, spawn and forkserver)
+_PROCESS_STARTERS = frozenset({"_execute_child", "_launch", "_posix_spawn", "_fork_exec", "fork"})
+
+
+def _starting_process(e: OSError) -> bool:
+    """Whether ``e`` is fork/spawn failing for want of resources (EAGAIN, ENOMEM) while starting a process."""
+    import errno
+
+    if e.errno not in (errno.EAGAIN, errno.ENOMEM):
+        return False
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in _PROCESS_STARTERS:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _report_os_error(e: OSError, where: str | None = None) -> int:
     """Report an OSError as its typed warp error; the exit code. ``where``: the stream, when known."""
+    if _starting_process(e):
+        err0 = process_start_failure(e)
+        report_error(err0)
+        return int(err0.exit_code)
     if where is None and e.filename is None:
         where = _failed_stream(e)
     err: WarpError | None = None
@@ -413,9 +475,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return _report_os_error(e, "stdout" if e.filename is None else None)
     except Exception as e:
         if not (isinstance(getattr(e, "exit_code", None), int) and callable(getattr(e, "show", None))):
-            # outside any command (e.g. a command module failed to import): still a bug, exit 70
+            # outside any command (e.g. a command module failed to import): still a bug, exit 70,
+            # unless an optional package it imports is not installed (78)
             if "--debug" in front or envvars.flag("WARP_DEBUG"):
                 traceback.print_exc()
+            known = not_a_bug(e)
+            if known is not None:
+                report_error(known)
+                return int(known.exit_code)
             out.error(f"internal error: {type(e).__name__}: {e}", "rerun with --debug for a traceback and report it")
             return int(ExitCode.INTERNAL)
         # a Click usage error (bad option, missing argument, unknown command)

@@ -239,7 +239,8 @@ def _common_sections(root: Cmd, cmds: list[Cmd], page: str) -> list[str]:
         lines += [".TP", f".B {int(code)}", _roff(doc[:1].upper() + doc[1:] + ".")]
     lines.append(".SH ENVIRONMENT")
     for v in ENV_VARS:
-        doc = v.help[:1].upper() + v.help[1:] + (f" (default: {v.default})" if v.default else "")
+        facts = ([f"accepted: {v.bound.describe()}"] if v.bound else []) + ([f"default: {v.default}"] if v.default else [])
+        doc = v.help[:1].upper() + v.help[1:] + (f" ({'; '.join(facts)})" if facts else "")
         lines += [".TP", f".B {_roff(v.name)}", _roff(doc + ".")]
     refs = ["warp"] + [f"warp-{c.name}" for c in cmds]
     lines += [".SH SEE ALSO", ",\n".join(f".BR {_roff(r)} (1)" for r in refs if r != page)]

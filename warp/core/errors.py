@@ -47,7 +47,13 @@ class                       errno                exit builtin
 ``CannotCreateError``       ENOTDIR, EISDIR, ... 73   ``OSError``
 ``OSPermissionError``       EACCES, EPERM        77   ``PermissionError``
 ``TooManyOpenFilesError``   EMFILE, ENFILE       78   ``OSError``
+``ResourceExhaustedError``  fork/spawn EAGAIN    71   ``OSError``
 =========================== ==================== ==== =========================
+
+A thread that will not start (``RuntimeError: can't start new thread``) is
+:class:`ResourceExhaustedError` too (:func:`thread_start_failure`); an optional
+package's ``ImportError`` is :class:`DependencyError`, exit 78, naming its extra
+(:func:`dependency_error`, :data:`OPTIONAL_MODULES`).
 
 A closed stdout (EPIPE) is no error: the CLI ends quietly with 141.
 
@@ -69,6 +75,7 @@ class ExitCode(IntEnum):
     DATA = 65  # input data is malformed (EX_DATAERR)
     NO_INPUT = 66  # input missing or unreadable (EX_NOINPUT)
     INTERNAL = 70  # a bug in warp (EX_SOFTWARE)
+    OSERR = 71  # the system could not start a thread or process (EX_OSERR)
     CANTCREAT = 73  # an output cannot be created: read-only file system, not a directory (EX_CANTCREAT)
     IOERR = 74  # reading or writing failed: no space, file too large, quota, I/O error (EX_IOERR)
     TEMPFAIL = 75  # infrastructure failed (object store unreachable); a rerun resumes (EX_TEMPFAIL)
@@ -85,6 +92,8 @@ EXIT_CODE_DOCS: dict[ExitCode, str] = {
     ExitCode.DATA: "input data is malformed or failed validation",
     ExitCode.NO_INPUT: "an input file, dataset or version does not exist or cannot be read",
     ExitCode.INTERNAL: "internal error (a bug in warp: please report it with --debug output)",
+    ExitCode.OSERR: "the system could not start a thread or process (out of threads, processes or memory for "
+                     "them: ulimit -u, a container's pids.max); use fewer workers or raise the limit, then rerun",
     ExitCode.CANTCREAT: "an output cannot be created (read-only file system, a path component that is "
                         "not a directory, a directory where a file should be)",
     ExitCode.IOERR: "reading or writing failed (no space left, file too large or over the file-size limit, "
@@ -256,7 +265,79 @@ def install_hint(extra: str) -> str:
 
 def missing_dependency(feature: str, package: str, extra: str | None = None) -> DependencyError:
     pip = install_hint(extra) if extra else f"pip install {package}"
-    return DependencyError(f"{feature} needs the '{package}' package, which is not installed", hint=pip)
+    return DependencyError(f"{feature} needs the '{package}' package, which is not installed", hint=pip,
+                           package=package, extra=extra)
+
+
+#: the optional packages warp imports where a feature needs them, by top-level module name:
+#: (the package to install, its extra in pyproject.toml, the feature it serves)
+OPTIONAL_MODULES: dict[str, tuple[str, str | None, str]] = {
+    "botocore": ("botocore", "s3", "S3 storage"),
+    "boto3": ("boto3", "s3", "S3 storage"),
+    "s3fs": ("s3fs", "s3", "S3 storage"),
+    "aiobotocore": ("aiobotocore", "s3", "S3 storage"),
+    "s3transfer": ("s3transfer", "s3", "S3 storage"),
+    "distributed": ("distributed", "dask", "the Dask executor"),
+    "dask": ("dask", "dask", "the Dask executor"),
+    "ray": ("ray", "ray", "the Ray executor"),
+    "torch": ("torch", "torch", "the PyTorch loaders"),
+    "soundfile": ("soundfile", "audio", "decoding audio"),
+    "faiss": ("faiss-cpu", "faiss", "the embeddings' ANN index"),
+    "pandas": ("pandas", "pandas", "Table.to_pandas()"),
+    "polars": ("polars", "polars", "Table.to_polars()"),
+    "zarr": ("zarr", "zarr", "Zarr arrays"),
+    "tensorstore": ("tensorstore", "zarr", "Zarr arrays"),
+    "cupy": ("cupy", "gpu", "the GPU tile backend"),
+}
+
+
+def dependency_error(err: ImportError) -> DependencyError | None:
+    """The typed error (exit 78, naming the extra's pip line) for an optional package's
+    ``ImportError``; None when ``err`` is about anything else (a missing core module is a broken
+    install or a bug, not a feature the user left out).
+
+    Python names the module it could not import in ``err.name`` (``botocore.exceptions`` when
+    ``botocore`` is absent, or marked unimportable by a ``None`` in ``sys.modules``).
+    """
+    if isinstance(err, DependencyError):
+        return err
+    top = (err.name or "").split(".")[0]
+    if top not in OPTIONAL_MODULES:
+        return None
+    package, extra, feature = OPTIONAL_MODULES[top]
+    return missing_dependency(feature, package, extra)
+
+
+class ResourceExhaustedError(WarpError, OSError):
+    """The system would not start another thread or process: a limit on threads or processes
+    (``ulimit -u``, a container's ``pids.max``) or memory for their stacks. Not a bug: fewer
+    workers, or a higher limit, and the same command runs (exit 71, EX_OSERR)."""
+
+    exit_code = ExitCode.OSERR
+    code = "out-of-threads"
+
+
+_EXHAUSTED_HINT = ("use fewer workers (-j, WARP_WORKERS, WARP_SQL_THREADS) or stop other programs' threads, or "
+                   "raise the limit (ulimit -u; a container's pids.max), then rerun")
+
+
+def thread_start_failure(err: BaseException) -> ResourceExhaustedError | None:
+    """The typed error for "can't start new thread" (``RuntimeError`` from :mod:`threading`);
+    None for any other exception."""
+    if isinstance(err, RuntimeError) and "can't start new thread" in str(err):
+        return ResourceExhaustedError("the system would not start another thread (out of threads, or of "
+                                      "memory for their stacks)", hint=_EXHAUSTED_HINT)
+    return None
+
+
+def process_start_failure(err: OSError, what: str = "a worker process") -> ResourceExhaustedError:
+    """The typed error for a process that could not be started (``fork``/``spawn`` failed with
+    EAGAIN or ENOMEM)."""
+    import errno as _errno
+
+    name = _errno.errorcode.get(err.errno or 0, str(err.errno))
+    return ResourceExhaustedError(f"the system would not start {what} ({name}: {err.strerror or err})",
+                                  hint=_EXHAUSTED_HINT, errno=name)
 
 
 # -- stores and datasets (docs/design.md §10) ------------------------------------------------

@@ -57,7 +57,7 @@ from typing import Any
 
 from warpdata.core import envvars
 from warpdata.core.errors import ConfigError, UsageError
-from warpdata.core.sizes import format_size, parse_size
+from warpdata.core.sizes import format_size
 
 # lazy third-party imports: duckdb (heavy) is imported inside the functions that use it, so
 # importing this module does not load it: it loads on the first connection
@@ -105,38 +105,28 @@ class QueryLimits:
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
             ram = 4 << 30
-        return cls(threads=max(1, cpus // 2), memory_bytes=max(256 << 20, ram // 4), timeout_s=300.0)
+        return cls(threads=min(envvars.MAX_SQL_THREADS, max(1, cpus // 2)), memory_bytes=max(256 << 20, ram // 4),
+                   timeout_s=300.0)
 
     @classmethod
     def from_env(cls) -> QueryLimits:
+        """The defaults, changed by ``WARP_SQL_THREADS``, ``WARP_SQL_MEMORY`` and ``WARP_SQL_TIMEOUT``
+        within their documented bounds (:data:`warpdata.core.envvars.ENV_VARS`); a value outside them
+        is a ConfigError (exit 78) naming the variable and the range, before any connection opens."""
         d = cls.defaults()
-        threads, memory, timeout = d.threads, d.memory_bytes, d.timeout_s
-        raw = envvars.get("WARP_SQL_THREADS")
-        if raw is not None:
-            threads = _env_number("WARP_SQL_THREADS", raw, int, "a whole number of threads like 2", minimum=1)
-        raw = envvars.get("WARP_SQL_MEMORY")
-        if raw is not None:
-            try:
-                memory = parse_size(raw) if not raw.strip().replace(".", "", 1).isdigit() else -1
-            except UsageError:
-                memory = -1
-            if memory < 10**7:
-                raise ConfigError(f"WARP_SQL_MEMORY={raw!r} is not a size of at least 10MB",
-                                  hint="write a size with a unit, like WARP_SQL_MEMORY=4GB")
-        raw = envvars.get("WARP_SQL_TIMEOUT")
-        if raw is not None:
-            timeout = _env_number("WARP_SQL_TIMEOUT", raw, float, "seconds like 60 (0: no time limit)", minimum=0)
-        return cls(threads=threads, memory_bytes=memory, timeout_s=timeout)
+        threads = envvars.number("WARP_SQL_THREADS")
+        memory = envvars.number("WARP_SQL_MEMORY")
+        timeout = envvars.number("WARP_SQL_TIMEOUT")
+        return cls(threads=d.threads if threads is None else int(threads),
+                   memory_bytes=d.memory_bytes if memory is None else int(memory),
+                   timeout_s=d.timeout_s if timeout is None else float(timeout))
 
 
-def _env_number(name: str, raw: str, kind: type, what: str, minimum: float) -> Any:
-    try:
-        v = kind(raw.strip())
-    except ValueError:
-        v = None
-    if v is None or v != v or v < minimum or v == float("inf"):
-        raise ConfigError(f"{name}={raw!r} is not valid", hint=f"write {what}")
-    return v
+#: the longest wait a timer is given (seconds): threading.Timer raises OverflowError in its own thread
+#: past what the platform's clock can hold (1e300 killed the timer, and with it the time limit), so a
+#: longer limit waits this long instead, ~31 years
+TIMER_MAX_S = min(threading.TIMEOUT_MAX, 1e9)
+
 
 #: pure scalar functions (and the operator spellings DuckDB's parser gives LIKE, arithmetic, ...).
 #: Left out on purpose: anything reading files or settings, and functions whose output size a
@@ -207,12 +197,12 @@ def guarded(con, what: str, limits: QueryLimits | None = None) -> Iterator[None]
     lim = limits or QueryLimits.from_env()
     fired = threading.Event()
     timer = None
-    if lim.timeout_s > 0:
+    if lim.timeout_s > 0:  # NaN, inf and huge values: refused by from_env, clamped here for Table.query(timeout=)
         def stop() -> None:
             fired.set()
             con.interrupt()
 
-        timer = threading.Timer(lim.timeout_s, stop)
+        timer = threading.Timer(min(lim.timeout_s, TIMER_MAX_S), stop)
         timer.daemon = True
         timer.start()
     try:
@@ -280,6 +270,8 @@ def _parse(sql: str, fail) -> dict:
                    QueryLimitError)
     try:
         raw = serialize_sql(sql)
+    except ConfigError:  # a bad WARP_SQL_* setting is the setting's fault, not the text's
+        raise
     except QueryLimitError as e:
         raise fail(f"takes too long to parse ({e.message})", None, QueryLimitError) from None
     except Exception as e:  # duckdb.Error; the parser itself failing is the text's fault

@@ -282,18 +282,10 @@ CLUSTER_WAIT_S = 60.0
 
 
 def cluster_wait() -> float:
-    """``WARP_CLUSTER_WAIT``: seconds to wait for a first worker; ConfigError when malformed."""
-    text = envvars.get("WARP_CLUSTER_WAIT")
-    if text is None:
-        return CLUSTER_WAIT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ConfigError(f"WARP_CLUSTER_WAIT={text!r} is not a number of seconds",
-                          hint="set it to the seconds to wait for a Dask worker, like 60", key="WARP_CLUSTER_WAIT")
-    return value
+    """``WARP_CLUSTER_WAIT``: seconds to wait for a first worker; ConfigError when malformed or out of
+    its bound (:mod:`warpdata.core.envvars`: 0 to a day)."""
+    value = envvars.number("WARP_CLUSTER_WAIT")
+    return CLUSTER_WAIT_S if value is None else float(value)
 
 
 def _scheduler_file_address(spec: ExecutorSpec) -> str:

@@ -65,7 +65,7 @@ from warpdata.etl.executorspec import (
     parse_executor,
     resolve_executor,
 )
-from warpdata.etl.rayrunner import PROBE_TIMEOUT_S, RayRunner
+from warpdata.etl.rayrunner import PROBE_TIMEOUT_S, RayRunner, ray_client_missing
 from warpdata.etl.runners import (
     GUIDED_SHARES,
     MAX_BATCH,
@@ -105,6 +105,9 @@ def require(spec: ExecutorSpec) -> None:
             found = False
         if not found:
             raise missing_dependency(spec.named, pkg, extra)
+    client_missing = ray_client_missing(spec) if spec.kind == "ray" else None  # ray://: Ray Client's gRPC
+    if client_missing is not None:
+        raise client_missing
 
 
 def make_runner(spec: ExecutorSpec, workers: int, initializer: Callable[[], None] | None = None,

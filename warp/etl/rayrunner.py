@@ -6,15 +6,72 @@ optional extra and heavy: it is imported inside the functions that use it, never
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from warpdata.core.errors import ConfigError, InfrastructureError, missing_dependency
+from warpdata.core.errors import (
+    ConfigError,
+    DependencyError,
+    InfrastructureError,
+    WarpError,
+    missing_dependency,
+    os_failure,
+    process_start_failure,
+    thread_start_failure,
+)
 from warpdata.etl import access as _access
 from warpdata.etl.executorspec import ExecutorSpec
 from warpdata.etl.lifeline import guard_tree
 from warpdata.etl.runners import TASK_RETRIES, Runner
+
+
+def ray_client_missing(spec: ExecutorSpec) -> DependencyError | None:
+    """The DependencyError (exit 78) for ``ray://HOST:PORT`` without Ray Client: a plain ``pip install
+    ray`` has no gRPC, and ``ray.init`` said so as a ValueError (exit 70). None when it is there."""
+    import importlib.util
+
+    if not (spec.address or "").lower().startswith("ray://"):
+        return None
+    try:
+        found = importlib.util.find_spec("grpc") is not None
+    except (ImportError, ValueError):  # ValueError: marked unimportable (None in sys.modules)
+        found = False
+    if found:
+        return None
+    return DependencyError(f"{spec.named} needs Ray Client (the 'grpcio' package of ray[client]), which is not "
+                           "installed", hint="pip install 'ray[client]' (a plain 'pip install ray' has no client), "
+                                             "or run warp on a node of the cluster with --executor ray:auto",
+                           package="grpcio", extra="ray[client]")
+
+
+def start_failure(spec: ExecutorSpec, e: Exception) -> Exception:
+    """The typed error for Ray failing to start or to connect (``ray.init``): a node that timed out at
+    start-up, an unreachable cluster (75, rerun); no thread or process to start (71); a package Ray
+    needs (78). A warp error passes through unchanged."""
+    if isinstance(e, WarpError):
+        return e
+    if isinstance(e, ImportError):
+        return missing_dependency(spec.named, e.name or "ray", "ray")
+    if isinstance(e, ValueError) and "ray[client]" in str(e):
+        return ray_client_missing(spec) or missing_dependency(spec.named, "ray[client]")
+    exhausted = thread_start_failure(e)
+    if exhausted is not None:
+        return exhausted
+    if isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.ENOMEM):  # fork or spawn failed
+        return process_start_failure(e, "a Ray process")
+    if isinstance(e, OSError) and e.errno is not None and not isinstance(e, (ConnectionError, TimeoutError)):
+        return os_failure(e)  # its temporary directory unwritable, full, ...: typed by errno (73, 74, 77)
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if spec.address is None:
+        return InfrastructureError(f"{spec.named}: the Ray started for this run did not come up: {first}",
+                                   hint="a busy or small machine can time out starting Ray's processes: rerun "
+                                        "(finished shards are reused), with fewer workers (-j), or use "
+                                        "--executor process; Ray's logs are under /tmp/ray/session_latest/logs")
+    return InfrastructureError(f"{spec.named}: cannot connect to the Ray cluster at {spec.address}: {first}",
+                               hint="check the address and that the cluster is up ('ray status' on its head "
+                                    "node), then rerun: finished shards are reused")
 
 
 class RayRunner(Runner):
@@ -43,11 +100,20 @@ class RayRunner(Runner):
                     with self.guard.marking() if self.guard is not None else contextlib.nullcontext():
                         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
                                  configure_logging=False)
+                except Exception as e:
+                    self.close()
+                    raise start_failure(spec, e) from e
                 except BaseException:
                     self.close()
                     raise
             else:
-                ray.init(address=spec.address, log_to_driver=False, configure_logging=False)
+                client_missing = ray_client_missing(spec)
+                if client_missing is not None:
+                    raise client_missing
+                try:
+                    ray.init(address=spec.address, log_to_driver=False, configure_logging=False)
+                except Exception as e:
+                    raise start_failure(spec, e) from e
         else:
             self.own = False
         self.initializer = initializer

@@ -13,8 +13,9 @@ from warpdata.core import envvars
 from warpdata.core.errors import ConfigError
 
 # the most workers a run may ask for: a thread, process or LocalCluster worker each, so a typo (-j
-# 20000) would start that many before the first task; an external cluster's size is its own
-MAX_WORKERS = 4096
+# 20000) would start that many before the first task; an external cluster's size is its own. The
+# bound of WARP_WORKERS in the registry of variables (warp(1) ENVIRONMENT) is the same number.
+MAX_WORKERS = envvars.MAX_WORKERS
 _TOO_MANY_HINT = f"ask for at most {MAX_WORKERS} workers (the CPU count here is {{cpus}})"
 
 
@@ -26,16 +27,10 @@ def cpu_count() -> int:
 
 
 def env_workers() -> int | None:
-    """``WARP_WORKERS`` as a positive integer, None when unset; ConfigError when malformed."""
-    env = envvars.get("WARP_WORKERS")
-    if env is None:
-        return None
-    text = env.strip()
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"WARP_WORKERS={env!r} is not a positive whole number",
-                          hint="set it to a worker count like 2, or unset it to use every CPU",
-                          key="WARP_WORKERS")
-    return check_workers(int(text), "WARP_WORKERS", key="WARP_WORKERS")
+    """``WARP_WORKERS`` as a positive integer, None when unset; ConfigError when malformed or over
+    :data:`MAX_WORKERS` (its bound in :mod:`warpdata.core.envvars`)."""
+    n = envvars.number("WARP_WORKERS")
+    return None if n is None else int(n)
 
 
 def check_workers(n: int, where: str, *, key: str | None = None) -> int:

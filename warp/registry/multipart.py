@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from warpdata.core import envvars
-from warpdata.core.errors import ConfigError
+from warpdata.core.errors import missing_dependency
 from warpdata.registry.store import Store, blob_key
 from warpdata.storage.s3 import S3ObjectStore
 
@@ -27,15 +27,10 @@ MAX_PARTS = 10_000
 
 
 def upload_concurrency() -> int:
-    """``WARP_UPLOAD_CONCURRENCY``: parts of one large blob in flight at once (default 8)."""
-    text = envvars.get("WARP_UPLOAD_CONCURRENCY")
-    if text is None:
-        return 8
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ConfigError(f"WARP_UPLOAD_CONCURRENCY={text!r} is not a positive whole number",
-                          hint="set it to the number of parts to upload at once, like 8, or unset it",
-                          key="WARP_UPLOAD_CONCURRENCY")
-    return int(text)
+    """``WARP_UPLOAD_CONCURRENCY``: parts of one large blob in flight at once (default 8); ConfigError
+    when malformed or out of its bound (:mod:`warpdata.core.envvars`)."""
+    n = envvars.number("WARP_UPLOAD_CONCURRENCY")
+    return 8 if n is None else int(n)
 
 
 def _s3_backend(store: Store):
@@ -60,7 +55,10 @@ def _put_multipart(store: Store, hash_hex: str, path: str, size: int, concurrenc
     """
     import hashlib
 
-    from botocore.exceptions import ClientError
+    try:
+        from botocore.exceptions import ClientError
+    except ImportError:
+        raise missing_dependency("S3 multipart uploads", "botocore", "s3") from None
 
     b = _s3_backend(store)
     client, bucket, key = b.client, b.bucket, b.object_key(blob_key(hash_hex))

@@ -15,6 +15,7 @@ from warpdata.core.errors import (
     StorePermissionError,
     StoreUnavailableError,
     WarpError,
+    dependency_error,
     os_failure,
 )
 from warpdata.storage.policy import is_tls_error
@@ -130,6 +131,8 @@ def translate_storage_error(exc: BaseException, url: str, action: str) -> Except
     """
     if isinstance(exc, WarpError):
         return exc  # type: ignore[return-value]
+    if isinstance(exc, ImportError):  # a client library of an optional extra (botocore) is not installed: 78
+        return dependency_error(exc) or exc
     name = type(exc).__name__
     code = _error_code(exc) or ""
     text = str(exc)

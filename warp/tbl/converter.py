@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import os
 import struct
@@ -56,7 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from warpdata.core.atomic import rename_noreplace, temp_prefix
-from warpdata.core.errors import DataError, UsageError
+from warpdata.core.errors import DataError, UsageError, WarpError, os_failure
+from warpdata.core.names import TMP_PREFIX
 from warpdata.formats.imageinfo import EXTENSION_FORMATS, image_info
 from warpdata.formats.tbl import (
     COMPRESSIONS,
@@ -340,6 +342,27 @@ def convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = N
     except TarFormatError as e:
         where = "stdin" if req.input == "-" else str(req.input)
         raise type(e)(f"{where}: {e.message}", hint=e.hint, **e.details) from None
+    except OSError as e:
+        if isinstance(e, WarpError) or not _writing_output(e, req.output):
+            raise
+        # the operating system refused the output (a full disk, ulimit -f): name OUT, as the user
+        # gave it, not the input whose file the failing frame also held, nor a temporary sibling
+        raise os_failure(e, str(req.output)) from e
+
+
+# errors only a write can meet: whatever the converter was writing (OUT, or its plan spool beside OUT)
+_WRITE_ERRNOS = frozenset({errno.EFBIG, errno.ENOSPC, errno.EDQUOT})
+
+
+def _writing_output(e: OSError, output: str) -> bool:
+    """Whether ``e`` is the operating system refusing a write of ``output`` (or of a temporary
+    beside it: the writer's, the spool's), rather than a read of the input."""
+    if e.filename is None:
+        return e.errno in _WRITE_ERRNOS
+    names = [os.fsdecode(f) for f in (e.filename, e.filename2) if isinstance(f, (str, bytes, os.PathLike))]
+    out = os.path.abspath(output)
+    return any(os.path.abspath(n) == out or (os.path.dirname(os.path.abspath(n)) == os.path.dirname(out)
+                                             and os.path.basename(n).startswith(TMP_PREFIX)) for n in names)
 
 
 def _convert(req: ConvertRequest, progress: Callable[[int, int], None] | None = None,
