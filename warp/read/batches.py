@@ -507,7 +507,8 @@ def _parse_shard(shard: Any) -> tuple[int, int]:
 
 def _prefetch_depth(prefetch: Any, mode: str) -> int:
     if prefetch in (None, "auto"):
-        prefetch = envvars.get("WARP_PREFETCH") or "auto"
+        env = envvars.number("WARP_PREFETCH")  # bounded: a bad value is a ConfigError naming it
+        prefetch = "auto" if env is None else env
     if prefetch == "auto":
         return PREFETCH_DEPTH[mode]
     if prefetch in (False, "off", "0", 0):

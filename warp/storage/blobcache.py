@@ -90,15 +90,9 @@ def normalize_hash(h: str) -> str:
 
 
 def default_cap_bytes() -> int:
-    raw = envvars.get("WARP_CACHE_SIZE_GB", "50")
-    try:
-        gb = float(raw)
-    except ValueError:
-        raise ConfigError(f"WARP_CACHE_SIZE_GB={raw!r} is not a number",
-                          hint="set WARP_CACHE_SIZE_GB to a size in GB, e.g. 50 or 0.5") from None
-    if gb <= 0:
-        raise ConfigError(f"WARP_CACHE_SIZE_GB={raw!r} must be positive", hint="e.g. WARP_CACHE_SIZE_GB=50")
-    return int(gb * GB)
+    """``WARP_CACHE_SIZE_GB`` in bytes (bounded; a bad value is a ConfigError naming it)."""
+    gb = envvars.number("WARP_CACHE_SIZE_GB")
+    return int((50.0 if gb is None else float(gb)) * GB)
 
 
 _HOST = socket.gethostname()

@@ -44,16 +44,10 @@ THROTTLE_STATUS = frozenset({429, 503})
 
 
 def _seconds(name: str, default: float, example: str) -> float:
-    raw = envvars.get(name)
-    if raw is None:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        v = -1.0
-    if not v >= 0 or v == float("inf"):
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds >= 0", hint=f"e.g. {example}")
-    return v
+    """Seconds from numeric variable ``name`` (bounded in warp/core/envvars.py; a bad value is a
+    ConfigError naming it, with its range), else ``default``."""
+    v = envvars.number(name)
+    return default if v is None else float(v)
 
 
 def retry_budget() -> float:
