@@ -13,6 +13,7 @@ the manifest, each footer against the manifest's footer length.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -244,74 +245,78 @@ class _ShardFiles:
             with src.prefetched(ranges, PAGE_WASTE):
                 return {r: src.read_at(r[1], r[0]) for r in set(ranges)}
 
+        # readers on this machine sharing the cache take turns on a row group: the second finds the
+        # pages, dictionaries and offset indexes the first fetched (docs/partitioning.md)
+        turn = pieces.cache.lock(f"pieces {self.shards[i].hash} {g}") if pieces else contextlib.nullcontext()
         try:
-            ois = [pp.offset_index(fmd, g, leaf) for leaf in leaves]
-            if any(r is None for r in ois):
-                return None
-            oi_of: dict[int, bytes] = {}
-            for leaf, r in zip(leaves, ois, strict=True):
-                got = pieces.named(g, leaf, "oi") if pieces else None
-                if got is not None and len(got) == r[1]:
-                    oi_of[leaf] = got
-            need = [(leaf, r) for leaf, r in zip(leaves, ois, strict=True) if leaf not in oi_of]
-            got_oi = fetch([r for _, r in need])
-            for leaf, r in need:
-                oi_of[leaf] = got_oi[r]
-                if pieces:
-                    pieces.keep_named(g, leaf, "oi", got_oi[r])
-            chunks = {leaf: pp.pages_for_rows(fmd, g, leaf, oi_of[leaf]) for leaf in leaves}
-            spans = {leaf: cp.covering(lo, hi) for leaf, cp in chunks.items()}
-            groups: dict[tuple[int, int], list[str]] = {}  # rows covered -> the columns whose pages cover them
-            for n in names:
-                got = {spans[leaf][2:] for leaf in leaves_of[n]}
-                if len(got) != 1:
-                    return None  # a nested column whose leaves break pages at different rows
-                groups.setdefault(got.pop(), []).append(n)
-            # from the piece cache what it has (docs/partitioning.md, "The cache carries epochs"), the
-            # rest in one coalesced fetch
-            want: list[tuple[int, int]] = []
-            plans = {}
-            for leaf, cp in chunks.items():
-                k, m = spans[leaf][:2]
-                offsets = [p.offset for p in cp.pages]
-                ends = [p.offset + p.size for p in cp.pages]
-                dict_bytes = None
-                if cp.dict_range is not None:
-                    dict_bytes = pieces.named(g, leaf, "dict") if pieces else None
-                    if dict_bytes is None or len(dict_bytes) != cp.dict_range[1]:
-                        dict_bytes = None
-                        want.append(cp.dict_range)
-                have, missing = pieces.lookup(g, leaf, offsets, ends, k, m) if pieces else ({}, [(k, m)])
-                want.extend((offsets[a], ends[b - 1] - offsets[a]) for a, b in missing)
-                plans[leaf] = (offsets, ends, dict_bytes, have, missing)
-            fetched = fetch(want)
-            data: dict[tuple[int, int], bytes] = {}
-            for leaf, cp in chunks.items():
-                k, m = spans[leaf][:2]
-                offsets, ends, dict_bytes, have, missing = plans[leaf]
-                if cp.dict_range is not None:
-                    if dict_bytes is None:
-                        dict_bytes = fetched[cp.dict_range]
-                        if pieces:
-                            pieces.keep_named(g, leaf, "dict", dict_bytes)
-                    data[cp.dict_range] = dict_bytes
-                for a, b in missing:
-                    run = fetched[(offsets[a], ends[b - 1] - offsets[a])]
+            with turn:
+                ois = [pp.offset_index(fmd, g, leaf) for leaf in leaves]
+                if any(r is None for r in ois):
+                    return None
+                oi_of: dict[int, bytes] = {}
+                for leaf, r in zip(leaves, ois, strict=True):
+                    got = pieces.named(g, leaf, "oi") if pieces else None
+                    if got is not None and len(got) == r[1]:
+                        oi_of[leaf] = got
+                need = [(leaf, r) for leaf, r in zip(leaves, ois, strict=True) if leaf not in oi_of]
+                got_oi = fetch([r for _, r in need])
+                for leaf, r in need:
+                    oi_of[leaf] = got_oi[r]
                     if pieces:
-                        pieces.keep_pages(g, leaf, offsets, ends, (a, b), run, have)
-                    else:
-                        have.update((p, run[offsets[p] - offsets[a]:ends[p] - offsets[a]]) for p in range(a, b))
-                data[cp.byte_range(k, m)] = b"".join(have[p] for p in range(k, m))
-            out: dict[str, Any] = {}
-            for (first, _end), cols in groups.items():
-                sel = {leaf: (chunks[leaf], *spans[leaf][:2]) for n in cols for leaf in leaves_of[n]}
-                mini, first, end = pp.slice_file(raw, g, sel, data)
-                # in Arrow's memory: no Arrow thread may hold the last reference to Python bytes at exit
-                tab = pq.ParquetFile(arrow_reader(mini)).read(columns=cols, use_threads=False)
-                if tab.num_rows != end - first:
-                    raise pp.ParquetPagesError(f"pages of rows {first}..{end} decode to {tab.num_rows} rows")
-                for n in cols:
-                    out[n] = tab.column(n).slice(lo - first, hi - lo)
+                        pieces.keep_named(g, leaf, "oi", got_oi[r])
+                chunks = {leaf: pp.pages_for_rows(fmd, g, leaf, oi_of[leaf]) for leaf in leaves}
+                spans = {leaf: cp.covering(lo, hi) for leaf, cp in chunks.items()}
+                groups: dict[tuple[int, int], list[str]] = {}  # rows covered -> the columns whose pages cover them
+                for n in names:
+                    got = {spans[leaf][2:] for leaf in leaves_of[n]}
+                    if len(got) != 1:
+                        return None  # a nested column whose leaves break pages at different rows
+                    groups.setdefault(got.pop(), []).append(n)
+                # from the piece cache what it has (docs/partitioning.md, "The cache carries epochs"), the
+                # rest in one coalesced fetch
+                want: list[tuple[int, int]] = []
+                plans = {}
+                for leaf, cp in chunks.items():
+                    k, m = spans[leaf][:2]
+                    offsets = [p.offset for p in cp.pages]
+                    ends = [p.offset + p.size for p in cp.pages]
+                    dict_bytes = None
+                    if cp.dict_range is not None:
+                        dict_bytes = pieces.named(g, leaf, "dict") if pieces else None
+                        if dict_bytes is None or len(dict_bytes) != cp.dict_range[1]:
+                            dict_bytes = None
+                            want.append(cp.dict_range)
+                    have, missing = pieces.lookup(g, leaf, offsets, ends, k, m) if pieces else ({}, [(k, m)])
+                    want.extend((offsets[a], ends[b - 1] - offsets[a]) for a, b in missing)
+                    plans[leaf] = (offsets, ends, dict_bytes, have, missing)
+                fetched = fetch(want)
+                data: dict[tuple[int, int], bytes] = {}
+                for leaf, cp in chunks.items():
+                    k, m = spans[leaf][:2]
+                    offsets, ends, dict_bytes, have, missing = plans[leaf]
+                    if cp.dict_range is not None:
+                        if dict_bytes is None:
+                            dict_bytes = fetched[cp.dict_range]
+                            if pieces:
+                                pieces.keep_named(g, leaf, "dict", dict_bytes)
+                        data[cp.dict_range] = dict_bytes
+                    for a, b in missing:
+                        run = fetched[(offsets[a], ends[b - 1] - offsets[a])]
+                        if pieces:
+                            pieces.keep_pages(g, leaf, offsets, ends, (a, b), run, have)
+                        else:
+                            have.update((p, run[offsets[p] - offsets[a]:ends[p] - offsets[a]]) for p in range(a, b))
+                    data[cp.byte_range(k, m)] = b"".join(have[p] for p in range(k, m))
+                out: dict[str, Any] = {}
+                for (first, _end), cols in groups.items():
+                    sel = {leaf: (chunks[leaf], *spans[leaf][:2]) for n in cols for leaf in leaves_of[n]}
+                    mini, first, end = pp.slice_file(raw, g, sel, data)
+                    # in Arrow's memory: no Arrow thread may hold the last reference to Python bytes at exit
+                    tab = pq.ParquetFile(arrow_reader(mini)).read(columns=cols, use_threads=False)
+                    if tab.num_rows != end - first:
+                        raise pp.ParquetPagesError(f"pages of rows {first}..{end} decode to {tab.num_rows} rows")
+                    for n in cols:
+                        out[n] = tab.column(n).slice(lo - first, hi - lo)
         except pp.ParquetPagesError as e:
             raise DataError(f"{where}: row group {g}: {e.message}",
                             hint="the store copy is damaged; republish the dataset") from None
@@ -391,14 +396,15 @@ def _read_footer(ds: BlobSource, s: ShardRef, src: Any, cache: Any = None):
     if not size or size > s.byte_size:
         return None
     pieces = PieceCache(cache, s.hash) if cache is not None else None
-    data = pieces.named(None, None, "footer") if pieces else None
-    if data is None or len(data) != size:
-        try:
-            data = src.read_at(size, s.byte_size - size)
-        except Exception as e:
-            raise ds.remote.typed_error(e, ds.blob_key(s)) from e
-        if pieces:
-            pieces.keep_named(None, None, "footer", data)
+    with cache.lock(f"pieces {s.hash} footer") if pieces else contextlib.nullcontext():
+        data = pieces.named(None, None, "footer") if pieces else None
+        if data is None or len(data) != size:
+            try:
+                data = src.read_at(size, s.byte_size - size)
+            except Exception as e:
+                raise ds.remote.typed_error(e, ds.blob_key(s)) from e
+            if pieces:
+                pieces.keep_named(None, None, "footer", data)
     return _parse_recorded_footer(ds, s, data), data
 
 

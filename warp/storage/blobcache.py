@@ -371,6 +371,15 @@ class BlobCache:
 
     # -- locks ------------------------------------------------------------
     @contextlib.contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """Hold the cache's lock called ``name`` (any text; one holder at a time in every process on
+        this cache, stale holders broken as for blob fetches): readers on one machine that would
+        fetch the same bytes into the cache take turns, so the second finds them there."""
+        self._ensure_dirs()
+        with self._blob_lock(hashlib.sha256(f"warp-lock\0{name}".encode()).hexdigest()):
+            yield
+
+    @contextlib.contextmanager
     def _blob_lock(self, hx: str) -> Iterator[None]:
         lock = self.locks_dir / f"{hx}.lock"
         me = json.dumps({"pid": os.getpid(), "host": _HOST, "since": time.time(),
