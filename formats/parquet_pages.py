@@ -48,10 +48,10 @@ class ParquetPagesError(DataError):
 
 # -- Thrift compact protocol ------------------------------------------------------------------
 class _Reader:
-    __slots__ = ("buf", "pos")
+    __slots__ = ("buf", "items", "pos")
 
-    def __init__(self, buf: bytes | memoryview, pos: int = 0) -> None:
-        self.buf, self.pos = memoryview(buf), pos
+    def __init__(self, buf: bytes | memoryview, pos: int = 0, items: int = MAX_ITEMS) -> None:
+        self.buf, self.pos, self.items = memoryview(buf), pos, items
 
     def byte(self) -> int:
         if self.pos >= len(self.buf):
@@ -114,8 +114,8 @@ def _list(r: _Reader, depth: int) -> tuple[int, list]:
     n, t = h >> 4, h & 15
     if n == 15:
         n = r.varint()
-    if n > MAX_ITEMS:
-        raise ParquetPagesError(f"thrift list of {n} elements")
+    if n > r.items or n > len(r.buf) - r.pos:  # every element takes at least a byte
+        raise ParquetPagesError(f"thrift list of {n} elements (at most {min(r.items, len(r.buf) - r.pos)} here)")
     return t, [_value(r, t, depth) for _ in range(n)]
 
 
@@ -136,9 +136,11 @@ def _struct(r: _Reader, depth: int) -> dict[int, tuple[int, Any]]:
             out[fid] = (t, _value(r, t, depth))
 
 
-def decode_struct(buf: bytes | memoryview, pos: int = 0) -> tuple[dict[int, tuple[int, Any]], int]:
-    """A compact-protocol struct at ``pos``: ``({field id: (type, value)}, end position)``."""
-    r = _Reader(buf, pos)
+def decode_struct(buf: bytes | memoryview, pos: int = 0,
+                  items: int = MAX_ITEMS) -> tuple[dict[int, tuple[int, Any]], int]:
+    """A compact-protocol struct at ``pos``: ``({field id: (type, value)}, end position)``; no
+    list may hold more than ``items`` elements (nor more than the bytes left)."""
+    r = _Reader(buf, pos, items)
     return _struct(r, 0), r.pos
 
 
@@ -292,7 +294,7 @@ def pages_for_rows(fmd: dict, group: int, leaf: int, oi: bytes) -> ChunkPages:
     rows = _get(rg, RG_NUM_ROWS, 0)
     cc = _get(rg, RG_COLUMNS)[1][leaf]
     meta = _get(cc, CC_META) or {}
-    index, end = decode_struct(oi)
+    index, end = decode_struct(oi, items=max(1, rows))  # a page holds at least one row
     if end != len(oi):
         raise ParquetPagesError(f"offset index of row group {group} column {leaf} has {len(oi) - end} extra bytes")
     locs = _get(index, 1, (0, []))[1]

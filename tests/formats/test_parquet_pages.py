@@ -133,3 +133,15 @@ def test_an_offset_index_out_of_order_is_refused():
     index[1] = (index[1][0], (et, list(reversed(locs))))
     with pytest.raises(ParquetPagesError, match="out of order|cover"):
         pages_for_rows(fmd, 0, 0, encode_struct(index))
+
+
+def test_an_offset_index_claiming_more_pages_than_rows_is_refused_before_decoding_them():
+    """A forged offset index of 3 MB of page locations for a 100-row group: refused at the list
+    header (no Python object per claimed page)."""
+    raw = _file(_table(100), max_rows_per_page=10)
+    n = struct.unpack("<I", raw[-8:-4])[0]
+    fmd = footer_of(raw[-n - 8:])
+    loc = encode_struct({1: (6, 4), 2: (5, 10), 3: (6, 0)})
+    forged = bytes([0x19, 0xFC]) + bytes([0x80, 0x89, 0x7A]) + loc * 200_000 + b"\x00"  # list of 2,000,000
+    with pytest.raises(ParquetPagesError, match="elements"):
+        pages_for_rows(fmd, 0, 0, forged)
