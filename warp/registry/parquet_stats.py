@@ -26,7 +26,7 @@ from typing import Any
 # importing this module does not load it
 
 __all__ = ["MAX_ROW_GROUP_STATS", "MAX_STAT_COLUMNS", "MAX_STRING_STAT", "footer_size_of", "parse_footer",
-           "shard_stats"]
+           "shard_stats", "stats_disagreements"]
 
 MAX_STRING_STAT = 64  # characters; longer strings get no min/max
 MAX_STAT_COLUMNS = 64  # columns with statistics per shard (schema order)
@@ -131,4 +131,60 @@ def shard_stats(md, footer_size: int | None = None, *,
     if max_row_groups is None or len(rgs) <= max_row_groups:
         out["row_groups"] = [{"row_count": int(rg.num_rows), "columns": {k: v for k, v in r.items() if v}}
                              for rg, r in zip(rgs, per_rg, strict=True)]
+    return out
+
+
+def stats_disagreements(pf, stats: dict[str, Any] | None, where: str) -> list[str]:
+    """How the manifest's ``stats`` of one shard disagree with its data (``pf``: the shard's
+    ``pyarrow.parquet.ParquetFile``), one line each; empty when they agree.
+
+    A filter prunes a shard or row group by these numbers, so they must bound the data: the
+    recorded ``min`` at most, and ``max`` at least, the smallest and largest value present, and
+    ``null_count`` exact (docs/formats/registry.md, "Table shard stats")."""
+    import pyarrow.compute as pc
+
+    if not stats:
+        return []
+    out: list[str] = []
+    md = pf.metadata
+    groups = stats.get("row_groups")
+    if groups is not None and len(groups) != md.num_row_groups:
+        return [f"{where}: the manifest records {len(groups)} row group(s), the shard has {md.num_row_groups}"]
+    names = set(stats.get("columns", {}))
+    for g_stats in groups or []:
+        names |= set(g_stats.get("columns", {}))
+    have = set(pf.schema_arrow.names)
+    missing = sorted(names - have)
+    if missing:
+        return [f"{where}: statistics name column(s) the shard does not have: {', '.join(missing)}"]
+    if not names:
+        return []
+    whole: dict[str, list] = {n: [] for n in names}
+    for g in range(md.num_row_groups):
+        tab = pf.read_row_group(g, columns=sorted(names))
+        claims = (groups[g].get("columns", {}) if groups else {})
+        for n in sorted(names):
+            col = tab.column(n)
+            nulls = col.null_count
+            mm = pc.min_max(col).as_py() if nulls < len(col) else {"min": None, "max": None}
+            whole[n].append((nulls, mm["min"], mm["max"]))
+            c = claims.get(n)
+            if c:
+                out += _disagree(f"{where} row group {g} column {n}", c, nulls, mm["min"], mm["max"])
+    for n, c in stats.get("columns", {}).items():
+        parts = whole[n]
+        vals = [(lo, hi) for _, lo, hi in parts if lo is not None]
+        out += _disagree(f"{where} column {n}", c, sum(p[0] for p in parts),
+                         min((v[0] for v in vals), default=None), max((v[1] for v in vals), default=None))
+    return out
+
+
+def _disagree(what: str, claim: dict[str, Any], nulls: int, lo: Any, hi: Any) -> list[str]:
+    out = []
+    if "null_count" in claim and claim["null_count"] != nulls:
+        out.append(f"{what}: the manifest says {claim['null_count']} null(s), the data has {nulls}")
+    if "min" in claim and lo is not None and claim["min"] > lo:
+        out.append(f"{what}: the manifest says min {claim['min']!r}, the data holds {lo!r}")
+    if "max" in claim and hi is not None and claim["max"] < hi:
+        out.append(f"{what}: the manifest says max {claim['max']!r}, the data holds {hi!r}")
     return out
