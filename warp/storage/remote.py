@@ -343,20 +343,12 @@ class Remote:
                 url=self.url_of(key))
         if size is None:
             size = self.size(key)
-        with _WHOLE_MU:
-            first = self._host not in _WHOLE_HOSTS
-            _WHOLE_HOSTS.add(self._host)
-        if first:
-            log.warning(f"the host {self._host} ignores HTTP Range requests: each object is downloaded whole "
-                        f"(the first, {key.rsplit('/', 1)[-1][:12]}, is {size} bytes), verified and kept in the "
-                        "blob cache; a host that honours Range reads only the bytes needed")
+        self._note_whole_host(key, size)
         cache = self.blob_cache
         h = m.group(1)
 
         def writer(f) -> None:
-            data = self._call(key, lambda: self.transport.get_whole(key, size))
-            self.stats.received(len(data))
-            f.write(data)
+            f.write(self._get_whole(key, size))
 
         try:
             path = cache.fetch(h, writer, size=size, source=self.url_of(key))
@@ -365,6 +357,24 @@ class Remote:
         with open(path, "rb") as f:
             f.seek(start)
             return f.read(length)
+
+    def _note_whole_host(self, key: str, size: int) -> None:
+        with _WHOLE_MU:
+            first = self._host not in _WHOLE_HOSTS
+            _WHOLE_HOSTS.add(self._host)
+        if first:
+            log.warning(f"the host {self._host} ignores HTTP Range requests: each object is downloaded whole "
+                        f"(the first, {key.rsplit('/', 1)[-1][:12]}, is {size} bytes), verified and kept in the "
+                        "blob cache; a host that honours Range reads only the bytes needed")
+
+    def _get_whole(self, key: str, size: int) -> bytes:
+        """The whole object by one GET (retried; counted)."""
+        try:
+            data = self._call(key, lambda: self.transport.get_whole(key, size))
+        except FileNotFoundError:
+            raise self._missing(key) from None
+        self.stats.received(len(data))
+        return data
 
     @property
     def blob_cache(self):
@@ -424,12 +434,31 @@ class Remote:
         return data
 
     def copy_to(self, key: str, dst, size: int | None = None, chunk: int = 8 << 20) -> None:
-        """Stream the whole object into ``dst`` (a writable file object), ``chunk`` bytes per ranged GET."""
+        """Stream the whole object into ``dst`` (a writable file object), ``chunk`` bytes per ranged GET.
+
+        From a host that ignores Range, by one GET straight into ``dst``, never through
+        :meth:`_whole`: the caller is often the blob cache filling this very blob, whose lock
+        :meth:`_whole` would wait on forever."""
         total = size if size is not None else self.size(key)
+        if self._host in _WHOLE_HOSTS:
+            dst.write(self._get_whole(key, total))
+            return
         pos = 0
         while pos < total:
             n = min(chunk, total - pos)
-            dst.write(self.read_range(key, pos, n, total))
+            try:
+                data = self._call(key, lambda at=pos, n=n: self.transport.read_range(key, at, n, total))
+            except FileNotFoundError:
+                raise self._missing(key) from None
+            except RangeIgnored:
+                self._note_whole_host(key, total)
+                dst.write(self._get_whole(key, total)[pos:])
+                return
+            self.stats.received(len(data))
+            if len(data) != n:
+                raise DataError(f"{self.url_of(key)}: asked for {n} bytes at {pos}, got {len(data)}",
+                                hint="the stored object is shorter than the manifest says; republish the dataset")
+            dst.write(data)
             pos += n
 
 
