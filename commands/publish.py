@@ -123,6 +123,14 @@ def main(
                  "rewritten: the card stored with it (if any) stays; 'warp card' regenerates around it")
     for binding, n in sorted(result.dangling_refs.items()):
         out.warn(f"--allow-dangling: {n} value(s) of {binding} name no member; reads of them will fail")
+    from warpdata.registry.register import load as registration
+
+    reg = registration(result.dataset_id) if not result.dry_run else None
+    if reg is not None:  # reads by name find a registration first (docs/lineage.md, "Registered datasets")
+        out.warn(f"{result.dataset_id} is also registered in place on this machine (version "
+                 f"{reg['version_hash'][:12]}): reads of {result.dataset_id} here serve that registration, not "
+                 f"this publish; 'warp unregister {result.dataset_id}' to read the published version, or read "
+                 "with --store")
     if out.options().json:
         out.emit_json({k: v for k, v in result.to_dict().items() if v is not None or k == "latest"})
         return 0

@@ -193,3 +193,16 @@ def test_inspect_verify_hashes_every_file_whatever_the_stamps(cli, files):
     r = cli("inspect", "ws/local", "--verify")
     assert r.code == 1, (r.code, r.err)
     assert str(img) in r.out + r.err and "changed since it was registered" in r.out + r.err
+
+
+def test_publishing_over_a_registered_name_says_which_one_reads_serve(cli, files):
+    """A publish moves the store's `latest`, but reads by name on this machine find the registration
+    first: the publish says so (exit 0), naming the registration's version and what to do."""
+    r = _register(cli, files)
+    assert r.code == 0, r.err
+    reg = warpdata.dataset("ws/local").version
+    r = cli("publish", "ws/local", "--table", f"main={files}/data/part-0.parquet")
+    assert r.code == 0, r.err
+    assert f"ws/local is also registered in place on this machine (version {reg[:12]})" in r.err
+    assert "'warp unregister ws/local'" in r.err
+    assert warpdata.dataset("ws/local").version == reg  # as the warning says
