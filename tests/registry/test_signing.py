@@ -9,6 +9,9 @@ with ``cryptography``; stores are real (a folder, moto's S3 server).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -318,3 +321,24 @@ def test_signed_and_unsigned_versions_on_s3(cli, s3, tmp_path, monkeypatch):
     assert r.code == 0, r.err
     r = cli("head", "ws/s3plain")
     assert r.code == 77 and f"ws/s3plain@{unsigned}" in r.err, r.err
+
+
+def _without_cryptography(*args, env=None) -> subprocess.CompletedProcess:
+    """``warp ARGS`` in a process where ``import cryptography`` fails, as where the extra is not installed."""
+    code = ("import sys; sys.modules['cryptography'] = None; from warpdata.cli.app import main; "
+            f"sys.exit(main({[str(a) for a in args]!r}))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_without_the_sign_extra_signing_and_trusting_are_exit_78_and_plain_reads_work(cli, signed, tmp_path):
+    store, version, _, key, trusted = signed
+    r = _without_cryptography("publish", "ws/nocrypto", "--table", f"main={_table(tmp_path, 2, 't2')}",
+                              "--store", store, "--sign-key", key)
+    assert r.returncode == 78, r.stderr
+    assert "--sign-key needs the 'cryptography' package" in r.stderr and "pip install 'cryptography>=42'" in r.stderr
+    assert not (store / "datasets" / "ws" / "nocrypto").exists()
+    r = _without_cryptography("head", "ws/signed", "--store", store, env={"WARP_TRUSTED_KEYS": str(trusted)})
+    assert r.returncode == 78 and "'cryptography' package" in r.stderr, r.stderr
+    r = _without_cryptography("head", "ws/signed", "--store", store)  # a signed version, no trusted keys: no check
+    assert r.returncode == 0 and "r2" in r.stdout, r.stderr
