@@ -164,7 +164,7 @@ def test_two_signers(cli, tmp_path, monkeypatch):
     a, ka, kida = _key(tmp_path, "a")
     b, _, kidb = _key(tmp_path, "b")
     store = tmp_path / "store"
-    version = _publish(cli, store, "ws/two", _table(tmp_path), "--sign-key", a, "--sign-key", b)
+    version = _publish(cli, store, "ws/two", _table(tmp_path), "--sign-key", a, "--sign-key", b, "--sign-key", a)
     doc = json.loads(_manifest_path(store, "ws/two", version).read_bytes())
     assert [s["key_id"] for s in doc["metadata"][SIGNATURES_KEY]] == [kida, kidb]
     trusted = tmp_path / "trusted"
@@ -342,3 +342,11 @@ def test_without_the_sign_extra_signing_and_trusting_are_exit_78_and_plain_reads
     assert r.returncode == 78 and "'cryptography' package" in r.stderr, r.stderr
     r = _without_cryptography("head", "ws/signed", "--store", store)  # a signed version, no trusted keys: no check
     assert r.returncode == 0 and "r2" in r.stdout, r.stderr
+
+
+def test_a_malformed_signature_list_is_a_data_error(cli, signed, monkeypatch):
+    store, version, _, _, trusted = signed
+    _rewrite(_manifest_path(store, "ws/signed", version), lambda d: d["metadata"].__setitem__(SIGNATURES_KEY, "ed25519"))
+    monkeypatch.setenv("WARP_TRUSTED_KEYS", str(trusted))
+    r = cli("head", "ws/signed", "--store", store)
+    assert r.code == 65 and "metadata.signatures is not a list of signatures" in r.err, r.err

@@ -205,12 +205,12 @@ class Dataset(DatasetBase):
         return vh, self._manifest(vh)
 
     def _manifest(self, vh: str) -> Manifest:
-        m = self._manifest_verified(vh)
+        m = self._manifest_loaded(vh)
         # WARP_TRUSTED_KEYS: refuse a version no trusted key signed (memoised per version by signing)
         require_trusted(m, self.remote.url_of(Store.manifest_key(self.id, vh)))
         return m
 
-    def _manifest_verified(self, vh: str) -> Manifest:
+    def _manifest_loaded(self, vh: str) -> Manifest:
         memo = _MANIFESTS.get((self.remote.url, self.id, vh))
         if memo is not None:
             m, raw = memo

@@ -142,7 +142,7 @@ class PublishRequest:
     # "paged": Parquet inputs without a page index are rewritten with one, pages of PAGE_ROWS rows
     # (docs/partitioning.md, "Reads aligned with storage"); "as-is": published byte for byte
     layout: str = "paged"
-    # PEM Ed25519 private key files: each signs the version into metadata.signatures (registry.signing)
+    # Ed25519 private key files (PEM or OpenSSH): each signs the version into metadata.signatures (registry.signing)
     sign_keys: list[str] = field(default_factory=list)
 
 

@@ -111,6 +111,7 @@ def load_signing_key(path: str | os.PathLike) -> SigningKey:
 
 def sign(manifest: Manifest, keys: list[SigningKey]) -> Manifest:
     """``manifest`` with one signature per key added to ``metadata.signatures`` (one per key id)."""
+    keys = list({k.key_id: k for k in keys}.values())  # a key given twice signs once
     sigs = [s for s in _signatures(manifest, "manifest") if s["key_id"] not in {k.key_id for k in keys}]
     msg = message(manifest.dataset_id, manifest.version_hash)
     for k in keys:
