@@ -48,7 +48,7 @@ LOCK_FLAGS := -q --generate-hashes --allow-unsafe --no-strip-extras --no-emit-in
 lock:
 	test -x $(LOCK_VENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install -q pip-tools; }
 	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile $(LOCK_FLAGS) \
-		--extra test --extra s3 --extra zarr --extra torch --extra dask --extra ray -o requirements/dev.lock pyproject.toml requirements/build.in
+		--extra test --extra s3 --extra zarr --extra torch --extra dask --extra ray --extra sign -o requirements/dev.lock pyproject.toml requirements/build.in
 	CUSTOM_COMPILE_COMMAND="make lock" $(LOCK_VENV)/bin/pip-compile $(LOCK_FLAGS) \
 		-o requirements/demo.lock pyproject.toml requirements/build.in
 

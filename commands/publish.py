@@ -39,6 +39,7 @@ EXAMPLES = """
   warp publish text/captions --table main=captions.jsonl --dry-run
   WARP_STORE=s3://team-bucket/warp warp publish ws/name --table main=out/*.parquet --no-set-latest
   warp publish vision/coco-mini --from warehouse/v20261122-3f2a9c1e0b7d --card CARD.md
+  warp publish vision/coco-mini --from warehouse/v20261122-3f2a9c1e0b7d --sign-key release.pem
 """
 
 
@@ -75,6 +76,9 @@ def main(
     description: Annotated[str | None, typer.Option("--description", help="Free text kept in the non-hashed metadata.")] = None,
     card: Annotated[str | None, typer.Option(
         "--card", metavar="FILE", help="A Markdown dataset card (see 'warp card') kept with the version in the non-hashed metadata.")] = None,
+    sign_key: Annotated[list[str] | None, typer.Option(
+        "--sign-key", metavar="KEY", help="Sign the version with this PEM Ed25519 private key (openssl genpkey -algorithm "
+                                          "ed25519); readers with WARP_TRUSTED_KEYS accept only signed versions; repeatable.")] = None,
 ) -> int:
     from warpdata.core.errors import UsageError
     from warpdata.core.sizes import format_size, parse_size_option
@@ -83,7 +87,7 @@ def main(
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
                          workers=workers, rehash=rehash, link_cache=link_cache, description=description,
                          allow_dangling=allow_dangling, follow_symlinks=follow_symlinks,
-                         layout="as-is" if keep_layout else "paged")
+                         layout="as-is" if keep_layout else "paged", sign_keys=list(sign_key or []))
     req.shard_size = parse_size_option(shard_size, "--shard-size", "256MiB")
     for spec in table or []:
         name, pattern = parse_named(spec, "--table")
@@ -121,6 +125,9 @@ def main(
     if result.card_stored is False:
         out.warn(f"--card: version {result.version_hash[:12]} was already published, and a stored manifest is never "
                  "rewritten: the card stored with it (if any) stays; 'warp card' regenerates around it")
+    if result.signatures_stored is False:
+        out.warn(f"--sign-key: version {result.version_hash[:12]} was already published, and a stored manifest is never "
+                 "rewritten: it keeps the signatures it has (delete it, and latest.json if it names it, to sign it)")
     for binding, n in sorted(result.dangling_refs.items()):
         out.warn(f"--allow-dangling: {n} value(s) of {binding} name no member; reads of them will fail")
     from warpdata.registry.register import load as registration

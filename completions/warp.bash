@@ -73,8 +73,9 @@ _warp_complete_in() {
                 --workers) :; return 0;;
                 --description) _warp_files; return 0;;
                 --card) _warp_files; return 0;;
+                --sign-key) _warp_files; return 0;;
             esac
-            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --keep-layout --link-cache --description --card --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
+            if [[ $cur == -* ]]; then _warp_words "--table --artifact --bind --allow-dangling --follow-symlinks --from --set-latest --no-set-latest --dry-run --store --shard-size --workers --rehash --keep-layout --link-cache --description --card --sign-key --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_files; fi
             ;;
         register)
             case "$prev" in

@@ -93,6 +93,7 @@ complete -c warp -n '__fish_seen_subcommand_from publish' -l keep-layout -d 'Pub
 complete -c warp -n '__fish_seen_subcommand_from publish' -l link-cache -d 'Hard-link the published files into the local blob cache, so this machine read...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l description -r -F -d 'Free text kept in the non-hashed metadata'
 complete -c warp -n '__fish_seen_subcommand_from publish' -l card -r -F -d 'A Markdown dataset card (see \'warp card\') kept with the version in the non-ha...'
+complete -c warp -n '__fish_seen_subcommand_from publish' -l sign-key -r -F -d 'Sign the version with this PEM Ed25519 private key (openssl genpkey -algorith...'
 complete -c warp -n '__fish_seen_subcommand_from publish' -F
 
 complete -c warp -n '__fish_seen_subcommand_from register' -l table -r -F -d 'Table NAME from Parquet files (comma-separated paths or globs); repeatable'

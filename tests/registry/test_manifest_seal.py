@@ -66,11 +66,27 @@ def test_seal_covers_any_envelope_key_generically():
 
 
 def test_manifests_from_before_the_seal_still_read():
-    for name in ("manifest-v1", "manifest-v2", "manifest-v4"):
+    for name in ("manifest-v1", "manifest-v2"):
         data = (GOLDEN / f"{name}.json").read_bytes()
         assert SEAL_KEY not in json.loads(data)["metadata"]
         m = Manifest.from_bytes(data, expected_hash=(GOLDEN / f"{name}.version").read_text().strip())
         assert json.loads(m.to_bytes())["metadata"][SEAL_KEY] == seal_of(json.loads(m.to_bytes()))
+
+
+def test_a_missing_seal_is_refused_from_format_4_and_when_signed():
+    """Issue 36: the seal was optional, so deleting it let an edited envelope read. Format 4 was
+    written sealed from its second day on (the unsealed golden is from its first), and a signed
+    manifest always is: a missing seal there was removed."""
+    data = (GOLDEN / "manifest-v4.json").read_bytes()
+    assert json.loads(data)["format_version"] == 4 and SEAL_KEY not in json.loads(data)["metadata"]
+    with pytest.raises(ManifestCorruptedError, match="has no seal .* a format-4 manifest is written sealed") as ei:
+        Manifest.from_bytes(data, source="store/versions/v4.json")
+    assert ei.value.exit_code == ExitCode.DATA and "store/versions/v4.json" in ei.value.message
+    assert "publish the same data again" in ei.value.hint
+    signed = _edit((GOLDEN / "manifest-v1.json").read_bytes(),
+                   lambda d: d["metadata"].__setitem__("signatures", []))  # format 1, signed, unsealed
+    with pytest.raises(ManifestCorruptedError, match="a format-1 signed manifest is written sealed"):
+        Manifest.from_bytes(signed)
 
 
 def test_the_seal_changes_no_version_hash():

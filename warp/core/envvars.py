@@ -106,6 +106,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("WAREHOUSE_CLEAR", "1 makes `warp etl` rebuild a tensor warehouse even if an identical version exists (same as --clear)", "0"),
     EnvVar("WARP_MODE", "default dataset read mode: auto, remote, hybrid or local (offline, cache only)", "auto"),
     EnvVar("WARP_PIN", "dataset versions a job reads instead of `latest`: WS/NAME@VERSION entries separated by commas, set once by a launcher so no rank reads the `latest` pointer (docs/partitioning.md)", None),
+    EnvVar("WARP_TRUSTED_KEYS", "a file of Ed25519 public keys (`ssh-ed25519 AAAA... comment` lines or PEM `PUBLIC KEY` blocks; `#` comments): every read refuses a version no key in it signed, exit 77 (`warp publish --sign-key`; docs/formats/registry.md, Signatures)", None),
     EnvVar("WARP_PREFETCH", "default background prefetch of table shards: auto, off, or a number of shards ahead", "auto", Bound("int", 0, 64, "shards", words=("auto", "off"))),
     EnvVar("WARP_SQL_TIMEOUT", "seconds one DuckDB filter or query may run before it is stopped with exit 2 (docs/sql.md); 0 for no limit", "300", Bound("float", 0, MAX_SQL_TIMEOUT_S, "seconds")),
     EnvVar("WARP_SQL_MEMORY", "memory limit of one DuckDB filter or query connection, a size with a unit like 4GB (nothing spills to disk)", "a quarter of the RAM", Bound("size", 10**7, 10**15)),

@@ -31,6 +31,7 @@ class                      warp base             exit builtin
 ``RangeNotSupportedError`` ``ConfigError``       78   ``ValueError``
 ``NotListableError``       ``UsageError``        2    ``ValueError``
 ``StoreBusyError``         ``InfrastructureError`` 75 ``ConnectionError``
+``UntrustedVersionError``  ``WarpError``         77   ``PermissionError``
 ========================== ===================== ==== ==========================
 
 Operating-system failures (:func:`os_failure` maps an ``OSError`` by its errno;
@@ -79,7 +80,7 @@ class ExitCode(IntEnum):
     CANTCREAT = 73  # an output cannot be created: read-only file system, not a directory (EX_CANTCREAT)
     IOERR = 74  # reading or writing failed: no space, file too large, quota, I/O error (EX_IOERR)
     TEMPFAIL = 75  # infrastructure failed (object store unreachable); a rerun resumes (EX_TEMPFAIL)
-    NOPERM = 77  # the operating system refused access to a file or directory (EX_NOPERM)
+    NOPERM = 77  # the OS refused access to a file or directory; or no trusted key signed a version (EX_NOPERM)
     CONFIG = 78  # bad configuration (EX_CONFIG)
     INTERRUPTED = 130  # SIGINT
     BROKEN_PIPE = 141  # stdout closed early (SIGPIPE)
@@ -100,7 +101,8 @@ EXIT_CODE_DOCS: dict[ExitCode, str] = {
                     "disk quota exceeded, I/O error; also a full stdout)",
     ExitCode.TEMPFAIL: "temporary failure of the infrastructure (object store or cluster unreachable); "
                        "rerun the same command: it resumes from the finished shards",
-    ExitCode.NOPERM: "permission denied by the operating system on a file or directory",
+    ExitCode.NOPERM: "permission denied by the operating system on a file or directory, or a version no "
+                     "key in WARP_TRUSTED_KEYS signed",
     ExitCode.CONFIG: "bad configuration (config file, environment variable or storage settings)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); nothing half-written is left behind",
     ExitCode.BROKEN_PIPE: "the reader of stdout went away (e.g. `| head`)",
@@ -383,6 +385,14 @@ class ManifestCorruptedError(DataError):
     """A manifest or blob failed its schema or hash check."""
 
     code = "manifest-corrupted"
+
+
+class UntrustedVersionError(WarpError, PermissionError):
+    """``WARP_TRUSTED_KEYS`` is set and no key in it signed the version (docs/formats/registry.md,
+    "Signatures")."""
+
+    exit_code = ExitCode.NOPERM
+    code = "untrusted-version"
 
 
 class BlobCorruptedError(ManifestCorruptedError):

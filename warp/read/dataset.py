@@ -70,6 +70,7 @@ from warpdata.read.base import MODES, DatasetBase
 from warpdata.read.registered import open_registered
 from warpdata.read.source import WarmResult
 from warpdata.registry.manifest import Manifest, blob_key, validate_dataset_id
+from warpdata.registry.signing import require_trusted
 from warpdata.registry.store import Store
 from warpdata.storage.base import open_object_store
 from warpdata.storage.blobcache import BlobCache, normalize_hash
@@ -204,6 +205,12 @@ class Dataset(DatasetBase):
         return vh, self._manifest(vh)
 
     def _manifest(self, vh: str) -> Manifest:
+        m = self._manifest_loaded(vh)
+        # WARP_TRUSTED_KEYS: refuse a version no trusted key signed (memoised per version by signing)
+        require_trusted(m, self.remote.url_of(Store.manifest_key(self.id, vh)))
+        return m
+
+    def _manifest_loaded(self, vh: str) -> Manifest:
         memo = _MANIFESTS.get((self.remote.url, self.id, vh))
         if memo is not None:
             m, raw = memo

@@ -5,7 +5,8 @@ Recognises targets that are not existing paths and look like
 ``workspace/name``; shows the resolved version, tables (shards, rows, bytes,
 schema), artifacts (shards, members), bindings and stats, and with
 ``--head N`` the first N rows of each table (ranged reads only). ``--verify``
-hashes every blob of the version (downloading it into the cache). ``--preview`` draws a contact
+hashes every blob of the version (downloading it into the cache) and lists its signers (key id,
+whether the signature verifies, whether ``WARP_TRUSTED_KEYS`` trusts the key). ``--preview`` draws a contact
 sheet of the first images of the first image-bound column.
 """
 
@@ -18,6 +19,7 @@ from warpdata.artifacts.inspect import Report
 from warpdata.artifacts.preview import Preview, contact_sheet
 from warpdata.core.errors import BlobCorruptedError, UsageError
 from warpdata.read.dataset import dataset
+from warpdata.registry import signing
 from warpdata.registry.parquet_stats import stats_disagreements
 
 _ID = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+$")
@@ -58,6 +60,14 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
                 problems.append(e.message)
         if not problems:  # the bytes are the published ones: do the statistics filters prune by bound them?
             problems += _check_statistics(ds)
+    sign_rows: list[list] = []
+    if verify and not getattr(ds, "registered", False):  # who signed the version (registry.signing)
+        conf = signing.configured_keys()
+        found = signing.signers(m, conf[1] if conf else None, source=f"{ds.id}@{ds.version}")
+        sign_rows = [[s.key_id, s.algorithm, "yes" if s.valid else "NO",
+                      ("yes" if s.trusted else "no") if conf else "no WARP_TRUSTED_KEYS"] for s in found]
+        problems += [f"{ds.id}@{ds.version}: the signature of key {s.key_id} does not verify" for s in found if not s.valid]
+        summary["signers"] = [s.to_dict() for s in found]
     tables = [("tables", ["table", "shards", "rows", "bytes"], tables_rows)]
     if schema_rows:
         tables.append(("schema", ["table", "column", "type", "nullable"], schema_rows))
@@ -65,6 +75,9 @@ def inspect(target: str, *, verify: bool = False, head: int = 0) -> Report:
         tables.append(("artifacts", ["artifact", "kind", "shards", "members", "bytes"], art_rows))
     if bind_rows:
         tables.append(("bindings", ["table", "column", "artifact", "ref_type"], bind_rows))
+    if verify and not getattr(ds, "registered", False):
+        tables.append(("signers" if sign_rows else "signers: none, the version is unsigned",
+                       ["key_id", "algorithm", "valid", "trusted"], sign_rows))
     tables += head_tables
     return Report(kind="dataset", target=target, summary=summary, tables=tables, ok=not problems, problems=problems)
 

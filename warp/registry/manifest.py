@@ -48,11 +48,16 @@ Contract:
   whole normalised document with that one key left out (:func:`seal_of`). It
   covers whatever the envelope holds (``created_at``, ``description``, a
   dataset card, keys added later) without naming them. :meth:`Manifest.to_dict`
-  writes it; :meth:`Manifest.from_dict` checks it when present
-  (:class:`~warpdata.core.errors.ManifestCorruptedError` on any edit) and reads
-  a manifest without it (written before the seal existed). It lives inside
+  writes it; :meth:`Manifest.from_dict` checks it
+  (:class:`~warpdata.core.errors.ManifestCorruptedError` on any edit), requires
+  it from format 4 (:data:`SEALED_FROM`) and in a signed manifest, and reads a
+  format 1-3 manifest without it (written before the seal existed). It lives inside
   ``metadata`` so readers that predate it, whose schema allows no new top-level
   field, still read sealed manifests; it changes no version hash.
+* **Signatures.** ``metadata.signatures`` (:mod:`warpdata.registry.signing`):
+  Ed25519 signatures over the dataset id and ``version_hash``, checked against
+  ``WARP_TRUSTED_KEYS`` by the store's and the read API's manifest loads. The seal
+  gives integrity; a signature gives origin, given a trusted key.
 * **Blobs.** Every shard and index is a blob named by the SHA-256 of its bytes;
   ``uri`` is the store-relative key :func:`blob_key` (``blobs/sha256/ab/<hash>``)
   or a remote URL (``s3://``, ``gs://``, ``http(s)://``). Readers resolve
@@ -133,6 +138,10 @@ _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 _NON_HASHED = ("version_hash", "metadata")
 # the envelope's own hash, inside the envelope (docs/formats/registry.md "Seal")
 SEAL_KEY = "seal_sha256"
+# the first format whose manifests were always written sealed: from it on, a missing seal was removed
+SEALED_FROM = 4
+# Ed25519 signatures of the version, in the envelope (warpdata.registry.signing; docs/formats/registry.md)
+SIGNATURES_KEY = "signatures"
 
 
 def validate_dataset_id(dataset_id: str) -> str:
@@ -671,7 +680,15 @@ class Manifest:
                 hint="the manifest was altered or truncated; try 'warp cache gc', then republish if the store copy is bad",
                 stored=doc["version_hash"], computed=computed)
         md = doc.get("metadata", {})
-        if SEAL_KEY in md:  # absent: a manifest from before the seal (docs/formats/registry.md)
+        if SEAL_KEY not in md and (doc["format_version"] >= SEALED_FROM or SIGNATURES_KEY in md):
+            # format 4 predates the seal by a day only: every format-4 manifest since was sealed, and a
+            # signed one always is; older formats may predate the seal (docs/formats/registry.md "Seal")
+            raise ManifestCorruptedError(
+                f"{source}: the manifest has no seal (metadata.{SEAL_KEY}): a format-{doc['format_version']}"
+                f"{' signed' if SIGNATURES_KEY in md else ''} manifest is written sealed, so it was removed",
+                hint="the store copy was altered: restore it, or delete it (and latest.json beside "
+                     "versions/ if it names this version) and publish the same data again")
+        if SEAL_KEY in md:  # absent: a format 1-3 manifest from before the seal (docs/formats/registry.md)
             sealed = seal_of(doc)
             if md[SEAL_KEY] != sealed:
                 raise ManifestCorruptedError(

@@ -61,7 +61,7 @@ from warpdata.core.canonical import sha256_file
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.features.remote import is_url, stage_version
 from warpdata.lineage.card import CARD_MAX_BYTES, merge
-from warpdata.registry import from_artifacts
+from warpdata.registry import from_artifacts, signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
 from warpdata.registry.from_artifacts import check_symlinks
 from warpdata.registry.manifest import (
@@ -142,6 +142,8 @@ class PublishRequest:
     # "paged": Parquet inputs without a page index are rewritten with one, pages of PAGE_ROWS rows
     # (docs/partitioning.md, "Reads aligned with storage"); "as-is": published byte for byte
     layout: str = "paged"
+    # Ed25519 private key files (PEM or OpenSSH): each signs the version into metadata.signatures (registry.signing)
+    sign_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -172,6 +174,9 @@ class PublishResult:
     # with a card: True when this publish wrote the manifest holding it; False when the version was
     # already stored (manifests are create-only, so the stored envelope and its card stay)
     card_stored: bool | None = None
+    # with sign_keys: the key ids, and whether this publish wrote the manifest holding their signatures
+    signed_by: list[str] = field(default_factory=list)
+    signatures_stored: bool | None = None
 
     @property
     def bytes_total(self) -> int:
@@ -193,6 +198,7 @@ class PublishResult:
                      for b in self.blobs] if self.dry_run else None,
             "dangling_refs": self.dangling_refs or None,
             "card_stored": self.card_stored,
+            "signed_by": self.signed_by or None, "signatures_stored": self.signatures_stored,
         }
 
 
@@ -717,10 +723,13 @@ def publish(req: PublishRequest, *, store: Store | None = None,
     store = store or Store(req.store_url)
     if not req.dry_run:
         store.require_writable("publish")  # before staging: an HTTP store takes no writes
+    keys = [signing.load_signing_key(k) for k in req.sign_keys]  # a bad key fails before staging
     stage = _staging_dir()
     try:
         stager = _Stager(req, stage)
         manifest = build(req, stager)
+        if keys:
+            manifest = signing.sign(manifest, keys)
         version = manifest.version_hash
         planned = [PlannedBlob(b.hash, b.byte_size, b.role) for b in stager.blobs.values()]
         result = PublishResult(req.dataset_id, version, store.url, req.dry_run, planned,
@@ -747,6 +756,9 @@ def publish(req: PublishRequest, *, store: Store | None = None,
             result.manifest_written = store.put_manifest(manifest)
         if req.card is not None:
             result.card_stored = result.manifest_written
+        if keys:
+            result.signed_by = [k.key_id for k in keys]
+            result.signatures_stored = result.manifest_written
         if req.set_latest and result.latest != version:
             # one conditional write against the pointer read above; if another publisher moved
             # it meanwhile, set_latest re-reads and retries (the manifest is known to be there)

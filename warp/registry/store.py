@@ -26,7 +26,9 @@ of the URL (one class per protocol: ``warp/storage/local.py``, ``memory.py``, ``
   older than ``stale_after`` seconds). A reader never sees a torn pointer.
 * **Verified reads**: :meth:`Store.get_blob` checks the SHA-256 of what it
   read; :meth:`Store.get_manifest` validates schema and hash
-  (:class:`~warpdata.registry.manifest.Manifest.from_bytes`).
+  (:class:`~warpdata.registry.manifest.Manifest.from_bytes`) and, with
+  ``WARP_TRUSTED_KEYS`` set, that a trusted key signed the version
+  (:func:`warpdata.registry.signing.require_trusted`, exit 77).
 * Storage failures surface as the typed errors of
   :mod:`warpdata.core.errors` (auth, permission, unreachable, not found).
 * **HTTP(S) stores** (a store folder served by a static web host or CDN) are
@@ -74,6 +76,7 @@ from warpdata.registry.manifest import (
     validate_hash,
     validate_workspace,
 )
+from warpdata.registry.signing import require_trusted
 from warpdata.storage.base import ObjectStore, open_object_store
 from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.http import read_only_error
@@ -343,6 +346,7 @@ class Store:
         if m.dataset_id != dataset_id:
             raise ManifestCorruptedError(f"manifest stored under {dataset_id} names dataset {m.dataset_id}",
                                          hint="the store was edited by hand; republish the dataset")
+        require_trusted(m, self.url_of(self.manifest_key(dataset_id, version_hash)))  # WARP_TRUSTED_KEYS
         return m
 
     def list_versions(self, dataset_id: str) -> list[str]:
