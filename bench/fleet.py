@@ -201,7 +201,7 @@ def node(args: argparse.Namespace) -> None:
                    f"{args.rank}/{args.world}", "--columns", "id", "--format", "csv"]
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             header = p.stdout.readline()
-            assert header.strip() == "id", header
+            assert header.strip().strip('"') == "id", header
             got = []
             for line in p.stdout:
                 facts["first_batch"] = facts["first_batch"] or time.time()
