@@ -712,6 +712,7 @@ class _RowGroupBatcher:
         self._seen: set[int] = set()
         self._whole: set[int] = set()
         self._all_rows: set[int] = set()  # shards planned so far with no partial row group
+        self._last_unit: int | None = None  # the shard of the read planned last
         self._plan_mu = threading.RLock()  # planning advances one generator: the prefetcher asks too
         self._plan_error: BaseException | None = None
         self._inflight: list[tuple[list[tuple[int, int]], bool, int, Any]] = []  # (keys, whole, bytes, future)
@@ -776,13 +777,19 @@ class _RowGroupBatcher:
     def needs_all(self, unit: int) -> bool:
         """Whether the stream reads every row of every row group of shard ``unit`` with every
         column (only such a shard is worth downloading whole into the cache ahead of the reader)."""
+        return self._planned(unit, whole_run=True) and unit in self._all_rows and self._all_columns
+
+    def _planned(self, unit: int, whole_run: bool = False) -> bool:
+        """Plan until shard ``unit`` is seen (``whole_run``: and every read of its run, which ends
+        where another shard's starts); False when planning fails (asked from the prefetcher's and
+        opener's threads: the error is left to the consumer's)."""
         with self._plan_mu:
             try:
-                while unit not in self._seen and self._plan_next():
+                while (unit not in self._seen or whole_run and self._last_unit == unit) and self._plan_next():
                     pass
             except Exception:
                 return False
-            return unit in self._all_rows and self._all_columns
+            return True
 
     def _plan_next(self) -> bool:
         with self._plan_mu:
@@ -794,9 +801,10 @@ class _RowGroupBatcher:
                 self._plan_error = e
                 raise
             if c is None:
+                self._last_unit = None
                 return False
             self._pending.append(c)
-            unit = c[0][0][0]
+            unit = self._last_unit = c[0][0][0]
             if unit not in self._seen:
                 self._seen.add(unit)
                 self._all_rows.add(unit)
@@ -807,15 +815,8 @@ class _RowGroupBatcher:
             return True
 
     def reads_whole(self, unit: int) -> bool:
-        """Whether shard ``unit`` is read whole (by one GET, no footer request first). Asked from
-        the prefetcher's and opener's threads: a planning error is left to the consumer's."""
-        with self._plan_mu:
-            try:
-                while unit not in self._seen and self._plan_next():
-                    pass
-            except Exception:
-                return False
-            return unit in self._whole
+        """Whether shard ``unit`` is read whole (by one GET, no footer request first)."""
+        return self._planned(unit) and unit in self._whole
 
     def _load(self, chunk: list[tuple[int, int]], how: Any):
         """The table of a planned read and the first row of its first row group it starts at."""
