@@ -308,3 +308,18 @@ def test_the_documented_caps():
     assert MAX_WORLD == 1 << 20 and MAX_STATE_BYTES == 16 << 20
     with pytest.raises(ResumeStateError, match="world_size"):
         ShardAwareSampler([10]).load_state_dict({**ShardAwareSampler([10]).state_dict(), "world_size": MAX_WORLD + 1})
+
+
+def test_a_table_state_passed_as_a_parsed_dict_resumes(table, saved):
+    """`resume=json.loads(state.to_json())` (what a checkpoint loader hands back) was an AttributeError."""
+    whole = _ids(table.batches(BS, columns=["id"], rank=0, world_size=1))
+    assert _ids(table.batches(BS, columns=["id"], resume=saved)) == _resume(table, saved)
+    assert sorted(_ids(table.batches(BS, columns=["id"], resume=saved)) + whole[:4 * BS]) == sorted(whole)
+
+
+@pytest.mark.parametrize("state", [[1, 2], "x", 7])
+def test_a_tbl_state_that_is_not_an_object_is_refused(tbl_file, state):
+    from warpdata.partition.states import ResumeStateError
+
+    with pytest.raises(ResumeStateError, match="JSON object"):
+        _tbl(tbl_file).load_state_dict(state)

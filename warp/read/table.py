@@ -203,7 +203,8 @@ class Table:
 
         ``given``: the split settings the caller passed (None: not passed), which the states must have."""
         many = isinstance(resume, (list, tuple))
-        states = [ResumeState.from_json(r) if isinstance(r, (str, bytes)) else r
+        states = [ResumeState.from_json(r) if isinstance(r, (str, bytes)) else
+                  ResumeState.from_dict(r, "Table.batches resume") if isinstance(r, dict) else r
                   for r in (resume if many else [resume])]
         manifest, table = self.ds.version, self.name
         for st in states:

@@ -68,6 +68,7 @@ from warpdata.partition.split import (
     mode_of,
     rank_span,
 )
+from warpdata.partition.states import check_dict_state
 from warpdata.partition.world import ResumeMismatchError, resolve_world
 
 OLD_VERIFY = {True: "fast", False: "off"}
@@ -333,6 +334,7 @@ class TblLoader:
     def load_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         """Resume from this rank's state, or from the list of every rank's states (any world size)."""
         states = list(state) if isinstance(state, (list, tuple)) else [state]
+        states = [check_dict_state("TblLoader resume", st) for st in states]  # fields and bounds first
         for st in states:
             if st.get("kind") != "tbl" or st.get("fingerprint") != self._fingerprint():
                 raise ResumeMismatchError("TblLoader resume state comes from another file, filter, seed or shuffle",
