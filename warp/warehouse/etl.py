@@ -12,8 +12,9 @@ Phases (each timed into ``metrics.json``):
    worst offenders, unless ``--allow-invalid``.
 4. **version** — SHA-256 of the canonical recipe: transform, validation and
    thresholds, class table, samples per shard, code and library versions,
-   the content hash of every label file and every image (never paths and
-   sizes). If ``<root>/v*-<hash12>/`` exists and verifies, it is reused
+   the content hash of every label file and every image, by its key relative
+   to the source root (never the root's folder or URL, nor sizes): the same
+   bytes from a folder, S3 or an HTTP host are one version. If ``<root>/v*-<hash12>/`` exists and verifies, it is reused
    ("up-to-date", nothing is rewritten) unless ``--clear``/``WAREHOUSE_CLEAR``.
 5. **build** — the valid samples are cut, in label order, into fixed lists
    of ``samples_per_shard``; each list is one
@@ -328,12 +329,14 @@ def _judge(q: Quarantine, valid: list[ValidSample], req: EtlRequest, cfg: wconfi
 def _recipe(cfg: wconfig.WarehouseConfig, ls: wlabels.LabelSet, sources: list[tuple[str, str, int]],
             per_shard: int) -> dict[str, Any]:
     """What the version hashes (phase 4): everything that decides the bytes, content hashes
-    rather than paths and sizes."""
+    rather than paths and sizes. Never where the source lives: the same label and image bytes from
+    a folder, ``s3://…`` or ``https://…`` are one version (the manifest's ``dataset_root`` still
+    names the source this copy was built from; it is provenance, not identity)."""
     label_hashes = [[wlabels.rel_path(cfg.root, lf), sha256_file(lf) if lf.is_file() else "missing"]
                     for lf in sorted(ls.label_files)]
     return {
         "format": f"TWH1/{twh1.SHARD_VERSION}", "code_version": CODE_VERSION, "source_format": cfg.format,
-        "dataset_root": cfg.dataset_root_text, "images": cfg.images, "transform": cfg.transform_dict(),
+        "images": cfg.images, "transform": cfg.transform_dict(),
         "validation": cfg.validation_dict(), "thresholds": cfg.thresholds.to_dict(), "classes": ls.classes,
         "samples_per_shard": per_shard, "libraries": library_versions(),
         "decoder": {"jpeg": "simplejpeg accurate-dct accurate-upsample strict", "other": "pillow",
