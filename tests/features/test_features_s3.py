@@ -412,4 +412,7 @@ def test_a_cache_built_from_s3_sources_holds_the_bytes_of_a_local_build(cli, sou
     quarantined = [json.loads(line) for line in got["quarantine.jsonl"].splitlines()]
     assert quarantined and not any(q["source"].startswith(("s3:", "/")) for q in quarantined), quarantined
     assert [d["path"] for d in r.json()["sources"]] == [s3.url("src/a/media"), s3.url("src/b/media")]
-    assert not list(cache_dir.glob("etl-source/*/run-*"))
+    # the version is the content's: the S3 sources' fingerprint is the folders'
+    assert json.loads(got["manifest.json"])["fingerprint"] == json.loads(local_files["manifest.json"])["fingerprint"]
+    # nothing of the run's copy is left, not even the folders it was in
+    assert not (cache_dir / "etl-source").exists(), sorted(cache_dir.rglob("*"))

@@ -426,21 +426,30 @@ def atomic_dir(path: str | os.PathLike, *, replace: bool = False) -> Iterator[Pa
 @contextlib.contextmanager
 def build_lock(lock_path: Path, what: str) -> Iterator[None]:
     """One build of ``what`` at a time across processes: a second waits on ``lock_path`` (flock),
-    then re-checks for the first one's result. The lock file is removed after the build; everyone
-    re-checks after locking, so that is safe."""
+    then re-checks for the first one's result. The lock file is removed after the build, built or
+    failed; everyone re-checks after locking, so that is safe."""
     import fcntl
     import logging
 
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    for attempt in range(5):
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            break
+        except FileNotFoundError:  # another build removed the folder it left empty: make it again
+            if attempt == 4:
+                raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             logging.getLogger(__name__).info("waiting for another 'warp etl' building %s", what)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(lock_path)
+        try:
+            yield
+        finally:
+            # held: removed after a failed build too (a lock file must not outlive its build)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock_path)
     finally:
         os.close(fd)

@@ -6,7 +6,8 @@ cache's media folders). Each run gets a mirror of its own,
 ``$WARP_CACHE_DIR/etl-source/<sha256(url)[:16]>/run-<id>/`` (:func:`mirror_root`), and
 
 * holds an ``flock`` on ``<mirror>/.owner.lock`` for as long as it lives (:func:`claim`);
-* removes it when it ends: success, failure and Ctrl-C (:func:`remove_mirror`, from a ``finally``);
+* removes it when it ends: success, failure and Ctrl-C (:func:`remove_mirror`, from a ``finally``),
+  with the folders above it that it leaves empty (nothing of a finished run stays in the cache);
 * first removes every mirror whose lock is free: a run killed with ``kill -9`` (:func:`sweep`).
 
 docs/formats/receipts.md ("Sources on object storage") states the contract.
@@ -49,10 +50,34 @@ def claim(mirror: Path) -> None:
     an ``flock`` with its process, so a mirror whose lock is free belongs to a dead run."""
     if mirror.exists():
         shutil.rmtree(mirror)
-    mirror.mkdir(parents=True)
+    make_dirs(mirror)
     fd = os.open(mirror / OWNER, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     _claimed[os.fspath(mirror)] = fd
+
+
+def make_dirs(path: Path, tries: int = 5) -> None:
+    """``mkdir -p path``, retried when another run's :func:`prune_empty` removes a parent that was
+    empty between our creating it and our creating the next level."""
+    for i in range(tries):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            if i == tries - 1:
+                raise
+
+
+def prune_empty(path: Path, stop: Path) -> None:
+    """Remove ``path`` and each parent up to ``stop``'s parent while they are empty (a folder
+    another run is using is not empty, and ``rmdir`` never removes a non-empty one)."""
+    stop = stop.parent
+    while path != stop and stop in path.parents:
+        try:
+            path.rmdir()
+        except OSError:  # not empty (or gone): whoever uses it removes it
+            return
+        path = path.parent
 
 
 def sweep(base: Path, *, grace_s: float = 60.0) -> list[str]:
@@ -85,17 +110,20 @@ def sweep(base: Path, *, grace_s: float = 60.0) -> list[str]:
         finally:
             if fd is not None:
                 os.close(fd)
+        prune_empty(run.parent, base)
     return removed
 
 
 def remove_mirror(mirror: Path) -> None:
     """Drop a run's mirror (labels, placeholders, spooled image bytes): on success, failure and
-    Ctrl-C alike; a killed run's is swept by the next (:func:`sweep`)."""
+    Ctrl-C alike; a killed run's is swept by the next (:func:`sweep`). The folders above it
+    (``etl-source/<url hash>/``, ``etl-source/``) go too when no other run is in them."""
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(mirror)
     fd = _claimed.pop(os.fspath(mirror), None)
     if fd is not None:
         os.close(fd)
+    prune_empty(mirror.parent, spool_base())
 
 
 def download_folder(url: str, dest: Path) -> Path:

@@ -12,8 +12,9 @@ Phases (each timed into ``metrics.json``):
    worst offenders, unless ``--allow-invalid``.
 4. **version** — SHA-256 of the canonical recipe: transform, validation and
    thresholds, class table, samples per shard, code and library versions,
-   the content hash of every label file and every image (never paths and
-   sizes). If ``<root>/v*-<hash12>/`` exists and verifies, it is reused
+   the content hash of every label file and every image, by its key relative
+   to the source root (never the root's folder or URL, nor sizes): the same
+   bytes from a folder, S3 or an HTTP host are one version. If ``<root>/v*-<hash12>/`` exists and verifies, it is reused
    ("up-to-date", nothing is rewritten) unless ``--clear``/``WAREHOUSE_CLEAR``.
 5. **build** — the valid samples are cut, in label order, into fixed lists
    of ``samples_per_shard``; each list is one
@@ -46,6 +47,7 @@ import dataclasses
 import datetime as _dt
 import json
 import logging
+import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -69,7 +71,7 @@ from warpdata.etl.executors import (
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.etl.quarantine import Quarantine, Verdict, describe_check
 from warpdata.etl.receipts import Journal
-from warpdata.etl.spool import remove_mirror
+from warpdata.etl.spool import prune_empty, remove_mirror
 from warpdata.etl.workers import resolve_workers
 from warpdata.formats import twh1
 from warpdata.warehouse import config as wconfig
@@ -174,7 +176,12 @@ def _run_to_store(req: EtlRequest, url: str) -> EtlResult:
     rerun resumes from the store alone (docs/formats/receipts.md, "Object storage")."""
     objectstore.check_reachable(url)
     staging = objectstore.staging_root(url)
-    return _run_prestarted(dataclasses.replace(req, output=str(staging)), store=url)
+    try:
+        return _run_prestarted(dataclasses.replace(req, output=str(staging)), store=url)
+    finally:
+        # built or failed, the staging folder goes once no other build of this store is in it
+        # (the receipts are in the store: a rerun needs nothing here)
+        prune_empty(staging, staging.parent)
 
 
 def _store_result(res: EtlResult, dest: str, counts: dict[str, int], upload_s: float) -> EtlResult:
@@ -247,29 +254,48 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
             if existing is not None:
                 return existing
         build_dir = fresh_build_dir(root, version, clear=req.clear, older_than=t_started_wall)
-        journal, store_sizes = _journal(build_dir, store, store_vdir, version)
-        spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation,
-                             cfg.decode)
-        tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir,
-                     None if store is None else f"{store}/{store_vdir}")
-        threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
-        t = time.perf_counter()
-        results, drove = _run_tasks(tasks, executor, workers, len(kept), cfg.durable, journal, started, store_sizes,
-                                    _access(cfg, store))
-        workers = drove.cluster.get("threads") or drove.cluster.get("workers") or workers
-        phases["build"] = time.perf_counter() - t
+        if store is None:
+            return _build_locked(req, cfg, sc, workers, executor, phases, t_start, started, store, store_vdir,
+                                 recipe, version, kept, per_shard, sources, build_dir)
+        try:
+            return _build_locked(req, cfg, sc, workers, executor, phases, t_start, started, store, store_vdir,
+                                 recipe, version, kept, per_shard, sources, build_dir)
+        finally:
+            # the staging copy of a build to object storage: its receipts are in the store, so a
+            # failed build leaves nothing here either (finish_in_store moved a built one away)
+            shutil.rmtree(build_dir, ignore_errors=True)
+            shutil.rmtree(root / store_vdir, ignore_errors=True)
 
-        t = time.perf_counter()
-        doc = _outputs(req, cfg, sc, recipe, version, sources, build_dir, tasks, results)
-        metrics = _write_metrics(build_dir, results, phases, workers, cfg, doc, sc, executor, drove, t_start)
-        if store is not None:
-            dest, counts, upload_s = finish_in_store(store, store_vdir, build_dir, doc, results, journal, root)
-            return _store_result(_finished(doc, Path(store_vdir), metrics, phases, t, t_start), dest, counts,
-                                 upload_s)
-        journal.remove()
-        final = commit_version(build_dir, root, version, doc, results, durable=cfg.durable, workers=workers)
-        res = _finished(doc, final, metrics, phases, t, t_start)
-        atomic_write_bytes(final / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
+
+def _build_locked(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int, executor: ExecutorSpec,
+                  phases: dict[str, float], t_start: float, started: Future | None, store: str | None,
+                  store_vdir: str | None, recipe: dict[str, Any], version: str, kept: list[ValidSample],
+                  per_shard: int, sources: list[tuple[str, str, int]], build_dir: Path) -> EtlResult:
+    """Phases 5-6 under the version's lock, in ``build_dir``."""
+    root = cfg.output_root
+    journal, store_sizes = _journal(build_dir, store, store_vdir, version)
+    spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation,
+                         cfg.decode)
+    tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir,
+                 None if store is None else f"{store}/{store_vdir}")
+    threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
+    t = time.perf_counter()
+    results, drove = _run_tasks(tasks, executor, workers, len(kept), cfg.durable, journal, started, store_sizes,
+                                _access(cfg, store))
+    workers = drove.cluster.get("threads") or drove.cluster.get("workers") or workers
+    phases["build"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    doc = _outputs(req, cfg, sc, recipe, version, sources, build_dir, tasks, results)
+    metrics = _write_metrics(build_dir, results, phases, workers, cfg, doc, sc, executor, drove, t_start)
+    if store is not None:
+        dest, counts, upload_s = finish_in_store(store, store_vdir, build_dir, doc, results, journal, root)
+        return _store_result(_finished(doc, Path(store_vdir), metrics, phases, t, t_start), dest, counts,
+                             upload_s)
+    journal.remove()
+    final = commit_version(build_dir, root, version, doc, results, durable=cfg.durable, workers=workers)
+    res = _finished(doc, final, metrics, phases, t, t_start)
+    atomic_write_bytes(final / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
     return res
 
 
@@ -303,12 +329,14 @@ def _judge(q: Quarantine, valid: list[ValidSample], req: EtlRequest, cfg: wconfi
 def _recipe(cfg: wconfig.WarehouseConfig, ls: wlabels.LabelSet, sources: list[tuple[str, str, int]],
             per_shard: int) -> dict[str, Any]:
     """What the version hashes (phase 4): everything that decides the bytes, content hashes
-    rather than paths and sizes."""
+    rather than paths and sizes. Never where the source lives: the same label and image bytes from
+    a folder, ``s3://…`` or ``https://…`` are one version (the manifest's ``dataset_root`` still
+    names the source this copy was built from; it is provenance, not identity)."""
     label_hashes = [[wlabels.rel_path(cfg.root, lf), sha256_file(lf) if lf.is_file() else "missing"]
                     for lf in sorted(ls.label_files)]
     return {
         "format": f"TWH1/{twh1.SHARD_VERSION}", "code_version": CODE_VERSION, "source_format": cfg.format,
-        "dataset_root": cfg.dataset_root_text, "images": cfg.images, "transform": cfg.transform_dict(),
+        "images": cfg.images, "transform": cfg.transform_dict(),
         "validation": cfg.validation_dict(), "thresholds": cfg.thresholds.to_dict(), "classes": ls.classes,
         "samples_per_shard": per_shard, "libraries": library_versions(),
         "decoder": {"jpeg": "simplejpeg accurate-dct accurate-upsample strict", "other": "pillow",

@@ -1,4 +1,6 @@
-"""A warehouse source on object storage: ``[source] path = "s3://bucket/prefix"`` (any fsspec URL).
+"""A warehouse source on object storage: ``[source] path = "s3://bucket/prefix"`` (any fsspec URL),
+or a static HTTP(S) host (``https://host/dataset``: never listed; each labelled image is sized by a
+HEAD in the header pass, :class:`HttpFiles`).
 
 docs/formats/receipts.md ("Sources on object storage") describes the
 contract; in short:
@@ -32,10 +34,17 @@ from typing import Any
 from warpdata.core import envvars
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import canonical_json
-from warpdata.core.errors import DataError, InfrastructureError, MissingInputError
+from warpdata.core.errors import (
+    BlobNotFoundError,
+    ConfigError,
+    DataError,
+    InfrastructureError,
+    MissingInputError,
+)
 from warpdata.etl.objectstore import _is_infra, credentials_error
 from warpdata.etl.spool import claim, sweep
 from warpdata.storage.base import open_object_store
+from warpdata.storage.locations import HTTP_PROTOCOLS, parse_location
 from warpdata.warehouse.config import Limits
 from warpdata.warehouse.images import ImageProbe, ProbeError, probe
 from warpdata.warehouse.labels import LabelRecord
@@ -44,14 +53,56 @@ from warpdata.warehouse.validate import ProbeOutcome, check_probed
 SPOOL = ".spool"
 
 
+class HttpFiles:
+    """The reads a warehouse source needs from a static HTTP(S) host, by key under the request
+    policy (:class:`~warpdata.storage.remote.Remote`): whole objects and label files. A host
+    cannot be listed: the images are the ones the labels name, each sized by a HEAD."""
+
+    def __init__(self, url: str) -> None:
+        self.remote = open_object_store(url).remote
+
+    def size(self, path: str) -> int | None:
+        """The object's size (one HEAD), None when the host has no such object."""
+        try:
+            return self.remote.size(path.lstrip("/"))
+        except BlobNotFoundError:
+            return None
+
+    def cat_file(self, path: str, size: int | None = None) -> bytes:
+        key = path.lstrip("/")
+        if size is None:
+            size = self.size(key)
+            if size is None:
+                raise FileNotFoundError(self.remote.url_of(key))
+        try:
+            return self.remote.read_range(key, 0, size, size) if size else b""
+        except BlobNotFoundError:
+            raise FileNotFoundError(self.remote.url_of(key)) from None
+
+    def get_file(self, path: str, local: str) -> None:
+        data = self.cat_file(path)
+        with open(local, "wb") as f:
+            f.write(data)
+
+
+def is_http(url: str) -> bool:
+    return parse_location(url).protocol in HTTP_PROTOCOLS
+
+
 def _fs(url: str):
+    """The source's filesystem and its root path (an :class:`HttpFiles` and ``""`` over HTTP)."""
+    if is_http(url):
+        return HttpFiles(url.rstrip("/")), ""
     objects = open_object_store(url)
     return objects.fs, objects.root
 
 
-def _get(fs, path: str) -> bytes:
+def _get(fs, path: str, size: int | None = None) -> bytes:
     """The whole object in one GET: s3fs asks for the size first (a HEAD) when it may split the
-    read into concurrent ranges, unless its listing cache has it; one stream never does."""
+    read into concurrent ranges, unless its listing cache has it; one stream never does. From an
+    HTTP host, by the size its HEAD gave (``size``)."""
+    if isinstance(fs, HttpFiles):
+        return fs.cat_file(path, size)
     if getattr(fs, "protocol", None) in ("s3", ("s3", "s3a")) or "s3" in tuple(getattr(fs, "protocol", ()) or ()):
         return fs.cat_file(path, max_concurrency=1)
     return fs.cat_file(path)
@@ -76,6 +127,7 @@ class Listing:
 
     sizes: dict[str, int]
     tags: dict[str, str]
+    listed: bool = True  # False from an HTTP host: sizes are learnt by HEAD in the header pass
 
 
 def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str) -> tuple[Path, Listing]:
@@ -83,6 +135,11 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
     list its image folder. Returns the mirror root and the :class:`Listing`."""
     url = url.rstrip("/")
     fs, base = _fs(url)
+    http = isinstance(fs, HttpFiles)
+    if http and fmt == "yolo":
+        raise ConfigError(f"source {url}: a YOLO dataset cannot be read from an HTTP host",
+                          hint="YOLO pairs labels with images by listing folders, and an HTTP host cannot be "
+                               "listed; use COCO or JSONL labels, or the s3:// bucket or folder behind the host")
     sweep(root.parent.parent)
     claim(root)
     try:
@@ -110,7 +167,7 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
                                             hint="check [source] labels") from None
         img = f"{base}/{images.strip('/')}" if images else base
         try:
-            listing = fs.find(img, detail=True)
+            listing = {} if http else fs.find(img, detail=True)
         except FileNotFoundError:
             listing = {}
         sizes: dict[str, int] = {}
@@ -138,7 +195,7 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
             p.parent.mkdir(parents=True, exist_ok=True)
             p.touch()
     (root / SPOOL).mkdir(exist_ok=True)
-    return root, Listing(sizes, tags)
+    return root, Listing(sizes, tags, listed=not http)
 
 
 # -- what the header pass learnt of each object, kept for the next run --------------------------
@@ -215,6 +272,7 @@ class ProbeBatch:
     # whose size and tag are unchanged: those are not read again (docs/formats/receipts.md)
     tags: dict[str, str] = field(default_factory=dict)
     known: dict[str, dict[str, Any]] = field(default_factory=dict)
+    listed: bool = True  # False: an HTTP host, whose objects are sized here by HEAD (absent: missing)
 
 
 PREFETCH = 8  # GETs in flight per probe batch: hides the store's latency, bounds memory to 8 images
@@ -242,11 +300,15 @@ def probe_batch(batch: ProbeBatch) -> tuple[int, list[ProbeOutcome], dict[str, d
         if size is None or rel.startswith("../") or size > batch.limits.max_image_bytes or rel in batch.known:
             return None
         try:
-            return _get(fs, f"{base}/{rel}")
+            return _get(fs, f"{base}/{rel}", size)
         except BaseException as e:  # handed to the record's turn below
             return e
 
     with ThreadPoolExecutor(PREFETCH, thread_name_prefix="warp-probe-get") as pool:
+        if not batch.listed:  # an HTTP host: what a listing gives, by one HEAD per image (404: missing)
+            rels = sorted({rel for _, rel, _, _ in todo if not rel.startswith("../")})
+            batch.sizes = {rel: n for rel, n in zip(rels, pool.map(lambda r: fs.size(f"{base}/{r}"), rels),
+                                                    strict=True) if n is not None}
         pending = [pool.submit(fetch, t) for t in todo[:PREFETCH]]
         for i, (rec, rel, _, obj_url) in enumerate(todo):
             got = pending[i].result()
@@ -308,7 +370,11 @@ def _probe_one(batch: ProbeBatch, rec: LabelRecord, rel: str, obj_url: str, got,
 
 def read_source(url: str, sha256: str) -> bytes:
     """The object at ``url`` (a build worker without the spool), checked against the header pass's hash."""
-    fs, path = _fs(url)
+    if is_http(url):
+        parent, _, name = url.rpartition("/")
+        fs, path = _fs(parent)[0], name
+    else:
+        fs, path = _fs(url)
     try:
         data = _get(fs, path)
     except Exception as e:

@@ -106,7 +106,7 @@ def _probe_remote(cfg: wconfig.WarehouseConfig, records: list, listing: Any, par
         batches.append(remote.ProbeBatch(i, cfg.remote_root, str(cfg.root), list(part),
                                          {k: sizes[k] for k in rels if k in sizes}, params, cfg.limits,
                                          {k: tags[k] for k in rels if k in tags},
-                                         {k: known[k] for k in rels if k in known}))
+                                         {k: known[k] for k in rels if k in known}, listing.listed))
     learnt: dict[str, dict[str, Any]] = {}
     if runner is not None:
         out = _probe_batches(runner, remote.probe_batch, batches, len(records), learnt)

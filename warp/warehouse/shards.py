@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warpdata.core import envvars
 from warpdata.core.atomic import temp_prefix
 from warpdata.core.canonical import identity
 from warpdata.core.directio import BLOCK, AlignedFile
@@ -132,11 +133,7 @@ def build_shard(task: ShardTask) -> ShardResult:
     # and renamed into place once complete; no fsync here: a background thread syncs each
     # finished shard while the workers go on, and finalize waits for all of them; a torn shard
     # left by a crash fails its checksum when a rerun considers reusing it
-    out_dir = os.path.dirname(task.path)
-    if task.upload is not None and not os.path.isdir(out_dir):
-        # a worker on another machine than the driver, whose staging directory is not there: the
-        # shard goes to the store from this machine's temporary directory
-        out_dir = tempfile.gettempdir()
+    out_dir = os.path.dirname(task.path) if task.upload is None else upload_staging(os.path.dirname(task.path))
     fd, tmp = tempfile.mkstemp(prefix=temp_prefix(), suffix="-" + name, dir=out_dir)
     os.close(fd)
     flushed = direct_bytes = 0
@@ -204,6 +201,22 @@ def build_shard(task: ShardTask) -> ShardResult:
                        "hash": builder.last_write_s["hash"], "write": builder.last_write_s["write"]},
                       direct_bytes=min(direct_bytes, size))
     return res
+
+
+def upload_staging(build_dir: str) -> str:
+    """Where a worker writes a shard bound for object storage before its upload: the driver's build
+    folder when that is under this process's own cache (this process's threads, a process pool, a
+    LocalCluster the driver started), else this process's own cache folder: a worker started by
+    hand (``dask://``) has its own ``WARP_CACHE_DIR`` (or none: the user's cache), and never writes
+    under the driver's, on its machine or another. The file is removed once uploaded or failed."""
+    own = os.path.realpath(envvars.default_cache_dir())
+    if os.path.realpath(build_dir).startswith(own + os.sep) and os.path.isdir(build_dir):
+        return build_dir
+    try:
+        os.makedirs(own, exist_ok=True)
+    except OSError:  # no cache can be made here: the machine's temporary folder
+        return tempfile.gettempdir()
+    return own
 
 
 def task_sha256(task: ShardTask) -> str:
