@@ -208,7 +208,7 @@ SKIPS: list[tuple[str, bool, str]] = [
 # ```python blocks (by the section they are under, and a line only that block has) that cannot run
 # as written, and why. The others run after the commands of their section, or of PY_SETUP's.
 PY_SKIPS: list[tuple[str, str, str]] = [
-    ("warp etl (detection labels → tensor warehouse)", "v20261122-cbe5fb36a1fa",
+    ("warp etl (detection labels → tensor warehouse)", "v20261122-ad8ac1f29a2e",
      "opens the version directory by its name, which holds the day it was built"),
     ("warp etl (captioned media → feature cache for pretraining)", "opt.zero_grad()",
      "a training loop: model and opt are the reader's own"),
