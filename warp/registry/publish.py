@@ -311,13 +311,15 @@ class _Stager:
             self.blobs[b.hash] = b
 
     # tables ---------------------------------------------------------------
-    def table(self, name: str, files: list[str]) -> Table:
+    def table(self, name: str, files: list[str], as_is: bool = False) -> Table:
+        """``as_is``: Parquet files published byte for byte whatever the request's layout (a warp
+        artifact's own side tables, ``--from``: the same bytes wherever the artifact was read from)."""
         if not files:
             raise MissingInputError(f"table {name} has no files", hint="--table NAME=GLOB must match Parquet/CSV/JSONL files")
         self.table_files[name] = list(files)
         # stat-cache hits first, in this thread: an unchanged re-publish then starts no threads
-        rows = _parquet_rows(files) if self.req.layout == "paged" else 0
-        self.page_rows[name] = page_rows_for(rows)
+        rows = _parquet_rows(files) if self.req.layout == "paged" and not as_is else 0
+        self.page_rows[name] = 0 if as_is else page_rows_for(rows)
         infos = [self._table_file(f, cached_only=True, page_rows=self.page_rows[name]) for f in files]
         todo = [i for i, info in enumerate(infos) if info is None]
         if todo:
@@ -342,7 +344,9 @@ class _Stager:
         return Table(shards=tuple(shards), schema={"fields": schema, "arrow": infos[0]["arrow"]})
 
     def _table_file(self, path: str, cached_only: bool = False, page_rows: int = 0) -> dict[str, Any] | None:
-        """Hash (or convert and hash) one table file; with ``cached_only``, None unless the stat cache knows it."""
+        """Hash (or convert, or rewrite with a page index, and hash) one table file; with ``cached_only``,
+        None unless the stat cache knows it. ``page_rows``: rows per page of a rewrite; 0, a Parquet
+        file as it is (:meth:`table`'s ``as_is``)."""
         suffix = Path(path).suffix.lower()
         fmt = TABLE_SUFFIXES.get(suffix)
         if fmt is None:
@@ -351,15 +355,16 @@ class _Stager:
         scanned_at = time.time_ns()
         fingerprint, ctime = _file_fingerprint(path)
         # the written layout is part of the key: a cached hash of another layout is not this file's
+        as_is = fmt == "parquet" and (self.req.layout != "paged" or not page_rows)
         page_rows = page_rows or PAGE_ROWS
-        layout = () if fmt == "parquet" and self.req.layout != "paged" else (f"pages={page_rows}",)
+        layout = () if as_is else (f"pages={page_rows}",)
         key = self.cache.key("table", fmt, FACTS_VERSION, *layout, fingerprint)
         fresh = {"newest_ctime_ns": ctime, "scanned_at_ns": scanned_at}
         staged = os.path.abspath(path).startswith(str(self.stage.resolve()))
         hit = None if staged else self.cache.get(key)
         if hit is None and cached_only:
             return None
-        paged = fmt == "parquet" and self.req.layout == "paged" and not staged
+        paged = fmt == "parquet" and not as_is and not staged
         if paged:  # rewritten unless it has a page index already
             paged = hit is not None and hit.get("paged") or hit is None and not _has_page_index(path)
         if fmt == "parquet" and not paged:
@@ -660,7 +665,7 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
         from_artifacts.write_listing(
             [(m, os.path.getsize(os.path.join(src.artifact_root, m))) for m in src.members], listing)
         files_table = free("files")
-        tables[files_table] = stager.table(files_table, [str(listing)])
+        tables[files_table] = stager.table(files_table, [str(listing)], as_is=True)
         bindings.append(Binding(files_table, "path", aname, "file"))
         made = [files_table]
         for stem, path_ in src.tables.items():
@@ -668,7 +673,7 @@ def build(req: PublishRequest, stager: _Stager) -> Manifest:
             if tname in tables:
                 raise UsageError(f"--from {path}: table {tname!r} would be published twice",
                                  hint="publish the sources separately, or rename one of the Parquet files")
-            tables[tname] = stager.table(tname, [path_])
+            tables[tname] = stager.table(tname, [path_], as_is=True)
             made.append(tname)
         sources.append({"artifact": aname, **src.source_facts, "tables": sorted(made)})
     if not tables and not artifacts:
