@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conformance.stores import RequestPolicyConformance, StoreConformance
-from support.ceph import rgw, rgw_env, rgw_server  # noqa: F401  (fixtures)
+from support.ceph import rgw_env
 from warpdata.registry.multipart import PART_SIZE, _put_multipart
 from warpdata.registry.store import Store
 from warpdata.storage.remote import Remote
@@ -21,7 +21,7 @@ class TestRgwStoreConformance(StoreConformance):
     large_size = 2 * PART_SIZE + 12345  # three parts, the last one short
 
     @pytest.fixture
-    def store(self, rgw):  # noqa: F811
+    def store(self, rgw):
         return Store(rgw.url("store"))
 
     def put_large(self, store: Store, hash_hex: str, path: Path) -> bool:
@@ -34,7 +34,7 @@ class TestRgwRequestPolicy(RequestPolicyConformance):
     startup = 1.0  # on a loaded machine
 
     @pytest.fixture
-    def remote_at(self, rgw_server, monkeypatch):  # noqa: F811
+    def remote_at(self, rgw_server, monkeypatch):
         def make(url: str) -> Remote:
             for k, v in rgw_env(rgw_server).items():
                 monkeypatch.setenv(k, v)

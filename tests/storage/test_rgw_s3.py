@@ -16,13 +16,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.ceph import rgw, rgw_server  # noqa: F401  (fixtures)
 from support.datasets import make_rows, write_media
 from warpdata.core.errors import WarpError
 from warpdata.registry.multipart import MULTIPART_MIN, PART_SIZE
@@ -44,7 +42,7 @@ def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
-def presigner(rgw, secret: str | None = None) -> SigV4Presigner:  # noqa: F811
+def presigner(rgw, secret: str | None = None) -> SigV4Presigner:
     return SigV4Presigner(rgw.endpoint, "us-east-1", True, rgw.server.access_key, secret or rgw.server.secret_key)
 
 
@@ -56,7 +54,7 @@ def error_code(body: bytes) -> str:
 # -- presigned reads: the gateway checks the signature ------------------------------------------
 
 @pytest.mark.parametrize("key", ODD_KEYS)
-def test_warps_presigned_urls_are_accepted(rgw, key):  # noqa: F811
+def test_warps_presigned_urls_are_accepted(rgw, key):
     """warp signs its own ranged GETs (storage/s3sign.py); a server that checks SigV4 takes them,
     for keys that need every kind of escaping."""
     body = os.urandom(1000)
@@ -72,7 +70,7 @@ def test_warps_presigned_urls_are_accepted(rgw, key):  # noqa: F811
     assert (status, got) == (200, body)
 
 
-def test_tampered_signature_is_refused(rgw):  # noqa: F811
+def test_tampered_signature_is_refused(rgw):
     rgw.client.put_object(Bucket=rgw.bucket, Key="k", Body=b"secret bytes")
     url = presigner(rgw).presign(rgw.bucket, "k", 300)
     sig = url.rsplit("X-Amz-Signature=", 1)[1]
@@ -85,20 +83,20 @@ def test_tampered_signature_is_refused(rgw):  # noqa: F811
     assert status == 403 and b"secret bytes" not in body
 
 
-def test_wrong_secret_is_refused(rgw):  # noqa: F811
+def test_wrong_secret_is_refused(rgw):
     rgw.client.put_object(Bucket=rgw.bucket, Key="k", Body=b"x")
     status, body = fetch(presigner(rgw, secret="not-the-secret").presign(rgw.bucket, "k", 300))
     assert status == 403 and error_code(body) == "SignatureDoesNotMatch"
 
 
-def test_expired_url_is_refused(rgw):  # noqa: F811
+def test_expired_url_is_refused(rgw):
     rgw.client.put_object(Bucket=rgw.bucket, Key="k", Body=b"x")
     url = presigner(rgw).presign(rgw.bucket, "k", 60, now=time.time() - 3600)
     status, body = fetch(url)
     assert status == 403 and error_code(body) == "AccessDenied"
 
 
-def test_store_reads_with_a_wrong_secret_fail_typed(rgw, monkeypatch, tmp_path):  # noqa: F811
+def test_store_reads_with_a_wrong_secret_fail_typed(rgw, monkeypatch, tmp_path):
     """A wrong secret is a typed error naming the store, not data (moto would have served it)."""
     from warpdata.storage.remote import Remote
 
@@ -116,7 +114,7 @@ def test_store_reads_with_a_wrong_secret_fail_typed(rgw, monkeypatch, tmp_path):
 
 # -- conditional writes as the gateway answers them ---------------------------------------------
 
-def test_conditional_put_statuses(rgw):  # noqa: F811
+def test_conditional_put_statuses(rgw):
     """What the gateway answers each failed precondition (warp/storage/s3.py takes 412 and 409)."""
     from botocore.exceptions import ClientError
 
@@ -133,7 +131,28 @@ def test_conditional_put_statuses(rgw):  # noqa: F811
     assert seen["create-only on an existing key"][0] in (409, 412), seen
     assert seen["stale If-Match"][0] in (409, 412), seen
     assert seen["If-Match on a missing key"][0] in (404, 409, 412), seen
-    assert c.put_object(Bucket=b, Key="p", Body=b"3", IfMatch=etag)["ETag"] != etag
+    # RGW 16.2 compares If-Match with the bare ETag: the quoted one AWS returns is refused, the bare
+    # one taken (warp/storage/s3.py sends it bare after such a refusal)
+    with pytest.raises(ClientError) as e:
+        c.put_object(Bucket=b, Key="p", Body=b"3", IfMatch=etag)
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    new = c.put_object(Bucket=b, Key="p", Body=b"3", IfMatch=etag.strip('"'))["ETag"]
+    assert new != etag and c.get_object(Bucket=b, Key="p")["Body"].read() == b"3"
+
+
+def test_compare_and_swap_through_the_store_moves_the_pointer(rgw):
+    """warp's ``write_if`` with the token ``read_versioned`` gave: taken (RGW needs the bare-ETag
+    retry), a stale token refused, a missing key refused."""
+    from warpdata.storage.s3 import S3ObjectStore
+
+    b = Store(rgw.url("warp")).objects
+    assert isinstance(b, S3ObjectStore)
+    t1 = b.write_if("p.json", b"1", None)
+    assert t1 is not None and b.write_if("p.json", b"x", None) is None
+    t2 = b.write_if("p.json", b"2", t1)
+    assert t2 is not None and b.write_if("p.json", b"3", t1) is None
+    assert b.read_versioned("p.json") == (b"2", t2)
+    assert b.write_if("missing.json", b"1", t2) is None
 
 
 # -- races between processes ----------------------------------------------------------------------
@@ -155,7 +174,7 @@ else:
 """
 
 
-def _race(rgw, *argsets: list[str]) -> list:  # noqa: F811
+def _race(rgw, *argsets: list[str]) -> list:
     go = time.time() + 3.0  # both processes are up and importing by then; they start together
     env = {**os.environ, **rgw.env}
     procs = [subprocess.Popen([sys.executable, "-c", RACER, rgw.url("warp"), *a[:2], str(go), *a[2:]],
@@ -169,7 +188,7 @@ def _race(rgw, *argsets: list[str]) -> list:  # noqa: F811
 
 
 @pytest.mark.parametrize("trial", range(2))
-def test_create_only_race_between_two_processes(rgw, trial):  # noqa: F811
+def test_create_only_race_between_two_processes(rgw, trial):
     h = hashlib.sha256(f"proc race {trial}".encode()).hexdigest()
     got = _race(rgw, ["put", h, "from process A"], ["put", h, "from process B"])
     assert sorted(got) == [False, True], got
@@ -177,7 +196,7 @@ def test_create_only_race_between_two_processes(rgw, trial):  # noqa: F811
     assert Store(rgw.url("warp")).get_blob(h, verify=False) == winner.encode()
 
 
-def test_latest_compare_and_swap_race_between_two_processes(rgw):  # noqa: F811
+def test_latest_compare_and_swap_race_between_two_processes(rgw):
     from conformance.stores import manifest
 
     store = Store(rgw.url("warp"))
@@ -192,7 +211,7 @@ def test_latest_compare_and_swap_race_between_two_processes(rgw):  # noqa: F811
         assert store.read_latest("ws/race").version_hash == winners[0]
 
 
-def test_two_processes_publish_one_dataset(rgw, tmp_path):  # noqa: F811
+def test_two_processes_publish_one_dataset(rgw, tmp_path):
     """Two ``warp publish`` of different data to one dataset at once: both versions land, ``latest``
     names one of them and it reads back."""
     env = {**os.environ, **rgw.env, "WARP_CACHE_DIR": str(tmp_path / "cache")}
@@ -216,7 +235,7 @@ def test_two_processes_publish_one_dataset(rgw, tmp_path):  # noqa: F811
 
 # -- multipart uploads -------------------------------------------------------------------------------
 
-def test_publish_uploads_a_large_blob_in_parts(cli, rgw, tmp_path, monkeypatch):  # noqa: F811
+def test_publish_uploads_a_large_blob_in_parts(cli, rgw, tmp_path, monkeypatch):
     big = MULTIPART_MIN + PART_SIZE // 2  # 64 MB and more: 5 parts of 16 MB (the last one half)
     root = tmp_path / "big"
     (root / "data").mkdir(parents=True)
@@ -255,7 +274,7 @@ def test_publish_uploads_a_large_blob_in_parts(cli, rgw, tmp_path, monkeypatch):
 # -- a published dataset read back --------------------------------------------------------------------
 
 @pytest.fixture
-def published(cli, rgw, tmp_path, monkeypatch):  # noqa: F811
+def published(cli, rgw, tmp_path, monkeypatch):
     monkeypatch.setenv("WARP_STORE", rgw.url("warp"))
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
     write_media(tmp_path / "media", 6)
@@ -286,7 +305,7 @@ def test_warm_then_refs_read_from_the_cache(cli, published):
 
     t = warpdata.dataset("ws/rt").table("main")
     d = next(iter(t.batch_dicts(8)))
-    assert d["image"][6].read_bytes() == (published / "media" / "img" / "0006.png").read_bytes()
+    assert d["image"][5].read_bytes() == (published / "media" / "img" / "0005.png").read_bytes()
     r = cli("cat", "ws/rt", "--artifact", "media", "--ref", "snd/1.wav")
     assert r.code == 0, r.err
 
@@ -301,6 +320,6 @@ def test_to_torch_reads_every_row_and_ref(published):
         ids.extend(int(i) for i in b["id"])
         images += sum(1 for x in b["image"] if x is not None)
     assert sorted(ids) == list(range(300))
-    assert images == 300 // 6
-    for i in range(2):
-        assert Path(published / "data" / f"p{i}.parquet").exists()
+    with_image = pa.concat_tables([pq.read_table(published / "data" / f"p{i}.parquet", columns=["image"])
+                                   for i in range(2)]).column("image").drop_null()
+    assert images == len(with_image) > 0

@@ -311,22 +311,29 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def say(request, line: str) -> None:
+    """A line on the terminal, past the output capture (the run names the server it started)."""
+    rep = request.config.pluginmanager.get_plugin("terminalreporter")
+    capman = request.config.pluginmanager.get_plugin("capturemanager")
+    if rep is None:
+        return
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        rep.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def rgw_server(request):
     if os.environ.get("WARP_RGW") != "1":
         pytest.skip("the Ceph RADOS Gateway tests run with `make s3-conformance` (WARP_RGW=1)")
     cluster = ceph_or_skip()
-    rep = request.config.pluginmanager.get_plugin("terminalreporter")
-    if rep is not None:
-        rep.write_line(f"\nstarted {cluster.describe()} in {cluster.started_s:.0f}s")
+    say(request, f"\nstarted {cluster.describe()} in {cluster.started_s:.0f}s")
     try:
         yield cluster
     finally:
         ports, pids = (cluster.mon_port, cluster.rgw_port), [p.pid for p in cluster.procs.values()]
         cluster.stop()
         left = [p for p in ports if _listening(p)] + [p for p in pids if os.path.exists(f"/proc/{p}")]
-        if rep is not None:
-            rep.write_line(f"stopped the Ceph cluster: {'left ' + str(left) if left else 'nothing left listening'}")
+        say(request, f"\nstopped the Ceph cluster: {'LEFT ' + str(left) if left else 'no process left, nothing listening'}")
 
 
 @pytest.fixture
@@ -366,8 +373,11 @@ if __name__ == "__main__":
     if "--measure" in sys.argv:
         _measure(int(sys.argv[sys.argv.index("--measure") + 1]))
     else:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: sys.exit(0))
         c = start_ceph()
-        print(c.describe(), f"access key {c.access_key} secret {c.secret_key}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
+        try:
+            print(c.describe(), f"access key {c.access_key} secret {c.secret_key}", flush=True)
             signal.pause()
-        c.stop()
+        finally:
+            c.stop()
