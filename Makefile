@@ -58,7 +58,7 @@ test: install
 # warp against a real S3 server: a one-node Ceph RADOS Gateway on 127.0.0.1 (tests/support/ceph.py
 # starts it, installing Debian's packages if missing, and stops it; docs/s3-conformance.md). One
 # process: one cluster. Skipped with the reason where Ceph cannot be installed or started.
-RGW_TESTS := tests/storage/test_conformance_rgw.py tests/storage/test_rgw_s3.py
+RGW_TESTS := tests/storage/test_conformance_rgw.py tests/storage/test_rgw_s3.py tests/storage/test_rgw_etl.py
 s3-conformance: install
 	WARP_RGW=1 $(PY) -m pytest -p no:xdist -m rgw -q -rs $(RGW_TESTS) $(PYTEST_ARGS)
 
