@@ -17,7 +17,7 @@ LOCKED_INSTALL := $(PIP) install -q --disable-pip-version-check --require-hashes
 PROJECT_INSTALL := { $(PIP) uninstall -q -y warpdata 2>/dev/null || true; } && \
 	$(PIP) install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-.PHONY: install install-demo test demo bench bench-summary gpu-wheels gpu-check lint docs docs-check lock clean
+.PHONY: install install-demo test s3-conformance demo bench bench-summary gpu-wheels gpu-check lint docs docs-check lock clean
 
 install: $(VENV)/.installed
 
@@ -54,6 +54,13 @@ lock:
 
 test: install
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+# warp against a real S3 server: a one-node Ceph RADOS Gateway on 127.0.0.1 (tests/support/ceph.py
+# starts it, installing Debian's packages if missing, and stops it; docs/s3-conformance.md). One
+# process: one cluster. Skipped with the reason where Ceph cannot be installed or started.
+RGW_TESTS := tests/storage/test_conformance_rgw.py tests/storage/test_rgw_s3.py tests/storage/test_rgw_etl.py
+s3-conformance: install
+	WARP_RGW=1 $(PY) -m pytest -p no:xdist -m rgw -q -rs $(RGW_TESTS) $(PYTEST_ARGS)
 
 # Everything the demo writes stays under $(DEMO)/: store, cache and outputs.
 DEMO_ENV := WARP_STORE=$(DEMO)/store WARP_CACHE_DIR=$(DEMO)/cache

@@ -249,7 +249,7 @@ def create_only() -> CheckResult:
     if second or got != data:
         return CheckResult(FAIL, f"store {store.url} overwrote an existing object on a create-only write "
                            "(no If-None-Match support): concurrent publishers could clobber each other",
-                           "use an S3 service that honours If-None-Match (AWS S3, recent MinIO) or a local store")
+                           "use an S3 service that honours If-None-Match (AWS S3, Ceph RGW, Cloudflare R2) or a local store")
     return CheckResult(PASS, f"{store.url}: read/write OK, create-only writes refused on existing objects")
 
 
@@ -265,7 +265,7 @@ def compare_and_swap() -> CheckResult:
         return t1, t2, stale, store.get_object(key)
 
     probed = _probe(write, "conditional write",
-                    "use an S3 service that honours If-Match (AWS S3, recent MinIO) or a local store")
+                    "use an S3 service that honours If-Match (AWS S3, Ceph RGW, Cloudflare R2) or a local store")
     if isinstance(probed, CheckResult):
         return probed
     store, (t1, t2, stale, final) = probed
