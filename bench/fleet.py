@@ -198,7 +198,7 @@ def node(args: argparse.Namespace) -> None:
                 ids.append(np.asarray(b["id"]))
         else:  # warp stream --shard r/N
             cmd = [str(Path(sys.executable).with_name("warp")), "stream", DATASET, "--shard",
-                   f"{args.rank}/{args.world}", "--columns", "id", "--format", "csv"]
+                   f"{args.rank}/{args.world}", "--columns", args.columns or "id", "--format", "csv"]
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             header = p.stdout.readline()
             assert header.strip().strip('"') == "id", header
@@ -355,12 +355,13 @@ def main() -> None:
               f"{ctx['raw_bytes'] / 1e6:.1f} MB as written; layout {args.layout}", file=sys.stderr)
         rows = []
         for store, (upstream, url, env) in ctx["stores"].items():
-            want = column_bytes(url if store == "s3" else upstream, env if store == "s3" else
-                                {**env, "WARP_STORE": upstream}, args.columns.split(",") if args.columns else None)
             for mode in args.mode.split(","):
+                cols = args.columns or ("id" if mode == "stream" else "")  # warp stream prints ids as CSV
+                want = column_bytes(url if store == "s3" else upstream, env if store == "s3" else
+                                    {**env, "WARP_STORE": upstream}, cols.split(",") if cols else None)
                 for nodes in [int(x) for x in args.nodes.split(",")]:
                     r = run_fleet(nodes, upstream, url, env, work, mode=mode, epochs=args.epochs, rate=args.rate,
-                                  rate_scope=args.rate_scope, columns=args.columns, shuffle=args.shuffle,
+                                  rate_scope=args.rate_scope, columns=cols, shuffle=args.shuffle,
                                   rows=args.rows)
                     r.update(store=store, columns_bytes=want, bytes_ratio=r["bytes"] / (want * args.epochs))
                     if "epoch_bytes" in r:
