@@ -177,3 +177,22 @@ def test_the_plan_prices_what_the_ranks_then_fetch(s3, paged, cli, world, worker
     assert got == plan["bytes"], (got, plan["bytes"])
     text = cli("inspect", "ws/paged", "--plan", "--world", str(world))
     assert text.code == 0 and "per rank" in text.out and "total:" in text.out
+
+
+def test_a_stream_of_whole_and_partial_row_groups_has_one_schema(s3, tmp_path, monkeypatch):
+    """A file that has a page index is published as it is; a rank whose run covers whole row groups
+    and parts of others gets batches with one schema (metadata included) and every row once."""
+    f = tmp_path / "paged.parquet"
+    t = _rows(10_000, 0).replace_schema_metadata({"origin": "test"})
+    pq.write_table(t, f, row_group_size=1000, write_page_index=True, max_rows_per_page=100)
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    r = warp_publish(PublishRequest("ws/mixed", tables={"main": [str(f)]}, store_url=s3.url("warp")))
+    assert r.blobs[0].hash.removeprefix("sha256:") == __import__("hashlib").sha256(f.read_bytes()).hexdigest()
+    seen = []
+    for rank in range(3):
+        tab = warpdata.dataset("ws/mixed", store=s3.url("warp"), mode="remote").table("main")
+        batches = list(tab.batches(700, rank=rank, world_size=3))
+        assert {b.schema.metadata.get(b"origin") for b in batches} == {b"test"}
+        assert pa.Table.from_batches(batches).schema.equals(t.schema, check_metadata=False)
+        seen += [i for b in batches for i in b.column("id").to_pylist()]
+    assert sorted(seen) == list(range(10_000))

@@ -307,20 +307,23 @@ class _ShardFiles:
                         else:
                             have.update((p, run[offsets[p] - offsets[a]:ends[p] - offsets[a]]) for p in range(a, b))
                     data[cp.byte_range(k, m)] = b"".join(have[p] for p in range(k, m))
-                out: dict[str, Any] = {}
-                for (first, _end), cols in groups.items():
-                    sel = {leaf: (chunks[leaf], *spans[leaf][:2]) for n in cols for leaf in leaves_of[n]}
-                    mini, first, end = pp.slice_file(raw, g, sel, data)
-                    # in Arrow's memory: no Arrow thread may hold the last reference to Python bytes at exit
-                    tab = pq.ParquetFile(arrow_reader(mini)).read(columns=cols, use_threads=False)
-                    if tab.num_rows != end - first:
-                        raise pp.ParquetPagesError(f"pages of rows {first}..{end} decode to {tab.num_rows} rows")
-                    for n in cols:
-                        out[n] = tab.column(n).slice(lo - first, hi - lo)
+            # decoded once the turn is over: the pages are this reader's now
+            out: dict[str, Any] = {}
+            for (first, _end), cols in groups.items():
+                sel = {leaf: (chunks[leaf], *spans[leaf][:2]) for n in cols for leaf in leaves_of[n]}
+                mini, first, end = pp.slice_file(raw, g, sel, data)
+                # in Arrow's memory: no Arrow thread may hold the last reference to Python bytes at exit
+                tab = pq.ParquetFile(arrow_reader(mini)).read(columns=cols, use_threads=False)
+                if tab.num_rows != end - first:
+                    raise pp.ParquetPagesError(f"pages of rows {first}..{end} decode to {tab.num_rows} rows")
+                for n in cols:
+                    out[n] = tab.column(n).slice(lo - first, hi - lo)
         except pp.ParquetPagesError as e:
             raise DataError(f"{where}: row group {g}: {e.message}",
                             hint="the store copy is damaged; republish the dataset") from None
-        return pa.table({n: out[n] for n in names})
+        whole = pf.schema_arrow  # the schema (and its metadata) a read of whole row groups gives
+        return pa.Table.from_arrays([out[n] for n in names],
+                                    schema=pa.schema([whole.field(n) for n in names], metadata=whole.metadata))
 
     def _page_layout(self, i: int, raw: bytes, pf) -> tuple[dict, dict[str, list[int]]]:
         """The decoded footer of shard ``i`` and its leaf columns by top-level column name."""
