@@ -26,6 +26,7 @@ from typing import Any
 
 from warpdata.artifacts.kinds import KINDS as _KINDS
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME
 
 KINDS = tuple(_KINDS)  # the kinds in their table (warpdata.artifacts.kinds)
@@ -48,7 +49,7 @@ def find_manifest(path: str | os.PathLike) -> Path:
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     m = find_manifest(path)
     try:
-        data = json.loads(m.read_bytes())
+        data = load_json(m.read_bytes(), str(m), hint="the manifest is corrupt; rebuild the artifact", error=DataError)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{m}: not valid JSON: {e}", hint="the manifest is corrupt; rebuild the artifact",
                         path=str(m)) from None

@@ -23,7 +23,6 @@ tests can map sample coordinates to picture coordinates.
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 from warpdata.artifacts.inspect import find_target
 from warpdata.artifacts.kinds import KINDS
 from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import DATASET
 from warpdata.core.registry import load
 from warpdata.formats.tbl import TblReader
@@ -162,7 +162,7 @@ def metrics_chart(path: str) -> Preview:
 
     try:
         with open(path, "rb") as f:
-            m = json.loads(f.read())
+            m = load_json(f.read(), path)
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable metrics.json: {e}", hint="give the metrics.json an ETL run wrote") from None
     if not isinstance(m, dict):
@@ -220,7 +220,7 @@ def render(target: str, n: int = 16) -> Preview:
     if os.path.isfile(target) and target.endswith(".json"):
         try:
             with open(target, "rb") as f:
-                doc = json.loads(f.read())
+                doc = load_json(f.read(), target)
         except (OSError, ValueError):
             doc = None
         if isinstance(doc, dict) and ("phases_s" in doc or "skip_reasons" in doc):

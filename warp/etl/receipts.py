@@ -13,7 +13,6 @@ receipt; the journal is removed before the version becomes visible.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 from warpdata.core.atomic import create_exclusive
 from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import InfrastructureError, InternalError, WarpError, os_failure
+from warpdata.core.jsondoc import MAX_POINTER_BYTES, load_json
 from warpdata.storage.errors import translate_storage_error
 from warpdata.storage.locations import filesystem, parse_location
 
@@ -100,7 +100,7 @@ class Journal:
         except _client_errors() as e:  # botocore's own errors are not OSErrors
             raise _store_error(e, "read the receipt", f"{self.loc.protocol}://{p}") from None
         try:
-            doc = json.loads(raw)
+            doc = load_json(raw, str(p), max_bytes=MAX_POINTER_BYTES)
         except ValueError:
             return None
         if not isinstance(doc, dict) or doc.get("receipt") != RECEIPT_VERSION or doc.get("shard_id") != shard_id:

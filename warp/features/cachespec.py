@@ -18,6 +18,7 @@ import numpy as np
 import warpdata
 from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.core.errors import ConfigError, DataError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE
 from warpdata.etl.quarantine import (
     Thresholds,
@@ -210,7 +211,7 @@ def _existing(path: Path) -> dict[str, Any] | None:
     if not m.is_file():
         return None
     try:
-        data = json.loads(m.read_bytes())
+        data = load_json(m.read_bytes(), str(m))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return data if isinstance(data, dict) else None

@@ -19,7 +19,9 @@ from typing import Any
 
 from warpdata.artifacts.manifests import find_manifest
 from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
+from warpdata.core.confined import confined
 from warpdata.core.errors import DataError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME
 
 KIND = FEATURE_CACHE
@@ -79,7 +81,7 @@ def check(doc: Any, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
 
 def parse(raw: bytes, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
     try:
-        doc = json.loads(raw)
+        doc = load_json(raw, where, hint=hint, error=DataError)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{where}: not valid JSON: {e}", hint=hint, path=where) from None
     return check(doc, where, hint)
@@ -89,12 +91,8 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     """The checked manifest of cache directory ``path`` (or of that manifest file)."""
     m = find_manifest(path)
     doc = parse(m.read_bytes(), str(m))
-    base = m.parent.resolve()
     for sh in doc["shards"]:  # the schema pins names to shard-NNNNN.wfs; a symlink must not lead out
-        p = (base / sh["path"]).resolve()
-        if not p.is_relative_to(base):
-            raise DataError(f"{m}: shard {sh['path']!r} resolves outside the cache directory",
-                            hint=REBUILD_HINT, path=str(m), shard=sh["path"])
+        confined(m.parent, sh["path"], str(m), entry="shard path", hint=REBUILD_HINT)
     return doc
 
 
@@ -105,7 +103,7 @@ def _manifest_kind(path: str) -> str | None:
             head = f.read(1 << 20)
             if b'"feature-cache"' not in head:
                 return None
-            data = json.loads(head + f.read())
+            data = load_json(head + f.read(), path)
     except (OSError, ValueError):
         return None
     return data.get("kind") if isinstance(data, dict) else None

@@ -34,7 +34,9 @@ from warpdata.core import envvars
 from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import CONTENT_HASH_FIELD
+from warpdata.core.confined import UnconfinedPathError, confined
 from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.features import manifest as fmanifest
 from warpdata.formats.tbl import SampleNotFound, TblReader
@@ -121,12 +123,10 @@ class _RemoteFile:
 
 
 def _why_remote(url: str, sample: str) -> Lineage:
-    import json
-
     d = _Remote(url)
     m = d / MANIFEST_NAME
     try:
-        doc = json.loads(m.read_bytes())
+        doc = load_json(m.read_bytes(), str(m))
     except FileNotFoundError:
         raise MissingInputError(f"{m} does not exist", hint="give the version prefix 'warp etl' wrote "
                                 "(<root>/vYYYYMMDD-<hash>) or a feature cache's URL") from None
@@ -234,7 +234,8 @@ def _parquet_row_in(path: Path, column: str, value: Any, columns: list[str] | No
 
 def _quarantined(d: Path, files: dict[str, str], key: str) -> dict[str, Any] | None:
     name = files.get("quarantine")
-    return _parquet_row(d / name, "sample_id", key) if name else None
+    return _parquet_row(_member(d, name, str(d / MANIFEST_NAME), "files.quarantine"), "sample_id", key) \
+        if name else None
 
 
 def _not_found(d: Path, key: str, what: str) -> MissingInputError:
@@ -263,7 +264,7 @@ def _read_json(m: Path) -> tuple[dict[str, Any], list[int]]:
     where = str(m)
     try:
         before = _stat_key(m)
-        doc = json.loads(m.read_bytes())
+        doc = load_json(m.read_bytes(), where)
     except FileNotFoundError:
         raise MissingInputError(f"{m} does not exist", hint="point at a directory written by 'warp etl'") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -331,15 +332,19 @@ def _checked_shard(doc: dict[str, Any], shard: dict[str, Any], d: Path | _Remote
     """Schema-check ``doc`` with ``shards`` cut to ``shard``, and confine the shard's path to ``d``."""
     where = str(d / MANIFEST_NAME)
     kinds.validate({**doc, "shards": [shard]}, where)
-    rel = shard[path_field]
-    if not isinstance(d, Path):  # an object-store prefix: no symlinks, only the name can leave it
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/"):
-            raise DataError(f"{where}: shard path {rel!r} leaves {d}", hint="rebuild it with 'warp etl'", path=where)
-        return
-    base = d.resolve()
-    if os.path.isabs(rel) or ".." in Path(rel).parts or not (base / rel).resolve().is_relative_to(base):
-        raise DataError(f"{where}: shard path {rel!r} resolves outside {d}",
-                        hint="the manifest is damaged or hostile; rebuild it with 'warp etl'", path=where)
+    _member(d, shard[path_field], where, f"shard path ({path_field})")
+
+
+def _member(d: Path | _Remote, rel: Any, where: str, entry: str) -> Path | _Remote:
+    """File ``rel`` of artifact ``d`` as its manifest ``where`` names it, confined to ``d``
+    (:func:`warpdata.core.confined.confined`; an object-store prefix has no symlinks or special
+    files: only the name can leave it)."""
+    if not isinstance(d, Path):
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or ".." in rel.split("/"):
+            raise UnconfinedPathError(f"{where}: {entry} {rel!r} leaves {d}", hint="rebuild it with 'warp etl'",
+                                      path=where, entry=str(rel))
+        return d / rel
+    return confined(d, rel, where, entry=entry, hint="the manifest is damaged or hostile; rebuild it with 'warp etl'")
 
 
 def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, Any]:
@@ -371,7 +376,8 @@ def _side_row(base: Lineage, d: Path | _Remote, table: Any, index_column: str, c
 
 def _why_warehouse(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
     files = doc.get("files", {})
-    samples = d / files.get("samples", "samples.parquet")
+    where = str(d / MANIFEST_NAME)
+    samples = _member(d, files.get("samples", "samples.parquet"), where, "files.samples")
     i = _as_index(sample)
     base = Lineage(str(d), TENSOR_WAREHOUSE, i, None)
     row, answer = _side_row(base, d, samples, "sample", doc["num_samples"], sample,
@@ -382,7 +388,8 @@ def _why_warehouse(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Linea
         raise DataError(f"{samples}: no row for sample {i} although the manifest holds {doc['num_samples']}",
                         hint=wmanifest.REBUILD_HINT, path=str(samples))
     _checked_shard(doc, _shard_of(doc, "first_sample", row["sample"], str(d)), d, "relative_path")
-    src = _parquet_row(d / files.get("sources", "sources.parquet"), "key", row["key"]) or {}
+    src = _parquet_row(_member(d, files.get("sources", "sources.parquet"), where, "files.sources"), "key",
+                       row["key"]) or {}
     return _warehouse_lineage(base, doc, row, src)
 
 
@@ -668,8 +675,6 @@ def _refs(st, m, tname: str, values: dict[str, Any]) -> list[dict[str, Any]]:
 def _published_producer(st, m, tname: str, kind: str) -> tuple[dict[str, Any], Any] | None:
     """For a table published ``--from`` an artifact of ``kind``: that artifact's ``manifest.json``
     (one ranged read of the member, its seal checked) and the artifact's member index."""
-    import json
-
     for p in m.metadata.get("sources") or []:
         if not isinstance(p, dict) or p.get("kind") != kind or tname not in (p.get("tables") or []):
             continue
@@ -685,7 +690,7 @@ def _published_producer(st, m, tname: str, kind: str) -> tuple[dict[str, Any], A
             return wmanifest.parse(st.read_range(blob, off, ln), where), idx
 
         try:
-            doc = json.loads(st.read_range(blob, off, ln))
+            doc = load_json(st.read_range(blob, off, ln), where)
         except (UnicodeDecodeError, ValueError) as e:
             raise DataError(f"{where}: not valid JSON: {e}", hint="republish the dataset", path=where) from None
         return fmanifest.check(doc, where), idx

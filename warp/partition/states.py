@@ -21,13 +21,14 @@ and a :class:`~warpdata.partition.world.ResumeMismatchError`) naming the field.
 
 from __future__ import annotations
 
-import json
 import numbers
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from warpdata.core import jsondoc
 from warpdata.core.errors import DataError
+from warpdata.core.jsondoc import nesting  # noqa: F401 (re-exported: warp doctor --states)
 from warpdata.partition.keys import P
 from warpdata.partition.split import MODES
 from warpdata.partition.world import ResumeMismatchError
@@ -65,36 +66,14 @@ def bad(where: str, field: str, value: Any, want: str) -> ResumeStateError:
 
 def load_json(text: str | bytes, where: str = "resume state") -> Any:
     """A JSON document of states, its size bounded before it is parsed and its nesting after
-    (the parser's own recursion limit is a typed error too, never a RecursionError)."""
-    raw = text.encode() if isinstance(text, str) else bytes(text)
-    if len(raw) > MAX_STATE_BYTES:
-        raise ResumeStateError(f"{where}: {len(raw):,} bytes, more than a document of resume states may be "
-                               f"({MAX_STATE_BYTES:,})", hint=HINT, field="size")
+    (the parser's own recursion limit is a typed error too, never a RecursionError):
+    :func:`warpdata.core.jsondoc.load_json` with the bounds of states."""
     try:
-        doc = json.loads(raw)
-    except RecursionError:
-        doc, depth = None, MAX_DEPTH + 1
-    except ValueError as e:
-        raise ResumeStateError(f"{where}: not JSON ({str(e)[:80]})", hint=HINT, field="json") from None
-    else:
-        depth = nesting(doc)
-    if depth > MAX_DEPTH:
-        raise ResumeStateError(f"{where}: JSON nested more than {MAX_DEPTH} deep, deeper than a document of "
-                               "resume states", hint=HINT, field="nesting")
-    return doc
-
-
-def nesting(doc: Any, limit: int = MAX_DEPTH) -> int:
-    """The nesting depth of a parsed JSON document (lists and objects), walked without recursion and
-    stopped past ``limit``."""
-    deepest, level = 0, [doc]
-    while deepest <= limit:
-        containers = [x for x in level if isinstance(x, (Mapping, list, tuple))]
-        if not containers:
-            break
-        deepest += 1
-        level = [y for x in containers for y in (x.values() if isinstance(x, Mapping) else x)]
-    return deepest
+        return jsondoc.load_json(text, where, max_bytes=MAX_STATE_BYTES, max_depth=MAX_DEPTH, hint=HINT)
+    except jsondoc.JSONDocumentError as e:
+        field = str(e.details.get("field", "json"))
+        msg = e.message.replace("such a document", "a document of resume states")
+        raise ResumeStateError(msg, hint=HINT, field=field) from None
 
 
 def as_int(where: str, field: str, value: Any, lo: int = 0, hi: int = MAX_INT) -> int:

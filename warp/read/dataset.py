@@ -47,7 +47,6 @@ Contract
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -64,6 +63,7 @@ from warpdata.core.errors import (
     StoreUnavailableError,
     UsageError,
 )
+from warpdata.core.jsondoc import MAX_POINTER_BYTES, load_json
 from warpdata.core.sizes import parse_size
 from warpdata.core.verify import verify_level
 from warpdata.read.base import MODES, DatasetBase
@@ -398,7 +398,7 @@ def _reopen(name: str, mode: str, version: str, store: str, verify: str) -> Data
 
 def _parse_latest(raw: bytes, dataset_id: str, src: str) -> str:
     try:
-        doc = json.loads(raw)
+        doc = load_json(raw, src, max_bytes=MAX_POINTER_BYTES)
         vh = doc["version_hash"]
         if doc.get("dataset_id") != dataset_id:
             raise ValueError("dataset_id")

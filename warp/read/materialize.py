@@ -51,6 +51,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME
 from warpdata.read.dataset import Dataset
 from warpdata.registry.manifest import DATASET_ID_RE
@@ -207,7 +208,7 @@ def materialize(target: str, kind: str, files: Callable[[dict[str, Any]], list[s
         members = {MANIFEST_NAME: locate(MANIFEST_NAME, verify=True)}
         raw = members[MANIFEST_NAME].read()
         try:
-            doc = json.loads(raw)
+            doc = load_json(raw, f"manifest.json of artifact {aname} in {ds.id}", hint="republish the artifact")
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise DataError(f"manifest.json of artifact {aname} in {ds.id}: not valid JSON: {e}",
                             hint="republish the artifact") from None

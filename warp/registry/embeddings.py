@@ -80,6 +80,7 @@ from warpdata.core.errors import (
     MissingInputError,
     UsageError,
 )
+from warpdata.core.jsondoc import load_json
 
 # lazy third-party imports: numpy, PIL and faiss (heavy; faiss optional) are imported inside the
 # functions that use them, so importing this module loads none of them
@@ -383,7 +384,7 @@ class EmbeddingIndex:
         art = f"emb_{self.name}_ann"
         got = _artifact_members(self.ds, art, ["ann.json", "index.faiss"])
         try:
-            doc = json.loads(got["ann.json"])
+            doc = load_json(got["ann.json"], f"{self.ds.id}: {art}/ann.json")
         except ValueError as e:
             raise DataError(f"{self.ds.id}: {art}/ann.json is not JSON: {e}", hint="re-run 'warp embeddings add'") \
                 from None

@@ -40,6 +40,7 @@ from typing import Any
 
 from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.jsondoc import load_json
 from warpdata.registry.manifest import NAME_RE
 from warpdata.registry.tarpack import list_members
 
@@ -138,7 +139,7 @@ def describe_source(path: str | os.PathLike, *, follow_symlinks: bool = False) -
         return FromSource("tbl", str(p.parent), [p.name], {"kind": "tbl", "file_size": p.stat().st_size})
     if head.lstrip().startswith(b"{"):
         try:
-            doc = json.loads(p.read_bytes())
+            doc = load_json(p.read_bytes(), str(p))
         except (UnicodeDecodeError, json.JSONDecodeError):
             doc = None
         if isinstance(doc, dict) and "kind" in doc:

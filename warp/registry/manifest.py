@@ -93,6 +93,7 @@ from warpdata.core.errors import (
     LocalPathError,
     ManifestCorruptedError,
 )
+from warpdata.core.jsondoc import load_json
 from warpdata.registry.schemacheck import SchemaChecker
 
 # lazy third-party imports: pyarrow (heavy) is imported by decode_arrow_schema alone: reading a
@@ -717,7 +718,8 @@ class Manifest:
     @classmethod
     def from_bytes(cls, data: bytes, *, source: str = "manifest", expected_hash: str | None = None) -> Manifest:
         try:
-            doc = json.loads(data)
+            doc = load_json(data, source, hint="the manifest is corrupt or truncated; try 'warp cache gc' and retry",
+                            error=ManifestCorruptedError)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ManifestCorruptedError(f"{source}: not valid JSON: {e}",
                                          hint="the manifest is corrupt or truncated; try 'warp cache gc' and retry") from None

@@ -59,6 +59,7 @@ from warpdata.core import envvars
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import sha256_file
 from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.jsondoc import load_json
 from warpdata.features.remote import is_url, stage_version
 from warpdata.lineage.card import CARD_MAX_BYTES, merge
 from warpdata.registry import from_artifacts, signing
@@ -264,7 +265,7 @@ class _StatCache:
         if not self.enabled:
             return None
         try:
-            doc = json.loads((self.root / key[:2] / key).read_bytes())
+            doc = load_json((self.root / key[:2] / key).read_bytes(), key)
         except (OSError, ValueError):
             return None
         self.hits += 1

@@ -34,7 +34,6 @@ the field ``utime`` cannot set back: an in-place edit that restores the mtime (`
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from typing import Any
 from warpdata.core import envvars
 from warpdata.core.canonical import canonical_json, sha256_hex
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.jsondoc import load_json
 from warpdata.registry.manifest import validate_dataset_id
 
 __all__ = ["RegisteredFileChangedError", "content_hash", "load", "registered_ids", "registry_path", "stamp_now",
@@ -95,7 +95,7 @@ def load(dataset_id: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     try:
-        doc = json.loads(raw)
+        doc = load_json(raw, str(p))
         if doc.get("kind") != KIND or doc.get("format") != FORMAT or doc.get("dataset_id") != dataset_id:
             raise ValueError("not a registration of this dataset")
         if content_hash(doc) != doc["version_hash"]:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 import uuid
@@ -68,6 +67,7 @@ from warpdata.core.errors import (
     ManifestCorruptedError,
     UsageError,
 )
+from warpdata.core.jsondoc import MAX_POINTER_BYTES, load_json
 from warpdata.registry.manifest import (
     HASH_RE,
     Manifest,
@@ -414,7 +414,7 @@ class Store:
             return None
         data, token = got
         try:
-            doc = json.loads(data)
+            doc = load_json(data, self.url_of(key), max_bytes=MAX_POINTER_BYTES)
             vh = doc["version_hash"]
             if doc.get("kind") != LATEST_KIND or doc.get("dataset_id") != dataset_id or not HASH_RE.match(vh):
                 raise ValueError("fields")

@@ -46,6 +46,7 @@ from pathlib import Path
 from warpdata.core.atomic import TMP_PREFIX
 from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import DataError, ManifestCorruptedError, MissingInputError
+from warpdata.core.jsondoc import load_json
 from warpdata.registry.manifest import HASH_RE, INDEX_FORMAT
 
 __all__ = ["ArtifactIndex", "MemberScan", "PackResult", "PackedShard", "list_members", "member_name", "nfc_members",
@@ -296,10 +297,8 @@ class ArtifactIndex:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "index") -> ArtifactIndex:
-        import json
-
         try:
-            doc = json.loads(data)
+            doc = load_json(data, source)
             if doc.get("format") != INDEX_FORMAT:
                 raise ValueError(f"format is {doc.get('format')!r}, expected {INDEX_FORMAT!r}")
             shards = tuple(doc["shards"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
-import json
 import math
 import os
 import posixpath
@@ -36,6 +35,7 @@ from warpdata.core.errors import (
     MissingInputError,
     UsageError,
 )
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME
 from warpdata.etl.driver import DriveReport, Plug, split_receipted
 from warpdata.etl.executors import open_runner
@@ -222,7 +222,7 @@ class Build:
             elif not fs.exists(marker):
                 mpath = f"{self.loc.path.rstrip('/')}/{MANIFEST_NAME}"
                 try:
-                    done = up_to_date.matches(json.loads(fs.cat_file(mpath)))
+                    done = up_to_date.matches(load_json(fs.cat_file(mpath), mpath))
                 except (FileNotFoundError, ValueError):
                     done = None
                 if done is None:
@@ -233,7 +233,7 @@ class Build:
                 mpath = f"{self.loc.path.rstrip('/')}/{MANIFEST_NAME}"
                 if fs.exists(mpath):  # the killed run wrote the manifest, not yet dropped its journal
                     try:
-                        doc = json.loads(fs.cat_file(mpath))
+                        doc = load_json(fs.cat_file(mpath), mpath)
                     except ValueError:
                         doc = {}
                     if doc.get("recipe_key") != self.recipe_key:

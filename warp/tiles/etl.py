@@ -31,7 +31,6 @@ to it (docs/formats/receipts.md, "Tiled arrays"). Standard input has no journal.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import sys
@@ -45,6 +44,7 @@ from warpdata.core import progress as _progress
 from warpdata.core.canonical import identity
 from warpdata.core.config import Field, validate
 from warpdata.core.errors import ConfigError, DataError, MissingInputError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.etl import buildconfig
 from warpdata.etl.executors import require, resolve_executor
@@ -338,7 +338,7 @@ class _UpToDate:
         if self.loc.protocol != "file" or self.clear or self.inp.path == "-" or self.inp.url:
             return None
         try:
-            old = json.loads(Path(self.loc.path, MANIFEST_NAME).read_bytes())
+            old = load_json(Path(self.loc.path, MANIFEST_NAME).read_bytes(), MANIFEST_NAME)
         except (OSError, ValueError):
             return None
         return self.matches(old)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import math
 import os
 
 from warpdata.artifacts.inspect import Report
 from warpdata.artifacts.kinds import validate
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
 from warpdata.formats import crc as crc32c
 from warpdata.formats import zarr_v3
@@ -33,7 +33,7 @@ from warpdata.tiles.ome import describe_group
 def _read_json(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read())
+            data = load_json(f.read(), path)
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

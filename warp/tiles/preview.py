@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
 from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.artifacts.preview import BACKGROUND, CAPTION_H, PAD, Preview, draw_caption, stretch
 from warpdata.core.errors import DataError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import ZARR_ARRAY
 from warpdata.tiles.inspect import _levels
 
@@ -25,7 +25,7 @@ def preview(path: str, n: int = 16, max_side: int = 384) -> Preview:
     mp = os.path.join(path, MANIFEST_NAME)
     if os.path.isfile(mp):
         with open(mp, "rb") as f:
-            manifest = json.loads(f.read())
+            manifest = load_json(f.read(), mp)
     paths, _group = _levels(path, manifest)
     slices = []
     for p in paths:

@@ -12,11 +12,11 @@ samples (key, boxes, classes, frame id).
 
 from __future__ import annotations
 
-import json
 import os
 
 from warpdata.artifacts.inspect import Report
 from warpdata.core.errors import DataError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import TENSOR_WAREHOUSE
 from warpdata.formats import twh1
 from warpdata.warehouse import manifest as wmanifest
@@ -30,7 +30,7 @@ def sniff(target: str, head: bytes | None, is_dir: bool) -> bool:
         return False
     try:
         with open(path, "rb") as f:
-            doc = json.loads(f.read())
+            doc = load_json(f.read(), path)
     except (OSError, ValueError):
         return False
     return isinstance(doc, dict) and doc.get("kind") == wmanifest.KIND

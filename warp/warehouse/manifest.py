@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from warpdata.core.canonical import CONTENT_HASH_FIELD, content_hash
+from warpdata.core.confined import confined
 from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME, TENSOR_WAREHOUSE
 
 KIND = TENSOR_WAREHOUSE
@@ -65,20 +67,19 @@ def check_seal(doc: dict[str, Any], where: str, hint: str = REBUILD_HINT) -> Non
 
 
 def check_confined(doc: dict[str, Any], root: Path, where: str) -> None:
-    """Every shard path must resolve (symlinks followed) inside ``root``."""
-    base = root.resolve()
+    """Every shard path and side file the manifest names must be a regular file (or missing) inside
+    ``root``, symlinks followed (:func:`warpdata.core.confined.confined`)."""
+    hint = "the manifest is damaged or hostile; " + REBUILD_HINT
     for sh in doc["shards"]:
-        rel = sh["relative_path"]
-        p = (base / rel).resolve()
-        if os.path.isabs(rel) or ".." in Path(rel).parts or not p.is_relative_to(base):
-            raise DataError(f"{where}: shard path {rel!r} resolves outside the warehouse root {root}",
-                            hint="the manifest is damaged or hostile; " + REBUILD_HINT, path=where, shard=rel)
+        confined(root, sh["relative_path"], where, entry=f"shard {sh.get('id')!s} relative_path", hint=hint)
+    for key, name in (doc.get("files") or {}).items():
+        confined(root, name, where, entry=f"files.{key}", hint=hint)
 
 
 def parse(raw: bytes, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
     """Decode, kind-check, schema-validate and seal-check manifest bytes."""
     try:
-        doc = json.loads(raw)
+        doc = load_json(raw, where, hint=hint, error=DataError)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(f"{where}: not valid JSON: {e}", hint=hint, path=where) from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:

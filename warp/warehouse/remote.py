@@ -23,7 +23,6 @@ contract; in short:
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ from warpdata.core.errors import (
     InfrastructureError,
     MissingInputError,
 )
+from warpdata.core.jsondoc import load_json
 from warpdata.etl.objectstore import _is_infra, credentials_error
 from warpdata.etl.spool import claim, sweep
 from warpdata.storage.base import open_object_store
@@ -211,7 +211,7 @@ def facts_path(url: str) -> Path:
 def load_facts(url: str) -> dict[str, dict[str, Any]]:
     """``{key: fact}`` recorded by earlier runs over ``url`` (empty when none or unreadable)."""
     try:
-        doc = json.loads(facts_path(url).read_bytes())
+        doc = load_json(facts_path(url).read_bytes(), str(facts_path(url)))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or doc.get("facts_version") != FACTS_VERSION or doc.get("url") != url.rstrip("/"):

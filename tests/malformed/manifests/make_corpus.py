@@ -69,7 +69,7 @@ def main() -> None:
     w("warehouse/unsealed_v1.json", d, "DataError")
     d = copy.deepcopy(wh)
     d["shards"][0]["relative_path"] = "../../outside/x.twh1"
-    w("warehouse/path_escape.json", d, "DataError", sealed=True)
+    w("warehouse/path_escape.json", d, "UnconfinedPathError", sealed=True)
     d = copy.deepcopy(wh)
     d["shards"][0]["relative_path"] = 7
     w("warehouse/path_not_a_string.json", d, "DataError", sealed=True)
