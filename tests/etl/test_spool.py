@@ -73,6 +73,7 @@ def test_spools_go_on_failure_ctrl_c_and_after_a_kill(dataset, tmp_path, s3):
     left = _runs(cache)
     if not left:
         pytest.skip("the run finished before it could be killed")
+    _wait_unlocked(left)  # the killed run's children (which share its lock) are gone too
     r = subprocess.run([sys.executable, "-m", "warpdata", "etl", "--config", str(cfg), "--json", *args],
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
@@ -114,3 +115,29 @@ def test_an_up_to_date_rerun_of_an_s3_source_reads_no_image_and_a_changed_one_is
     changed = run()
     assert changed["version"] != first["version"]
     assert any(q["key"] == f"src/images/{name}" for q in s3.requests("GET", "src/images/"))
+
+
+def _wait_unlocked(runs, timeout: float = 60.0) -> None:
+    """Wait until no process holds the lock of any of ``runs`` (a killed run's forked children share
+    its ``flock`` and die a moment after it): the next run may then take them for dead, as it should."""
+    import fcntl
+
+    from warpdata.etl.spool import OWNER
+
+    deadline = time.monotonic() + timeout
+    for run in runs:
+        try:
+            fd = os.open(run / OWNER, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, f"{run}: still locked {timeout:.0f}s after its run was killed"
+                    time.sleep(0.05)
+        finally:
+            os.close(fd)
