@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from warpdata.core.atomic import atomic_write_bytes
+from warpdata.core.errors import WarpError
 from warpdata.storage.blobcache import BlobCache, normalize_hash
 
 __all__ = ["PieceCache"]
@@ -61,7 +62,7 @@ class PieceCache:
             self.cache.put_bytes(h, data)
             index.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(index, h.encode())
-        except Exception:  # caching is an optimisation: the reader has its bytes already
+        except (OSError, WarpError):  # a full disk or cache, a lock: the reader has its bytes already
             with contextlib.suppress(OSError):
                 index.unlink()
 
