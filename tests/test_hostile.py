@@ -57,8 +57,10 @@ def run_capped(*args: str, cwd: Path, env: dict | None = None, limit: int = AS_L
     p = subprocess.run([sys.executable, "-c", _LAUNCHER, str(limit), *map(str, args)], cwd=cwd, env=full_env,
                        capture_output=True, text=True, timeout=timeout)
     err, _, tail = p.stderr.rpartition("PEAK_RSS_KIB=")
-    peak = int(tail.strip()) if tail.strip().isdigit() else -1
-    return Capped(p.returncode, p.stdout, err if peak >= 0 else p.stderr, peak)
+    # the number may be followed by what a library prints at exit (DuckDB's leak warning): keep it
+    number, _, after = tail.strip().partition("\n")
+    peak = int(number) if number.strip().isdigit() else -1
+    return Capped(p.returncode, p.stdout, err + after if peak >= 0 else p.stderr, peak)
 
 
 def _jpeg(seed: int) -> bytes:
