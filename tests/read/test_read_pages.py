@@ -196,3 +196,18 @@ def test_a_stream_of_whole_and_partial_row_groups_has_one_schema(s3, tmp_path, m
         assert pa.Table.from_batches(batches).schema.equals(t.schema, check_metadata=False)
         seen += [i for b in batches for i in b.column("id").to_pylist()]
     assert sorted(seen) == list(range(10_000))
+
+
+def test_a_damaged_parquet_input_is_a_data_error_naming_it(cli, tmp_path, monkeypatch):
+    """The page rewrite reads every row group: a file whose column chunk does not decode is refused
+    (exit 65, naming it), nothing published."""
+    f = tmp_path / "bad.parquet"
+    pq.write_table(_rows(2000, 0), f)
+    data = bytearray(f.read_bytes())
+    data[4:40] = b"\xff" * 36  # the first page's header
+    f.write_bytes(bytes(data))
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    r = cli("publish", "ws/bad", "--table", f"main={f}", "--store", str(tmp_path / "store"))
+    assert r.code == 65, r.err
+    assert f"{f}: not a readable Parquet file" in r.err and "--keep-layout" in r.err
+    assert not (tmp_path / "store" / "datasets").exists()

@@ -516,7 +516,7 @@ def _parquet_rows(files: list[str]) -> int:
         if TABLE_SUFFIXES.get(Path(f).suffix.lower()) == "parquet":
             try:
                 total += pq.read_metadata(f).num_rows
-            except Exception:
+            except (OSError, ValueError):  # unreadable or not Parquet: its own check names it
                 return 0
     return total
 
@@ -558,7 +558,9 @@ def _has_page_index(path: str) -> bool:
 
     try:
         md = pq.read_metadata(path)
-    except Exception as e:
+    except (OSError, ValueError) as e:  # pyarrow: ArrowInvalid is a ValueError, a bad footer an OSError
+        if isinstance(e, OSError) and e.errno:  # the operating system's error: the CLI names it
+            raise
         raise DataError(f"{path}: not a readable Parquet file: {e}",
                         hint="check the file; CSV/JSONL inputs need a .csv/.jsonl suffix") from None
     return all(md.row_group(g).column(c).has_offset_index
@@ -568,27 +570,34 @@ def _has_page_index(path: str) -> bool:
 def _page_parquet(src: str, out: Path, page_rows: int = PAGE_ROWS) -> None:
     """``src`` rewritten with a page index and pages of ``page_rows`` rows, row group by row group
     (at most :data:`GROUP_ROWS_MAX` rows each), the same schema, metadata and compression codec:
-    the same rows in the same order, deterministic bytes."""
+    the same rows in the same order, deterministic bytes. A file that does not read is a
+    DataError naming it; an error writing the copy is the operating system's."""
     import pyarrow.parquet as pq
 
-    try:
-        pf = pq.ParquetFile(src)
-        md = pf.metadata
-        codec = md.row_group(0).column(0).compression.lower() if md.num_row_groups and md.num_columns else "zstd"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        first = pf.read_row_group(0) if md.num_row_groups else pf.schema_arrow.empty_table()
-        with pq.ParquetWriter(tmp, pf.schema_arrow, compression="none" if codec == "uncompressed" else codec,
-                              **_parquet_write_options(first, page_rows)) as w:
-            for g in range(md.num_row_groups):
-                t = first if g == 0 else pf.read_row_group(g)
-                for at in range(0, t.num_rows, GROUP_ROWS_MAX):
-                    w.write_table(t.slice(at, GROUP_ROWS_MAX), row_group_size=GROUP_ROWS_MAX)
-    except OSError:
-        raise
-    except Exception as e:
-        raise DataError(f"{src}: not a readable Parquet file: {e}",
-                        hint="check the file, or publish it as it is with --keep-layout") from None
+    def unreadable(e: Exception) -> DataError:
+        return DataError(f"{src}: not a readable Parquet file: {e}",
+                         hint="check the file, or publish it as it is with --keep-layout")
+
+    def read(fn):
+        try:
+            return fn()
+        except (OSError, ValueError, TypeError, NotImplementedError) as e:  # pyarrow's errors
+            if isinstance(e, OSError) and e.errno:  # the operating system's: the CLI names the path
+                raise
+            raise unreadable(e) from None
+
+    pf = read(lambda: pq.ParquetFile(src))
+    md = pf.metadata
+    codec = md.row_group(0).column(0).compression.lower() if md.num_row_groups and md.num_columns else "zstd"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    first = read(lambda: pf.read_row_group(0)) if md.num_row_groups else pf.schema_arrow.empty_table()
+    with pq.ParquetWriter(tmp, pf.schema_arrow, compression="none" if codec == "uncompressed" else codec,
+                          **_parquet_write_options(first, page_rows)) as w:
+        for g in range(md.num_row_groups):
+            t = first if g == 0 else read(lambda g=g: pf.read_row_group(g))
+            for at in range(0, t.num_rows, GROUP_ROWS_MAX):
+                w.write_table(t.slice(at, GROUP_ROWS_MAX), row_group_size=GROUP_ROWS_MAX)
     os.replace(tmp, out)
 
 
