@@ -572,6 +572,7 @@ def _page_parquet(src: str, out: Path, page_rows: int = PAGE_ROWS) -> None:
     (at most :data:`GROUP_ROWS_MAX` rows each), the same schema, metadata and compression codec:
     the same rows in the same order, deterministic bytes. A file that does not read is a
     DataError naming it; an error writing the copy is the operating system's."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     def unreadable(e: Exception) -> DataError:
@@ -581,7 +582,7 @@ def _page_parquet(src: str, out: Path, page_rows: int = PAGE_ROWS) -> None:
     def read(fn):
         try:
             return fn()
-        except (OSError, ValueError, TypeError, NotImplementedError) as e:  # pyarrow's errors
+        except (OSError, ValueError, TypeError, pa.ArrowException) as e:  # pyarrow's errors
             if isinstance(e, OSError) and e.errno:  # the operating system's: the CLI names the path
                 raise
             raise unreadable(e) from None
