@@ -162,7 +162,7 @@ def lz4_block(payload: Any, expected: int, *, where: str, source: str = "the con
                          expected=expected, stored=n, **details)
     try:
         out = lz4.block.decompress(payload, uncompressed_size=expected)
-    except Exception as e:  # lz4.block raises LZ4BlockError (a RuntimeError) or ValueError
+    except (lz4.block.LZ4BlockError, ValueError) as e:  # a corrupt block, or a size it refuses
         raise error(f"{where}: lz4 decompression failed ({e})", hint=hint, **details) from None
     if len(out) != expected:
         raise size_error(f"{where}: the LZ4 block decodes to {len(out):,} bytes, {source} {expected:,}", hint=hint, expected=expected, got=len(out), **details)

@@ -165,10 +165,14 @@ class Signer:
 def _verifies(ed25519, raw: bytes | None, sig: bytes | None, msg: bytes) -> bool:
     if raw is None or sig is None or len(raw) != 32 or len(sig) != 64:
         return False
+    from cryptography.exceptions import (
+        InvalidSignature,  # lazy: cryptography is optional (the sign extra)
+    )
+
     try:
         ed25519.Ed25519PublicKey.from_public_bytes(raw).verify(sig, msg)
         return True
-    except Exception:  # cryptography's InvalidSignature: nothing else is raised for 32 + 64 bytes
+    except (InvalidSignature, ValueError):  # a bad signature, or 32 bytes that are no public key
         return False
 
 
