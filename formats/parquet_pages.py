@@ -32,8 +32,8 @@ from typing import Any
 
 from warpdata.core.errors import DataError
 
-__all__ = ["ChunkPages", "ParquetPagesError", "Page", "decode_struct", "encode_struct", "footer_of",
-           "offset_index", "pages_for_rows", "slice_file"]
+__all__ = ["ChunkPages", "ParquetPagesError", "Page", "chunk_pages", "decode_struct", "encode_struct",
+           "footer_of", "leaf_count", "offset_index", "pages_for_rows", "row_group_count", "slice_file"]
 
 MAX_DEPTH = 64  # Thrift struct/list nesting; Parquet's footer nests about 8 deep
 MAX_ITEMS = 1 << 24  # elements of one list, bytes of one binary field
@@ -288,24 +288,51 @@ def offset_index(fmd: dict, group: int, leaf: int) -> tuple[int, int] | None:
     return (off, n) if off is not None and n else None
 
 
+def row_group_count(fmd: dict) -> int:
+    """Row groups of a decoded footer."""
+    return len(_get(fmd, FMD_ROW_GROUPS, (0, []))[1])
+
+
+def leaf_count(fmd: dict, group: int) -> int:
+    """Leaf column chunks of row group ``group`` of a decoded footer."""
+    return len(_get(_get(fmd, FMD_ROW_GROUPS, (0, []))[1][group], RG_COLUMNS, (0, []))[1])
+
+
 def pages_for_rows(fmd: dict, group: int, leaf: int, oi: bytes) -> ChunkPages:
     """The :class:`ChunkPages` of a column chunk from its offset index bytes ``oi``."""
-    rg = _get(fmd, FMD_ROW_GROUPS)[1][group]
-    rows = _get(rg, RG_NUM_ROWS, 0)
-    cc = _get(rg, RG_COLUMNS)[1][leaf]
-    meta = _get(cc, CC_META) or {}
+    rows = _get(_get(fmd, FMD_ROW_GROUPS)[1][group], RG_NUM_ROWS, 0)
     index, end = decode_struct(oi, items=max(1, rows))  # a page holds at least one row
     if end != len(oi):
         raise ParquetPagesError(f"offset index of row group {group} column {leaf} has {len(oi) - end} extra bytes")
-    locs = _get(index, 1, (0, []))[1]
-    pages = []
-    for loc in locs:
+    locs = []
+    for loc in _get(index, 1, (0, []))[1]:
         off, size, first = _get(loc, 1), _get(loc, 2), _get(loc, 3)
-        if not (isinstance(off, int) and isinstance(size, int) and isinstance(first, int)) or off < 4 or size <= 0:
+        if not (isinstance(off, int) and isinstance(size, int) and isinstance(first, int)):
             raise ParquetPagesError(f"offset index of row group {group} column {leaf} has a bad page location")
-        if pages and (first < pages[-1].first_row or off < pages[-1].offset + pages[-1].size):
+        locs.append(Page(off, size, first))
+    return chunk_pages(fmd, group, leaf, locs)
+
+
+def chunk_pages(fmd: dict, group: int, leaf: int, locs) -> ChunkPages:
+    """The :class:`ChunkPages` of a column chunk from its page locations (an offset index's, or a
+    manifest's page index: :mod:`warpdata.formats.parquet_index`), checked: in order, not
+    overlapping, covering the row group's rows."""
+    rgs = _get(fmd, FMD_ROW_GROUPS, (0, []))[1]
+    if not 0 <= group < len(rgs):
+        raise ParquetPagesError(f"row group {group} is not in the footer ({len(rgs)} row groups)")
+    rg = rgs[group]
+    rows = _get(rg, RG_NUM_ROWS, 0)
+    cols = _get(rg, RG_COLUMNS, (0, []))[1]
+    if not 0 <= leaf < len(cols):
+        raise ParquetPagesError(f"column {leaf} is not in row group {group}")
+    meta = _get(cols[leaf], CC_META) or {}
+    pages: list[Page] = []
+    for p in locs:
+        if p.offset < 4 or p.size <= 0:
+            raise ParquetPagesError(f"offset index of row group {group} column {leaf} has a bad page location")
+        if pages and (p.first_row < pages[-1].first_row or p.offset < pages[-1].offset + pages[-1].size):
             raise ParquetPagesError(f"offset index of row group {group} column {leaf} is out of order")
-        pages.append(Page(off, size, first))
+        pages.append(p)
     if not pages or pages[0].first_row != 0 or pages[-1].first_row >= max(rows, 1):
         raise ParquetPagesError(f"offset index of row group {group} column {leaf} does not cover its {rows} rows")
     data_off = _get(meta, CM_DATA_PAGE_OFFSET)

@@ -211,3 +211,34 @@ def test_a_damaged_parquet_input_is_a_data_error_naming_it(cli, tmp_path, monkey
     assert r.code == 65, r.err
     assert f"{f}: not a readable Parquet file" in r.err and "--keep-layout" in r.err
     assert not (tmp_path / "store" / "datasets").exists()
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_the_first_batch_needs_the_manifest_and_then_only_pages(s3, paged, pinned):
+    """≤ 2 requests before a rank's first data request (the pointer, then the manifest, which
+    carries each shard's footer and page locations: docs/formats/registry.md, "Page index in the
+    manifest"), 1 when the version is pinned; no footer or offset index is read from a shard."""
+    from warpdata.formats import parquet_index
+    from warpdata.formats.parquet_pages import footer_of, offset_index
+
+    version = paged.version_hash if pinned else None
+    t = warpdata.dataset("ws/paged", version=version, mode="remote").table("main")
+    next(iter(t.batches(2048, rank=3, world_size=8)))
+    log = [r for r in s3.requests() if r["method"] in ("GET", "HEAD")]
+    first_blob = next(k for k, r in enumerate(log) if r["key"].startswith("warp/blobs/"))
+    assert len(log[:first_blob]) == (1 if pinned else 2), [r["key"] for r in log[:first_blob]]
+    assert all(r["method"] == "GET" for r in log[:first_blob])
+    metadata = set()  # footer and offset-index byte ranges of every shard
+    for s in t.shards:
+        fmd = footer_of(parquet_index.decode(s.stats["page_index"]).footer)
+        metadata.add((s.hash.removeprefix("sha256:"), s.byte_size - s.stats["footer_size"], s.byte_size))
+        for g in range(len(s.stats["row_groups"])):
+            for leaf in range(4):
+                off, n = offset_index(fmd, g, leaf)
+                metadata.add((s.hash.removeprefix("sha256:"), off, off + n))
+    blob_gets = [r for r in log[first_blob:] if r["key"].startswith("warp/blobs/")]
+    assert blob_gets and all(r["range"] for r in blob_gets)
+    for r in blob_gets:
+        a, _, b = r["range"][6:].partition("-")
+        for h, lo, hi in metadata:
+            assert not (r["key"].endswith(h) and int(a) < hi and int(b) + 1 > lo), (r, lo, hi)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from warpdata.core import envvars
 from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.errors import BlobCorruptedError, DataError, ManifestCorruptedError, UsageError
+from warpdata.formats import parquet_index
 from warpdata.formats import parquet_pages as pp
 from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.world import parse_shard, resolve_world, worker_info
@@ -71,6 +72,7 @@ class _ShardFiles:
         self._queued = 0  # bytes handed to it, not written yet
         self._footers: dict[int, bytes] = {}  # the footer bytes of remotely opened shards (page reads)
         self._paged: dict[int, Any] = {}  # shard -> (decoded footer, leaf columns by top-level name)
+        self._index: dict[int, Any] = {}  # shard -> its PageIndex from the manifest (formats/parquet_index.py)
         self.wait_for: Callable[[int], None] = lambda unit: None  # the prefetcher finishing a shard it fetches
 
     def get(self, i: int):
@@ -95,7 +97,13 @@ class _ShardFiles:
         self.wait_for(i)  # a shard the prefetcher is downloading is read from the cache, never twice
         local = self.ds.cached_path(s)
         src = __import__("pyarrow").memory_map(local, "r") if local else self.ds.open_blob(s)
-        footer = None if local else _read_footer(self.ds, s, src, self.ds.cache)
+        index = None if local else page_index_of(self.ds, s)
+        if local:
+            footer = None
+        elif index is not None:  # the manifest carries it: no request
+            footer = (_parse_recorded_footer(self.ds, s, index.footer), index.footer)
+        else:
+            footer = _read_footer(self.ds, s, src, self.ds.cache)
         md = footer[0] if footer else None
         try:
             # remote: no pre_buffer, read_groups() prefetches the column chunks a read needs as
@@ -111,6 +119,8 @@ class _ShardFiles:
             self._src[i] = None if local else src
             if footer:
                 self._footers[i] = footer[1]
+            if index is not None:
+                self._index[i] = index
         return pf
 
     def read_groups(self, i: int, groups: Sequence[int], columns: Sequence[str] | None, whole: bool = False):
@@ -250,21 +260,9 @@ class _ShardFiles:
         turn = pieces.cache.lock(f"pieces {self.shards[i].hash} {g}") if pieces else contextlib.nullcontext()
         try:
             with turn:
-                ois = [pp.offset_index(fmd, g, leaf) for leaf in leaves]
-                if any(r is None for r in ois):
+                chunks = self._chunk_pages(i, g, fmd, leaves, pieces, fetch)
+                if chunks is None:
                     return None
-                oi_of: dict[int, bytes] = {}
-                for leaf, r in zip(leaves, ois, strict=True):
-                    got = pieces.named(g, leaf, "oi") if pieces else None
-                    if got is not None and len(got) == r[1]:
-                        oi_of[leaf] = got
-                need = [(leaf, r) for leaf, r in zip(leaves, ois, strict=True) if leaf not in oi_of]
-                got_oi = fetch([r for _, r in need])
-                for leaf, r in need:
-                    oi_of[leaf] = got_oi[r]
-                    if pieces:
-                        pieces.keep_named(g, leaf, "oi", got_oi[r])
-                chunks = {leaf: pp.pages_for_rows(fmd, g, leaf, oi_of[leaf]) for leaf in leaves}
                 spans = {leaf: cp.covering(lo, hi) for leaf, cp in chunks.items()}
                 groups: dict[tuple[int, int], list[str]] = {}  # rows covered -> the columns whose pages cover them
                 for n in names:
@@ -324,6 +322,31 @@ class _ShardFiles:
         whole = pf.schema_arrow  # the schema (and its metadata) a read of whole row groups gives
         return pa.Table.from_arrays([out[n] for n in names],
                                     schema=pa.schema([whole.field(n) for n in names], metadata=whole.metadata))
+
+    def _chunk_pages(self, i: int, g: int, fmd: dict, leaves: list[int], pieces, fetch):
+        """Leaf -> :class:`~warpdata.formats.parquet_pages.ChunkPages` of row group ``g`` of shard ``i``:
+        from the manifest's page index when it has one (no request), else from the columns' offset
+        indexes (the piece cache's, the rest one coalesced fetch). None: a column has no offset index."""
+        with self._mu:
+            index = self._index.get(i)
+        if index is not None:
+            chunks = {leaf: index.chunk(fmd, g, leaf) for leaf in leaves}
+            return None if any(c is None for c in chunks.values()) else chunks
+        ois = [pp.offset_index(fmd, g, leaf) for leaf in leaves]
+        if any(r is None for r in ois):
+            return None
+        oi_of: dict[int, bytes] = {}
+        for leaf, r in zip(leaves, ois, strict=True):
+            got = pieces.named(g, leaf, "oi") if pieces else None
+            if got is not None and len(got) == r[1]:
+                oi_of[leaf] = got
+        need = [(leaf, r) for leaf, r in zip(leaves, ois, strict=True) if leaf not in oi_of]
+        got_oi = fetch([r for _, r in need])
+        for leaf, r in need:
+            oi_of[leaf] = got_oi[r]
+            if pieces:
+                pieces.keep_named(g, leaf, "oi", got_oi[r])
+        return {leaf: pp.pages_for_rows(fmd, g, leaf, oi_of[leaf]) for leaf in leaves}
 
     def _page_layout(self, i: int, raw: bytes, pf) -> tuple[dict, dict[str, list[int]]]:
         """The decoded footer of shard ``i`` and its leaf columns by top-level column name."""
@@ -386,6 +409,27 @@ def _verified_get(ds: BlobSource, s: ShardRef) -> bytes:
     raise BlobCorruptedError(f"{source}: downloaded bytes hash to {got}, expected {want} (fetched twice)",
                              hint="the store copy is damaged or was replaced; republish the dataset",
                              expected=want, got=got, source=source)
+
+
+def page_index_of(ds: BlobSource, s: ShardRef):
+    """The shard's :class:`~warpdata.formats.parquet_index.PageIndex` from the manifest's
+    ``stats.page_index``, or None (not recorded); ManifestCorruptedError when it does not decode or
+    its footer is not the manifest's ``footer_size`` long (docs/formats/registry.md, "Page index in
+    the manifest")."""
+    text = (s.stats or {}).get("page_index")
+    if not text:
+        return None
+    where = f"{ds.remote.url_of(ds.blob_key(s))}: the manifest's page index"
+    try:
+        index = parquet_index.decode(text, where)
+    except pp.ParquetPagesError as e:
+        msg = e.message if e.message.startswith(where) else f"{where}: {e.message}"
+        raise ManifestCorruptedError(msg, hint="the manifest's shard statistics are wrong; republish the dataset") from None
+    if len(index.footer) != (s.stats or {}).get("footer_size"):
+        raise ManifestCorruptedError(f"{where} holds a footer of {len(index.footer)} bytes, footer_size says "
+                                     f"{(s.stats or {}).get('footer_size')}",
+                                     hint="the manifest's shard statistics are wrong; republish the dataset")
+    return index
 
 
 def _read_footer(ds: BlobSource, s: ShardRef, src: Any, cache: Any = None):

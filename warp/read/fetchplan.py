@@ -119,6 +119,10 @@ def epoch_plan(table: Any, world: int, workers: int = 0, batch_size: int = 8192,
             if raw is None:
                 return None
             fmd = pp.footer_of(raw)
+            index = files._index.get(unit)
+            if index is not None:  # the manifest's page index (no request)
+                oi_memo[key] = index.chunk(fmd, g, leaf)
+                return oi_memo[key]
             r = pp.offset_index(fmd, g, leaf)
             if r is None:
                 return None
@@ -151,8 +155,10 @@ def epoch_plan(table: Any, world: int, workers: int = 0, batch_size: int = 8192,
                         and files.whole_candidate(unit):
                     rp.add("shards", 1, s.byte_size)
                     continue
-                rp.add("footers", 1, (s.stats or {}).get("footer_size") or 0)
-                md = files.get(unit).metadata
+                md = files.get(unit).metadata  # opened: its page index taken from the manifest if it has one
+                indexed = unit in files._index
+                if not indexed:  # the manifest's page index carries the footer
+                    rp.add("footers", 1, (s.stats or {}).get("footer_size") or 0)
                 leaves = [j for j in range(md.num_columns)
                           if names is None or md.schema.column(j).path.split(".")[0] in names]
                 whole = [g for (g, _, _), f in zip(groups, full, strict=True) if f]
@@ -165,8 +171,9 @@ def epoch_plan(table: Any, world: int, workers: int = 0, batch_size: int = 8192,
                     if any(cp is None for cp in cps.values()):  # no page index: the whole row group
                         data += chunk_ranges(md, [g], cols)
                         continue
-                    fmd = pp.footer_of(files._footers[unit])
-                    ois += [pp.offset_index(fmd, g, leaf) for leaf in leaves]
+                    if not indexed:
+                        fmd = pp.footer_of(files._footers[unit])
+                        ois += [pp.offset_index(fmd, g, leaf) for leaf in leaves]
                     for cp in cps.values():
                         k, m, _, _ = cp.covering(lo, hi)
                         pages += ([cp.dict_range] if cp.dict_range else []) + [cp.byte_range(k, m)]

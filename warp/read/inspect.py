@@ -20,7 +20,7 @@ from warpdata.artifacts.preview import Preview, contact_sheet
 from warpdata.core.errors import BlobCorruptedError, UsageError
 from warpdata.read.dataset import dataset
 from warpdata.registry import signing
-from warpdata.registry.parquet_stats import stats_disagreements
+from warpdata.registry.parquet_stats import page_index_disagreements, stats_disagreements
 
 _ID = re.compile(r"^[a-z0-9_-]+/[a-z0-9_-]+$")
 
@@ -94,6 +94,7 @@ def _check_statistics(ds) -> list[str]:
             if path is None or not s.stats:
                 continue
             out += stats_disagreements(pq.ParquetFile(path), s.stats, f"table {name} shard {k}")
+            out += page_index_disagreements(str(path), s.stats, f"table {name} shard {k}")
     return out
 
 

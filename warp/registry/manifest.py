@@ -8,7 +8,7 @@ module) is a JSON object::
      "version_hash": "<64 hex>",
      "tables":    {"main": {"format": "parquet",
                             "shards": [{"uri", "hash", "byte_size", "row_count",
-                                        "stats"?: {"footer_size", "columns", "row_groups"}}],
+                                        "stats"?: {"footer_size", "columns", "row_groups", "page_index"}}],
                             "schema": {"fields": [{"name", "type", "nullable"}],
                                        "arrow"?: "<base64 Arrow IPC schema>"}}},
      "artifacts": {"raw": {"kind": "tar_shards",
@@ -139,6 +139,8 @@ _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 _NON_HASHED = ("version_hash", "metadata")
 # the envelope's own hash, inside the envelope (docs/formats/registry.md "Seal")
 SEAL_KEY = "seal_sha256"
+#: a shard's page index text at most (warpdata.formats.parquet_index.MAX_TEXT)
+PAGE_INDEX_MAX = 24 << 20
 # the first format whose manifests were always written sealed: from it on, a missing seal was removed
 SEALED_FROM = 4
 # Ed25519 signatures of the version, in the envelope (warpdata.registry.signing; docs/formats/registry.md)
@@ -327,8 +329,12 @@ def _check_column_stats(cols: Any, where: str) -> str | None:
 
 def _check_stats(st: Any, where: str) -> str | None:
     """The schema's ``shard_stats`` rules, in Python (see fast_schema); a message or None."""
-    if not isinstance(st, dict) or set(st) - {"footer_size", "columns", "row_groups"} or "columns" not in st:
-        return f"{where}: must be an object with columns and optionally footer_size, row_groups"
+    if not isinstance(st, dict) or set(st) - {"footer_size", "columns", "row_groups", "page_index"} \
+            or "columns" not in st:
+        return f"{where}: must be an object with columns and optionally footer_size, row_groups, page_index"
+    pi = st.get("page_index", "")
+    if not isinstance(pi, str) or len(pi) > PAGE_INDEX_MAX or "footer_size" not in st and "page_index" in st:
+        return f"{where}.page_index: must be a string of at most {PAGE_INDEX_MAX} characters, with footer_size"
     fs = st.get("footer_size", 12)
     if not _is_count(fs) or fs < 12:
         return f"{where}.footer_size: {fs!r} is not a footer length (>= 12)"

@@ -22,11 +22,14 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from warpdata.formats import parquet_index
+from warpdata.formats.parquet_pages import ParquetPagesError
+
 # lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so
 # importing this module does not load it
 
 __all__ = ["MAX_ROW_GROUP_STATS", "MAX_STAT_COLUMNS", "MAX_STRING_STAT", "footer_size_of", "parse_footer",
-           "shard_stats", "stats_disagreements"]
+           "page_index_disagreements", "shard_stats", "stats_disagreements"]
 
 MAX_STRING_STAT = 64  # characters; longer strings get no min/max
 MAX_STAT_COLUMNS = 64  # columns with statistics per shard (schema order)
@@ -132,6 +135,32 @@ def shard_stats(md, footer_size: int | None = None, *,
         out["row_groups"] = [{"row_count": int(rg.num_rows), "columns": {k: v for k, v in r.items() if v}}
                              for rg, r in zip(rgs, per_rg, strict=True)]
     return out
+
+
+def page_index_disagreements(path: str, stats: dict[str, Any] | None, where: str) -> list[str]:
+    """How the manifest's ``stats.page_index`` of one shard disagrees with the shard's own footer
+    and offset indexes (the file at ``path``), one line; empty when they agree or there is none
+    (docs/formats/registry.md, "Page index in the manifest")."""
+    text = (stats or {}).get("page_index")
+    if not text:
+        return []
+    try:
+        recorded = parquet_index.decode(text, f"{where} page index")
+        actual = parquet_index.of_file(path)
+    except ParquetPagesError as e:
+        return [e.message]
+    if actual is None:
+        return [f"{where}: the manifest records a page index, the shard has no offset index"]
+    actual_index = parquet_index.decode(actual, f"{where} file")
+    if recorded.footer != actual_index.footer:
+        return [f"{where}: the page index's footer ({len(recorded.footer)} bytes) is not the shard's "
+                f"({len(actual_index.footer)} bytes)"]
+    for g, (want, got) in enumerate(zip(recorded.pages, actual_index.pages, strict=True)):
+        for leaf, (a, b) in enumerate(zip(want, got, strict=True)):
+            if a != b:
+                return [f"{where}: the page index of row group {g} column {leaf} is not the shard's "
+                        f"offset index ({len(a or ())} pages recorded, {len(b or ())} in the shard)"]
+    return []
 
 
 def stats_disagreements(pf, stats: dict[str, Any] | None, where: str) -> list[str]:

@@ -61,6 +61,7 @@ from warpdata.core.canonical import sha256_file
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.jsondoc import load_json
 from warpdata.features.remote import is_url, stage_version
+from warpdata.formats import parquet_index
 from warpdata.lineage.card import CARD_MAX_BYTES, merge
 from warpdata.registry import from_artifacts, signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
@@ -474,8 +475,13 @@ def _parquet_facts(path: str) -> dict[str, Any]:
         raise DataError(f"{path}: not a readable Parquet file: {e}",
                         hint="check the file; CSV/JSONL inputs need a .csv/.jsonl suffix") from None
     fields = [{"name": f.name, "type": str(f.type), "nullable": bool(f.nullable)} for f in sch]
-    return {"row_count": int(md.num_rows), "schema": fields, "arrow": encode_arrow_schema(sch),
-            "stats": shard_stats(md, footer)}
+    stats = shard_stats(md, footer)
+    # the footer and the pages' locations ride in the manifest: a reader's first data request
+    # follows it (docs/formats/registry.md, "Page index in the manifest")
+    index = parquet_index.of_file(path)
+    if index is not None:
+        stats["page_index"] = index
+    return {"row_count": int(md.num_rows), "schema": fields, "arrow": encode_arrow_schema(sch), "stats": stats}
 
 
 #: rows per data page of the Parquet files publish writes (docs/partitioning.md, "Reads aligned
