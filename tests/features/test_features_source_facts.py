@@ -103,12 +103,15 @@ def test_a_rerun_lists_once_and_reads_nothing_then_only_a_changed_object_is_scan
     s3.reset_counts()
     assert etl(cli, cfg, *args)["status"] == "up-to-date"
     assert source_requests(s3, "src") == {"LIST": 1, "GET": Counter(), "HEAD": 0}
+    # the mirror went with each run; the facts stay for the next
+    assert not (tmp_path / "cache" / "etl-source").exists()
+    assert [p.name.split("-")[0] for p in (tmp_path / "cache" / "etl-source-facts").iterdir()] == ["features"]
 
 
 def test_the_scan_reads_only_the_changed_object_when_the_version_is_there(cli, s3, tmp_path, monkeypatch):
     """A media object replaced, then put back: the second change is read by the scan alone (one GET),
     and the version it names is the first build's, still in the store (an s3:// output keeps every
-    version), so nothing else is read."""
+    version), so nothing else is read. The same for a caption, which its media file depends on."""
     monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
     gen = captions.generate(tmp_path / "cap", count=8, seed=5)
     media = Path(gen["path"])
@@ -127,3 +130,15 @@ def test_the_scan_reads_only_the_changed_object_when_the_version_is_there(cli, s
     assert back["status"] == "up-to-date" and back["fingerprint"] == first["fingerprint"]
     got = source_requests(s3, "src")
     assert got == {"LIST": 1, "GET": Counter({key: 1}), "HEAD": 0}
+
+    # a caption replaced, then put back: the caption is read, and its media file (the record's
+    # digest covers both), nothing else
+    cap = key.rsplit(".", 1)[0] + ".txt"
+    text = (media / cap[len("src/"):]).read_bytes()
+    s3.client.put_object(Bucket=s3.bucket, Key=cap, Body=b"another caption\n")
+    assert etl(cli, cfg, *args)["fingerprint"] != first["fingerprint"]
+    s3.client.put_object(Bucket=s3.bucket, Key=cap, Body=text)
+    s3.reset_counts()
+    back = etl(cli, cfg, *args)
+    assert back["status"] == "up-to-date" and back["fingerprint"] == first["fingerprint"]
+    assert source_requests(s3, "src") == {"LIST": 1, "GET": Counter({cap: 1, key: 1}), "HEAD": 0}

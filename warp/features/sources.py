@@ -59,7 +59,6 @@ class RemoteFolder:
         self.base = loc.path.rstrip("/")
         self.fetched: set[str] = set()  # keys whose bytes are in the mirror already
         self.captions: dict[str, bytes] = {}  # each usable media key's caption bytes (its digest covers them)
-        self.requests = {"listed": 0, "get": 0}
 
     # -- the scan -------------------------------------------------------------------------------
     def _list(self) -> dict[str, sourcefacts.Listed]:
@@ -80,11 +79,9 @@ class RemoteFolder:
         if not out:
             raise MissingInputError(f"source {self.url} does not exist or holds no objects",
                                     hint="check [source] path / [[directory]] path (an s3://bucket/prefix/ URL)")
-        self.requests["listed"] = len(out)
         return out
 
     def _get(self, rel: str) -> bytes:
-        self.requests["get"] += 1
         return sourcefacts.read_call(f"{self.url}/{rel}", self.fs.cat_file, f"{self.base}/{rel}")
 
     def _stream_hash(self, rel: str, size: int, h: xxhash.xxh3_128) -> None:
@@ -93,7 +90,6 @@ class RemoteFolder:
         dst = self.mirror / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.part")
-        self.requests["get"] += 1
 
         def copy() -> None:
             if size <= CHUNK:
@@ -261,6 +257,5 @@ class RemoteFolder:
         if todo:
             with ThreadPoolExecutor(min(GETS, len(todo)), thread_name_prefix="warp-fc-source") as pool:
                 list(pool.map(one, todo))
-        self.requests["get"] += len(todo)
         self.fetched.update(todo)
         return len(todo)
