@@ -25,9 +25,6 @@ import uuid
 from pathlib import Path
 
 from warpdata.core import envvars
-from warpdata.core.errors import MissingInputError
-from warpdata.etl.objectstore import _infra, _is_infra
-from warpdata.storage.locations import filesystem, parse_location
 
 
 def spool_base() -> Path:
@@ -124,35 +121,3 @@ def remove_mirror(mirror: Path) -> None:
     if fd is not None:
         os.close(fd)
     prune_empty(mirror.parent, spool_base())
-
-
-def download_folder(url: str, dest: Path) -> Path:
-    """Copy every object under ``url`` into ``dest`` (relative keys kept); returns ``dest``.
-    MissingInputError naming the URL when there is nothing there."""
-    loc = parse_location(url.rstrip("/"))
-    fs = filesystem(loc)
-    prefix = loc.path.rstrip("/") + "/"
-    try:
-        fs.invalidate_cache(loc.path)
-        found = [p for p in fs.find(loc.path) if p.startswith(prefix)]
-        if not found:
-            raise MissingInputError(f"source {url} does not exist or holds no objects",
-                                    hint="check [source] path / [[directory]] path (an s3://bucket/prefix/ URL)")
-        for p in found:
-            rel = p[len(prefix):]
-            target = dest / rel
-            if ".." in Path(rel).parts:
-                continue  # a key that would land outside the mirror
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(p, os.fspath(target))
-    except MissingInputError:
-        raise
-    except FileNotFoundError:
-        raise MissingInputError(f"source {url} does not exist",
-                                hint="check [source] path / [[directory]] path (an s3://bucket/prefix/ URL)") from None
-    except Exception as e:
-        if _is_infra(e):
-            raise _infra(e, url) from None
-        raise
-    dest.mkdir(parents=True, exist_ok=True)
-    return dest

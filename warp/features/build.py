@@ -88,14 +88,18 @@ log = logging.getLogger(__name__)
 
 def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = False,
                 workers: int | None = None, executor: Any = None, decode_threads: int = 0,
-                resources: dict[str, float] | None = None) -> BuildResult:
+                resources: dict[str, float] | None = None,
+                remote: dict[str, Any] | None = None) -> BuildResult:
     """Build (or reuse) the cache of ``spec`` on ``executor`` (an ExecutorSpec or its text; default
     ``WARP_EXECUTOR`` or local threads) with ``workers`` concurrent shard tasks.
 
     ``decode_threads``: decode threads per worker process (0: the worker count on the local
     executor, whose tasks share one pool; elsewhere the CPUs divided among the workers started
     here, 2 on an existing cluster). ``resources``: what every task asks of a Dask/Ray cluster
-    (None: ``{"GPU": 1}`` when the encoder runs on CUDA there, else nothing).
+    (None: ``{"GPU": 1}`` when the encoder runs on CUDA there, else nothing). ``remote``: the
+    source folders on object storage, by the local mirror path ``spec`` names them by
+    (:class:`warpdata.features.sources.RemoteFolder`): scanned from their listing and source facts,
+    their media copied only when the version is built (docs/features-config.md).
     """
     t_start = time.perf_counter()
 
@@ -118,7 +122,8 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     q = Quarantine()
     t_scan0 = time.perf_counter()
-    items, item_source, orphan_captions = _scan_sources(spec, q, outp)
+    remote = remote or {}
+    items, item_source, orphan_captions = _scan_sources(spec, q, outp, remote)
     t_scan = time.perf_counter() - t_scan0
 
     _fail_fast(q, len(items), spec, allow_invalid)  # rejections found by the scan already exceed a threshold
@@ -142,6 +147,8 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     # the driver pass: every header, so the plan holds only records a full decode can store
     t0 = time.perf_counter()
+    for folder in remote.values():  # a source on object storage: its media, now that they are decoded
+        folder.materialize(items)
     probed = _probe_all(items, n_workers, spec.max_pixels)
     _check_probed(q, items, probed, spec, allow_invalid)
     t_probe = time.perf_counter() - t0
@@ -188,15 +195,20 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                         del _ENCODERS[enc_ref]
 
 
-def _scan_sources(spec: CacheSpec, q: Quarantine, outp: Path) -> tuple[list[MediaItem], list[int], int]:
+def _scan_sources(spec: CacheSpec, q: Quarantine, outp: Path, remote: dict[str, Any]
+                  ) -> tuple[list[MediaItem], list[int], int]:
     """(every usable item of every source folder in order, each item's source index, captions without
-    media); rejections go to ``q``."""
+    media); rejections go to ``q``. A folder in ``remote`` is scanned from its store's listing."""
     items: list[MediaItem] = []
     item_source: list[int] = []
     orphan_captions = 0
     for i, (root, prefix, key_prefix) in enumerate(spec.scan_roots()):
-        scanned = scan(root, _RootRelative(q, root, key_prefix), caption_prefix=prefix, caption_ext=spec.caption_ext,
-                       exclude=(outp,), key_prefix=key_prefix)
+        if root in remote:
+            scanned = remote[root].scan(_RootRelative(q, root, key_prefix), caption_prefix=prefix,
+                                        caption_ext=spec.caption_ext, key_prefix=key_prefix)
+        else:
+            scanned = scan(root, _RootRelative(q, root, key_prefix), caption_prefix=prefix,
+                           caption_ext=spec.caption_ext, exclude=(outp,), key_prefix=key_prefix)
         items += scanned.items
         item_source += [i] * len(scanned.items)
         orphan_captions += scanned.orphan_captions

@@ -38,6 +38,7 @@ from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.etl.quarantine import sources_named
 from warpdata.etl.workers import resolve_workers
 from warpdata.features.remote import is_url
+from warpdata.features.sources import RemoteFolder
 from warpdata.features.transform import INTERPOLATIONS, target_size
 from warpdata.features.writer import CacheSpec, SourceDir, build_cache
 from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS
@@ -232,24 +233,28 @@ def spec_from_config(cfg: dict[str, Any], base: Path, req: EtlRequest | None = N
 
 
 @contextlib.contextmanager
-def _local_sources(spec: Any) -> Iterator[Any]:
-    """``spec`` with its source folders on object storage (``s3://…``) copied to a mirror of this
-    run (warp/etl/spool.py): removed when the build ends, however it ends, swept after a kill. The
-    cache's bytes depend on the files' keys and contents only, so they are a local folder's."""
+def _local_sources(spec: Any) -> Iterator[tuple[Any, dict[str, RemoteFolder]]]:
+    """``spec`` with its source folders on object storage (``s3://…``) named by a mirror of this run
+    (warp/etl/spool.py), and those folders by their mirror path. A folder is scanned from one listing
+    and its source facts, and its media copied into the mirror only when the version is built
+    (warp/features/sources.py); the mirror is removed when the build ends, however it ends, swept
+    after a kill. The cache's bytes depend on the files' keys and contents only, so they are a
+    local folder's."""
     urls = [spec.source] if spec.sources is None else [d.path for d in spec.sources]
     remote = [u for u in urls if is_url(u)]
     if not remote:
-        yield spec
+        yield spec, {}
         return
     mirror = spool.mirror_root(remote[0])
     spool.sweep(spool.spool_base())
     spool.claim(mirror)
     try:
-        local = {u: str(spool.download_folder(u, mirror / f"src-{i}")) for i, u in enumerate(remote)}
+        local = {u: str(mirror / f"src-{i}") for i, u in enumerate(remote)}
+        folders = {local[u]: RemoteFolder(u, Path(local[u])) for u in remote}
         sources = None if spec.sources is None else \
             [dataclasses.replace(d, path=local.get(d.path, d.path)) for d in spec.sources]
         with sources_named({path: url for url, path in local.items()}):
-            yield dataclasses.replace(spec, source=local.get(spec.source, spec.source), sources=sources)
+            yield dataclasses.replace(spec, source=local.get(spec.source, spec.source), sources=sources), folders
     finally:
         spool.remove_mirror(mirror)
 
@@ -259,8 +264,8 @@ def run(req: EtlRequest) -> EtlResult:
     spec = spec_from_config(cfg, Path(req.config_path).parent, req, req.source)
     b = cfg["build"]
     executor = resolve_executor(req.executor, b["executor"] or None, config_file=str(req.config_path) if req.config_path else None)
-    with _local_sources(spec) as local_spec:
-        res = build_cache(local_spec, clear=req.clear, allow_invalid=req.allow_invalid,
+    with _local_sources(spec) as (local_spec, folders):
+        res = build_cache(local_spec, remote=folders, clear=req.clear, allow_invalid=req.allow_invalid,
                           workers=resolve_workers(req.workers, b["workers"]), executor=executor,
                           decode_threads=b["decode_threads"],
                           resources=None if b["resources"] is None else {k: float(v) for k, v in b["resources"].items()})

@@ -46,7 +46,7 @@ from warpdata.core.config import Field, validate
 from warpdata.core.errors import ConfigError, DataError, MissingInputError
 from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
-from warpdata.etl import buildconfig
+from warpdata.etl import buildconfig, sourcefacts
 from warpdata.etl.executors import require, resolve_executor
 from warpdata.etl.pipelines import EtlRequest, EtlResult
 from warpdata.etl.workers import resolve_workers
@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 
 RECIPE_VERSION = 1
 HEADER_BLOCK = 64 << 10
+FACTS = "tiles"  # the pipeline's name among the source facts (warp/etl/sourcefacts.py)
+FACT_KEY = ""  # an input is one object: its facts file holds one fact, under the empty key
 
 
 def _positive_list(v: list) -> str | None:
@@ -121,30 +123,39 @@ class _Input:
         self.path = path
         self.name = "stdin" if path == "-" else path
         self.url = "://" in path and not path.startswith("file://")
+        self.block = block
+        self._f: BinaryIO | None = None
+        self.fact: dict[str, Any] | None = None  # what an earlier run learnt of an unchanged input object
         if path == "-":
-            self.f: BinaryIO = sys.stdin.buffer
+            self._f = sys.stdin.buffer
             self.size = None
         elif self.url:
-            loc = parse_location(path)
-            fs = filesystem(loc)
-            try:
-                info = fs.info(loc.path)
-                self.size = int(info["size"])
-                self.etag = str(info.get("ETag") or info.get("etag") or "")
-                self.f = fs.open(loc.path, "rb", block_size=block)
-            except FileNotFoundError:
-                raise MissingInputError(f"input {path} does not exist", hint="check [source] path or --input") from None
+            # one listing (no HEAD, no GET): an object whose size and ETag are the ones recorded when
+            # it was last read is not read again to know its header or its CRC-32C
+            # (warp/etl/sourcefacts.py; docs/formats/zarr-tiles.md, "Inputs on object storage")
+            self.listed = sourcefacts.list_object(path)
+            if self.listed is None:
+                raise MissingInputError(f"input {path} does not exist", hint="check [source] path or --input")
+            self.size = self.listed.size
+            self.etag = self.listed.tag or ""
+            fact = sourcefacts.load_facts(path, FACTS).get(FACT_KEY)
+            if sourcefacts.unchanged(fact, self.listed) and fact.get("format") == fmt \
+                    and isinstance(fact.get("crc32c"), str) and isinstance(fact.get("header"), int):
+                self.fact = fact
         else:
             try:
-                self.f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed in close())
+                self._f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed in close())
             except FileNotFoundError:
                 raise MissingInputError(f"input {path} does not exist", hint="check [source] path or --input") from None
             except IsADirectoryError:
                 raise ConfigError(f"input {path} is a directory", hint="point [source] path at a file") from None
-            self.size = os.fstat(self.f.fileno()).st_size
+            self.size = os.fstat(self._f.fileno()).st_size
         header = 0
         self.fmt = fmt
-        if fmt == "npy":
+        if fmt == "npy" and self.fact is not None and isinstance(self.fact.get("shape"), list):
+            shape, dtype, header = self._check_npy(shape, dtype, self.fact["shape"], np.dtype(self.fact["dtype"]),
+                                                   where), np.dtype(self.fact["dtype"]), int(self.fact["header"])
+        elif fmt == "npy":
             shape, dtype, header = self._npy_header(shape, dtype, where)
         else:
             if shape is None:
@@ -165,6 +176,27 @@ class _Input:
                             f"{self.dtype.name} needs {expected}",
                             hint="fix [source] shape/dtype to match the file", path=self.name)
 
+    @property
+    def f(self) -> BinaryIO:
+        """The input stream, opened on first use: an unchanged object-store input whose output is up
+        to date is never opened."""
+        if self._f is None:
+            loc = parse_location(self.path)
+            try:
+                self._f = filesystem(loc).open(loc.path, "rb", block_size=self.block, size=self.size)
+            except FileNotFoundError:
+                raise MissingInputError(f"input {self.path} does not exist",
+                                        hint="check [source] path or --input") from None
+        return self._f
+
+    @f.setter
+    def f(self, value: BinaryIO) -> None:
+        self._f = value
+
+    def learnt(self) -> dict[str, Any]:
+        """What a run knows of an object-store input, to record (facts of the listing it was read under)."""
+        return {"format": self.fmt, "header": self.header, "shape": list(self.shape), "dtype": self.dtype.name}
+
     def _npy_header(self, shape, dtype, where):
         f = self.f if isinstance(self.f, io.BufferedIOBase) or self.url else \
             io.BufferedReader(self.f)  # type: ignore[arg-type]
@@ -179,13 +211,18 @@ class _Input:
         if fortran:
             raise DataError(f"{self.name}: the .npy array is in Fortran order",
                             hint="save it with np.save(path, np.ascontiguousarray(a))", path=self.name)
+        return self._check_npy(shape, dtype, npshape, np.dtype(npdtype), where), np.dtype(npdtype), f.tell()
+
+    @staticmethod
+    def _check_npy(shape, dtype, npshape, npdtype, where):
+        """The .npy header's shape, when the config's shape and dtype (if given) agree with it."""
         if shape is not None and tuple(shape) != tuple(npshape):
             raise ConfigError(f"{where('source.shape')}: shape {shape} does not match the .npy header {list(npshape)}",
                               hint="remove [source] shape (npy files carry their own)")
-        if dtype is not None and normalize_dtype(dtype) != normalize_dtype(np.dtype(npdtype)):
-            raise ConfigError(f"{where('source.dtype')}: dtype {dtype} does not match the .npy header {np.dtype(npdtype)}",
+        if dtype is not None and normalize_dtype(dtype) != normalize_dtype(npdtype):
+            raise ConfigError(f"{where('source.dtype')}: dtype {dtype} does not match the .npy header {npdtype}",
                               hint="remove [source] dtype (npy files carry their own)")
-        return npshape, np.dtype(npdtype), f.tell()
+        return tuple(npshape)
 
     def readinto(self, mv: memoryview) -> int:
         return self.f.readinto(mv) or 0
@@ -199,8 +236,8 @@ class _Input:
         return {"path": os.path.realpath(self.path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
     def close(self) -> None:
-        if self.path != "-":
-            self.f.close()
+        if self.path != "-" and self._f is not None:
+            self._f.close()
 
 
 def _stream(inp: _Input, writer, bar) -> None:
@@ -313,6 +350,7 @@ def run(req: EtlRequest) -> EtlResult:
                 return _result(up_to_date.manifest, loc.path, "up-to-date", 0.0)
             counts = {**job.counts, "receipts": job.receipts}
         seconds = time.perf_counter() - t0
+        _record(inp, result.manifest.get("input_crc32c"))
     finally:
         inp.close()
     if getattr(result, "status", "built") == "up-to-date":  # a killed run had committed it
@@ -335,7 +373,9 @@ class _UpToDate:
         self.manifest: dict[str, Any] = {}
 
     def __call__(self) -> dict[str, Any] | None:
-        if self.loc.protocol != "file" or self.clear or self.inp.path == "-" or self.inp.url:
+        # an object-store input is checked only when its CRC-32C is known from its source facts: else
+        # knowing it costs a read of the whole input, as the build does
+        if self.loc.protocol != "file" or self.clear or self.inp.path == "-" or (self.inp.url and self.inp.fact is None):
             return None
         try:
             old = load_json(Path(self.loc.path, MANIFEST_NAME).read_bytes(), MANIFEST_NAME)
@@ -348,12 +388,26 @@ class _UpToDate:
         this input's bytes (their CRC-32C: the input is read once to know)."""
         if self.clear or self.inp.path == "-" or not isinstance(old, dict) or old.get("recipe_key") != self.recipe_key:
             return None
+        if self.crc is None and self.inp.fact is not None:
+            self.crc = str(self.inp.fact["crc32c"])
         if self.crc is None:
             self.crc = _input_crc(self.inp.path, self.inp.header)
+            _record(self.inp, self.crc)
         if old.get("input_crc32c") != self.crc:
             return None
         self.manifest = old
         return old
+
+
+def _record(inp: _Input, crc: str | None) -> None:
+    """Keep what this run learnt of an object-store input (its header, its CRC-32C) with the
+    listing facts it was read under, for the next run (warp/etl/sourcefacts.py)."""
+    if not inp.url or not isinstance(crc, str) or inp.listed.tag is None:
+        return
+    fact = sourcefacts.listing_facts(inp.listed.size, inp.listed.tag, crc32c=crc, **inp.learnt())
+    if fact != inp.fact:
+        sourcefacts.save_facts(inp.path, {FACT_KEY: fact}, FACTS)
+        inp.fact = fact
 
 
 def _clear_remote(loc, out_url: str, clear: bool) -> None:

@@ -30,9 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warpdata.core import envvars
-from warpdata.core.atomic import atomic_write_bytes
-from warpdata.core.canonical import canonical_json
 from warpdata.core.errors import (
     BlobNotFoundError,
     ConfigError,
@@ -40,7 +37,7 @@ from warpdata.core.errors import (
     InfrastructureError,
     MissingInputError,
 )
-from warpdata.core.jsondoc import load_json
+from warpdata.etl import sourcefacts
 from warpdata.etl.objectstore import _is_infra, credentials_error
 from warpdata.etl.spool import claim, sweep
 from warpdata.storage.base import open_object_store
@@ -177,9 +174,9 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
             if info.get("type") == "directory" or not p.startswith(prefix):
                 continue
             sizes[p[len(prefix):]] = int(info.get("size") or 0)
-            tag = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime")
+            tag = sourcefacts.listed_tag(info)
             if tag:
-                tags[p[len(prefix):]] = str(tag)
+                tags[p[len(prefix):]] = tag
     except (MissingInputError, DataError):
         raise
     except Exception as e:
@@ -198,42 +195,30 @@ def prepare(root: Path, url: str, labels: tuple[str, ...], images: str, fmt: str
     return root, Listing(sizes, tags, listed=not http)
 
 
-# -- what the header pass learnt of each object, kept for the next run --------------------------
+# -- what the header pass learnt of each object, kept for the next run (warp/etl/sourcefacts.py) --
 
-FACTS_VERSION = 1
+FACTS_VERSION = sourcefacts.FACTS_VERSION
 
 
 def facts_path(url: str) -> Path:
-    h = hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-    return Path(envvars.default_cache_dir()) / "etl-source-facts" / f"{h}.json"
+    return sourcefacts.facts_path(url)
 
 
 def load_facts(url: str) -> dict[str, dict[str, Any]]:
     """``{key: fact}`` recorded by earlier runs over ``url`` (empty when none or unreadable)."""
-    try:
-        doc = load_json(facts_path(url).read_bytes(), str(facts_path(url)))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict) or doc.get("facts_version") != FACTS_VERSION or doc.get("url") != url.rstrip("/"):
-        return {}
-    facts = doc.get("objects")
-    return facts if isinstance(facts, dict) else {}
+    return sourcefacts.load_facts(url)
 
 
 def save_facts(url: str, facts: dict[str, dict[str, Any]]) -> None:
-    p = facts_path(url)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(p, canonical_json({"facts_version": FACTS_VERSION, "url": url.rstrip("/"),
-                                          "objects": facts}))
+    sourcefacts.save_facts(url, facts)
 
 
 def known_facts(facts: dict[str, dict[str, Any]], listing: Listing) -> dict[str, dict[str, Any]]:
     """The recorded facts still true: the object's listed size and tag are the recorded ones."""
     out = {}
     for key, fact in facts.items():
-        tag = listing.tags.get(key)
-        if tag is not None and isinstance(fact, dict) and fact.get("tag") == tag and \
-                fact.get("size") == listing.sizes.get(key) and isinstance(fact.get("sha256"), str) and \
+        listed = sourcefacts.Listed(listing.sizes[key], listing.tags.get(key)) if key in listing.sizes else None
+        if sourcefacts.unchanged(fact, listed) and isinstance(fact.get("sha256"), str) and \
                 (isinstance(fact.get("probe"), list) or isinstance(fact.get("error"), list)):
             out[key] = fact
     return out
