@@ -85,6 +85,14 @@ print(total)
                               text=True).stdout)
 
 
+def version_of(store_url: str, env: dict) -> str:
+    """The full version hash ``latest`` names (what a launcher reads once and pins)."""
+    warp = str(Path(sys.executable).with_name("warp"))
+    out = subprocess.run([warp, "info", DATASET, "--json"], env={**env, "WARP_STORE": store_url}, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["version"]
+
+
 # -- counted ports -------------------------------------------------------------------------------
 class Limiter:
     """At most ``rate`` requests in any second (a sliding window); shared by ports for a store-wide limit."""
@@ -220,7 +228,7 @@ def node(args: argparse.Namespace) -> None:
 # -- a run --------------------------------------------------------------------------------------------
 def run_fleet(nodes: int, upstream: str, store_url: str, base_env: dict, work: Path, *, mode: str = "batches",
               epochs: int = 1, rate: float = 0, rate_scope: str = "node", columns: str = "", shuffle: bool = False,
-              rows: int = ROWS) -> dict:
+              rows: int = ROWS, pin: str | None = None) -> dict:
     """One fleet run: ``nodes`` processes through their own counted ports; the counts."""
     import numpy as np
 
@@ -232,6 +240,8 @@ def run_fleet(nodes: int, upstream: str, store_url: str, base_env: dict, work: P
         env = dict(base_env)
         cache = run / f"cache-{r}"
         env["WARP_CACHE_DIR"] = str(cache)
+        if pin:  # what a launcher sets once for the job: no rank reads the `latest` pointer
+            env["WARP_PIN"] = f"{DATASET}@{pin}"
         if store_url.startswith("s3://"):
             env.update({"AWS_ENDPOINT_URL": ports[r].url, "WARP_S3_ENDPOINT": ports[r].url, "WARP_STORE": store_url})
         else:
@@ -344,6 +354,7 @@ def main() -> None:
     ap.add_argument("--layout", default="paged", choices=["paged", "as-is"])
     ap.add_argument("--rows", type=int, default=ROWS)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pin", action="store_true", help="set WARP_PIN on every node, as a launcher would")
     args = ap.parse_args()
     if args.cmd == "node":
         node(args)
@@ -359,10 +370,11 @@ def main() -> None:
                 cols = args.columns or ("id" if mode == "stream" else "")  # warp stream prints ids as CSV
                 want = column_bytes(url if store == "s3" else upstream, env if store == "s3" else
                                     {**env, "WARP_STORE": upstream}, cols.split(",") if cols else None)
+                pin = version_of(url if store == "s3" else upstream, env) if args.pin else None
                 for nodes in [int(x) for x in args.nodes.split(",")]:
                     r = run_fleet(nodes, upstream, url, env, work, mode=mode, epochs=args.epochs, rate=args.rate,
                                   rate_scope=args.rate_scope, columns=cols, shuffle=args.shuffle,
-                                  rows=args.rows)
+                                  rows=args.rows, pin=pin)
                     r.update(store=store, columns_bytes=want, bytes_ratio=r["bytes"] / (want * args.epochs))
                     if "epoch_bytes" in r:
                         r["epoch_ratios"] = [b / want for b in r["epoch_bytes"]]
