@@ -121,3 +121,32 @@ def test_feature_cache_shard_fifo(cli, tmp_path):
         fmanifest.read(cache)
     r = cli("inspect", cache)
     assert r.code == 65 and "not a regular file" in r.err, (r.code, r.err)
+
+
+@pytest.mark.parametrize("name", ["../../../etc/hostname", "/dev/zero"])
+def test_warehouse_side_tables_names_are_confined(cli, warehouse, name):
+    # issue 36: side_tables names a file to hash; one outside the version is refused, never read
+    from warpdata.warehouse import reader
+
+    _edit(warehouse, lambda doc: doc["side_tables"].update({name: {"sha256": "0" * 64, "size_bytes": 0}}))
+    r = cli("inspect", warehouse)
+    assert r.code == 65 and "side_tables entry" in r.err, (r.code, r.err)
+    r = cli("inspect", "--verify", warehouse)
+    assert r.code == 1 and "side_tables entry" in r.out + r.err, (r.code, r.out, r.err)
+    r = cli("publish", "ws/x", "--from", warehouse, "--store", warehouse.parent / "store")
+    assert r.code == 65 and "side_tables entry" in r.err, (r.code, r.err)
+    with pytest.raises(UnconfinedPathError, match="side_tables entry"):
+        reader.open(warehouse)
+
+
+def test_warehouse_side_table_swapped_for_another_valid_one(cli, warehouse):
+    # a well-formed samples.parquet of another build (same columns, other rows): no Parquet error to
+    # catch it, only the manifest's SHA-256 (docs/formats/twh1.md, "Manifest")
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(warehouse / "samples.parquet")
+    pq.write_table(t.slice(1), warehouse / "samples.parquet")
+    r = cli("why", warehouse, "0")
+    assert r.code == 65 and "side table samples.parquet does not match" in r.err, (r.code, r.err)
+    r = cli("inspect", "--verify", warehouse)
+    assert r.code == 1 and "samples.parquet" in r.out + r.err

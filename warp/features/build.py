@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from warpdata.artifacts.manifests import MANIFEST_NAME
+from warpdata.core import sidetables
 from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal, sha256_file
 from warpdata.core.errors import ConfigError, DataError, InternalError
@@ -422,8 +423,11 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         }
         if spec.sources is not None:
             manifest["sources"] = source_entries(spec, kept_source)
+        # the side files by SHA-256 and size, inside the seal: `warp why` and `warp inspect --verify`
+        # check them (docs/formats/feature-shard.md, "Cache manifest")
+        manifest[sidetables.FIELD] = sidetables.record(tmp, _write_side_files(tmp, kept_keys, kept_rows, shards,
+                                                                              kept_source, spec, q))
         manifest = seal(manifest)  # docs/formats/feature-shard.md: the reader checks it on open
-        _write_side_files(tmp, kept_keys, kept_rows, shards, kept_source, spec, q)
         wall = time.perf_counter() - t_start
         metrics.update(_run_metrics(results, len(shards), first_late, records, wall, t_build, t_repack, device, spec,
                                     drove))
@@ -449,15 +453,16 @@ def _log_problems(verdict: Any, results: list[PartResult], spec: CacheSpec) -> i
 
 
 def _write_side_files(tmp: Path, kept_keys: list[str], kept_rows: list[tuple[str, bool, int, int]],
-                      shards: list[dict[str, Any]], kept_source: list[int], spec: CacheSpec, q: Quarantine) -> None:
-    """``keys.txt``, ``records.parquet``, ``quarantine.jsonl`` and the quarantine's Parquet beside the shards."""
+                      shards: list[dict[str, Any]], kept_source: list[int], spec: CacheSpec, q: Quarantine) -> list[str]:
+    """``keys.txt``, ``records.parquet``, ``quarantine.jsonl`` and the quarantine's Parquet beside the
+    shards; returns their names."""
     atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
                        fsync=False)
     _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards,
                    None if spec.sources is None else [f"d{i}" for i in kept_source])
     atomic_write_bytes(tmp / "quarantine.jsonl",
                        b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
-    q.write_parquet(tmp)
+    return ["keys.txt", "records.parquet", "quarantine.jsonl", *q.write_parquet(tmp).values()]
 
 
 def _verdicts_in_scan_order(tasks: list[PartTask], results: list[PartResult], runs: list[Sequence[int]],

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from warpdata.artifacts import kinds
-from warpdata.core import envvars
+from warpdata.core import envvars, sidetables
 from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import CONTENT_HASH_FIELD
@@ -117,6 +117,25 @@ class _RemoteFile:
 
     def read_bytes(self) -> bytes:
         return self.fs.cat_file(self.path)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class _Downloaded:
+    """A side table read whole from object storage, its bytes checked against the manifest: the
+    Parquet reader reads this copy, never the store again (docs/formats/twh1.md, "Manifest")."""
+
+    def __init__(self, f: _RemoteFile, data: bytes) -> None:
+        self.url, self.name, self.data = f.url, f.name, data
+
+    def is_file(self) -> bool:
+        return True
+
+    def open(self, mode: str = "rb"):
+        import io
+
+        return io.BytesIO(self.data)
 
     def __str__(self) -> str:
         return self.url
@@ -232,9 +251,9 @@ def _parquet_row_in(path: Path, column: str, value: Any, columns: list[str] | No
     return None
 
 
-def _quarantined(d: Path, files: dict[str, str], key: str) -> dict[str, Any] | None:
-    name = files.get("quarantine")
-    return _parquet_row(_member(d, name, str(d / MANIFEST_NAME), "files.quarantine"), "sample_id", key) \
+def _quarantined(d: Path, doc: dict[str, Any], key: str) -> dict[str, Any] | None:
+    name = (doc.get("files") or {}).get("quarantine")
+    return _parquet_row(_side_table(d, doc, name, "files.quarantine", wmanifest.REBUILD_HINT), "sample_id", key) \
         if name else None
 
 
@@ -347,6 +366,49 @@ def _member(d: Path | _Remote, rel: Any, where: str, entry: str) -> Path | _Remo
     return confined(d, rel, where, entry=entry, hint="the manifest is damaged or hostile; rebuild it with 'warp etl'")
 
 
+def _side_table(d: Path | _Remote, doc: dict[str, Any], name: Any, entry: str,
+                hint: str) -> Path | _RemoteFile | _Downloaded:
+    """Side table ``name`` of artifact ``d`` (confined as :func:`_member`), checked against the
+    SHA-256 and size its sealed manifest records before anything is read from it
+    (:mod:`warpdata.core.sidetables`; docs/formats/twh1.md, "Manifest"). A local file whose check
+    passed is stamped in the cache directory as the manifest's seal is (:func:`_sealed`), so a
+    later call on the unchanged file does not hash it again; a file on object storage is read
+    whole once and its downloaded bytes checked. A manifest written before ``side_tables``
+    existed gives the file unchecked; a missing file is left to the reader to report."""
+    import json
+
+    where = str(d / MANIFEST_NAME)
+    f = _member(d, name, where, entry)
+    want = sidetables.expected(doc, name, where, hint)
+    if want is None:
+        return f
+    if isinstance(f, _RemoteFile):
+        try:
+            data = f.read_bytes()
+        except FileNotFoundError:
+            return f
+        sidetables.check_bytes(data, f.url, name, want, where, hint)
+        return _Downloaded(f, data)
+    try:
+        before = _stat_key(f)
+    except FileNotFoundError:
+        return f
+    stamp = _seal_stamp(f)
+    stamped = {"stat": before, "sha256": want["sha256"], "size_bytes": want["size_bytes"]}
+    try:
+        if json.loads(stamp.read_bytes()) == stamped:
+            return f
+    except (OSError, ValueError):
+        pass
+    sidetables.check_file(f, name, want, where, hint)
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(stamp, json.dumps(stamped).encode(), fsync=False)
+    except OSError as e:  # a read-only or full cache only costs the hash next time
+        log.debug(f"{f}: side-table stamp not kept in the cache: {e}")
+    return f
+
+
 def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, Any]:
     try:
         firsts = [s[first] for s in doc["shards"]]
@@ -376,20 +438,19 @@ def _side_row(base: Lineage, d: Path | _Remote, table: Any, index_column: str, c
 
 def _why_warehouse(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
     files = doc.get("files", {})
-    where = str(d / MANIFEST_NAME)
-    samples = _member(d, files.get("samples", "samples.parquet"), where, "files.samples")
+    samples = _side_table(d, doc, files.get("samples", "samples.parquet"), "files.samples", wmanifest.REBUILD_HINT)
     i = _as_index(sample)
     base = Lineage(str(d), TENSOR_WAREHOUSE, i, None)
     row, answer = _side_row(base, d, samples, "sample", doc["num_samples"], sample,
-                            lambda: _quarantined(d, files, sample))
+                            lambda: _quarantined(d, doc, sample))
     if answer is not None:
         return answer
     if row is None:
         raise DataError(f"{samples}: no row for sample {i} although the manifest holds {doc['num_samples']}",
                         hint=wmanifest.REBUILD_HINT, path=str(samples))
     _checked_shard(doc, _shard_of(doc, "first_sample", row["sample"], str(d)), d, "relative_path")
-    src = _parquet_row(_member(d, files.get("sources", "sources.parquet"), where, "files.sources"), "key",
-                       row["key"]) or {}
+    src = _parquet_row(_side_table(d, doc, files.get("sources", "sources.parquet"), "files.sources",
+                                   wmanifest.REBUILD_HINT), "key", row["key"]) or {}
     return _warehouse_lineage(base, doc, row, src)
 
 
@@ -436,11 +497,12 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
 # -- feature cache ------------------------------------------------------------------------------
 
 def _why_feature_cache(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
-    records = d / "records.parquet"
+    records = _side_table(d, doc, "records.parquet", "records table", fmanifest.REBUILD_HINT)
     i = _as_index(sample)
     base = Lineage(str(d), FEATURE_CACHE, i, None)
     row, answer = _side_row(base, d, records, "record", doc["records"], sample,
-                            lambda: _parquet_row(d / "quarantine.parquet", "sample_id", sample))
+                            lambda: _parquet_row(_side_table(d, doc, "quarantine.parquet", "quarantine table",
+                                                             fmanifest.REBUILD_HINT), "sample_id", sample))
     if answer is not None:
         return answer
     if row is None:
