@@ -151,3 +151,21 @@ def test_a_side_table_edited_on_s3_is_refused_from_the_downloaded_bytes(cli, s3,
     assert sha(local) in r.err
     # read once, whole: the Parquet reader used the checked copy, not more GETs of the object
     assert len([q for q in s3.requests("GET") if q["key"] == key]) == 1
+
+
+def test_a_published_samples_table_that_is_not_the_sealed_side_table_is_refused(cli, copy, tmp_path, monkeypatch):
+    # a version published from an edited warehouse by a warp that did not check (simulated by
+    # switching publish's check off): the samples table's blob is not the side table the sealed
+    # warehouse manifest records, so `warp why` refuses it instead of answering from it
+    from warpdata.core import sidetables
+
+    store = tmp_path / "store"
+    assert cli("publish", "ws/ok", "--from", copy, "--store", store, "-q").code == 0
+    r = cli("why", "ws/ok", "0", "--store", store, "--json")
+    assert r.code == 0, r.err
+    rewrite(copy / "samples.parquet", "class_ids", 0, [7])
+    monkeypatch.setattr(sidetables, "check_all", lambda *a, **k: None)
+    assert cli("publish", "ws/bad", "--from", copy, "--store", store, "-q").code == 0
+    monkeypatch.undo()
+    r = cli("why", "ws/bad", "0", "--store", store)
+    assert r.code == 65 and "table samples" in r.err and sha(copy / "samples.parquet") in r.err, (r.code, r.err)

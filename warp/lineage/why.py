@@ -670,6 +670,9 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
     wh = _published_warehouse(st, m, tname)
     if wh is not None and "source_path" in values:  # a warehouse's samples table: trace on to its sources
         doc, sources_table, idx = wh
+        for used in (tname, sources_table):
+            if used is not None:
+                _published_side_table(m, used, doc, f"{name}@{m.version_hash[:12]}")
         src = _find_row(st, m.tables[sources_table], "key", values["key"]) if sources_table else None
         _warehouse_lineage(base, doc, dict(values), src[3] if src else {})
         loc = base.location or {}
@@ -770,6 +773,27 @@ def _published_warehouse(st, m, tname: str) -> tuple[dict[str, Any], str | None,
              and tname in (p.get("tables") or []))
     sources = next((n for n in p["tables"] if n == "sources" or n.endswith("_sources")), None)
     return doc, sources, idx
+
+
+def _published_side_table(m, tname: str, doc: dict[str, Any], label: str) -> None:
+    """Table ``tname``, published byte for byte from a warehouse side table (``warp publish --from``),
+    must be the file the warehouse's sealed manifest ``doc`` records in ``side_tables``: its one
+    shard's blob hash (checked on download) is that SHA-256 (docs/formats/twh1.md, "Manifest").
+    Nothing to compare for a warehouse built before ``side_tables`` existed."""
+    recorded = doc.get(sidetables.FIELD) or {}
+    p = next(p for p in m.metadata["sources"] if isinstance(p, dict) and p.get("kind") == TENSOR_WAREHOUSE
+             and tname in (p.get("tables") or []))
+    stem = tname.removeprefix(f"{p.get('artifact')}_")
+    want = recorded.get(f"{stem}.parquet")
+    shards = m.tables[tname].shards
+    if not isinstance(want, dict) or len(shards) != 1:
+        return
+    if shards[0].hash != want.get("sha256"):
+        raise sidetables.SideTableMismatchError(
+            f"{label} table {tname}: blob {shards[0].hash} is not side table {stem}.parquet of the warehouse it "
+            f"was published from, whose sealed manifest records SHA-256 {want.get('sha256')}",
+            hint="republish the dataset from an intact warehouse ('warp inspect --verify DIR' first)",
+            path=f"{label}:{tname}", entry=f"{stem}.parquet", expected=want.get("sha256"), computed=shards[0].hash)
 
 
 def _default_table(m) -> str:
