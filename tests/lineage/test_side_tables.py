@@ -65,6 +65,8 @@ def test_an_edited_side_table_is_refused_by_why_and_inspect_verify(cli, coco_war
     assert r.code == 65 and r.json()["error"] == "side-table-mismatch"
     r = cli("inspect", "--verify", copy)
     assert r.code == 1 and f"side table {name} does not match" in r.out + r.err and got in r.out + r.err
+    r = cli("diff", coco_warehouse, copy)  # diff reads both side tables whole: checked too
+    assert r.code == 65 and f"{path}: side table {name} does not match" in r.err, (r.code, r.err)
     # the damage is the only thing wrong: the original bytes answer as before
     shutil.copy(coco_warehouse / name, path)
     r = cli("why", copy, "0", "--json")
