@@ -150,3 +150,29 @@ def test_warehouse_side_table_swapped_for_another_valid_one(cli, warehouse):
     assert r.code == 65 and "side table samples.parquet does not match" in r.err, (r.code, r.err)
     r = cli("inspect", "--verify", warehouse)
     assert r.code == 1 and "samples.parquet" in r.out + r.err
+
+
+def test_zarr_level_directory_symlinked_out_is_refused(cli, tmp_path):
+    # issue 36: a pyramid's level directory that is a symlink to another array outside the output
+    # was followed by `warp inspect` (and --verify, --preview); it is refused, naming the level
+    import numpy as np
+    from warpdata.tiles.writer import TileWriter
+
+    a = np.arange(2 * 16 * 16, dtype=np.uint16).reshape(2, 16, 16)
+    inside, outside = tmp_path / "p.zarr", tmp_path / "elsewhere.zarr"
+    for path in (inside, outside):
+        with TileWriter(path, a.shape, a.dtype, (1, 8, 8), levels=2, backend="cpu", fsync=False) as w:
+            w.write(a)
+    assert cli("inspect", "--verify", inside).code == 0
+    shutil.rmtree(inside / "1")
+    (inside / "1").symlink_to(outside / "1", target_is_directory=True)
+    for args in (["inspect", inside], ["inspect", "--verify", inside],
+                 ["inspect", inside, "--preview", tmp_path / "x.png"]):
+        r = cli(*args)
+        assert r.code == 65 and "level directory '1'" in r.out + r.err and "outside" in r.out + r.err, \
+            (args, r.code, r.out, r.err)
+        assert not (tmp_path / "x.png").exists()
+    (inside / "1").unlink()
+    (inside / "1").write_bytes(b"")  # not a directory at all
+    r = cli("inspect", inside)
+    assert r.code == 65 and "level directory '1' is not a directory" in r.err, (r.code, r.err)
