@@ -260,7 +260,7 @@ def _local_reasons(outp: Path, old: dict[str, Any] | None, fp: str, clear: bool,
                                   hint="choose another [output] path; warp only replaces its own caches")
             reasons.append("new cache")
         elif (sealed := _sealed(outp)) is not None and sealed.get("fingerprint") == fp and not clear \
-                and _shards_present(outp, sealed):
+                and _shards_present(outp, sealed) and not _side_errors(outp, sealed):
             return BuildResult("up-to-date", str(outp), sealed, {"scan_s": round(t_scan, 4)})
         elif clear:
             reasons.append("--clear")
@@ -269,13 +269,21 @@ def _local_reasons(outp: Path, old: dict[str, Any] | None, fp: str, clear: bool,
             changed = [k for k in ("dataset", "encoder", "code") if identity(prev.get(k)) != identity(inputs[k])] \
                 if isinstance(prev, dict) else []
             reasons.append("fingerprint changed" + (f" ({', '.join(changed)})" if changed else ""))
-        elif _sealed(outp) is None:
+        elif (sealed := _sealed(outp)) is None:
             reasons.append("manifest unsealed or damaged")
+        elif _shards_present(outp, sealed):
+            reasons.append("side files edited or missing")
         else:
             reasons.append("shards missing or resized")
     else:
         reasons.append("new cache")
     return None
+
+
+def _side_errors(outp: Path, manifest: dict[str, Any]) -> list[Any]:
+    """The side files of the cache at ``outp`` that differ from the manifest's ``side_tables``: a
+    cache whose ``records.parquet`` was edited is rebuilt, not kept (docs/formats/feature-shard.md)."""
+    return sidetables.errors(outp, manifest, str(outp / MANIFEST_NAME), fmanifest.REBUILD_HINT)
 
 
 def _default_decode_threads(ex: ExecutorSpec, n_workers: int) -> int:
