@@ -171,3 +171,20 @@ def test_a_published_samples_table_that_is_not_the_sealed_side_table_is_refused(
     monkeypatch.undo()
     r = cli("why", "ws/bad", "0", "--store", store)
     assert r.code == 65 and "table samples" in r.err and sha(copy / "samples.parquet") in r.err, (r.code, r.err)
+
+
+def test_a_published_records_table_that_is_not_the_sealed_side_file_is_refused(cli, feature_cache, tmp_path,
+                                                                                monkeypatch):
+    from warpdata.core import sidetables
+
+    d = tmp_path / "fc"
+    shutil.copytree(feature_cache, d)
+    rewrite(d / "records.parquet", "caption", 0, "a different caption")
+    monkeypatch.setattr(sidetables, "check_all", lambda *a, **k: None)  # a publisher that did not check
+    store = tmp_path / "store"
+    assert cli("publish", "ws/fc", "--from", d, "--store", store, "-q").code == 0
+    monkeypatch.undo()
+    r = cli("why", "ws/fc", "0", "--store", store)
+    assert r.code == 65 and "table records" in r.err and sha(d / "records.parquet") in r.err, (r.code, r.err)
+    r = cli("publish", "ws/fc2", "--from", d, "--store", store)  # publish itself checks
+    assert r.code == 65 and "side table records.parquet does not match" in r.err, (r.code, r.err)

@@ -654,6 +654,7 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
     fc = _published_producer(st, m, tname, FEATURE_CACHE)
     if fc is not None and "record" in values and "shard_index" in values:  # a feature cache's records table
         doc, idx = fc
+        _published_side_table(m, tname, doc, f"{name}@{m.version_hash[:12]}", FEATURE_CACHE)
         names = [s.get("path") for s in doc["shards"] if isinstance(s, dict)]
         if values.get("shard") in names:
             def header(name: str) -> bytes:
@@ -775,13 +776,14 @@ def _published_warehouse(st, m, tname: str) -> tuple[dict[str, Any], str | None,
     return doc, sources, idx
 
 
-def _published_side_table(m, tname: str, doc: dict[str, Any], label: str) -> None:
-    """Table ``tname``, published byte for byte from a warehouse side table (``warp publish --from``),
-    must be the file the warehouse's sealed manifest ``doc`` records in ``side_tables``: its one
-    shard's blob hash (checked on download) is that SHA-256 (docs/formats/twh1.md, "Manifest").
-    Nothing to compare for a warehouse built before ``side_tables`` existed."""
+def _published_side_table(m, tname: str, doc: dict[str, Any], label: str, kind: str = TENSOR_WAREHOUSE) -> None:
+    """Table ``tname``, published byte for byte from a side table of an artifact of ``kind``
+    (``warp publish --from``), must be the file the artifact's sealed manifest ``doc`` records in
+    ``side_tables``: its one shard's blob hash (checked on download) is that SHA-256
+    (docs/formats/twh1.md, "Manifest"). Nothing to compare for an artifact built before
+    ``side_tables`` existed."""
     recorded = doc.get(sidetables.FIELD) or {}
-    p = next(p for p in m.metadata["sources"] if isinstance(p, dict) and p.get("kind") == TENSOR_WAREHOUSE
+    p = next(p for p in m.metadata["sources"] if isinstance(p, dict) and p.get("kind") == kind
              and tname in (p.get("tables") or []))
     stem = tname.removeprefix(f"{p.get('artifact')}_")
     want = recorded.get(f"{stem}.parquet")
@@ -790,9 +792,9 @@ def _published_side_table(m, tname: str, doc: dict[str, Any], label: str) -> Non
         return
     if shards[0].hash != want.get("sha256"):
         raise sidetables.SideTableMismatchError(
-            f"{label} table {tname}: blob {shards[0].hash} is not side table {stem}.parquet of the warehouse it "
+            f"{label} table {tname}: blob {shards[0].hash} is not side table {stem}.parquet of the {kind} it "
             f"was published from, whose sealed manifest records SHA-256 {want.get('sha256')}",
-            hint="republish the dataset from an intact warehouse ('warp inspect --verify DIR' first)",
+            hint=f"republish the dataset from an intact {kind} ('warp inspect --verify DIR' first)",
             path=f"{label}:{tname}", entry=f"{stem}.parquet", expected=want.get("sha256"), computed=shards[0].hash)
 
 
