@@ -35,13 +35,14 @@ from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import CONTENT_HASH_FIELD
 from warpdata.core.confined import UnconfinedPathError, confined
-from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import BlobCorruptedError, DataError, MissingInputError, UsageError
 from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.features import manifest as fmanifest
 from warpdata.formats.tbl import SampleNotFound, TblReader
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import ArtifactIndex
+from warpdata.storage.blobcache import BlobCache
 from warpdata.storage.locations import open_url
 from warpdata.warehouse import manifest as wmanifest
 
@@ -123,19 +124,18 @@ class _RemoteFile:
 
 
 class _Downloaded:
-    """A side table read whole from object storage, its bytes checked against the manifest: the
-    Parquet reader reads this copy, never the store again (docs/formats/twh1.md, "Manifest")."""
+    """A side table of an artifact on object storage, read through the content-addressed blob cache
+    by the SHA-256 its manifest records (its bytes hashed as they landed): the Parquet reader reads
+    that local copy, named by its URL in messages (docs/formats/twh1.md, "Manifest")."""
 
-    def __init__(self, f: _RemoteFile, data: bytes) -> None:
-        self.url, self.name, self.data = f.url, f.name, data
+    def __init__(self, f: _RemoteFile, path: Path) -> None:
+        self.url, self.name, self.path = f.url, f.name, path
 
     def is_file(self) -> bool:
         return True
 
     def open(self, mode: str = "rb"):
-        import io
-
-        return io.BytesIO(self.data)
+        return self.path.open("rb")
 
     def __str__(self) -> str:
         return self.url
@@ -372,9 +372,11 @@ def _side_table(d: Path | _Remote, doc: dict[str, Any], name: Any, entry: str,
     SHA-256 and size its sealed manifest records before anything is read from it
     (:mod:`warpdata.core.sidetables`; docs/formats/twh1.md, "Manifest"). A local file whose check
     passed is stamped in the cache directory as the manifest's seal is (:func:`_sealed`), so a
-    later call on the unchanged file does not hash it again; a file on object storage is read
-    whole once and its downloaded bytes checked. A manifest written before ``side_tables``
-    existed gives the file unchecked; a missing file is left to the reader to report."""
+    later call on the unchanged file does not hash it again. A file on object storage is read
+    through the blob cache by the recorded SHA-256: downloaded whole once (one GET), its bytes
+    hashed as they land and refused on a mismatch; a later call finds the checked copy there.
+    A manifest written before ``side_tables`` existed gives the file unchecked (ranged reads);
+    a missing file is left to the reader to report."""
     import json
 
     where = str(d / MANIFEST_NAME)
@@ -383,12 +385,7 @@ def _side_table(d: Path | _Remote, doc: dict[str, Any], name: Any, entry: str,
     if want is None:
         return f
     if isinstance(f, _RemoteFile):
-        try:
-            data = f.read_bytes()
-        except FileNotFoundError:
-            return f
-        sidetables.check_bytes(data, f.url, name, want, where, hint)
-        return _Downloaded(f, data)
+        return _through_cache(f, name, want, where, hint)
     try:
         before = _stat_key(f)
     except FileNotFoundError:
@@ -407,6 +404,26 @@ def _side_table(d: Path | _Remote, doc: dict[str, Any], name: Any, entry: str,
     except OSError as e:  # a read-only or full cache only costs the hash next time
         log.debug(f"{f}: side-table stamp not kept in the cache: {e}")
     return f
+
+
+def _through_cache(f: _RemoteFile, name: str, want: dict[str, Any], where: str,
+                   hint: str) -> _RemoteFile | _Downloaded:
+    """Side table ``f`` on object storage, fetched into the blob cache as blob ``want["sha256"]``."""
+    got: list[bytes] = []
+
+    def download(out) -> None:
+        got.append(f.read_bytes())
+        out.write(got[-1])
+
+    try:
+        path = BlobCache().fetch(want["sha256"], download, size=want["size_bytes"], source=f.url)
+    except FileNotFoundError:
+        return f  # gone from the store: the reader reports it
+    except BlobCorruptedError:
+        data = got[-1]
+        sidetables.check_bytes(data, f.url, name, want, where, hint)  # raises: names both hashes
+        raise
+    return _Downloaded(f, path)
 
 
 def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, Any]:
