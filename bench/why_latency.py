@@ -9,8 +9,8 @@ the manifest's shard list (256 samples a shard), resealed, and the per-sample si
 groups. Shard files are not written: `warp why` never opens a warehouse shard (a feature-cache
 record's offset needs its shard's 64-byte header: the bench writes those headers only).
 Times `warpdata.lineage.why.why` in-process (median and max of ``--runs`` lookups at random
-indexes and keys, after a first call that recomputes the manifest's seal and stamps it: row
-"first"), and the CLI once in a subprocess for the start-up included. Timings on a
+indexes and keys, after a first call that recomputes the manifest's seal, hashes the side
+tables it reads against the manifest's ``side_tables`` and stamps both: row "first"), and the CLI once in a subprocess for the start-up included. Timings on a
 shared machine drift with load: the script prints ``uptime``'s load average.
 """
 
@@ -35,6 +35,7 @@ PER_SHARD = 256
 def _warehouse(tmp: Path, n: int) -> Path:
     import pyarrow as pa
     from warpdata.cli.app import main
+    from warpdata.core import sidetables
     from warpdata.core.canonical import seal
     from warpdata.sampledata.detection import generate
     from warpdata.warehouse.etl import LOOKUP_ROW_GROUP, _write_parquet
@@ -56,7 +57,6 @@ def _warehouse(tmp: Path, n: int) -> Path:
         shards.append({**tmpl, "id": f"shard-{k:05d}", "relative_path": f"shard-{k:05d}.twh1",
                        "first_sample": s, "samples": min(PER_SHARD, n - s), "checksum_sha256": f"{k:064x}"})
     doc.update(shards=shards, num_samples=n)
-    (v / "manifest.json").write_text(json.dumps(seal(doc), sort_keys=True, separators=(",", ":")))
     keys = [f"images/img_{i:08d}.jpg" for i in range(n)]
     _write_parquet(v / "samples.parquet", pa.table({
         "sample": pa.array(range(n), pa.int64()), "key": keys,
@@ -67,6 +67,8 @@ def _warehouse(tmp: Path, n: int) -> Path:
         "label_source": ["annotations.json"] * n}), LOOKUP_ROW_GROUP)
     _write_parquet(v / "sources.parquet", {"key": keys, "sha256": [f"{i:064x}" for i in range(n)],
                                            "size": list(range(n))}, LOOKUP_ROW_GROUP)
+    doc["side_tables"] = sidetables.record(v, doc["side_tables"])  # the grown tables, as the writer records them
+    (v / "manifest.json").write_text(json.dumps(seal(doc), sort_keys=True, separators=(",", ":")))
     return v
 
 
@@ -75,6 +77,7 @@ def _feature_cache(tmp: Path, n: int) -> Path:
 
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from warpdata.core import sidetables
     from warpdata.core.canonical import seal
 
     spec = importlib.util.spec_from_file_location("g", ROOT / "tests/golden/features/make_golden.py")
@@ -93,7 +96,6 @@ def _feature_cache(tmp: Path, n: int) -> Path:
         shards.append({"path": name, "records": min(PER_SHARD, n - s), "bytes": 1, "sha256": f"{s:064x}"})
     doc.update(shards=shards, records=n, shard_size=PER_SHARD)
     doc.pop("sources", None)
-    (c / "manifest.json").write_text(json.dumps(seal(doc), sort_keys=True, separators=(",", ":")))
     keys = [f"d0/img_{i:08d}.jpg" for i in range(n)]
     pq.write_table(pa.table({
         "record": pa.array(range(n), pa.int64()), "key": keys, "caption": ["a photo"] * n,
@@ -101,6 +103,8 @@ def _feature_cache(tmp: Path, n: int) -> Path:
         "shard": [f"shard-{i // PER_SHARD:05d}.wfs" for i in range(n)],
         "shard_index": pa.array([i % PER_SHARD for i in range(n)], pa.int32())}),
         c / "records.parquet", compression="zstd", row_group_size=16384)
+    doc["side_tables"] = sidetables.record(c, doc["side_tables"])
+    (c / "manifest.json").write_text(json.dumps(seal(doc), sort_keys=True, separators=(",", ":")))
     return c
 
 

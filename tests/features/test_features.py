@@ -239,6 +239,14 @@ def test_fingerprint_reuse_and_invalidation(tmp_path):
     r = build_cache(spec_for(src, out, size=(48, 48), encoder="pool8-hash", caching_device="cpu",
                              encoder_options={"seed": 1}))
     assert r.reasons == ["shards missing or resized"]
+    # an edited side file (keys.txt, same size: one letter of a key) is
+    # caught by the manifest's side_tables, not kept as up to date (docs/formats/feature-shard.md)
+    keys = out / "keys.txt"
+    keys.write_bytes(keys.read_bytes().replace(b"s000", b"s00X", 1))
+    r = build_cache(spec_for(src, out, size=(48, 48), encoder="pool8-hash", caching_device="cpu",
+                             encoder_options={"seed": 1}))
+    assert r.status == "built" and r.reasons == ["side files edited or missing"]
+    assert b"s00X" not in keys.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "src"]  # no temp dirs left
 
 

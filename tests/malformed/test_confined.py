@@ -121,3 +121,58 @@ def test_feature_cache_shard_fifo(cli, tmp_path):
         fmanifest.read(cache)
     r = cli("inspect", cache)
     assert r.code == 65 and "not a regular file" in r.err, (r.code, r.err)
+
+
+@pytest.mark.parametrize("name", ["../../../etc/hostname", "/dev/zero"])
+def test_warehouse_side_tables_names_are_confined(cli, warehouse, name):
+    # issue 36: side_tables names a file to hash; one outside the version is refused, never read
+    from warpdata.warehouse import reader
+
+    _edit(warehouse, lambda doc: doc["side_tables"].update({name: {"sha256": "0" * 64, "size_bytes": 0}}))
+    r = cli("inspect", warehouse)
+    assert r.code == 65 and "side_tables entry" in r.err, (r.code, r.err)
+    r = cli("inspect", "--verify", warehouse)
+    assert r.code == 1 and "side_tables entry" in r.out + r.err, (r.code, r.out, r.err)
+    r = cli("publish", "ws/x", "--from", warehouse, "--store", warehouse.parent / "store")
+    assert r.code == 65 and "side_tables entry" in r.err, (r.code, r.err)
+    with pytest.raises(UnconfinedPathError, match="side_tables entry"):
+        reader.open(warehouse)
+
+
+def test_warehouse_side_table_swapped_for_another_valid_one(cli, warehouse):
+    # a well-formed samples.parquet of another build (same columns, other rows): no Parquet error to
+    # catch it, only the manifest's SHA-256 (docs/formats/twh1.md, "Manifest")
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(warehouse / "samples.parquet")
+    pq.write_table(t.slice(1), warehouse / "samples.parquet")
+    r = cli("why", warehouse, "0")
+    assert r.code == 65 and "side table samples.parquet does not match" in r.err, (r.code, r.err)
+    r = cli("inspect", "--verify", warehouse)
+    assert r.code == 1 and "samples.parquet" in r.out + r.err
+
+
+def test_zarr_level_directory_symlinked_out_is_refused(cli, tmp_path):
+    # issue 36: a pyramid's level directory that is a symlink to another array outside the output
+    # was followed by `warp inspect` (and --verify, --preview); it is refused, naming the level
+    import numpy as np
+    from warpdata.tiles.writer import TileWriter
+
+    a = np.arange(2 * 16 * 16, dtype=np.uint16).reshape(2, 16, 16)
+    inside, outside = tmp_path / "p.zarr", tmp_path / "elsewhere.zarr"
+    for path in (inside, outside):
+        with TileWriter(path, a.shape, a.dtype, (1, 8, 8), levels=2, backend="cpu", fsync=False) as w:
+            w.write(a)
+    assert cli("inspect", "--verify", inside).code == 0
+    shutil.rmtree(inside / "1")
+    (inside / "1").symlink_to(outside / "1", target_is_directory=True)
+    for args in (["inspect", inside], ["inspect", "--verify", inside],
+                 ["inspect", inside, "--preview", tmp_path / "x.png"]):
+        r = cli(*args)
+        assert r.code == 65 and "level directory '1'" in r.out + r.err and "outside" in r.out + r.err, \
+            (args, r.code, r.out, r.err)
+        assert not (tmp_path / "x.png").exists()
+    (inside / "1").unlink()
+    (inside / "1").write_bytes(b"")  # not a directory at all
+    r = cli("inspect", inside)
+    assert r.code == 65 and "level directory '1' is not a directory" in r.err, (r.code, r.err)

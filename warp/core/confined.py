@@ -26,14 +26,15 @@ class UnconfinedPathError(DataError):
 
 
 def confined(root: str | os.PathLike, name: object, where: str, *, entry: str = "file",
-             must_exist: bool = False, hint: str = HINT) -> Path:
+             must_exist: bool = False, hint: str = HINT, directory: bool = False) -> Path:
     """The path of file ``name`` of the artifact in directory ``root``, as manifest ``where`` names it
     (``entry`` says which field, for the message).
 
     Refused: a name that is not a non-empty string, is absolute, has a ``..`` part or a NUL; a path
     that resolves (symlinks followed) outside ``root``; a path that exists and is not a regular file
     (a device, a FIFO, a socket, a directory). A missing file is returned (its reader reports it),
-    unless ``must_exist``."""
+    unless ``must_exist``. With ``directory`` the path must be a directory instead of a regular
+    file (a Zarr pyramid's level directory, docs/formats/zarr-tiles.md)."""
     def refuse(why: str) -> UnconfinedPathError:
         return UnconfinedPathError(f"{where}: {entry} {str(name)[:200]!r} {why}", hint=hint, path=where,
                                    entry=str(name)[:200])
@@ -57,6 +58,10 @@ def confined(root: str | os.PathLike, name: object, where: str, *, entry: str = 
         return p
     except OSError as e:
         raise refuse(f"cannot be examined: {e.strerror or e}") from None
+    if directory:
+        if not stat.S_ISDIR(st.st_mode):
+            raise refuse("is not a directory")
+        return p
     if not stat.S_ISREG(st.st_mode):
         raise refuse("is not a regular file (a device, FIFO, socket or directory)")
     return p

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 from warpdata.artifacts.manifests import MANIFEST_NAME
+from warpdata.core import sidetables
 from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal, sha256_file
 from warpdata.core.errors import ConfigError, DataError, InternalError
@@ -271,7 +272,7 @@ def _local_reasons(outp: Path, old: dict[str, Any] | None, fp: str, clear: bool,
                                   hint="choose another [output] path; warp only replaces its own caches")
             reasons.append("new cache")
         elif (sealed := _sealed(outp)) is not None and sealed.get("fingerprint") == fp and not clear \
-                and _shards_present(outp, sealed):
+                and _shards_present(outp, sealed) and not _side_errors(outp, sealed):
             return BuildResult("up-to-date", str(outp), sealed, {"scan_s": round(t_scan, 4)})
         elif clear:
             reasons.append("--clear")
@@ -280,13 +281,21 @@ def _local_reasons(outp: Path, old: dict[str, Any] | None, fp: str, clear: bool,
             changed = [k for k in ("dataset", "encoder", "code") if identity(prev.get(k)) != identity(inputs[k])] \
                 if isinstance(prev, dict) else []
             reasons.append("fingerprint changed" + (f" ({', '.join(changed)})" if changed else ""))
-        elif _sealed(outp) is None:
+        elif (sealed := _sealed(outp)) is None:
             reasons.append("manifest unsealed or damaged")
+        elif _shards_present(outp, sealed):
+            reasons.append("side files edited or missing")
         else:
             reasons.append("shards missing or resized")
     else:
         reasons.append("new cache")
     return None
+
+
+def _side_errors(outp: Path, manifest: dict[str, Any]) -> list[Any]:
+    """The side files of the cache at ``outp`` that differ from the manifest's ``side_tables``: a
+    cache whose ``records.parquet`` was edited is rebuilt, not kept (docs/formats/feature-shard.md)."""
+    return sidetables.errors(outp, manifest, str(outp / MANIFEST_NAME), fmanifest.REBUILD_HINT)
 
 
 def _default_decode_threads(ex: ExecutorSpec, n_workers: int) -> int:
@@ -434,8 +443,11 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         }
         if spec.sources is not None:
             manifest["sources"] = source_entries(spec, kept_source)
+        # the side files by SHA-256 and size, inside the seal: `warp why` and `warp inspect --verify`
+        # check them (docs/formats/feature-shard.md, "Cache manifest")
+        manifest[sidetables.FIELD] = sidetables.record(tmp, _write_side_files(tmp, kept_keys, kept_rows, shards,
+                                                                              kept_source, spec, q))
         manifest = seal(manifest)  # docs/formats/feature-shard.md: the reader checks it on open
-        _write_side_files(tmp, kept_keys, kept_rows, shards, kept_source, spec, q)
         wall = time.perf_counter() - t_start
         metrics.update(_run_metrics(results, len(shards), first_late, records, wall, t_build, t_repack, device, spec,
                                     drove))
@@ -461,15 +473,16 @@ def _log_problems(verdict: Any, results: list[PartResult], spec: CacheSpec) -> i
 
 
 def _write_side_files(tmp: Path, kept_keys: list[str], kept_rows: list[tuple[str, bool, int, int]],
-                      shards: list[dict[str, Any]], kept_source: list[int], spec: CacheSpec, q: Quarantine) -> None:
-    """``keys.txt``, ``records.parquet``, ``quarantine.jsonl`` and the quarantine's Parquet beside the shards."""
+                      shards: list[dict[str, Any]], kept_source: list[int], spec: CacheSpec, q: Quarantine) -> list[str]:
+    """``keys.txt``, ``records.parquet``, ``quarantine.jsonl`` and the quarantine's Parquet beside the
+    shards; returns their names."""
     atomic_write_bytes(tmp / "keys.txt", ("\n".join(kept_keys) + ("\n" if kept_keys else "")).encode("utf-8"),
                        fsync=False)
     _write_records(tmp / "records.parquet", kept_keys, kept_rows, shards,
                    None if spec.sources is None else [f"d{i}" for i in kept_source])
     atomic_write_bytes(tmp / "quarantine.jsonl",
                        b"".join(canonical_json(r) + b"\n" for r in q.record_dicts()), fsync=False)
-    q.write_parquet(tmp)
+    return ["keys.txt", "records.parquet", "quarantine.jsonl", *q.write_parquet(tmp).values()]
 
 
 def _verdicts_in_scan_order(tasks: list[PartTask], results: list[PartResult], runs: list[Sequence[int]],

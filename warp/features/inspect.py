@@ -5,8 +5,9 @@ Recognises a directory whose ``manifest.json`` has ``"kind": "feature-cache"``
 A cache report gives the fingerprint and what it covers, record and shard
 counts, fields with dtypes and shapes, quarantine counts per reason and the
 verdict; ``--head N`` lists the first N records (key, caption, sizes).
-``--verify`` checks every shard's SHA-256 against the manifest and every
-record's CRC-32C.
+``--verify`` checks every shard's SHA-256 against the manifest, every
+record's CRC-32C and every side file (``records.parquet``, ``keys.txt``, the quarantine's
+files) against the SHA-256 and size the manifest records in ``side_tables``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import os
 from typing import Any
 
 from warpdata.artifacts.inspect import Report
-from warpdata.artifacts.manifests import read_manifest
+from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
+from warpdata.core import sidetables
 from warpdata.core.errors import DataError
-from warpdata.features.manifest import KIND, sniff  # noqa: F401 (the inspector's sniff, kept light there)
+from warpdata.features.manifest import KIND, REBUILD_HINT, sniff  # noqa: F401 (the inspector's sniff, kept light there)
 from warpdata.features.manifest import read as read_checked
 from warpdata.features.reader import ShardCache, caption_text
 from warpdata.formats.featshard import FeatureShardReader
@@ -99,6 +101,9 @@ def _inspect_cache(root: str, *, verify: bool, head: int) -> Report:
             tables.append(("records", ["index", "key", "caption", "size", "orig_size"], rows))
         if verify:
             problems = cache.verify_all()
+            # the side files `warp why` answers from, against the manifest's side_tables
+            # (docs/formats/feature-shard.md, "Cache manifest"); none to check in an older cache
+            problems += sidetables.problems(root, m, os.path.join(root, MANIFEST_NAME), REBUILD_HINT)
             ok = not problems
             summary["verified"] = ok
     return Report(kind=KIND, target=root, summary=summary, tables=tables, ok=ok, problems=problems)

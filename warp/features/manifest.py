@@ -93,6 +93,8 @@ def read(path: str | os.PathLike) -> dict[str, Any]:
     doc = parse(m.read_bytes(), str(m))
     for sh in doc["shards"]:  # the schema pins names to shard-NNNNN.wfs; a symlink must not lead out
         confined(m.parent, sh["path"], str(m), entry="shard path", hint=REBUILD_HINT)
+    for name in doc.get("side_tables") or {}:
+        confined(m.parent, name, str(m), entry="side_tables entry", hint=REBUILD_HINT)
     return doc
 
 

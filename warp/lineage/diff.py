@@ -34,6 +34,7 @@ from typing import Any
 
 from warpdata.artifacts import kinds
 from warpdata.artifacts.manifests import read_manifest
+from warpdata.core import sidetables
 from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.errors import DataError, MissingInputError, UsageError
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
@@ -426,11 +427,11 @@ def diff_local(a: Path, b: Path, req: DiffRequest) -> DiffResult:
     side = {TENSOR_WAREHOUSE: "samples.parquet", FEATURE_CACHE: "records.parquet"}.get(kind)
     if side and (a / side).is_file() and (b / side).is_file():
         drop = ["sample", "record", "shard_id", "shard", "shard_index"]  # positions, not content
-        ta, tb = _side_table(a / side), _side_table(b / side)
+        ta, tb = _side_table(a / side, doc=da), _side_table(b / side, doc=db)
         ta = ta.drop_columns([c for c in drop if c in ta.column_names])
         tb = tb.drop_columns([c for c in drop if c in tb.column_names])
         if kind == TENSOR_WAREHOUSE:  # a sample changes when its source file does
-            ta, tb = _with_source_hash(a, ta), _with_source_hash(b, tb)
+            ta, tb = _with_source_hash(a, ta, da), _with_source_hash(b, tb, db)
         key = _pick_key(req.key, ta.column_names, tb.column_names, side)
         td = TableDiff(side.removesuffix(".parquet"), key, "same", schema_changed=ta.schema != tb.schema,
                        shards_read=2)
@@ -441,11 +442,17 @@ def diff_local(a: Path, b: Path, req: DiffRequest) -> DiffResult:
     return res
 
 
-def _side_table(path: Path, columns: list[str] | None = None):
-    """A local side table read whole; a damaged one is a DataError naming it, not a crash."""
+def _side_table(path: Path, columns: list[str] | None = None, *, doc: dict[str, Any]):
+    """A local side table read whole, first checked against the SHA-256 its manifest ``doc`` records
+    in ``side_tables`` (docs/formats/twh1.md, "Manifest"; none in an older manifest); a damaged one
+    is a DataError naming it, not a crash."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    where = str(path.parent / MANIFEST_NAME)
+    want = sidetables.expected(doc, path.name, where, "rebuild the artifact with 'warp etl'")
+    if want is not None:
+        sidetables.check_file(path, path.name, want, where, "rebuild the artifact with 'warp etl'")
     try:
         return pq.read_table(path, columns=columns)
     except pa.ArrowException as e:
@@ -453,13 +460,13 @@ def _side_table(path: Path, columns: list[str] | None = None):
                         hint="rebuild the artifact with 'warp etl'", path=str(path)) from None
 
 
-def _with_source_hash(d: Path, t):
+def _with_source_hash(d: Path, t, doc: dict[str, Any]):
 
     src = d / "sources.parquet"
     if not src.is_file() or "key" not in t.column_names:
         return t
     import pyarrow as pa
 
-    s = _side_table(src, ["key", "sha256"])
+    s = _side_table(src, ["key", "sha256"], doc=doc)
     sha = dict(zip(s.column("key").to_pylist(), s.column("sha256").to_pylist(), strict=True))
     return t.append_column("source_sha256", pa.array([sha.get(k) for k in t.column("key").to_pylist()], pa.string()))

@@ -30,18 +30,19 @@ from pathlib import Path
 from typing import Any
 
 from warpdata.artifacts import kinds
-from warpdata.core import envvars
+from warpdata.core import envvars, sidetables
 from warpdata.core.arrowmem import arrow_reader
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import CONTENT_HASH_FIELD
 from warpdata.core.confined import UnconfinedPathError, confined
-from warpdata.core.errors import DataError, MissingInputError, UsageError
+from warpdata.core.errors import BlobCorruptedError, DataError, MissingInputError, UsageError
 from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.features import manifest as fmanifest
 from warpdata.formats.tbl import SampleNotFound, TblReader
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import ArtifactIndex
+from warpdata.storage.blobcache import BlobCache
 from warpdata.storage.locations import open_url
 from warpdata.warehouse import manifest as wmanifest
 
@@ -117,6 +118,24 @@ class _RemoteFile:
 
     def read_bytes(self) -> bytes:
         return self.fs.cat_file(self.path)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class _Downloaded:
+    """A side table of an artifact on object storage, read through the content-addressed blob cache
+    by the SHA-256 its manifest records (its bytes hashed as they landed): the Parquet reader reads
+    that local copy, named by its URL in messages (docs/formats/twh1.md, "Manifest")."""
+
+    def __init__(self, f: _RemoteFile, path: Path) -> None:
+        self.url, self.name, self.path = f.url, f.name, path
+
+    def is_file(self) -> bool:
+        return True
+
+    def open(self, mode: str = "rb"):
+        return self.path.open("rb")
 
     def __str__(self) -> str:
         return self.url
@@ -232,9 +251,9 @@ def _parquet_row_in(path: Path, column: str, value: Any, columns: list[str] | No
     return None
 
 
-def _quarantined(d: Path, files: dict[str, str], key: str) -> dict[str, Any] | None:
-    name = files.get("quarantine")
-    return _parquet_row(_member(d, name, str(d / MANIFEST_NAME), "files.quarantine"), "sample_id", key) \
+def _quarantined(d: Path, doc: dict[str, Any], key: str) -> dict[str, Any] | None:
+    name = (doc.get("files") or {}).get("quarantine")
+    return _parquet_row(_side_table(d, doc, name, "files.quarantine", wmanifest.REBUILD_HINT), "sample_id", key) \
         if name else None
 
 
@@ -347,6 +366,66 @@ def _member(d: Path | _Remote, rel: Any, where: str, entry: str) -> Path | _Remo
     return confined(d, rel, where, entry=entry, hint="the manifest is damaged or hostile; rebuild it with 'warp etl'")
 
 
+def _side_table(d: Path | _Remote, doc: dict[str, Any], name: Any, entry: str,
+                hint: str) -> Path | _RemoteFile | _Downloaded:
+    """Side table ``name`` of artifact ``d`` (confined as :func:`_member`), checked against the
+    SHA-256 and size its sealed manifest records before anything is read from it
+    (:mod:`warpdata.core.sidetables`; docs/formats/twh1.md, "Manifest"). A local file whose check
+    passed is stamped in the cache directory as the manifest's seal is (:func:`_sealed`), so a
+    later call on the unchanged file does not hash it again. A file on object storage is read
+    through the blob cache by the recorded SHA-256: downloaded whole once (one GET), its bytes
+    hashed as they land and refused on a mismatch; a later call finds the checked copy there.
+    A manifest written before ``side_tables`` existed gives the file unchecked (ranged reads);
+    a missing file is left to the reader to report."""
+    import json
+
+    where = str(d / MANIFEST_NAME)
+    f = _member(d, name, where, entry)
+    want = sidetables.expected(doc, name, where, hint)
+    if want is None:
+        return f
+    if isinstance(f, _RemoteFile):
+        return _through_cache(f, name, want, where, hint)
+    try:
+        before = _stat_key(f)
+    except FileNotFoundError:
+        return f
+    stamp = _seal_stamp(f)
+    stamped = {"stat": before, "sha256": want["sha256"], "size_bytes": want["size_bytes"]}
+    try:
+        if json.loads(stamp.read_bytes()) == stamped:
+            return f
+    except (OSError, ValueError):
+        pass
+    sidetables.check_file(f, name, want, where, hint)
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(stamp, json.dumps(stamped).encode(), fsync=False)
+    except OSError as e:  # a read-only or full cache only costs the hash next time
+        log.debug(f"{f}: side-table stamp not kept in the cache: {e}")
+    return f
+
+
+def _through_cache(f: _RemoteFile, name: str, want: dict[str, Any], where: str,
+                   hint: str) -> _RemoteFile | _Downloaded:
+    """Side table ``f`` on object storage, fetched into the blob cache as blob ``want["sha256"]``."""
+    got: list[bytes] = []
+
+    def download(out) -> None:
+        got.append(f.read_bytes())
+        out.write(got[-1])
+
+    try:
+        path = BlobCache().fetch(want["sha256"], download, size=want["size_bytes"], source=f.url)
+    except FileNotFoundError:
+        return f  # gone from the store: the reader reports it
+    except BlobCorruptedError:
+        data = got[-1]
+        sidetables.check_bytes(data, f.url, name, want, where, hint)  # raises: names both hashes
+        raise
+    return _Downloaded(f, path)
+
+
 def _shard_of(doc: dict[str, Any], first: str, i: int, where: str) -> dict[str, Any]:
     try:
         firsts = [s[first] for s in doc["shards"]]
@@ -376,20 +455,19 @@ def _side_row(base: Lineage, d: Path | _Remote, table: Any, index_column: str, c
 
 def _why_warehouse(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
     files = doc.get("files", {})
-    where = str(d / MANIFEST_NAME)
-    samples = _member(d, files.get("samples", "samples.parquet"), where, "files.samples")
+    samples = _side_table(d, doc, files.get("samples", "samples.parquet"), "files.samples", wmanifest.REBUILD_HINT)
     i = _as_index(sample)
     base = Lineage(str(d), TENSOR_WAREHOUSE, i, None)
     row, answer = _side_row(base, d, samples, "sample", doc["num_samples"], sample,
-                            lambda: _quarantined(d, files, sample))
+                            lambda: _quarantined(d, doc, sample))
     if answer is not None:
         return answer
     if row is None:
         raise DataError(f"{samples}: no row for sample {i} although the manifest holds {doc['num_samples']}",
                         hint=wmanifest.REBUILD_HINT, path=str(samples))
     _checked_shard(doc, _shard_of(doc, "first_sample", row["sample"], str(d)), d, "relative_path")
-    src = _parquet_row(_member(d, files.get("sources", "sources.parquet"), where, "files.sources"), "key",
-                       row["key"]) or {}
+    src = _parquet_row(_side_table(d, doc, files.get("sources", "sources.parquet"), "files.sources",
+                                   wmanifest.REBUILD_HINT), "key", row["key"]) or {}
     return _warehouse_lineage(base, doc, row, src)
 
 
@@ -436,11 +514,12 @@ def _warehouse_lineage(base: Lineage, doc: dict[str, Any], row: dict[str, Any], 
 # -- feature cache ------------------------------------------------------------------------------
 
 def _why_feature_cache(d: Path | _Remote, doc: dict[str, Any], sample: str) -> Lineage:
-    records = d / "records.parquet"
+    records = _side_table(d, doc, "records.parquet", "records table", fmanifest.REBUILD_HINT)
     i = _as_index(sample)
     base = Lineage(str(d), FEATURE_CACHE, i, None)
     row, answer = _side_row(base, d, records, "record", doc["records"], sample,
-                            lambda: _parquet_row(d / "quarantine.parquet", "sample_id", sample))
+                            lambda: _parquet_row(_side_table(d, doc, "quarantine.parquet", "quarantine table",
+                                                             fmanifest.REBUILD_HINT), "sample_id", sample))
     if answer is not None:
         return answer
     if row is None:
@@ -592,6 +671,7 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
     fc = _published_producer(st, m, tname, FEATURE_CACHE)
     if fc is not None and "record" in values and "shard_index" in values:  # a feature cache's records table
         doc, idx = fc
+        _published_side_table(m, tname, doc, f"{name}@{m.version_hash[:12]}", FEATURE_CACHE)
         names = [s.get("path") for s in doc["shards"] if isinstance(s, dict)]
         if values.get("shard") in names:
             def header(name: str) -> bytes:
@@ -608,6 +688,9 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
     wh = _published_warehouse(st, m, tname)
     if wh is not None and "source_path" in values:  # a warehouse's samples table: trace on to its sources
         doc, sources_table, idx = wh
+        for used in (tname, sources_table):
+            if used is not None:
+                _published_side_table(m, used, doc, f"{name}@{m.version_hash[:12]}")
         src = _find_row(st, m.tables[sources_table], "key", values["key"]) if sources_table else None
         _warehouse_lineage(base, doc, dict(values), src[3] if src else {})
         loc = base.location or {}
@@ -708,6 +791,28 @@ def _published_warehouse(st, m, tname: str) -> tuple[dict[str, Any], str | None,
              and tname in (p.get("tables") or []))
     sources = next((n for n in p["tables"] if n == "sources" or n.endswith("_sources")), None)
     return doc, sources, idx
+
+
+def _published_side_table(m, tname: str, doc: dict[str, Any], label: str, kind: str = TENSOR_WAREHOUSE) -> None:
+    """Table ``tname``, published byte for byte from a side table of an artifact of ``kind``
+    (``warp publish --from``), must be the file the artifact's sealed manifest ``doc`` records in
+    ``side_tables``: its one shard's blob hash (checked on download) is that SHA-256
+    (docs/formats/twh1.md, "Manifest"). Nothing to compare for an artifact built before
+    ``side_tables`` existed."""
+    recorded = doc.get(sidetables.FIELD) or {}
+    p = next(p for p in m.metadata["sources"] if isinstance(p, dict) and p.get("kind") == kind
+             and tname in (p.get("tables") or []))
+    stem = tname.removeprefix(f"{p.get('artifact')}_")
+    want = recorded.get(f"{stem}.parquet")
+    shards = m.tables[tname].shards
+    if not isinstance(want, dict) or len(shards) != 1:
+        return
+    if shards[0].hash != want.get("sha256"):
+        raise sidetables.SideTableMismatchError(
+            f"{label} table {tname}: blob {shards[0].hash} is not side table {stem}.parquet of the {kind} it "
+            f"was published from, whose sealed manifest records SHA-256 {want.get('sha256')}",
+            hint=f"republish the dataset from an intact {kind} ('warp inspect --verify DIR' first)",
+            path=f"{label}:{tname}", entry=f"{stem}.parquet", expected=want.get("sha256"), computed=shards[0].hash)
 
 
 def _default_table(m) -> str:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from warpdata.artifacts.manifests import MANIFEST_NAME, read_manifest
+from warpdata.core import sidetables
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.jsondoc import load_json
 from warpdata.registry.manifest import NAME_RE
@@ -124,6 +125,10 @@ def describe_source(path: str | os.PathLike, *, follow_symlinks: bool = False) -
         doc = read_manifest(p)
         kind = str(doc["kind"])
         check_symlinks(p, follow_symlinks=follow_symlinks)
+        # side tables recorded by SHA-256 in the manifest (docs/formats/twh1.md, "Manifest") become
+        # tables of the dataset: an edited one is refused here, not published
+        sidetables.check_all(p, doc, str(p / MANIFEST_NAME), "rebuild the artifact with the command that wrote it "
+                             "('warp etl'), then publish it again")
 
         # metrics.json records how a build ran (timings, a timestamp), not what it holds: publishing it
         # would make every identical rebuild a new version (docs/formats/registry.md)

@@ -19,6 +19,7 @@ import os
 
 from warpdata.artifacts.inspect import Report
 from warpdata.artifacts.kinds import validate
+from warpdata.core.confined import confined
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.jsondoc import load_json
 from warpdata.core.names import MANIFEST_NAME, ZARR_ARRAY
@@ -78,12 +79,21 @@ def _group_levels(root: str) -> tuple[list[str] | None, dict | None]:
 
 
 def _levels(root: str, manifest: dict | None) -> tuple[list[str], dict | None]:
+    """(level paths, group document), each level directory confined to ``root``: one that is a
+    symlink leading out of the array, or no directory, is refused before anything in it is read
+    (:func:`warpdata.core.confined.confined`; docs/formats/zarr-tiles.md)."""
     paths, group = _group_levels(root)
-    if paths is not None:
-        return paths, group
-    if manifest is not None and isinstance(manifest.get("levels"), list) and manifest["levels"]:
-        return [lv.get("path", "") if isinstance(lv, dict) else "" for lv in manifest["levels"]], None
-    return [""], None
+    where = f"{root}/{zarr_v3.ZARR_JSON}"
+    if paths is None and manifest is not None and isinstance(manifest.get("levels"), list) and manifest["levels"]:
+        paths = [lv.get("path", "") if isinstance(lv, dict) else "" for lv in manifest["levels"]]
+        where = f"{root}/{MANIFEST_NAME}"
+    if paths is None:
+        return [""], None
+    for p in paths:
+        if p:
+            confined(root, p, where, entry="level directory", directory=True,
+                     hint="the array is damaged or hostile: rewrite it with 'warp etl'")
+    return paths, group
 
 
 def _zarr_python_check(doc: dict, where: str, group: bool) -> str | None:

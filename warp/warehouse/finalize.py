@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from warpdata.core import sidetables
 from warpdata.core.atomic import (
     TMP_PREFIX,
     atomic_file,
@@ -67,7 +68,11 @@ def verify_version(path: Path, version: str, workers: int) -> dict[str, Any] | N
             return False
 
     with ThreadPoolExecutor(max(1, workers)) as ex:
-        return doc if all(ex.map(ok, doc["shards"])) else None
+        if not all(ex.map(ok, doc["shards"])):
+            return None
+    if sidetables.problems(path, doc, str(path / wmanifest.MANIFEST_NAME), wmanifest.REBUILD_HINT):
+        return None  # an edited side table: the version is rebuilt as a damaged one is
+    return doc
 
 
 def version_lock(root: Path, version: str) -> contextlib.AbstractContextManager[None]:
@@ -113,6 +118,9 @@ def manifest_doc(cfg: wconfig.WarehouseConfig, recipe: dict[str, Any], version: 
         "thresholds": cfg.thresholds.to_dict(),
         "summary": {**q.summary(), "verdict": verdict.to_dict()}, "shards": shards,
         "classes": classes, "num_samples": first, "box_format": "xyxy-pixels", "files": files,
+        # every side table but metrics.json (timings: not sealed) by SHA-256 and size; readers check
+        # the one they read (docs/formats/twh1.md, "Manifest")
+        sidetables.FIELD: sidetables.record(where, [n for k, n in files.items() if k != "metrics"]),
     }
     # sealed: no timestamp or timing inside, so the same inputs give the same manifest bytes
     # wherever and whenever they are built (docs/formats/twh1.md, "Manifest")

@@ -5,8 +5,9 @@ Contract: :func:`sniff` recognises a TWH1 file by its magic, and a directory
 :func:`inspect` reports the shard header (a shard) or the manifest summary,
 validation counts per run, reasons and shard table (a warehouse). With
 ``verify`` every shard's SHA-256 is recomputed and compared with the stored
-trailer and the manifest; each mismatch or structural error becomes a
-problem (``warp inspect --verify`` then exits 1). ``head`` lists the first
+trailer and the manifest, and every side table against the SHA-256 and size the manifest
+records (``side_tables``; none in a manifest written before it existed); each mismatch or
+structural error becomes a problem (``warp inspect --verify`` then exits 1). ``head`` lists the first
 samples (key, boxes, classes, frame id).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 
 from warpdata.artifacts.inspect import Report
+from warpdata.core import sidetables
 from warpdata.core.errors import DataError
 from warpdata.core.jsondoc import load_json
 from warpdata.core.names import TENSOR_WAREHOUSE
@@ -115,6 +117,17 @@ def _inspect_warehouse(target: str, verify: bool, head: int) -> Report:
         tables.append(("quarantine reasons", ["reason", "count"], reason_rows))
     tables.append(("shards", ["id", "file", "samples", "bytes", "sha256", "verify" if verify else ""], shard_rows))
     if verify:
+        # the side tables `warp why` answers from, against the SHA-256 the manifest records
+        # (docs/formats/twh1.md, "Manifest"); a manifest from before side_tables has none to check
+        where = os.path.join(base, wmanifest.MANIFEST_NAME)
+        side = sidetables.problems(base, doc, where, wmanifest.REBUILD_HINT)
+        problems += side
+        recorded = doc.get(sidetables.FIELD)
+        tables.append(("side tables", ["file", "bytes", "sha256", "verify"],
+                       [[n, f"{e['size_bytes']:,}", e["sha256"][:16] + "…",
+                         "CORRUPT" if any(f"side table {n} " in p for p in side) else "ok"]
+                        for n, e in sorted((recorded or {}).items())]
+                       or [["(not recorded: built before side_tables existed)", "", "", "unchecked"]]))
         summary["verified"] = not problems
     if head and doc["shards"]:
         with twh1.TWH1Shard(os.path.join(base, doc["shards"][0]["relative_path"])) as s:

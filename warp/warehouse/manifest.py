@@ -74,6 +74,8 @@ def check_confined(doc: dict[str, Any], root: Path, where: str) -> None:
         confined(root, sh["relative_path"], where, entry=f"shard {sh.get('id')!s} relative_path", hint=hint)
     for key, name in (doc.get("files") or {}).items():
         confined(root, name, where, entry=f"files.{key}", hint=hint)
+    for name in doc.get("side_tables") or {}:
+        confined(root, name, where, entry="side_tables entry", hint=hint)
 
 
 def parse(raw: bytes, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:

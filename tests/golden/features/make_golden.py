@@ -88,7 +88,7 @@ def digest(cache: Path, root: Path) -> dict[str, object]:
                        "fields": hashlib.sha256(raw[64:64 + 96 * len(h.layout.fields)]).hexdigest(),
                        "data": hashlib.sha256(raw[h.data_offset:]).hexdigest()})
     out["shards"] = shards
-    m = {k: v for k, v in manifest.items() if k not in ("fingerprint", "content_sha256", "shards")}
+    m = {k: v for k, v in manifest.items() if k not in ("fingerprint", "content_sha256", "shards", "side_tables")}
     m["fingerprint_inputs"] = {k: v for k, v in m["fingerprint_inputs"].items() if k != "code"}
     out["manifest"] = m
     out["keys.txt"] = hashlib.sha256((cache / "keys.txt").read_bytes()).hexdigest()
