@@ -478,12 +478,17 @@ def _parquet_facts(path: str) -> dict[str, Any]:
     stats = shard_stats(md, footer)
     # the footer and the pages' locations ride in the manifest: a reader's first data request
     # follows it (docs/formats/registry.md, "Page index in the manifest")
+    # Every node reads the manifest, so an index costs its bytes once per node: only where it is at
+    # most PAGE_INDEX_SHARE of the shard (a shard of a few pages is cheaper read by its footer)
     index = parquet_index.of_file(path)
-    if index is not None:
+    if index is not None and len(index) <= PAGE_INDEX_SHARE * os.path.getsize(path):
         stats["page_index"] = index
     return {"row_count": int(md.num_rows), "schema": fields, "arrow": encode_arrow_schema(sch), "stats": stats}
 
 
+#: a shard's page index goes into the manifest when it is at most this share of the shard's bytes
+#: (docs/formats/registry.md, "Page index in the manifest")
+PAGE_INDEX_SHARE = 0.001
 #: rows per data page of the Parquet files publish writes (docs/partitioning.md, "Reads aligned
 #: with storage"): a reader of some rows of a row group fetches the pages holding them, so a
 #: rank's share costs its rows plus at most a page per column at each end. A table's own count
