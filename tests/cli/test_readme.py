@@ -20,10 +20,10 @@ fixture's endpoint and dummy credentials are added to the environment;
 nothing else in a block is rewritten.
 
 Checks, per command: the exit status (0 unless ``EXIT_CODES`` says
-otherwise), and for the few stable lines listed in ``EXPECTED`` (no timings,
-hashes or paths) that the README shows them under that command *and* that
+otherwise), its whole output (below, "Output"), and for the key lines listed
+in ``EXPECTED`` that the README shows them under that command *and* that
 the command prints them (stdout or stderr; runs of blanks compared as one
-space). Commands that cannot run on every machine are listed in ``SKIPS``
+space): an elision (``...``) may not hide those. Commands that cannot run on every machine are listed in ``SKIPS``
 with the condition and the reason. The other ```sh blocks are not run:
 "Install" / "Set up" / "Developing" install packages or run make targets,
 "warp inspect" uses placeholder paths, and "warp doctor" exits 1 by design
