@@ -372,6 +372,7 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
         assert rc_file.exists() and int(rc_file.read_text()) == 0, (
             f"{section}: the ```python block under {py.section!r} failed:\n{py.commands[0].text}\n"
             f"--- stderr\n{err[-3000:]}")
+    _compare_outputs(block, rundir, work, skipped)
     for sec, needle, text in EXPECTED:
         if sec != section:
             continue
@@ -380,7 +381,6 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
             continue
         printed = (rundir / f"{k}.log").read_text(errors="replace")
         assert _norm(text) in _norm(printed), f"{section}: `{needle}` did not print {text!r}:\n{printed[-3000:]}"
-    _compare_outputs(block, rundir, work, skipped)
 
 
 def _compare_outputs(block: Block, rundir: Path, home: Path, skipped: dict[int, str]) -> None:
