@@ -33,7 +33,8 @@ Python: every ```python block runs too, as written, in a ``python`` subprocess
 in the scratch directory of its section, after that section's commands (the
 README's own set-up: the dataset or file the snippet opens is the one those
 commands made); a block whose set-up is another section's runs after that
-section's commands (``PY_SETUP``). It must exit 0. Blocks that cannot run as
+section's commands (``PY_SETUP``). It must exit 0, and the comment beside a
+``print(...)`` call is a line it prints. Blocks that cannot run as
 written (placeholders for the reader's own model or camera, distributed ranks) are
 listed in ``PY_SKIPS`` with the reason.
 
@@ -292,6 +293,8 @@ def test_readme_blocks_and_lists_agree():
     for b in PY_BLOCKS:
         assert _py_skip(b) or PY_SETUP.get(b.section, b.section) in SECTIONS, b.section
     assert len(PY_BLOCKS) >= 8 and sum(not _py_skip(b) for b in PY_BLOCKS) >= 4
+    # the flow's shape comment is checked against what its print() prints (issue 40: it said 12 where 16 printed)
+    assert _print_comments(PY_BLOCKS[0].commands[0].text) == ["0 (16, 3, 320, 320) (16, 16, 4)"]
 
 
 def test_photos_sample_data_is_the_readme_dataset(tmp_path):
@@ -364,6 +367,7 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
         assert rc_file.exists() and int(rc_file.read_text()) == want, (
             f"{section}: `{cmd.text}` exited {rc_file.read_text().strip() if rc_file.exists() else '?'}, "
             f"README expects {want}\n--- stdout and stderr\n{log[-6000:]}")
+    _compare_outputs(block, rundir, work, skipped)
     for i, py in enumerate(_py_blocks_after(section)):
         if _skip_reason(py.commands[0]):
             continue
@@ -372,7 +376,10 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
         assert rc_file.exists() and int(rc_file.read_text()) == 0, (
             f"{section}: the ```python block under {py.section!r} failed:\n{py.commands[0].text}\n"
             f"--- stderr\n{err[-3000:]}")
-    _compare_outputs(block, rundir, work, skipped)
+        printed = [_norm(ln).strip() for ln in (rundir / f"py{i}.out").read_text(errors="replace").splitlines()]
+        for shown in _print_comments(py.commands[0].text):
+            assert shown in printed, (f"{section}: the ```python block under {py.section!r} shows `# {shown}` "
+                                      f"beside a print(), which printed:\n" + "\n".join(printed[:20]))
     for sec, needle, text in EXPECTED:
         if sec != section:
             continue
@@ -381,6 +388,11 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
             continue
         printed = (rundir / f"{k}.log").read_text(errors="replace")
         assert _norm(text) in _norm(printed), f"{section}: `{needle}` did not print {text!r}:\n{printed[-3000:]}"
+
+
+def _print_comments(code: str) -> list[str]:
+    """The comments beside ``print(...)`` calls of a ```python block: each is a line that block prints."""
+    return [_norm(m.group(1)).strip() for m in re.finditer(r"^\s*print\(.*\)\s+#\s*(.+)$", code, re.M)]
 
 
 def _compare_outputs(block: Block, rundir: Path, home: Path, skipped: dict[int, str]) -> None:
