@@ -17,7 +17,7 @@ LOCKED_INSTALL := $(PIP) install -q --disable-pip-version-check --require-hashes
 PROJECT_INSTALL := { $(PIP) uninstall -q -y warpdata 2>/dev/null || true; } && \
 	$(PIP) install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 
-.PHONY: install install-demo test s3-conformance demo bench bench-summary gpu-wheels gpu-check lint docs docs-check lock clean
+.PHONY: install install-demo test s3-conformance demo bench bench-summary gpu-wheels gpu-check lint docs docs-check readme lock clean
 
 install: $(VENV)/.installed
 
@@ -126,6 +126,16 @@ docs: install
 
 docs-check: install
 	$(PY) -m warpdata.cli.docgen check
+
+# README.md's console outputs: rerun its blocks (tests/cli/test_readme.py, recording what each
+# command prints under build/readme/) and rewrite the shown lines that moved
+# (tests/support/readme_outputs.py; CONTRIBUTING.md, "The README's outputs"). A block whose
+# command exits otherwise than the README says records nothing; the others are still rewritten,
+# and the target fails with the test's failures.
+readme: install
+	rm -rf build/readme && mkdir -p build/readme
+	README_RECORD_DIR=$(CURDIR)/build/readme $(PY) -m pytest -n 2 -q tests/cli/test_readme.py -k block_runs; \
+	status=$$?; PYTHONPATH=tests $(PY) -m support.readme_outputs write build/readme README.md && exit $$status
 
 clean:
 	rm -rf $(VENV) $(LOCK_VENV) $(DEMO) build dist *.egg-info .pytest_cache .ruff_cache bench/out

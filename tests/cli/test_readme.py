@@ -8,8 +8,8 @@ its own fresh scratch directory, its commands in order (``cd`` and
 ``export`` carry over from one command to the next, as in a terminal),
 stdin from /dev/null and ``set -o pipefail``. The environment points
 ``HOME``, ``WARP_STORE`` and ``WARP_CACHE_DIR`` into the scratch directory
-(no ``XDG_*``, ``WARP_*`` or ``AWS_*`` variable leaks in) and puts this
-venv's ``bin`` first on ``PATH``. The scratch directory holds a link
+(no ``XDG_*``, ``WARP_*`` or ``AWS_*`` variable leaks in), sets ``PYTHONUNBUFFERED``
+and puts this venv's ``bin`` first on ``PATH``. The scratch directory holds a link
 ``examples`` to the repository's ``examples/``, since the README's commands
 run from the root of a clone.
 
@@ -20,10 +20,10 @@ fixture's endpoint and dummy credentials are added to the environment;
 nothing else in a block is rewritten.
 
 Checks, per command: the exit status (0 unless ``EXIT_CODES`` says
-otherwise), and for the few stable lines listed in ``EXPECTED`` (no timings,
-hashes or paths) that the README shows them under that command *and* that
+otherwise), its whole output (below, "Output"), and for the key lines listed
+in ``EXPECTED`` that the README shows them under that command *and* that
 the command prints them (stdout or stderr; runs of blanks compared as one
-space). Commands that cannot run on every machine are listed in ``SKIPS``
+space): an elision (``...``) may not hide those. Commands that cannot run on every machine are listed in ``SKIPS``
 with the condition and the reason. The other ```sh blocks are not run:
 "Install" / "Set up" / "Developing" install packages or run make targets,
 "warp inspect" uses placeholder paths, and "warp doctor" exits 1 by design
@@ -33,15 +33,24 @@ Python: every ```python block runs too, as written, in a ``python`` subprocess
 in the scratch directory of its section, after that section's commands (the
 README's own set-up: the dataset or file the snippet opens is the one those
 commands made); a block whose set-up is another section's runs after that
-section's commands (``PY_SETUP``). It must exit 0. Blocks that cannot run as
-written (placeholders for the reader's own model or camera, a dated path) are
+section's commands (``PY_SETUP``). It must exit 0, and the comment beside a
+``print(...)`` call is a line it prints. Blocks that cannot run as
+written (placeholders for the reader's own model or camera, distributed ranks) are
 listed in ``PY_SKIPS`` with the reason.
+
+Output: what each command prints (stdout and stderr as one stream, in order) must be the
+lines the README shows under it, exactly but for the conventions of
+``tests/support/readme_outputs.py`` (``...`` lines, ``…`` and ``≈`` markers, comments);
+``make readme`` rewrites the lines that moved. For that the commands run in the scratch
+home (``~``, printed as ``/home/me``), where ``WARP_STORE`` and ``WARP_CACHE_DIR`` are
+warp's defaults under it.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import re
 import shutil
@@ -52,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from support import readme_outputs
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -62,6 +72,7 @@ FLOW = "The flow in five minutes"
 class Command:
     text: str                                        # as bash gets it (continuations kept)
     shown: list[str] = field(default_factory=list)   # output lines the README shows under it
+    line: int = -1                                   # README.md's line index of the first of them
 
 
 @dataclass
@@ -92,13 +103,14 @@ def parse_readme(text: str) -> list[Block]:
             i += 1
         i += 1
         if lang == "console" or (lang == "sh" and section == FLOW):
-            blocks.append(Block(section, lang, _commands(lang, body)))
+            blocks.append(Block(section, lang, _commands(lang, body, i - 1 - len(body))))
         elif lang == "python":
             blocks.append(Block(section, lang, [Command("\n".join(body))]))
     return blocks
 
 
-def _commands(lang: str, body: list[str]) -> list[Command]:
+def _commands(lang: str, body: list[str], first: int) -> list[Command]:
+    """The commands of a block whose first line is README.md's line ``first`` (an index)."""
     cmds: list[Command] = []
     k = 0
     while k < len(body):
@@ -114,7 +126,7 @@ def _commands(lang: str, body: list[str]) -> list[Command]:
         while parts[-1].rstrip().endswith("\\") and k < len(body):
             parts.append(body[k])
             k += 1
-        cmds.append(Command("\n".join(parts)))
+        cmds.append(Command("\n".join(parts), line=first + k))
     return cmds
 
 
@@ -208,8 +220,6 @@ SKIPS: list[tuple[str, bool, str]] = [
 # ```python blocks (by the section they are under, and a line only that block has) that cannot run
 # as written, and why. The others run after the commands of their section, or of PY_SETUP's.
 PY_SKIPS: list[tuple[str, str, str]] = [
-    ("warp etl (detection labels → tensor warehouse)", "v20261122-ad8ac1f29a2e",
-     "opens the version directory by its name, which holds the day it was built"),
     ("warp etl (captioned media → feature cache for pretraining)", "opt.zero_grad()",
      "a training loop: model and opt are the reader's own"),
     ("warp etl (arrays → tiled, compressed Zarr v3)", "chunks_from_camera()",
@@ -283,6 +293,8 @@ def test_readme_blocks_and_lists_agree():
     for b in PY_BLOCKS:
         assert _py_skip(b) or PY_SETUP.get(b.section, b.section) in SECTIONS, b.section
     assert len(PY_BLOCKS) >= 8 and sum(not _py_skip(b) for b in PY_BLOCKS) >= 4
+    # the flow's shape comment is checked against what its print() prints (issue 40: it said 12 where 16 printed)
+    assert _print_comments(PY_BLOCKS[0].commands[0].text) == ["0 (16, 3, 320, 320) (16, 16, 4)"]
 
 
 def test_photos_sample_data_is_the_readme_dataset(tmp_path):
@@ -313,7 +325,7 @@ def _script(block: Block, rundir: Path, bucket: str | None) -> tuple[str, dict[i
             skipped[k] = reason
             continue
         text = cmd.text.replace(S3_BUCKET, f"s3://{bucket}/") if bucket else cmd.text
-        lines.append(f"{{ {text}\n}} >'{rundir}/{k}.out' 2>'{rundir}/{k}.err'; echo $? >'{rundir}/{k}.rc'")
+        lines.append(f"{{ {text}\n}} >'{rundir}/{k}.log' 2>&1; echo $? >'{rundir}/{k}.rc'")
     for i, py in enumerate(_py_blocks_after(block.section)):
         reason = _skip_reason(py.commands[0])
         if reason:
@@ -329,14 +341,14 @@ def _script(block: Block, rundir: Path, bucket: str | None) -> tuple[str, dict[i
 @pytest.mark.parametrize("section", SECTIONS)
 def test_readme_block_runs_as_written(section, tmp_path, request):
     block = BY_SECTION[section]
-    work, rundir = tmp_path / "work", tmp_path / "run"
+    work, rundir = tmp_path / "home", tmp_path / "run"   # the README's commands run in ~ (/home/me)
     work.mkdir()
     rundir.mkdir()
     (work / "examples").symlink_to(ROOT / "examples")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("XDG_", "WARP_", "AWS_")) and k not in ("COLUMNS", "LINES")}
-    env.update(HOME=str(tmp_path / "home"), WARP_STORE=str(tmp_path / "store"),
-               WARP_CACHE_DIR=str(tmp_path / "cache"),
+    env.update(HOME=str(work), WARP_STORE=str(work / ".local/share/warp/store"),
+               WARP_CACHE_DIR=str(work / ".cache/warp"), PYTHONUNBUFFERED="1",   # stdout and stderr in order
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))
     bucket = None
     if any(S3_BUCKET in c.text for c in block.commands):
@@ -350,12 +362,12 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
         if k in skipped:
             continue
         rc_file = rundir / f"{k}.rc"
-        out = (rundir / f"{k}.out").read_text(errors="replace") if rc_file.exists() else ""
-        err = (rundir / f"{k}.err").read_text(errors="replace") if rc_file.exists() else ""
+        log = (rundir / f"{k}.log").read_text(errors="replace") if rc_file.exists() else ""
         want = next((c for pre, c in EXIT_CODES.items() if cmd.text.startswith(pre)), 0)
         assert rc_file.exists() and int(rc_file.read_text()) == want, (
             f"{section}: `{cmd.text}` exited {rc_file.read_text().strip() if rc_file.exists() else '?'}, "
-            f"README expects {want}\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-3000:]}")
+            f"README expects {want}\n--- stdout and stderr\n{log[-6000:]}")
+    _compare_outputs(block, rundir, work, skipped)
     for i, py in enumerate(_py_blocks_after(section)):
         if _skip_reason(py.commands[0]):
             continue
@@ -364,11 +376,42 @@ def test_readme_block_runs_as_written(section, tmp_path, request):
         assert rc_file.exists() and int(rc_file.read_text()) == 0, (
             f"{section}: the ```python block under {py.section!r} failed:\n{py.commands[0].text}\n"
             f"--- stderr\n{err[-3000:]}")
+        printed = [_norm(ln).strip() for ln in (rundir / f"py{i}.out").read_text(errors="replace").splitlines()]
+        for shown in _print_comments(py.commands[0].text):
+            assert shown in printed, (f"{section}: the ```python block under {py.section!r} shows `# {shown}` "
+                                      f"beside a print(), which printed:\n" + "\n".join(printed[:20]))
     for sec, needle, text in EXPECTED:
         if sec != section:
             continue
         k = _find(block, needle)
         if k in skipped:
             continue
-        printed = (rundir / f"{k}.out").read_text(errors="replace") + (rundir / f"{k}.err").read_text(errors="replace")
+        printed = (rundir / f"{k}.log").read_text(errors="replace")
         assert _norm(text) in _norm(printed), f"{section}: `{needle}` did not print {text!r}:\n{printed[-3000:]}"
+
+
+def _print_comments(code: str) -> list[str]:
+    """The comments beside ``print(...)`` calls of a ```python block: each is a line that block prints."""
+    return [_norm(m.group(1)).strip() for m in re.finditer(r"^\s*print\(.*\)\s+#\s*(.+)$", code, re.M)]
+
+
+def _compare_outputs(block: Block, rundir: Path, home: Path, skipped: dict[int, str]) -> None:
+    """Every command's printed output against the lines the README shows under it
+    (tests/support/readme_outputs.py). With README_RECORD_DIR set (``make readme``), the outputs
+    are written there for ``python -m support.readme_outputs write`` instead of compared."""
+    records, wrong = [], []
+    for k, cmd in enumerate(block.commands):
+        if k in skipped or not cmd.shown:
+            continue
+        text = (rundir / f"{k}.log").read_text(errors="replace")
+        printed = readme_outputs.normalize(text.replace(str(home.resolve()), str(home)), str(home))
+        records.append({"command": cmd.text, "line": cmd.line, "shown": cmd.shown, "printed": printed})
+        diff = readme_outputs.mismatch(cmd.shown, printed)
+        if diff:
+            wrong.append(f"README.md:{cmd.line + 1}: `{cmd.text}` prints other lines than the README shows:\n{diff}")
+    record_dir = os.environ.get("README_RECORD_DIR")
+    if record_dir:
+        out = Path(record_dir) / f"{SECTIONS.index(block.section):02d}.json"
+        out.write_text(json.dumps(records, ensure_ascii=False, indent=1), encoding="utf-8")
+        return
+    assert not wrong, "\n\n".join(wrong) + "\n\n(make readme rewrites these lines from what the commands print)"
