@@ -40,6 +40,7 @@ The graph is read from the source with :mod:`ast`, so the test imports nothing i
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -169,6 +170,27 @@ def test_every_package_on_the_floor_plan_exists():
 
 def test_floors_are_counted_from_the_bottom_without_a_gap():
     assert sorted(set(FLOORS.values())) == list(range(len(FLOOR_NAMES)))
+
+
+def _contributing_picture() -> dict[str, int]:
+    """Package -> floor as CONTRIBUTING.md's "Floors" picture draws it (the folders, ``name/``, in its
+    left column; a row that starts with a number starts that floor)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text("utf-8")
+    block = text.split("## Floors", 1)[1].split("```", 2)[1]
+    drawn: dict[str, int] = {}
+    current = None
+    for line in block.splitlines():
+        left = line[:41]
+        if m := re.match(r" ?(\d) ", left):
+            current = int(m.group(1))
+        for name in re.findall(r"(?<![\w<])(\w+)/", left):
+            drawn[f"warpdata.{name}"] = current
+    return drawn
+
+
+def test_contributing_draws_the_floor_plan():
+    drawn = {p: f for p, f in FLOORS.items() if p not in ("warpdata", "warpdata.__main__")}
+    assert _contributing_picture() == drawn, "redraw CONTRIBUTING.md's floor picture from FLOORS"
 
 
 def test_no_upward_reach():
