@@ -75,7 +75,7 @@ def main() -> None:
         tables, files_dir, total = make_data(work / "data", args.files)
         all_files = tables + sorted(str(p) for p in files_dir.rglob("*.bin"))
         client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
-        from warpdata.registry.publish import PublishRequest, publish
+        from warpdata.publishing.publish import PublishRequest, publish
         from warpdata.registry.store import Store
         from warpdata.storage.locations import StorageConfig
 

@@ -39,7 +39,7 @@ EXAMPLES = """
 
 def render(results, title: str | None = None) -> tuple[int, int]:
     """The PASS/WARN/FAIL/SKIP table of ``(group, name, CheckResult)`` rows; (failed, warned)."""
-    from warpdata.doctor.registry import FAIL, WARN
+    from warpdata.checks.registry import FAIL, WARN
 
     failed = sum(r.status == FAIL for _, _, r in results)
     warned = sum(r.status == WARN for _, _, r in results)
@@ -77,7 +77,7 @@ def main(
             raise UsageError("--only selects system checks; it does not apply with WS/NAME",
                              hint=f"warp doctor {dataset}  (or: warp doctor --only store)")
         return _dataset(dataset, table, rows, refs, mode, version, store)
-    from warpdata.doctor.registry import all_checks, run_check
+    from warpdata.checks.registry import all_checks, run_check
 
     everything = all_checks()
     groups = list(dict.fromkeys(c.group for c in everything))
@@ -91,7 +91,7 @@ def main(
         results.append((c.group, c.name, r))
         out.detail(f"{c.group}/{c.name}: {r.status}")
     if out.options().json:
-        from warpdata.doctor.registry import FAIL, WARN
+        from warpdata.checks.registry import FAIL, WARN
 
         failed = sum(r.status == FAIL for _, _, r in results)
         out.emit_json({
@@ -108,7 +108,7 @@ def main(
 
 
 def _states(target: str, files: list[str], version: str | None, store: str | None) -> int:
-    from warpdata.doctor.registry import FAIL
+    from warpdata.checks.registry import FAIL
     from warpdata.doctor.states import check_states
 
     results = check_states(target, files, version=version, store=store)

@@ -84,7 +84,7 @@ def main(
     import warpdata
     from warpdata.registry import embeddings as emb
     if action == "add":
-        from warpdata.registry.embeddings_add import add
+        from warpdata.publishing.embeddings_add import add
 
         if not column or not encoder:
             raise UsageError("embeddings add needs --column and --encoder", hint="e.g. --column image --encoder color-hist")

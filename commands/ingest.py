@@ -73,7 +73,7 @@ def main(
 ) -> int:
     from warpdata.core.errors import UsageError
     from warpdata.core.sizes import format_size, parse_count_option, parse_size_option
-    from warpdata.registry.ingest import (
+    from warpdata.publishing.ingest import (
         IngestOptions,
         ingest_imagefolder,
         ingest_paired,

@@ -82,7 +82,7 @@ def main(
 ) -> int:
     from warpdata.core.errors import UsageError
     from warpdata.core.sizes import format_size, parse_size_option
-    from warpdata.registry.publish import PublishRequest, parse_binding, parse_named, publish
+    from warpdata.publishing.publish import PublishRequest, parse_binding, parse_named, publish
 
     req = PublishRequest(dataset_id=dataset, set_latest=set_latest, dry_run=dry_run, store_url=store,
                          workers=workers, rehash=rehash, link_cache=link_cache, description=description,

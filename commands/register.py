@@ -53,8 +53,8 @@ def main(
 ) -> int:
     from warpdata.core.errors import UsageError
     from warpdata.core.sizes import format_size
-    from warpdata.registry.publish import parse_binding, parse_named
-    from warpdata.registry.register_files import RegisterRequest, register
+    from warpdata.publishing.publish import parse_binding, parse_named
+    from warpdata.publishing.register_files import RegisterRequest, register
 
     req = RegisterRequest(dataset_id=dataset, allow_dangling=allow_dangling, follow_symlinks=follow_symlinks,
                           description=description, workers=workers, shadow=shadow)

@@ -475,7 +475,7 @@ def test_forged_feature_cache_sources_are_refused_even_when_resealed(tmp_path, f
 
 def test_publish_from_refuses_symlinks_leaving_the_artifact(tmp_path):
     from warpdata.core.errors import DataError
-    from warpdata.registry.from_artifacts import check_symlinks, describe_source
+    from warpdata.publishing.from_artifacts import check_symlinks, describe_source
 
     art = tmp_path / "art"
     (art / "sub").mkdir(parents=True)
@@ -841,7 +841,7 @@ def test_malformed_image_corpus_gets_the_same_reason_in_every_pipeline(name):
     quarantine each reproducer with the reason in expected.json, from the header alone (header
     checks only for the warehouse and feature cache, whose decoders find truncation later)."""
     from warpdata.features.writer import header_problem
-    from warpdata.registry.ingest import Rejected, check_file
+    from warpdata.publishing.ingest import Rejected, check_file
     from warpdata.warehouse.images import ProbeError, probe
 
     want = IMAGE_CASES[name]

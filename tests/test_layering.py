@@ -1,32 +1,35 @@
 """The floor plan holds: docs/design.md §2 ("Floors") and CONTRIBUTING.md.
 
 Every import of a warp module is counted: module-level ones, ``TYPE_CHECKING`` ones and the
-ones inside functions. A module may import its own floor or a lower one, never a higher one:
+ones inside functions. Each package (a folder under ``warp/``, or ``commands/``, ``formats/``,
+``kernels/``) sits on one floor, all its modules with it. A module may import its own floor or a
+lower one, never a higher one:
 
 ====  =========================================================================================
  0    ``core`` (and the package root, whose lazy table imports nothing when it is loaded)
  1    ``formats``, ``kernels``, ``partition``, ``sampledata``
  2    ``storage``
- 3    the contracts: the registry's dataset contract (manifests, versions, ``latest``, resolve),
-      the artifact-kind table with its manifests, reports and drawing helpers (``artifacts``),
-      the ``warp doctor`` check table (``doctor.registry``); and the ETL kit (``etl``: the driver,
-      executors, receipts, quarantine, spools), which every system's build stands on
+ 3    the contracts: the dataset contract (``registry``: manifests, the store, versions,
+      ``latest``, resolve, registrations), the artifact-kind table with its manifests, reports
+      and drawing helpers (``artifacts``), the ``warp doctor`` check table (``checks``); and the
+      ETL kit (``etl``: the driver, executors, receipts, quarantine, spools), which every
+      system's build stands on
  4    ``read``
- 5    the systems: ``warehouse``, ``features``, ``tiles``, ``tbl``, ``lineage``
- 6    each system's pipeline on the ETL driver (``warpdata.<system>.etl``)
- 7    the publishing wing of the registry (publish, ingest, register, embeddings) and the
-      ``warp doctor`` runners
- 8    ``cli`` and ``commands``
+ 5    the systems, each with its pipeline on the ETL driver: ``warehouse``, ``features``,
+      ``tiles``, ``tbl``, ``lineage``
+ 6    ``publishing`` (publish, ingest, register, embeddings add, multipart uploads, ``--from``)
+      and ``doctor`` (warp's own checks and the runners)
+ 7    ``cli`` and ``commands``
 ====  =========================================================================================
 
 A system reaches the floors above it only through a table of dotted paths resolved on use
-(:mod:`warpdata.artifacts.kinds`, :mod:`warpdata.doctor.registry`, :mod:`warpdata.etl.pipelines`),
+(:mod:`warpdata.artifacts.kinds`, :mod:`warpdata.checks.registry`, :mod:`warpdata.etl.pipelines`),
 never by an import. Other rules:
 
 * Library code never renders: only ``warpdata.cli`` and ``warpdata.commands`` import the output
   module.
 * Command modules import only the CLI layer and ``core`` at top level (``warp --help`` stays fast).
-* No module cycles and no package cycles, in-function imports counted.
+* No module cycles and no package cycles (each package one node), in-function imports counted.
 * Library code does not reach the library through the package's face (``warpdata.dataset(...)``):
   it imports the module that holds the name.
 * In-function imports of warp modules in library code only shrink (a ratchet).
@@ -37,6 +40,7 @@ The graph is read from the source with :mod:`ast`, so the test imports nothing i
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -44,22 +48,20 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"warp": "warpdata", "commands": "warpdata.commands", "formats": "warpdata.formats",
            "kernels": "warpdata.kernels"}
 
-# module prefix -> floor; the longest matching prefix wins
+# package -> floor: every module of a package sits on its package's floor (no module-level exceptions)
 FLOORS: dict[str, int] = {
     "warpdata": 0, "warpdata.core": 0,
     "warpdata.formats": 1, "warpdata.kernels": 1, "warpdata.partition": 1, "warpdata.sampledata": 1,
     "warpdata.storage": 2,
-    "warpdata.registry": 3, "warpdata.artifacts": 3, "warpdata.doctor.registry": 3, "warpdata.etl": 3,
+    "warpdata.registry": 3, "warpdata.artifacts": 3, "warpdata.checks": 3, "warpdata.etl": 3,
     "warpdata.read": 4,
     "warpdata.warehouse": 5, "warpdata.features": 5, "warpdata.tiles": 5, "warpdata.tbl": 5,
     "warpdata.lineage": 5,
-    "warpdata.warehouse.etl": 6, "warpdata.features.etl": 6, "warpdata.tiles.etl": 6,
-    "warpdata.registry.publish": 7, "warpdata.registry.ingest": 7, "warpdata.registry.register_files": 7,
-    "warpdata.registry.embeddings_add": 7, "warpdata.registry.multipart": 7, "warpdata.doctor": 7,
-    "warpdata.cli": 8, "warpdata.commands": 8, "warpdata.__main__": 8,
+    "warpdata.publishing": 6, "warpdata.doctor": 6,
+    "warpdata.cli": 7, "warpdata.commands": 7, "warpdata.__main__": 7,
 }
 FLOOR_NAMES = ["core", "formats/kernels/partition", "storage", "contracts/etl kit", "read", "systems",
-               "pipelines", "publishing/doctor", "cli/commands"]
+               "publishing/doctor", "cli/commands"]
 
 # Upward reaches still in files this change did not own, as exact (importer, imported) pairs.
 # Each must shrink to zero: remove a pair when its import goes, never add one.
@@ -138,17 +140,19 @@ def _graph(module_level_only: bool) -> dict[str, set[str]]:
     return {m: _imports(p, module_level_only) - {m} for m, p in MODULES.items()}
 
 
+def package(module: str) -> str:
+    """The package a module belongs to: ``warpdata.registry.store`` -> ``warpdata.registry``."""
+    return ".".join(module.split(".")[:2])
+
+
 def floor(module: str) -> int:
-    best = ""
-    for prefix in FLOORS:
-        if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
-            best = prefix
-    assert best, f"{module} is on no floor: add it to FLOORS (and to CONTRIBUTING.md's picture)"
-    return FLOORS[best]
+    pkg = package(module)
+    assert pkg in FLOORS, f"{pkg} is on no floor: add it to FLOORS (and to CONTRIBUTING.md's picture)"
+    return FLOORS[pkg]
 
 
 def _library(module: str) -> bool:
-    return floor(module) < 8 and module != "warpdata"
+    return floor(module) < FLOORS["warpdata.cli"] and module != "warpdata"
 
 
 def _upward() -> set[tuple[str, str]]:
@@ -158,6 +162,35 @@ def _upward() -> set[tuple[str, str]]:
 def test_every_module_is_on_a_floor():
     for m in MODULES:
         floor(m)
+
+
+def test_every_package_on_the_floor_plan_exists():
+    assert set(FLOORS) == {package(m) for m in MODULES}
+
+
+def test_floors_are_counted_from_the_bottom_without_a_gap():
+    assert sorted(set(FLOORS.values())) == list(range(len(FLOOR_NAMES)))
+
+
+def _contributing_picture() -> dict[str, int]:
+    """Package -> floor as CONTRIBUTING.md's "Floors" picture draws it (the folders, ``name/``, in its
+    left column; a row that starts with a number starts that floor)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text("utf-8")
+    block = text.split("## Floors", 1)[1].split("```", 2)[1]
+    drawn: dict[str, int] = {}
+    current = None
+    for line in block.splitlines():
+        left = line[:41]
+        if m := re.match(r" ?(\d) ", left):
+            current = int(m.group(1))
+        for name in re.findall(r"(?<![\w<])(\w+)/", left):
+            drawn[f"warpdata.{name}"] = current
+    return drawn
+
+
+def test_contributing_draws_the_floor_plan():
+    drawn = {p: f for p, f in FLOORS.items() if p not in ("warpdata", "warpdata.__main__")}
+    assert _contributing_picture() == drawn, "redraw CONTRIBUTING.md's floor picture from FLOORS"
 
 
 def test_no_upward_reach():
@@ -244,20 +277,15 @@ def _module_graph() -> dict[str, set[str]]:
     return {m: {d for d in deps if not (m != "warpdata" and d.startswith(m + "."))} for m, deps in graph.items()}
 
 
-def _room(module: str) -> str:
-    """The package a module lives in, split by floor (the registry's publishing wing is its own room)."""
-    parts = module.split(".")
-    pkg = ".".join(parts[:2])
-    return f"{pkg}@{FLOOR_NAMES[floor(module)]}"
-
-
 def _package_graph() -> dict[str, set[str]]:
-    rooms: dict[str, set[str]] = {}
+    """Package -> the packages it imports, each package one node (the root's lazy table aside)."""
+    graph: dict[str, set[str]] = {}
     for m, deps in _module_graph().items():
         if m == "warpdata":
             continue
-        rooms.setdefault(_room(m), set()).update(_room(d) for d in deps if d != "warpdata" and _room(d) != _room(m))
-    return rooms
+        graph.setdefault(package(m), set()).update(
+            package(d) for d in deps if d != "warpdata" and package(d) != package(m))
+    return graph
 
 
 # Module and package cycles, every import counted (in-function and TYPE_CHECKING ones too): none.
@@ -271,6 +299,14 @@ def test_no_module_cycles():
 
 def test_no_package_cycles():
     assert _cycles(_package_graph()) == PACKAGE_CYCLES_ALLOWED
+
+
+def test_the_package_check_finds_a_cycle_through_two_packages():
+    """Issue 40: with publishing inside ``registry`` the folders knotted (registry <-> read, lineage,
+    features, warehouse); a module that brings the wing back makes the package check fail again."""
+    graph = _package_graph()
+    graph["warpdata.registry"] = graph["warpdata.registry"] | {"warpdata.lineage"}  # publish's card merge
+    assert any({"warpdata.lineage", "warpdata.registry"} <= set(cycle) for cycle in _cycles(graph))
 
 
 def test_the_cycle_finder_finds_cycles():

@@ -17,8 +17,8 @@ _LAZY: dict[str, str] = {
     "dataset": "warpdata.read.dataset:dataset",
     "Store": "warpdata.registry.store:Store",
     "Manifest": "warpdata.registry.manifest:Manifest",
-    "DatasetBuilder": "warpdata.registry.publish:DatasetBuilder",
-    "publish": "warpdata.registry.publish:publish",
+    "DatasetBuilder": "warpdata.publishing.publish:DatasetBuilder",
+    "publish": "warpdata.publishing.publish:publish",
     "ShardCache": "warpdata.features.reader:ShardCache",
     "TileWriter": "warpdata.tiles.writer:TileWriter",
     "write_array": "warpdata.tiles:write_array",
@@ -32,7 +32,7 @@ _LAZY: dict[str, str] = {
 _SUBPACKAGES: frozenset[str] = frozenset({
     "commands", "formats", "kernels", "warehouse", "tiles", "registry", "features",
     "tbl", "sampledata", "etl", "cli", "core", "storage", "artifacts", "doctor", "read",
-    "partition", "lineage",
+    "partition", "lineage", "publishing", "checks",
 })
 
 

@@ -7,7 +7,7 @@ def test_one_rejected_with_a_reason_class_for_every_pipeline():
     """The image probe, confined reads, both decoders and ingest raise one class (warpdata.core.errors)."""
     from warpdata.core.errors import Rejected, WarpError
     from warpdata.features.transform import DecodeFailure
-    from warpdata.registry.ingest import Rejected as IngestRejected
+    from warpdata.publishing.ingest import Rejected as IngestRejected
     from warpdata.warehouse.images import ProbeError
     from warpdata.warehouse.labels import UnsafeFile
     from warpdata.warehouse.transform import DecodeError

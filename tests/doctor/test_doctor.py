@@ -11,7 +11,7 @@ import json
 import os
 
 import pytest
-from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, Check, all_checks, run_check
+from warpdata.checks.registry import FAIL, PASS, SKIP, WARN, Check, all_checks, run_check
 
 STATUSES = {PASS, WARN, FAIL, SKIP}
 

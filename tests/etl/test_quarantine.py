@@ -150,7 +150,7 @@ def test_every_pipeline_registers_shared_reason_codes_identically():
     import subprocess
     import sys
 
-    mods = ["warpdata.warehouse.labels", "warpdata.features.scan", "warpdata.registry.ingest"]
+    mods = ["warpdata.warehouse.labels", "warpdata.features.scan", "warpdata.publishing.ingest"]
     for order in itertools.permutations(mods):
         code = "; ".join(f"import {m}" for m in order)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from warpdata.registry.publish import PublishRequest, publish
+from warpdata.publishing.publish import PublishRequest, publish
 from warpdata.registry.store import Store
 
 

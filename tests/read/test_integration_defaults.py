@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from warpdata.core.errors import MissingInputError
+from warpdata.publishing.publish import DatasetBuilder
 from warpdata.read.dataset import dataset
-from warpdata.registry.publish import DatasetBuilder
 
 
 def _parquet(path, start, n):

@@ -197,7 +197,7 @@ def test_open_errors_name_what_is_wrong(s3, published, tmp_path):
         warpdata.warehouse.open("vision/coco", mode="remote")
     # a dataset without a tensor warehouse
     (tmp_path / "t.tbl").write_bytes(b"TBL\x02" + os.urandom(100))
-    from warpdata.registry.publish import DatasetBuilder
+    from warpdata.publishing.publish import DatasetBuilder
 
     DatasetBuilder("ws/other", store=s3.url("warp")).add_from(tmp_path / "t.tbl").publish()
     with pytest.raises(MissingInputError, match="no tensor-warehouse artifact"):

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import warpdata
 from support.datasets import range_bytes
+from warpdata.publishing.publish import PAGE_ROWS, PublishRequest
+from warpdata.publishing.publish import publish as warp_publish
 from warpdata.read import dataset as dataset_module
-from warpdata.registry.publish import PAGE_ROWS, PublishRequest
-from warpdata.registry.publish import publish as warp_publish
 
 pytestmark = pytest.mark.s3
 

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from support.datasets import make_rows, publish, range_bytes
+from warpdata.publishing.publish import PublishRequest
+from warpdata.publishing.publish import publish as warp_publish
 from warpdata.read import dataset as dataset_module
-from warpdata.registry.publish import PublishRequest
-from warpdata.registry.publish import publish as warp_publish
 
 pytestmark = pytest.mark.s3
 

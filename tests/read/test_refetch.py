@@ -12,7 +12,7 @@ import pytest
 from warpdata.core.errors import BlobCorruptedError
 from warpdata.features.reader import ShardCache
 from warpdata.features.writer import CacheSpec, build_cache
-from warpdata.registry.publish import PublishRequest, publish
+from warpdata.publishing.publish import PublishRequest, publish
 from warpdata.registry.store import Store
 from warpdata.sampledata.captions import generate as captions
 

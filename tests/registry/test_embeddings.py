@@ -59,7 +59,7 @@ def test_add_list_info_and_search(cli, pets):
 def test_text_column_plugin_by_module_path(cli, tmp_path):
     src = tmp_path / "t.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c"], "caption": ["a red cat", "a red cat sleeps", "blue sky"]}), src)
-    from warpdata.registry.publish import DatasetBuilder
+    from warpdata.publishing.publish import DatasetBuilder
 
     DatasetBuilder("ws/text").add_table("main", str(src)).publish()
     r = cli("embeddings", "add", "ws/text", "--column", "caption", "--encoder",
@@ -85,7 +85,7 @@ def test_errors_are_typed(cli, pets):
 # -- reuse: a new dataset version encodes only the rows that changed ------------------------------
 
 def _publish_text(tmp_path, rows: dict[str, str], tag: str) -> str:
-    from warpdata.registry.publish import DatasetBuilder
+    from warpdata.publishing.publish import DatasetBuilder
 
     src = tmp_path / f"{tag}.parquet"
     pq.write_table(pa.table({"id": list(rows), "caption": list(rows.values())}), src)

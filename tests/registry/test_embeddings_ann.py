@@ -29,7 +29,7 @@ def _clustered(n: int, seed: int, centers: np.ndarray) -> np.ndarray:
 
 
 def _publish_vectors(tmp_path, x: np.ndarray, store: str | None = None) -> None:
-    from warpdata.registry.publish import DatasetBuilder
+    from warpdata.publishing.publish import DatasetBuilder
 
     src = tmp_path / "vecs.parquet"
     vec = pa.FixedSizeBinaryArray.from_buffers(pa.binary(DIM * 4), len(x), [None, pa.py_buffer(x.tobytes())])
@@ -137,8 +137,8 @@ def _reseal_ann(ds, files: dict[str, bytes], tmp_path) -> None:
     """Publish ``ds``'s version again with artifact emb_raw_ann made of ``files``: a forger who re-seals."""
     import shutil
 
+    from warpdata.publishing.publish import PublishRequest, _Stager, _staging_dir
     from warpdata.registry.manifest import Manifest
-    from warpdata.registry.publish import PublishRequest, _Stager, _staging_dir
     from warpdata.registry.store import Store
 
     d = tmp_path / "forged"

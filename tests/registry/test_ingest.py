@@ -206,7 +206,7 @@ def test_table_with_file_columns(cli, tmp_path, fmt):
 
 def test_row_groups_stream(cli, tmp_path, monkeypatch):
     """Rows are written in bounded row groups, not one table built in memory."""
-    import warpdata.registry.ingest as ingest
+    import warpdata.publishing.ingest as ingest
 
     monkeypatch.setattr(ingest, "GROUP_ROWS", 4)
     monkeypatch.setattr(ingest, "CHECK_WINDOW", 3)
@@ -217,7 +217,7 @@ def test_row_groups_stream(cli, tmp_path, monkeypatch):
 
 
 def test_walk_order_skips_and_no_symlinked_dirs(tmp_path):
-    from warpdata.registry.ingest import walk
+    from warpdata.publishing.ingest import walk
 
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "z").mkdir(parents=True)

@@ -8,7 +8,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from warpdata.registry.publish import DatasetBuilder, PublishRequest, parse_binding, publish
+from warpdata.publishing.publish import DatasetBuilder, PublishRequest, parse_binding, publish
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import ArtifactIndex
 

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from warpdata.publishing.publish import MULTIPART_MIN, PART_SIZE
 from warpdata.registry.manifest import blob_key
-from warpdata.registry.publish import MULTIPART_MIN, PART_SIZE
 from warpdata.registry.store import Store
 
 BIG = MULTIPART_MIN + 3 * PART_SIZE // 2  # 64 MB and more: 6 parts of 16 MB (the last one half)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from warpdata.registry.publish import PublishRequest, publish
+from warpdata.publishing.publish import PublishRequest, publish
 from warpdata.registry.store import Store
 from warpdata.sampledata.detection import generate
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from test_publish import make_dataset
-from warpdata.registry.publish import PublishRequest, publish
+from warpdata.publishing.publish import PublishRequest, publish
 from warpdata.registry.store import Store
 
 pytestmark = pytest.mark.s3

@@ -15,8 +15,8 @@ import time
 
 import pytest
 from test_publish import make_dataset
-from warpdata.registry import publish as publish_mod
-from warpdata.registry.publish import PublishRequest, publish
+from warpdata.publishing import publish as publish_mod
+from warpdata.publishing.publish import PublishRequest, publish
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import scan_members
 

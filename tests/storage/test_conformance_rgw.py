@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conformance.stores import RequestPolicyConformance, StoreConformance
 from support.ceph import rgw_env
-from warpdata.registry.multipart import PART_SIZE, _put_multipart
+from warpdata.publishing.multipart import PART_SIZE, _put_multipart
 from warpdata.registry.store import Store
 from warpdata.storage.remote import Remote
 from warpdata.storage.s3reads import _PresignedRanges

@@ -1,6 +1,6 @@
 """The registry store over S3 (moto on 127.0.0.1, tests/support/s3fixtures.py) against the store
 conformance suite (tests/conformance/stores.py). Large blobs go up the way ``warp publish``
-sends them: the registry's create-only multipart upload (warp/registry/publish.py)."""
+sends them: the registry's create-only multipart upload (warp/publishing/publish.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conformance.stores import StoreConformance
-from warpdata.registry.publish import PART_SIZE, _put_multipart
+from warpdata.publishing.publish import PART_SIZE, _put_multipart
 from warpdata.registry.store import Store
 
 pytestmark = pytest.mark.s3

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from support.datasets import make_rows, write_media
 from warpdata.core.errors import WarpError
-from warpdata.registry.multipart import MULTIPART_MIN, PART_SIZE
+from warpdata.publishing.multipart import MULTIPART_MIN, PART_SIZE
 from warpdata.registry.store import Store
 from warpdata.storage.s3sign import SigV4Presigner
 
@@ -274,7 +274,7 @@ def test_publish_uploads_a_large_blob_in_parts(cli, rgw, tmp_path, monkeypatch):
 def test_an_unfinished_multipart_upload_is_resumed(rgw, tmp_path):
     """What a killed publish leaves (an open upload with two parts) is resumed: the gateway lists
     the parts with the quoted MD5 ETags warp compares, and the blob completes with the right bytes."""
-    from warpdata.registry.multipart import _put_multipart
+    from warpdata.publishing.multipart import _put_multipart
     from warpdata.registry.store import blob_key
 
     size = 3 * PART_SIZE + 999

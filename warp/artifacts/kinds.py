@@ -47,7 +47,7 @@ class ArtifactKind:
     publisher: str  # how `warp publish --from` takes it: "directory" (the whole folder) or "none"
     written_by: str
     previewer: str = ""  # "module:function" drawing `warp inspect --preview` (warpdata.artifacts.preview)
-    checks: str = ""  # module registering this kind's `warp doctor` checks (warpdata.doctor.registry)
+    checks: str = ""  # module registering this kind's `warp doctor` checks (warpdata.checks.registry)
     order: str = ""  # "module:function": its loader's epoch order for `warp order` (warpdata.read.order)
 
 

@@ -6,6 +6,7 @@ import contextlib
 import os
 import tempfile
 
+from warpdata.checks.registry import PASS, SKIP, WARN, CheckResult, check, dir_check
 from warpdata.core import envvars
 from warpdata.core.directio import (
     BLOCK,
@@ -15,7 +16,6 @@ from warpdata.core.directio import (
     filesystem_type,
     wants_direct,
 )
-from warpdata.doctor.registry import PASS, SKIP, WARN, CheckResult, check, dir_check
 
 
 @check("cache-dir", "cache")

@@ -1,6 +1,6 @@
 """``warp doctor ws/name``: can this dataset be read from here, and what is slow?
 
-Four checks, each a :class:`~warpdata.doctor.registry.CheckResult` like the system checks:
+Four checks, each a :class:`~warpdata.checks.registry.CheckResult` like the system checks:
 
 ``resolve``    the dataset resolves (registered in place, or the store's ``latest`` pointer)
 ``manifest``   its manifest verifies: fetched again (not from any cache) and checked against
@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from warpdata.checks.registry import FAIL, PASS, SKIP, WARN, CheckResult
 from warpdata.core.errors import DatasetNotFoundError
 from warpdata.core.sizes import format_size
-from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult
 from warpdata.read.dataset import dataset
 from warpdata.registry.manifest import Manifest
 from warpdata.registry.store import Store

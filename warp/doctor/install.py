@@ -7,8 +7,8 @@ import os
 import shutil
 import sys
 
+from warpdata.checks.registry import FAIL, PASS, SKIP, WARN, CheckResult, check
 from warpdata.core.errors import DISTRIBUTION
-from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult, check
 
 REQUIRED = ("typer", "rich", "numpy", "lz4", "zstandard", "duckdb", "pyarrow", "fsspec", "pillow",
             "anycrc", "google-crc32c", "simplejpeg", "jsonschema")

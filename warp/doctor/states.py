@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from warpdata.checks.registry import FAIL, PASS, CheckResult
 from warpdata.core.errors import MissingInputError, WarpError
-from warpdata.doctor.registry import FAIL, PASS, CheckResult
 from warpdata.partition.digest import EpochKeys, EpochOrder, check_same_epoch, digest_report
 from warpdata.partition.plan import ResumeState, ShardPlan
 from warpdata.partition.states import (

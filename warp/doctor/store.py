@@ -18,9 +18,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from warpdata.checks.registry import FAIL, PASS, SKIP, WARN, CheckResult, check, dir_check
 from warpdata.core import envvars
 from warpdata.core.sqlgate import confine, connect
-from warpdata.doctor.registry import FAIL, PASS, SKIP, WARN, CheckResult, check, dir_check
 from warpdata.registry.store import Store
 from warpdata.storage.base import open_object_store
 from warpdata.storage.errors import translate_storage_error

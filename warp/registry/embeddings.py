@@ -1,6 +1,6 @@
 """Embeddings as a derived artifact of a published dataset.
 
-:func:`warpdata.registry.embeddings_add.add` reads one column of a published table (an image-bound column is
+:func:`warpdata.publishing.embeddings_add.add` reads one column of a published table (an image-bound column is
 read through its artifact; any other column as text), computes one vector per
 row with an *embedding encoder*, and publishes a new version of the dataset
 that adds, beside everything the current version holds (reused as is, no blob
@@ -81,6 +81,7 @@ from warpdata.core.errors import (
     UsageError,
 )
 from warpdata.core.jsondoc import load_json
+from warpdata.core.moved import moved_name
 
 # lazy third-party imports: numpy, PIL and faiss (heavy; faiss optional) are imported inside the
 # functions that use them, so importing this module loads none of them
@@ -91,18 +92,17 @@ if TYPE_CHECKING:
 __all__ = ["ColorHistEncoder", "EmbeddingIndex", "HashTextEncoder", "build_ivf", "info", "list_embeddings",
            "open_index"]
 
-# The publishing half moved up a floor to warpdata.registry.embeddings_add; its names stay
-# importable from here, resolved on use like the package's lazy table (an import here would be a
-# reach from the dataset contract up to the publishing wing: CONTRIBUTING.md "Floors").
-_MOVED = {"add": "warpdata.registry.embeddings_add", "AddResult": "warpdata.registry.embeddings_add",
-          "load_embedder": "warpdata.registry.embeddings_add"}
+# The publishing half moved up a floor to warpdata.publishing.embeddings_add; its names stay
+# importable from here until warpdata.core.moved.REMOVED_IN, resolved on use with a
+# DeprecationWarning (an import here would be a reach from the dataset contract up to the
+# publishing wing: CONTRIBUTING.md "Floors").
+_MOVED = {"add": "warpdata.publishing.embeddings_add", "AddResult": "warpdata.publishing.embeddings_add",
+          "load_embedder": "warpdata.publishing.embeddings_add"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
+        return moved_name(__name__, name, _MOVED[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = logging.getLogger(__name__)

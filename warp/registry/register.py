@@ -1,6 +1,6 @@
 """Datasets in place: the registration a ``warp register`` writes, and what its readers check.
 
-Building one is :mod:`warpdata.registry.register_files`.
+Building one is :mod:`warpdata.publishing.register_files`.
 
 Nothing is copied into a store. A *registration* is one JSON document per dataset in the
 local registry, ``$WARP_CACHE_DIR/registered/<ws>/<name>.json`` (docs/formats/registry.md,
@@ -42,22 +42,22 @@ from warpdata.core import envvars
 from warpdata.core.canonical import canonical_json, sha256_hex
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.core.jsondoc import load_json
+from warpdata.core.moved import moved_name
 from warpdata.registry.manifest import validate_dataset_id
 
 __all__ = ["RegisteredFileChangedError", "content_hash", "load", "registered_ids", "registry_path", "stamp_now",
            "unregister"]
 
 # ``warp register`` itself (building a registration) sits on the publishing floor, in
-# warpdata.registry.register_files; its names stay importable from here, resolved on use like the
-# package's lazy table (an import would reach from the dataset contract up a floor: CONTRIBUTING.md).
+# warpdata.publishing.register_files; its names stay importable from here until
+# warpdata.core.moved.REMOVED_IN, resolved on use with a DeprecationWarning (an import would reach
+# from the dataset contract up a floor: CONTRIBUTING.md).
 _MOVED = frozenset({"RegisterRequest", "RegisterResult", "ShadowsPublishedError", "published_in_store", "register"})
 
 
 def __getattr__(name: str) -> Any:
     if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module("warpdata.registry.register_files"), name)
+        return moved_name(__name__, name, "warpdata.publishing.register_files")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 KIND = "warp-registered-dataset"

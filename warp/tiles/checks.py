@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 
+from warpdata.checks.registry import FAIL, PASS, WARN, CheckResult, check
 from warpdata.core.errors import WarpError
-from warpdata.doctor.registry import FAIL, PASS, WARN, CheckResult, check
 from warpdata.kernels import availability, resolve
 
 

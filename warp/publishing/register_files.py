@@ -3,7 +3,7 @@
 The registration document, its stamps and the readers' checks are the dataset contract's
 (:mod:`warpdata.registry.register`, docs/formats/registry.md "Registered datasets"); this
 module builds one the way ``warp publish`` builds a version (same flags, same binding checks,
-:mod:`warpdata.registry.publish`), so it sits on the publishing floor (CONTRIBUTING.md "Floors").
+:mod:`warpdata.publishing.publish`), so it sits on the publishing floor (CONTRIBUTING.md "Floors").
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from warpdata import __version__
 from warpdata.core.atomic import atomic_write_bytes
 from warpdata.core.canonical import sha256_file
 from warpdata.core.errors import DataError, ExitCode, MissingInputError, UsageError, WarpError
+from warpdata.publishing.from_artifacts import check_symlinks
+from warpdata.publishing.publish import _parquet_facts, expand_globs
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
-from warpdata.registry.from_artifacts import check_symlinks
 from warpdata.registry.manifest import Binding, validate_dataset_id
-from warpdata.registry.publish import _parquet_facts, expand_globs
 from warpdata.registry.register import (
     FORMAT,
     KIND,

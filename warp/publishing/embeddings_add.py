@@ -4,7 +4,7 @@ The publishing half of :mod:`warpdata.registry.embeddings` (which holds the form
 built-in encoders and the search side that the read API uses). This module sits on the
 publishing floor, above the systems (CONTRIBUTING.md "Floors"): it takes the feature cache's
 encoder plug-ins (:mod:`warpdata.features.encoders`) and publishes through
-:mod:`warpdata.registry.publish`. The artifacts it writes, reuse and the ANN build are described
+:mod:`warpdata.publishing.publish`. The artifacts it writes, reuse and the ANN build are described
 in :mod:`warpdata.registry.embeddings` and ``docs/formats/registry.md``.
 """
 
@@ -24,6 +24,13 @@ import numpy as np
 from warpdata.core.errors import ConfigError, DataError, UsageError, WarpError
 from warpdata.core.progress import progress
 from warpdata.features.encoders import checked_output, find_factory
+from warpdata.publishing.publish import (
+    PublishRequest,
+    PublishResult,
+    _Stager,
+    _staging_dir,
+    _upload,
+)
 from warpdata.read.dataset import dataset
 from warpdata.registry.embeddings import (
     ANN_MIN_ROWS,
@@ -43,7 +50,6 @@ from warpdata.registry.embeddings import (
     zero_rows,
 )
 from warpdata.registry.manifest import Manifest, normalize
-from warpdata.registry.publish import PublishRequest, PublishResult, _Stager, _staging_dir, _upload
 from warpdata.registry.store import Store
 
 # lazy third-party imports: pyarrow (heavy) is imported inside the functions that use it, so

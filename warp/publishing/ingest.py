@@ -45,8 +45,8 @@ from warpdata.formats.imageinfo import (
     image_info,
     size_problem,
 )
+from warpdata.publishing.publish import PublishRequest, publish
 from warpdata.registry.manifest import NAME_RE, REF_TYPES, Binding, validate_dataset_id
-from warpdata.registry.publish import PublishRequest, publish
 
 # lazy third-party imports: pyarrow and PIL (heavy) are imported inside the functions that use
 # them, so importing this module loads none of them
@@ -202,7 +202,7 @@ def _kind(mode: int) -> str:
 # Each layout streams its entries through check_file, writes the `main` rows and
 # the `quarantine` rows into Parquet in row groups (memory bounded by one group),
 # collects the accepted member names, and hands tables + artifacts + bindings to
-# the registry's publish transaction (warp/registry/publish.py), so the version
+# the registry's publish transaction (warp/publishing/publish.py), so the version
 # is exactly what `warp publish` makes of the same tables and members.
 
 GROUP_ROWS = 65536
@@ -234,7 +234,7 @@ class IngestResult:
     reasons: dict[str, int]
     examples: list[dict[str, str]]
     tables: dict[str, str]  # name -> Parquet path (only meaningful with keep_dir)
-    publish: Any  # warpdata.registry.publish.PublishResult
+    publish: Any  # warpdata.publishing.publish.PublishResult
 
     def to_dict(self) -> dict[str, Any]:
         d = {"layout": self.layout, "rows": self.rows, "quarantined": self.quarantined,

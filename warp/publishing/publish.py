@@ -63,9 +63,19 @@ from warpdata.core.jsondoc import load_json
 from warpdata.features.remote import is_url, stage_version
 from warpdata.formats import parquet_index
 from warpdata.lineage.card import CARD_MAX_BYTES, merge
-from warpdata.registry import from_artifacts, signing
+from warpdata.publishing import from_artifacts
+from warpdata.publishing.from_artifacts import check_symlinks
+from warpdata.publishing.multipart import MAX_PARTS as MAX_PARTS  # kept importable from here
+from warpdata.publishing.multipart import (
+    MULTIPART_MIN,
+    _put_multipart,
+    _s3_backend,
+    upload_concurrency,
+)
+from warpdata.publishing.multipart import PART_SIZE as PART_SIZE
+from warpdata.publishing.multipart import part_size as part_size
+from warpdata.registry import signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
-from warpdata.registry.from_artifacts import check_symlinks
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -79,15 +89,6 @@ from warpdata.registry.manifest import (
     encode_arrow_schema,
     validate_dataset_id,
 )
-from warpdata.registry.multipart import MAX_PARTS as MAX_PARTS  # kept importable from here
-from warpdata.registry.multipart import (
-    MULTIPART_MIN,
-    _put_multipart,
-    _s3_backend,
-    upload_concurrency,
-)
-from warpdata.registry.multipart import PART_SIZE as PART_SIZE
-from warpdata.registry.multipart import part_size as part_size
 from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import (

@@ -3,7 +3,7 @@
 ``warp publish`` sends a blob of :data:`MULTIPART_MIN` bytes or more in parts of
 :func:`part_size`, :func:`upload_concurrency` at once, create-only at completion, resuming
 the parts an interrupted publish left (:func:`_put_multipart`). Part of the publishing wing
-(:mod:`warpdata.registry.publish`).
+(:mod:`warpdata.publishing.publish`).
 """
 
 from __future__ import annotations
