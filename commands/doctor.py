@@ -44,7 +44,10 @@ def render(results, title: str | None = None) -> tuple[int, int]:
     failed = sum(r.status == FAIL for _, _, r in results)
     warned = sum(r.status == WARN for _, _, r in results)
     rows = [[r.status, f"{g}/{n}", r.detail, r.remedy or ""] for g, n, r in results]
-    out.table(title, ["status", "check", "found", "fix"], rows)
+    if any(row[3] for row in rows):
+        out.table(title, ["status", "check", "found", "fix"], rows)
+    else:  # nothing to fix: no empty column pushed past the widest finding
+        out.table(title, ["status", "check", "found"], [row[:3] for row in rows])
     return failed, warned
 
 
