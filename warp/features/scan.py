@@ -36,6 +36,7 @@ and sizes, so a same-size edit still invalidates the cache.
 from __future__ import annotations
 
 import os
+import posixpath
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,36 @@ def _hash_file(path: str, h: xxhash.xxh3_128, buf: bytearray) -> None:
             h.update(view[:n])
 
 
+def media_entry(rel0: str, path: str, key_prefix: str, captions: set[str], caption_ext: str, can_video: bool,
+                quarantine, used: set[str]) -> tuple[str, str, str, str] | None:
+    """``(key, run, caption rel, caption key)`` of media file ``rel0`` (a path relative to the scanned
+    root, ``/``-separated), or None after rejecting it into ``quarantine``: a format that cannot be
+    decoded, or no caption beside it. Its caption goes into ``used`` either way. The one rule for a
+    local folder and a bucket listing."""
+    rel = key_prefix + rel0
+    run = key_prefix + rel0.split("/", 1)[0] if "/" in rel0 else (key_prefix.rstrip("/") or ".")
+    stem0, ext = posixpath.splitext(rel0)
+    ext = ext.lower()
+    cap_rel0 = next((c for c in (stem0 + caption_ext, stem0 + caption_ext.upper()) if c in captions), None)
+    if cap_rel0 is not None:
+        used.add(cap_rel0)
+    if ext in VIDEO_EXTS and not can_video:
+        quarantine.reject(run, rel, path, "unsupported-format",
+                          f"{rel}: video frames cannot be decoded: OpenCV is not installed "
+                          "(pip install opencv-python-headless)")
+        return None
+    if ext not in IMAGE_EXTS and ext not in VIDEO_EXTS:
+        quarantine.reject(run, rel, path, "unsupported-format",
+                          f"{rel}: '{ext or '(no extension)'}' is not a supported image format "
+                          f"(images: {', '.join(sorted(IMAGE_EXTS))}; videos: {', '.join(sorted(VIDEO_EXTS))})")
+        return None
+    if cap_rel0 is None:
+        quarantine.reject(run, rel, path, "missing-caption",
+                          f"{rel}: no caption file {posixpath.basename(stem0) + caption_ext} beside it")
+        return None
+    return rel, run, cap_rel0, key_prefix + cap_rel0
+
+
 def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str = "",
          caption_ext: str = ".txt", exclude: tuple[str | os.PathLike, ...] = (),
          key_prefix: str = "") -> ScanResult:
@@ -141,28 +172,10 @@ def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str
     buf = bytearray(1 << 20)
     can_video = video_decoder()
     for rel0, path in media:
-        rel = key_prefix + rel0
-        run = key_prefix + rel0.split("/", 1)[0] if "/" in rel0 else (key_prefix.rstrip("/") or ".")
-        stem0, ext = os.path.splitext(rel0)
-        ext = ext.lower()
-        cap_rel0 = next((c for c in (stem0 + caption_ext, stem0 + caption_ext.upper()) if c in captions), None)
-        cap_rel = None if cap_rel0 is None else key_prefix + cap_rel0
-        if cap_rel0 is not None:
-            used_captions.add(cap_rel0)
-        if ext in VIDEO_EXTS and not can_video:
-            quarantine.reject(run, rel, path, "unsupported-format",
-                              f"{rel}: video frames cannot be decoded: OpenCV is not installed "
-                              "(pip install opencv-python-headless)")
+        got = media_entry(rel0, path, key_prefix, captions, caption_ext, can_video, quarantine, used_captions)
+        if got is None:
             continue
-        if ext not in IMAGE_EXTS and ext not in VIDEO_EXTS:
-            quarantine.reject(run, rel, path, "unsupported-format",
-                              f"{rel}: '{ext or '(no extension)'}' is not a supported image format "
-                              f"(images: {', '.join(sorted(IMAGE_EXTS))}; videos: {', '.join(sorted(VIDEO_EXTS))})")
-            continue
-        if cap_rel is None:
-            quarantine.reject(run, rel, path, "missing-caption",
-                              f"{rel}: no caption file {os.path.basename(stem0) + caption_ext} beside it")
-            continue
+        rel, run, cap_rel0, cap_rel = got
         cap_path = os.path.join(rootp, cap_rel0)
         bad = _refused(path, root_real)
         if bad is None:
@@ -197,7 +210,7 @@ def scan(root: str | os.PathLike, quarantine: Quarantine, *, caption_prefix: str
             continue
         h.update(b"\0caption\0")
         h.update(raw)
-        items.append(MediaItem(rel, path, caption_prefix + text, run, h.hexdigest(), ext in VIDEO_EXTS))
+        items.append(MediaItem(rel, path, caption_prefix + text, run, h.hexdigest(), posixpath.splitext(rel0)[1].lower() in VIDEO_EXTS))
     return ScanResult(items, len(captions - used_captions), files_seen)
 
 

@@ -32,11 +32,11 @@ import xxhash
 from warpdata.core.errors import DataError, MissingInputError
 from warpdata.etl import sourcefacts
 from warpdata.features.scan import (
-    IMAGE_EXTS,
     MAX_CAPTION_BYTES,
     VIDEO_EXTS,
     MediaItem,
     ScanResult,
+    media_entry,
     video_decoder,
 )
 from warpdata.storage.locations import filesystem, parse_location
@@ -132,29 +132,11 @@ class RemoteFolder:
         used: set[str] = set()
         can_video = video_decoder()
         for rel0 in media:
-            rel = key_prefix + rel0
             path = os.fspath(self.mirror / rel0)
-            run = key_prefix + rel0.split("/", 1)[0] if "/" in rel0 else (key_prefix.rstrip("/") or ".")
-            stem0, ext = posixpath.splitext(rel0)
-            ext = ext.lower()
-            cap_rel0 = next((c for c in (stem0 + caption_ext, stem0 + caption_ext.upper()) if c in captions), None)
-            cap_rel = None if cap_rel0 is None else key_prefix + cap_rel0
-            if cap_rel0 is not None:
-                used.add(cap_rel0)
-            if ext in VIDEO_EXTS and not can_video:
-                quarantine.reject(run, rel, path, "unsupported-format",
-                                  f"{rel}: video frames cannot be decoded: OpenCV is not installed "
-                                  "(pip install opencv-python-headless)")
+            got = media_entry(rel0, path, key_prefix, captions, caption_ext, can_video, quarantine, used)
+            if got is None:
                 continue
-            if ext not in IMAGE_EXTS and ext not in VIDEO_EXTS:
-                quarantine.reject(run, rel, path, "unsupported-format",
-                                  f"{rel}: '{ext or '(no extension)'}' is not a supported image format "
-                                  f"(images: {', '.join(sorted(IMAGE_EXTS))}; videos: {', '.join(sorted(VIDEO_EXTS))})")
-                continue
-            if cap_rel0 is None or cap_rel is None:
-                quarantine.reject(run, rel, path, "missing-caption",
-                                  f"{rel}: no caption file {posixpath.basename(stem0) + caption_ext} beside it")
-                continue
+            rel, run, cap_rel0, cap_rel = got
             cap_path = os.fspath(self.mirror / cap_rel0)
             cap_listed = listing[cap_rel0]
             if cap_listed.size > MAX_CAPTION_BYTES:
@@ -183,7 +165,7 @@ class RemoteFolder:
                 quarantine.reject(run, rel, path, "unreadable", f"{rel}: disappeared during the scan")
                 continue
             self.captions[rel0] = raw
-            items.append(MediaItem(rel, path, caption_prefix + text, run, digest, ext in VIDEO_EXTS))
+            items.append(MediaItem(rel, path, caption_prefix + text, run, digest, posixpath.splitext(rel0)[1].lower() in VIDEO_EXTS))
         # what is true of the listed objects now, for the next run (the facts of objects gone dropped)
         if facts != recorded:
             sourcefacts.save_facts(self.url, facts, FACTS)
