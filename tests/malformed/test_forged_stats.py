@@ -13,12 +13,20 @@ from warpdata.registry.parquet_stats import footer_size_of, shard_stats
 from warpdata.registry.store import Store
 
 
-def _publish(tmp_path, forge) -> str:
+def _publish(tmp_path, forge, paged: bool = False) -> str:
+    """A one-shard table published with its stats ``forge``d (``paged``: 100-row pages, a page
+    index in the stats)."""
+    from warpdata.formats import parquet_index
+
     store = Store(tmp_path / "store")
     p = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"id": list(range(2000)), "label": [f"l{i % 3}" for i in range(2000)]}), p,
-                   row_group_size=500)
-    st = forge(shard_stats(pq.read_metadata(p), footer_size_of(str(p))))
+    write = {"row_group_size": 1000, "write_page_index": True, "max_rows_per_page": 100} if paged \
+        else {"row_group_size": 500}
+    pq.write_table(pa.table({"id": list(range(2000)), "label": [f"l{i % 3}" for i in range(2000)]}), p, **write)
+    st = shard_stats(pq.read_metadata(p), footer_size_of(str(p)))
+    if paged:
+        st["page_index"] = parquet_index.of_file(str(p))
+    st = forge(st)
     h = hashlib.sha256(p.read_bytes()).hexdigest()
     store.put_blob_file(h, p)
     fields = [{"name": "id", "type": "int64", "nullable": True}, {"name": "label", "type": "string", "nullable": True}]
@@ -49,24 +57,7 @@ def test_forged_row_group_bounds_are_named(cli, tmp_path, monkeypatch):
 
 
 def _paged(tmp_path, forge) -> str:
-    """A shard with a page index in its stats, ``forge``d: (stats, file bytes) -> stats."""
-    from warpdata.formats import parquet_index
-
-    store = Store(tmp_path / "store")
-    p = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"id": list(range(2000)), "label": [f"l{i % 3}" for i in range(2000)]}), p,
-                   row_group_size=1000, write_page_index=True, max_rows_per_page=100)
-    st = shard_stats(pq.read_metadata(p), footer_size_of(str(p)))
-    st["page_index"] = parquet_index.of_file(str(p))
-    st = forge(st)
-    h = hashlib.sha256(p.read_bytes()).hexdigest()
-    store.put_blob_file(h, p)
-    fields = [{"name": "id", "type": "int64", "nullable": True}, {"name": "label", "type": "string", "nullable": True}]
-    m = Manifest(dataset_id="ws/forged", tables={"main": Table(
-        shards=(ShardRef(hash=h, byte_size=p.stat().st_size, row_count=2000, stats=st),), schema={"fields": fields})})
-    store.put_manifest(m)
-    store.set_latest("ws/forged", m.version_hash)
-    return str(tmp_path / "store")
+    return _publish(tmp_path, forge, paged=True)
 
 
 def test_an_honest_page_index_verifies(cli, tmp_path, monkeypatch):
