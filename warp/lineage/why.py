@@ -339,12 +339,19 @@ def _sealed(doc: dict[str, Any], d: Path | _Remote, before: list[int] | None) ->
                         "the manifest was edited, damaged or written by an older warp",
                         hint="rebuild the artifact with 'warp etl'", path=where)
     if stamp is not None:
-        try:
-            stamp.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(stamp, json.dumps(want).encode(), fsync=False)
-        except OSError as e:  # a read-only or full cache only costs the recomputation next time
-            log.debug(f"{where}: seal stamp not kept in the cache: {e}")
+        _keep_stamp(stamp, want, f"{where}: seal stamp")
     return doc
+
+
+def _keep_stamp(stamp: Path, facts: Any, what: str) -> None:
+    """Write a check's stamp into the cache; a read-only or full cache only costs the check next time."""
+    import json
+
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(stamp, json.dumps(facts).encode(), fsync=False)
+    except OSError as e:
+        log.debug(f"{what} not kept in the cache: {e}")
 
 
 def _checked_shard(doc: dict[str, Any], shard: dict[str, Any], d: Path | _Remote, path_field: str) -> None:
@@ -398,11 +405,7 @@ def _side_table(d: Path | _Remote, doc: dict[str, Any], name: Any, entry: str,
     except (OSError, ValueError):
         pass
     sidetables.check_file(f, name, want, where, hint)
-    try:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(stamp, json.dumps(stamped).encode(), fsync=False)
-    except OSError as e:  # a read-only or full cache only costs the hash next time
-        log.debug(f"{f}: side-table stamp not kept in the cache: {e}")
+    _keep_stamp(stamp, stamped, f"{f}: side-table stamp")
     return f
 
 
