@@ -133,14 +133,9 @@ def test_a_feature_cache_records_table_is_checked(cli, feature_cache, tmp_path):
 @pytest.mark.s3
 def test_a_side_table_edited_on_s3_is_refused_from_the_downloaded_bytes(cli, s3, coco_warehouse, tmp_path,
                                                                          monkeypatch):
-    from support.warehouses import coco_config
+    from support.warehouses import built_on_s3
 
-    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
-    root = coco_warehouse.parent.parent / "coco"
-    cfg = coco_config(root, s3.url("wh"), name="s3.toml", labels="annotations.json")
-    r = cli("-q", "etl", "--config", cfg)
-    assert r.code == 0, r.err
-    url = r.out.strip().splitlines()[-1]
+    url = built_on_s3(cli, s3, coco_warehouse, tmp_path, monkeypatch)
     key = url.removeprefix(f"s3://{s3.bucket}/") + "/samples.parquet"
     s3.reset_counts()
     r = cli("why", url, "0", "--json")

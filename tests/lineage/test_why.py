@@ -176,21 +176,16 @@ def test_a_published_feature_cache_record_is_traced_to_its_bytes_inside_a_tar_sh
 @pytest.mark.s3
 def test_a_warehouse_built_on_s3_is_traced_there_without_reading_a_shard(cli, s3, coco_warehouse, tmp_path,
                                                                          monkeypatch):
-    from support.warehouses import coco_config
+    from support.warehouses import built_on_s3
 
-    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
-    root = coco_warehouse.parent.parent / "coco"
-    cfg = coco_config(root, s3.url("wh"), name="s3.toml", labels="annotations.json")
-    r = cli("-q", "etl", "--config", cfg)
-    assert r.code == 0, r.err
-    url = r.out.strip().splitlines()[-1]
+    url = built_on_s3(cli, s3, coco_warehouse, tmp_path, monkeypatch)
     assert url.startswith("s3://")
     s3.reset_counts()
     d = cli("why", url, "images/img_00003.jpg", "--json")
     assert d.code == 0, d.err
     got = d.json()
-    assert got["source"]["sha256"] == sha(root / "images/img_00003.jpg")
-    assert got["label"]["sha256"] == sha(root / "annotations.json")
+    assert got["source"]["sha256"] == sha(coco_warehouse.parent.parent / "coco" / "images/img_00003.jpg")
+    assert got["label"]["sha256"] == sha(coco_warehouse.parent.parent / "coco" / "annotations.json")
     assert got["location"] == cli("why", coco_warehouse, "images/img_00003.jpg", "--json").json()["location"]
     assert not [q for q in s3.requests("GET") if q["key"].endswith(".twh1")]  # no shard byte read
     r = cli("why", url.rsplit("/", 1)[0] + "/v20000101-000000000000", "0")

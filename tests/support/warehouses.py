@@ -36,3 +36,13 @@ shard_samples = 4
 
 def warehouse_config(d: Path, out: Path, workers: int) -> Path:
     return coco_config(d, out, name=f"t-{workers}.toml", build=f"workers = {workers}", labels="annotations.json")
+
+
+def built_on_s3(cli, s3, coco_warehouse, tmp_path, monkeypatch) -> str:
+    """The coco sample's warehouse built by `warp etl` straight into the moto bucket; its s3:// URL."""
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    root = coco_warehouse.parent.parent / "coco"
+    cfg = coco_config(root, s3.url("wh"), name="s3.toml", labels="annotations.json")
+    r = cli("-q", "etl", "--config", cfg)
+    assert r.code == 0, r.err
+    return r.out.strip().splitlines()[-1]
