@@ -65,6 +65,13 @@ def test_a_three_percent_edit_uploads_and_stores_under_three_percent(versions, t
     images = 4 * 320 * 320 * 3
     assert images <= r2.bytes_uploaded <= 0.025 * version_bytes, (r2.bytes_uploaded, version_bytes)
     assert sum(after.values()) - sum(before.values()) == new <= 0.03 * sum(before.values())
+    # warp ls --versions: version 2 holds alone what its publish uploaded, and shares the rest
+    from warpdata.lineage.history import versions
+
+    h1, h2 = versions(store, "ws/wh")
+    assert (h1.version_hash, h2.version_hash) == (r1.version_hash, r2.version_hash)
+    assert h2.own_bytes == r2.bytes_uploaded and h1.shared_bytes == h2.shared_bytes > 0.97 * version_bytes
+    assert h1.own_bytes + h1.shared_bytes == r1.bytes_uploaded
     # the control: each changed TWH1 shard stored whole again (8 % here, every shard before the layout fix)
     control = Store(str(tmp_path / "control"))
     publish(PublishRequest("ws/wh", from_paths=[v1], chunk_target=0), store=control)
