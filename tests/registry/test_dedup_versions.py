@@ -117,6 +117,13 @@ def test_a_chunked_version_reads_and_answers_as_its_control(cli, versions, tmp_p
         return why, _without_hashes(diff, set(vs[name]))
 
     assert answers("store") == answers("control")
+    # in the chunked store, why names the chunk holding the image: its bytes there are the image's
+    key = changed["replaced"][0]
+    loc = cli("why", "ws/wh", key, "--store", str(tmp_path / "store"), "--json").json()["location"]
+    image = (Path(v2) / loc["file"]).read_bytes()[loc["image_offset"]:][:loc["image_bytes"]]
+    assert Store(str(tmp_path / "store")).read_range(loc["chunk_sha256"], loc["chunk_offset"], len(image)) == image
+    assert "chunk_sha256" not in cli("why", "ws/wh", key, "--store", str(tmp_path / "control"),
+                                     "--json").json()["location"]
 
 
 def _without_hashes(d, versions: set[str]):

@@ -40,6 +40,7 @@ from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.features import manifest as fmanifest
 from warpdata.formats.tbl import SampleNotFound, TblReader
+from warpdata.registry import chunks
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import ArtifactIndex
 from warpdata.storage.blobcache import BlobCache
@@ -697,6 +698,10 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
         if loc.get("file") in idx:  # the TWH1 shard is a member of a tar shard: where its image lies there
             blob, off, _ln = idx.lookup(loc["file"])
             loc.update(blob_sha256=blob, blob_offset=off + loc["image_offset"])
+            ref = chunks.chunked_refs([m]).get(blob)
+            if ref is not None:  # stored as chunks: the store object that holds the image's first byte
+                c, coff = chunks.locate(ref, loc["blob_offset"])
+                loc.update(chunk_sha256=c, chunk_offset=coff)
         base.index = sum(s.row_count or 0 for s in t.shards[:si]) + offset
         base.transform["version_hash"] = m.version_hash
     return base

@@ -30,7 +30,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["CHUNK_TARGET", "chunk_ranges", "chunked_refs", "hash_chunks", "read_range", "twh1_cuts"]
+__all__ = ["CHUNK_TARGET", "chunk_ranges", "chunked_refs", "hash_chunks", "locate", "read_range", "twh1_cuts"]
 
 # bytes of sample images per chunk, at most (one image when an image is larger): small enough that
 # a chunk holds one 320×320 or 640×640 RGB image, so a replaced photo re-uploads itself only; large
@@ -105,3 +105,13 @@ def read_range(store: Any, ref: Any, start: int, length: int) -> bytes:
         if pos >= end:
             break
     return b"".join(parts)
+
+
+def locate(ref: Any, offset: int) -> tuple[str, int]:
+    """The chunk of the chunked shard ``ref`` holding byte ``offset``: (its hash, offset inside it)."""
+    pos = 0
+    for h, n in ref.chunks:
+        if offset < pos + n:
+            return h, offset - pos
+        pos += n
+    raise ValueError(f"offset {offset} is past the end of shard {ref.hash} ({pos} bytes)")
