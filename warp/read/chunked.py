@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
@@ -36,10 +37,13 @@ def write_chunks(remote: Any, s: ShardRef, f: BinaryIO) -> None:
     """Write shard ``s``'s bytes into ``f`` from its chunks, fetched ``FETCH_THREADS`` at a time."""
     chunks = list(s.chunks or ())
     with ThreadPoolExecutor(max_workers=max(1, min(FETCH_THREADS, len(chunks)))) as ex:
-        for at in range(0, len(chunks), FETCH_THREADS):
-            window = chunks[at:at + FETCH_THREADS]
-            for data in ex.map(lambda c: _read(remote, c[0], c[1]), window):
-                f.write(data)
+        ahead: deque = deque()
+        for h, n in chunks:  # a sliding window: the next GET starts as soon as the oldest is written
+            ahead.append(ex.submit(_read, remote, h, n))
+            if len(ahead) >= FETCH_THREADS:
+                f.write(ahead.popleft().result())
+        while ahead:
+            f.write(ahead.popleft().result())
 
 
 def bad_chunk(remote: Any, s: ShardRef) -> BlobCorruptedError | None:
