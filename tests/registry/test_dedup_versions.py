@@ -181,3 +181,33 @@ def test_on_s3_the_edit_puts_only_new_chunks_and_reads_back_by_ranged_gets(versi
     assert chunks <= got_keys  # every chunk fetched, and the chunked shards themselves never asked for
     assert not {s.hash for a in Store(url).get_manifest("ws/wh", r2.version_hash).artifacts.values()
                 for s in a.shards if s.chunks} & got_keys
+
+
+def test_chunks_shared_by_two_shards_upload_once_and_republish_from_the_stat_cache(versions, tmp_path):
+    """Two TWH1 files with the same samples: their image chunks and tail are one blob each; a second
+    publish of the unchanged folder (stat-cache hit: the shards are packed again to upload) sends the
+    right bytes for every chunk, each read from its own shard's staged file."""
+    import shutil
+    import time
+
+    art = tmp_path / "art"
+    art.mkdir()
+    shard = Path(versions[0]) / "shard-00000.twh1"
+    shutil.copy(shard, art / "a.twh1")
+    shutil.copy(shard, art / "b.twh1")
+    time.sleep(0.25)  # past the stat cache's racy window (a file changed within 100 ms is not cached)
+    r1 = publish(PublishRequest("ws/two", artifacts={"raw": str(art)}), store=Store(str(tmp_path / "s1")))
+    m = Store(str(tmp_path / "s1")).get_manifest("ws/two", r1.version_hash)
+    a, b = m.artifacts["raw"].shards
+    assert a.chunks and b.chunks and a.chunks[0] != b.chunks[0] and a.chunks[1:] == b.chunks[1:]
+    assert r1.bytes_uploaded == sum(n for _h, n in a.chunks) + b.chunks[0][1] + m.artifacts["raw"].index.byte_size
+    r2 = publish(PublishRequest("ws/two", artifacts={"raw": str(art)}), store=Store(str(tmp_path / "s2")))
+    assert r2.stat_cache_hits and r2.version_hash == r1.version_hash and r2.bytes_uploaded == r1.bytes_uploaded
+    from warpdata.read.dataset import Dataset
+
+    ds = Dataset("ws/two", store=str(tmp_path / "s2"))
+    reader = ds.artifact("raw")
+    try:
+        assert reader.read("b.twh1") == reader.read("a.twh1") == shard.read_bytes()
+    finally:
+        reader.close()

@@ -300,6 +300,7 @@ class _Blob:
     path: str | None  # local file holding the bytes; None until (re)materialised
     materialize: Callable[[], None] | None = None
     offset: int | None = None  # a chunk: its bytes are [offset, offset + byte_size) of ``path``
+    owner: str | None = None  # a chunk: the hash of the tar shard whose staged file ``path`` is
 
 
 class _Stager:
@@ -457,13 +458,15 @@ class _Stager:
             got = [s["hash"] for s in again["shards"]] + [again["index"]["hash"]]
             if got != expected:
                 raise DataError(f"artifact {name}: {root} changed while publishing", hint="rerun the publish")
+            paths = {s["hash"]: s["path"] for s in again["shards"]}
             for s in [*again["shards"], again["index"]]:
                 if s["hash"] in self.chunked:
                     self.chunked[s["hash"]].path = s["path"]
-                    for h, _n in s["chunks"]:
-                        self.blobs[h].path = s["path"]
                 else:
                     self.blobs[s["hash"]].path = s["path"]
+            for b in self.blobs.values():  # a chunk's offset is into its own shard's file
+                if b.owner in paths:
+                    b.path = paths[b.owner]
 
         shards = []
         for i, s in enumerate(hit["shards"]):
@@ -477,7 +480,8 @@ class _Stager:
                                             rematerialize)
             off = 0
             for j, (h, n) in enumerate(chunks):
-                self._add(_Blob(h, n, f"artifact {name} shard {i} chunk {j}", s.get("path"), rematerialize, off))
+                self._add(_Blob(h, n, f"artifact {name} shard {i} chunk {j}", s.get("path"), rematerialize, off,
+                                s["hash"]))
                 off += n
         idx = hit["index"]
         self._add(_Blob(idx["hash"], idx["byte_size"], f"artifact {name} index", idx.get("path"), rematerialize))
