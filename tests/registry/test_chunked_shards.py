@@ -101,3 +101,20 @@ def test_hash_chunks_reads_each_range_once(tmp_path):
     p.write_bytes(data)
     ranges = chunk_ranges([1000, 4000, 9999], len(data))
     assert hash_chunks(p, ranges) == [(hashlib.sha256(data[a:a + n]).hexdigest(), n) for a, n in ranges]
+
+
+@pytest.mark.parametrize("name", ["v1-small.wfs", "v1-empty.wfs"])
+def test_cuts_fall_on_records_of_the_golden_wfs1_shards(name):
+    from warpdata.registry.chunks import member_cuts, wfs1_cuts
+
+    data = (GOLDEN / "featshard" / name).read_bytes()
+    flags, r, data_off = struct.unpack_from("<H", data, 6)[0], *struct.unpack_from("<IQ", data, 12)
+    (n,) = struct.unpack_from("<Q", data, len(data) - 24)
+    cuts = member_cuts(data[:64], 512, len(data), target=r)
+    if n == 0:
+        assert cuts is None  # nothing to cut: stored whole
+        return
+    assert cuts == [512 + data_off + i * r for i in range(n)] + [512 + data_off + n * r]
+    assert wfs1_cuts(data[:64], 512, len(data), target=10 * r) == [512 + data_off, 512 + data_off + n * r]
+    assert wfs1_cuts(data[:64], 512, len(data) - 1) is None  # a length the records do not fill
+    assert flags in (0, 1)

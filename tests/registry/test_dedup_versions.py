@@ -211,3 +211,30 @@ def test_chunks_shared_by_two_shards_upload_once_and_republish_from_the_stat_cac
         assert reader.read("b.twh1") == reader.read("a.twh1") == shard.read_bytes()
     finally:
         reader.close()
+
+
+def test_a_feature_cache_is_stored_as_record_chunks_and_traced_and_read_through_them(cli, tmp_path, monkeypatch):
+    """WFS1 shards are cut at their fixed-size records (docs/formats/registry.md, "Chunked shards"):
+    `warp why` names the chunk holding a record, readers see the same records."""
+    from warpdata.features.reader import ShardCache
+    from warpdata.features.writer import CacheSpec, build_cache
+    from warpdata.sampledata.captions import generate as captions
+
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    captions(tmp_path / "src", count=24, seed=4)
+    build_cache(CacheSpec(source=str(tmp_path / "src"), output=str(tmp_path / "fc"), size=(128, 128),
+                          shard_size=8), allow_invalid=True)
+    store = Store(str(tmp_path / "store"))
+    r = publish(PublishRequest("ws/fc", from_paths=[str(tmp_path / "fc")]), store=store)
+    m = store.get_manifest("ws/fc", r.version_hash)
+    chunked = [s for a in m.artifacts.values() for s in a.shards if s.chunks]
+    assert len(chunked) == 3 and all(len(s.chunks) >= 4 for s in chunked)
+    with ShardCache(tmp_path / "fc") as local, ShardCache("ws/fc", store=str(tmp_path / "store")) as sc:
+        assert len(sc) == len(local) and all((sc.get(i)["pixels"] == local.get(i)["pixels"]).all()
+                                             for i in range(len(local)))
+    r = cli("why", "ws/fc", "13", "--store", str(tmp_path / "store"), "--json")
+    assert r.code == 0, r.err
+    loc = r.json()["location"]
+    assert loc["shard"] == "shard-00001.wfs"
+    record = (tmp_path / "fc" / loc["shard"]).read_bytes()[loc["offset"]:loc["offset"] + loc["record_bytes"]]
+    assert store.read_range(loc["chunk_sha256"], loc["chunk_offset"], len(record)) == record

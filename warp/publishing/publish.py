@@ -76,7 +76,7 @@ from warpdata.publishing.multipart import PART_SIZE as PART_SIZE
 from warpdata.publishing.multipart import part_size as part_size
 from warpdata.registry import signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
-from warpdata.registry.chunks import CHUNK_TARGET, chunk_ranges, hash_chunks, twh1_cuts
+from warpdata.registry.chunks import CHUNK_TARGET, chunk_ranges, hash_chunks, member_cuts
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -428,7 +428,7 @@ class _Stager:
         # the packing rule is part of the key: a cached result of an older rule would not re-pack the same
         # (names that NFC changes were packed as they were before the rule; other keys stay as they were)
         renamed = ("names=nfc",) if any(member_name(m[0]) != m[0] for m in members) else ()
-        chunking = (f"chunks={self.req.chunk_target}",) if self.req.chunk_target else ()
+        chunking = (f"chunks={self.req.chunk_target}:twh1,wfs1",) if self.req.chunk_target else ()
         key = self.cache.key("artifact", self.req.shard_size, f"alone={DEFAULT_ALONE_SIZE}", *renamed, *chunking,
                              scan.fingerprint)
         out = self.stage / f"artifact-{name}"
@@ -490,7 +490,7 @@ class _Stager:
 
 
 def _chunk_shards(shards: list[dict[str, Any]], index: bytes, target: int) -> None:
-    """Give each tar shard that holds one TWH1 file its ``chunks``: runs of whole sample images
+    """Give each tar shard that holds one TWH1 or WFS1 file its ``chunks``: runs of whole samples
     (:mod:`warpdata.registry.chunks`), hashed from the staged shard."""
     doc = load_json(index, "member index")
     alone: dict[int, tuple[int, int]] = {}
@@ -502,7 +502,7 @@ def _chunk_shards(shards: list[dict[str, Any]], index: bytes, target: int) -> No
             continue
         with open(s["path"], "rb", buffering=0) as f:
             head = os.pread(f.fileno(), 80, off)
-        cuts = twh1_cuts(head, off, length, target)
+        cuts = member_cuts(head, off, length, target)
         if cuts is not None:
             s["chunks"] = [list(c) for c in hash_chunks(s["path"], chunk_ranges(cuts, s["byte_size"]))]
 

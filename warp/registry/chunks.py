@@ -1,4 +1,4 @@
-"""Sample-aligned chunks of tar shards holding one TWH1 file (docs/formats/registry.md, "Chunked shards").
+"""Sample-aligned chunks of tar shards holding one TWH1 or WFS1 file (docs/formats/registry.md, "Chunked shards").
 
 A published tensor warehouse is one tar shard per TWH1 file (tarpack's ``alone_size``). Its bytes
 are a small head (tar header and TWH1 header), the images of ``N`` samples, each exactly
@@ -19,7 +19,8 @@ that hash as it lands (:meth:`warpdata.read.dataset.Dataset.fetch_blob`), so eve
 blob cache (``materialize``, ``warm``, memory-mapped TWH1 members) sees the same file as before.
 
 Cut points come from the TWH1 header alone (docs/formats/twh1.md): no content-defined chunking,
-no rolling hash. A member that is not a well-formed TWH1 header is not chunked.
+no rolling hash. A feature cache's WFS1 shard (docs/formats/feature-shard.md) is cut the same way
+at its fixed-size records. Any other member is not chunked.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["CHUNK_TARGET", "chunk_ranges", "chunked_refs", "hash_chunks", "locate", "read_range", "twh1_cuts"]
+__all__ = ["CHUNK_TARGET", "chunk_ranges", "chunked_refs", "hash_chunks", "locate", "member_cuts", "read_range",
+           "twh1_cuts", "wfs1_cuts"]
 
 # bytes of sample images per chunk, at most (one image when an image is larger): small enough that
 # a chunk holds one 320×320 or 640×640 RGB image, so a replaced photo re-uploads itself only; large
@@ -58,6 +60,37 @@ def twh1_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK
     k = max(1, target // one)
     start = data_start + image_off
     return [start + j * k * one for j in range(-(-n // k))] + [data_start + end]
+
+
+_WFS1 = struct.Struct("<4sHHIIQ")  # docs/formats/feature-shard.md: magic, version, flags, F, R, data_offset
+
+
+def wfs1_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK_TARGET) -> list[int] | None:
+    """As :func:`twh1_cuts`, for a WFS1 feature shard: runs of whole records of ``R`` bytes. The
+    record count follows from the member's length (records, the optional CRC table, the 32-byte
+    trailer); None when ``head`` is no WFS1 header or the length does not fit it."""
+    if len(head) < _WFS1.size or target < 1:
+        return None
+    magic, version, flags, _fields, r, data_off = _WFS1.unpack_from(head)
+    if magic != b"WFS1" or version != 1 or r <= 0 or data_off < 64:
+        return None
+    per = r + (4 if flags & 1 else 0)
+    body = member_len - 32 - data_off
+    if body <= 0 or body % per:
+        return None
+    n = body // per
+    k = max(1, target // r)
+    start = data_start + data_off
+    return [start + j * k * r for j in range(-(-n // k))] + [start + n * r]
+
+
+def member_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK_TARGET) -> list[int] | None:
+    """Cut points for a TWH1 or WFS1 member (:func:`twh1_cuts`, :func:`wfs1_cuts`); None for others."""
+    if head[:4] == b"TWH1":
+        return twh1_cuts(head, data_start, member_len, target)
+    if head[:4] == b"WFS1":
+        return wfs1_cuts(head, data_start, member_len, target)
+    return None
 
 
 def chunk_ranges(cuts: Sequence[int], total: int) -> list[tuple[int, int]]:
