@@ -10,6 +10,7 @@ answers ``warp why`` and ``warp diff`` the same and its readers see the same arr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -238,3 +239,33 @@ def test_a_feature_cache_is_stored_as_record_chunks_and_traced_and_read_through_
     assert loc["shard"] == "shard-00001.wfs"
     record = (tmp_path / "fc" / loc["shard"]).read_bytes()[loc["offset"]:loc["offset"] + loc["record_bytes"]]
     assert store.read_range(loc["chunk_sha256"], loc["chunk_offset"], len(record)) == record
+
+
+def test_a_feature_cache_with_one_image_replaced_uploads_about_one_record_chunk(tmp_path, monkeypatch):
+    from PIL import Image
+    from warpdata.features.writer import CacheSpec, build_cache
+    from warpdata.sampledata.captions import generate as captions
+
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    captions(tmp_path / "src", count=24, seed=4)
+
+    def build(out: str):
+        build_cache(CacheSpec(source=str(tmp_path / "src"), output=str(tmp_path / out), size=(128, 128),
+                              shard_size=8), allow_invalid=True)
+        return json.loads((tmp_path / out / "manifest.json").read_text())
+
+    a = build("fc1")
+    store = Store(str(tmp_path / "store"))
+    publish(PublishRequest("ws/fc", from_paths=[str(tmp_path / "fc1")]), store=store)
+    first = sorted(p for p in (tmp_path / "src").rglob("*.jpg"))[len(list((tmp_path / "src").rglob("*.jpg"))) // 2]
+    with Image.open(first) as im:
+        im.transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(first, quality=90)
+    b = build("fc2")
+    # the cache's fingerprint is in every shard's meta: every WFS1 file changed
+    assert all(x["sha256"] != y["sha256"] for x, y in zip(a["shards"], b["shards"], strict=True))
+    r = publish(PublishRequest("ws/fc", from_paths=[str(tmp_path / "fc2")]), store=store)
+    record = 128 * 128 * 3
+    # the chunk of records holding the new pixels (5 records a 256 KiB chunk), the shards' heads and
+    # tails, the tables: under one shard, where whole-shard storage sends all four again
+    whole = sum(s["bytes"] for s in b["shards"])
+    assert record <= r.bytes_uploaded < b["shards"][0]["bytes"] < whole, (r.bytes_uploaded, whole)
