@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from warpdata.cli.app import main as warp
-    from warpdata.registry.publish import PublishRequest, publish
+    from warpdata.publishing.publish import PublishRequest, publish
     from warpdata.registry.store import Store
     from warpdata.sampledata.detection import edit, generate
 

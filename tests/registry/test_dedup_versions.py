@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from warpdata.registry.publish import PublishRequest, publish
+from warpdata.publishing.publish import PublishRequest, publish
 from warpdata.registry.store import Store
 from warpdata.sampledata.detection import edit, generate
 
