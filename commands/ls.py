@@ -8,7 +8,8 @@ place (`warp register`) come first, marked "registered": reads find them before
 the store (--store lists that store alone).
 
 `warp ls WS/NAME --versions` lists every version of one dataset, oldest first,
-with its date, rows and size (one GET per version); the latest is marked. A
+with its date, rows and size (one GET per version), its own bytes (store objects
+no other version uses) and the bytes it shares with other versions; the latest is marked. A
 dataset registered in place has one version, the files as last registered
 (registering again replaces it): it is listed first, marked "registered".
 """
@@ -26,7 +27,7 @@ EXAMPLES = """
   warp ls vision/         # one workspace
   WARP_STORE=s3://bucket/warp warp ls --json
   WARP_STORE=https://data.example.org/warp warp ls vision/coco-mini   # HTTP stores: by name only
-  warp ls vision/coco-mini --versions    # every version: date, rows, size
+  warp ls vision/coco-mini --versions    # every version: date, rows, size, own and shared bytes
 """
 
 
@@ -180,11 +181,12 @@ def _versions(st, dataset: str | None, reg: list[dict], *, store_missing: bool) 
         out.emit_json(doc_out)
         return 0
     rows = [[v.version_hash[:12], v.created_at or "", v.rows,
-             format_size(v.bytes) if v.bytes is not None else "", "*" if v.latest else ""] for v in hist]
+             format_size(v.bytes) if v.bytes is not None else "", format_size(v.own_bytes),
+             format_size(v.shared_bytes), "*" if v.latest else ""] for v in hist]
     if mine is not None:
         rows.insert(0, [mine["version_hash"][:12] + " (registered)", mine["registered_at"] or "", mine["rows"],
-                        format_size(mine["bytes"]), "reads"])
-    out.table(None, ["version", "created", "rows", "size", "latest"], rows)
+                        format_size(mine["bytes"]), "", "", "reads"])
+    out.table(None, ["version", "created", "rows", "size", "own", "shared", "latest"], rows)
     if mine is not None:
         out.end_data()
         published = (f"; the store's {len(hist)} published version(s) follow it, read with --store or "

@@ -31,7 +31,7 @@ def check_listing(cli, store, hashes: list[str]) -> None:
     human = cli("ls", "ws/h", "--versions", "--store", store)
     assert human.code == 0 and human.err == ""
     lines = human.out.splitlines()
-    assert lines[0].split() == ["version", "created", "rows", "size", "latest"]
+    assert lines[0].split() == ["version", "created", "rows", "size", "own", "shared", "latest"]
     assert [ln.split()[0] for ln in lines[1:]] == [h[:12] for h in hashes] and lines[-1].rstrip().endswith("*")
 
 
@@ -74,7 +74,7 @@ def test_versions_of_a_dataset_registered_in_place(cli, tmp_path):
     r = cli("ls", "ws/reg", "--versions")
     assert r.code == 0
     lines = r.out.splitlines()
-    assert lines[0].split() == ["version", "created", "rows", "size", "latest"] and len(lines) == 2
+    assert lines[0].split() == ["version", "created", "rows", "size", "own", "shared", "latest"] and len(lines) == 2
     size = format_size(reg["bytes"]).split()
     assert lines[1].split() == [version[:12], "(registered)", reg["registered_at"], "3", *size, "reads"]
     assert r.err == (f"ws/reg is registered in place ({reg['path']}): a registration holds one version, the files "

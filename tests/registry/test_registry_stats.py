@@ -91,7 +91,7 @@ def _shard0(d):
 
 @pytest.mark.parametrize("mutate, match", [
     (lambda d: d.__setitem__("format_version", 1), "format_version is 1, but shard stats are present"),
-    (lambda d: d.__setitem__("format_version", 5), "is not one of"),
+    (lambda d: d.__setitem__("format_version", 6), "is not one of"),
     (lambda d: d.__setitem__("format_version", 4), "format_version is 4, .* Arrow table schemas are absent"),
     (lambda d: d.__setitem__("format_version", 3), "format_version is 3, but shard stats are present, read-affecting metadata is absent"),
     (lambda d: [s.pop("stats") for s in d["tables"]["main"]["shards"]], "format_version is 2, but shard stats are absent"),

@@ -2,12 +2,14 @@
 
 The store keeps no parent links between versions: the history is every manifest stored under
 ``datasets/<ws>/<name>/versions/``, ordered by the ``created_at`` of its envelope (then by hash,
-so equal stamps order the same everywhere). Costs one listing and one GET per version.
+so equal stamps order the same everywhere). Costs one listing and one GET per version. Each
+version's own bytes are those of the store objects no other version uses (what deleting it alone
+would free); its shared bytes, those of the objects another version uses too.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from warpdata.registry.store import Store
@@ -26,6 +28,10 @@ class VersionInfo:
     latest: bool
     description: str | None = None
     has_card: bool = False
+    # store objects (blobs, a chunked shard's chunks: docs/formats/registry.md, "Chunked shards"),
+    # each counted once: those no other listed version uses, and those it shares with another
+    own_bytes: int = 0
+    shared_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -42,8 +48,10 @@ def versions(store: Store, dataset_id: str) -> list[VersionInfo]:
     if ptr is not None and ptr.version_hash not in hashes:
         hashes.append(ptr.version_hash)
     out = []
+    stored: dict[str, dict[str, int]] = {}
     for h in hashes:
         m = store.get_manifest(dataset_id, h)
+        stored[h] = {b.hash: b.byte_size for b in m.stored_blobs()}
         md = m.metadata
         created = md.get("created_at") if isinstance(md.get("created_at"), str) else None
         out.append(VersionInfo(h, created, m.stats.get("total_rows"), m.stats.get("total_bytes"),
@@ -51,4 +59,10 @@ def versions(store: Store, dataset_id: str) -> list[VersionInfo]:
                                ptr is not None and ptr.version_hash == h,
                                md.get("description") if isinstance(md.get("description"), str) else None,
                                isinstance(md.get("card"), str)))
+    users: dict[str, int] = {}
+    for objs in stored.values():
+        for b in objs:
+            users[b] = users.get(b, 0) + 1
+    out = [replace(v, own_bytes=sum(n for b, n in stored[v.version_hash].items() if users[b] == 1),
+                   shared_bytes=sum(n for b, n in stored[v.version_hash].items() if users[b] > 1)) for v in out]
     return sorted(out, key=lambda v: (v.created_at or "", v.version_hash))

@@ -40,6 +40,7 @@ from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME, TENSOR_WAREHOUSE, ZARR_ARRAY
 from warpdata.features import manifest as fmanifest
 from warpdata.formats.tbl import SampleNotFound, TblReader
+from warpdata.registry import chunks
 from warpdata.registry.store import Store
 from warpdata.registry.tarpack import ArtifactIndex
 from warpdata.storage.blobcache import BlobCache
@@ -679,7 +680,7 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
         if values.get("shard") in names:
             def header(name: str) -> bytes:
                 blob, off, _ln = idx.lookup(name)
-                return st.read_range(blob, off, 24)
+                return _read(st, m, blob, off, 24)
 
             _feature_lineage(base, doc, dict(values), header)
             base.index = sum(s.row_count or 0 for s in t.shards[:si]) + offset
@@ -688,6 +689,7 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
             if loc.get("shard") in idx and "offset" in loc:
                 blob, off, _ln = idx.lookup(loc["shard"])
                 loc.update(blob_sha256=blob, blob_offset=off + loc["offset"])
+                _chunk_of(m, loc)
     wh = _published_warehouse(st, m, tname)
     if wh is not None and "source_path" in values:  # a warehouse's samples table: trace on to its sources
         doc, sources_table, idx = wh
@@ -700,9 +702,25 @@ def _why_published(target: str, sample: str, store_url: str | None, table: str |
         if loc.get("file") in idx:  # the TWH1 shard is a member of a tar shard: where its image lies there
             blob, off, _ln = idx.lookup(loc["file"])
             loc.update(blob_sha256=blob, blob_offset=off + loc["image_offset"])
+            _chunk_of(m, loc)
         base.index = sum(s.row_count or 0 for s in t.shards[:si]) + offset
         base.transform["version_hash"] = m.version_hash
     return base
+
+
+def _read(st, m, blob: str, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` of tar shard ``blob``: one ranged read, or of the chunks
+    holding them when the shard is stored as chunks (docs/formats/registry.md, "Chunked shards")."""
+    ref = chunks.chunked_refs([m]).get(blob)
+    return st.read_range(blob, offset, length) if ref is None else chunks.read_range(st, ref, offset, length)
+
+
+def _chunk_of(m, loc: dict[str, Any]) -> None:
+    """For a location inside a chunked shard: the chunk holding its first byte, and the offset there."""
+    ref = chunks.chunked_refs([m]).get(loc["blob_sha256"])
+    if ref is not None:
+        c, coff = chunks.locate(ref, loc["blob_offset"])
+        loc.update(chunk_sha256=c, chunk_offset=coff)
 
 
 def _row_at(st, t, i: int) -> tuple[int, int, int, dict[str, Any]]:
@@ -773,10 +791,10 @@ def _published_producer(st, m, tname: str, kind: str) -> tuple[dict[str, Any], A
         blob, off, ln = idx.lookup(MANIFEST_NAME)
         where = f"{p['artifact']}:{MANIFEST_NAME}"
         if kind == TENSOR_WAREHOUSE:
-            return wmanifest.parse(st.read_range(blob, off, ln), where), idx
+            return wmanifest.parse(_read(st, m, blob, off, ln), where), idx
 
         try:
-            doc = load_json(st.read_range(blob, off, ln), where)
+            doc = load_json(_read(st, m, blob, off, ln), where)
         except (UnicodeDecodeError, ValueError) as e:
             raise DataError(f"{where}: not valid JSON: {e}", hint="republish the dataset", path=where) from None
         return fmanifest.check(doc, where), idx

@@ -76,6 +76,7 @@ from warpdata.publishing.multipart import PART_SIZE as PART_SIZE
 from warpdata.publishing.multipart import part_size as part_size
 from warpdata.registry import signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
+from warpdata.registry.chunks import CHUNK_TARGET, chunk_ranges, hash_chunks, member_cuts
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -132,6 +133,9 @@ class PublishRequest:
     dry_run: bool = False
     store_url: str | None = None
     shard_size: int = DEFAULT_TARGET_SIZE
+    # bytes of sample images per stored chunk of a TWH1 tar shard; 0 stores every shard whole
+    # (docs/formats/registry.md, "Chunked shards")
+    chunk_target: int = CHUNK_TARGET
     workers: int = 8
     rehash: bool = False
     # hard-link the published files into the local blob cache (remote stores): the publisher then
@@ -295,6 +299,8 @@ class _Blob:
     role: str
     path: str | None  # local file holding the bytes; None until (re)materialised
     materialize: Callable[[], None] | None = None
+    offset: int | None = None  # a chunk: its bytes are [offset, offset + byte_size) of ``path``
+    owner: str | None = None  # a chunk: the hash of the tar shard whose staged file ``path`` is
 
 
 class _Stager:
@@ -307,6 +313,7 @@ class _Stager:
         self.members: dict[str, list[str]] = {}  # artifact -> member names
         self.skipped_links: dict[str, tuple[str, ...]] = {}  # artifact -> symlinked dirs left out
         self.page_rows: dict[str, int] = {}  # table -> rows per page of its rewritten files
+        self.chunked: dict[str, _Blob] = {}  # chunked tar shards: stored as chunks, never uploaded whole
 
     def _add(self, b: _Blob) -> None:
         prev = self.blobs.get(b.hash)
@@ -421,7 +428,8 @@ class _Stager:
         # the packing rule is part of the key: a cached result of an older rule would not re-pack the same
         # (names that NFC changes were packed as they were before the rule; other keys stay as they were)
         renamed = ("names=nfc",) if any(member_name(m[0]) != m[0] for m in members) else ()
-        key = self.cache.key("artifact", self.req.shard_size, f"alone={DEFAULT_ALONE_SIZE}", *renamed,
+        chunking = (f"chunks={self.req.chunk_target}:twh1,wfs1",) if self.req.chunk_target else ()
+        key = self.cache.key("artifact", self.req.shard_size, f"alone={DEFAULT_ALONE_SIZE}", *renamed, *chunking,
                              scan.fingerprint)
         out = self.stage / f"artifact-{name}"
 
@@ -429,8 +437,11 @@ class _Stager:
             res = pack_files(members, out, self.req.shard_size)
             idx_path = out / f"{res.index_hash}.index.json"
             idx_path.write_bytes(res.index)
-            return {"shards": [{"hash": s.hash, "byte_size": s.byte_size, "member_count": s.member_count,
-                                "path": s.path} for s in res.shards],
+            shards = [{"hash": s.hash, "byte_size": s.byte_size, "member_count": s.member_count,
+                       "path": s.path} for s in res.shards]
+            if self.req.chunk_target:
+                _chunk_shards(shards, res.index, self.req.chunk_target)
+            return {"shards": shards,
                     "index": {"hash": res.index_hash, "byte_size": len(res.index), "path": str(idx_path)},
                     "member_count": res.member_count}
 
@@ -447,17 +458,53 @@ class _Stager:
             got = [s["hash"] for s in again["shards"]] + [again["index"]["hash"]]
             if got != expected:
                 raise DataError(f"artifact {name}: {root} changed while publishing", hint="rerun the publish")
+            paths = {s["hash"]: s["path"] for s in again["shards"]}
             for s in [*again["shards"], again["index"]]:
-                self.blobs[s["hash"]].path = s["path"]
+                if s["hash"] in self.chunked:
+                    self.chunked[s["hash"]].path = s["path"]
+                else:
+                    self.blobs[s["hash"]].path = s["path"]
+            for b in self.blobs.values():  # a chunk's offset is into its own shard's file
+                if b.owner in paths:
+                    b.path = paths[b.owner]
 
         shards = []
         for i, s in enumerate(hit["shards"]):
-            shards.append(ShardRef(s["hash"], s["byte_size"], member_count=s["member_count"]))
-            self._add(_Blob(s["hash"], s["byte_size"], f"artifact {name} shard {i}", s.get("path"), rematerialize))
+            chunks = tuple((h, n) for h, n in s["chunks"]) if s.get("chunks") else None
+            shards.append(ShardRef(s["hash"], s["byte_size"], member_count=s["member_count"], chunks=chunks))
+            if chunks is None:
+                self._add(_Blob(s["hash"], s["byte_size"], f"artifact {name} shard {i}", s.get("path"),
+                                rematerialize))
+                continue
+            self.chunked[s["hash"]] = _Blob(s["hash"], s["byte_size"], f"artifact {name} shard {i}", s.get("path"),
+                                            rematerialize)
+            off = 0
+            for j, (h, n) in enumerate(chunks):
+                self._add(_Blob(h, n, f"artifact {name} shard {i} chunk {j}", s.get("path"), rematerialize, off,
+                                s["hash"]))
+                off += n
         idx = hit["index"]
         self._add(_Blob(idx["hash"], idx["byte_size"], f"artifact {name} index", idx.get("path"), rematerialize))
         return Artifact(shards=tuple(shards), index=ShardRef(idx["hash"], idx["byte_size"], format=INDEX_FORMAT),
                         member_count=hit["member_count"])
+
+
+def _chunk_shards(shards: list[dict[str, Any]], index: bytes, target: int) -> None:
+    """Give each tar shard that holds one TWH1 or WFS1 file its ``chunks``: runs of whole samples
+    (:mod:`warpdata.registry.chunks`), hashed from the staged shard."""
+    doc = load_json(index, "member index")
+    alone: dict[int, tuple[int, int]] = {}
+    for number, off, length in doc["members"].values():
+        alone[number] = (off, length) if number not in alone else (-1, -1)
+    for number, s in enumerate(shards):
+        off, length = alone.get(number, (-1, -1))
+        if s["member_count"] != 1 or off < 0:
+            continue
+        with open(s["path"], "rb", buffering=0) as f:
+            head = os.pread(f.fileno(), 80, off)
+        cuts = member_cuts(head, off, length, target)
+        if cuts is not None:
+            s["chunks"] = [list(c) for c in hash_chunks(s["path"], chunk_ranges(cuts, s["byte_size"]))]
 
 
 def _cols(schema: list[dict]) -> str:
@@ -795,7 +842,7 @@ def publish(req: PublishRequest, *, store: Store | None = None,
             result.latest = ptr.version_hash
             result.latest_moved = True
         if req.link_cache and store.location.protocol != "file":
-            result.cache_linked = _link_into_cache(stager.blobs.values())
+            result.cache_linked = _link_into_cache([*stager.blobs.values(), *stager.chunked.values()])
         result.seconds = time.perf_counter() - t0
         return result
     finally:
@@ -815,7 +862,7 @@ def _link_into_cache(blobs) -> int:
         return 0
     n = 0
     for b in blobs:
-        if b.path and os.path.isfile(b.path):
+        if b.offset is None and b.path and os.path.isfile(b.path):
             try:
                 n += cache.adopt(b.hash, b.path) is not None
             except Exception as e:  # an optimisation: the publish itself has succeeded
@@ -835,6 +882,13 @@ def _upload(store: Store, blobs: list[_Blob], workers: int, result: PublishResul
     concurrency = upload_concurrency()
 
     def one(b: _Blob) -> tuple[bool, int]:
+        if b.offset is not None:  # a chunk of a staged tar shard: checked against its hash as it goes
+            with open(b.path, "rb", buffering=0) as f:  # type: ignore[arg-type]
+                data = os.pread(f.fileno(), b.byte_size, b.offset)
+            wrote = store.put_blob(b.hash, data)
+            if on_upload:
+                on_upload(b.byte_size)
+            return wrote, b.byte_size
         if b.byte_size >= MULTIPART_MIN and _s3_backend(store) is not None:
             # the progress bar advances part by part
             wrote = store.call(_put_multipart, store.url_of(blob_key(b.hash)), "write", store, b.hash,

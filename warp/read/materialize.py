@@ -17,7 +17,9 @@ holds every byte once.
   as ``warp warm`` fetches them: the same content-addressed blobs, so a warmed
   dataset opens with zero data GETs and zero extra bytes, and an unwarmed one
   fetches each needed tar shard once (SHA-256 checked by the blob cache as it
-  lands). Shards holding none of the needed members are not fetched.
+  lands). Shards holding none of the needed members are not fetched. A shard
+  stored as chunks (format 5, docs/formats/registry.md, "Chunked shards") is
+  assembled from them into the same cached file, under the same hash.
 * The result, :class:`PublishedArtifact`, maps each member to
   ``(cached tar path, offset, length)``; :meth:`Member.read` reads a small
   member (``manifest.json``) by range. The blobs stay pinned (never

@@ -209,7 +209,9 @@ class ArtifactReader:
     def _handle(self, shard: str):
         f = self._handles.get(shard)
         if f is None:
-            f = self.ds.remote.open(self.ds.blob_key(self._refs[shard]), self._sizes.get(shard))
+            ref = self._refs[shard]
+            f = self.ds.open_remote(ref) if ref.chunks else \
+                self.ds.remote.open(self.ds.blob_key(ref), self._sizes.get(shard))
             with self._mu:
                 old = self._handles.setdefault(shard, f)
             if old is not f:

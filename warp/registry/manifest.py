@@ -3,7 +3,7 @@
 A manifest (docs/formats/registry.md, JSON Schema in ``manifest.schema.json`` beside this
 module) is a JSON object::
 
-    {"kind": "dataset", "format_version": 1 | 2 | 3 | 4,
+    {"kind": "dataset", "format_version": 1 | 2 | 3 | 4 | 5,
      "dataset_id": "ws/name",
      "version_hash": "<64 hex>",
      "tables":    {"main": {"format": "parquet",
@@ -12,7 +12,8 @@ module) is a JSON object::
                             "schema": {"fields": [{"name", "type", "nullable"}],
                                        "arrow"?: "<base64 Arrow IPC schema>"}}},
      "artifacts": {"raw": {"kind": "tar_shards",
-                           "shards": [{"uri", "hash", "byte_size", "member_count"}],
+                           "shards": [{"uri", "hash", "byte_size", "member_count",
+                                       "chunks"?: [["<64 hex>", byte_size], ...]}],
                            "index": {"uri", "hash", "byte_size", "format": "warp-tar-index-1"},
                            "member_count": N}},
      "bindings":  [{"table", "column", "artifact", "ref_type": "file|image|audio|video",
@@ -22,18 +23,20 @@ module) is a JSON object::
 
 Contract:
 
-* **Versions.** ``format_version`` is 4 when any table's ``schema`` holds
+* **Versions.** ``format_version`` is 5 when any artifact shard is stored as
+  ``chunks`` (content-addressed runs of its bytes, docs/formats/registry.md,
+  "Chunked shards"); else 4 when any table's ``schema`` holds
   ``arrow`` (its exact Arrow schema, so ``schema()`` and ``warp info`` cost the
   manifest alone); else 3 with read-affecting metadata (below); else 2 when any
   table shard carries ``stats`` (footer length and column min/max, see
   :mod:`warpdata.registry.parquet_stats`); else 1. A manifest without these
   is byte-for-byte what format 1 always was, so its hash is unchanged and
-  older readers still read it. Readers accept all four.
+  older readers still read it. Readers accept all five.
 
 * **Identity (I0/M1).** ``version_hash`` = SHA-256 of the canonical JSON
   (:mod:`warpdata.core.canonical`: sorted keys, no whitespace, UTF-8) of the
   *hashed part*: every field except ``version_hash`` and ``metadata``, plus,
-  in formats 3 and 4, the read-affecting metadata keys (:data:`READ_METADATA`:
+  in formats 3 to 5, the read-affecting metadata keys (:data:`READ_METADATA`:
   ``default_table`` picks the table readers use, ``sources`` the artifact a
   reader opens by kind) as ``{"metadata": {those keys}}``. Format 3 is
   written exactly when metadata holds one of them; a format 1 or 2 manifest
@@ -121,8 +124,8 @@ __all__ = [
 ]
 
 # the newest this code writes: 4 with Arrow schemas, else 3 with read-affecting metadata, else 2 with stats, else 1
-FORMAT_VERSION = 4
-FORMAT_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 # metadata keys that change what a reader returns: hashed (format 3); the rest of metadata is the envelope
 READ_METADATA = ("default_table", "sources")
 INDEX_FORMAT = "warp-tar-index-1"
@@ -213,9 +216,9 @@ def read_metadata(metadata: Any) -> dict[str, Any]:
 
 def hashed_part(doc: dict[str, Any]) -> dict[str, Any]:
     """The fields that define the version: everything but ``version_hash`` and ``metadata``,
-    plus (formats 3 and 4) the read-affecting metadata keys."""
+    plus (formats 3 to 5) the read-affecting metadata keys."""
     out = {k: v for k, v in doc.items() if k not in _NON_HASHED}
-    if doc.get("format_version") in (3, 4):
+    if doc.get("format_version") in (3, 4, 5):
         out["metadata"] = read_metadata(doc.get("metadata"))
     return out
 
@@ -370,20 +373,37 @@ def validate_document(doc: Any, source: str = "manifest") -> None:
     with_stats = any("stats" in s for t in tables.values() for s in t.get("shards", []))
     reads = read_metadata(doc.get("metadata"))
     with_arrow = any("arrow" in (t.get("schema") or {}) for t in tables.values())
-    if reads and doc.get("format_version") not in (3, 4):
+    with_chunks = any("chunks" in s for a in doc.get("artifacts", {}).values() for s in a.get("shards", []))
+    if reads and doc.get("format_version") not in (3, 4, 5):
         raise ManifestCorruptedError(
             f"{source}: format_version {doc.get('format_version')} manifest (an older warp) with "
             f"metadata.{'/'.join(sorted(reads))}, which its version hash does not cover",
             hint="republish the dataset with this warp ('warp publish ... --from DIR'): "
                  "its blobs are already in the store, nothing is uploaded again")
-    if doc.get("format_version") != (4 if with_arrow else 3 if reads else 2 if with_stats else 1):
+    if doc.get("format_version") != (5 if with_chunks else 4 if with_arrow else 3 if reads else 2 if with_stats else 1):
         raise ManifestCorruptedError(
             f"{source}: $.format_version is {doc.get('format_version')}, but shard stats are "
             f"{'present' if with_stats else 'absent'}, read-affecting metadata is "
-            f"{'present' if reads else 'absent'} and Arrow table schemas are {'present' if with_arrow else 'absent'} "
-            "(format_version 4 exactly when a table schema has arrow, else 3 exactly with "
-            "metadata.default_table or sources, else 2 exactly when a table shard has stats)",
+            f"{'present' if reads else 'absent'}, Arrow table schemas are {'present' if with_arrow else 'absent'} "
+            f"and chunked artifact shards are {'present' if with_chunks else 'absent'} "
+            "(format_version 5 exactly when an artifact shard has chunks, else 4 exactly when a table schema "
+            "has arrow, else 3 exactly with metadata.default_table or sources, else 2 exactly when a table "
+            "shard has stats)",
             hint="republish the dataset with this warp version")
+    for aname, a in doc.get("artifacts", {}).items():
+        for i, s in enumerate(a.get("shards", [])):
+            if "chunks" not in s:
+                continue
+            if not s["chunks"] or not all(len(c) == 2 and isinstance(c[0], str) and HASH_RE.match(c[0])
+                                          and isinstance(c[1], int) and c[1] >= 1 for c in s["chunks"]):
+                raise ManifestCorruptedError(
+                    f"{source}: $.artifacts.{aname}.shards[{i}].chunks: not a non-empty list of "
+                    "[sha256 hex, byte_size >= 1] pairs", hint="republish the dataset with this warp version")
+            if sum(c[1] for c in s["chunks"]) != s["byte_size"]:
+                raise ManifestCorruptedError(
+                    f"{source}: $.artifacts.{aname}.shards[{i}]: its chunks hold "
+                    f"{sum(c[1] for c in s['chunks'])} bytes, its byte_size says {s['byte_size']}",
+                    hint="republish the dataset with this warp version")
     if "sources" in reads and (not isinstance(reads["sources"], list)
                                or not all(isinstance(x, dict) for x in reads["sources"])):
         raise ManifestCorruptedError(f"{source}: $.metadata.sources must be a list of objects",
@@ -475,6 +495,9 @@ class ShardRef:
     member_count: int | None = None
     format: str | None = None
     stats: dict[str, Any] | None = field(default=None, compare=False)
+    # a chunked tar shard (format 5): stored as these blobs, (sha256, byte_size), whose bytes in order
+    # are the shard's; ``hash`` stays the shard's identity (docs/formats/registry.md, "Chunked shards")
+    chunks: tuple[tuple[str, int], ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.uri:
@@ -486,12 +509,22 @@ class ShardRef:
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
+        if self.chunks:
+            d["chunks"] = [[h, n] for h, n in self.chunks]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardRef:
+        chunks = d.get("chunks")
         return cls(hash=d["hash"], byte_size=d["byte_size"], uri=d["uri"], row_count=d.get("row_count"),
-                   member_count=d.get("member_count"), format=d.get("format"), stats=d.get("stats"))
+                   member_count=d.get("member_count"), format=d.get("format"), stats=d.get("stats"),
+                   chunks=tuple((str(h), int(n)) for h, n in chunks) if chunks else None)
+
+    def stored(self) -> list[ShardRef]:
+        """The store objects holding this blob's bytes: its chunks, or itself."""
+        if not self.chunks:
+            return [self]
+        return [ShardRef(h, n) for h, n in self.chunks]
 
 
 @dataclass(frozen=True)
@@ -635,7 +668,8 @@ class Manifest:
         with_stats = any(s.stats is not None for t in self.tables.values() for s in t.shards)
         with_arrow = any("arrow" in (t.schema or {}) for t in self.tables.values())
         reads = read_metadata(self.metadata)
-        fmt = 4 if with_arrow else 3 if reads else 2 if with_stats else 1
+        with_chunks = any(s.chunks for a in self.artifacts.values() for s in a.shards)
+        fmt = 5 if with_chunks else 4 if with_arrow else 3 if reads else 2 if with_stats else 1
         doc = {
             "kind": "dataset",
             "format_version": fmt,
@@ -743,6 +777,15 @@ class Manifest:
                 seen.setdefault(s.hash, s)
             if a.index is not None:
                 seen.setdefault(a.index.hash, a.index)
+        return list(seen.values())
+
+    def stored_blobs(self) -> list[ShardRef]:
+        """Every store object the version needs, deduplicated by hash: :meth:`blobs`, with each
+        chunked shard replaced by its chunks (docs/formats/registry.md, "Chunked shards")."""
+        seen: dict[str, ShardRef] = {}
+        for b in self.blobs():
+            for s in b.stored():
+                seen.setdefault(s.hash, s)
         return list(seen.values())
 
     def table(self, name: str) -> Table:

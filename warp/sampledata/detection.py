@@ -140,3 +140,52 @@ def generate(out: Path, count: int = 64, seed: int = 0, *, min_side: int = 160, 
     (out / "transform-jsonl.toml").write_text(TOML.format(fmt="jsonl", labels=f'labels = "labels.jsonl"\nclasses = [{names}]\n'))
     return {"kind": "detection", "out": str(out), "count": count, "seed": seed,
             "broken": described, "configs": ["transform.toml", "transform-yolo.toml", "transform-jsonl.toml"]}
+
+
+def edit(out: Path, *, relabel: int = 0, replace: int = 0, append: int = 0, seed: int = 1) -> dict:
+    """The next version of a COCO set written by :func:`generate`, edited as datasets are.
+
+    ``relabel`` images get another class on their first box, ``replace`` images get new pixels
+    (same file name, size and boxes), and ``append`` new images go at the end of
+    ``annotations.json`` (the other label formats are left as they were). The edited images are
+    distinct images with boxes and a file, drawn with ``seed``. Same files and arguments → same
+    edit. Returns the file names relabelled, replaced and appended.
+    """
+    out = Path(out)
+    doc = json.loads((out / "annotations.json").read_text())
+    rng = np.random.default_rng(seed)
+    anns: dict[int, list[dict]] = {}
+    for a in doc["annotations"]:
+        anns.setdefault(a["image_id"], []).append(a)
+    colour = {cid: c for cid, _, c in CLASSES}
+    usable = [im for im in doc["images"] if anns.get(im["id"]) and (out / "images" / im["file_name"]).is_file()]
+    picked = [usable[int(i)] for i in rng.choice(len(usable), relabel + replace, replace=False)]
+    for im in picked[:relabel]:
+        a = anns[im["id"]][0]
+        a["category_id"] = a["category_id"] % len(CLASSES) + 1
+    for im in picked[relabel:]:
+        img = synthetic_photo(rng, im["width"], im["height"])
+        for a in anns[im["id"]]:
+            x, y, bw, bh = (int(v) for v in a["bbox"])
+            img[y:y + bh, x:x + bw] = colour[a["category_id"]]
+        (out / "images" / im["file_name"]).write_bytes(_jpeg(img, 90))
+    first = max(int(Path(im["file_name"]).stem.split("_")[-1]) for im in doc["images"]) + 1
+    next_image = max(im["id"] for im in doc["images"]) + 1
+    next_ann = max((a["id"] for a in doc["annotations"]), default=0) + 1
+    added = []
+    for i in range(append):
+        name = f"img_{first + i:05d}.jpg"
+        w, h = (int(v) for v in rng.integers(160, 481, size=2))
+        img = synthetic_photo(rng, w, h)
+        bw, bh = int(rng.integers(8, w // 3)), int(rng.integers(8, h // 3))
+        x, y = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+        cid, _, c = CLASSES[int(rng.integers(0, len(CLASSES)))]
+        img[y:y + bh, x:x + bw] = c
+        (out / "images" / name).write_bytes(_jpeg(img, 90))
+        doc["images"].append({"id": next_image + i, "file_name": name, "width": w, "height": h})
+        doc["annotations"].append({"id": next_ann + i, "image_id": next_image + i, "category_id": cid,
+                                   "bbox": [x, y, bw, bh], "area": bw * bh, "iscrowd": 0})
+        added.append(f"images/{name}")
+    (out / "annotations.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+    return {"relabelled": [f"images/{im['file_name']}" for im in picked[:relabel]],
+            "replaced": [f"images/{im['file_name']}" for im in picked[relabel:]], "appended": added}

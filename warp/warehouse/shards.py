@@ -280,14 +280,20 @@ def samples_per_shard(cfg: wconfig.WarehouseConfig, n: int) -> int:
     """From the size target, capped so ``n`` samples make at least ``min_shards`` shards.
 
     Depends only on the config and the input count, never on the worker count,
-    so shard boundaries (and bytes) are the same however the build runs.
+    so shard boundaries (and bytes) are the same however the build runs. The
+    ``min_shards`` cap is rounded down to a power of two, so it moves only when
+    ``n`` crosses ``min_shards``·2^k: the next version of a dataset, with a few
+    samples relabelled, replaced or appended, cuts its shards at the same
+    samples and its unchanged shards keep their bytes (docs/formats/twh1.md,
+    "Layout across versions").
     """
     if cfg.shard_samples:
         return cfg.shard_samples
     one = twh1.Layout.compute(dtype=cfg.dtype, width=cfg.width, height=cfg.height, channels=3,
                               max_boxes=cfg.max_boxes, samples=1, key_bytes=64, run_bytes=8).size
     by_size = max(1, int(cfg.shard_size_mb * 1e6 // max(one - twh1.IMAGE_ALIGN, 1)))
-    return max(1, min(by_size, -(-n // cfg.min_shards)))
+    cap = max(1, -(-n // cfg.min_shards))
+    return max(1, min(by_size, 1 << (cap.bit_length() - 1)))
 
 
 def plan(samples: list[ValidSample], per_shard: int, spec: TransformSpec, max_boxes: int,

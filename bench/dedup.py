@@ -1,0 +1,146 @@
+"""Versions that share their bytes (issue 39): what a 3 % edit of a published warehouse costs.
+
+A warehouse of ``--photos`` synthetic photos (640×640 u8 by default, the usual detector size) is
+built with ``warp etl`` and published to a local-directory store; then, ``--versions - 1`` times,
+1 % of the images are relabelled, 1 % replaced and 1 % appended (``sampledata.detection.edit``),
+the warehouse is rebuilt and published again. Reported per version: bytes uploaded (blobs, as the
+publish counts them, plus the manifest) against the version's bytes (the manifest's
+``total_bytes``: what a reader gets), and the store's growth (bytes of the files the publish
+added). A control store gets versions 1 and 2 published with chunking off (``chunk_target=0``:
+every TWH1 tar shard stored whole, as before format 5).
+
+Cold reads: version 2 opened with ``warpdata.warehouse.open`` from each store into an empty blob
+cache (every shard fetched, assembled from its chunks for the chunked store, hashed), then every
+sample read with ``batch``; chunked and control alternate, ``--reads`` runs each, medians.
+
+    .venv/bin/python bench/dedup.py [--photos 2000] [--versions 10] [--size 640] [--reads 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--photos", type=int, default=2000)
+    ap.add_argument("--versions", type=int, default=10)
+    ap.add_argument("--size", type=int, default=640)
+    ap.add_argument("--reads", type=int, default=3)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+
+    from warpdata.cli.app import main as warp
+    from warpdata.publishing.publish import PublishRequest, publish
+    from warpdata.registry.store import Store
+    from warpdata.sampledata.detection import edit, generate
+
+    base = Path(tempfile.mkdtemp(prefix="warp-dedup-", dir=args.workdir))
+    src = base / "coco"
+    t = time.perf_counter()
+    generate(src, count=args.photos, seed=39, min_side=320, max_side=640, broken=False)
+    print(f"generated {args.photos} photos in {time.perf_counter() - t:.1f} s", flush=True)
+    one = max(1, round(args.photos / 100))
+
+    def etl(n: int) -> str:
+        cfg = src / f"t-{n}.toml"
+        cfg.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
+                       f'[transform]\ntarget_size = {args.size}\nmax_boxes = 16\n'
+                       f'[output]\nroot = "{base / f"wh{n}"}"\n')
+        t = time.perf_counter()
+        assert warp(["-q", "etl", "--config", str(cfg)]) == 0
+        print(f"  etl v{n}: {time.perf_counter() - t:.1f} s", flush=True)
+        return str(next((base / f"wh{n}").glob("v*")))
+
+    store, control = Store(str(base / "store")), Store(str(base / "control"))
+    rows = []
+    first_version = None
+    kept: dict[int, str] = {}
+    for n in range(1, args.versions + 1):
+        if n > 1:
+            edit(src, relabel=one, replace=one, append=one, seed=n)
+        path = etl(n)
+        before = _files(base / "store")
+        t = time.perf_counter()
+        r = publish(PublishRequest("bench/wh", from_paths=[path]), store=store)
+        secs = time.perf_counter() - t
+        after = _files(base / "store")
+        m = store.get_manifest("bench/wh", r.version_hash)
+        manifest = len(store.get_manifest_bytes("bench/wh", r.version_hash))
+        row = {"version": n, "version_bytes": m.stats["total_bytes"],
+               "uploaded": r.bytes_uploaded + manifest, "blobs_uploaded": r.blobs_uploaded,
+               "store_bytes": sum(after.values()), "growth": sum(after.values()) - sum(before.values()),
+               "manifest_bytes": manifest, "publish_s": round(secs, 1), "hash": r.version_hash}
+        if n <= 2:
+            cb = _files(base / "control")
+            c = publish(PublishRequest("bench/wh", from_paths=[path], chunk_target=0), store=control)
+            ca = _files(base / "control")
+            row["control_uploaded"] = c.bytes_uploaded + len(control.get_manifest_bytes("bench/wh", c.version_hash))
+            row["control_growth"] = sum(ca.values()) - sum(cb.values())
+            row["control_hash"] = c.version_hash
+            kept[n] = path
+        else:
+            shutil.rmtree(base / f"wh{n}")
+        if first_version is None:
+            first_version = m.stats["total_bytes"]
+        rows.append(row)
+        pct = 100 * row["uploaded"] / row["version_bytes"]
+        grow = f" ({100 * row['growth'] / sum(before.values()):.2f} %)" if before else ""
+        print(f"v{n}: version {row['version_bytes'] / 1e6:.1f} MB, uploaded {row['uploaded'] / 1e6:.2f} MB "
+              f"({pct:.2f} %), store +{row['growth'] / 1e6:.2f} MB{grow}, store "
+              f"{row['store_bytes'] / 1e6:.1f} MB = {row['store_bytes'] / first_version:.3f}x version 1"
+              + (f"; control uploaded {row['control_uploaded'] / 1e6:.1f} MB, +{row['control_growth'] / 1e6:.1f} MB"
+                 if "control_uploaded" in row else ""), flush=True)
+
+    # cold reads of version 2, alternated
+    import numpy as np
+    import warpdata.warehouse as wh
+
+    v2 = rows[1]["hash"] if len(rows) > 1 else rows[0]["hash"]
+    c2 = rows[1].get("control_hash") if len(rows) > 1 else rows[0]["control_hash"]
+    times: dict[str, list[float]] = {"chunked": [], "control": []}
+    for i in range(-1, args.reads):  # run -1 warms the imports and the page cache of both stores, untimed
+        for name, st, version in (("chunked", base / "store", v2), ("control", base / "control", c2)):
+            cache = base / f"cache-{name}-{i}"
+            os.environ["WARP_CACHE_DIR"] = str(cache)
+            t = time.perf_counter()
+            with wh.open("bench/wh", store=str(st), version=version) as w:
+                total = 0
+                for a in range(0, len(w), 256):
+                    total += int(w.batch(np.arange(a, min(len(w), a + 256)))["image"].shape[0])
+            took = time.perf_counter() - t
+            shutil.rmtree(cache)
+            if i < 0:
+                continue
+            times[name].append(took)
+            print(f"  cold read {name} #{i + 1}: {times[name][-1]:.2f} s ({total} samples)", flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"cold read of version 2: chunked {med['chunked']:.2f} s, control {med['control']:.2f} s "
+          f"({100 * (med['chunked'] / med['control'] - 1):+.1f} %)")
+    last = rows[-1]
+    # the replaced and appended images of each version are new bytes no layout can share: the
+    # store is measured against the first version and against the last (the largest) one
+    print(f"{len(rows)} versions: store {last['store_bytes'] / 1e6:.1f} MB = "
+          f"{last['store_bytes'] / first_version:.3f}x the first version ({first_version / 1e6:.1f} MB), "
+          f"{last['store_bytes'] / last['version_bytes']:.3f}x the last ({last['version_bytes'] / 1e6:.1f} MB); "
+          f"the first version plus the replaced and appended images alone: "
+          f"{(first_version + (len(rows) - 1) * 2 * one * args.size * args.size * 3) / first_version:.3f}x the first")
+    print(json.dumps({"rows": rows, "cold_read_s": times}, indent=None))
+    shutil.rmtree(base, ignore_errors=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
