@@ -253,7 +253,8 @@ def _run_overlapped(req: EtlRequest, cfg: wconfig.WarehouseConfig, workers: int,
     folder = woverlap.folder_for(cfg.output_root)
     folder.mkdir(parents=True)
     try:
-        sc, ov = woverlap.scan_building(cfg, workers, get_runner, folder, _spec(cfg))
+        sc, ov = woverlap.scan_building(cfg, workers, get_runner, folder, _spec(cfg),
+                                        started.done if started is not None else lambda: True)
         handed = started
         if own:
             handed = Future()

@@ -28,6 +28,7 @@ pass overlaps the build"):
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -121,11 +122,17 @@ class _Planned:
         return self.it
 
 
+# while a cluster starts (seconds), the pass reads on and cuts tasks for it, up to this many images
+# and never more than half of them (the first tasks must still overlap the rest of the pass)
+STARTING_IMAGES = 8192
+
+
 def scan_building(cfg: wconfig.WarehouseConfig, workers: int, get_runner: Callable[[], Any], folder: Path,
-                  spec: TransformSpec) -> tuple[Scan, Overlap]:
+                  spec: TransformSpec, ready: Callable[[], bool] = lambda: True) -> tuple[Scan, Overlap]:
     """Phases 2-3 (:func:`~warpdata.warehouse.scan.scan` of a local source) with the shards of
     every full list of kept samples built on ``get_runner()``'s workers while the pass reads on.
-    ``get_runner`` is called once the pass has started (a cluster may still be starting)."""
+    ``get_runner`` is called once the pass has started; until ``ready()`` (a cluster starting)
+    the pass reads on and cuts tasks, up to :data:`STARTING_IMAGES`."""
     phases: dict[str, float] = {}
     t = time.perf_counter()
     ls, q = load_labels(cfg)
@@ -143,13 +150,18 @@ def scan_building(cfg: wconfig.WarehouseConfig, workers: int, get_runner: Callab
     def hand(i: int, samples: list[ValidSample]) -> ShardTask:
         sid = f"shard-{i:05d}"
         task = ShardTask(i, sid, str(folder / f"{sid}.twh1"), spec, cfg.max_boxes, per, samples)
-        if ov.read_before_first is None:
-            ov.read_before_first = stream.read
-            t_first.append(time.perf_counter())
-        if stream.read < len(records):
-            ov.handed_during_pass += 1
         ov.tasks[i] = task
         return task
+
+    def taken(tasks: Iterator[ShardTask]) -> Iterator[ShardTask]:
+        """The tasks as the runner takes them, counted then."""
+        for task in tasks:
+            if ov.read_before_first is None:
+                ov.read_before_first = stream.read
+                t_first.append(time.perf_counter())
+            if stream.read < len(records):
+                ov.handed_during_pass += 1
+            yield task
 
     def cut() -> Iterator[ShardTask]:
         buf: list[ValidSample] = []
@@ -168,10 +180,17 @@ def scan_building(cfg: wconfig.WarehouseConfig, workers: int, get_runner: Callab
             yield hand(i, buf)
 
     try:
-        runner = get_runner()
         gen = cut()
+        early: list[ShardTask] = []
+        while not ready() and (len(early) + 1) * per <= min(STARTING_IMAGES, len(records) // 2):
+            task = next(gen, None)
+            if task is None:
+                break
+            early.append(task)
+        runner = get_runner()
+        planned = taken(itertools.chain(early, gen))
         with _progress.progress("reading images, building shards", total=len(records), unit="img") as bar:
-            for r in runner.imap_unordered(build_shard, _Planned(gen, -(-len(records) // per))):
+            for r in runner.imap_unordered(build_shard, _Planned(planned, -(-len(records) // per))):
                 ov.results[r.index] = r
                 bar.advance(r.samples + len(r.failures))
         gen.close()
