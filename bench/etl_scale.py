@@ -307,9 +307,8 @@ def breakdown(a: argparse.Namespace) -> int:
             res[name].append(watched_run(cfg, args, {**env, **extra}, work / f"stats-{name}-{i}.json"))
     report = {}
     for name, runs in res.items():
-        runs.sort(key=lambda r: r["wall_s"])
-        m = runs[len(runs) // 2]  # the median run, whole (its parts add up)
-        report[name] = m
+        # the median run, whole (its parts add up); res keeps the rounds' order for the pairs below
+        report[name] = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
     base_name = "local-2" if "local-2" in report else next(iter(report))
     base = report[base_name]["rate"]
     ratios = {}
