@@ -5,6 +5,8 @@
   of a LocalCluster, receipt writers, fsync) from ``/proc/PID/task/TID``;
 * ``WARP_BENCH_DASK_LAYOUT`` picks the layout of an own Dask LocalCluster
   (``OWN_CLUSTER_LAYOUTS`` in warp/etl/daskrunner.py) for the run;
+* ``WARP_BENCH_SERIAL_HEADER=1`` reads every header before the plan (no overlap with the build:
+  warp/warehouse/overlap.py), as ``[build] overlap = false`` does;
 * ``WARP_BENCH_HEADER_THREADS=1`` runs the warehouse's header pass on
   ``warp.etl.workers.header_threads(-j)`` threads instead of ``-j``;
 * every runner's tasks and results are pickled once more to count the bytes a process pool or a
@@ -62,11 +64,17 @@ def _counting(orig):
         st = STATS.setdefault(name, {"executor": self.kind, "tasks": 0, "task_bytes": 0, "result_bytes": 0,
                                      "seconds": 0.0})
         t0 = time.perf_counter()
-        # counted up front and handed on as a list: the Dask runner batches only tasks whose count
-        # it knows (a generator here made every batch one task: the first breakdowns measured that)
-        tasks = list(tasks)
-        st["tasks"] += len(tasks)
-        st["task_bytes"] += sum(_size(t) for t in tasks)
+        if isinstance(tasks, (list, tuple)):
+            # counted up front and handed on as a list: the Dask runner batches only tasks whose count
+            # it knows (a generator here made every batch one task: the first breakdowns measured that)
+            tasks = list(tasks)
+            st["tasks"] += len(tasks)
+            st["task_bytes"] += sum(_size(t) for t in tasks)
+        else:
+            # a stream that knows its expected length (the warehouse's overlapped header pass cuts
+            # tasks while it reads: warp/warehouse/overlap.py): counted as the runner takes them,
+            # never drained up front (that would run the whole pass before the first task)
+            tasks = _Counted(tasks, st)
 
         try:
             for r in orig(self, fn, tasks, window=window):
@@ -76,6 +84,20 @@ def _counting(orig):
             st["seconds"] += time.perf_counter() - t0
 
     return imap_unordered
+
+
+class _Counted:
+    def __init__(self, tasks, st) -> None:
+        self.tasks, self.st = tasks, st
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self):
+        for t in self.tasks:
+            self.st["tasks"] += 1
+            self.st["task_bytes"] += _size(t)
+            yield t
 
 
 def _dump() -> None:
@@ -105,6 +127,11 @@ def main() -> int:
             return orig(records, workers=header_threads(workers), **kw)
 
         wetl.probe_all = probe_all
+    if os.environ.get("WARP_BENCH_SERIAL_HEADER"):
+        # the header pass before the plan, as before warp/warehouse/overlap.py ([build] overlap = false)
+        from warpdata.warehouse import overlap
+
+        overlap.wanted = lambda *a, **k: False
     for cls in (executors.LocalRunner, executors.DaskRunner, executors.RayRunner):
         cls.imap_unordered = _counting(cls.imap_unordered)
     atexit.register(_dump)

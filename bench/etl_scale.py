@@ -75,13 +75,38 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 
 
-def corpus(n: int) -> Path:
+def corpus(n: int, copies: int = 1) -> Path:
+    """``n`` photos; with ``copies`` > 1, ``n // copies`` generated ones, each file copied (not
+    linked: every copy is its own read from the disk) under ``copies`` names, with its labels
+    (generating 30,000 distinct photos takes ~30 min on two loaded cores)."""
     from warpdata.sampledata.detection import generate
 
+    if copies > 1:
+        return _copied(corpus(n // copies), n // copies, copies)
     d = OUT / f"etl-scale-corpus-{n}"
     if not (d / "annotations.json").is_file():
         shutil.rmtree(d, ignore_errors=True)
         generate(d, count=n, seed=11)
+    return d
+
+
+def _copied(base: Path, n: int, copies: int) -> Path:
+    d = OUT / f"etl-scale-corpus-{n}x{copies}"
+    if (d / "annotations.json").is_file():
+        return d
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "images").mkdir(parents=True)
+    doc = json.loads((base / "annotations.json").read_text())
+    images, anns = [], []
+    for k in range(copies):
+        for im in doc["images"]:
+            name = f"c{k:02d}_{im['file_name']}"
+            src = base / "images" / im["file_name"]
+            if src.is_file():
+                shutil.copyfile(src, d / "images" / name)
+            images.append({**im, "file_name": name, "id": im["id"] + k * 10**7})
+        anns += [{**a, "id": a["id"] + k * 10**7, "image_id": a["image_id"] + k * 10**7} for a in doc["annotations"]]
+    (d / "annotations.json").write_text(json.dumps({**doc, "images": images, "annotations": anns}))
     return d
 
 
@@ -246,6 +271,11 @@ KINDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "dask-2-threads": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
     "dask-1-threads": (["-j", "1", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "threads"}),
     "dask-2-one-process": (["-j", "2", *_DASK], {"WARP_BENCH_DASK_LAYOUT": "one-process"}),
+    # the header pass read before the plan, not overlapped with the build (set by bench/_etl_probe.py)
+    "local-1-serial": (["-j", "1"], {"WARP_BENCH_SERIAL_HEADER": "1"}),
+    "local-2-serial": (["-j", "2"], {"WARP_BENCH_SERIAL_HEADER": "1"}),
+    "dask-1-serial": (["-j", "1", *_DASK], {"WARP_BENCH_SERIAL_HEADER": "1"}),
+    "dask-2-serial": (["-j", "2", *_DASK], {"WARP_BENCH_SERIAL_HEADER": "1"}),
     # the header pass on warp.etl.workers.header_threads(-j) threads (set by bench/_etl_probe.py)
     "local-2-header": (["-j", "2"], {"WARP_BENCH_HEADER_THREADS": "1"}),
     "dask-1-header": (["-j", "1", *_DASK], {"WARP_BENCH_HEADER_THREADS": "1"}),
@@ -257,7 +287,7 @@ SCALING_KINDS = ["local-2", "process-2", "dask-2", "dask-1"]
 
 def breakdown(a: argparse.Namespace) -> int:
     """Where the CPU of one job goes on local threads, a process pool and a Dask LocalCluster."""
-    d = corpus(a.n)
+    d = corpus(a.n, a.copies)
     work = OUT / "etl-scale-breakdown"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -277,14 +307,14 @@ def breakdown(a: argparse.Namespace) -> int:
             res[name].append(watched_run(cfg, args, {**env, **extra}, work / f"stats-{name}-{i}.json"))
     report = {}
     for name, runs in res.items():
-        runs.sort(key=lambda r: r["wall_s"])
-        m = runs[len(runs) // 2]  # the median run, whole (its parts add up)
-        report[name] = m
+        # the median run, whole (its parts add up); res keeps the rounds' order for the pairs below
+        report[name] = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
     base_name = "local-2" if "local-2" in report else next(iter(report))
     base = report[base_name]["rate"]
     ratios = {}
     for one, two in (("dask-1", "dask-2"), ("dask-1-threads", "dask-2-threads"),
-                     ("dask-1-processes", "dask-2-processes"), ("local-1", "local-2")):
+                     ("dask-1-processes", "dask-2-processes"), ("local-1", "local-2"),
+                     ("dask-1-serial", "dask-2-serial"), ("local-1-serial", "local-2-serial")):
         if one in res and two in res:
             # medians of the per-round ratios: each round's pair ran back to back, under the same load
             pairs = list(zip(res[one], res[two], strict=True))
@@ -462,6 +492,8 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="where the CPU goes on local, process and dask (one job, --n photos at --size px)")
     ap.add_argument("--size", type=int, default=320, help="--breakdown: target size in px")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="--breakdown/--scaling: --n photos as --n/COPIES generated ones, each file copied COPIES times")
     ap.add_argument("--scaling", action="store_true",
                     help="--breakdown of local-2, process-2, dask-2 and dask-1, with the dask-2 / dask-1 ratio "
                          "(whole command and build phase)")

@@ -168,6 +168,7 @@ class WarehouseConfig:
     # [source] path on object storage (s3://…): ``root`` is then its local mirror (warehouse/remote.py)
     remote_root: str | None = None
     decode: str = "scaled"  # [transform] decode: "scaled" | "full" (warehouse/transform.py)
+    overlap: bool = True  # [build] overlap: the header pass overlapped with the build (warehouse/overlap.py)
 
     def transform_dict(self) -> dict[str, Any]:
         """The cacheable transform config (enters the version key and the manifest)."""
@@ -225,7 +226,8 @@ def load(config: dict[str, Any], source: ConfigSource, config_path: Path, *,
         thresholds=thresholds, output_root=out_root, shard_size_mb=float(o["shard_size_mb"]),
         shard_samples=o["shard_samples"], min_shards=o["min_shards"], workers=workers_override or b["workers"], executor=b["executor"], durable=b["durable"],
         resources=None if b["resources"] is None else {k: float(n) for k, n in b["resources"].items()},
-        limits=limits, remote_root=remote_root, decode=t["decode"])
+        limits=limits, remote_root=remote_root, decode=t["decode"],
+        overlap=b["overlap"])
 
 
 def _check_shard_memory(source: ConfigSource, w: int, h: int, dtype: str, max_boxes: int, shard_samples: int,

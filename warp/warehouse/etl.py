@@ -8,8 +8,11 @@ Phases (each timed into ``metrics.json``):
    :mod:`~warpdata.warehouse.validate`) reads and SHA-256s every
    image, probes headers and checks boxes in the EXIF-oriented frame. The
    :class:`~warpdata.etl.quarantine.Quarantine` verdict is checked *before any
-   transform*: over a ``fail`` threshold the ETL stops with exit 65 and the
-   worst offenders, unless ``--allow-invalid``.
+   shard is kept*: over a ``fail`` threshold the ETL stops with exit 65 and the
+   worst offenders, unless ``--allow-invalid``. On a first build (or ``--clear``)
+   of a local source the shards of the samples already probed are built while
+   the pass reads on, and adopted once the version is known
+   (:mod:`~warpdata.warehouse.overlap`; docs/design.md §11).
 4. **version** — SHA-256 of the canonical recipe: transform, validation and
    thresholds, class table, samples per shard, code and library versions,
    the content hash of every label file and every image, by its key relative
@@ -63,6 +66,7 @@ from warpdata.etl.driver import DriveReport, Plug, drive
 from warpdata.etl.executors import (
     ExecutorSpec,
     close_started,
+    make_runner,
     open_runner,
     require,
     resolve_executor,
@@ -77,6 +81,7 @@ from warpdata.formats import twh1
 from warpdata.warehouse import config as wconfig
 from warpdata.warehouse import labels as wlabels
 from warpdata.warehouse import manifest as wmanifest
+from warpdata.warehouse import overlap as woverlap
 from warpdata.warehouse.finalize import (
     BUILD_PREFIX,
     LOOKUP_ROW_GROUP,
@@ -215,6 +220,9 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
                 with open_runner(executor, workers, initializer=init_process_worker,
                                  preload=WORKER_PRELOAD, access=_access(cfg, store)) as r:
                     sc = scan(cfg, workers, r)
+        elif store is None and not cfg.remote_root and executor.kind in ("thread", "process", "dask") and \
+                woverlap.wanted(cfg, cfg.output_root, req.clear):
+            return _run_overlapped(req, cfg, workers, executor, phases, t_start, t_started_wall, started)
         else:
             sc = scan(cfg, workers)
         return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, started, store)
@@ -223,12 +231,53 @@ def _run(req: EtlRequest, started: Future | None = None, store: str | None = Non
             remove_mirror(cfg.root)
 
 
+def _run_overlapped(req: EtlRequest, cfg: wconfig.WarehouseConfig, workers: int, executor: ExecutorSpec,
+                    phases: dict[str, float], t_start: float, t_started_wall: float,
+                    started: Future | None) -> EtlResult:
+    """Phases 2-6 of a local source and output with the header pass overlapped with the build
+    (warp/warehouse/overlap.py): the shards of every full list of samples are built while the
+    pass reads on, then adopted once the version is known; the same runner builds the rest."""
+    own: list[Any] = []
+
+    def get_runner() -> Any:
+        if started is not None:
+            runner = started.result()
+        else:
+            own.append(make_runner(executor, workers, init_process_worker, cfg.resources, WORKER_PRELOAD,
+                                   _access(cfg, None)))
+            runner = own[0]
+        if executor.distributed:  # as drive() names the cluster it runs on (warp/etl/driver.py)
+            log.info("etl cluster: " + ", ".join(f"{k} {v}" for k, v in runner.describe().items()))
+        return runner
+
+    folder = woverlap.folder_for(cfg.output_root)
+    folder.mkdir(parents=True)
+    try:
+        sc, ov = woverlap.scan_building(cfg, workers, get_runner, folder, _spec(cfg),
+                                        started.done if started is not None else lambda: True)
+        handed = started
+        if own:
+            handed = Future()
+            handed.set_result(own[0])
+        return _build(req, cfg, sc, workers, executor, phases, t_start, t_started_wall, handed, None, ov)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        if own:
+            own[0].close()
+
+
+def _spec(cfg: wconfig.WarehouseConfig) -> TransformSpec:
+    return TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation,
+                         cfg.decode)
+
+
 def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int, executor: ExecutorSpec,
            phases: dict[str, float], t_start: float, t_started_wall: float, started: Future | None,
-           store: str | None = None) -> EtlResult:
+           store: str | None = None, ov: woverlap.Overlap | None = None) -> EtlResult:
     """Phases 4-6 after the scan: the version, the shards, the manifest and the commit."""
     phases.update(sc.phases)
-    # the verdict before any transform, as if every probed sample decodes
+    # the verdict before any shard is kept (overlapped shards are still in their own folder), as if every
+    # probed sample decodes
     pre = Quarantine()
     pre.merge(sc.quarantine)
     _judge(pre, sc.valid, req, cfg, {})
@@ -256,7 +305,7 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
         build_dir = fresh_build_dir(root, version, clear=req.clear, older_than=t_started_wall)
         if store is None:
             return _build_locked(req, cfg, sc, workers, executor, phases, t_start, started, store, store_vdir,
-                                 recipe, version, kept, per_shard, sources, build_dir)
+                                 recipe, version, kept, per_shard, sources, build_dir, ov)
         try:
             return _build_locked(req, cfg, sc, workers, executor, phases, t_start, started, store, store_vdir,
                                  recipe, version, kept, per_shard, sources, build_dir)
@@ -270,24 +319,26 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
 def _build_locked(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int, executor: ExecutorSpec,
                   phases: dict[str, float], t_start: float, started: Future | None, store: str | None,
                   store_vdir: str | None, recipe: dict[str, Any], version: str, kept: list[ValidSample],
-                  per_shard: int, sources: list[tuple[str, str, int]], build_dir: Path) -> EtlResult:
+                  per_shard: int, sources: list[tuple[str, str, int]], build_dir: Path,
+                  ov: woverlap.Overlap | None = None) -> EtlResult:
     """Phases 5-6 under the version's lock, in ``build_dir``."""
     root = cfg.output_root
     journal, store_sizes = _journal(build_dir, store, store_vdir, version)
-    spec = TransformSpec(cfg.width, cfg.height, cfg.resize_mode, cfg.dtype, cfg.pad_value, cfg.interpolation,
-                         cfg.decode)
-    tasks = plan(kept, per_shard, spec, cfg.max_boxes, build_dir,
+    tasks = plan(kept, per_shard, _spec(cfg), cfg.max_boxes, build_dir,
                  None if store is None else f"{store}/{store_vdir}")
+    # shards built while the header pass ran, when their task is plan()'s own (warehouse/overlap.py)
+    prebuilt = ov.adopt(tasks) if ov is not None else {}
     threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
     t = time.perf_counter()
     results, drove = _run_tasks(tasks, executor, workers, len(kept), cfg.durable, journal, started, store_sizes,
-                                _access(cfg, store))
+                                _access(cfg, store), prebuilt)
     workers = drove.cluster.get("threads") or drove.cluster.get("workers") or workers
-    phases["build"] = time.perf_counter() - t
+    # overlapped: the build began when the first task went to the workers, during the header pass
+    phases["build"] = time.perf_counter() - t + (ov.build_s if ov is not None else 0.0)
 
     t = time.perf_counter()
     doc = _outputs(req, cfg, sc, recipe, version, sources, build_dir, tasks, results)
-    metrics = _write_metrics(build_dir, results, phases, workers, cfg, doc, sc, executor, drove, t_start)
+    metrics = _write_metrics(build_dir, results, phases, workers, cfg, doc, sc, executor, drove, t_start, ov)
     if store is not None:
         dest, counts, upload_s = finish_in_store(store, store_vdir, build_dir, doc, results, journal, root)
         return _store_result(_finished(doc, Path(store_vdir), metrics, phases, t, t_start), dest, counts,
@@ -387,7 +438,7 @@ def _journal(build_dir: Path, store: str | None, vdir: str | None,
 
 def _write_metrics(build_dir: Path, results: list[ShardResult], phases: dict[str, float], workers: int,
                    cfg: wconfig.WarehouseConfig, doc: dict[str, Any], sc: Scan, executor: ExecutorSpec,
-                   drove: DriveReport, t_start: float) -> dict[str, Any]:
+                   drove: DriveReport, t_start: float, ov: woverlap.Overlap | None = None) -> dict[str, Any]:
     metrics = build_metrics(results, phases, workers, cfg, doc["num_samples"], sc.truncated_boxes, sc.quarantine,
                             time.perf_counter() - t_start)
     metrics["created_at_ms"] = int(time.time() * 1000)
@@ -395,6 +446,8 @@ def _write_metrics(build_dir: Path, results: list[ShardResult], phases: dict[str
     metrics["cluster"] = drove.cluster
     metrics["receipts"] = drove.as_dict()
     metrics["header_pass"] = sc.header_pass
+    if ov is not None:
+        metrics["overlap"] = ov.as_dict()
     atomic_write_bytes(build_dir / "metrics.json", json.dumps(metrics, indent=2, sort_keys=True).encode())
     return metrics
 
@@ -417,10 +470,13 @@ def _check_existing_verdict(doc: dict[str, Any], req: EtlRequest, cfg: wconfig.W
 
 def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, total: int, durable: bool,
                journal: Journal, started: Future | None = None, store_sizes: dict[str, int] | None = None,
-               access: list[tuple[str, str]] = ()) -> tuple[list[ShardResult], DriveReport]:
+               access: list[tuple[str, str]] = (),
+               prebuilt: dict[int, ShardResult] | None = None) -> tuple[list[ShardResult], DriveReport]:
     """Reuse every receipted shard, run the rest on ``executor``, receipt each as it finishes
     (warp/etl/driver.py); ``durable``: each finished local shard is synced by a background thread
-    while the workers go on."""
+    while the workers go on. ``prebuilt``: shards built during the header pass (by task index),
+    receipted here and not run again."""
+    prebuilt = prebuilt or {}
     with contextlib.ExitStack() as stack:
         syncer = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="warp-fsync")) if durable else None
 
@@ -431,12 +487,26 @@ def _run_tasks(tasks: list[ShardTask], executor: ExecutorSpec, workers: int, tot
         plug = Plug(receipt_id=lambda t: t.shard_id, reuse=lambda t, rec: reuse_receipt(t, rec, store_sizes),
                     drop=drop_shard, record=record_receipt, index=lambda r: r.index,
                     units=lambda r: r.samples + len(r.failures))
+        written0 = journal.writes
+        for i, r in prebuilt.items():
+            record_receipt(journal, tasks[i], r)
+            fsync_built(tasks[i], r)
+        written = journal.writes - written0
         # the runner keeps at most 2 tasks per worker in flight (memory); receipts go to the store in the
         # background (every one is written before the manifest)
-        results, report = drive(tasks, build_shard, journal, plug, executor=executor, workers=workers,
-                                label="building shards", unit="img", total=total, on_result=fsync_built,
-                                initializer=init_process_worker, started=started, preload=WORKER_PRELOAD,
-                                access=access)
+        todo = [t for t in tasks if t.index not in prebuilt]
+        results, report = drive(todo, build_shard, journal, plug, executor=executor, workers=workers,
+                                label="building shards", unit="img",
+                                total=total - sum(r.samples + len(r.failures) for r in prebuilt.values()),
+                                on_result=fsync_built, initializer=init_process_worker, started=started,
+                                preload=WORKER_PRELOAD, access=access)
+        if prebuilt:
+            results = sorted([*results, *prebuilt.values()], key=lambda r: r.index)
+            report.tasks += len(prebuilt)
+            report.built += len(prebuilt)
+            report.receipts_written += written
+            if started is not None and not todo:  # the runner that built them is the one drive() would open
+                report.cluster = started.result().describe()
     if tasks:
         # every task is done: temporary files left now are from workers killed mid-shard (their
         # tasks were rerun elsewhere) and must not reach the version

@@ -26,6 +26,7 @@ from warpdata.warehouse import remote
 from warpdata.warehouse.validate import (
     PROBE_BATCH,
     LocalProbeBatch,
+    ProbeOutcome,
     ValidSample,
     probe_all,
     probe_local_batch,
@@ -44,6 +45,18 @@ class Scan:
     phases: dict[str, float]
     header_pass: str = "driver"  # where images were read and hashed: "driver" or "workers"
 
+    def add(self, o: ProbeOutcome) -> ValidSample | None:
+        """Take one outcome of the header pass, in label order; the sample when it is valid."""
+        if o.source_hash:
+            self.sources.append(o.source_hash)
+        if o.reject:
+            self.quarantine.reject(*o.reject)
+        elif o.sample is not None:
+            self.valid.append(o.sample)
+            self.truncated_boxes += o.truncated_boxes
+            return o.sample
+        return None
+
     def kept(self, skip_empty: bool) -> list[ValidSample]:
         return [s for s in self.valid if not (skip_empty and s.empty)]
 
@@ -55,38 +68,41 @@ def scan(cfg: wconfig.WarehouseConfig, workers: int = 1, runner: Any = None) -> 
     workers (one GET per image, the bytes spooled for the build:
     warehouse/remote.py); without a runner, on a local thread pool.
     """
-    phases = {}
+    phases: dict[str, float] = {}
     t = time.perf_counter()
     listing = None
     if cfg.remote_root:
         _root, listing = remote.prepare(cfg.root, cfg.remote_root, cfg.labels, cfg.images, cfg.format)
-    ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
-    q = Quarantine()
-    for rej in ls.rejects:
-        q.reject(*rej)
+    ls, q = load_labels(cfg)
     phases["labels"] = time.perf_counter() - t
     t = time.perf_counter()
-    params = dict(tolerance=cfg.box_tolerance, min_box=cfg.min_box_size, max_boxes=cfg.max_boxes,
-                  overflow=cfg.overflow)
+    params = probe_params(cfg)
     if cfg.remote_root:
         outcomes = _probe_remote(cfg, ls.records, listing, params, workers, runner)
     elif runner is not None:
         outcomes = _probe_on_runner(cfg, ls.records, params, runner)
     else:
         outcomes = probe_all(ls.records, workers=header_threads(workers), limits=cfg.limits, **params)
-    valid: list[ValidSample] = []
-    sources: list[tuple[str, str, int]] = []
-    truncated_boxes = 0
+    sc = Scan(ls, q, [], [], 0, phases, "workers" if runner is not None else "driver")
     for o in outcomes:
-        if o.source_hash:
-            sources.append(o.source_hash)
-        if o.reject:
-            q.reject(*o.reject)
-        elif o.sample is not None:
-            valid.append(o.sample)
-            truncated_boxes += o.truncated_boxes
+        sc.add(o)
     phases["probe"] = time.perf_counter() - t
-    return Scan(ls, q, valid, sources, truncated_boxes, phases, "workers" if runner is not None else "driver")
+    return sc
+
+
+def load_labels(cfg: wconfig.WarehouseConfig) -> tuple[wlabels.LabelSet, Quarantine]:
+    """Phase 2: the label records, and a quarantine holding the labels' own rejections."""
+    ls = wlabels.load(cfg.format, cfg.root, cfg.labels, cfg.images, cfg.classes, cfg.min_box_size, cfg.limits)
+    q = Quarantine()
+    for rej in ls.rejects:
+        q.reject(*rej)
+    return ls, q
+
+
+def probe_params(cfg: wconfig.WarehouseConfig) -> dict[str, Any]:
+    """The box checks of the header pass (warehouse/validate.py)."""
+    return dict(tolerance=cfg.box_tolerance, min_box=cfg.min_box_size, max_boxes=cfg.max_boxes,
+                overflow=cfg.overflow)
 
 
 REMOTE_PROBE_BATCH = 64

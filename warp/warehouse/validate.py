@@ -22,6 +22,7 @@ the GIL); results keep the label order.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
@@ -233,3 +234,51 @@ def probe_all(records: Iterable[LabelRecord], *, tolerance: float, min_box: floa
         for part in ex.map(many, [records[i:i + PROBE_BATCH] for i in range(0, len(records), PROBE_BATCH)]):
             out.extend(part)
     return out
+
+
+class ProbeStream:
+    """The header pass as a stream: outcomes in label order while later images are still being
+    read, on ``workers`` threads, at most ``ahead`` batches of ``batch`` records read before the
+    consumer asks for them (the pass keeps ahead of the build without running away from it;
+    warp/warehouse/overlap.py). ``read`` counts the records probed so far."""
+
+    def __init__(self, records: list[LabelRecord], *, tolerance: float, min_box: float, max_boxes: int,
+                 overflow: str, workers: int, limits: Limits = Limits(), batch: int = PROBE_BATCH,
+                 ahead: int = 0) -> None:
+        self.records = records
+        self.params = dict(tolerance=tolerance, min_box=min_box, max_boxes=max_boxes, overflow=overflow,
+                           limits=limits)
+        self.batch = max(1, batch)
+        self.ahead = max(1, ahead or 2 * workers)
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="warp-header")
+        self.read = 0
+        self._lock = threading.Lock()
+        self._queue: list[Any] = []
+        self._next = 0
+        self._fill()
+
+    def _many(self, rs: list[LabelRecord]) -> list[ProbeOutcome]:
+        out = [_check(r, **self.params) for r in rs]
+        with self._lock:
+            self.read += len(rs)
+        return out
+
+    def _fill(self) -> None:
+        while len(self._queue) < self.ahead and self._next < len(self.records):
+            part = self.records[self._next:self._next + self.batch]
+            self._next += len(part)
+            self._queue.append(self.pool.submit(self._many, part))
+
+    def __iter__(self) -> Any:
+        try:
+            while self._queue:
+                fut = self._queue.pop(0)
+                self._fill()
+                yield from fut.result()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for f in self._queue:
+            f.cancel()
+        self.pool.shutdown(wait=True)
