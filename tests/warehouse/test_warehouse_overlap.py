@@ -111,8 +111,8 @@ def test_rerun_is_up_to_date_and_speculates_nothing(cli, photos, tmp_path):
 
 
 def test_shard_size_known_only_after_the_pass_drops_the_speculation(cli, photos, tmp_path):
-    """``samples_per_shard`` from the label records (300 -> 19 with 16 shards) is not the one from
-    the kept samples once 60 images are missing (240 -> 15): no speculative shard is plan()'s, all
+    """``samples_per_shard`` from the label records (300 -> 16 with 16 shards, a power of two) is not the one from
+    the kept samples once 60 images are missing (240 -> 8): no speculative shard is plan()'s, all
     are dropped and built again, and the bytes are those of the build without overlap."""
     d = tmp_path / "some-missing"
     shutil.copytree(photos, d)
@@ -122,7 +122,7 @@ def test_shard_size_known_only_after_the_pass_drops_the_speculation(cli, photos,
     on = etl(cli, _cfg(d, tmp_path / "on", True, "local", "shard_samples = 0\nmin_shards = 16"))
     assert on["version"] == off["version"] and shards_bytes(on["path"]) == shards_bytes(off["path"])
     ov = _metrics(on)["overlap"]
-    assert ov["samples_per_shard"] == 19 and ov["speculated"] >= 1 and ov["adopted"] == 0
+    assert ov["samples_per_shard"] == 16 and ov["speculated"] >= 1 and ov["adopted"] == 0
     assert on["shards"] == off["shards"] and on["receipts"]["built"] == on["shards"]
     assert _leftovers(tmp_path / "on") == []
 
