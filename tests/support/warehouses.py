@@ -6,9 +6,10 @@ from pathlib import Path
 
 
 def coco_config(d: Path, out: Path | str, *, name: str = "t.toml", build: str = "", fail: float = 0.5,
-                labels: str | None = None) -> Path:
+                labels: str | None = None, shards: str = "shard_samples = 4") -> Path:
     """A warehouse ETL config over the COCO dataset in ``d``: 64 px, up to 8 boxes, 4 samples per
-    shard, invalid/missing fractions failing above ``fail``; ``build``: the [build] table's lines."""
+    shard (``shards``: the [output] table's shard lines), invalid/missing fractions failing above
+    ``fail``; ``build``: the [build] table's lines."""
     p = d / name
     src = f'labels = "{labels}"\n' if labels else ""
     p.write_text(f"""
@@ -26,7 +27,7 @@ max_missing_fraction = {{ warn = 0.0, fail = {fail} }}
 
 [output]
 root = "{out}"
-shard_samples = 4
+{shards}
 
 [build]
 {build}

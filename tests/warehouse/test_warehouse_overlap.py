@@ -25,32 +25,11 @@ def photos(tmp_path_factory):
 
 
 def _cfg(d: Path, out: Path, overlap: bool, executor: str, shards: str = "shard_samples = 4") -> Path:
-    p = d / f"ov-{executor}-{overlap}-{abs(hash((str(out), shards))) % 10**8}.toml"
-    p.write_text(f"""
-[source]
-format = "coco"
-path = "."
-labels = "annotations.json"
+    from support.warehouses import coco_config
 
-[transform]
-target_size = 64
-max_boxes = 8
-
-[validation]
-max_invalid_fraction = {{ warn = 0.0, fail = 0.3 }}
-max_missing_fraction = {{ warn = 0.0, fail = 0.3 }}
-
-[output]
-root = "{out}"
-{shards}
-
-[build]
-workers = 2
-executor = "{executor}"
-durable = false
-overlap = {"true" if overlap else "false"}
-""")
-    return p
+    name = f"ov-{executor}-{overlap}-{abs(hash((str(out), shards))) % 10**8}.toml"
+    build = f'workers = 2\nexecutor = "{executor}"\ndurable = false\noverlap = {"true" if overlap else "false"}'
+    return coco_config(d, out, name=name, build=build, fail=0.3, labels="annotations.json", shards=shards)
 
 
 def etl(cli, cfg: Path, *args: str) -> dict:
