@@ -132,7 +132,7 @@ def _text(raw: bytes, **kw) -> str:
 @pytest.mark.parametrize("text, says", [
     ("not base64!", "not base64"),
     (base64.b64encode(b"plain bytes").decode(), "not a zstd frame"),
-    (_text(b"XXXX" + bytes(8)), "no WPI1 header"),
+    (_text(b"ABCD" + bytes(8)), "no WPI1 header"),
     (_text(b"WPI1\xff\xff\xff\xff\x0f"), "runs past"),
     (_text(b"WPI1\x80"), "truncated"),
 ])
