@@ -6,7 +6,9 @@ the same row-group keys as :class:`~warpdata.read.batches.BatchStream`, and pric
 the way the reader makes it: a small shard read in full is one GET of the object; a row group
 read in full is its column chunks; part of a row group is the column chunks' offset indexes,
 then their dictionary pages and the pages holding the rows. Ranged GETs are counted as the
-reader coalesces them (:func:`warpdata.storage.ranges.plan_ranges`). The footers and offset
+reader coalesces them (:func:`warpdata.storage.ranges.plan_ranges`). A shard whose manifest
+entry carries its page index (docs/formats/registry.md, "Page index in the manifest") costs no
+footer and no offset index, for the ranks or for the plan; for the others, the footers and offset
 indexes this needs are fetched once by the plan itself (its own cost is reported apart).
 Caches are left out: this is a cold epoch on every node.
 """
