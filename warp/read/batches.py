@@ -6,8 +6,10 @@ gives this rank and DataLoader worker and cuts exact-size batches. Shards open t
 shards are prefetched into the cache in the background and the next row groups are read
 ahead on threads, across shard boundaries, within a stated number of bytes in flight (their
 ranged GETs and decoding release the GIL). A remote shard the stream reads whole is one GET,
-footer included; otherwise its footer, then its column chunks as coalesced ranged GETs
-(:func:`warpdata.storage.remote.plan_ranges`). Each row group's row count is checked against
+footer included; otherwise its footer (from the manifest when it carries the shard's page
+index: docs/formats/registry.md, "Page index in the manifest"; else one ranged GET), then its
+column chunks as coalesced ranged GETs (:func:`warpdata.storage.remote.plan_ranges`), or for
+part of a row group the pages holding the rows. Each row group's row count is checked against
 the manifest, each footer against the manifest's footer length.
 """
 
