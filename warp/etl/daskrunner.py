@@ -495,8 +495,10 @@ def _accepts_n_workers(client) -> bool:
 def _scheduler_lost(client: Any, scheduler: str, e: BaseException) -> bool:
     """Whether ``e`` says the connection to the scheduler itself went (not one worker)."""
     text = str(e)
+    # the client's reconnect can time out before its status says so: "Timed out trying to connect
+    # to tcp://HOST:PORT after 10 s" names the scheduler's own address
     return client.status not in ("running", "connecting") or "scheduler-connection-lost" in text or \
-        bool(scheduler) and f"remote={scheduler}>" in text
+        bool(scheduler) and (f"remote={scheduler}>" in text or f"connect to {scheduler} " in text)
 
 
 def _is_infrastructure(e: BaseException) -> bool:
