@@ -88,7 +88,11 @@ class Overlap:
             if st is None or r is None or t.upload is not None or not same_task(st, t):
                 continue
             if r.samples:
-                os.replace(st.path, t.path)
+                os.makedirs(os.path.dirname(t.path), exist_ok=True)
+                try:
+                    os.replace(st.path, t.path)
+                except FileNotFoundError:  # no speculative file to adopt: plan()'s task builds it
+                    continue
             out[t.index] = r
         self.adopted = len(out)
         return out
