@@ -132,6 +132,7 @@ shard_samples = {shard_samples}
 
 [build]
 durable = false
+overlap = true
 """)
     return p
 
