@@ -75,6 +75,7 @@ class _ShardFiles:
         self._footers: dict[int, bytes] = {}  # the footer bytes of remotely opened shards (page reads)
         self._paged: dict[int, Any] = {}  # shard -> (decoded footer, leaf columns by top-level name)
         self._index: dict[int, Any] = {}  # shard -> its PageIndex from the manifest (formats/parquet_index.py)
+        self._ranged: set[int] = set()  # remote shards whose data was read by ranges (never fetched whole after)
         self.wait_for: Callable[[int], None] = lambda unit: None  # the prefetcher finishing a shard it fetches
 
     def get(self, i: int):
@@ -144,6 +145,8 @@ class _ShardFiles:
         # closure that drops the last reference to it on a pool thread after the interpreter began
         # to exit cannot take the GIL, and the process aborts ("terminate called without an active
         # exception"). The readers' own threads (_RowGroupBatcher) decode calls in parallel.
+        with self._mu:
+            self._ranged.add(i)
         with src.prefetched(chunk_ranges(pf.metadata, groups, columns)):
             return pf.read_row_groups(list(groups), columns=columns, use_threads=False)
 
@@ -170,7 +173,9 @@ class _ShardFiles:
         s = self.shards[i]
         size = (s.stats or {}).get("footer_size")
         with self._mu:
-            if i in self._open:
+            # open is not fetched: a shard opened from the manifest's page index cost no request, so
+            # only one whose bytes were read by ranges already is left to its ranges
+            if i in self._ranged or (i in self._open and i not in self._index):
                 return None
         if not self.whole_candidate(i):
             return None
@@ -242,6 +247,8 @@ class _ShardFiles:
             raw = self._footers.get(i)
         if src is None or raw is None or not hasattr(src, "prefetch"):
             return None
+        with self._mu:
+            self._ranged.add(i)
         fmd, leaves_of = self._page_layout(i, raw, pf)
         names = list(leaves_of) if columns is None else list(columns)
         leaves = [leaf for n in names for leaf in leaves_of.get(n, ())]
