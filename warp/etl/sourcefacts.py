@@ -88,15 +88,26 @@ def listing_facts(size: int, tag: str | None, **learnt: Any) -> dict[str, Any]:
     return {"size": int(size), "tag": tag, **learnt}
 
 
+def _store_errors() -> tuple[type[BaseException], ...]:
+    """What a store client raises for a failed request: the OS's and the socket's errors, and
+    botocore's own (s3fs raises them untranslated for credentials and some refusals)."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # pragma: no cover - s3fs depends on botocore
+        return (OSError, TimeoutError)
+    return (OSError, TimeoutError, BotoCoreError, ClientError)
+
+
 def read_call(url: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)``, a read of the source at ``url``: an unreachable store or one that
     refuses the request is an :class:`InfrastructureError` (exit 75), missing credentials an
-    AuthenticationError (exit 78); ``FileNotFoundError`` and everything else pass through."""
+    AuthenticationError (exit 78); ``FileNotFoundError`` and everything that is not a store
+    client's error pass through untouched."""
     try:
         return fn(*args, **kwargs)
     except FileNotFoundError:
         raise
-    except Exception as e:
+    except _store_errors() as e:
         cred = credentials_error(e, url)
         if cred is not None:
             raise cred from None
