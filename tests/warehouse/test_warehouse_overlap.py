@@ -114,3 +114,31 @@ def test_failed_verdict_leaves_no_speculative_shards(cli, photos, tmp_path):
     r = cli("etl", "--config", _cfg(d, tmp_path / "wh", True, "local"), "--json")
     assert r.code == 65
     assert _leftovers(tmp_path / "wh") == [] and not any((tmp_path / "wh").glob("v*"))
+
+
+def test_a_filesystem_clock_behind_the_process_clock_keeps_the_speculative_shards(cli, photos, tmp_path,
+                                                                                   monkeypatch):
+    """A file's time is the filesystem's clock: coarse (it lags ``time.time()`` by up to a kernel
+    tick, so a folder made a millisecond after the run started can look older than the run), and on
+    some mounts another machine's. The leftovers sweep at the start of the build tells a temporary of
+    this process by its time alone, so the overlapped pass's folder must be named to it: here the
+    folder is dated an hour back when the pass ends, and every speculative shard is still adopted."""
+    import os
+    import time
+
+    from warpdata.warehouse import overlap as woverlap
+
+    real = woverlap.scan_building
+
+    def pass_then_age(cfg, workers, get_runner, folder, spec, ready=lambda: True):
+        out = real(cfg, workers, get_runner, folder, spec, ready)
+        past = time.time() - 3600
+        os.utime(folder, (past, past))
+        return out
+
+    monkeypatch.setattr(woverlap, "scan_building", pass_then_age)
+    on = etl(cli, _cfg(photos, tmp_path / "on", True, "local"))
+    ov = _metrics(on)["overlap"]
+    assert ov["speculated"] == ov["adopted"] == on["shards"] > 40
+    assert on["receipts"]["built"] == on["shards"]
+    assert _leftovers(tmp_path / "on") == []

@@ -66,9 +66,9 @@ OWN: dict[str, dict[str, Field]] = {
         "durable": Field(bool, True, "fsync every shard before the version appears (survives power loss); "
                                      "false leaves write-back to the OS: a killed process still never leaves a "
                                      "partial version, a power cut may"),
-        "overlap": Field(bool, False, "start building shards while the header pass still reads images (a first "
-                                     "build or --clear, local source and output); the bytes and the version are "
-                                     "the same either way"),
+        "overlap": Field(bool, True, "start building shards while the header pass still reads images (a first "
+                                    "build or --clear, local source and output); the bytes and the version are "
+                                    "the same either way; false: read every header first"),
     },
     FEATURE_CACHE: {
         "decode_threads": Field(int, 0, "image decode threads per worker process (0: the worker count locally, "

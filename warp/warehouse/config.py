@@ -168,7 +168,7 @@ class WarehouseConfig:
     # [source] path on object storage (s3://…): ``root`` is then its local mirror (warehouse/remote.py)
     remote_root: str | None = None
     decode: str = "scaled"  # [transform] decode: "scaled" | "full" (warehouse/transform.py)
-    overlap: bool = False  # [build] overlap: the header pass overlapped with the build (warehouse/overlap.py)
+    overlap: bool = True  # [build] overlap: the header pass overlapped with the build (warehouse/overlap.py)
 
     def transform_dict(self) -> dict[str, Any]:
         """The cacheable transform config (enters the version key and the manifest)."""

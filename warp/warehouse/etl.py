@@ -302,7 +302,10 @@ def _build(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, workers: int
             existing = _local_version(req, cfg, version, workers, t_start)
             if existing is not None:
                 return existing
-        build_dir = fresh_build_dir(root, version, clear=req.clear, older_than=t_started_wall)
+        # the overlapped pass's folder is this run's own: its time is the filesystem's clock, which
+        # may run behind t_started_wall, so it is named, not told by age (warehouse/overlap.py)
+        build_dir = fresh_build_dir(root, version, clear=req.clear, older_than=t_started_wall,
+                                    spare=(ov.folder.name,) if ov is not None else ())
         if store is None:
             return _build_locked(req, cfg, sc, workers, executor, phases, t_start, started, store, store_vdir,
                                  recipe, version, kept, per_shard, sources, build_dir, ov)

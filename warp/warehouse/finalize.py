@@ -80,12 +80,14 @@ def version_lock(root: Path, version: str) -> contextlib.AbstractContextManager[
     return build_lock(root / f"{BUILD_PREFIX}{version[:12]}.lock", f"version {version[:12]} in {root}")
 
 
-def fresh_build_dir(root: Path, version: str, *, clear: bool, older_than: float) -> Path:
+def fresh_build_dir(root: Path, version: str, *, clear: bool, older_than: float,
+                    spare: tuple[str, ...] = ()) -> Path:
     """The build directory of ``version`` (held under :func:`version_lock`): kept from a killed run
     unless ``clear`` (its receipts let the rerun resume), without the killed run's half-written files;
-    other versions' leftovers are removed."""
+    other versions' leftovers are removed, but never a temporary named in ``spare`` (this run's own,
+    e.g. the overlapped pass's folder: warp/warehouse/overlap.py)."""
     build_dir = root / f"{BUILD_PREFIX}{version[:12]}"
-    remove_leftovers(root, keep=build_dir, older_than=older_than)
+    remove_leftovers(root, keep=build_dir, older_than=older_than, spare=spare)
     if clear and build_dir.exists():
         shutil.rmtree(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -259,7 +261,8 @@ def export_summaries(d: Path, q: Quarantine, sources: list[tuple[str, str, int]]
     return {**files, "sources": "sources.parquet", "metrics": "metrics.json"}
 
 
-def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float | None = None) -> list[str]:
+def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float | None = None,
+                     spare: tuple[str, ...] = ()) -> list[str]:
     """Remove what killed ETLs left in output root ``root``; returns the removed paths.
 
     * build directories ``.warp-tmp-build-<hash12>/`` of other versions whose
@@ -267,7 +270,9 @@ def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float 
       from its receipts);
     * ``.warp-tmp-*`` files and directories (old trees of an interrupted
       replace, half-written shards) changed before ``older_than`` whose writer
-      is gone.
+      is gone. A temporary of this very process is told by its time alone, and a file's time
+      is the filesystem's clock (coarse, and on some mounts another machine's), which may run
+      behind ``older_than``: this run's own temporaries in use are named in ``spare``.
 
     Called at the start of every build; a library hook for ``warp cache gc``.
     """
@@ -281,7 +286,7 @@ def remove_leftovers(root: Path, *, keep: Path | None = None, older_than: float 
             removed.append(str(d))
     others = [p for p in root.glob(f"{TMP_PREFIX}*") if not p.name.startswith(BUILD_PREFIX)]
     if others:
-        removed += remove_stale_temps([root], older_than=older_than, exclude=(BUILD_PREFIX,))
+        removed += remove_stale_temps([root], older_than=older_than, exclude=(BUILD_PREFIX, *spare))
     return removed
 
 
