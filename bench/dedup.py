@@ -14,6 +14,7 @@ cache (every shard fetched, assembled from its chunks for the chunked store, has
 sample read with ``batch``; chunked and control alternate, ``--reads`` runs each, medians.
 
     .venv/bin/python bench/dedup.py [--photos 2000] [--versions 10] [--size 640] [--reads 3]
+    .venv/bin/python bench/dedup.py --kind features [--photos 2000] [--versions 3] [--size 256]
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=640)
     ap.add_argument("--reads", type=int, default=3)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--kind", choices=("warehouse", "features"), default="warehouse",
+                    help="features: a feature cache of captioned photos (pixels stored, no encoder)")
     args = ap.parse_args()
+    if args.kind == "features":
+        return features(args)
 
     from warpdata.cli.app import main as warp
     from warpdata.publishing.publish import PublishRequest, publish
@@ -112,7 +117,8 @@ def main() -> None:
     c2 = rows[1].get("control_hash") if len(rows) > 1 else rows[0]["control_hash"]
     times: dict[str, list[float]] = {"chunked": [], "control": []}
     for i in range(-1, args.reads):  # run -1 warms the imports and the page cache of both stores, untimed
-        for name, st, version in (("chunked", base / "store", v2), ("control", base / "control", c2)):
+        sides = [("chunked", base / "store", v2), ("control", base / "control", c2)]
+        for name, st, version in (sides if i % 2 else sides[::-1]):  # the first side rotates each round
             cache = base / f"cache-{name}-{i}"
             os.environ["WARP_CACHE_DIR"] = str(cache)
             t = time.perf_counter()
@@ -140,6 +146,76 @@ def main() -> None:
     print(json.dumps({"rows": rows, "cold_read_s": times}, indent=None))
     shutil.rmtree(base, ignore_errors=True)
     sys.stdout.flush()
+
+
+def edit_captions(media: Path, *, relabel: int, replace: int, append: int, seed: int) -> None:
+    """The next version of a captions folder: ``relabel`` captions rewritten, ``replace`` images
+    given new pixels (same name), ``append`` new captioned images in a third group."""
+    import numpy as np
+    from warpdata.sampledata.captions import caption_for
+    from warpdata.sampledata.photos import encode_jpeg, synthetic_photo
+
+    rng = np.random.default_rng(seed)
+    jpgs = sorted(p for p in media.rglob("*.jpg") if p.with_suffix(".txt").is_file() and p.stem.isdigit())
+    picked = [jpgs[int(i)] for i in rng.choice(len(jpgs), relabel + replace, replace=False)]
+    for p in picked[:relabel]:
+        p.with_suffix(".txt").write_text(caption_for(rng) + " (relabelled)\n", encoding="utf-8")
+    for p in picked[relabel:]:
+        p.write_bytes(encode_jpeg(synthetic_photo(rng, int(rng.integers(200, 320)), int(rng.integers(200, 320)))))
+    extra = media / "group_002"
+    extra.mkdir(exist_ok=True)
+    first = len(list(extra.glob("*.jpg")))
+    for i in range(append):
+        name = f"{seed:03d}{first + i:05d}"
+        (extra / f"{name}.jpg").write_bytes(encode_jpeg(synthetic_photo(rng, 256, 256)))
+        (extra / f"{name}.txt").write_text(caption_for(rng) + "\n", encoding="utf-8")
+
+
+def features(args) -> None:
+    """The same edits on a feature cache (issue 39, "and on a feature cache"): ``--photos``
+    captioned photos, ``--size`` px, pixels stored (``encoder.name = ""``), each version built with
+    ``warp etl`` and published from its folder; the store's bytes against the first version's."""
+    import subprocess
+
+    from warpdata.publishing.publish import PublishRequest, publish
+    from warpdata.registry.store import Store
+    from warpdata.sampledata import captions
+
+    base = Path(tempfile.mkdtemp(prefix="warp-dedup-fc-", dir=args.workdir))
+    gen = captions.generate(base / "cap", count=args.photos, seed=39)
+    media = Path(gen["path"])
+    cfg = base / "cap" / "fc.toml"
+    text = Path(gen["config"]).read_text().replace("resolution = 64", f"resolution = {args.size}")
+    cfg.write_text(text.replace('name = "pool8-hash"', 'name = ""').replace('path = "cache"',
+                                                                            f'path = "{base / "fc"}"'))
+    one = max(1, round(args.photos / 100))
+    store = Store(str(base / "store"))
+    first_version = None
+    for n in range(1, args.versions + 1):
+        if n > 1:
+            edit_captions(media, relabel=one, replace=one, append=one, seed=n)
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "warpdata", "-q", "etl", "--config", str(cfg), "--json"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"warp etl failed ({r.returncode}): {r.stderr}")
+        res = json.loads(r.stdout)
+        built = time.perf_counter() - t
+        before = _files(base / "store")
+        p = publish(PublishRequest("bench/fc", from_paths=[res["path"]]), store=store)
+        after = _files(base / "store")
+        m = store.get_manifest("bench/fc", p.version_hash)
+        manifest = len(store.get_manifest_bytes("bench/fc", p.version_hash))
+        vbytes = m.stats["total_bytes"]
+        first_version = first_version or vbytes
+        up = p.bytes_uploaded + manifest
+        grow = sum(after.values()) - sum(before.values())
+        print(f"v{n}: etl {built:.1f} s ({res.get('status')}), version {vbytes / 1e6:.1f} MB, uploaded "
+              f"{up / 1e6:.2f} MB ({100 * up / vbytes:.2f} %), store +{grow / 1e6:.2f} MB"
+              + (f" ({100 * grow / sum(before.values()):.2f} %)" if before else "")
+              + f", store {sum(after.values()) / first_version:.3f}x version 1, "
+              f"{sum(after.values()) / vbytes:.3f}x this one", flush=True)
+    shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,20 @@ import hashlib
 import json
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from warpdata.core.errors import ManifestCorruptedError
-from warpdata.registry.chunks import chunk_ranges, hash_chunks, twh1_cuts
+from warpdata.registry.chunks import (
+    chunk_ranges,
+    hash_chunks,
+    member_chunks,
+    run_lengths,
+    twh1_items,
+)
 from warpdata.registry.manifest import Artifact, Manifest, ShardRef, Table
 
 GOLDEN = Path(__file__).parents[1] / "golden"
@@ -74,25 +83,75 @@ def test_a_format_4_reader_rule_still_holds_without_chunks():
     assert plain.version_hash != m.version_hash
 
 
+def _as_tar_member(tmp_path: Path, data: bytes) -> tuple[Path, int]:
+    """``data`` between a 512-byte header block and 1,024 bytes of end blocks, as tarpack stores a
+    member alone in its shard."""
+    p = tmp_path / "shard.tar"
+    p.write_bytes(b"h" * 512 + data + b"\0" * 1024)
+    return p, 512 + len(data) + 1024
+
+
+def _expect(path: Path, lengths: list[int]) -> list[tuple[str, int]]:
+    raw, out, pos = path.read_bytes(), [], 0
+    for n in lengths:
+        out.append((hashlib.sha256(raw[pos:pos + n]).hexdigest(), n))
+        pos += n
+    assert pos == len(raw)
+    return out
+
+
 @pytest.mark.parametrize("name, item", [("small_u8.twh1", 1), ("small_f16.twh1", 2), ("small_f32.twh1", 4)])
-def test_cuts_fall_on_sample_images_of_the_golden_twh1_shards(name, item):
-    path = GOLDEN / "twh1" / name
-    data = path.read_bytes()
+def test_chunks_fall_on_sample_images_of_the_golden_twh1_shards(tmp_path, name, item):
+    data = (GOLDEN / "twh1" / name).read_bytes()
     (n,) = struct.unpack_from("<Q", data, 32)
     w, h, c = struct.unpack_from("<III", data, 16)
     (image_off,) = struct.unpack_from("<Q", data, 40)
     one = w * h * c * item
-    # as a tar member at offset 512 (one pax header block): head, one chunk per image, tail
-    cuts = twh1_cuts(data[:80], 512, len(data), target=one)
-    assert cuts == [512 + image_off + i * one for i in range(n)] + [512 + image_off + n * one]
-    # two images a chunk
-    two = twh1_cuts(data[:80], 512, len(data), target=2 * one)
-    assert two == [512 + image_off + i * 2 * one for i in range(-(-n // 2))] + [512 + image_off + n * one]
-    ranges = chunk_ranges(cuts, 512 + len(data) + 1024)
-    assert sum(r[1] for r in ranges) == 512 + len(data) + 1024 and ranges[0] == (0, 512 + image_off)
+    path, total = _as_tar_member(tmp_path, data)
+    tail = total - 512 - image_off - n * one
+    # an image at least the target: head, one chunk per image, tail
+    got = member_chunks(path, data[:80], 512, len(data), total, target=one)
+    assert got == _expect(path, [512 + image_off, *[one] * n, tail])
+    # two images a chunk on average: runs end where each image's CRC-32 says
+    imgs = [data[image_off + j * one:image_off + (j + 1) * one] for j in range(n)]
+    runs = run_lengths([zlib.crc32(b) for b in imgs], 2)
+    assert sum(runs) == n and max(runs) <= 4
+    assert member_chunks(path, data[:80], 512, len(data), total, target=2 * one) == \
+        _expect(path, [512 + image_off, *[r * one for r in runs], tail])
     # not a TWH1 header, or a member too short for its images: not chunked
-    assert twh1_cuts(b"TBL\x02" + data[4:80], 512, len(data)) is None
-    assert twh1_cuts(data[:80], 512, image_off + one) is None
+    assert member_chunks(path, b"TBL\x02" + data[4:80], 512, len(data), total) is None
+    assert twh1_items(data[:80], image_off + one) is None
+    assert member_chunks(path, data[:80], 512, len(data), total, target=0) is None
+
+
+def test_a_run_ends_at_every_item_when_an_item_fills_the_target():
+    assert run_lengths([5, 7, 9], 1) == [1, 1, 1]
+    assert run_lengths([1, 1, 1, 1, 1], 2) == [1, 1, 1, 1, 1]  # 1 % 2 == 1: every item ends a run
+    assert run_lengths([0] * 9, 2) == [4, 4, 1]  # no item ends a run: cut at 2k
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=200), st.integers(2, 8), st.data())
+def test_removing_an_item_moves_no_run_after_the_next_content_boundary(crcs, k, data):
+    """The property deletions rely on: a run that begins after the first item past the removed one
+    whose CRC ends a run holds the same items before and after the removal."""
+    i = data.draw(st.integers(0, len(crcs) - 1))
+    ids = list(range(len(crcs)))
+
+    def runs(seq):
+        out, pos = [], 0
+        for n in run_lengths([crcs[j] for j in seq], k):
+            out.append(tuple(seq[pos:pos + n]))
+            pos += n
+        return out
+
+    before, after = runs(ids), runs(ids[:i] + ids[i + 1:])
+    b = next((j for j in ids[i + 1:] if crcs[j] % k == k - 1), None)
+    if b is None:
+        return
+    tail = [r for r in before if r[0] > b]
+    if tail:
+        assert after[len(after) - len(tail):] == tail
 
 
 def test_hash_chunks_reads_each_range_once(tmp_path):
@@ -104,17 +163,21 @@ def test_hash_chunks_reads_each_range_once(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["v1-small.wfs", "v1-empty.wfs"])
-def test_cuts_fall_on_records_of_the_golden_wfs1_shards(name):
-    from warpdata.registry.chunks import member_cuts, wfs1_cuts
+def test_chunks_fall_on_records_of_the_golden_wfs1_shards(tmp_path, name):
+    from warpdata.registry.chunks import wfs1_items
 
     data = (GOLDEN / "featshard" / name).read_bytes()
     flags, r, data_off = struct.unpack_from("<H", data, 6)[0], *struct.unpack_from("<IQ", data, 12)
     (n,) = struct.unpack_from("<Q", data, len(data) - 24)
-    cuts = member_cuts(data[:64], 512, len(data), target=r)
+    path, total = _as_tar_member(tmp_path, data)
+    got = member_chunks(path, data[:64], 512, len(data), total, target=r)
     if n == 0:
-        assert cuts is None  # nothing to cut: stored whole
+        assert got is None  # nothing to cut: stored whole
         return
-    assert cuts == [512 + data_off + i * r for i in range(n)] + [512 + data_off + n * r]
-    assert wfs1_cuts(data[:64], 512, len(data), target=10 * r) == [512 + data_off, 512 + data_off + n * r]
-    assert wfs1_cuts(data[:64], 512, len(data) - 1) is None  # a length the records do not fill
+    assert got == _expect(path, [512 + data_off, *[r] * n, total - 512 - data_off - n * r])
+    recs = [data[data_off + j * r:data_off + (j + 1) * r] for j in range(n)]
+    runs = run_lengths([zlib.crc32(b) for b in recs], 10)
+    assert member_chunks(path, data[:64], 512, len(data), total, target=10 * r) == \
+        _expect(path, [512 + data_off, *[x * r for x in runs], total - 512 - data_off - n * r])
+    assert wfs1_items(data[:64], len(data) - 1) is None  # a length the records do not fill
     assert flags in (0, 1)

@@ -76,7 +76,7 @@ from warpdata.publishing.multipart import PART_SIZE as PART_SIZE
 from warpdata.publishing.multipart import part_size as part_size
 from warpdata.registry import signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
-from warpdata.registry.chunks import CHUNK_TARGET, chunk_ranges, hash_chunks, member_cuts
+from warpdata.registry.chunks import CHUNK_TARGET, member_chunks
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -502,9 +502,9 @@ def _chunk_shards(shards: list[dict[str, Any]], index: bytes, target: int) -> No
             continue
         with open(s["path"], "rb", buffering=0) as f:
             head = os.pread(f.fileno(), 80, off)
-        cuts = member_cuts(head, off, length, target)
-        if cuts is not None:
-            s["chunks"] = [list(c) for c in hash_chunks(s["path"], chunk_ranges(cuts, s["byte_size"]))]
+        chunks = member_chunks(s["path"], head, off, length, s["byte_size"], target)
+        if chunks is not None:
+            s["chunks"] = [list(c) for c in chunks]
 
 
 def _cols(schema: list[dict]) -> str:

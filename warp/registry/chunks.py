@@ -8,8 +8,9 @@ almost every shard is byte for byte the one before, wherever the shard begins. S
 is stored as the concatenation of:
 
 * the head ``[0, image region)``;
-* runs of ``k`` whole sample images, ``k = max(1, target // image bytes)`` (one image per chunk
-  for 320×320 and larger RGB images at the default 256 KiB target);
+* runs of whole sample images: one image a chunk when an image is at least the 256 KiB target
+  (320×320 and larger RGB u8); smaller images in runs of ``k = target // image bytes`` on
+  average, a run ending after an image whose CRC-32 is ``k - 1`` modulo ``k`` (or at ``2k``);
 * the tail ``[end of the images, end of the tar shard)``.
 
 Each chunk is a content-addressed blob (``blobs/sha256/...``, SHA-256 of its bytes): a version
@@ -18,9 +19,13 @@ fetches the chunks, writes them in order into the blob cache under the shard's h
 that hash as it lands (:meth:`warpdata.read.dataset.Dataset.fetch_blob`), so everything above the
 blob cache (``materialize``, ``warm``, memory-mapped TWH1 members) sees the same file as before.
 
-Cut points come from the TWH1 header alone (docs/formats/twh1.md): no content-defined chunking,
-no rolling hash. A feature cache's WFS1 shard (docs/formats/feature-shard.md) is cut the same way
-at its fixed-size records. Any other member is not chunked.
+The items come from the TWH1 header (docs/formats/twh1.md); where a run ends is decided by each
+image's own bytes, never by its position, so a sample removed from the middle of a shard (a label
+deleted, an image now quarantined) changes the one run it sat in, and every later run keeps its
+bytes and its chunk though it moved (fixed runs of ``k`` moved every later boundary: a 1-in-1,000
+deletion re-uploaded 67 % of a 128 px warehouse). A feature cache's WFS1 shard
+(docs/formats/feature-shard.md) is cut the same way at its fixed-size records. Any other member
+is not chunked.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["CHUNK_TARGET", "chunk_ranges", "chunked_refs", "hash_chunks", "locate", "member_cuts", "read_range",
-           "twh1_cuts", "wfs1_cuts"]
+__all__ = ["CHUNK_TARGET", "chunk_ranges", "chunked_refs", "ends_run", "hash_chunks", "locate", "member_chunks",
+           "member_items", "per_chunk", "read_range", "run_lengths", "twh1_items", "wfs1_items"]
 
 # bytes of sample images per chunk, at most (one image when an image is larger): small enough that
 # a chunk holds one 320×320 or 640×640 RGB image, so a replaced photo re-uploads itself only; large
@@ -43,11 +49,11 @@ _HEADER = struct.Struct("<4sIIIIIIIQQQQQQ")  # docs/formats/twh1.md: the 80-byte
 _DTYPE_BYTES = {0: 4, 1: 2, 2: 1}
 
 
-def twh1_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK_TARGET) -> list[int] | None:
-    """Interior cut offsets (inside the tar shard) for a member whose first bytes are ``head``,
-    starting at ``data_start`` of the shard, ``member_len`` bytes long; None when ``head`` is no
-    TWH1 header this module understands or the member has no samples."""
-    if len(head) < _HEADER.size or target < 1:
+def twh1_items(head: bytes, member_len: int) -> tuple[int, int, int] | None:
+    """``(offset of the images inside the member, bytes of one image, images)`` of a member whose
+    first bytes are ``head``; None when ``head`` is no TWH1 header this module understands, the
+    member has no samples or is too short for them."""
+    if len(head) < _HEADER.size:
         return None
     (magic, version, dtype, _endian, width, height, channels, _boxes, n, image_off,
      boxes_off, _mask_off, _meta_off, _sum_off) = _HEADER.unpack_from(head)
@@ -57,19 +63,17 @@ def twh1_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK
     end = image_off + n * one
     if one <= 0 or image_off < _HEADER.size or end > boxes_off or end > member_len:
         return None
-    k = max(1, target // one)
-    start = data_start + image_off
-    return [start + j * k * one for j in range(-(-n // k))] + [data_start + end]
+    return image_off, one, n
 
 
 _WFS1 = struct.Struct("<4sHHIIQ")  # docs/formats/feature-shard.md: magic, version, flags, F, R, data_offset
 
 
-def wfs1_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK_TARGET) -> list[int] | None:
-    """As :func:`twh1_cuts`, for a WFS1 feature shard: runs of whole records of ``R`` bytes. The
-    record count follows from the member's length (records, the optional CRC table, the 32-byte
+def wfs1_items(head: bytes, member_len: int) -> tuple[int, int, int] | None:
+    """As :func:`twh1_items`, for a WFS1 feature shard: ``(data_offset, R, records)``. The record
+    count follows from the member's length (records, the optional CRC table, the 32-byte
     trailer); None when ``head`` is no WFS1 header or the length does not fit it."""
-    if len(head) < _WFS1.size or target < 1:
+    if len(head) < _WFS1.size:
         return None
     magic, version, flags, _fields, r, data_off = _WFS1.unpack_from(head)
     if magic != b"WFS1" or version != 1 or r <= 0 or data_off < 64:
@@ -78,19 +82,78 @@ def wfs1_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK
     body = member_len - 32 - data_off
     if body <= 0 or body % per:
         return None
-    n = body // per
-    k = max(1, target // r)
-    start = data_start + data_off
-    return [start + j * k * r for j in range(-(-n // k))] + [start + n * r]
+    return data_off, r, body // per
 
 
-def member_cuts(head: bytes, data_start: int, member_len: int, target: int = CHUNK_TARGET) -> list[int] | None:
-    """Cut points for a TWH1 or WFS1 member (:func:`twh1_cuts`, :func:`wfs1_cuts`); None for others."""
+def member_items(head: bytes, member_len: int) -> tuple[int, int, int] | None:
+    """The fixed-size items (sample images, records) of a TWH1 or WFS1 member; None for others."""
     if head[:4] == b"TWH1":
-        return twh1_cuts(head, data_start, member_len, target)
+        return twh1_items(head, member_len)
     if head[:4] == b"WFS1":
-        return wfs1_cuts(head, data_start, member_len, target)
+        return wfs1_items(head, member_len)
     return None
+
+
+def per_chunk(item: int, target: int = CHUNK_TARGET) -> int:
+    """``k``, the items a chunk holds on average: ``max(1, target // item)``."""
+    return max(1, target // max(item, 1))
+
+
+def ends_run(crc: int, run: int, k: int) -> bool:
+    """Whether a run of ``run`` items ends after an item whose CRC-32 is ``crc``: at every item when
+    ``k`` is 1; else where ``crc % k == k - 1`` (content-defined: the same items end runs wherever
+    they sit, so a sample removed or inserted before them moves no later boundary), or at ``2k``
+    items (a chunk is at most twice the target)."""
+    return k == 1 or run >= 2 * k or crc % k == k - 1
+
+
+def run_lengths(crcs: Sequence[int], k: int) -> list[int]:
+    """The items of each chunk for items whose CRC-32s are ``crcs``, in order (:func:`ends_run`)."""
+    out, run = [], 0
+    for c in crcs:
+        run += 1
+        if ends_run(c, run, k):
+            out.append(run)
+            run = 0
+    if run:
+        out.append(run)
+    return out
+
+
+def member_chunks(path: str | os.PathLike, head: bytes, data_start: int, member_len: int, total: int,
+                  target: int = CHUNK_TARGET) -> list[tuple[str, int]] | None:
+    """``(sha256 hex, length)`` of each chunk of the tar shard at ``path`` (``total`` bytes) whose one
+    member starts at ``data_start``, ``member_len`` bytes long, with first bytes ``head``: the head,
+    runs of whole items (:func:`ends_run`), the tail. The file is read once, an item at a time into
+    one buffer. None when the member is not a TWH1 or WFS1 file with items, or ``target`` < 1."""
+    items = member_items(head, member_len)
+    if items is None or target < 1:
+        return None
+    off, one, n = items
+    k = per_chunk(one, target)
+    first = data_start + off
+    buf = bytearray(one)
+    view = memoryview(buf)
+    out = hash_chunks(path, [(0, first)])
+    with open(path, "rb", buffering=0) as f:
+        f.seek(first)
+        h, run = hashlib.sha256(), 0
+        for j in range(n):
+            got = 0
+            while got < one:
+                r = f.readinto(view[got:])
+                if not r:
+                    raise OSError(f"{path}: ends inside item {j} (byte {first + j * one + got})")
+                got += r
+            h.update(view)
+            run += 1
+            if j == n - 1 or ends_run(zlib.crc32(view) if k > 1 else 0, run, k):
+                out.append((h.hexdigest(), run * one))
+                h, run = hashlib.sha256(), 0
+    end = first + n * one
+    if total > end:
+        out += hash_chunks(path, [(end, total - end)])
+    return out
 
 
 def chunk_ranges(cuts: Sequence[int], total: int) -> list[tuple[int, int]]:
