@@ -15,6 +15,7 @@ sample read with ``batch``; chunked and control alternate, ``--reads`` runs each
 
     .venv/bin/python bench/dedup.py [--photos 2000] [--versions 10] [--size 640] [--reads 3]
     .venv/bin/python bench/dedup.py --kind features [--photos 2000] [--versions 3] [--size 256]
+    .venv/bin/python bench/dedup.py --kind removal --photos 1000 --size 128
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=640)
     ap.add_argument("--reads", type=int, default=3)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--kind", choices=("warehouse", "features"), default="warehouse",
-                    help="features: a feature cache of captioned photos (pixels stored, no encoder)")
+    ap.add_argument("--kind", choices=("warehouse", "features", "removal"), default="warehouse",
+                    help="features: a feature cache of captioned photos (pixels stored, no encoder); "
+                         "removal: one photo removed from the middle of a warehouse")
     args = ap.parse_args()
     if args.kind == "features":
         return features(args)
+    if args.kind == "removal":
+        return removal(args)
 
     from warpdata.cli.app import main as warp
     from warpdata.publishing.publish import PublishRequest, publish
@@ -215,6 +219,42 @@ def features(args) -> None:
               + (f" ({100 * grow / sum(before.values()):.2f} %)" if before else "")
               + f", store {sum(after.values()) / first_version:.3f}x version 1, "
               f"{sum(after.values()) / vbytes:.3f}x this one", flush=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def removal(args) -> None:
+    """One photo of ``--photos`` removed from the labels a third of the way in (a bad image
+    dropped): what the next version uploads, against the version's bytes."""
+    from warpdata.cli.app import main as warp
+    from warpdata.publishing.publish import PublishRequest, publish
+    from warpdata.registry.store import Store
+    from warpdata.sampledata.detection import generate
+
+    base = Path(tempfile.mkdtemp(prefix="warp-dedup-rm-", dir=args.workdir))
+    src = base / "coco"
+    generate(src, count=args.photos, seed=3, min_side=160, max_side=320, broken=False)
+    store = Store(str(base / "store"))
+
+    def etl(n: int) -> str:
+        cfg = src / f"t-{n}.toml"
+        cfg.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
+                       f'[transform]\ntarget_size = {args.size}\nmax_boxes = 16\n'
+                       f'[output]\nroot = "{base / f"wh{n}"}"\n')
+        assert warp(["-q", "etl", "--config", str(cfg)]) == 0
+        return str(next((base / f"wh{n}").glob("v*")))
+
+    publish(PublishRequest("bench/rm", from_paths=[etl(1)]), store=store)
+    doc = json.loads((src / "annotations.json").read_text())
+    gone = doc["images"][args.photos // 3]["id"]
+    doc["images"] = [im for im in doc["images"] if im["id"] != gone]
+    doc["annotations"] = [a for a in doc["annotations"] if a["image_id"] != gone]
+    (src / "annotations.json").write_text(json.dumps(doc))
+    r = publish(PublishRequest("bench/rm", from_paths=[etl(2)]), store=store)
+    m = store.get_manifest("bench/rm", r.version_hash)
+    shards = len(m.artifacts["tensor-warehouse"].shards)
+    print(f"{args.size} px: 1 of {args.photos} photos removed: uploaded {r.bytes_uploaded / 1e6:.2f} MB of "
+          f"{m.stats['total_bytes'] / 1e6:.1f} MB = {100 * r.bytes_uploaded / m.stats['total_bytes']:.2f} % "
+          f"({shards} shards)")
     shutil.rmtree(base, ignore_errors=True)
 
 
