@@ -19,8 +19,8 @@ Phases (each timed into ``metrics.json``):
    to the source root (never the root's folder or URL, nor sizes): the same
    bytes from a folder, S3 or an HTTP host are one version. If ``<root>/v*-<hash12>/`` exists and verifies, it is reused
    ("up-to-date", nothing is rewritten) unless ``--clear``/``WAREHOUSE_CLEAR``.
-5. **build** — the valid samples are cut, in label order, into fixed lists
-   of ``samples_per_shard``; each list is one
+5. **build** — the valid samples are cut, in label order, into lists of at
+   most ``samples_per_shard`` (where the keys say: :class:`~warpdata.warehouse.shards.ShardCutter`); each list is one
    :class:`~warpdata.warehouse.shards.ShardTask`, a pure,
    picklable unit (:func:`build_shard`: same task → same bytes) that a
    thread or process pool — or Dask/Ray, by mapping :func:`build_shard` over
@@ -100,6 +100,7 @@ from warpdata.warehouse.finalize import (
 from warpdata.warehouse.finalize import write_parquet as _write_parquet
 from warpdata.warehouse.scan import Scan, scan
 from warpdata.warehouse.shards import (
+    SHARD_CUT,
     WORKER_PRELOAD,
     ShardResult,
     ShardTask,
@@ -328,7 +329,7 @@ def _build_locked(req: EtlRequest, cfg: wconfig.WarehouseConfig, sc: Scan, worke
     root = cfg.output_root
     journal, store_sizes = _journal(build_dir, store, store_vdir, version)
     tasks = plan(kept, per_shard, _spec(cfg), cfg.max_boxes, build_dir,
-                 None if store is None else f"{store}/{store_vdir}")
+                 None if store is None else f"{store}/{store_vdir}", fixed=bool(cfg.shard_samples))
     # shards built while the header pass ran, when their task is plan()'s own (warehouse/overlap.py)
     prebuilt = ov.adopt(tasks) if ov is not None else {}
     threading.Thread(target=_preload, name="warp-etl-preload", daemon=True).start()
@@ -392,7 +393,8 @@ def _recipe(cfg: wconfig.WarehouseConfig, ls: wlabels.LabelSet, sources: list[tu
         "format": f"TWH1/{twh1.SHARD_VERSION}", "code_version": CODE_VERSION, "source_format": cfg.format,
         "images": cfg.images, "transform": cfg.transform_dict(),
         "validation": cfg.validation_dict(), "thresholds": cfg.thresholds.to_dict(), "classes": ls.classes,
-        "samples_per_shard": per_shard, "libraries": library_versions(),
+        "samples_per_shard": per_shard, "shard_cut": "fixed" if cfg.shard_samples else SHARD_CUT,
+        "libraries": library_versions(),
         "decoder": {"jpeg": "simplejpeg accurate-dct accurate-upsample strict", "other": "pillow",
                     "jpeg_scale": SCALE_POLICY[cfg.decode]},
         "resizer": "opencv cv2.resize + cv2.split", "labels": label_hashes,

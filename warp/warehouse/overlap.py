@@ -43,7 +43,14 @@ from warpdata.etl.workers import header_threads
 from warpdata.warehouse import config as wconfig
 from warpdata.warehouse.finalize import BUILD_PREFIX
 from warpdata.warehouse.scan import Scan, load_labels, probe_params
-from warpdata.warehouse.shards import ShardResult, ShardTask, build_shard, samples_per_shard
+from warpdata.warehouse.shards import (
+    ShardCutter,
+    ShardResult,
+    ShardTask,
+    build_shard,
+    expected_shards,
+    samples_per_shard,
+)
 from warpdata.warehouse.transform import TransformSpec
 from warpdata.warehouse.validate import PROBE_BATCH, ProbeStream, ValidSample
 
@@ -168,20 +175,21 @@ def scan_building(cfg: wconfig.WarehouseConfig, workers: int, get_runner: Callab
             yield task
 
     def cut() -> Iterator[ShardTask]:
-        buf: list[ValidSample] = []
+        cutter = ShardCutter(per, bool(cfg.shard_samples))  # plan()'s own cut, pushed as samples arrive
         kept = i = 0
         for o in stream:
             s = sc.add(o)
             if s is None or (cfg.skip_empty and s.empty):
                 continue
             kept += 1
-            buf.append(s)
-            if len(buf) == per:
-                yield hand(i, buf)
-                i, buf = i + 1, []
+            for run in cutter.push(s):
+                yield hand(i, run)
+                i += 1
         phases["probe"] = time.perf_counter() - t
-        if buf and samples_per_shard(cfg, kept) == per:  # else no speculative task is plan()'s
-            yield hand(i, buf)
+        if samples_per_shard(cfg, kept) == per:  # else no speculative task is plan()'s
+            for run in cutter.finish():
+                yield hand(i, run)
+                i += 1
 
     try:
         gen = cut()
@@ -194,7 +202,8 @@ def scan_building(cfg: wconfig.WarehouseConfig, workers: int, get_runner: Callab
         runner = get_runner()
         planned = taken(itertools.chain(early, gen))
         with _progress.progress("reading images, building shards", total=len(records), unit="img") as bar:
-            for r in runner.imap_unordered(build_shard, _Planned(planned, -(-len(records) // per))):
+            expected = expected_shards(len(records), per, bool(cfg.shard_samples))
+            for r in runner.imap_unordered(build_shard, _Planned(planned, expected)):
                 ov.results[r.index] = r
                 bar.advance(r.samples + len(r.failures))
         gen.close()

@@ -1,7 +1,7 @@
 """The shard task of ``warp etl`` for detection labels: what runs on a worker, and its receipt.
 
-The valid samples are cut, in label order, into fixed lists of ``samples_per_shard``
-(:func:`plan`); each list is one :class:`ShardTask`, a pure, picklable unit
+The valid samples are cut, in label order, into lists of at most ``samples_per_shard``
+(:func:`plan`, :class:`ShardCutter`); each list is one :class:`ShardTask`, a pure, picklable unit
 (:func:`build_shard`: same task → same bytes) that a thread or process pool, or Dask/Ray, runs
 independently. A worker owns its whole shard: it decodes into the shard's preallocated arrays and
 streams the file with its SHA-256 (no megabyte arrays shipped between processes). Each finished
@@ -296,15 +296,110 @@ def samples_per_shard(cfg: wconfig.WarehouseConfig, n: int) -> int:
     return max(1, min(by_size, 1 << (cap.bit_length() - 1)))
 
 
+# how the auto layout cuts shards (in the version recipe: a build cut another way is another version)
+SHARD_CUT = "key-sha256 local minimum over +-cap/3 keys, at most cap; fixed below 8"
+
+_PAD = 1 << 63  # above every key hash (63 bits): the window past either end of the samples
+
+
+def key_hash(key: str) -> int:
+    """63 bits of the SHA-256 of a sample key: what :class:`ShardCutter` compares."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "little") >> 1
+
+
+class ShardCutter:
+    """Cuts samples, pushed in label order, into the runs that become shards.
+
+    ``fixed`` (``[output] shard_samples`` set, or a cap under 8): every ``per_shard`` samples, as
+    asked. Otherwise the cut is content-defined over the sample keys (docs/formats/twh1.md, "Layout
+    across versions"): a shard ends after a sample whose key hash (:func:`key_hash`) is smaller
+    than every other within ``w = per_shard // 3`` samples on either side, and at ``per_shard``
+    samples at the latest (the capacity the memory check sized). Where a shard ends depends on
+    the keys around that point only, never on how many samples came before, so a sample removed
+    from (or inserted into) the middle changes the shard it is in (and, rarely, a neighbour), and
+    every later shard keeps its samples and its bytes. Shards hold about ``2w + 1`` ≈ 0.67 ×
+    ``per_shard`` samples; two cuts are at least ``w + 1`` samples apart unless the cap cut.
+
+    A decision needs the ``w`` keys after a sample, so runs come out a little behind the pushes;
+    :meth:`finish` decides the rest (the window stops at the last sample). :func:`plan` and the
+    overlapped pass (warp/warehouse/overlap.py) push the same samples in the same order, hence
+    cut the same runs."""
+
+    def __init__(self, per_shard: int, fixed: bool) -> None:
+        self.per = max(1, per_shard)
+        self.w = 0 if fixed or per_shard < 8 else per_shard // 3
+        self.batch = max(32, self.per // 4)  # decisions are made this many at a time (numpy)
+        self.hashes: list[int] = []
+        self.pending: list[ValidSample] = []  # from the start of the current run to the newest push
+        self.decided = 0  # samples whose cut is decided
+        self.run = 0  # samples of the current run decided so far
+
+    def push(self, sample: ValidSample) -> list[list[ValidSample]]:
+        """Add the next sample; returns the runs this completes (often none)."""
+        self.pending.append(sample)
+        if not self.w:
+            if len(self.pending) >= self.per:
+                out, self.pending = [self.pending], []
+                return out
+            return []
+        self.hashes.append(key_hash(sample.key))
+        if len(self.hashes) - self.decided >= self.w + self.batch:
+            return self._decide(len(self.hashes) - self.w)
+        return []
+
+    def finish(self) -> list[list[ValidSample]]:
+        """The runs left once every sample is pushed."""
+        out = self._decide(len(self.hashes)) if self.w else []
+        if self.pending:
+            out.append(self.pending)
+            self.pending = []
+        return out
+
+    def _decide(self, upto: int) -> list[list[ValidSample]]:
+        import numpy as np
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        w, lo, n = self.w, self.decided, len(self.hashes)
+        # the hashes of [lo - w, upto + w), the window past either end of the samples padded above all
+        seg = np.full(upto - lo + 2 * w, _PAD, dtype=np.uint64)
+        a, b = max(0, lo - w), min(n, upto + w)
+        seg[a - (lo - w):b - (lo - w)] = self.hashes[a:b]
+        win = sliding_window_view(seg, 2 * w + 1)
+        mid = seg[w:w + upto - lo]
+        flags = (mid < win[:, :w].min(axis=1)) & (mid < win[:, w + 1:].min(axis=1))
+        out = []
+        for f in flags.tolist():
+            self.run += 1
+            if f or self.run >= self.per:
+                out.append(self.pending[:self.run])
+                del self.pending[:self.run]
+                self.run = 0
+        self.decided = upto
+        return out
+
+
+def expected_shards(n: int, per_shard: int, fixed: bool) -> int:
+    """About how many shards ``n`` samples make (:class:`ShardCutter`): a runner sizes batches by it."""
+    mean = per_shard if fixed or per_shard < 8 else 2 * (per_shard // 3) + 1
+    return -(-n // max(1, mean))
+
+
+def cut_runs(samples: list[ValidSample], per_shard: int, fixed: bool) -> list[list[ValidSample]]:
+    """``samples`` in order, cut as :class:`ShardCutter` cuts them."""
+    cutter = ShardCutter(per_shard, fixed)
+    runs = [r for s in samples for r in cutter.push(s)]
+    return runs + cutter.finish()
+
+
 def plan(samples: list[ValidSample], per_shard: int, spec: TransformSpec, max_boxes: int,
-         build_dir: Path, upload: str | None = None) -> list[ShardTask]:
-    """The shard tasks: ``samples`` cut in order into lists of ``per_shard``, each written into
-    ``build_dir`` (and, given ``upload``, an object-store version directory, uploaded there)."""
+         build_dir: Path, upload: str | None = None, *, fixed: bool = True) -> list[ShardTask]:
+    """The shard tasks: ``samples`` cut in order into lists of at most ``per_shard``
+    (:class:`ShardCutter`), each written into ``build_dir`` (and, given ``upload``, an object-store
+    version directory, uploaded there)."""
     tasks = []
-    for i, start in enumerate(range(0, len(samples), per_shard)):
+    for i, run in enumerate(cut_runs(samples, per_shard, fixed)):
         sid = f"shard-{i:05d}"
-        tasks.append(ShardTask(i, sid, str(build_dir / f"{sid}.twh1"), spec, max_boxes, per_shard,
-                               samples[start:start + per_shard],
+        tasks.append(ShardTask(i, sid, str(build_dir / f"{sid}.twh1"), spec, max_boxes, per_shard, run,
                                None if upload is None else f"{upload}/{sid}.twh1"))
     return tasks
 
