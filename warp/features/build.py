@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -78,6 +79,7 @@ from warpdata.features.parts import (
     adopt,
     build_part,
     preload_encoder,
+    reassemble,
     task_sha256,
 )
 from warpdata.features.remote import StoreTarget, version_name
@@ -363,20 +365,69 @@ class Previous:
     (docs/formats/feature-shard.md, "Reusing the shards of the previous version")."""
 
     where: str  # the cache directory, or the version's URL
-    shards: dict[str, dict[str, Any]]  # its manifest's shard entries by task identity
+    manifest: dict[str, Any]  # sealed and checked
     remote: Any = None  # a Remote over the version (object storage)
+    shards: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # shard entries by task identity
+    # a part a re-cut spread over shards, by its task identity: (shard entry, first record there,
+    # the part's first and end record, the part's SHA-256), in record order
+    recut: dict[str, list[tuple[dict[str, Any], int, int, int, str]]] = dataclasses.field(default_factory=dict)
+    _files: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    _late: dict[str, tuple[str, str]] | None = None
 
+    def __post_init__(self) -> None:
+        for e in self.manifest.get("shards", []):
+            if isinstance(e.get("task"), str):  # manifest_version 3
+                self.shards[e["task"]] = e
+            off = 0
+            for tid, a, b, sha in e.get("parts", ()):
+                self.recut.setdefault(tid, []).append((e, off, a, b, sha))
+                off += b - a
 
-def _by_task(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Shard entries by their task identity (a manifest before ``manifest_version`` 3 has none:
-    every shard of the new version is built)."""
-    return {e["task"]: e for e in manifest.get("shards", []) if isinstance(e.get("task"), str)}
+    def shard_file(self, entry: dict[str, Any]) -> str | None:
+        """A local file of the shard ``entry``, checked against its recorded size and SHA-256; None
+        when it is gone or differs."""
+        name = str(entry["path"])
+        if name in self._files:
+            return self._files[name]
+        got: str | None = None
+        if self.remote is None:
+            p = Path(self.where) / name
+            with contextlib.suppress(OSError):
+                if p.stat().st_size == entry["bytes"] and sha256_file(p) == entry["sha256"]:
+                    got = str(p)
+        else:  # through the blob cache: a shard this machine has read is not downloaded again
+            h, n = str(entry["sha256"]), int(entry["bytes"])
+            with contextlib.suppress(DataError, MissingInputError):
+                got = str(BlobCache().fetch(h, lambda f: fremote.stream_object(self.remote, name, f, n), size=n,
+                                            source=self.remote.url_of(name)))
+        self._files[name] = got
+        return got
+
+    def late_failures(self) -> dict[str, tuple[str, str]] | None:
+        """The previous version's quarantine (``quarantine.jsonl``, checked against its recorded
+        SHA-256) by key: a reused part's late decode failures. None when it does not check."""
+        if self._late is None:
+            side = (self.manifest.get(sidetables.FIELD) or {}).get("quarantine.jsonl")
+            if side is None:
+                return None
+            if self.remote is None:
+                try:
+                    raw: bytes | None = (Path(self.where) / "quarantine.jsonl").read_bytes()
+                except OSError:
+                    return None
+            else:
+                raw = self.remote.get("quarantine.jsonl")
+            if raw is None or hashlib.sha256(raw).hexdigest() != side["sha256"]:
+                return None
+            recs = [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+            self._late = {str(r["sample_id"]): (str(r["reason"]), str(r["message"])) for r in recs}
+        return self._late
 
 
 def _previous_local(outp: Path) -> Previous | None:
     sealed = _sealed(outp)  # an unsealed or damaged manifest: nothing is reused
-    shards = _by_task(sealed) if sealed is not None else {}
-    return Previous(str(outp), shards) if shards else None
+    prev = Previous(str(outp), sealed) if sealed is not None else None
+    return prev if prev is not None and (prev.shards or prev.recut) else None
 
 
 def _previous_in_store(url: str, vdir: str) -> Previous | None:
@@ -388,21 +439,26 @@ def _previous_in_store(url: str, vdir: str) -> Previous | None:
         return None  # the first version, or a damaged pointer or manifest: every shard is built
     if vurl.rstrip("/").rsplit("/", 1)[-1] == vdir:
         return None
-    shards = _by_task(m)
-    return Previous(vurl, shards, remote) if shards else None
+    prev = Previous(vurl, m, remote)
+    return prev if prev.shards or prev.recut else None
 
 
 def _adopt_previous(tasks: list[PartTask], prev: Previous, target: Any, spec: CacheSpec) -> dict[int, PartResult]:
-    """The tasks whose identity names a shard of ``prev``, each with that shard verified (size and
-    SHA-256 recorded in ``prev``'s sealed manifest) and in place as its part: linked into the build
-    directory, or copied server-side into the new version in the store. A shard that does not
-    verify is left alone: its task is built."""
+    """The tasks whose identity names a shard of ``prev`` (or a part its re-cut spread over shards),
+    each with those shards verified (size and SHA-256 recorded in ``prev``'s sealed manifest) and
+    its part in place: linked into the build directory, or copied server-side into the new version
+    in the store; a re-cut part written again from them. A shard that does not verify is left
+    alone: its task is built."""
     out: dict[int, PartResult] = {}
     for t in tasks:
-        entry = prev.shards.get(task_sha256(t))
-        if entry is None:
+        tid = task_sha256(t)
+        if tid in prev.shards:
+            entry = prev.shards[tid]
+            r = _adopt_local(t, entry, prev, spec) if target is None else _adopt_in_store(t, entry, prev, spec)
+        elif tid in prev.recut:
+            r = _reassemble(t, prev.recut[tid], prev, spec)
+        else:
             continue
-        r = _adopt_local(t, entry, prev, spec) if target is None else _adopt_in_store(t, entry, prev, spec)
         if r is not None:
             out[t.index] = r
     return out
@@ -422,7 +478,7 @@ def _adopt_local(t: PartTask, entry: dict[str, Any], prev: Previous, spec: Cache
             shutil.copyfile(src, tmp)
     except FileNotFoundError:
         return None
-    r = adopt(t, entry, str(tmp), spec.max_caption_bytes)
+    r = adopt(t, entry, str(tmp), spec.max_caption_bytes)  # the link checked: what is adopted is what was checked
     if r is None:
         tmp.unlink()
         return None
@@ -431,20 +487,37 @@ def _adopt_local(t: PartTask, entry: dict[str, Any], prev: Previous, spec: Cache
 
 
 def _adopt_in_store(t: PartTask, entry: dict[str, Any], prev: Previous, spec: CacheSpec) -> PartResult | None:
-    """Verified through the blob cache (a shard this machine has read is not downloaded again),
-    then copied server-side to where the task's worker would have uploaded it."""
-    name, h = str(entry["path"]), str(entry["sha256"])
-    cache = BlobCache()
-    try:
-        with cache.pinned([h]):
-            p = cache.fetch(h, lambda f: fremote.stream_object(prev.remote, name, f, int(entry["bytes"])),
-                            size=int(entry["bytes"]), source=prev.remote.url_of(name))
-            r = adopt(t, entry, str(p), spec.max_caption_bytes)
-    except (DataError, MissingInputError):
-        return None  # gone or edited since the version was written
+    """Verified through the blob cache, then copied server-side to where the task's worker would
+    have uploaded it."""
+    p = prev.shard_file(entry)
+    r = adopt(t, entry, p, spec.max_caption_bytes) if p is not None else None
     if r is not None:
-        fremote.copy_object(f"{prev.where}/{name}", t.upload_shard)
+        fremote.copy_object(f"{prev.where}/{entry['path']}", t.upload_shard)
     return r
+
+
+def _reassemble(t: PartTask, ranges: list[tuple[dict[str, Any], int, int, int, str]], prev: Previous,
+                spec: CacheSpec) -> PartResult | None:
+    """The part of ``t`` written again from the previous version's re-cut shards that hold its
+    records (each verified), with its late decode failures from that version's quarantine."""
+    files: list[tuple[str, int, int, int]] = []
+    end = 0
+    for entry, off, a, b, _ in sorted(ranges, key=lambda x: x[2]):
+        path = prev.shard_file(entry) if a == end else None
+        if path is None:
+            return None
+        files.append((path, off, a, b))
+        end = b
+    shas = {x[4] for x in ranges}
+    failures: list[list[Any]] = []
+    if end < len(t.items):
+        late = prev.late_failures()
+        if late is None:
+            return None
+        failures = [[i, *late[it.key]] for i, it in enumerate(t.items) if it.key in late]
+    if len(shas) != 1:
+        return None
+    return reassemble(t, files, shas.pop(), failures, spec.max_caption_bytes)
 
 
 def _point_latest(url: str, vdir: str) -> None:
@@ -546,7 +619,7 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
                 _place(tasks[r.index].path, tmp / name)
             shards.append({"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256,
                            "task": task_sha256(tasks[r.index])})
-        shards += _repack([(tasks[r.index].path, r.records, task_sha256(tasks[r.index]))
+        shards += _repack([(tasks[r.index].path, r.records, task_sha256(tasks[r.index]), r.sha256)
                            for r in results[first_late:] if r.records], tmp,
                           first_late, spec.effective_shard_size, fields, n_workers)
         t_repack = time.perf_counter() - t0

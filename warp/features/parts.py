@@ -328,6 +328,44 @@ def _reuse(task: PartTask, receipt: dict[str, Any],
     return res
 
 
+def reassemble(task: PartTask, ranges: list[tuple[str, int, int, int]], sha256: str,
+               failures: list[list[Any]], max_caption_bytes: int) -> PartResult | None:
+    """The part of ``task`` written again from the records a re-cut of the previous version spread
+    over its shards: ``ranges`` (a verified shard file, the first record there, the part's first
+    and end record), ``failures`` (the part's late decode failures, from the previous version's
+    quarantine). None unless the bytes are ``sha256``, the part's recorded SHA-256. Uploaded as
+    :func:`build_part` uploads a part."""
+    kept = len(task.items) - len(failures)
+    if not kept or sum(b - a for _, _, a, b in ranges) != kept:
+        return None
+    writer = FeatureShardWriter(task.path, task.fields, meta={"shard": task.index, "task": task_sha256(task)},
+                                fsync=False)
+    try:
+        for path, off, a, b in ranges:
+            with FeatureShardReader(path) as r:
+                if off + b - a > len(r):
+                    writer.abort()
+                    return None
+                writer.append_batch({f.name: r.records[f.name][off:off + b - a] for f in task.fields})
+        info = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    if info.sha256 != sha256:
+        os.unlink(task.path)
+        return None
+    with FeatureShardReader(task.path) as r:
+        orig = r.records["orig_size"].tolist()
+    failed = {f[0] for f in failures}
+    truncated = sum(_encode_caption(it.caption, max_caption_bytes)[1] for i, it in enumerate(task.items)
+                    if i not in failed)
+    if task.upload_shard is not None:
+        put_create_only(task.path, task.upload_part if failures else task.upload_shard)
+        os.unlink(task.path)
+    return PartResult(task.index, kept, info.sha256, info.bytes, failures, orig, truncated, worker=_where(),
+                      reused=True)
+
+
 def _drop_part(task: PartTask) -> None:
     """Delete a part whose receipt did not verify (or was damaged), here and in the store: its
     upload is create-only, so an object left there would be kept in place of the rebuilt bytes."""
@@ -402,19 +440,20 @@ def _probe_all(items: Sequence[MediaItem], workers: int, max_pixels: int = DEFAU
         return {i: f for i, f in enumerate(found) if f is not None}
 
 
-def _repack(parts: list[tuple[str, int, str]], out_dir: Path, first: int, per_shard: int, fields: list[FieldSpec],
-            threads: int) -> list[dict[str, Any]]:
+def _repack(parts: list[tuple[str, int, str, str]], out_dir: Path, first: int, per_shard: int,
+            fields: list[FieldSpec], threads: int) -> list[dict[str, Any]]:
     """Shards ``first``, ``first + 1``, … of ``per_shard`` records each from the records of ``parts``
-    (path, record count, task identity), in order: the cut after a full-decode failure moved the
-    boundaries. A re-cut shard's identity names the part ranges it holds."""
-    plan: list[list[tuple[str, int, int, str]]] = []
-    cur: list[tuple[str, int, int, str]] = []
+    (path, record count, task identity, SHA-256), in order: the cut after a full-decode failure
+    moved the boundaries. A re-cut shard's entry names the part ranges it holds (``parts``: task
+    identity, first and end record of the part, the part's SHA-256), and its identity is theirs."""
+    plan: list[list[tuple[str, int, int, str, str]]] = []
+    cur: list[tuple[str, int, int, str, str]] = []
     n = 0
-    for path, count, tid in parts:
+    for path, count, tid, sha in parts:
         a = 0
         while a < count:
             take = min(per_shard - n, count - a)
-            cur.append((path, a, a + take, tid))
+            cur.append((path, a, a + take, tid, sha))
             n += take
             a += take
             if n == per_shard:
@@ -425,17 +464,19 @@ def _repack(parts: list[tuple[str, int, str]], out_dir: Path, first: int, per_sh
 
     def one(k: int) -> dict[str, Any]:
         name = SHARD_PATTERN.format(first + k)
-        tid = identity(["re-cut", first + k, [[t, a, b] for _, a, b, t in plan[k]]])
+        held = [[t, a, b, sha] for _, a, b, t, sha in plan[k]]
+        tid = identity(["re-cut", first + k, held])
         w = FeatureShardWriter(out_dir / name, fields, meta={"shard": first + k, "task": tid}, fsync=False)
         try:
-            for path, a, b, _ in plan[k]:
+            for path, a, b, _, _ in plan[k]:
                 with FeatureShardReader(path) as r:
                     w.append_batch({f.name: r.records[f.name][a:b] for f in fields})
             info = w.close()
         except BaseException:
             w.abort()
             raise
-        return {"path": name, "records": info.records, "bytes": info.bytes, "sha256": info.sha256, "task": tid}
+        return {"path": name, "records": info.records, "bytes": info.bytes, "sha256": info.sha256, "task": tid,
+                "parts": held}
 
     with ThreadPoolExecutor(max(1, min(threads, len(plan) or 1))) as pool:
         return list(pool.map(one, range(len(plan))))
