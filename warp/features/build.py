@@ -89,6 +89,7 @@ from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FieldSpec, Layout
 from warpdata.storage.blobcache import BlobCache
 from warpdata.storage.locations import filesystem, parse_location
+from warpdata.storage.remote import Remote
 
 log = logging.getLogger(__name__)
 
@@ -431,13 +432,20 @@ def _previous_local(outp: Path) -> Previous | None:
 
 
 def _previous_in_store(url: str, vdir: str) -> Previous | None:
-    """The version ``<url>/latest`` names (two GETs), unless it is ``vdir``; None when there is none
-    or it does not read."""
+    """The version ``<url>/latest`` names, unless it is ``vdir``: one GET of ``latest`` (absent before
+    the first version), one of its manifest; None when there is none or it does not read."""
+    raw = Remote(url).get("latest")
+    name = raw.decode("utf-8", "replace").strip() if raw is not None else ""
+    if not fremote.VERSION_RE.match(name) or name == vdir:
+        return None  # the first version, or a damaged pointer: every shard is built
+    vurl = f"{url}/{name}"
+    remote = Remote(vurl)
+    doc = remote.get(MANIFEST_NAME)
+    if doc is None:
+        return None
     try:
-        vurl, m, remote = fremote.open_version(url)
-    except (MissingInputError, DataError):
-        return None  # the first version, or a damaged pointer or manifest: every shard is built
-    if vurl.rstrip("/").rsplit("/", 1)[-1] == vdir:
+        m = fmanifest.parse(doc, f"{vurl}/{MANIFEST_NAME}")
+    except DataError:
         return None
     prev = Previous(vurl, m, remote)
     return prev if prev.shards or prev.recut else None
