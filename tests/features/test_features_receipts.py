@@ -81,7 +81,7 @@ def test_a_receipt_whose_failures_or_counts_are_not_its_tasks_is_not_reused(tmp_
     part = tmp_path / "part-00001.wfs"
     part.write_bytes(b"three records")
     items = [SimpleNamespace(key=f"k{i}", digest=f"d{i}") for i in range(3)]
-    task = PartTask(index=1, path=str(part), fingerprint="f" * 64, spec=None, fields=[], items=items,
+    task = PartTask(index=1, path=str(part), recipe="f" * 64, spec=None, fields=[], items=items,
                     batches=[0, 0, 0], encoder=None, decode_threads=1, pool_key="")
     result = {"index": 1, "records": 2, "sha256": hashlib.sha256(b"three records").hexdigest(),
               "bytes": 13, "failures": [[2, "decode-error", "m"]], "orig_sizes": [[8, 8], [8, 8]], "truncated": 0}

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from warpdata.artifacts.manifests import MANIFEST_NAME
 from warpdata.core import sidetables
 from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal, sha256_file
-from warpdata.core.errors import ConfigError, DataError, InternalError
+from warpdata.core.errors import ConfigError, DataError, InternalError, MissingInputError
 from warpdata.etl import cut, objectstore
 from warpdata.etl.driver import Plug, drive
 from warpdata.etl.executors import (
@@ -54,6 +55,7 @@ from warpdata.features.cachespec import (
     _shards_present,
     base_fields,
     fingerprint_inputs,
+    recipe_identity,
 )
 from warpdata.features.encoders import BatchEncoder, load_encoder, resolve_device
 from warpdata.features.manifest import MANIFEST_VERSION
@@ -74,15 +76,20 @@ from warpdata.features.parts import (
     _repack,
     _reuse,
     _RootRelative,
+    adopt,
     build_part,
     preload_encoder,
+    reassemble,
+    task_sha256,
 )
 from warpdata.features.remote import StoreTarget, version_name
 from warpdata.features.scan import MediaItem, scan, source_digest
 from warpdata.features.transform import DecodeFailure
 from warpdata.formats.featshard import VERSION as WFS_VERSION
 from warpdata.formats.featshard import FieldSpec, Layout
+from warpdata.storage.blobcache import BlobCache
 from warpdata.storage.locations import filesystem, parse_location
+from warpdata.storage.remote import Remote
 
 log = logging.getLogger(__name__)
 
@@ -133,24 +140,28 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                                              "device_type": device.split(":")[0]}
     inputs = fingerprint_inputs(spec, source_digest(items), enc_identity)
     fp = identity(inputs)
+    recipe = recipe_identity(inputs)
 
     old = _existing(outp)
     reasons: list[str] = []
     target = None
+    prev: Previous | None = None  # the complete version whose unchanged shards this one reuses
     if store_url is not None:
         target, up = _store_target(store_url, fp, clear, reasons, t_scan)
         if up is not None:
             return up
+        if not clear:
+            prev = _previous_in_store(store_url, target.vdir)
     else:
         done = _local_reasons(outp, old, fp, clear, inputs, reasons, t_scan)
         if done is not None:
             return done
+        if not clear and old is not None and old.get("kind") == KIND:
+            prev = _previous_local(outp)
 
     # the driver pass: every header, so the plan holds only records a full decode can store
     t0 = time.perf_counter()
-    for folder in remote.values():  # a source on object storage: its media, now that they are decoded
-        folder.materialize(items)
-    probed = _probe_all(items, n_workers, spec.max_pixels)
+    probed = _probe_sources(items, remote, n_workers, spec.max_pixels)
     _check_probed(q, items, probed, spec, allow_invalid)
     t_probe = time.perf_counter() - t0
 
@@ -172,7 +183,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
             with _ENCODER_LOCK:  # this process's tasks share the driver's encoder
                 _ENCODERS.setdefault(enc_ref, batch_encoder)
     pool_key = own_pool or f"threads-{decode_threads}"
-    tasks = [PartTask(j, str(build_dir / PART_PATTERN.format(j)), fp, spec, fields, [items[i] for i in run],
+    tasks = [PartTask(j, str(build_dir / PART_PATTERN.format(j)), recipe, spec, fields, [items[i] for i in run],
                       [i // batch for i in run], enc_ref, decode_threads, pool_key)
              for j, run in enumerate(runs)]
     if target is not None:
@@ -186,7 +197,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
         with _build_lock(build_dir):
             return _build(spec, tasks, runs, items, item_source, probed, q, inputs, fp, fields, build_dir, ex,
                           n_workers, resources, clear, allow_invalid, metrics, reasons, orphan_captions, device,
-                          t_start, outp, target)
+                          t_start, outp, target, prev, remote)
     finally:
         if own_pool is not None:
             _POOLS.pop(own_pool).shutdown(wait=False)
@@ -194,6 +205,24 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                 with _ENCODER_LOCK:
                     if _ENCODERS.get(enc_ref) is batch_encoder:
                         del _ENCODERS[enc_ref]
+
+
+def _probe_sources(items: list[MediaItem], remote: dict[str, Any], workers: int, max_pixels: int
+                   ) -> dict[int, DecodeFailure]:
+    """The header pass's failures by item index. A media object on object storage whose listing
+    facts are unchanged since it was last probed gives its recorded verdict, without a GET; every
+    other item is probed (a remote one copied into its mirror first), and its verdict recorded."""
+    known: dict[int, DecodeFailure | None] = {}
+    for folder in remote.values():
+        known.update(folder.known_probes(items, max_pixels))
+    todo = [i for i in range(len(items)) if i not in known]
+    for folder in remote.values():  # a source on object storage: the media the probe reads
+        folder.materialize([items[i] for i in todo])
+    found = _probe_all([items[i] for i in todo], workers, max_pixels)
+    fresh = {i: found.get(j) for j, i in enumerate(todo)}
+    for folder in remote.values():
+        folder.record_probes(items, fresh, max_pixels)
+    return {i: f for i, f in {**known, **fresh}.items() if f is not None}
 
 
 def _scan_sources(spec: CacheSpec, q: Quarantine, outp: Path, remote: dict[str, Any]
@@ -331,6 +360,174 @@ def _store_target(url: str, fp: str, clear: bool, reasons: list[str], t_scan: fl
     return StoreTarget(url, vdir, fp), None
 
 
+@dataclasses.dataclass
+class Previous:
+    """The previous complete version of a cache, whose shards a new version's unchanged tasks reuse
+    (docs/formats/feature-shard.md, "Reusing the shards of the previous version")."""
+
+    where: str  # the cache directory, or the version's URL
+    manifest: dict[str, Any]  # sealed and checked
+    remote: Any = None  # a Remote over the version (object storage)
+    shards: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # shard entries by task identity
+    # a part a re-cut spread over shards, by its task identity: (shard entry, first record there,
+    # the part's first and end record, the part's SHA-256), in record order
+    recut: dict[str, list[tuple[dict[str, Any], int, int, int, str]]] = dataclasses.field(default_factory=dict)
+    _files: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    _late: dict[str, tuple[str, str]] | None = None
+
+    def __post_init__(self) -> None:
+        for e in self.manifest.get("shards", []):
+            if isinstance(e.get("task"), str):  # manifest_version 3
+                self.shards[e["task"]] = e
+            off = 0
+            for tid, a, b, sha in e.get("parts", ()):
+                self.recut.setdefault(tid, []).append((e, off, a, b, sha))
+                off += b - a
+
+    def shard_file(self, entry: dict[str, Any]) -> str | None:
+        """A local file of the shard ``entry``, checked against its recorded size and SHA-256; None
+        when it is gone or differs."""
+        name = str(entry["path"])
+        if name in self._files:
+            return self._files[name]
+        got: str | None = None
+        if self.remote is None:
+            p = Path(self.where) / name
+            with contextlib.suppress(OSError):
+                if p.stat().st_size == entry["bytes"] and sha256_file(p) == entry["sha256"]:
+                    got = str(p)
+        else:  # through the blob cache: a shard this machine has read is not downloaded again
+            h, n = str(entry["sha256"]), int(entry["bytes"])
+            with contextlib.suppress(DataError, MissingInputError):
+                got = str(BlobCache().fetch(h, lambda f: fremote.stream_object(self.remote, name, f, n), size=n,
+                                            source=self.remote.url_of(name)))
+        self._files[name] = got
+        return got
+
+    def late_failures(self) -> dict[str, tuple[str, str]] | None:
+        """The previous version's quarantine (``quarantine.jsonl``, checked against its recorded
+        SHA-256) by key: a reused part's late decode failures. None when it does not check."""
+        if self._late is None:
+            side = (self.manifest.get(sidetables.FIELD) or {}).get("quarantine.jsonl")
+            if side is None:
+                return None
+            if self.remote is None:
+                try:
+                    raw: bytes | None = (Path(self.where) / "quarantine.jsonl").read_bytes()
+                except OSError:
+                    return None
+            else:
+                raw = self.remote.get("quarantine.jsonl")
+            if raw is None or hashlib.sha256(raw).hexdigest() != side["sha256"]:
+                return None
+            recs = [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+            self._late = {str(r["sample_id"]): (str(r["reason"]), str(r["message"])) for r in recs}
+        return self._late
+
+
+def _previous_local(outp: Path) -> Previous | None:
+    sealed = _sealed(outp)  # an unsealed or damaged manifest: nothing is reused
+    prev = Previous(str(outp), sealed) if sealed is not None else None
+    return prev if prev is not None and (prev.shards or prev.recut) else None
+
+
+def _previous_in_store(url: str, vdir: str) -> Previous | None:
+    """The version ``<url>/latest`` names, unless it is ``vdir``: one GET of ``latest`` (absent before
+    the first version), one of its manifest; None when there is none or it does not read."""
+    raw = Remote(url).get("latest")
+    name = raw.decode("utf-8", "replace").strip() if raw is not None else ""
+    if not fremote.VERSION_RE.match(name) or name == vdir:
+        return None  # the first version, or a damaged pointer: every shard is built
+    vurl = f"{url}/{name}"
+    remote = Remote(vurl)
+    doc = remote.get(MANIFEST_NAME)
+    if doc is None:
+        return None
+    try:
+        m = fmanifest.parse(doc, f"{vurl}/{MANIFEST_NAME}")
+    except DataError:
+        return None
+    prev = Previous(vurl, m, remote)
+    return prev if prev.shards or prev.recut else None
+
+
+def _adopt_previous(tasks: list[PartTask], prev: Previous, target: Any, spec: CacheSpec) -> dict[int, PartResult]:
+    """The tasks whose identity names a shard of ``prev`` (or a part its re-cut spread over shards),
+    each with those shards verified (size and SHA-256 recorded in ``prev``'s sealed manifest) and
+    its part in place: linked into the build directory, or copied server-side into the new version
+    in the store; a re-cut part written again from them. A shard that does not verify is left
+    alone: its task is built."""
+    out: dict[int, PartResult] = {}
+    for t in tasks:
+        tid = task_sha256(t)
+        if tid in prev.shards:
+            entry = prev.shards[tid]
+            r = _adopt_local(t, entry, prev, spec) if target is None else _adopt_in_store(t, entry, prev, spec)
+        elif tid in prev.recut:
+            r = _reassemble(t, prev.recut[tid], prev, spec)
+        else:
+            continue
+        if r is not None:
+            out[t.index] = r
+    return out
+
+
+def _adopt_local(t: PartTask, entry: dict[str, Any], prev: Previous, spec: CacheSpec) -> PartResult | None:
+    src = Path(prev.where) / entry["path"]
+    tmp = Path(t.path).with_name(f"{TMP_PREFIX}adopt-{Path(t.path).name}")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        try:
+            os.link(src, tmp)
+        except FileNotFoundError:
+            return None
+        except OSError:  # another filesystem
+            shutil.copyfile(src, tmp)
+    except FileNotFoundError:
+        return None
+    r = adopt(t, entry, str(tmp), spec.max_caption_bytes)  # the link checked: what is adopted is what was checked
+    if r is None:
+        tmp.unlink()
+        return None
+    os.replace(tmp, t.path)
+    return r
+
+
+def _adopt_in_store(t: PartTask, entry: dict[str, Any], prev: Previous, spec: CacheSpec) -> PartResult | None:
+    """Verified through the blob cache, then copied server-side to where the task's worker would
+    have uploaded it."""
+    p = prev.shard_file(entry)
+    r = adopt(t, entry, p, spec.max_caption_bytes) if p is not None else None
+    if r is not None:
+        fremote.copy_object(f"{prev.where}/{entry['path']}", t.upload_shard)
+    return r
+
+
+def _reassemble(t: PartTask, ranges: list[tuple[dict[str, Any], int, int, int, str]], prev: Previous,
+                spec: CacheSpec) -> PartResult | None:
+    """The part of ``t`` written again from the previous version's re-cut shards that hold its
+    records (each verified), with its late decode failures from that version's quarantine."""
+    files: list[tuple[str, int, int, int]] = []
+    end = 0
+    for entry, off, a, b, _ in sorted(ranges, key=lambda x: x[2]):
+        path = prev.shard_file(entry) if a == end else None
+        if path is None:
+            return None
+        files.append((path, off, a, b))
+        end = b
+    shas = {x[4] for x in ranges}
+    failures: list[list[Any]] = []
+    if end < len(t.items):
+        late = prev.late_failures()
+        if late is None:
+            return None
+        failures = [[i, *late[it.key]] for i, it in enumerate(t.items) if it.key in late]
+    if len(shas) != 1:
+        return None
+    return reassemble(t, files, shas.pop(), failures, spec.max_caption_bytes)
+
+
 def _point_latest(url: str, vdir: str) -> None:
     """``<url>/latest`` names ``vdir`` (the last version built, as a local cache path holds the last
     cache built): written when it names another one."""
@@ -356,8 +553,9 @@ def _run_parts(tasks: list[PartTask], ex: Any, workers: int, journal: Any, resou
         # what a killed run already uploaded: one listing of the version, one of the build prefix
         listed = (objectstore.list_sizes(target.version_url), objectstore.list_sizes(target.build_url))
     ref = tasks[0].encoder if tasks else None
+    by_index = {t.index: t for t in tasks}
     plug = Plug(receipt_id=lambda t: f"part-{t.index:05d}", reuse=lambda t, rec: _reuse(t, rec, listed),
-                drop=_drop_part, record=_record, index=lambda r: r.index, units=lambda r: len(tasks[r.index].items))
+                drop=_drop_part, record=_record, index=lambda r: r.index, units=lambda r: len(by_index[r.index].items))
     return drive(tasks, build_part, journal, plug, executor=ex, workers=workers, label="caching", unit="img",
                  total=total, initializer=functools.partial(preload_encoder, ref) if ref is not None else None,
                  resources=resources or None, access=access)
@@ -368,7 +566,8 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
            fp: str, fields: list[FieldSpec], build_dir: Path, ex: Any, n_workers: int,
            resources: dict[str, float], clear: bool, allow_invalid: bool, metrics: dict[str, Any],
            reasons: list[str], orphan_captions: int, device: str | None, t_start: float,
-           outp: Path, target: Any = None) -> BuildResult:
+           outp: Path, target: Any = None, prev: Previous | None = None,
+           remote: dict[str, Any] | None = None) -> BuildResult:
     h, w = spec.size
     if clear and build_dir.exists():
         shutil.rmtree(build_dir)
@@ -381,8 +580,15 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
     if target is not None and clear:
         journal.remove()
     t0 = time.perf_counter()
+    # the shards of the previous version whose task is unchanged, verified and taken as they are;
+    # only the other tasks' media are copied from a source on object storage and decoded
+    adopted = _adopt_previous(tasks, prev, target, spec) if prev is not None else {}
+    todo = [t for t in tasks if t.index not in adopted]
+    for folder in (remote or {}).values():
+        folder.materialize([it for t in todo for it in t.items])
     try:
-        results, drove = _run_parts(tasks, ex, n_workers, journal, resources, len(items) - len(probed), target)
+        results, drove = _run_parts(todo, ex, n_workers, journal, resources, sum(len(t.items) for t in todo), target)
+        results = sorted([*results, *adopted.values()], key=lambda r: r.index)
     except (DataError, ConfigError):
         shutil.rmtree(build_dir, ignore_errors=True)  # a deterministic failure: a rerun would meet it again
         if target is not None:
@@ -419,9 +625,11 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
             name = SHARD_PATTERN.format(r.index)
             if target is None:  # in the store the worker uploaded it under this name already
                 _place(tasks[r.index].path, tmp / name)
-            shards.append({"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256})
-        shards += _repack([(tasks[r.index].path, r.records) for r in results[first_late:] if r.records], tmp,
-                          first_late, spec.effective_shard_size, fields, fp, n_workers)
+            shards.append({"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256,
+                           "task": task_sha256(tasks[r.index])})
+        shards += _repack([(tasks[r.index].path, r.records, task_sha256(tasks[r.index]), r.sha256)
+                           for r in results[first_late:] if r.records], tmp,
+                          first_late, spec.effective_shard_size, fields, n_workers)
         t_repack = time.perf_counter() - t0
         manifest = {
             "kind": KIND,
@@ -451,6 +659,7 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
         wall = time.perf_counter() - t_start
         metrics.update(_run_metrics(results, len(shards), first_late, records, wall, t_build, t_repack, device, spec,
                                     drove))
+        metrics["shards_from_previous"] = len(adopted)
         atomic_write_bytes(tmp / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True).encode(), fsync=False)
         atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
                                                            ensure_ascii=False).encode("utf-8"), fsync=False)

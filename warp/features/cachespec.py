@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import warpdata
 from warpdata.artifacts.manifests import MANIFEST_NAME
+from warpdata.core.canonical import identity
 from warpdata.core.errors import ConfigError, DataError
 from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE
@@ -204,6 +205,15 @@ def fingerprint_inputs(spec: CacheSpec, digest: str, encoder_identity: dict[str,
         "encoder": encoder_identity,
         "code": code_versions(encoder_identity is not None),
     }
+
+
+def recipe_identity(inputs: Mapping[str, Any]) -> str:
+    """The recipe part of a fingerprint: everything in ``inputs`` (:func:`fingerprint_inputs`) but
+    the whole-source digest. A shard task's identity is this plus the task's own records, so an
+    unchanged shard keeps its identity (and its bytes) when another shard's sources change
+    (docs/formats/feature-shard.md, "Reusing the shards of the previous version")."""
+    dataset = {k: v for k, v in inputs["dataset"].items() if k != "source_digest"}
+    return identity({**inputs, "dataset": dataset})
 
 
 def _existing(path: Path) -> dict[str, Any] | None:

@@ -25,7 +25,8 @@ from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE, MANIFEST_NAME
 
 KIND = FEATURE_CACHE
-MANIFEST_VERSION = 2  # 2: sealed by content_sha256 (docs/formats/feature-shard.md)
+MANIFEST_VERSION = 3  # 2: sealed by content_sha256; 3: each shard's task identity (docs/formats/feature-shard.md)
+READABLE_VERSIONS = (2, 3)  # a version 2 cache reads as before; a new version reuses none of its shards
 REBUILD_HINT = "rebuild the cache with 'warp etl --clear'"
 
 
@@ -49,7 +50,7 @@ def check(doc: Any, where: str, hint: str = REBUILD_HINT) -> dict[str, Any]:
         raise DataError(f"{where}: manifest kind is {kind!r}, not {KIND!r}",
                         hint="point at a directory written by `warp etl` with [source] format = \"captions\"",
                         path=where)
-    if CONTENT_HASH_FIELD not in doc or doc.get("manifest_version") != MANIFEST_VERSION:
+    if CONTENT_HASH_FIELD not in doc or doc.get("manifest_version") not in READABLE_VERSIONS:
         raise DataError(f"{where}: feature-cache manifest without a content hash (manifest_version "
                         f"{doc.get('manifest_version')!r}, written by an older warp): its fields cannot be checked",
                         hint=hint, path=where)

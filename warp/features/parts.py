@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from warpdata.core.atomic import TMP_PREFIX, build_lock
 from warpdata.core.canonical import identity, sha256_file
+from warpdata.core.errors import DataError, MissingInputError
 from warpdata.etl.objectstore import put_create_only
 from warpdata.etl.quarantine import (
     Quarantine,
@@ -112,7 +113,7 @@ class PartTask:
 
     index: int
     path: str  # <build dir>/part-NNNNN.wfs
-    fingerprint: str
+    recipe: str  # cachespec.recipe_identity: the fingerprint's config, encoder and code, not the sources
     spec: CacheSpec
     fields: list[FieldSpec]
     items: list[MediaItem]
@@ -192,7 +193,7 @@ def build_part(task: PartTask) -> PartResult:
         a, b = groups[gi]
         return [pool.submit(decode_one, gi % nbuf, j, items[a + j]) for j in range(b - a)]
 
-    writer = FeatureShardWriter(task.path, task.fields, meta={"fingerprint": task.fingerprint, "shard": task.index},
+    writer = FeatureShardWriter(task.path, task.fields, meta={"shard": task.index, "task": task_sha256(task)},
                                 fsync=False)  # the cache directory is fsync'd as a whole (atomic_dir)
     inflight = {gi: submit(gi) for gi in range(min(nbuf - 1, len(groups)))}
     failures: list[list[Any]] = []
@@ -264,10 +265,41 @@ def build_part(task: PartTask) -> PartResult:
                       _ENCODER_LOADS[0])
 
 
+def batching(batches: Sequence[int]) -> list[int]:
+    """A task's encoder batches as the lengths of its consecutive runs: what its bytes depend on
+    (the batch numbers themselves are scan positions, which records elsewhere move)."""
+    return [b - a for a, b in _groups(batches)]
+
+
 def task_sha256(task: PartTask) -> str:
-    """What a part's receipt binds to: the cache fingerprint (config, encoder, code, every source's
-    content), the part's place and its records and batches."""
-    return identity([task.fingerprint, task.index, [[it.key, it.digest] for it in task.items], task.batches])
+    """A part's identity: what its receipt binds to and what its shard's meta says
+    (``"task"``). The recipe (config, encoder, code; not the other shards' sources), the part's
+    place, its records (key and content digest) and its encoder batches: the same task in another
+    version of the cache is the same bytes (docs/formats/feature-shard.md, "Reusing the shards of
+    the previous version")."""
+    return identity([task.recipe, task.index, [[it.key, it.digest] for it in task.items], batching(task.batches)])
+
+
+def adopt(task: PartTask, entry: dict[str, Any], path: str, max_caption_bytes: int) -> PartResult | None:
+    """The result of ``task`` from a shard of the previous version, ``entry`` of its manifest, now at
+    ``path`` (a link or copy made for this build): None unless the entry's task identity is this
+    task's and the file holds the recorded size and SHA-256 (a shard edited since is rebuilt).
+    The stored records' original sizes are read back from the shard (``records.parquet`` needs
+    them); which captions were cut comes from the task's own captions."""
+    if entry.get("task") != task_sha256(task) or entry.get("records") != len(task.items):
+        return None
+    try:
+        if os.stat(path).st_size != entry["bytes"] or sha256_file(path) != entry["sha256"]:
+            return None
+        with FeatureShardReader(path) as r:
+            if r.meta.get("task") != entry["task"] or len(r) != len(task.items):
+                return None
+            orig = r.records["orig_size"].tolist()
+    except (OSError, DataError, MissingInputError):
+        return None
+    truncated = sum(_encode_caption(it.caption, max_caption_bytes)[1] for it in task.items)
+    return PartResult(task.index, len(orig), entry["sha256"], entry["bytes"], [], orig, truncated,
+                      worker=_where(), reused=True)
 
 
 def _reuse(task: PartTask, receipt: dict[str, Any],
@@ -294,6 +326,44 @@ def _reuse(task: PartTask, receipt: dict[str, Any],
     res.reused = True
     res.batches = []
     return res
+
+
+def reassemble(task: PartTask, ranges: list[tuple[str, int, int, int]], sha256: str,
+               failures: list[list[Any]], max_caption_bytes: int) -> PartResult | None:
+    """The part of ``task`` written again from the records a re-cut of the previous version spread
+    over its shards: ``ranges`` (a verified shard file, the first record there, the part's first
+    and end record), ``failures`` (the part's late decode failures, from the previous version's
+    quarantine). None unless the bytes are ``sha256``, the part's recorded SHA-256. Uploaded as
+    :func:`build_part` uploads a part."""
+    kept = len(task.items) - len(failures)
+    if not kept or sum(b - a for _, _, a, b in ranges) != kept:
+        return None
+    writer = FeatureShardWriter(task.path, task.fields, meta={"shard": task.index, "task": task_sha256(task)},
+                                fsync=False)
+    try:
+        for path, off, a, b in ranges:
+            with FeatureShardReader(path) as r:
+                if off + b - a > len(r):
+                    writer.abort()
+                    return None
+                writer.append_batch({f.name: r.records[f.name][off:off + b - a] for f in task.fields})
+        info = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    if info.sha256 != sha256:
+        os.unlink(task.path)
+        return None
+    with FeatureShardReader(task.path) as r:
+        orig = r.records["orig_size"].tolist()
+    failed = {f[0] for f in failures}
+    truncated = sum(_encode_caption(it.caption, max_caption_bytes)[1] for i, it in enumerate(task.items)
+                    if i not in failed)
+    if task.upload_shard is not None:
+        put_create_only(task.path, task.upload_part if failures else task.upload_shard)
+        os.unlink(task.path)
+    return PartResult(task.index, kept, info.sha256, info.bytes, failures, orig, truncated, worker=_where(),
+                      reused=True)
 
 
 def _drop_part(task: PartTask) -> None:
@@ -370,18 +440,20 @@ def _probe_all(items: Sequence[MediaItem], workers: int, max_pixels: int = DEFAU
         return {i: f for i, f in enumerate(found) if f is not None}
 
 
-def _repack(parts: list[tuple[str, int]], out_dir: Path, first: int, per_shard: int, fields: list[FieldSpec],
-            fp: str, threads: int) -> list[dict[str, Any]]:
+def _repack(parts: list[tuple[str, int, str, str]], out_dir: Path, first: int, per_shard: int,
+            fields: list[FieldSpec], threads: int) -> list[dict[str, Any]]:
     """Shards ``first``, ``first + 1``, … of ``per_shard`` records each from the records of ``parts``
-    (path, record count), in order: the cut after a full-decode failure moved the boundaries."""
-    plan: list[list[tuple[str, int, int]]] = []
-    cur: list[tuple[str, int, int]] = []
+    (path, record count, task identity, SHA-256), in order: the cut after a full-decode failure
+    moved the boundaries. A re-cut shard's entry names the part ranges it holds (``parts``: task
+    identity, first and end record of the part, the part's SHA-256), and its identity is theirs."""
+    plan: list[list[tuple[str, int, int, str, str]]] = []
+    cur: list[tuple[str, int, int, str, str]] = []
     n = 0
-    for path, count in parts:
+    for path, count, tid, sha in parts:
         a = 0
         while a < count:
             take = min(per_shard - n, count - a)
-            cur.append((path, a, a + take))
+            cur.append((path, a, a + take, tid, sha))
             n += take
             a += take
             if n == per_shard:
@@ -392,16 +464,19 @@ def _repack(parts: list[tuple[str, int]], out_dir: Path, first: int, per_shard: 
 
     def one(k: int) -> dict[str, Any]:
         name = SHARD_PATTERN.format(first + k)
-        w = FeatureShardWriter(out_dir / name, fields, meta={"fingerprint": fp, "shard": first + k}, fsync=False)
+        held = [[t, a, b, sha] for _, a, b, t, sha in plan[k]]
+        tid = identity(["re-cut", first + k, held])
+        w = FeatureShardWriter(out_dir / name, fields, meta={"shard": first + k, "task": tid}, fsync=False)
         try:
-            for path, a, b in plan[k]:
+            for path, a, b, _, _ in plan[k]:
                 with FeatureShardReader(path) as r:
                     w.append_batch({f.name: r.records[f.name][a:b] for f in fields})
             info = w.close()
         except BaseException:
             w.abort()
             raise
-        return {"path": name, "records": info.records, "bytes": info.bytes, "sha256": info.sha256}
+        return {"path": name, "records": info.records, "bytes": info.bytes, "sha256": info.sha256, "task": tid,
+                "parts": held}
 
     with ThreadPoolExecutor(max(1, min(threads, len(plan) or 1))) as pool:
         return list(pool.map(one, range(len(plan))))

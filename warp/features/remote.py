@@ -83,6 +83,13 @@ def put_overwrite(local: str, url: str) -> None:
     objectstore._call(url, fs.put_file, local, loc.path)
 
 
+def copy_object(src: str, dst: str) -> None:
+    """Copy object ``src`` to ``dst`` inside one store, server-side (no byte passes through here):
+    a shard the previous version holds, reused by a new one."""
+    fs, loc = _fs(src)
+    objectstore._call(dst, fs.copy, loc.path, _fs(dst)[1].path)
+
+
 def get_file(url: str, local: str) -> bool:
     """Download ``url`` to ``local``; False when it is absent."""
     fs, loc = _fs(url)

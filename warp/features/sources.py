@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import xxhash
-from warpdata.core.errors import DataError, MissingInputError
+from warpdata.core.errors import DataError, MissingInputError, Rejected
 from warpdata.etl import sourcefacts
 from warpdata.features.scan import (
     MAX_CAPTION_BYTES,
@@ -45,6 +45,7 @@ FACTS = "features"  # the pipeline's name among the source facts
 MAX_RECORDED_CAPTION = 64 << 10  # a longer caption is read again on every run (its bytes are not recorded)
 GETS = 8  # objects read concurrently when media are copied for a build
 CHUNK = 8 << 20
+_MIRROR = "\0mirror\0"  # a recorded probe message names the run's mirror by this (each run has its own)
 
 
 class RemoteFolder:
@@ -59,6 +60,7 @@ class RemoteFolder:
         self.base = loc.path.rstrip("/")
         self.fetched: set[str] = set()  # keys whose bytes are in the mirror already
         self.captions: dict[str, bytes] = {}  # each usable media key's caption bytes (its digest covers them)
+        self.facts: dict[str, dict[str, Any]] = {}  # this run's source facts, as the scan saved them
 
     # -- the scan -------------------------------------------------------------------------------
     def _list(self) -> dict[str, sourcefacts.Listed]:
@@ -169,6 +171,7 @@ class RemoteFolder:
         # what is true of the listed objects now, for the next run (the facts of objects gone dropped)
         if facts != recorded:
             sourcefacts.save_facts(self.url, facts, FACTS)
+        self.facts = facts
         return ScanResult(items, len(captions - used), files_seen)
 
     def _caption(self, rel: str, listed: sourcefacts.Listed, recorded: dict, facts: dict) -> bytes | None:
@@ -204,6 +207,50 @@ class RemoteFolder:
         if listed.tag is not None and cap.tag is not None:
             facts[rel] = sourcefacts.listing_facts(listed.size, listed.tag, caption=[cap.size, cap.tag], digest=digest)
         return digest
+
+    # -- the header pass ------------------------------------------------------------------------
+    def _rel(self, it: MediaItem) -> str | None:
+        root = os.fspath(self.mirror) + os.sep
+        return os.path.relpath(it.path, self.mirror).replace(os.sep, "/") if it.path.startswith(root) else None
+
+    def _probe_env(self, max_pixels: int) -> list[Any]:
+        # what else a header verdict depends on: the pixel cap, whether videos can be opened here
+        return [max_pixels, video_decoder()]
+
+    def known_probes(self, items: list[MediaItem], max_pixels: int) -> dict[int, Rejected | None]:
+        """The header-pass verdicts (a failure, or None: it passes) recorded for items of this folder
+        whose media object's listing facts are unchanged since it was probed, by item index: the
+        verdict depends only on the bytes, so the object is not copied to be probed again."""
+        out: dict[int, Rejected | None] = {}
+        env = self._probe_env(max_pixels)
+        mirror = os.fspath(self.mirror)
+        for i, it in enumerate(items):
+            rel = self._rel(it)
+            got = (self.facts.get(rel) or {}).get("probe") if rel is not None else None
+            if not isinstance(got, dict) or got.get("env") != env:
+                continue
+            bad = got.get("failure")
+            if bad is None:
+                out[i] = None
+            elif isinstance(bad, list) and len(bad) == 2 and all(isinstance(x, str) for x in bad):
+                out[i] = Rejected(bad[0], bad[1].replace(_MIRROR, mirror))
+        return out
+
+    def record_probes(self, items: list[MediaItem], verdicts: dict[int, Rejected | None], max_pixels: int) -> None:
+        """Record with each probed media object's source facts its header verdict (``verdicts``: by
+        item index), for :meth:`known_probes` of a later run."""
+        env = self._probe_env(max_pixels)
+        mirror = os.fspath(self.mirror)
+        changed = False
+        for i, f in verdicts.items():
+            rel = self._rel(items[i])
+            fact = self.facts.get(rel) if rel is not None else None
+            if fact is None:
+                continue  # no listing facts (no ETag): probed on every run
+            fact["probe"] = {"env": env, "failure": None if f is None else [f.reason, f.message.replace(mirror, _MIRROR)]}
+            changed = True
+        if changed:
+            sourcefacts.save_facts(self.url, self.facts, FACTS)
 
     # -- the build's copy -----------------------------------------------------------------------
     def materialize(self, items: list[MediaItem]) -> int:

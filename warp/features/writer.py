@@ -13,7 +13,10 @@ Contract:
   encoder identity (callable, version, weights hash, dtype, device type) and
   the code versions (warpdata, WFS format, Pillow, torch). A cache whose
   fingerprint matches and whose shards are present is reused untouched;
-  any change rebuilds it. The manifest is sealed by ``content_sha256``
+  any change builds a new one, which takes from the previous one every
+  shard whose task identity (recipe + its own records) is unchanged,
+  verified by its recorded SHA-256 (docs/formats/feature-shard.md,
+  "Reusing the shards of the previous version"). The manifest is sealed by ``content_sha256``
   (:mod:`.manifest`); an unsealed or damaged one is rebuilt. The new cache is
   built in a temporary sibling and exchanged with the old one in one step
   (:func:`warpdata.core.atomic.atomic_dir`), so a killed build leaves the old cache

@@ -11,7 +11,7 @@ same records into the same shards. Each case builds from
 ``warpdata.sampledata.captions`` (planted broken files included: the
 truncated JPEG of the first folder sits mid-cache, so later shards are
 re-packed). Hashes leave out what the code versions reach (the fingerprint
-inside the manifest and each shard's meta) and the temporary paths in
+inside the manifest, each shard's meta's task identity) and the temporary paths in
 ``quarantine.jsonl``; the library versions are recorded and the test skips
 where they differ (a new Pillow may resize differently).
 """
@@ -83,7 +83,7 @@ def digest(cache: Path, root: Path) -> dict[str, object]:
     for sh in manifest["shards"]:
         raw = (cache / sh["path"]).read_bytes()
         h = parse(raw, sh["path"])
-        meta = {k: v for k, v in h.meta.items() if k != "fingerprint"}
+        meta = {k: v for k, v in h.meta.items() if k not in ("fingerprint", "task")}
         shards.append({"path": sh["path"], "records": sh["records"], "bytes": sh["bytes"], "meta": meta,
                        "fields": hashlib.sha256(raw[64:64 + 96 * len(h.layout.fields)]).hexdigest(),
                        "data": hashlib.sha256(raw[h.data_offset:]).hexdigest()})
