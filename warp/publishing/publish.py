@@ -77,6 +77,8 @@ from warpdata.publishing.multipart import part_size as part_size
 from warpdata.registry import signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
 from warpdata.registry.chunks import CHUNK_TARGET, chunk_ranges, hash_chunks, member_cuts
+from warpdata.registry.gc import WAIT_S as GC_WAIT_S
+from warpdata.registry.gc import after_manifest
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -184,6 +186,8 @@ class PublishResult:
     # with sign_keys: the key ids, and whether this publish wrote the manifest holding their signatures
     signed_by: list[str] = field(default_factory=list)
     signatures_stored: bool | None = None
+    # blobs a 'warp gc' sweep deleted while this publish ran, uploaded again before latest moved
+    blobs_reuploaded: int = 0
 
     @property
     def bytes_total(self) -> int:
@@ -206,6 +210,7 @@ class PublishResult:
             "dangling_refs": self.dangling_refs or None,
             "card_stored": self.card_stored,
             "signed_by": self.signed_by or None, "signatures_stored": self.signatures_stored,
+            **({"blobs_reuploaded": self.blobs_reuploaded} if self.blobs_reuploaded else {}),
         }
 
 
@@ -790,8 +795,9 @@ def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
 
 
 def publish(req: PublishRequest, *, store: Store | None = None,
-            on_upload: Callable[[int], None] | None = None) -> PublishResult:
-    """Run the publish transaction (see the module docstring); returns what happened."""
+            on_upload: Callable[[int], None] | None = None, gc_wait: float = GC_WAIT_S) -> PublishResult:
+    """Run the publish transaction (see the module docstring); returns what happened. ``gc_wait``:
+    seconds to wait for a ``warp gc`` sweep that overlapped this publish (then exit 75)."""
     t0 = time.perf_counter()
     validate_dataset_id(req.dataset_id)
     upload_concurrency()  # a bad WARP_UPLOAD_CONCURRENCY fails before any staging
@@ -811,6 +817,7 @@ def publish(req: PublishRequest, *, store: Store | None = None,
                                stat_cache_hits=stager.cache.hits,
                                dangling_refs=dict(manifest.metadata.get("dangling_refs", {})))
         before = store.read_latest(req.dataset_id)
+        checked_at: float | None = None
         result.latest = before.version_hash if before else None
         if result.latest == version:
             # latest only ever names a version whose manifest was written, and a manifest is
@@ -820,7 +827,11 @@ def publish(req: PublishRequest, *, store: Store | None = None,
         else:
             manifest.to_bytes()  # validate before touching the store
             result.already_published = store.has_manifest(req.dataset_id, version)
-            missing = set() if result.already_published else set(store.missing_blobs([b.hash for b in planned]))
+            if not result.already_published:
+                checked_at = time.time()  # a sweep running since may delete blobs found here (gc.after_manifest)
+                missing = set(store.missing_blobs([b.hash for b in planned]))
+            else:
+                missing = set()
         for b in planned:
             b.upload = b.hash in missing
         if req.dry_run:
@@ -829,6 +840,15 @@ def publish(req: PublishRequest, *, store: Store | None = None,
         _upload(store, [stager.blobs[b.hash] for b in planned if b.upload], req.workers, result, on_upload)
         if not result.already_published:
             result.manifest_written = store.put_manifest(manifest)
+        if checked_at is not None:
+            # a gc sweep overlapping the existence check may have deleted blobs found present (or just
+            # uploaded): wait for it, check them all again, upload what is gone, all before latest moves
+            # (docs/formats/registry.md, "Garbage collection")
+            gone = set(after_manifest(store, checked_at, [b.hash for b in planned], timeout=gc_wait))
+            if gone:
+                _upload(store, [stager.blobs[b.hash] for b in planned if b.hash in gone], req.workers, result,
+                        on_upload)
+                result.blobs_reuploaded = len(gone)
         if req.card is not None:
             result.card_stored = result.manifest_written
         if keys:
