@@ -295,7 +295,13 @@ def _mark(store: Store, keys: Sequence[str], named: dict[str, tuple[str, str]], 
 
     def one(key: str) -> set[str]:
         did, vh = named[key]
-        data = store.get_manifest_bytes(did, vh)
+        got = store.call(store.objects.read_versioned, store.url_of(key), "read", key)  # S3: one GET
+        if got is None:
+            raise InfrastructureError(f"{store.url_of(key)} was listed, then deleted while warp gc read the "
+                                      "manifests; nothing was deleted",
+                                      hint="something else is deleting versions in this store; run 'warp gc' "
+                                           "again when it is done")
+        data = got[0]
         try:
             m = Manifest.from_bytes(data, source=store.url_of(key), expected_hash=vh)
             if m.dataset_id != did:
