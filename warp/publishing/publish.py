@@ -23,6 +23,10 @@ in this order (docs/design.md §10):
    manifest (and so every blob) is in the store, so an unchanged re-publish
    costs that one small GET and nothing else.
 3. **Upload the manifest**, create-only, at its version hash.
+   Then, if a ``warp gc`` sweep overlapped the existence check of step 2 (its marker
+   ``gc/sweep.json`` says so: one GET), wait for it to finish, check every blob again and
+   upload what it deleted (:func:`warpdata.registry.gc.after_manifest`, docs/formats/registry.md,
+   "Garbage collection").
 4. **Move ``latest``** with compare-and-swap against the pointer read in
    step 2 (optional: ``set_latest``); if another writer moved it meanwhile,
    :meth:`Store.set_latest` retries.

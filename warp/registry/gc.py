@@ -55,6 +55,7 @@ from warpdata.core.errors import (
     InfrastructureError,
     LockTimeoutError,
     ManifestCorruptedError,
+    ReadOnlyStoreError,
     UsageError,
 )
 from warpdata.core.jsondoc import load_json
@@ -355,7 +356,10 @@ def collect(store: Store | str | None = None, *, drop: Sequence[str] = (), grace
     store = store if isinstance(store, Store) else Store(store)
     if grace < 0:
         raise UsageError(f"grace {grace:g} s is negative", hint="give 0 or more, e.g. --grace 24h")
-    store.require_writable("garbage-collect")  # an HTTP store can be neither listed nor swept
+    if store.read_only:  # an HTTP store can be neither listed nor swept
+        raise ReadOnlyStoreError(f"cannot garbage-collect {store.url}: a store served over HTTP(S) is read-only "
+                                 "and cannot be listed",
+                                 hint="run 'warp gc --store' on the s3:// bucket or folder the web host serves")
     dropped = _resolve_drops(store, drop)
     result = GcResult(store.url, dry_run, grace, versions_dropped=[f"{d}@{v}" for d, v in dropped])
     sweep_id, started, token = _begin(store) if not dry_run else ("", 0.0, "")
