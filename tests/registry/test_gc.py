@@ -169,7 +169,7 @@ def test_dropping_the_version_latest_points_at_is_refused(versions, tmp_path):
 
 
 def test_a_corrupt_manifest_stops_gc_before_any_deletion(versions, store_url):
-    v1, _v2 = versions
+    v1, v2 = versions
     store = Store(store_url)
     _publish(store, v1)
     store.put_blob(hashlib.sha256(b"orphan").hexdigest(), b"orphan")  # would go, were marking complete
@@ -183,9 +183,16 @@ def test_a_corrupt_manifest_stops_gc_before_any_deletion(versions, store_url):
     assert sorted(k for k, _n, _t in store.list_objects("blobs/")) == before
     marker = gc.read_marker(store)
     assert marker is not None and not marker.running  # publishes are not left waiting
+    # a --drop in the refused run is not carried out either
+    _publish(store, v2)
+    stored = store.list_versions("ws/wh")
+    old = next(v for v in stored if v != store.read_latest("ws/wh").version_hash)
+    with pytest.raises(ManifestCorruptedError):
+        gc.collect(store, drop=[f"ws/wh@{old}"], grace=0)
+    assert store.list_versions("ws/wh") == stored
     # the way out: drop that version, and the run completes
-    res = gc.collect(store, drop=[f"ws/other@{bad}"], grace=0)
-    assert res.blobs_deleted == 1
+    res = gc.collect(store, drop=[f"ws/other@{bad}", f"ws/wh@{old}"], grace=0)
+    assert res.blobs_deleted > 1 and hashlib.sha256(b"orphan").hexdigest() in res.deleted
 
 
 def test_a_manifest_written_while_gc_marks_protects_its_blobs(versions, store_url, tmp_path):

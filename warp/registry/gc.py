@@ -6,7 +6,7 @@ manifest of every dataset in the store (one LIST of ``datasets/``, one GET per m
 every ``blobs/sha256/<h[:2]>/<h>`` object outside that set whose last-modified time is at least
 ``grace`` seconds old is deleted; younger ones (an upload in progress, an aborted publish a rerun
 will finish) are kept and counted. ``drop`` names versions (``WS/NAME@VERSION``) whose manifests are
-deleted first, so the blobs only they used go in the same run; the version ``latest.json`` names is
+deleted once the others are marked, so the blobs only they used go in the same run; the version ``latest.json`` names is
 never dropped (:class:`~warpdata.core.errors.UsageError`, exit 2).
 
 Nothing is deleted on incomplete marking: a manifest that cannot be read or does not validate stops
@@ -307,7 +307,7 @@ def _mark(store: Store, keys: Sequence[str], named: dict[str, tuple[str, str]], 
             m = Manifest.from_bytes(data, source=store.url_of(key), expected_hash=vh)
             if m.dataset_id != did:
                 raise ManifestCorruptedError(f"{store.url_of(key)}: stored under {did}, names dataset {m.dataset_id}")
-        except ManifestCorruptedError as e:
+        except (DataError, UsageError) as e:  # corrupt, a machine-local path, a bad dataset id inside
             raise ManifestCorruptedError(
                 f"warp gc deleted nothing: a manifest it must read to know which blobs are in use is "
                 f"unreadable: {e.message}",
@@ -366,11 +366,11 @@ def collect(store: Store | str | None = None, *, drop: Sequence[str] = (), grace
     deleted = 0
     try:
         drop_keys = {store.manifest_key(d, v) for d, v in dropped}
-        if not dry_run:
-            for key in sorted(drop_keys):
-                store.delete_object(key)
         named = {k: v for k, v in _manifest_keys(store).items() if k not in drop_keys}
         refs = _mark(store, sorted(named), named, workers)
+        if not dry_run:  # only once marking is complete: a refusal above leaves every version in place
+            for key in sorted(drop_keys):
+                store.delete_object(key)
         listed = store.list_objects("blobs/")
         if before_sweep is not None:
             before_sweep()
