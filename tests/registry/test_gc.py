@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from warpdata.core.errors import (
+    DataError,
     InfrastructureError,
     LockTimeoutError,
     ManifestCorruptedError,
@@ -255,45 +256,75 @@ def test_a_publishs_cost_of_the_protocol_is_one_marker_get(versions, s3):
     assert len([q for q in s3.requests("GET") if "list-type" in q["query"]]) == lists + 1
 
 
-def test_publish_waits_for_an_unfinished_sweep_and_gives_up_with_exit_75(versions, tmp_path):
-    v1, _v2 = versions
+def test_publish_waits_for_an_unfinished_sweep_and_gives_up_with_exit_75(versions, tmp_path, monkeypatch):
+    v1, v2 = versions
     store = Store(str(tmp_path / "store"))
-    sweep_id, started, token = gc._begin(store)  # a gc on another host, still sweeping
+    _publish(store, v1, set_latest=False)
+    sweep_id, started, token = gc._begin(store)  # a gc elsewhere, still sweeping
+    real_put = store.put_manifest
+    victims: list[str] = []
+
+    def put_manifest_while_it_deletes(manifest):  # the sweep deletes a shared chunk meanwhile
+        victims.append(sorted(gc.referenced_hashes(manifest) & _blobs(store))[0])
+        store.delete_object(blob_key(victims[0]))
+        return real_put(manifest)
+
+    monkeypatch.setattr(store, "put_manifest", put_manifest_while_it_deletes)
     with pytest.raises(InfrastructureError, match="gc/sweep.json") as e:
-        publish(PublishRequest("ws/wh", from_paths=[v1], chunk_target=IMAGE), store=store, gc_wait=0)
-    assert e.value.exit_code == 75
+        publish(PublishRequest("ws/wh", from_paths=[v2], chunk_target=IMAGE), store=store, gc_wait=0)
+    assert e.value.exit_code == 75 and "latest was not moved" in str(e.value)
     assert store.read_latest("ws/wh") is None  # latest is not moved while blobs may be missing
+    assert store.has_blob(victims[0])  # what the sweep deleted so far was uploaded again before giving up
+    monkeypatch.setattr(store, "put_manifest", real_put)
 
     naps: list[float] = []
 
     def nap(seconds: float) -> None:  # the sweep finishes while the publish waits
         naps.append(seconds)
-        gc._finish(store, sweep_id, started, token, 0)
+        gc._finish(store, sweep_id, started, token, 1)
 
-    marker = gc.read_marker(store)
-    done = gc.wait_for_sweep(store, marker, timeout=60, sleep=nap)
+    done = gc.wait_for_sweep(store, gc.read_marker(store), timeout=60, sleep=nap)
     assert len(naps) == 1 and not done.running and done.sweep_id == sweep_id
+    # the rerun: its manifest is stored, the sweep finished moments ago: blobs checked, latest moved
+    store.delete_object(blob_key(victims[0]))
+    r = publish(PublishRequest("ws/wh", from_paths=[v2], chunk_target=IMAGE), store=store)
+    assert r.already_published and r.blobs_reuploaded == 1 and store.has_blob(victims[0])
+    assert store.read_latest("ws/wh").version_hash == r.version_hash
 
 
-def test_one_sweep_at_a_time_and_an_abandoned_one_is_taken_over(tmp_path):
-    store = Store(str(tmp_path / "store"))
-    gc._begin(store)
-    with pytest.raises(LockTimeoutError, match="another warp gc"):
-        gc.collect(store)
-    # a marker left by a process that is gone, on this host: taken over at once
+def test_a_sweep_whose_process_is_gone_is_not_waited_for(tmp_path):
     import json
     import socket
     import subprocess
     import sys
 
+    store = Store(str(tmp_path / "store"))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True).stdout.strip()
     doc = {"kind": "warp-gc-sweep", "id": "dead", "host": socket.gethostname(), "pid": int(dead),
            "started": time.time(), "finished": None}
+    assert store.swap_object(gc.MARKER_KEY, json.dumps(doc).encode(), None)
     marker = gc.read_marker(store)
-    assert store.swap_object(gc.MARKER_KEY, json.dumps(doc).encode(), marker.token)
+    assert marker.running and marker.abandoned(time.time())
+    assert gc.wait_for_sweep(store, marker, timeout=0, sleep=pytest.fail) is not None
+    # and the next gc takes it over
     res = gc.collect(store)
     assert res.blobs_deleted == 0 and not gc.read_marker(store).running
+
+
+def test_one_sweep_at_a_time(tmp_path):
+    store = Store(str(tmp_path / "store"))
+    gc._begin(store)  # this process: alive, so not abandoned
+    with pytest.raises(LockTimeoutError, match="another warp gc") as e:
+        gc.collect(store)
+    assert e.value.exit_code == 75
+
+
+def test_a_corrupt_marker_is_a_data_error_naming_it(tmp_path):
+    store = Store(str(tmp_path / "store"))
+    store.put_object(gc.MARKER_KEY, b"not json")
+    with pytest.raises(DataError, match="gc/sweep.json"):
+        gc.read_marker(store)
 
 
 def test_a_read_only_store_refuses():

@@ -334,9 +334,9 @@ def _publish_version(ds, dataset_id: str, store: str | None, name: str, work: st
             st.put_manifest(manifest)
         # a 'warp gc' sweep since the check may have deleted blobs found present: as publish does
         # (docs/formats/registry.md, "Garbage collection")
-        gone = set(after_manifest(st, checked_at, [b.hash for b in blobs]))
-        if gone:
-            _upload(st, [b for b in blobs if b.hash in gone], 4, result, None)
+        by_hash = {b.hash: b for b in blobs}
+        after_manifest(st, checked_at, list(by_hash),
+                       lambda gone: _upload(st, [by_hash[h] for h in gone], 4, result, None))
         before = st.read_latest(dataset_id)
         if before is None or before.version_hash != manifest.version_hash:
             st.cas_latest(dataset_id, manifest.version_hash, before) or \

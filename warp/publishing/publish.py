@@ -830,12 +830,11 @@ def publish(req: PublishRequest, *, store: Store | None = None,
             missing: set[str] = set()
         else:
             manifest.to_bytes()  # validate before touching the store
+            # a gc sweep running since may delete blobs found here (or named by a stored manifest whose
+            # publish gave up waiting for one): registry.gc.after_manifest below
+            checked_at = time.time()
             result.already_published = store.has_manifest(req.dataset_id, version)
-            if not result.already_published:
-                checked_at = time.time()  # a sweep running since may delete blobs found here (gc.after_manifest)
-                missing = set(store.missing_blobs([b.hash for b in planned]))
-            else:
-                missing = set()
+            missing = set() if result.already_published else set(store.missing_blobs([b.hash for b in planned]))
         for b in planned:
             b.upload = b.hash in missing
         if req.dry_run:
@@ -848,11 +847,11 @@ def publish(req: PublishRequest, *, store: Store | None = None,
             # a gc sweep overlapping the existence check may have deleted blobs found present (or just
             # uploaded): wait for it, check them all again, upload what is gone, all before latest moves
             # (docs/formats/registry.md, "Garbage collection")
-            gone = set(after_manifest(store, checked_at, [b.hash for b in planned], timeout=gc_wait))
-            if gone:
-                _upload(store, [stager.blobs[b.hash] for b in planned if b.hash in gone], req.workers, result,
-                        on_upload)
-                result.blobs_reuploaded = len(gone)
+            def reupload(gone: list[str]) -> None:
+                _upload(store, [stager.blobs[h] for h in gone], req.workers, result, on_upload)
+
+            result.blobs_reuploaded = after_manifest(store, checked_at, [b.hash for b in planned], reupload,
+                                                     timeout=gc_wait)
         if req.card is not None:
             result.card_stored = result.manifest_written
         if keys:

@@ -27,7 +27,8 @@ found present and skipped. The protocol that closes it:
   (:func:`wait_for_sweep`, at most ``WAIT_S``; then
   :class:`~warpdata.core.errors.InfrastructureError`, exit 75, naming the marker), checks every blob
   of its version again and uploads the missing ones (:func:`after_manifest`) before moving
-  ``latest``.
+  ``latest``. A sweep whose process is gone (same host) is not waited for; after a timeout the
+  blobs deleted so far are uploaded again and ``latest`` stays where it was.
 
 One sweep runs at a time: a second ``warp gc`` finding an unfinished marker refuses
 (:class:`~warpdata.core.errors.LockTimeoutError`, exit 75), unless that sweep is abandoned (its
@@ -215,15 +216,16 @@ def _finish(store: Store, sweep_id: str, started: float, token: str, deleted: in
 
 def wait_for_sweep(store: Store, marker: SweepMarker, *, timeout: float = WAIT_S, poll: float = 1.0,
                    sleep: Callable[[float], None] = time.sleep) -> SweepMarker:
-    """Wait until ``marker``'s sweep has finished (re-reading the marker every ``poll`` seconds); the
-    finished marker. A sweep still running after ``timeout`` seconds is an InfrastructureError (exit 75)."""
+    """Wait until ``marker``'s sweep has finished or is known dead (its process gone on this host: a
+    dead sweep deletes nothing more), re-reading the marker every ``poll`` seconds; the last marker
+    read. A sweep still running after ``timeout`` seconds is an InfrastructureError (exit 75)."""
     deadline = time.monotonic() + timeout
     current: SweepMarker | None = marker
-    while current is not None and current.running:
+    while current is not None and current.running and not current.abandoned(time.time()):
         if time.monotonic() >= deadline:
             raise InfrastructureError(
                 f"a warp gc is still sweeping {store.url} after {timeout:g} s: {current.describe()} "
-                f"({store.url_of(MARKER_KEY)})",
+                f"({store.url_of(MARKER_KEY)}); latest was not moved",
                 hint="publish again when it has finished (the blobs are checked again then); if that gc "
                      "died, run 'warp gc' to take its sweep over (at once on its host, anywhere after "
                      f"{ABANDONED_AFTER_S / 3600:g} h)")
@@ -232,16 +234,28 @@ def wait_for_sweep(store: Store, marker: SweepMarker, *, timeout: float = WAIT_S
     return current if current is not None else marker
 
 
-def after_manifest(store: Store, since: float, hashes: Iterable[str], *, timeout: float = WAIT_S,
-                   sleep: Callable[[float], None] = time.sleep) -> list[str]:
-    """A publish's step after writing its manifest: the blobs of ``hashes`` a sweep deleted since the
-    existence check that began at ``since`` (epoch seconds), for the publish to upload again. One GET
-    of the marker when no sweep overlapped (an empty list then)."""
+def after_manifest(store: Store, since: float, hashes: Iterable[str], reupload: Callable[[list[str]], None], *,
+                   timeout: float = WAIT_S, sleep: Callable[[float], None] = time.sleep) -> int:
+    """A publish's step after writing its manifest, before moving ``latest``: when a sweep may have
+    overlapped the publish since ``since`` (epoch seconds, just before its existence check), wait for
+    it, check ``hashes`` again and ``reupload`` the missing ones; how many there were. One GET of the
+    marker when no sweep overlapped. When the wait times out, the blobs deleted so far are uploaded
+    again before the InfrastructureError (exit 75) goes up."""
     marker = read_marker(store)
     if marker is None or not marker.overlaps(since):
-        return []
-    wait_for_sweep(store, marker, timeout=timeout, sleep=sleep)
-    return store.missing_blobs(list(hashes))
+        return 0
+    hashes = list(hashes)
+    try:
+        wait_for_sweep(store, marker, timeout=timeout, sleep=sleep)
+    except InfrastructureError:
+        gone = store.missing_blobs(hashes)
+        if gone:
+            reupload(gone)
+        raise
+    gone = store.missing_blobs(hashes)
+    if gone:
+        reupload(gone)
+    return len(gone)
 
 
 # -- the collector ------------------------------------------------------------------
