@@ -81,8 +81,6 @@ from warpdata.publishing.multipart import part_size as part_size
 from warpdata.registry import signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
 from warpdata.registry.chunks import CHUNK_TARGET, chunk_ranges, hash_chunks, member_cuts
-from warpdata.registry.gc import WAIT_S as GC_WAIT_S
-from warpdata.registry.gc import after_manifest
 from warpdata.registry.manifest import (
     INDEX_FORMAT,
     NAME_RE,
@@ -799,9 +797,13 @@ def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
 
 
 def publish(req: PublishRequest, *, store: Store | None = None,
-            on_upload: Callable[[int], None] | None = None, gc_wait: float = GC_WAIT_S) -> PublishResult:
+            on_upload: Callable[[int], None] | None = None, gc_wait: float | None = None) -> PublishResult:
     """Run the publish transaction (see the module docstring); returns what happened. ``gc_wait``:
-    seconds to wait for a ``warp gc`` sweep that overlapped this publish (then exit 75)."""
+    seconds to wait for a ``warp gc`` sweep that overlapped this publish, then exit 75 (default
+    :data:`warpdata.registry.gc.WAIT_S`)."""
+    from warpdata.registry.gc import WAIT_S, after_manifest
+
+
     t0 = time.perf_counter()
     validate_dataset_id(req.dataset_id)
     upload_concurrency()  # a bad WARP_UPLOAD_CONCURRENCY fails before any staging
@@ -851,7 +853,7 @@ def publish(req: PublishRequest, *, store: Store | None = None,
                 _upload(store, [stager.blobs[h] for h in gone], req.workers, result, on_upload)
 
             result.blobs_reuploaded = after_manifest(store, checked_at, [b.hash for b in planned], reupload,
-                                                     timeout=gc_wait)
+                                                     timeout=WAIT_S if gc_wait is None else gc_wait)
         if req.card is not None:
             result.card_stored = result.manifest_written
         if keys:
