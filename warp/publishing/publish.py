@@ -78,7 +78,7 @@ from warpdata.publishing.multipart import (
 )
 from warpdata.publishing.multipart import PART_SIZE as PART_SIZE
 from warpdata.publishing.multipart import part_size as part_size
-from warpdata.registry import signing
+from warpdata.registry import gc, signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
 from warpdata.registry.chunks import CHUNK_TARGET, chunk_ranges, hash_chunks, member_cuts
 from warpdata.registry.manifest import (
@@ -801,8 +801,6 @@ def publish(req: PublishRequest, *, store: Store | None = None,
     """Run the publish transaction (see the module docstring); returns what happened. ``gc_wait``:
     seconds to wait for a ``warp gc`` sweep that overlapped this publish, then exit 75 (default
     :data:`warpdata.registry.gc.WAIT_S`)."""
-    from warpdata.registry.gc import WAIT_S, after_manifest
-
 
     t0 = time.perf_counter()
     validate_dataset_id(req.dataset_id)
@@ -833,7 +831,7 @@ def publish(req: PublishRequest, *, store: Store | None = None,
         else:
             manifest.to_bytes()  # validate before touching the store
             # a gc sweep running since may delete blobs found here (or named by a stored manifest whose
-            # publish gave up waiting for one): registry.gc.after_manifest below
+            # publish gave up waiting for one): gc.after_manifest below
             checked_at = time.time()
             result.already_published = store.has_manifest(req.dataset_id, version)
             missing = set() if result.already_published else set(store.missing_blobs([b.hash for b in planned]))
@@ -852,8 +850,8 @@ def publish(req: PublishRequest, *, store: Store | None = None,
             def reupload(gone: list[str]) -> None:
                 _upload(store, [stager.blobs[h] for h in gone], req.workers, result, on_upload)
 
-            result.blobs_reuploaded = after_manifest(store, checked_at, [b.hash for b in planned], reupload,
-                                                     timeout=WAIT_S if gc_wait is None else gc_wait)
+            result.blobs_reuploaded = gc.after_manifest(store, checked_at, [b.hash for b in planned], reupload,
+                                                        timeout=gc.WAIT_S if gc_wait is None else gc_wait)
         if req.card is not None:
             result.card_stored = result.manifest_written
         if keys:
