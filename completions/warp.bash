@@ -201,6 +201,14 @@ _warp_complete_in() {
             esac
             if [[ $cur == -* ]]; then _warp_words "--limit --help -h --json --quiet -q --verbose -v --color --debug --version"; else _warp_words "stats gc verify clear"; fi
             ;;
+        gc)
+            case "$prev" in
+                --drop) _warp_files; return 0;;
+                --grace) _warp_files; return 0;;
+                --store) _warp_files; return 0;;
+            esac
+            if [[ $cur == -* ]]; then _warp_words "--drop --grace --dry-run --store --help -h --json --quiet -q --verbose -v --color --debug --version"; else :; fi
+            ;;
         order)
             case "$prev" in
                 --seed) :; return 0;;
@@ -236,7 +244,7 @@ _warp_complete_in() {
             if [[ $cur == -* ]]; then _warp_words "--only --table --rows --refs --mode --version --states --store --help -h --json --quiet -q --verbose -v --color --debug"; else _warp_files; fi
             ;;
         "")
-            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache order init doctor"; fi
+            if [[ $cur == -* ]]; then _warp_words "--json --quiet -q --verbose -v --color --debug --version --help -h"; else _warp_words "etl ingest embeddings tar-to-tbl publish register unregister ls info schema head inspect stream why diff card cat warm cache gc order init doctor"; fi
             ;;
     esac
 }
@@ -246,7 +254,7 @@ _warp() {
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${COMP_WORDS[i]}" in
             --color) ((i++)) ;;
-            etl|ingest|embeddings|tar-to-tbl|publish|register|unregister|ls|info|schema|head|inspect|stream|why|diff|card|cat|warm|cache|order|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
+            etl|ingest|embeddings|tar-to-tbl|publish|register|unregister|ls|info|schema|head|inspect|stream|why|diff|card|cat|warm|cache|gc|order|init|doctor) cmd=${COMP_WORDS[i]}; break ;;
         esac
     done
     _warp_complete_in "$cmd"

@@ -35,7 +35,7 @@ from warpdata.core.errors import (
     InvalidHashError,
     WarpError,
 )
-from warpdata.registry.manifest import Manifest, ShardRef, Table
+from warpdata.registry.manifest import Manifest, ShardRef, Table, blob_key
 from warpdata.registry.store import Store
 
 RACERS = 8
@@ -228,6 +228,22 @@ class StoreConformance:
         assert store.list_datasets("ws") == ["ws/a", "ws/b"]
         assert [(d, p.version_hash if p else None) for d, p in store.iter_latest()] == [
             ("ws/a", None), ("ws/b", None), ("zz/c", c.version_hash)]
+
+    def test_listing_objects_with_sizes_and_times(self, store):
+        """What ``warp gc`` lists (warp/registry/gc.py): every key under a prefix at any depth, its
+        size and last-modified time, sorted; nothing for a prefix with no objects."""
+        import time
+
+        assert store.list_objects("blobs/") == []
+        t0 = time.time()
+        for data in (b"one", b"second"):
+            store.put_blob(sha(data), data)
+        m = manifest("ws/a", b"a")
+        store.put_manifest(m)
+        got = store.list_objects("blobs/")
+        assert [(k, n) for k, n, _t in got] == sorted((blob_key(sha(d)), len(d)) for d in (b"one", b"second"))
+        assert all(t0 - 5 <= t <= time.time() + 5 for _k, _n, t in got)  # S3 LastModified: whole seconds
+        assert [k for k, _n, _t in store.list_objects("datasets/")] == [store.manifest_key("ws/a", m.version_hash)]
 
     # -- large objects -----------------------------------------------------------------------------
     def test_large_object(self, store, tmp_path):

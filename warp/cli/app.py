@@ -84,6 +84,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     # serve to training
     CommandSpec("warm", "warpdata.commands.warm", "Download a published dataset's shards into the blob cache ahead of training."),
     CommandSpec("cache", "warpdata.commands.cache", "Show, garbage-collect, verify or clear the content-addressed blob cache."),
+    CommandSpec("gc", "warpdata.commands.gc", "Delete the store's blobs no version uses (after --grace); --drop old versions first."),
     CommandSpec("order", "warpdata.commands.order", "Print an epoch's sample count, set digest and order digest, the ground truth for loaders' digests."),
     CommandSpec("init", "warpdata.commands.init", "Generate a loader module for a published dataset, with a smoke test."),
     # when something is wrong

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -49,6 +50,7 @@ from warpdata.registry.embeddings import (
     log,
     zero_rows,
 )
+from warpdata.registry.gc import after_manifest
 from warpdata.registry.manifest import Manifest, normalize
 from warpdata.registry.store import Store
 
@@ -324,11 +326,17 @@ def _publish_version(ds, dataset_id: str, store: str | None, name: str, work: st
                                       "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                                       "embeddings": {**old.metadata.get("embeddings", {}), name: facts}})
         blobs = list(stager.blobs.values())
+        checked_at = time.time()
         missing = set(st.missing_blobs([b.hash for b in blobs]))
         result = PublishResult(dataset_id, manifest.version_hash, st.url, False, [])
         _upload(st, [b for b in blobs if b.hash in missing], 4, result, None)
         if not st.has_manifest(dataset_id, manifest.version_hash):
             st.put_manifest(manifest)
+        # a 'warp gc' sweep since the check may have deleted blobs found present: as publish does
+        # (docs/formats/registry.md, "Garbage collection")
+        by_hash = {b.hash: b for b in blobs}
+        after_manifest(st, checked_at, list(by_hash),
+                       lambda gone: _upload(st, [by_hash[h] for h in gone], 4, result, None))
         before = st.read_latest(dataset_id)
         if before is None or before.version_hash != manifest.version_hash:
             st.cas_latest(dataset_id, manifest.version_hash, before) or \

@@ -23,6 +23,10 @@ in this order (docs/design.md §10):
    manifest (and so every blob) is in the store, so an unchanged re-publish
    costs that one small GET and nothing else.
 3. **Upload the manifest**, create-only, at its version hash.
+   Then, if a ``warp gc`` sweep overlapped the existence check of step 2 (its marker
+   ``gc/sweep.json`` says so: one GET), wait for it to finish, check every blob again and
+   upload what it deleted (:func:`warpdata.registry.gc.after_manifest`, docs/formats/registry.md,
+   "Garbage collection").
 4. **Move ``latest``** with compare-and-swap against the pointer read in
    step 2 (optional: ``set_latest``); if another writer moved it meanwhile,
    :meth:`Store.set_latest` retries.
@@ -74,7 +78,7 @@ from warpdata.publishing.multipart import (
 )
 from warpdata.publishing.multipart import PART_SIZE as PART_SIZE
 from warpdata.publishing.multipart import part_size as part_size
-from warpdata.registry import signing
+from warpdata.registry import gc, signing
 from warpdata.registry.bindings import check_binding, check_binding_names, check_bindings
 from warpdata.registry.chunks import CHUNK_TARGET, member_chunks
 from warpdata.registry.manifest import (
@@ -184,6 +188,8 @@ class PublishResult:
     # with sign_keys: the key ids, and whether this publish wrote the manifest holding their signatures
     signed_by: list[str] = field(default_factory=list)
     signatures_stored: bool | None = None
+    # blobs a 'warp gc' sweep deleted while this publish ran, uploaded again before latest moved
+    blobs_reuploaded: int = 0
 
     @property
     def bytes_total(self) -> int:
@@ -206,6 +212,7 @@ class PublishResult:
             "dangling_refs": self.dangling_refs or None,
             "card_stored": self.card_stored,
             "signed_by": self.signed_by or None, "signatures_stored": self.signatures_stored,
+            **({"blobs_reuploaded": self.blobs_reuploaded} if self.blobs_reuploaded else {}),
         }
 
 
@@ -790,8 +797,11 @@ def _check_bindings(req: PublishRequest, stager: _Stager) -> dict[str, int]:
 
 
 def publish(req: PublishRequest, *, store: Store | None = None,
-            on_upload: Callable[[int], None] | None = None) -> PublishResult:
-    """Run the publish transaction (see the module docstring); returns what happened."""
+            on_upload: Callable[[int], None] | None = None, gc_wait: float | None = None) -> PublishResult:
+    """Run the publish transaction (see the module docstring); returns what happened. ``gc_wait``:
+    seconds to wait for a ``warp gc`` sweep that overlapped this publish, then exit 75 (default
+    :data:`warpdata.registry.gc.WAIT_S`)."""
+
     t0 = time.perf_counter()
     validate_dataset_id(req.dataset_id)
     upload_concurrency()  # a bad WARP_UPLOAD_CONCURRENCY fails before any staging
@@ -811,6 +821,7 @@ def publish(req: PublishRequest, *, store: Store | None = None,
                                stat_cache_hits=stager.cache.hits,
                                dangling_refs=dict(manifest.metadata.get("dangling_refs", {})))
         before = store.read_latest(req.dataset_id)
+        checked_at: float | None = None
         result.latest = before.version_hash if before else None
         if result.latest == version:
             # latest only ever names a version whose manifest was written, and a manifest is
@@ -819,6 +830,9 @@ def publish(req: PublishRequest, *, store: Store | None = None,
             missing: set[str] = set()
         else:
             manifest.to_bytes()  # validate before touching the store
+            # a gc sweep running since may delete blobs found here (or named by a stored manifest whose
+            # publish gave up waiting for one): gc.after_manifest below
+            checked_at = time.time()
             result.already_published = store.has_manifest(req.dataset_id, version)
             missing = set() if result.already_published else set(store.missing_blobs([b.hash for b in planned]))
         for b in planned:
@@ -829,6 +843,15 @@ def publish(req: PublishRequest, *, store: Store | None = None,
         _upload(store, [stager.blobs[b.hash] for b in planned if b.upload], req.workers, result, on_upload)
         if not result.already_published:
             result.manifest_written = store.put_manifest(manifest)
+        if checked_at is not None:
+            # a gc sweep overlapping the existence check may have deleted blobs found present (or just
+            # uploaded): wait for it, check them all again, upload what is gone, all before latest moves
+            # (docs/formats/registry.md, "Garbage collection")
+            def reupload(gone: list[str]) -> None:
+                _upload(store, [stager.blobs[h] for h in gone], req.workers, result, on_upload)
+
+            result.blobs_reuploaded = gc.after_manifest(store, checked_at, [b.hash for b in planned], reupload,
+                                                        timeout=gc.WAIT_S if gc_wait is None else gc_wait)
         if req.card is not None:
             result.card_stored = result.manifest_written
         if keys:

@@ -205,6 +205,11 @@ class Store:
         object yet); the new token, or None when another writer changed it first."""
         return self.call(self._b.write_if, self.url_of(key), "write", key, bytes(data), token)
 
+    def list_objects(self, prefix: str) -> list[tuple[str, int, float]]:
+        """``(key, size, last-modified epoch seconds)`` of every object under ``prefix`` (S3: one LIST a
+        1,000 keys); the garbage collector's listing (warp/registry/gc.py)."""
+        return self.call(self._b.list_objects, self.url_of(prefix), "list", prefix)
+
     def delete_object(self, key: str) -> None:
         """Remove one object (nothing when it is not there); read-only stores refuse."""
         self.call(self._b.delete, self.url_of(key), "write", key)

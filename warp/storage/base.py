@@ -118,6 +118,30 @@ class ObjectStore(abc.ABC):
         None (the caller asks for each key instead); protocols without paged listings answer None."""
         return None
 
+    def list_objects(self, prefix: str) -> list[tuple[str, int, float]]:
+        """``(key, size, modified)`` of every object under ``prefix``, at any depth (``modified``: the
+        object's last-modified time, seconds since the epoch; S3: ``LastModified``). The garbage
+        collector's listing (warp/registry/gc.py)."""
+        base = self.path(prefix).rstrip("/")
+        self.stats.request("LIST")
+        with contextlib.suppress(AttributeError):
+            self.fs.invalidate_cache(base)
+        try:
+            found = self.fs.find(base, detail=True)
+        except FileNotFoundError:
+            return []
+        b = base.lstrip("/")
+        out = []
+        for path, info in found.items():
+            p = path.lstrip("/")
+            if info.get("type") == "directory" or not p.startswith(b):
+                continue
+            when = info.get("mtime", info.get("LastModified", info.get("created", 0.0)))
+            if hasattr(when, "timestamp"):
+                when = when.timestamp()
+            out.append((prefix.rstrip("/") + p[len(b):], int(info.get("size") or 0), float(when or 0.0)))
+        return sorted(out)
+
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         """The bytes and a version token (their SHA-256; S3 uses the ETag); None if absent."""
         try:

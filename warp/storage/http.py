@@ -53,6 +53,9 @@ class HttpObjectStore(ObjectStore):
             hint="name the dataset (e.g. 'warp ls ws/name', 'warp stream ws/name') and give versions as "
                  "full 64-hex hashes; list from the s3:// bucket or folder behind the host")
 
+    def list_objects(self, prefix: str) -> list[tuple[str, int, float]]:
+        return self.list_names(prefix)  # type: ignore[return-value]  # raises NotListableError
+
     def _read_only(self, key: str, *args: Any) -> Any:
         raise read_only_error(self.url, f"write {self.remote.url_of(key)}")
 

@@ -39,6 +39,22 @@ class LocalObjectStore(ObjectStore):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(key))
 
+    def list_objects(self, prefix: str) -> list[tuple[str, int, float]]:
+        """``(key, size, mtime)`` of every file under ``prefix`` (one ``stat`` each), temporaries of
+        writers (``.warp-tmp-*``) and lock files left out."""
+        base = self.path(prefix).rstrip("/")
+        self.stats.request("LIST")
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".warp-tmp-") or name.endswith(".lock"):
+                    continue
+                full = os.path.join(dirpath, name)
+                with contextlib.suppress(FileNotFoundError):  # removed since the walk listed it
+                    st = os.stat(full)
+                    out.append((os.path.relpath(full, self.root).replace(os.sep, "/"), st.st_size, st.st_mtime))
+        return sorted(out)
+
     def put_file_if_absent(self, key: str, local: str) -> bool:
         if os.path.exists(self.path(key)):
             return False

@@ -133,6 +133,25 @@ class S3ObjectStore(ObjectStore):
             token = r.get("NextContinuationToken")
         return None
 
+    def list_objects(self, prefix: str) -> list[tuple[str, int, float]]:
+        """``(key, size, LastModified)`` of every object under ``prefix``: one LIST request a page of
+        1,000 keys."""
+        out = []
+        token = None
+        base = self.object_key(prefix)
+        strip = len(self.object_key(""))
+        while True:
+            kw = {"Bucket": self.bucket, "Prefix": base, "MaxKeys": 1000}
+            if token:
+                kw["ContinuationToken"] = token
+            self.stats.request("LIST")
+            r = self.client.list_objects_v2(**kw)
+            out.extend((o["Key"][strip:], int(o["Size"]), o["LastModified"].timestamp())
+                       for o in r.get("Contents", ()))
+            if not r.get("IsTruncated"):
+                return sorted(out)
+            token = r.get("NextContinuationToken")
+
     def get(self, key: str) -> bytes:
         self.fs.invalidate_cache(self.path(key))
         return super().get(key)
