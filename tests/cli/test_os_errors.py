@@ -65,6 +65,7 @@ RUNS: dict[str, Callable[[Path], list[str]]] = {
     "why": lambda w: ["why", "demo/photos", "0"],
     "diff": lambda w: ["diff", "demo/photos", "--from", _version(w)],
     "card": lambda w: ["card", "demo/photos", "--out", f"{w}/card-{_n()}.md"],
+    "gc": lambda w: ["gc", "--dry-run"],  # the world's store is shared by the tests: mark and count only
 }
 def _version(w: Path) -> str:
     """demo/photos' published version (diff of a version against itself: exit 0)."""

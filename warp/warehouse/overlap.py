@@ -3,8 +3,9 @@
 Without it the ETL reads and hashes every image (the header pass), then plans, then builds: on
 30,000 cold photos the pass is 8-11 s that no worker shares, whatever the worker count
 (BENCHMARKS.md, "Session 8: the quiet reruns"). Here the pass streams its outcomes in label order
-(:class:`~warpdata.warehouse.validate.ProbeStream`) and every full list of ``samples_per_shard``
-kept samples goes to the executor's workers as soon as it is known, built into a folder of its
+(:class:`~warpdata.warehouse.validate.ProbeStream`) into plan()'s own
+:class:`~warpdata.warehouse.shards.ShardCutter`, and every shard's list of kept samples goes to
+the executor's workers as soon as the cutter ends it, built into a folder of its
 own (``<output root>/.warp-tmp-<pid>-overlap-<id>/``), while the pass goes on.
 
 Why the output stays byte-identical and the version unchanged (docs/design.md §11, "The header
