@@ -28,6 +28,7 @@ from warpdata.core.atomic import temp_prefix
 from warpdata.core.canonical import identity
 from warpdata.core.directio import BLOCK, AlignedFile
 from warpdata.core.errors import DataError
+from warpdata.etl import cutter
 from warpdata.etl.objectstore import put_create_only
 from warpdata.formats import twh1
 from warpdata.storage.locations import filesystem, parse_location
@@ -297,98 +298,26 @@ def samples_per_shard(cfg: wconfig.WarehouseConfig, n: int) -> int:
 
 
 # how the auto layout cuts shards (in the version recipe: a build cut another way is another version)
-SHARD_CUT = "key-sha256 local minimum over +-cap/3 keys, at most cap; fixed below 8"
-
-_PAD = 1 << 63  # above every key hash (63 bits): the window past either end of the samples
+SHARD_CUT = cutter.RULE
 
 
-def key_hash(key: str) -> int:
-    """63 bits of the SHA-256 of a sample key: what :class:`ShardCutter` compares."""
-    return int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()[:8], "little") >> 1
-
-
-class ShardCutter:
-    """Cuts samples, pushed in label order, into the runs that become shards.
-
-    ``fixed`` (``[output] shard_samples`` set, or a cap under 8): every ``per_shard`` samples, as
-    asked. Otherwise the cut is content-defined over the sample keys (docs/formats/twh1.md, "Layout
-    across versions"): a shard ends after a sample whose key hash (:func:`key_hash`) is smaller
-    than every other within ``w = per_shard // 3`` samples on either side, and at ``per_shard``
-    samples at the latest (the capacity the memory check sized). Where a shard ends depends on
-    the keys around that point only, never on how many samples came before, so a sample removed
-    from (or inserted into) the middle changes the shard it is in (and, rarely, a neighbour), and
-    every later shard keeps its samples and its bytes. Shards hold about ``2w + 1`` ≈ 0.67 ×
-    ``per_shard`` samples; two cuts are at least ``w + 1`` samples apart unless the cap cut.
-
-    A decision needs the ``w`` keys after a sample, so runs come out a little behind the pushes;
-    :meth:`finish` decides the rest (the window stops at the last sample). :func:`plan` and the
-    overlapped pass (warp/warehouse/overlap.py) push the same samples in the same order, hence
-    cut the same runs."""
+class ShardCutter(cutter.KeyCutter):
+    """:class:`warpdata.etl.cutter.KeyCutter` over the samples' keys: the warehouse's shard cut
+    (docs/formats/twh1.md, "Layout across versions"). :func:`plan` and the overlapped pass
+    (warp/warehouse/overlap.py) push the same samples in the same order, hence cut the same runs."""
 
     def __init__(self, per_shard: int, fixed: bool) -> None:
-        self.per = max(1, per_shard)
-        self.w = 0 if fixed or per_shard < 8 else per_shard // 3
-        self.batch = max(32, self.per // 4)  # decisions are made this many at a time (numpy)
-        self.hashes: list[int] = []
-        self.pending: list[ValidSample] = []  # from the start of the current run to the newest push
-        self.decided = 0  # samples whose cut is decided
-        self.run = 0  # samples of the current run decided so far
-
-    def push(self, sample: ValidSample) -> list[list[ValidSample]]:
-        """Add the next sample; returns the runs this completes (often none)."""
-        self.pending.append(sample)
-        if not self.w:
-            if len(self.pending) >= self.per:
-                out, self.pending = [self.pending], []
-                return out
-            return []
-        self.hashes.append(key_hash(sample.key))
-        if len(self.hashes) - self.decided >= self.w + self.batch:
-            return self._decide(len(self.hashes) - self.w)
-        return []
-
-    def finish(self) -> list[list[ValidSample]]:
-        """The runs left once every sample is pushed."""
-        out = self._decide(len(self.hashes)) if self.w else []
-        if self.pending:
-            out.append(self.pending)
-            self.pending = []
-        return out
-
-    def _decide(self, upto: int) -> list[list[ValidSample]]:
-        import numpy as np
-        from numpy.lib.stride_tricks import sliding_window_view
-
-        w, lo, n = self.w, self.decided, len(self.hashes)
-        # the hashes of [lo - w, upto + w), the window past either end of the samples padded above all
-        seg = np.full(upto - lo + 2 * w, _PAD, dtype=np.uint64)
-        a, b = max(0, lo - w), min(n, upto + w)
-        seg[a - (lo - w):b - (lo - w)] = self.hashes[a:b]
-        win = sliding_window_view(seg, 2 * w + 1)
-        mid = seg[w:w + upto - lo]
-        flags = (mid < win[:, :w].min(axis=1)) & (mid < win[:, w + 1:].min(axis=1))
-        out = []
-        for f in flags.tolist():
-            self.run += 1
-            if f or self.run >= self.per:
-                out.append(self.pending[:self.run])
-                del self.pending[:self.run]
-                self.run = 0
-        self.decided = upto
-        return out
+        super().__init__(per_shard, fixed, key=lambda s: s.key)
 
 
 def expected_shards(n: int, per_shard: int, fixed: bool) -> int:
     """About how many shards ``n`` samples make (:class:`ShardCutter`): a runner sizes batches by it."""
-    mean = per_shard if fixed or per_shard < 8 else 2 * (per_shard // 3) + 1
-    return -(-n // max(1, mean))
+    return cutter.expected_runs(n, per_shard, fixed)
 
 
 def cut_runs(samples: list[ValidSample], per_shard: int, fixed: bool) -> list[list[ValidSample]]:
     """``samples`` in order, cut as :class:`ShardCutter` cuts them."""
-    cutter = ShardCutter(per_shard, fixed)
-    runs = [r for s in samples for r in cutter.push(s)]
-    return runs + cutter.finish()
+    return cutter.cut_by_keys(samples, per_shard, fixed, key=lambda s: s.key)
 
 
 def plan(samples: list[ValidSample], per_shard: int, spec: TransformSpec, max_boxes: int,
