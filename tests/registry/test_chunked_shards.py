@@ -181,3 +181,34 @@ def test_chunks_fall_on_records_of_the_golden_wfs1_shards(tmp_path, name):
         _expect(path, [512 + data_off, *[x * r for x in runs], total - 512 - data_off - n * r])
     assert wfs1_items(data[:64], len(data) - 1) is None  # a length the records do not fill
     assert flags in (0, 1)
+
+
+@pytest.mark.parametrize("items_per_read", [1, 2, 3, 7])
+def test_chunks_are_the_same_whatever_a_read_brings_in(tmp_path, monkeypatch, items_per_read):
+    """Runs and hashes do not depend on where the reads of 8 MiB (here: a few items) fall."""
+    from warpdata.registry import chunks
+
+    data = (GOLDEN / "twh1" / "small_u8.twh1").read_bytes()
+    w, h, c = struct.unpack_from("<III", data, 16)
+    path, total = _as_tar_member(tmp_path, data)
+    want = {t: member_chunks(path, data[:80], 512, len(data), total, target=t) for t in (w * h * c, 3 * w * h * c)}
+    monkeypatch.setattr(chunks, "_READ", items_per_read * w * h * c)
+    for t, expected in want.items():
+        assert member_chunks(path, data[:80], 512, len(data), total, target=t) == expected
+
+
+def test_content_runs_over_many_reads_of_a_synthetic_shard(tmp_path, monkeypatch):
+    from warpdata.registry import chunks
+
+    n, one = 50, 100
+    end = 80 + n * one
+    head = chunks._HEADER.pack(b"TWH1", 1, 2, 0, 10, 10, 1, 0, n, 80, end, end, end, end)
+    imgs = [os.urandom(one) for _ in range(n)]
+    data = head + b"".join(imgs) + b"t" * 100
+    path, total = _as_tar_member(tmp_path, data)
+    runs = run_lengths([zlib.crc32(b) for b in imgs], 3)
+    assert len(runs) > 5
+    want = _expect(path, [512 + 80, *[r * one for r in runs], total - 512 - end])
+    for per_read in (1, 2, 3, 7, 64):
+        monkeypatch.setattr(chunks, "_READ", per_read * one)
+        assert member_chunks(path, data[:80], 512, len(data), total, target=3 * one) == want
