@@ -94,8 +94,11 @@ SCHEMA: dict = {
     },
     "output": {
         "root": Field(str, "warehouse", "warehouse root; versions go to <root>/vYYYYMMDD-<hash12>/"),
-        "shard_size_mb": Field(float, 192.0, "target shard size in MB (128-256 suits NVMe)", check=positive),
-        "shard_samples": Field(int, 0, "samples per shard; 0 derives it from shard_size_mb and min_shards",
+        "shard_size_mb": Field(float, 192.0, "largest shard in MB (128-256 suits NVMe); shards end where the sample "
+                               "keys say, about 2/3 of it on average, so an edit moves no later shard",
+                               check=positive),
+        "shard_samples": Field(int, 0, "samples per shard, exactly (cut by count); 0 derives the largest from "
+                               "shard_size_mb and min_shards and cuts where the keys say",
                                check=non_negative),
         "min_shards": Field(int, 16, "smaller datasets get smaller shards so at least this many exist "
                             "(workers own whole shards: few shards would idle them)", check=positive),
