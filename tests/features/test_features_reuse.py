@@ -192,3 +192,161 @@ def test_to_s3_a_new_version_copies_the_unchanged_shards_of_the_last_one(cli, s3
     ref = tmp_path / "ref"
     etl(cli, cfg, "--input", media, "--output", ref)
     assert got == tree(ref)
+
+
+# --- records removed, newly failing, or failing late mid-way: the key cut keeps the later shards ---
+
+def middle_image(out: Path) -> str:
+    """The key of a captioned JPEG near the middle of the cache (its records in key order)."""
+    keys = (out / "keys.txt").read_text(encoding="utf-8").split()
+    return next(k for k in keys[len(keys) // 2:] if k.endswith(".jpg"))
+
+
+def shifting_image(out: Path) -> str:
+    """The key of a captioned JPEG whose removal changes how many shards the key cut makes, so
+    every later shard moves to the next index (computed with the cutter over the planned records:
+    the stored ones and the late decode failure)."""
+    keys = (out / "keys.txt").read_text(encoding="utf-8").split()
+    late = [json.loads(line)["sample_id"] for line in (out / "quarantine.jsonl").read_text().splitlines()
+            if json.loads(line)["reason"] == "truncated"]
+    planned = sorted(keys + late)
+    n = len(cutter.cut_by_keys(planned, 16, False, key=str))
+    return next(k for i, k in enumerate(planned) if k.endswith(".jpg") and k not in late and i > len(planned) // 4
+                and len(cutter.cut_by_keys(planned[:i] + planned[i + 1:], 16, False, key=str)) != n)
+
+
+def change(media: Path, key: str, how: str) -> None:
+    img = media / key
+    if how == "removed":  # the captioned image gone from the source
+        img.unlink()
+        img.with_suffix(".txt").unlink()
+    elif how == "garbage":  # now fails the header check (decode-error), before any decode
+        img.write_bytes(b"\xff\xd8\xff\xe0 not a JPEG any more " * 4)
+    else:  # "truncated": an intact header, cut short: passes the header pass, fails the full decode
+        raw = img.read_bytes()
+        img.write_bytes(raw[: len(raw) // 3])
+
+
+def shard_files(out: Path) -> dict[tuple[str, ...], bytes]:
+    """Each shard's bytes by its records' keys."""
+    return {tuple(keys): (out / name).read_bytes() for name, keys in by_shard(out).items()}
+
+
+def fixed_config(cfg: Path, tmp_path: Path) -> Path:
+    """The same config with ``[cache] shard_size = 16``: counting cuts, as asked."""
+    fixed = tmp_path / "fixed.toml"
+    fixed.write_text(cfg.read_text(encoding="utf-8") + "\n[cache]\nshard_size = 16\n", encoding="utf-8")
+    return fixed
+
+
+@pytest.mark.parametrize("how, pick, rebuilt_key, rebuilt_fixed",
+                         [("removed", middle_image, 1, 3), ("garbage", middle_image, 1, 3),
+                          ("removed", shifting_image, 2, 3)], ids=["removed", "garbage", "removed-shifting"])
+def test_a_record_gone_from_the_middle_rebuilds_only_the_shards_the_cut_changes(
+        cli, source, tmp_path, how, pick, rebuilt_key, rebuilt_fixed):
+    """One captioned image removed from the middle, or overwritten with garbage (now refused by
+    the header check): the key cut rebuilds the shard that held it (1 task of 8), every other shard
+    is the previous one byte for byte; with ``[cache] shard_size = 16`` (counting cuts) the same
+    edit rebuilds that shard and every later one (3 tasks of 4). Removing an image whose absence
+    makes a new cut (``removed-shifting``) rebuilds the 2 runs around it (of 9), and every later
+    shard is the previous one under the next index (3 tasks of 4 with counting cuts)."""
+    media, cfg = source
+    fixed_cfg = fixed_config(cfg, tmp_path)
+    out, out_fixed = tmp_path / "out", tmp_path / "fixed"
+    etl(cli, cfg, "--input", media, "--output", out)
+    etl(cli, fixed_cfg, "--input", media, "--output", out_fixed)
+    assert json.loads((out_fixed / "manifest.json").read_text())["fingerprint_inputs"]["dataset"]["shard_cut"] \
+        == "fixed"
+    old = shard_files(out)
+    victim = pick(out)
+
+    change(media, victim, how)
+    etl(cli, cfg, "--input", media, "--output", out)
+    etl(cli, fixed_cfg, "--input", media, "--output", out_fixed)
+    new = shard_files(out)
+    fresh = [keys for keys in new if keys not in old]  # runs the cut changed: built again
+    assert len(rebuilt(out)) == len(fresh) == rebuilt_key and 1 <= len(fresh) <= 3
+    assert any(victim in keys for keys in old if keys not in new)
+    for keys, raw in new.items():
+        if keys in old:
+            assert raw == old[keys], keys  # reused byte for byte
+    assert metrics(out)["shards_from_previous"] == len(new) - len(fresh)
+    assert (len(new) != len(old)) == (pick is shifting_image)  # later shards under the next index
+    assert len(rebuilt(out_fixed)) == rebuilt_fixed > rebuilt_key
+
+    ref = tmp_path / "ref"
+    etl(cli, cfg, "--input", media, "--output", ref)
+    assert tree(out) == tree(ref)
+    assert cli("inspect", out, "--verify").code == 0
+
+
+def test_a_late_decode_failure_mid_way_recuts_only_the_shards_around_it(cli, source, tmp_path):
+    """A JPEG cut short mid-way passes the header pass and fails the full decode: its task alone is
+    decoded again (its content changed), and of the shards only the runs the key cut over the
+    surviving records ends elsewhere are re-cut from the parts; every other shard is a part as it
+    is, the previous version's bytes. The layout is the key cut over the records that survived."""
+    media, cfg = source
+    out = tmp_path / "out"
+    etl(cli, cfg, "--input", media, "--output", out)
+    old = shard_files(out)
+    victim = middle_image(out)
+    change(media, victim, "truncated")
+    etl(cli, cfg, "--input", media, "--output", out)
+    m, met = json.loads((out / "manifest.json").read_text()), metrics(out)
+    assert len(rebuilt(out)) == 1
+    assert m["quarantine"]["aggregate"]["by_reason"]["truncated"] == 2  # the planted one and this one
+    recut = [s for s in m["shards"][:-1] if "parts" in s]  # the last shard is re-cut for the planted one
+    assert 1 <= len(recut) == met["shards_repacked"] - 1 <= 3
+    keys = (out / "keys.txt").read_text(encoding="utf-8").split()
+    assert [list(k) for k in shard_files(out)] == cutter.cut_by_keys(keys, 16, False, key=str)
+    for keys_, raw in shard_files(out).items():
+        if keys_ in old and victim not in keys_:
+            assert raw == old[keys_]
+    ref = tmp_path / "ref"
+    etl(cli, cfg, "--input", media, "--output", ref)
+    assert tree(out) == tree(ref)
+
+
+@pytest.mark.s3
+def test_from_s3_a_removed_image_reads_only_the_media_of_the_shards_the_cut_changes(
+        cli, s3, source, tmp_path, monkeypatch):
+    """A source on moto S3, one captioned image (and its caption) deleted from the middle: the
+    build GETs the media of the shard the key cut changes, each once (15 GETs), where counting
+    cuts (``[cache] shard_size = 16``) GET the media of that shard and every later one (45)."""
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    media, cfg = source
+    fixed_cfg = fixed_config(cfg, tmp_path)
+    for p in sorted(media.rglob("*")):
+        if p.is_file():
+            s3.client.put_object(Bucket=s3.bucket, Key=f"src/{p.relative_to(media).as_posix()}", Body=p.read_bytes())
+    out, out_fixed = tmp_path / "out", tmp_path / "fixed"
+    etl(cli, cfg, "--input", s3.url("src"), "--output", str(out))
+    etl(cli, fixed_cfg, "--input", s3.url("src"), "--output", str(out_fixed))
+    old, old_fixed = shard_files(out), shard_files(out_fixed)
+    victim = middle_image(out)
+    for key in (victim, victim[:-4] + ".txt"):
+        s3.client.delete_object(Bucket=s3.bucket, Key=f"src/{key}")
+    change(media, victim, "removed")
+
+    def source_gets() -> Counter:
+        return Counter(q["key"][len("src/"):] for q in s3.requests("GET") if q["key"].startswith("src/"))
+
+    s3.reset_counts()
+    etl(cli, cfg, "--input", s3.url("src"), "--output", str(out))
+    gets = source_gets()
+    fresh = [k for keys in shard_files(out) if keys not in old for k in keys]
+    assert gets == Counter(dict.fromkeys(fresh, 1)) and sum(gets.values()) == 15
+    assert len(rebuilt(out)) == 1
+
+    s3.reset_counts()
+    etl(cli, fixed_cfg, "--input", s3.url("src"), "--output", str(out_fixed))
+    gets_fixed = source_gets()
+    fresh_fixed = [k for keys in shard_files(out_fixed) if keys not in old_fixed for k in keys]
+    # the rebuilt shards' stored records, and the late decode failure among their tasks' records
+    assert set(fresh_fixed) <= set(gets_fixed) <= set(fresh_fixed) | {"group_001/truncated.jpg"}
+    assert set(gets_fixed.values()) == {1}
+    assert sum(gets_fixed.values()) == 45
+
+    ref = tmp_path / "ref"
+    etl(cli, cfg, "--input", media, "--output", ref)
+    assert tree(out) == tree(ref)
