@@ -350,3 +350,31 @@ def test_from_s3_a_removed_image_reads_only_the_media_of_the_shards_the_cut_chan
     ref = tmp_path / "ref"
     etl(cli, cfg, "--input", media, "--output", ref)
     assert tree(out) == tree(ref)
+
+
+@pytest.mark.s3
+def test_to_s3_a_late_failure_that_moves_later_shards_gives_the_cold_build(cli, s3, source, tmp_path, monkeypatch):
+    """An s3:// output, a JPEG cut short whose loss makes the key cut over the surviving records
+    one cut fewer or more: the parts after it are shards under an index moved by one (fetched,
+    checked and put under their new name), the parts around it re-cut; the version is what a
+    local cold build writes."""
+    monkeypatch.setenv("WARP_CACHE_DIR", str(tmp_path / "cache"))
+    media, cfg = source
+    ref = tmp_path / "ref"
+    etl(cli, cfg, "--input", media, "--output", ref)
+    kept = (ref / "keys.txt").read_text(encoding="utf-8").split()
+    n = len(cutter.cut_by_keys(kept, 16, False, key=str))
+    victim = next(k for i, k in enumerate(kept) if k.endswith(".jpg") and i > len(kept) // 4
+                  and len(cutter.cut_by_keys(kept[:i] + kept[i + 1:], 16, False, key=str)) != n)
+    etl(cli, cfg, "--input", media, "--output", s3.url("fc"))
+    change(media, victim, "truncated")
+    res = etl(cli, cfg, "--input", media, "--output", s3.url("fc"))
+    prefix = f"fc/{res['path'].rstrip('/').rsplit('/', 1)[-1]}/"
+    got = {o["Key"][len(prefix):]: s3.client.get_object(Bucket=s3.bucket, Key=o["Key"])["Body"].read()
+           for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix)["Contents"]}
+    m = json.loads(got.pop("metrics.json"))
+    assert m["shards_moved"] > 0 and 1 <= m["shards_repacked"] <= 4
+    assert len([t for t in m["tasks"] if not t["reused"]]) == 1  # the task of the image cut short
+    etl(cli, cfg, "--input", media, "--output", ref)
+    assert got == tree(ref)
+    assert json.loads(got["manifest.json"])["records"] == len(kept) - 1
