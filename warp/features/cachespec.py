@@ -126,7 +126,7 @@ class CacheSpec:
     encoder_dtype: str = "float16"
     caching_batch_size: int = 64
     caching_device: str = "auto"
-    shard_size: int | None = None  # default: caching_batch_size with an encoder, else 512
+    shard_size: int | None = None  # set: fixed counts; default: key cut, cap caching_batch_size with an encoder, else 512
     store_pixels: bool | None = None  # default: True without an encoder
     thresholds: Thresholds = field(default_factory=Thresholds)
     sources: list[SourceDir] | None = None
