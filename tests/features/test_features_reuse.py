@@ -284,12 +284,14 @@ def test_a_late_decode_failure_mid_way_recuts_only_the_shards_around_it(cli, sou
     """A JPEG cut short mid-way passes the header pass and fails the full decode: its task alone is
     decoded again (its content changed), and of the shards only the runs the key cut over the
     surviving records ends elsewhere are re-cut from the parts; every other shard is a part as it
-    is, the previous version's bytes. The layout is the key cut over the records that survived."""
+    is, the previous version's bytes. The layout is the key cut over the records that survived.
+    With the image intact again, the next version is the first one byte for byte."""
     media, cfg = source
     out = tmp_path / "out"
     etl(cli, cfg, "--input", media, "--output", out)
-    old = shard_files(out)
+    old, first = shard_files(out), tree(out)
     victim = middle_image(out)
+    intact = (media / victim).read_bytes()
     change(media, victim, "truncated")
     etl(cli, cfg, "--input", media, "--output", out)
     m, met = json.loads((out / "manifest.json").read_text()), metrics(out)
@@ -305,6 +307,14 @@ def test_a_late_decode_failure_mid_way_recuts_only_the_shards_around_it(cli, sou
     ref = tmp_path / "ref"
     etl(cli, cfg, "--input", media, "--output", ref)
     assert tree(out) == tree(ref)
+
+    # the image intact again: its task is built again, the parts the re-cut spread over shards
+    # are written back from them, and the cache is the first one, byte for byte
+    (media / victim).write_bytes(intact)
+    etl(cli, cfg, "--input", media, "--output", out)
+    assert len(rebuilt(out)) == 1 and metrics(out)["shards_repacked"] == 1  # the planted late failure's
+    assert metrics(out)["shards_from_previous"] == len(metrics(out)["tasks"]) - 1
+    assert tree(out) == first
 
 
 @pytest.mark.s3
