@@ -831,9 +831,10 @@ def _fetch_parts(parts: list[tuple[PartTask, PartResult]]) -> None:
 def _finish_in_store(target: Any, local: Path, manifest: dict[str, Any], metrics: dict[str, Any],
                      reasons: list[str], journal: Any, build_dir: Path, built: int) -> BuildResult:
     """The version's files to the store (docs/features-config.md, "Output on object storage"):
-    re-cut shards, parts placed under another index than their own, and ``metrics.json`` (plain PUTs: a rerun may change them before the manifest names
-    them), every other file create-only, ``manifest.json`` last, then ``latest``; then the receipts,
-    the build prefix and the staging copy go."""
+    re-cut shards, parts placed under another index than their own, and ``metrics.json`` (plain
+    PUTs: a rerun may change them before the manifest names them), every other file create-only,
+    ``manifest.json`` last, then ``latest``; then the receipts, the build prefix and the staging
+    copy go. ``built``: the parts their workers uploaded under their shard's name."""
 
     t_up = time.perf_counter()
     names = {s["path"] for s in manifest["shards"]}
