@@ -214,7 +214,7 @@ def test_cli_etl_build_reuse_and_inspect(tmp_path, cli):
     r = cli("inspect", str(shard), "--json")
     assert r.code == 0 and r.json()["kind"] == "feature-shard"
     data = bytearray(shard.read_bytes())
-    data[-40] ^= 1  # inside the CRC table
+    data[-33] ^= 1  # the last byte of the CRC table (before the 32-byte trailer)
     shard.write_bytes(bytes(data))
     r = cli("inspect", doc["path"], "--verify")
     assert r.code == 1 and "trailer CRC-32C mismatch" in r.err

@@ -27,7 +27,7 @@ from warpdata.core import sidetables
 from warpdata.core.atomic import TMP_PREFIX, atomic_dir, atomic_file, atomic_write_bytes
 from warpdata.core.canonical import canonical_json, identity, seal, sha256_file
 from warpdata.core.errors import ConfigError, DataError, InternalError, MissingInputError
-from warpdata.etl import cut, objectstore
+from warpdata.etl import cutter, objectstore
 from warpdata.etl.driver import Plug, drive
 from warpdata.etl.executors import (
     ExecutorSpec,
@@ -167,10 +167,9 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
 
     fields = base_fields(spec) + (batch_encoder.fields if batch_encoder else [])
     batch = spec.caching_batch_size if spec.encoder else PIXEL_BATCH
-    per_shard = spec.effective_shard_size
     h, w = spec.size
     planned = [i for i in range(len(items)) if i not in probed]
-    runs = cut(planned, per_shard)
+    runs = _cut_runs(planned, items, spec)
     name_hash = identity(os.path.abspath(outp))[:8]
     build_dir = outp.parent / f"{BUILD_PREFIX}{fp[:12]}-{name_hash}"
     if decode_threads <= 0:
@@ -184,7 +183,7 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                 _ENCODERS.setdefault(enc_ref, batch_encoder)
     pool_key = own_pool or f"threads-{decode_threads}"
     tasks = [PartTask(j, str(build_dir / PART_PATTERN.format(j)), recipe, spec, fields, [items[i] for i in run],
-                      [i // batch for i in run], enc_ref, decode_threads, pool_key)
+                      _batches(run, batch, spec), enc_ref, decode_threads, pool_key)
              for j, run in enumerate(runs)]
     if target is not None:
         for t in tasks:
@@ -205,6 +204,23 @@ def build_cache(spec: CacheSpec, *, clear: bool = False, allow_invalid: bool = F
                 with _ENCODER_LOCK:
                     if _ENCODERS.get(enc_ref) is batch_encoder:
                         del _ENCODERS[enc_ref]
+
+
+def _cut_runs(planned: list[int], items: list[MediaItem], spec: CacheSpec) -> list[list[int]]:
+    """``planned`` (item indices in scan order) cut into the runs that become shards: by the
+    records' keys (:mod:`warpdata.etl.cutter`, cap ``effective_shard_size``), or every
+    ``effective_shard_size`` records when ``spec.shard_cut`` is ``"fixed"``
+    (docs/formats/feature-shard.md, "Shard boundaries")."""
+    return cutter.cut_by_keys(planned, spec.effective_shard_size, spec.shard_cut == "fixed", key=lambda i: items[i].key)
+
+
+def _batches(run: Sequence[int], batch: int, spec: CacheSpec) -> list[int]:
+    """Each record's encoder batch in its task: its position in the task // ``batch`` under the key
+    cut, so a task's batches (and bytes) depend on its records alone; its scan position // ``batch``
+    under fixed counts, the single-process writer's batches (docs/formats/feature-shard.md)."""
+    if spec.shard_cut == "fixed":
+        return [i // batch for i in run]
+    return [k // batch for k in range(len(run))]
 
 
 def _probe_sources(items: list[MediaItem], remote: dict[str, Any], workers: int, max_pixels: int
@@ -612,24 +628,25 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
     sizes = [s for r in results for s in r.orig_sizes]
     kept_rows = [(items[i].caption, items[i].is_video, int(oh), int(ow)) for i, (oh, ow) in zip(kept, sizes, strict=True)]
     records = len(kept)
-    # parts before the first full-decode failure are the shards; after it the boundaries moved
-    first_late = next((r.index for r in results if r.failures), len(results))
     t0 = time.perf_counter()
+    layout = _final_layout(tasks, results, runs, kept, items, spec)
     if target is not None:
-        # the parts after the first late failure are re-cut here: bring them back from the store
-        _fetch_parts([(tasks[r.index], r) for r in results[first_late:] if r.records])
+        # a part re-cut here or placed under another index: brought back from the store (verified)
+        _fetch_parts([(tasks[j], results[j]) for j in layout.fetch])
     final = outp if target is None else outp.parent / target.vdir
     with atomic_dir(final, replace=True) as tmp:
-        shards = []
-        for r in results[:first_late]:
-            name = SHARD_PATTERN.format(r.index)
-            if target is None:  # in the store the worker uploaded it under this name already
-                _place(tasks[r.index].path, tmp / name)
-            shards.append({"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256,
-                           "task": task_sha256(tasks[r.index])})
-        shards += _repack([(tasks[r.index].path, r.records, task_sha256(tasks[r.index]), r.sha256)
-                           for r in results[first_late:] if r.records], tmp,
-                          first_late, spec.effective_shard_size, fields, n_workers)
+        shards: list[dict[str, Any]] = [{}] * len(layout.runs)
+        for k, j in layout.placed.items():
+            r, name = results[j], SHARD_PATTERN.format(k)
+            # in the store the worker uploaded it under its own index's name already
+            if target is None or k != j:
+                _place(tasks[j].path, tmp / name)
+            shards[k] = {"path": name, "records": r.records, "bytes": r.bytes, "sha256": r.sha256,
+                         "task": task_sha256(tasks[j])}
+        recut = sorted(layout.recut)
+        for k, entry in zip(recut, _repack([layout.recut[k] for k in recut], tmp, recut, fields, n_workers),
+                            strict=True):
+            shards[k] = entry
         t_repack = time.perf_counter() - t0
         manifest = {
             "kind": KIND,
@@ -657,17 +674,69 @@ def _build(spec: CacheSpec, tasks: list[PartTask], runs: list[Sequence[int]], it
                                                                               kept_source, spec, q))
         manifest = seal(manifest)  # docs/formats/feature-shard.md: the reader checks it on open
         wall = time.perf_counter() - t_start
-        metrics.update(_run_metrics(results, len(shards), first_late, records, wall, t_build, t_repack, device, spec,
-                                    drove))
+        metrics.update(_run_metrics(results, layout, records, wall, t_build, t_repack, device, spec, drove))
         metrics["shards_from_previous"] = len(adopted)
         atomic_write_bytes(tmp / "metrics.json", json.dumps(metrics, indent=1, sort_keys=True).encode(), fsync=False)
         atomic_write_bytes(tmp / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True,
                                                            ensure_ascii=False).encode("utf-8"), fsync=False)
     if target is not None:
-        return _finish_in_store(target, final, manifest, metrics, reasons, journal, build_dir, first_late, results)
+        built = sum(1 for k, j in layout.placed.items() if k == j and not results[j].reused)
+        return _finish_in_store(target, final, manifest, metrics, reasons, journal, build_dir, built)
     journal.remove()
     shutil.rmtree(build_dir, ignore_errors=True)
     return BuildResult("built", str(outp), manifest, metrics, reasons)
+
+
+@dataclasses.dataclass
+class ShardLayout:
+    """The shards of a version: ``runs``, the key cut (or fixed counts) over the records that
+    survived every decode; shard ``k`` is part ``placed[k]`` as it is when that part stored every
+    record of its task and its task's run is run ``k``, else re-cut from the part ranges
+    ``recut[k]`` (path, first and end record, task identity, part SHA-256). ``fetch``: the parts
+    an output on object storage must bring back (re-cut, or placed under another index)."""
+
+    runs: list[list[int]]
+    placed: dict[int, int]
+    recut: dict[int, list[tuple[str, int, int, str, str]]]
+    fetch: list[int]
+
+
+def _final_layout(tasks: list[PartTask], results: list[PartResult], runs: list[Sequence[int]], kept: list[int],
+                  items: list[MediaItem], spec: CacheSpec) -> ShardLayout:
+    """Where each stored record goes (docs/formats/feature-shard.md, "Building on an executor",
+    step 5): with no late decode failure every part is its shard; after one, the cut is made again
+    over the records that survived, and only the runs it ends elsewhere are re-cut: with the key
+    cut the runs around the failure (a later part keeps its records, maybe under an index moved
+    by one), with fixed counts every run from the failure on."""
+    failed = any(r.failures for r in results)
+    final = _cut_runs(kept, items, spec) if failed else [list(r) for r in runs]
+    whole = {tuple(runs[r.index]): r.index for r in results if not r.failures and r.records}
+    where: dict[int, tuple[int, int]] = {}  # item index -> (part, record in the part)
+    for r in results:
+        lost = {f[0] for f in r.failures}
+        pos = 0
+        for p, i in enumerate(runs[r.index]):
+            if p not in lost:
+                where[i] = (r.index, pos)
+                pos += 1
+    placed: dict[int, int] = {}
+    recut: dict[int, list[tuple[str, int, int, str, str]]] = {}
+    for k, run in enumerate(final):
+        j = whole.get(tuple(run))
+        if j is not None:
+            placed[k] = j
+            continue
+        ranges: list[tuple[str, int, int, str, str]] = []
+        for i in run:
+            part, pos = where[i]
+            if ranges and ranges[-1][0] == tasks[part].path and ranges[-1][2] == pos:
+                ranges[-1] = (*ranges[-1][:2], pos + 1, *ranges[-1][3:])
+            else:
+                ranges.append((tasks[part].path, pos, pos + 1, task_sha256(tasks[part]), str(results[part].sha256)))
+        recut[k] = ranges
+    by_path = {t.path: t.index for t in tasks}
+    fetch = {j for k, j in placed.items() if k != j} | {by_path[x[0]] for rs in recut.values() for x in rs}
+    return ShardLayout(final, placed, recut, sorted(fetch))
 
 
 def _log_problems(verdict: Any, results: list[PartResult], spec: CacheSpec) -> int:
@@ -713,7 +782,7 @@ def _verdicts_in_scan_order(tasks: list[PartTask], results: list[PartResult], ru
     return late
 
 
-def _run_metrics(results: list[PartResult], n_shards: int, first_late: int, records: int, wall: float,
+def _run_metrics(results: list[PartResult], layout: ShardLayout, records: int, wall: float,
                  t_build: float, t_repack: float, device: str | None, spec: CacheSpec, drove: Any) -> dict[str, Any]:
     """The run's figures for ``metrics.json`` (timings, rates, where each part ran)."""
     bt = [b for r in results for b in r.batches]
@@ -733,7 +802,8 @@ def _run_metrics(results: list[PartResult], n_shards: int, first_late: int, reco
         "receipts": drove.as_dict(),
         "shards_reused": sum(r.reused for r in results),
         "shards_built": sum(not r.reused for r in results),
-        "shards_repacked": n_shards - first_late,
+        "shards_repacked": len(layout.recut),
+        "shards_moved": sum(1 for k, j in layout.placed.items() if k != j),
         "tasks": [{"index": r.index, "records": r.records, "worker": r.worker, "encoder_loads": r.encoder_loads,
                    "reused": r.reused} for r in results],
     }
@@ -759,12 +829,12 @@ def _fetch_parts(parts: list[tuple[PartTask, PartResult]]) -> None:
 
 
 def _finish_in_store(target: Any, local: Path, manifest: dict[str, Any], metrics: dict[str, Any],
-                     reasons: list[str], journal: Any, build_dir: Path, first_late: int,
-                     results: list[PartResult]) -> BuildResult:
+                     reasons: list[str], journal: Any, build_dir: Path, built: int) -> BuildResult:
     """The version's files to the store (docs/features-config.md, "Output on object storage"):
-    re-cut shards and ``metrics.json`` (plain PUTs: a rerun may change them before the manifest names
-    them), every other file create-only, ``manifest.json`` last, then ``latest``; then the receipts,
-    the build prefix and the staging copy go."""
+    re-cut shards, parts placed under another index than their own, and ``metrics.json`` (plain
+    PUTs: a rerun may change them before the manifest names them), every other file create-only,
+    ``manifest.json`` last, then ``latest``; then the receipts, the build prefix and the staging
+    copy go. ``built``: the parts their workers uploaded under their shard's name."""
 
     t_up = time.perf_counter()
     names = {s["path"] for s in manifest["shards"]}
@@ -779,7 +849,6 @@ def _finish_in_store(target: Any, local: Path, manifest: dict[str, Any], metrics
     fremote.put_overwrite(str(local / "metrics.json"), target.shard_url("metrics.json"))
     (local / "metrics.json").unlink()
     dest, counts = objectstore.upload_version(local, target.url)
-    built = sum(1 for r in results[:first_late] if r.records and not r.reused)
     counts = {"uploaded": counts["uploaded"] + built + len(recut) + 1, "reused": counts["reused"]}
     journal.remove()
     fremote.remove(target.build_url)

@@ -21,6 +21,7 @@ from warpdata.core.canonical import identity
 from warpdata.core.errors import ConfigError, DataError
 from warpdata.core.jsondoc import load_json
 from warpdata.core.names import FEATURE_CACHE
+from warpdata.etl import cutter
 from warpdata.etl.quarantine import (
     Thresholds,
     register_reason,
@@ -125,7 +126,7 @@ class CacheSpec:
     encoder_dtype: str = "float16"
     caching_batch_size: int = 64
     caching_device: str = "auto"
-    shard_size: int | None = None  # default: caching_batch_size with an encoder, else 512
+    shard_size: int | None = None  # set: fixed counts; default: key cut, cap caching_batch_size with an encoder, else 512
     store_pixels: bool | None = None  # default: True without an encoder
     thresholds: Thresholds = field(default_factory=Thresholds)
     sources: list[SourceDir] | None = None
@@ -146,6 +147,15 @@ class CacheSpec:
         if self.shard_size is not None:
             return self.shard_size
         return self.caching_batch_size if self.encoder else DEFAULT_SHARD_SIZE
+
+    @property
+    def shard_cut(self) -> str:
+        """How records are cut into shards (docs/formats/feature-shard.md, "Shard boundaries"):
+        ``"fixed"`` (every ``effective_shard_size`` records) when ``[cache] shard_size`` is set, as
+        asked, or the size is under 8; else :data:`warpdata.etl.cutter.RULE`, the key cut with
+        ``effective_shard_size`` as its cap. The fingerprint names it: a cache cut another way is
+        another version."""
+        return "fixed" if self.shard_size is not None or self.effective_shard_size < 8 else cutter.RULE
 
     @property
     def effective_store_pixels(self) -> bool:
@@ -192,7 +202,7 @@ def fingerprint_inputs(spec: CacheSpec, digest: str, encoder_identity: dict[str,
         "caption_prefix": spec.caption_prefix, "caption_ext": spec.caption_ext,
         "target_size": [h, w], "interpolation": spec.interpolation,
         "max_caption_bytes": spec.max_caption_bytes, "store_pixels": spec.effective_store_pixels,
-        "shard_size": spec.effective_shard_size, "source_digest": digest}
+        "shard_size": spec.effective_shard_size, "shard_cut": spec.shard_cut, "source_digest": digest}
     if spec.max_pixels != DEFAULT_MAX_PIXELS:  # another cap keeps other records
         dataset["max_pixels"] = spec.max_pixels
     if spec.sources is not None:

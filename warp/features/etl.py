@@ -82,7 +82,8 @@ SCHEMA: dict[str, Any] = {
         "options": Field(dict, {}, "keyword arguments for the encoder factory"),
     },
     "cache": {
-        "shard_size": Field(int, 0, "records per shard (0: caching_batch_size with an encoder, else 512)",
+        "shard_size": Field(int, 0, "exactly this many records per shard (0: shards cut by the records' keys, "
+                            "at most caching_batch_size with an encoder, else 512)",
                             check=non_negative),
         "max_caption_bytes": Field(int, 512, "stored caption bytes per record (UTF-8, truncated on a character)",
                                    check=positive),

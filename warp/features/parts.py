@@ -117,7 +117,9 @@ class PartTask:
     spec: CacheSpec
     fields: list[FieldSpec]
     items: list[MediaItem]
-    batches: list[int]  # each item's encoder batch: its position in the scan // batch size
+    # each item's encoder batch: its position in its task // batch size under the key cut, its
+    # position in the scan // batch size under fixed counts (docs/formats/feature-shard.md)
+    batches: list[int]
     encoder: EncoderRef | None
     decode_threads: int
     pool_key: str
@@ -193,7 +195,7 @@ def build_part(task: PartTask) -> PartResult:
         a, b = groups[gi]
         return [pool.submit(decode_one, gi % nbuf, j, items[a + j]) for j in range(b - a)]
 
-    writer = FeatureShardWriter(task.path, task.fields, meta={"shard": task.index, "task": task_sha256(task)},
+    writer = FeatureShardWriter(task.path, task.fields, meta={"task": task_sha256(task)},
                                 fsync=False)  # the cache directory is fsync'd as a whole (atomic_dir)
     inflight = {gi: submit(gi) for gi in range(min(nbuf - 1, len(groups)))}
     failures: list[list[Any]] = []
@@ -273,11 +275,12 @@ def batching(batches: Sequence[int]) -> list[int]:
 
 def task_sha256(task: PartTask) -> str:
     """A part's identity: what its receipt binds to and what its shard's meta says
-    (``"task"``). The recipe (config, encoder, code; not the other shards' sources), the part's
-    place, its records (key and content digest) and its encoder batches: the same task in another
-    version of the cache is the same bytes (docs/formats/feature-shard.md, "Reusing the shards of
-    the previous version")."""
-    return identity([task.recipe, task.index, [[it.key, it.digest] for it in task.items], batching(task.batches)])
+    (``"task"``). The recipe (config with the cut rule, encoder, code; not the other shards'
+    sources), its records (key and content digest) and its encoder batches: the same task in
+    another version of the cache is the same bytes (docs/formats/feature-shard.md, "Reusing the
+    shards of the previous version"). Not the part's index: a cut that appears or disappears
+    before it moves the index by one, not the records, so the shard is reused under its new name."""
+    return identity([task.recipe, [[it.key, it.digest] for it in task.items], batching(task.batches)])
 
 
 def adopt(task: PartTask, entry: dict[str, Any], path: str, max_caption_bytes: int) -> PartResult | None:
@@ -338,7 +341,7 @@ def reassemble(task: PartTask, ranges: list[tuple[str, int, int, int]], sha256: 
     kept = len(task.items) - len(failures)
     if not kept or sum(b - a for _, _, a, b in ranges) != kept:
         return None
-    writer = FeatureShardWriter(task.path, task.fields, meta={"shard": task.index, "task": task_sha256(task)},
+    writer = FeatureShardWriter(task.path, task.fields, meta={"task": task_sha256(task)},
                                 fsync=False)
     try:
         for path, off, a, b in ranges:
@@ -440,35 +443,22 @@ def _probe_all(items: Sequence[MediaItem], workers: int, max_pixels: int = DEFAU
         return {i: f for i, f in enumerate(found) if f is not None}
 
 
-def _repack(parts: list[tuple[str, int, str, str]], out_dir: Path, first: int, per_shard: int,
+def _repack(final: list[list[tuple[str, int, int, str, str]]], out_dir: Path, indices: list[int],
             fields: list[FieldSpec], threads: int) -> list[dict[str, Any]]:
-    """Shards ``first``, ``first + 1``, … of ``per_shard`` records each from the records of ``parts``
-    (path, record count, task identity, SHA-256), in order: the cut after a full-decode failure
-    moved the boundaries. A re-cut shard's entry names the part ranges it holds (``parts``: task
-    identity, first and end record of the part, the part's SHA-256), and its identity is theirs."""
-    plan: list[list[tuple[str, int, int, str, str]]] = []
-    cur: list[tuple[str, int, int, str, str]] = []
-    n = 0
-    for path, count, tid, sha in parts:
-        a = 0
-        while a < count:
-            take = min(per_shard - n, count - a)
-            cur.append((path, a, a + take, tid, sha))
-            n += take
-            a += take
-            if n == per_shard:
-                plan.append(cur)
-                cur, n = [], 0
-    if cur:
-        plan.append(cur)
+    """The re-cut shards: shard ``indices[k]`` holds the part ranges ``final[k]`` (path, first and
+    end record of the part, task identity, SHA-256), in order. The key cut over the records that
+    survived a late decode failure ends a run elsewhere than the parts do near the failure
+    (docs/formats/feature-shard.md, "Building on an executor"). A re-cut shard's entry names the
+    part ranges it holds (``parts``: task identity, first and end record of the part, the part's
+    SHA-256), and its identity is theirs."""
 
     def one(k: int) -> dict[str, Any]:
-        name = SHARD_PATTERN.format(first + k)
-        held = [[t, a, b, sha] for _, a, b, t, sha in plan[k]]
-        tid = identity(["re-cut", first + k, held])
-        w = FeatureShardWriter(out_dir / name, fields, meta={"shard": first + k, "task": tid}, fsync=False)
+        name = SHARD_PATTERN.format(indices[k])
+        held = [[t, a, b, sha] for _, a, b, t, sha in final[k]]
+        tid = identity(["re-cut", held])
+        w = FeatureShardWriter(out_dir / name, fields, meta={"task": tid}, fsync=False)
         try:
-            for path, a, b, _, _ in plan[k]:
+            for path, a, b, _, _ in final[k]:
                 with FeatureShardReader(path) as r:
                     w.append_batch({f.name: r.records[f.name][a:b] for f in fields})
             info = w.close()
@@ -478,8 +468,8 @@ def _repack(parts: list[tuple[str, int, str, str]], out_dir: Path, first: int, p
         return {"path": name, "records": info.records, "bytes": info.bytes, "sha256": info.sha256, "task": tid,
                 "parts": held}
 
-    with ThreadPoolExecutor(max(1, min(threads, len(plan) or 1))) as pool:
-        return list(pool.map(one, range(len(plan))))
+    with ThreadPoolExecutor(max(1, min(threads, len(final) or 1))) as pool:
+        return list(pool.map(one, range(len(final))))
 
 
 def _place(src: str, dst: Path) -> None:

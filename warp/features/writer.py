@@ -14,7 +14,7 @@ Contract:
   the code versions (warpdata, WFS format, Pillow, torch). A cache whose
   fingerprint matches and whose shards are present is reused untouched;
   any change builds a new one, which takes from the previous one every
-  shard whose task identity (recipe + its own records) is unchanged,
+  shard whose task identity (recipe + its own records, not its index) is unchanged,
   verified by its recorded SHA-256 (docs/formats/feature-shard.md,
   "Reusing the shards of the previous version"). The manifest is sealed by ``content_sha256``
   (:mod:`.manifest`); an unsealed or damaged one is rebuilt. The new cache is
@@ -43,10 +43,10 @@ object storage"; :mod:`warpdata.features.remote`). The bytes are those of a loca
 
 The build runs on the ETL kit (docs/formats/feature-shard.md, "Building on an
 executor"): the driver scans and probes every header (:func:`~warpdata.features.transform.probe`),
-cuts the probed records by count into :class:`PartTask` s (:func:`build_part`:
+cuts the probed records by their keys (or fixed counts) into :class:`PartTask` s (:func:`build_part`:
 pure, one WFS1 file each, receipted), runs them on any executor
-(``warpdata.etl.executors``), turns the parts into shards (re-packing after a
-late decode failure so every shard but the last holds ``shard_size`` records)
+(``warpdata.etl.executors``), turns the parts into shards (re-cutting, after a
+late decode failure, the runs the cut over the surviving records ends elsewhere)
 and commits. Inside a task, decoding runs on the worker's thread pool (Pillow
 releases the GIL while decoding and resizing) one to two batches ahead of the
 encoder, into preallocated rotating buffers, so the encoder is fed while the

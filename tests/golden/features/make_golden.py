@@ -5,9 +5,12 @@
 ``expected.json`` was written by the single-process writer that predates the
 ETL kit (commit b67f332, ``warp/features/writer.py``), so
 ``tests/features/test_features_kit.py`` checks that the kit's plan (a driver
-probe, count-cut shard tasks, a re-pack after a late decode failure:
+probe, count-cut shard tasks, a re-cut after a late decode failure:
 docs/formats/feature-shard.md, "Building on an executor") still writes the
-same records into the same shards. Each case builds from
+same records into the same shards. Every case is cut by fixed counts
+(``shard_size`` set, or a size under 8: "Shard boundaries"); it was last
+regenerated when the shard meta lost its index and the manifest gained
+``shard_cut``, records and data unchanged. Each case builds from
 ``warpdata.sampledata.captions`` (planted broken files included: the
 truncated JPEG of the first folder sits mid-cache, so later shards are
 re-packed). Hashes leave out what the code versions reach (the fingerprint
