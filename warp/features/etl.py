@@ -46,6 +46,16 @@ from warpdata.formats.imageinfo import DEFAULT_MAX_PIXELS
 MAX_REPEATS = 1_000_000  # the manifest schema's bound too (warp/features/manifest.schema.json)
 
 
+def _shards_row(m: dict[str, Any]) -> str:
+    """``N x S`` when every shard but the last holds S records (a count cut), else the count and the
+    cap (shards cut where the record keys say: docs/formats/feature-shard.md)."""
+    shards = m.get("shards", [])
+    size = m.get("shard_size")
+    if all(s.get("records") == size for s in shards[:-1]):
+        return f"{len(shards)} x {size}"
+    return f"{len(shards)}, at most {size} records each"
+
+
 def _repeats(v: Any) -> str | None:
     return None if 1 <= v <= MAX_REPEATS else f"must be an integer from 1 to {MAX_REPEATS}"
 
@@ -299,7 +309,7 @@ def run(req: EtlRequest) -> EtlResult:
     if "sources" in m:  # [[directory]] builds: each folder's records and weight
         summary["sources"] = [{**s, "path": d.path} for s, d in zip(m["sources"], spec.sources or [], strict=True)]
         summary["samples_per_epoch"] = sum(s["records"] * s["num_repeats"] for s in m["sources"])
-    rows = [("records", str(m.get("records"))), ("shards", f"{len(m.get('shards', []))} x {m.get('shard_size')}"),
+    rows = [("records", str(m.get("records"))), ("shards", _shards_row(m)),
             ("target size", "x".join(map(str, m.get("target_size", [])))),
             ("fields", ", ".join(f"{f['name']}{tuple(f['shape'])}:{f['dtype']}" for f in m.get("fields", []))),
             ("quarantined", f"{agg.get('missing', 0) + agg.get('invalid', 0)} "
