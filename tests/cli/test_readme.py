@@ -168,11 +168,11 @@ EXPECTED: list[tuple[str, str, str]] = [
      '{"status":"up-to-date","samples":60,"shards":16,"verdict":"warn"}'),
     (SECTIONS[1], "python examples/train_detector.py", "trained 20 steps"),
     (SECTIONS[2], "cd demo-cap && warp etl", "records 49"),
-    (SECTIONS[2], "cd demo-cap && warp etl", "shards 7, at most 16 records each"),
+    (SECTIONS[2], "cd demo-cap && warp etl", "shards 5, at most 16 records each"),
     (SECTIONS[2], "cd demo-cap && warp etl",
      "quarantined 5 {'decode-error': 1, 'empty-caption': 1, 'missing-caption': 1, 'truncated': 1, "
      "'unsupported-format': 1}"),
-    (SECTIONS[2], r"--json \| jq", '{"status":"up-to-date","records":49,"shards":7}'),
+    (SECTIONS[2], r"--json \| jq", '{"status":"up-to-date","records":49,"shards":5}'),
     (SECTIONS[3], "cd demo-out/volume && warp etl", "shape [64, 256, 256] uint16"),
     (SECTIONS[3], "cd demo-out/volume && warp etl", "chunks / shards [32, 64, 64] / [32, 256, 256]"),
     (SECTIONS[3], "cd demo-out/volume && warp etl", "levels 3"),

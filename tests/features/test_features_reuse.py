@@ -70,7 +70,7 @@ def test_one_changed_caption_rebuilds_its_shard_alone_and_the_rest_is_reused(cli
     etl(cli, cfg, "--input", media, "--output", out)
     before = json.loads((out / "manifest.json").read_text())
     sizes = [s["records"] for s in before["shards"]]
-    assert len(sizes) == 8 and max(sizes) <= 16 and sum(sizes) == 61  # the key cut: at most 16 a shard
+    assert len(sizes) == 6 and max(sizes) <= 16 and sum(sizes) == 61  # the key cut: at most 16 a shard
     assert before["fingerprint_inputs"]["dataset"]["shard_cut"] == cutter.RULE
     assert before["manifest_version"] == 3 and all(len(s["task"]) == 64 for s in before["shards"])
     assert "parts" in before["shards"][-1] and "parts" not in before["shards"][0]  # the last one is re-cut
@@ -81,7 +81,7 @@ def test_one_changed_caption_rebuilds_its_shard_alone_and_the_rest_is_reused(cli
     res = etl(cli, cfg, "--input", media, "--output", out)
     assert res["status"] == "built" and res["fingerprint"] != before["fingerprint"]
     assert rebuilt(out) == [0]
-    assert metrics(out)["shards_from_previous"] == 7
+    assert metrics(out)["shards_from_previous"] == 5
     new = tree(out)
     assert new["shard-00000.wfs"] != old["shard-00000.wfs"]
     for name in names[1:]:
@@ -92,14 +92,14 @@ def test_one_changed_caption_rebuilds_its_shard_alone_and_the_rest_is_reused(cli
     # what a cold build of the same sources writes
     ref = tmp_path / "ref"
     assert etl(cli, cfg, "--input", media, "--output", ref)["fingerprint"] == res["fingerprint"]
-    assert rebuilt(ref) == list(range(8))
+    assert rebuilt(ref) == list(range(6))
     assert new == tree(ref)
     assert cli("inspect", out, "--verify").code == 0
 
 
-@pytest.mark.parametrize("name", ["shard-00003.wfs", "shard-00007.wfs"])
+@pytest.mark.parametrize("name", ["shard-00003.wfs", "shard-00005.wfs"])
 def test_a_previous_shard_edited_since_is_rebuilt_not_reused(cli, source, tmp_path, name):
-    """A direct shard (3) or the re-cut one (7) with one data byte flipped, its size kept: its
+    """A direct shard (3) or the re-cut one (5) with one data byte flipped, its size kept: its
     recorded SHA-256 no longer matches, so its task is built again."""
     media, cfg = source
     out = tmp_path / "out"
@@ -134,7 +134,7 @@ def test_a_cache_of_manifest_version_2_still_reads_and_is_rebuilt_whole(cli, sou
         assert len(c) == 61
     first_shard_caption(media).write_text("a caption that changed\n", encoding="utf-8")
     etl(cli, cfg, "--input", media, "--output", out)
-    assert rebuilt(out) == list(range(8))
+    assert rebuilt(out) == list(range(6))
 
 
 @pytest.mark.s3
@@ -151,7 +151,7 @@ def test_from_s3_one_overwritten_image_reads_only_that_shards_media(cli, s3, sou
     out = tmp_path / "out"
     args = ("--input", s3.url("src"), "--output", str(out))
     etl(cli, cfg, *args)
-    shard = by_shard(out)["shard-00003.wfs"]
+    shard = by_shard(out)["shard-00002.wfs"]
     shard0 = {f"src/{k}" for k in shard}
     assert len(shard0) == 16
 
@@ -165,7 +165,7 @@ def test_from_s3_one_overwritten_image_reads_only_that_shards_media(cli, s3, sou
     gets = Counter(q["key"] for q in s3.requests("GET") if q["key"].startswith("src/"))
     assert gets == Counter(dict.fromkeys(shard0, 1))  # 16 GETs: the changed image and its shard's 15 others
     assert [q for q in s3.requests("HEAD") if q["key"].startswith("src/")] == []
-    assert rebuilt(out) == [3]
+    assert rebuilt(out) == [2]
 
     ref = tmp_path / "ref"
     etl(cli, cfg, "--input", media, "--output", ref)
@@ -188,7 +188,7 @@ def test_to_s3_a_new_version_copies_the_unchanged_shards_of_the_last_one(cli, s3
            for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix)["Contents"]}
     m = json.loads(got.pop("metrics.json"))
     assert [t["index"] for t in m["tasks"] if not t["reused"]] == [0]
-    assert m["shards_from_previous"] == 7
+    assert m["shards_from_previous"] == 5
     ref = tmp_path / "ref"
     etl(cli, cfg, "--input", media, "--output", ref)
     assert got == tree(ref)

@@ -17,9 +17,11 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 # the rule, as version recipes name it (a build cut another way is another version)
-RULE = "key-sha256 local minimum over +-cap/3 keys, at most cap; fixed below 8"
+RULE = "key-sha256 strict local minimum over +-cap/3 keys, none within cap/3 of either end, at most cap; fixed below 8"
 
-_PAD = 1 << 63  # above every key hash (63 bits): the window past either end of the items
+# the window past either end of the items: below every key hash, so no cut falls within w of the
+# first or the last item (no one-sample shard at either end)
+_PAD = 0
 
 
 def key_hash(key: str) -> int:
@@ -40,10 +42,11 @@ class KeyCutter(Generic[T]):
     every later shard keeps its samples and its bytes. Shards hold about ``2w + 1`` ≈ 0.67 ×
     ``per_shard`` samples; two cuts are at least ``w + 1`` samples apart unless the cap cut.
 
-    A decision needs the ``w`` keys after a sample, so runs come out a little behind the pushes;
-    :meth:`finish` decides the rest (the window stops at the last sample). :func:`plan` and the
-    overlapped pass (warp/warehouse/overlap.py) push the same samples in the same order, hence
-    cut the same runs."""
+    The window past either end counts as lower than any key, so no cut falls within ``w`` of the
+    first or the last sample: neither end makes a shard of a sample or two. A decision needs the
+    ``w`` keys after a sample, so runs come out a little behind the pushes; :meth:`finish` decides
+    the rest. :func:`plan` and the overlapped pass (warp/warehouse/overlap.py) push the same
+    samples in the same order, hence cut the same runs."""
 
     def __init__(self, per_shard: int, fixed: bool, key: Callable[[T], str]) -> None:
         self.key = key
@@ -81,7 +84,7 @@ class KeyCutter(Generic[T]):
         from numpy.lib.stride_tricks import sliding_window_view
 
         w, lo, n = self.w, self.decided, len(self.hashes)
-        # the hashes of [lo - w, upto + w), the window past either end of the items padded above all
+        # the hashes of [lo - w, upto + w), the window past either end of the items padded below all
         seg = np.full(upto - lo + 2 * w, _PAD, dtype=np.uint64)
         a, b = max(0, lo - w), min(n, upto + w)
         seg[a - (lo - w):b - (lo - w)] = self.hashes[a:b]
