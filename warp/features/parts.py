@@ -341,19 +341,16 @@ def reassemble(task: PartTask, ranges: list[tuple[str, int, int, int]], sha256: 
     kept = len(task.items) - len(failures)
     if not kept or sum(b - a for _, _, a, b in ranges) != kept:
         return None
-    writer = FeatureShardWriter(task.path, task.fields, meta={"task": task_sha256(task)},
-                                fsync=False)
-    try:
+    for path, off, a, b in ranges:  # every range inside its shard before a byte is written
+        with FeatureShardReader(path) as r:
+            if off + b - a > len(r):
+                return None
+    # committed when the block ends, removed if it raises (warp/core/atomic.py, CommitOnSuccess)
+    with FeatureShardWriter(task.path, task.fields, meta={"task": task_sha256(task)}, fsync=False) as writer:
         for path, off, a, b in ranges:
             with FeatureShardReader(path) as r:
-                if off + b - a > len(r):
-                    writer.abort()
-                    return None
                 writer.append_batch({f.name: r.records[f.name][off:off + b - a] for f in task.fields})
-        info = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
+    info = writer.info
     if info.sha256 != sha256:
         os.unlink(task.path)
         return None
@@ -456,15 +453,11 @@ def _repack(final: list[list[tuple[str, int, int, str, str]]], out_dir: Path, in
         name = SHARD_PATTERN.format(indices[k])
         held = [[t, a, b, sha] for _, a, b, t, sha in final[k]]
         tid = identity(["re-cut", held])
-        w = FeatureShardWriter(out_dir / name, fields, meta={"task": tid}, fsync=False)
-        try:
+        with FeatureShardWriter(out_dir / name, fields, meta={"task": tid}, fsync=False) as w:
             for path, a, b, _, _ in final[k]:
                 with FeatureShardReader(path) as r:
                     w.append_batch({f.name: r.records[f.name][a:b] for f in fields})
-            info = w.close()
-        except BaseException:
-            w.abort()
-            raise
+        info = w.info
         return {"path": name, "records": info.records, "bytes": info.bytes, "sha256": info.sha256, "task": tid,
                 "parts": held}
 
