@@ -35,6 +35,17 @@ def _files(root: Path) -> dict[str, int]:
     return {str(p): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
 
+def build(src: Path, out: Path, size: int) -> str:
+    """``warp etl`` of the COCO folder ``src`` at ``size`` px into ``out``; the version directory."""
+    from warpdata.cli.app import main as warp
+
+    cfg = src / f"t-{out.name}.toml"
+    cfg.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
+                   f'[transform]\ntarget_size = {size}\nmax_boxes = 16\n[output]\nroot = "{out}"\n')
+    assert warp(["-q", "etl", "--config", str(cfg)]) == 0
+    return str(next(out.glob("v*")))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--photos", type=int, default=2000)
@@ -51,7 +62,6 @@ def main() -> None:
     if args.kind == "removal":
         return removal(args)
 
-    from warpdata.cli.app import main as warp
     from warpdata.publishing.publish import PublishRequest, publish
     from warpdata.registry.store import Store
     from warpdata.sampledata.detection import edit, generate
@@ -64,14 +74,10 @@ def main() -> None:
     one = max(1, round(args.photos / 100))
 
     def etl(n: int) -> str:
-        cfg = src / f"t-{n}.toml"
-        cfg.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
-                       f'[transform]\ntarget_size = {args.size}\nmax_boxes = 16\n'
-                       f'[output]\nroot = "{base / f"wh{n}"}"\n')
         t = time.perf_counter()
-        assert warp(["-q", "etl", "--config", str(cfg)]) == 0
+        path = build(src, base / f"wh{n}", args.size)
         print(f"  etl v{n}: {time.perf_counter() - t:.1f} s", flush=True)
-        return str(next((base / f"wh{n}").glob("v*")))
+        return path
 
     store, control = Store(str(base / "store")), Store(str(base / "control"))
     rows = []
@@ -225,7 +231,6 @@ def features(args) -> None:
 def removal(args) -> None:
     """One photo of ``--photos`` removed from the labels a third of the way in (a bad image
     dropped): what the next version uploads, against the version's bytes."""
-    from warpdata.cli.app import main as warp
     from warpdata.publishing.publish import PublishRequest, publish
     from warpdata.registry.store import Store
     from warpdata.sampledata.detection import generate
@@ -236,12 +241,7 @@ def removal(args) -> None:
     store = Store(str(base / "store"))
 
     def etl(n: int) -> str:
-        cfg = src / f"t-{n}.toml"
-        cfg.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
-                       f'[transform]\ntarget_size = {args.size}\nmax_boxes = 16\n'
-                       f'[output]\nroot = "{base / f"wh{n}"}"\n')
-        assert warp(["-q", "etl", "--config", str(cfg)]) == 0
-        return str(next((base / f"wh{n}").glob("v*")))
+        return build(src, base / f"wh{n}", args.size)
 
     publish(PublishRequest("bench/rm", from_paths=[etl(1)]), store=store)
     doc = json.loads((src / "annotations.json").read_text())

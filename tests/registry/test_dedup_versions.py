@@ -20,14 +20,6 @@ from warpdata.registry.store import Store
 from warpdata.sampledata.detection import edit, generate
 
 
-def _config(src: Path, out: Path) -> Path:
-    p = src / f"t-{out.name}.toml"
-    p.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
-                 '[transform]\ntarget_size = 320\nmax_boxes = 8\n'
-                 f'[output]\nroot = "{out}"\n')
-    return p
-
-
 def _files(root: Path) -> dict[str, int]:
     return {str(p): p.stat().st_size for p in root.rglob("*") if p.is_file()}
 
@@ -35,15 +27,14 @@ def _files(root: Path) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory):
     """Two warehouse versions (200 photos, then the 3 % edit) built with `warp etl`."""
-    from warpdata.cli.app import main
+    from support.warehouses import etl_version
 
     base = tmp_path_factory.mktemp("dedup")
     src = base / "coco"
     generate(src, count=200, seed=21, min_side=160, max_side=480, broken=False)
 
     def etl(name: str) -> str:
-        assert main(["-q", "etl", "--config", str(_config(src, base / name))]) == 0
-        return str(next((base / name).glob("v*")))
+        return etl_version(src, base / name, size=320, shards="")
 
     v1 = etl("wh1")
     changed = edit(src, relabel=2, replace=2, append=2, seed=7)

@@ -35,19 +35,14 @@ IMAGE = 128 * 128 * 3  # bytes of one sample image: the chunk target, one image 
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory):
     """Two warehouse versions built with `warp etl` (the second a 3-photo edit of the first)."""
-    from warpdata.cli.app import main
+    from support.warehouses import etl_version
 
     base = tmp_path_factory.mktemp("gcwh")
     src = base / "coco"
     generate(src, count=16, seed=3, min_side=64, max_side=96, broken=False)
 
     def etl(name: str) -> str:
-        cfg = src / f"{name}.toml"
-        cfg.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
-                       '[transform]\ntarget_size = 128\nmax_boxes = 4\n'
-                       f'[output]\nroot = "{base / name}"\nshard_samples = 8\n')
-        assert main(["-q", "etl", "--config", str(cfg)]) == 0
-        return str(next((base / name).glob("v*")))
+        return etl_version(src, base / name, size=128, max_boxes=4, shards="shard_samples = 8")
 
     v1 = etl("wh1")
     edit(src, relabel=1, replace=1, append=1, seed=5)

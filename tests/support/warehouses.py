@@ -6,10 +6,12 @@ from pathlib import Path
 
 
 def coco_config(d: Path, out: Path | str, *, name: str = "t.toml", build: str = "", fail: float = 0.5,
-                labels: str | None = None, shards: str = "shard_samples = 4") -> Path:
-    """A warehouse ETL config over the COCO dataset in ``d``: 64 px, up to 8 boxes, 4 samples per
-    shard (``shards``: the [output] table's shard lines), invalid/missing fractions failing above
-    ``fail``; ``build``: the [build] table's lines."""
+                labels: str | None = None, shards: str = "shard_samples = 4", size: int = 64,
+                max_boxes: int = 8) -> Path:
+    """A warehouse ETL config over the COCO dataset in ``d``: ``size`` px (64), up to ``max_boxes``
+    boxes (8), 4 samples per shard (``shards``: the [output] table's shard lines; "" for the
+    layout's own cut), invalid/missing fractions failing above ``fail``; ``build``: the [build]
+    table's lines."""
     p = d / name
     src = f'labels = "{labels}"\n' if labels else ""
     p.write_text(f"""
@@ -18,8 +20,8 @@ format = "coco"
 path = "."
 {src}
 [transform]
-target_size = 64
-max_boxes = 8
+target_size = {size}
+max_boxes = {max_boxes}
 
 [validation]
 max_invalid_fraction = {{ warn = 0.0, fail = {fail} }}
@@ -47,3 +49,13 @@ def built_on_s3(cli, s3, coco_warehouse, tmp_path, monkeypatch) -> str:
     r = cli("-q", "etl", "--config", cfg)
     assert r.code == 0, r.err
     return r.out.strip().splitlines()[-1]
+
+
+def etl_version(d: Path, out: Path, **config) -> str:
+    """``warp -q etl`` (in-process) of :func:`coco_config` ``(d, out, name=f"t-{out.name}.toml",
+    labels="annotations.json", **config)``; returns the version directory it built."""
+    from warpdata.cli.app import main
+
+    cfg = coco_config(d, out, name=f"t-{out.name}.toml", labels="annotations.json", **config)
+    assert main(["-q", "etl", "--config", str(cfg)]) == 0
+    return str(next(Path(out).glob("v*")))

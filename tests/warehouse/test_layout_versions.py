@@ -15,11 +15,9 @@ from warpdata.sampledata.detection import edit, generate
 
 
 def _config(src: Path, out: Path) -> Path:
-    p = src / f"t-{out.name}.toml"
-    p.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
-                 '[transform]\ntarget_size = 64\nmax_boxes = 8\n'
-                 f'[output]\nroot = "{out}"\nmin_shards = 4\n')
-    return p
+    from support.warehouses import coco_config
+
+    return coco_config(src, out, name=f"t-{out.name}.toml", labels="annotations.json", shards="min_shards = 4")
 
 
 def _etl(cli, cfg: Path) -> dict:
@@ -89,10 +87,7 @@ def test_a_sample_removed_from_the_middle_moves_no_later_shard(cli, tmp_path):
     it), every other shard keeps its samples and its bytes, the later ones included."""
     src = tmp_path / "coco"
     generate(src, count=120, seed=8, min_side=64, max_side=120, broken=False)
-    cfg = src / "t.toml"
-    cfg.write_text('[source]\nformat = "coco"\nlabels = "annotations.json"\nimages = "images"\n'
-                   '[transform]\ntarget_size = 64\nmax_boxes = 8\n'
-                   f'[output]\nroot = "{tmp_path / "wh"}"\nmin_shards = 4\n')
+    cfg = _config(src, tmp_path / "wh")
     before = _layout(_etl(cli, cfg)["path"])
     doc = json.loads((src / "annotations.json").read_text())
     gone = doc["images"][len(doc["images"]) // 3]
